@@ -1,0 +1,1 @@
+"""outbox-relay: publishes committed outbox rows to RabbitMQ."""

@@ -1,0 +1,3 @@
+from services.outbox_relay.main import main
+
+main()

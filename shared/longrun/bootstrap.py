@@ -1,0 +1,69 @@
+"""Composition helpers: open the database and the bus, waiting for them with a clear message."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from longrun.bus import topology
+from longrun.bus.connection import Bus
+from longrun.bus.consumer import Handler, OutcomeHook, PartitionedConsumer
+from longrun.bus.partitions import PartitionOwnership
+from longrun.config import Settings
+from longrun.db.engine import check_reachable, make_engine
+from longrun.errors import InfrastructureUnreachable
+from longrun.service import Health
+
+logger = logging.getLogger(__name__)
+STARTUP_PATIENCE = 60.0
+
+
+async def open_database(settings: Settings) -> AsyncEngine:
+    engine = make_engine(settings.database_url)
+    await _patiently(lambda: check_reachable(engine), "PostgreSQL")
+    return engine
+
+
+async def open_bus(settings: Settings, name: str) -> Bus:
+    bus = Bus(settings.amqp_url, name=f"{name}/{settings.instance_id}",
+              topology=topology.build(partitions=settings.partitions, delivery_limit=settings.delivery_limit))
+    await _patiently(bus.connect, "RabbitMQ")
+    return bus
+
+
+async def _patiently(attempt_once, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Containers start in any order: wait a while, then stop with what to start and how."""
+    async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
+                                       stop=stop_after_delay(STARTUP_PATIENCE),
+                                       wait=wait_exponential_jitter(initial=0.5, max=5), reraise=True):
+        with attempt:
+            if attempt.retry_state.attempt_number > 1:
+                logger.warning("waiting for %s (attempt %d)", what, attempt.retry_state.attempt_number)
+            await attempt_once()
+
+
+async def consume_partitions(settings: Settings, *, service: str, handler: Handler, stopping: asyncio.Event,
+                             health: Health, on_outcome: OutcomeHook | None = None) -> None:
+    """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues."""
+    engine = await open_database(settings)
+    bus = await open_bus(settings, service)
+    consumer = PartitionedConsumer(
+        bus=bus, engine=engine, service=service,
+        queue_for=lambda k: topology.partition_queue(service, k), handler=handler,
+        prefetch=settings.prefetch, max_attempts=settings.delivery_limit, on_outcome=on_outcome)
+    ownership = PartitionOwnership(engine, service=service, instance_id=settings.instance_id,
+                                   partitions=settings.partitions, ttl=settings.partition_lease_ttl,
+                                   on_acquire=consumer.acquire, on_release=consumer.release)
+    tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(consumer.supervise())]
+    health.ready = True
+    await stopping.wait()
+    health.ready = False
+    await ownership.stop()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await bus.close()
+    await engine.dispose()

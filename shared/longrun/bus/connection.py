@@ -1,0 +1,142 @@
+"""One AMQP connection per process: topology at start, confirmed publishing, reconnects.
+
+We manage reconnection ourselves instead of relying on robust-connection state
+recovery (whose consumer restore has regressed repeatedly): when the connection
+drops, ``lost`` is set, and the owner rebuilds channels and consumers after
+``ensure_connected`` succeeds again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from longrun.bus.topology import Topology
+from longrun.errors import BusUnavailable, InfrastructureUnreachable, Unroutable
+
+logger = logging.getLogger(__name__)
+
+START_HINT = ("start RabbitMQ (on Debian: rabbitmq-server -detached) or point LONGRUN_AMQP_URL "
+              "at a running broker")
+PUBLISH_TIMEOUT = 10.0
+CONNECTION_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError,
+                     aio_pika.exceptions.ChannelInvalidStateError)
+
+
+class Bus:
+    def __init__(self, url: str, *, topology: Topology, name: str) -> None:
+        self.url = url
+        self.topology = topology
+        self.name = name
+        self.connection: AbstractConnection | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self.lost = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self.connection is not None and not self.connection.is_closed
+
+    async def connect(self) -> None:
+        """Connect once, declare the topology, open the confirm channel."""
+        try:
+            connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.name},
+                                                timeout=10)
+        except CONNECTION_ERRORS as e:
+            raise InfrastructureUnreachable(
+                f"RabbitMQ is not reachable at {_redact(self.url)}: {e.__class__.__name__}: {e}. "
+                f"To fix: {START_HINT}") from e
+        connection.close_callbacks.add(self._on_close)
+        self.connection = connection
+        self.lost.clear()
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await declare(channel, self.topology)
+        self._publish_channel = channel
+        self._exchanges = {}
+
+    async def ensure_connected(self) -> None:
+        """Reconnect with jittered backoff until the broker answers."""
+        if self.connected:
+            return
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
+                                           wait=wait_exponential_jitter(initial=0.2, max=5),
+                                           reraise=True):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    logger.warning("reconnecting to RabbitMQ (attempt %d)", attempt.retry_state.attempt_number)
+                await self.connect()
+
+    def _on_close(self, *_: object) -> None:
+        self.lost.set()
+
+    async def channel(self, *, prefetch: int) -> AbstractChannel:
+        assert self.connection is not None
+        channel = await self.connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=prefetch)
+        return channel
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if name not in self._exchanges:
+            assert self._publish_channel is not None
+            self._exchanges[name] = await self._publish_channel.get_exchange(name, ensure=False)
+        return self._exchanges[name]
+
+    async def publish(self, exchange: str, routing_key: str, message: aio_pika.Message) -> None:
+        """Publish and wait for the broker's confirm; an unroutable message is an error."""
+        results = await self.publish_many([(exchange, routing_key, message)])
+        if isinstance(results[0], BaseException):
+            raise results[0]
+
+    async def publish_many(
+        self, items: Sequence[tuple[str, str, aio_pika.Message]]
+    ) -> list[BaseException | None]:
+        """Pipelined confirmed publishing on one channel, in order; one result per item."""
+        if not self.connected or self._publish_channel is None:
+            error = BusUnavailable("not connected to RabbitMQ")
+            return [error for _ in items]
+        tasks = []
+        for exchange_name, routing_key, message in items:
+            exchange = await self._exchange(exchange_name)
+            # Tasks reach the channel's FIFO lock in creation order, so the broker
+            # enqueues in this order while the confirms are awaited together.
+            tasks.append(asyncio.ensure_future(
+                exchange.publish(message, routing_key, mandatory=True, timeout=PUBLISH_TIMEOUT)))
+        results: list[BaseException | None] = []
+        for task, (exchange_name, routing_key, _) in zip(tasks, items, strict=True):
+            try:
+                await task
+                results.append(None)
+            except aio_pika.exceptions.PublishError as e:
+                results.append(Unroutable(exchange_name, routing_key))
+                logger.error("unroutable: %s", e)
+            except (*CONNECTION_ERRORS, aio_pika.exceptions.DeliveryError) as e:
+                results.append(BusUnavailable(f"publish to {exchange_name}/{routing_key} failed: {e!r}"))
+        return results
+
+    async def close(self) -> None:
+        if self.connection is not None and not self.connection.is_closed:
+            await self.connection.close()
+
+
+async def declare(channel: AbstractChannel, topology: Topology) -> None:
+    """Idempotent: declaring what exists with the same arguments changes nothing."""
+    for spec in topology.exchanges:
+        await channel.declare_exchange(spec.name, spec.type, durable=True, arguments=spec.arguments)
+    for queue in topology.queues:
+        await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
+    for binding in topology.bindings:
+        queue_obj = await channel.get_queue(binding.queue, ensure=False)
+        await queue_obj.bind(binding.exchange, routing_key=binding.routing_key)
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

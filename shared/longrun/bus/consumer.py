@@ -1,0 +1,234 @@
+"""Consume a queue: decode, claim the inbox row, handle, commit — then ack.
+
+The inbox row, the handler's state change and its outbox rows commit in ONE
+transaction; the delivery is acked only after that commit, and never held during long
+work (handlers persist what takes time and return). A redelivered message finds its
+inbox row and gets the recorded outcome without touching state.
+
+A queue is a serial lane: one message at a time, in delivery order, so per-run order
+holds. A failing message is retried in place (never skipped, which would reorder the
+run's later messages) until it succeeds, or until ``max_attempts`` failures put it in
+quarantine. Undecodable messages and unknown schema versions go to quarantine at
+once with their reason. The broker's delivery-limit is the backstop for a message
+that kills the process before the app can count it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun import faults
+from longrun.bus.connection import Bus
+from longrun.db import inbox
+from longrun.db import quarantine as quarantine_rows
+from longrun.db.errors import is_transient
+from longrun.envelope import Envelope, decode
+from longrun.errors import LongrunError, PoisonMessage
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE = 5.0
+
+Handler = Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    envelope: Envelope
+    outcome: dict[str, Any]
+    duplicate: bool
+
+
+OutcomeHook = Callable[[Outcome], Awaitable[None]]
+
+
+class QueueConsumer:
+    """One queue, one channel, one processing task."""
+
+    def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue: str, handler: Handler,
+                 prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None) -> None:
+        self.bus = bus
+        self.engine = engine
+        self.service = service
+        self.queue = queue
+        self.handler = handler
+        self.prefetch = prefetch
+        self.max_attempts = max_attempts
+        self.on_outcome = on_outcome
+        self._channel: AbstractChannel | None = None
+        self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._current: asyncio.Future[None] | None = None
+
+    async def start(self) -> None:
+        self._channel = await self.bus.channel(prefetch=self.prefetch)
+        queue = await self._channel.get_queue(self.queue, ensure=False)
+        self._task = asyncio.create_task(self._loop(), name=f"consume {self.queue}")
+        await queue.consume(self._inbox.put)
+
+    async def stop(self) -> None:
+        """Finish the message in hand, then close the channel so the rest is requeued."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._current is not None and not self._current.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._current), timeout=STOP_GRACE)
+            except (TimeoutError, Exception):
+                self._current.cancel()
+        if self._channel is not None and not self._channel.is_closed:
+            try:
+                await self._channel.close()
+            except Exception as e:
+                logger.debug("closing channel of %s: %r", self.queue, e)
+
+    async def _loop(self) -> None:
+        while True:
+            message = await self._inbox.get()
+            # Shielded: a handover lets the message in hand finish its commit and ack
+            # (``stop`` waits for it) rather than leaving it half-handled.
+            self._current = asyncio.ensure_future(self._process(message))
+            await asyncio.shield(self._current)
+
+    async def _process(self, message: AbstractIncomingMessage) -> None:
+        try:
+            envelope = decode(message.body)
+        except PoisonMessage as e:
+            await self._quarantine(message, e, attempts=1)
+            return
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = await self._handle_once(envelope)
+                break
+            except PoisonMessage as e:
+                await self._quarantine(message, e, attempts=attempt)
+                return
+            except Exception as e:
+                if is_transient(e):
+                    logger.warning("%s: database unavailable handling %s (%r); retrying",
+                                   self.queue, envelope.event_id, e)
+                    await asyncio.sleep(min(0.2 * attempt, 3.0))
+                    attempt -= 1
+                    continue
+                logger.exception("%s: handler failed on %s (attempt %d)", self.queue, envelope.event_id, attempt)
+                attempts = await self._count_failure(envelope.event_id, e)
+                if attempts >= self.max_attempts:
+                    await self._quarantine(message, e, attempts=attempts)
+                    return
+                await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+        faults.crash_point("consumer.after_commit_before_ack")
+        await _ack(message)
+        if self.on_outcome is not None:
+            await self.on_outcome(result)
+
+    async def _handle_once(self, envelope: Envelope) -> Outcome:
+        async with self.engine.begin() as conn:
+            claim = await inbox.claim(conn, self.service, message_id=envelope.event_id,
+                                      message_type=envelope.type, run_id=envelope.run_id)
+            if isinstance(claim, inbox.Duplicate):
+                logger.info("duplicate %s dropped on %s; recorded outcome returned",
+                            envelope.event_id, self.queue)
+                return Outcome(envelope, claim.outcome, duplicate=True)
+            outcome = await self.handler(conn, envelope)
+            await inbox.record_outcome(conn, self.service, message_id=envelope.event_id, outcome=outcome)
+            return Outcome(envelope, outcome, duplicate=False)
+
+    async def _count_failure(self, message_id: str, error: Exception) -> int:
+        try:
+            async with self.engine.begin() as conn:
+                attempts, _ = await quarantine_rows.record_failure(
+                    conn, service=self.service, message_id=message_id, error=repr(error)[:2000])
+                return attempts
+        except Exception:
+            logger.exception("%s: could not count the failure of %s", self.queue, message_id)
+            return 0
+
+    async def _quarantine(self, message: AbstractIncomingMessage, error: Exception, *, attempts: int) -> None:
+        code = error.code.value if isinstance(error, LongrunError) else "handler_error"
+        reason = str(error) if isinstance(error, LongrunError) else f"{error.__class__.__name__}: {error}"
+        while True:
+            try:
+                async with self.engine.begin() as conn:
+                    await quarantine_rows.put(
+                        conn, owner=self.service, queue=self.queue, body=message.body,
+                        headers=_plain(message.headers), message_id=message.message_id,
+                        error_code=code, reason=reason, attempts=attempts)
+                break
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                await asyncio.sleep(1.0)
+        logger.error("%s: quarantined %s: %s", self.queue, message.message_id, reason)
+        await _ack(message)
+
+
+async def _ack(message: AbstractIncomingMessage) -> None:
+    try:
+        await message.ack()
+    except Exception as e:
+        # The channel is gone: the broker redelivers, and the inbox absorbs it.
+        logger.warning("ack failed (%r); the redelivery will be deduplicated", e)
+
+
+def _plain(headers: dict[str, Any] | None) -> dict[str, Any]:
+    """Headers as JSON-safe values (AMQP tables may hold bytes and datetimes)."""
+    out: dict[str, Any] = {}
+    for key, value in (headers or {}).items():
+        if isinstance(value, bytes):
+            out[key] = value.decode(errors="replace")
+        elif isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+        else:
+            out[key] = repr(value)
+    return out
+
+
+class PartitionedConsumer:
+    """The partition queues of one service that this replica currently owns."""
+
+    def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue_for: Callable[[int], str],
+                 handler: Handler, prefetch: int, max_attempts: int,
+                 on_outcome: OutcomeHook | None = None) -> None:
+        self.bus = bus
+        self._make = lambda k: QueueConsumer(
+            bus=bus, engine=engine, service=service, queue=queue_for(k), handler=handler,
+            prefetch=prefetch, max_attempts=max_attempts, on_outcome=on_outcome)
+        self.active: dict[int, QueueConsumer] = {}
+        self.wanted: set[int] = set()
+
+    async def acquire(self, k: int) -> None:
+        self.wanted.add(k)
+        if self.bus.connected and k not in self.active:
+            consumer = self._make(k)
+            await consumer.start()
+            self.active[k] = consumer
+
+    async def release(self, k: int) -> None:
+        self.wanted.discard(k)
+        consumer = self.active.pop(k, None)
+        if consumer is not None:
+            await consumer.stop()
+
+    async def supervise(self) -> None:
+        """After a lost connection: reconnect, then resume every wanted partition."""
+        while True:
+            await self.bus.lost.wait()
+            logger.warning("connection to RabbitMQ lost; %d partition(s) to resume", len(self.wanted))
+            for k in list(self.active):
+                await self.active.pop(k).stop()
+            await self.bus.ensure_connected()
+            for k in sorted(self.wanted):
+                try:
+                    await self.acquire(k)
+                except Exception:
+                    logger.exception("could not resume partition %d", k)
+                    self.bus.lost.set()

@@ -1,0 +1,142 @@
+"""The RabbitMQ topology, declared as data and applied idempotently by every service.
+
+- ``longrun.ingress`` (topic): producers publish ``run.create`` here from any AMQP client.
+- ``longrun.work.<service>`` (direct): P partitions per consuming service. The publisher
+  computes ``partition_of(run_id, P)`` and uses routing key ``p.<k>``; each partition
+  is a quorum queue with single-active-consumer, an explicit delivery-limit (3.10 has
+  no default) and at-least-once dead-lettering into the quarantine.
+- ``longrun.quarantine`` (fanout): poison messages, with their reason in headers.
+- ``longrun.events`` (topic): run events for the outside world, routing key = event
+  type; a stream keeps a replayable log so a publish is never unroutable.
+
+``infra/rabbitmq/definitions.json`` is generated from this module (``make topology``);
+a test fails when the two drift. Changing P is a drain-and-switch migration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+INGRESS_EXCHANGE = "longrun.ingress"
+SCHEDULER_INGRESS_QUEUE = "longrun.scheduler.ingress"
+QUARANTINE_EXCHANGE = "longrun.quarantine"
+QUARANTINE_QUEUE = "longrun.quarantine"
+EVENTS_EXCHANGE = "longrun.events"
+EVENTS_LOG_QUEUE = "longrun.events.log"
+PARTITIONED_SERVICES = ("scheduler", "worker")
+VHOST = "/"
+
+
+def partition_of(run_id: str, partitions: int) -> int:
+    """Stable across processes, languages and broker restarts (unlike Python's hash())."""
+    digest = hashlib.blake2b(run_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+def work_exchange(service: str) -> str:
+    return f"longrun.work.{service}"
+
+
+def partition_queue(service: str, partition: int) -> str:
+    return f"longrun.{service}.p{partition}"
+
+
+def partition_key(partition: int) -> str:
+    return f"p.{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeSpec:
+    name: str
+    type: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BindingSpec:
+    exchange: str
+    queue: str
+    routing_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    exchanges: tuple[ExchangeSpec, ...]
+    queues: tuple[QueueSpec, ...]
+    bindings: tuple[BindingSpec, ...]
+
+
+def quorum_arguments(delivery_limit: int, *, single_active: bool) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "x-queue-type": "quorum",
+        # Set explicitly: RabbitMQ 3.x has no default, and with a limit a requeued
+        # message keeps its place, which per-run order relies on.
+        "x-delivery-limit": delivery_limit,
+        "x-dead-letter-exchange": QUARANTINE_EXCHANGE,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+    if single_active:
+        args["x-single-active-consumer"] = True
+    return args
+
+
+def build(*, partitions: int, delivery_limit: int) -> Topology:
+    exchanges = [
+        ExchangeSpec(INGRESS_EXCHANGE, "topic"),
+        ExchangeSpec(QUARANTINE_EXCHANGE, "fanout"),
+        ExchangeSpec(EVENTS_EXCHANGE, "topic"),
+    ]
+    queues = [
+        QueueSpec(SCHEDULER_INGRESS_QUEUE, quorum_arguments(delivery_limit, single_active=False)),
+        QueueSpec(QUARANTINE_QUEUE, {"x-queue-type": "quorum"}),
+        QueueSpec(EVENTS_LOG_QUEUE, {"x-queue-type": "stream", "x-max-age": "7D"}),
+    ]
+    bindings = [
+        BindingSpec(INGRESS_EXCHANGE, SCHEDULER_INGRESS_QUEUE, "run.create"),
+        BindingSpec(QUARANTINE_EXCHANGE, QUARANTINE_QUEUE, ""),
+        BindingSpec(EVENTS_EXCHANGE, EVENTS_LOG_QUEUE, "#"),
+    ]
+    for service in PARTITIONED_SERVICES:
+        exchanges.append(ExchangeSpec(work_exchange(service), "direct"))
+        for k in range(partitions):
+            queue = partition_queue(service, k)
+            queues.append(QueueSpec(queue, quorum_arguments(delivery_limit, single_active=True)))
+            bindings.append(BindingSpec(work_exchange(service), queue, partition_key(k)))
+    return Topology(tuple(exchanges), tuple(queues), tuple(bindings))
+
+
+def definitions(topology: Topology) -> dict[str, Any]:
+    """RabbitMQ definitions-file form (importable with rabbitmqctl import_definitions)."""
+    return {
+        "vhosts": [{"name": VHOST}],
+        "exchanges": [
+            {"name": e.name, "vhost": VHOST, "type": e.type, "durable": True,
+             "auto_delete": False, "internal": False, "arguments": e.arguments}
+            for e in topology.exchanges
+        ],
+        "queues": [
+            {"name": q.name, "vhost": VHOST, "durable": True, "auto_delete": False,
+             "arguments": q.arguments}
+            for q in topology.queues
+        ],
+        "bindings": [
+            {"source": b.exchange, "vhost": VHOST, "destination": b.queue,
+             "destination_type": "queue", "routing_key": b.routing_key, "arguments": {}}
+            for b in topology.bindings
+        ],
+    }
+
+
+def render_definitions(*, partitions: int, delivery_limit: int) -> str:
+    topology = build(partitions=partitions, delivery_limit=delivery_limit)
+    return json.dumps(definitions(topology), indent=2, sort_keys=True) + "\n"

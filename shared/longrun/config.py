@@ -1,0 +1,182 @@
+"""Typed settings, read once from ``LONGRUN_*`` variables.
+
+This is the only module that reads the environment. Every variable is declared once
+below with its parser, default and a short statement of what is expected; a bad or
+missing value is reported together with every other bad value, naming each variable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from longrun.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/longrun"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError
+    return value
+
+
+def _database_url(raw: str) -> str:
+    if urlsplit(raw).scheme not in ("postgresql", "postgresql+psycopg"):
+        raise ValueError
+    return raw.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def _amqp_url(raw: str) -> str:
+    if urlsplit(raw).scheme not in ("amqp", "amqps"):
+        raise ValueError
+    return raw
+
+
+def _log_level(raw: str) -> str:
+    if raw.upper() not in LOG_LEVELS:
+        raise ValueError
+    return raw.upper()
+
+
+def _text(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError
+    return raw
+
+
+def _name_list(raw: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in raw.split(",") if t.strip())
+
+
+def _token_list(raw: str) -> tuple[str, ...]:
+    tokens = tuple(t.strip() for t in raw.split(",") if t.strip())
+    if not tokens:
+        raise ValueError
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Var:
+    env: str
+    parse: Callable[[str], Any]
+    expected: str
+    default: str | None
+
+
+def _var(env: str, parse: Callable[[str], Any], expected: str, default: str | None) -> Any:
+    return _Var(env, parse, expected, default)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Process-wide settings; build with :meth:`from_env`."""
+
+    database_url: str
+    """PostgreSQL URL (SQLAlchemy form, psycopg 3 driver)."""
+    amqp_url: str
+    """RabbitMQ URL."""
+    instance_id: str
+    """Names this replica in leases, logs and audit rows."""
+    partitions: int
+    """P: work partitions per consuming service; changing it is a drain-and-switch migration."""
+    partition_lease_ttl: float
+    """Seconds a replica keeps a partition without renewing its lease."""
+    run_lease_ttl: float
+    """Seconds a worker keeps a run without a heartbeat."""
+    prefetch: int
+    """Unacked deliveries per consumer channel."""
+    delivery_limit: int
+    """Deliveries of one message before the broker dead-letters it to quarantine."""
+    relay_poll_interval: float
+    """Seconds between outbox polls when no NOTIFY arrives."""
+    relay_batch: int
+    """Outbox rows claimed per relay round."""
+    log_level: str
+    health_port: int
+    """Port for /healthz and /readyz; 0 turns the probe server off."""
+    gateway_port: int
+    webhook_secret: str
+    """HMAC secret shared with webhook senders."""
+    operator_tokens: tuple[str, ...]
+    """Bearer tokens accepted by the operator API, comma separated."""
+    forge_url: str
+    """Base URL of the forge/CI service the demo workflow talks to."""
+    artifact_dir: str
+    """Root of the filesystem artifact store."""
+    crash_points: tuple[str, ...]
+    """Fault tests only: named crash points to arm (see longrun.faults); empty in production."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse every variable; raise ConfigError listing all problems at once."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        problems: list[tuple[str, str]] = []
+        for field in fields(cls):
+            spec: _Var = _SPEC[field.name]
+            raw = env.get(spec.env, spec.default)
+            if raw is None:
+                problems.append((spec.env, f"missing; expected {spec.expected}"))
+                continue
+            try:
+                values[field.name] = spec.parse(raw)
+            except ValueError:
+                problems.append((spec.env, f"got {raw!r}; expected {spec.expected}"))
+        if problems:
+            raise ConfigError(problems)
+        return cls(**values)
+
+    @staticmethod
+    def variables() -> dict[str, str]:
+        """Every variable with what it expects (for docs and manifests)."""
+        return {spec.env: spec.expected for spec in _SPEC.values()}
+
+
+_SPEC: dict[str, _Var] = {
+    "database_url": _var("LONGRUN_DATABASE_URL", _database_url,
+                         "a postgresql:// or postgresql+psycopg:// URL", DEFAULT_DATABASE_URL),
+    "amqp_url": _var("LONGRUN_AMQP_URL", _amqp_url, "an amqp:// or amqps:// URL", DEFAULT_AMQP_URL),
+    "instance_id": _var("LONGRUN_INSTANCE_ID", _text, "a non-empty name",
+                        f"{socket.gethostname()}-{os.getpid()}"),
+    "partitions": _var("LONGRUN_PARTITIONS", _positive_int, "an integer >= 1", "8"),
+    "partition_lease_ttl": _var("LONGRUN_PARTITION_LEASE_TTL", _positive_float,
+                                "seconds, a number > 0", "6"),
+    "run_lease_ttl": _var("LONGRUN_RUN_LEASE_TTL", _positive_float, "seconds, a number > 0", "30"),
+    "prefetch": _var("LONGRUN_PREFETCH", _positive_int, "an integer >= 1", "100"),
+    "delivery_limit": _var("LONGRUN_DELIVERY_LIMIT", _positive_int, "an integer >= 1", "5"),
+    "relay_poll_interval": _var("LONGRUN_RELAY_POLL_INTERVAL", _positive_float,
+                                "seconds, a number > 0", "1"),
+    "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
+    "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
+    "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
+    "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
+    "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
+                           "dev-webhook-secret"),
+    "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
+                            "comma-separated bearer tokens", "dev-operator-token"),
+    "forge_url": _var("LONGRUN_FORGE_URL", _text, "an http(s) URL", "http://127.0.0.1:8090"),
+    "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
+    "crash_points": _var("LONGRUN_CRASH_POINTS", _name_list, "comma-separated crash point names", ""),
+}

@@ -1,0 +1,38 @@
+"""Async engine for PostgreSQL (SQLAlchemy 2 + psycopg 3) and a reachability check.
+
+Only ``longrun.db`` imports sqlalchemy or psycopg. Database time (``now()``) is the
+clock for leases and timers, so replicas with skewed clocks still agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from longrun.errors import InfrastructureUnreachable
+
+START_HINT = (
+    "start PostgreSQL (on Debian: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start) "
+    "or point LONGRUN_DATABASE_URL at a running server"
+)
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size,
+                               pool_pre_ping=True, pool_recycle=300)
+
+
+def psycopg_dsn(url: str) -> str:
+    """The libpq form of a SQLAlchemy URL, for psycopg's own connections (LISTEN)."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+async def check_reachable(engine: AsyncEngine) -> None:
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception as e:
+        raise InfrastructureUnreachable(
+            f"PostgreSQL is not reachable at {engine.url.render_as_string(hide_password=True)}: "
+            f"{e.__class__.__name__}: {e}. To fix: {START_HINT}"
+        ) from e

@@ -1,0 +1,66 @@
+"""Quarantine rows: a message that must not be retried, kept whole with its reason."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.db.schema import delivery_failures, quarantine
+
+
+async def put(conn: AsyncConnection, *, owner: str, queue: str, body: bytes, headers: dict[str, Any],
+              message_id: str | None, error_code: str, reason: str, attempts: int,
+              first_failure_at: datetime | None = None) -> int:
+    message_type, schema_version = _peek(body)
+    first = first_failure_at if first_failure_at is not None else func.now()
+    row = await conn.execute(insert(quarantine).values(
+        owner=owner, queue=queue, message_id=message_id, message_type=message_type,
+        schema_version=schema_version, error_code=error_code, reason=reason, body=body,
+        headers=headers, attempts=attempts, first_failure_at=first, last_failure_at=func.now(),
+    ).returning(quarantine.c.id))
+    return int(row.scalar_one())
+
+
+def _peek(body: bytes) -> tuple[str | None, int | None]:
+    """Best effort: what the message claims to be, for listing; never trusted."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    type_ = data.get("type") if isinstance(data.get("type"), str) else None
+    version = data.get("schema_version") if isinstance(data.get("schema_version"), int) else None
+    return type_, version
+
+
+async def record_failure(conn: AsyncConnection, *, service: str, message_id: str, error: str) -> tuple[int, datetime]:
+    """Count a failed handling attempt outside the handler's (rolled back) transaction."""
+    row = await conn.execute(
+        pg_insert(delivery_failures)
+        .values(service=service, message_id=message_id, attempts=1, last_error=error)
+        .on_conflict_do_update(
+            index_elements=["service", "message_id"],
+            set_={"attempts": delivery_failures.c.attempts + 1, "last_error": error,
+                  "last_failure_at": func.now()})
+        .returning(delivery_failures.c.attempts, delivery_failures.c.first_failure_at)
+    )
+    attempts, first = row.one()
+    return int(attempts), first
+
+
+async def list_entries(conn: AsyncConnection, *, include_replayed: bool = False) -> list[dict[str, Any]]:
+    query = select(quarantine).order_by(quarantine.c.id)
+    if not include_replayed:
+        query = query.where(quarantine.c.replayed_at.is_(None))
+    return [dict(r._mapping) for r in await conn.execute(query)]
+
+
+async def mark_replayed(conn: AsyncConnection, entry_id: int, *, by: str) -> None:
+    await conn.execute(update(quarantine).where(quarantine.c.id == entry_id)
+                       .values(replayed_at=func.now(), replayed_by=by))

@@ -1,0 +1,280 @@
+"""Every table, defined once on one MetaData (SQLAlchemy Core).
+
+Constraints are the last line of defence for the invariants a database can hold:
+a lease is fully set or fully unset; a waiting run has a deadline and a wake
+condition; an approval wait names what is approved; an idempotency key is used once;
+event sequence numbers are unique per run. Status CHECKs are derived from the domain
+enums, never retyped. Alembic migrations in ``migrations/`` must produce exactly this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from longrun.domain.action import ActionStatus, EffectKind
+from longrun.domain.run import RunStatus
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+CONSUMING_SERVICES = ("scheduler", "worker", "timer", "reconciler", "gateway")
+TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_to_start",
+               "start_to_close", "heartbeat", "sleep")
+
+
+def _one_of(column: str, values: Iterable[str | Enum]) -> str:
+    names = ", ".join(f"'{v.value if isinstance(v, Enum) else v}'" for v in values)
+    return f"{column} IN ({names})"
+
+
+def _now() -> Column[object]:
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+runs = Table(
+    "runs", metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("input_hash", Text, nullable=False),
+    Column("workflow", Text, nullable=False),
+    Column("workflow_version", Text, nullable=False),
+    Column("prompt_version", Text, nullable=False),
+    Column("model_policy_version", Text, nullable=False),
+    Column("tool_schema_version", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("revision", BigInteger, nullable=False, server_default="0"),
+    Column("last_seq", BigInteger, nullable=False, server_default="0"),
+    Column("priority", SmallInteger, nullable=False, server_default="5"),
+    Column("partition", SmallInteger, nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("fencing_token", BigInteger, nullable=False, server_default="0"),
+    Column("wait_kind", Text),
+    Column("wait_correlation_key", Text),
+    Column("wait_deadline", DateTime(timezone=True)),
+    Column("approval_id", Text),
+    Column("approval_owner", Text),
+    Column("approved_hash", Text),
+    Column("budget", JSONB, nullable=False),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("snapshot", JSONB, nullable=False),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("admitted_at", DateTime(timezone=True)),
+    UniqueConstraint("tenant_id", "idempotency_key"),
+    CheckConstraint(_one_of("status", RunStatus), name="status"),
+    CheckConstraint("revision >= 0 AND last_seq >= 0 AND fencing_token >= 0", name="counters"),
+    # A half-set lease would be invisible to both takeover and renewal.
+    CheckConstraint("(lease_owner IS NULL) = (lease_until IS NULL)", name="lease_whole"),
+    # A waiting run that nobody can wake, or that waits forever, is a lost run.
+    CheckConstraint("status NOT IN ('WAITING_EVENT', 'WAITING_USER') OR wait_deadline IS NOT NULL",
+                    name="wait_has_deadline"),
+    CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind = 'timer'",
+                    name="wait_has_wake_condition"),
+    CheckConstraint("status <> 'WAITING_USER' OR (approval_id IS NOT NULL AND approval_owner IS NOT NULL"
+                    " AND approved_hash IS NOT NULL)", name="approval_named"),
+)
+# Operator search: tenant + status.
+Index("ix_runs_tenant_status", runs.c.tenant_id, runs.c.status)
+# Webhook matching by correlation key.
+Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
+      postgresql_where=runs.c.wait_correlation_key.isnot(None))
+# Reconciler: leases that may have expired.
+Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
+# Scheduler admission: queued runs by tenant and priority.
+Index("ix_runs_ready_queue", runs.c.tenant_id, runs.c.priority, runs.c.created_at,
+      postgresql_where=runs.c.admitted_at.is_(None))
+
+run_events = Table(
+    "run_events", metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("event_id", Text, nullable=False, unique=True),
+    Column("type", Text, nullable=False),
+    Column("data", JSONB, nullable=False),
+    Column("applied", Boolean, nullable=False, server_default=text("true")),
+    Column("fencing_token", BigInteger),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "seq"),
+    CheckConstraint("seq >= 1", name="seq_positive"),
+)
+
+actions = Table(
+    "actions", metadata,
+    Column("action_id", Text, primary_key=True),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("logical_action", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("tool_version", Text, nullable=False),
+    Column("effect_kind", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False, unique=True),
+    Column("request_hash", Text, nullable=False),
+    Column("request", JSONB, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("external_id", Text),
+    Column("receipt", JSONB),
+    Column("receipt_ref", Text),
+    Column("last_error", Text),
+    Column("fencing_token", BigInteger, nullable=False),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("run_id", "logical_action"),
+    CheckConstraint(_one_of("status", ActionStatus), name="status"),
+    CheckConstraint(_one_of("effect_kind", EffectKind), name="effect_kind"),
+)
+# Reconciler: actions whose outcome is unknown.
+Index("ix_actions_unresolved", actions.c.status, actions.c.updated_at,
+      postgresql_where=actions.c.status.in_(["UNKNOWN", "RECONCILING"]))
+
+timers = Table(
+    "timers", metadata,
+    Column("timer_key", Text, primary_key=True),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("wake_at", DateTime(timezone=True), nullable=False),
+    Column("fired_at", DateTime(timezone=True)),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+    CheckConstraint(_one_of("kind", TIMER_KINDS), name="kind"),
+)
+# Timer service: the next due, unfired timers.
+Index("ix_timers_due", timers.c.wake_at, postgresql_where=timers.c.fired_at.is_(None))
+
+artifacts = Table(
+    "artifacts", metadata,
+    Column("content_hash", Text, primary_key=True),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("media_type", Text, nullable=False),
+    Column("location", Text, nullable=False),
+    Column("run_id", Text, ForeignKey("runs.run_id")),
+    _now(),
+    CheckConstraint("content_hash ~ '^[0-9a-f]{64}$'", name="sha256"),
+)
+
+outbox = Table(
+    "outbox", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("event_id", Text, nullable=False, unique=True),
+    Column("aggregate_type", Text, nullable=False),
+    Column("aggregate_id", Text, nullable=False),
+    Column("partition", SmallInteger, nullable=False),
+    Column("exchange", Text, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("traceparent", Text),
+    _now(),
+    Column("published_at", DateTime(timezone=True)),
+)
+# Relay: unpublished rows of one partition in commit-independent id order (no high-water mark).
+Index("ix_outbox_unpublished", outbox.c.partition, outbox.c.id,
+      postgresql_where=outbox.c.published_at.is_(None))
+
+
+def _inbox(service: str) -> Table:
+    return Table(
+        f"inbox_{service}", metadata,
+        Column("message_id", Text, primary_key=True),
+        Column("message_type", Text, nullable=False),
+        Column("run_id", Text),
+        Column("outcome", JSONB, nullable=False),
+        Column("handled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    )
+
+
+inboxes: dict[str, Table] = {service: _inbox(service) for service in CONSUMING_SERVICES}
+
+delivery_failures = Table(
+    "delivery_failures", metadata,
+    Column("service", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("last_error", Text, nullable=False),
+    Column("first_failure_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_failure_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("service", "message_id"),
+)
+
+quarantine = Table(
+    "quarantine", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("message_id", Text),
+    Column("message_type", Text),
+    Column("schema_version", Integer),
+    Column("error_code", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("headers", JSONB, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("first_failure_at", DateTime(timezone=True), nullable=False),
+    Column("last_failure_at", DateTime(timezone=True), nullable=False),
+    Column("quarantined_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("replayed_at", DateTime(timezone=True)),
+    Column("replayed_by", Text),
+)
+
+partition_leases = Table(
+    "partition_leases", metadata,
+    Column("service", Text, nullable=False),
+    Column("partition", SmallInteger, nullable=False),
+    Column("owner", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("fencing_token", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("service", "partition"),
+    CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_whole"),
+)
+
+service_members = Table(
+    "service_members", metadata,
+    Column("service", Text, nullable=False),
+    Column("instance_id", Text, nullable=False),
+    Column("alive_until", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("service", "instance_id"),
+)
+
+audit_log = Table(
+    "audit_log", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)

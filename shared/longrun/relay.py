@@ -1,0 +1,102 @@
+"""The outbox relay: committed outbox rows -> RabbitMQ, with confirms, then marked sent.
+
+Per partition (owned by exactly one relay replica at a time) it takes the oldest
+unpublished rows — every round rescans, so a row whose transaction commits late is
+never skipped — publishes them pipelined on one confirm channel (the broker keeps
+that order), and marks the confirmed ones. A crash between confirm and mark
+publishes the row again; consumers' inboxes absorb the duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun import faults
+from longrun.bus.codec import to_message
+from longrun.bus.connection import Bus
+from longrun.db import outbox
+from longrun.db.engine import psycopg_dsn
+from longrun.db.errors import is_transient
+
+logger = logging.getLogger(__name__)
+
+
+class Relay:
+    def __init__(self, engine: AsyncEngine, bus: Bus, *, batch: int, poll_interval: float) -> None:
+        self.engine = engine
+        self.bus = bus
+        self.batch = batch
+        self.poll_interval = poll_interval
+        self.owned: set[int] = set()
+        self.wake = asyncio.Event()
+        self.published = 0
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, partition: int) -> None:
+        self.owned.add(partition)
+        self.wake.set()
+
+    async def release(self, partition: int) -> None:
+        # Wait for a drain in progress so two relays never publish one partition at once.
+        async with self._lock:
+            self.owned.discard(partition)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_interval)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.bus.ensure_connected()
+                async with self._lock:
+                    for partition in sorted(self.owned):
+                        await self.drain(partition)
+            except Exception as e:
+                if not is_transient(e):
+                    logger.exception("relay round failed")
+                else:
+                    logger.warning("relay round: database unavailable (%r)", e)
+                await asyncio.sleep(0.5)
+
+    async def drain(self, partition: int) -> None:
+        while True:
+            async with self.engine.connect() as conn:
+                rows = await outbox.unpublished(conn, partition, self.batch)
+            if not rows:
+                return
+            results = await self.bus.publish_many(
+                [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
+            confirmed = [row.id for row, error in zip(rows, results, strict=True) if error is None]
+            faults.crash_point("relay.after_publish_before_mark")
+            async with self.engine.begin() as conn:
+                await outbox.mark_published(conn, confirmed)
+            self.published += len(confirmed)
+            failures = [e for e in results if e is not None]
+            if failures:
+                logger.warning("partition %d: %d of %d publishes failed, first: %s",
+                               partition, len(failures), len(rows), failures[0])
+                return
+            if len(rows) < self.batch:
+                return
+
+    async def listen(self, database_url: str, stopping: asyncio.Event) -> None:
+        """NOTIFY is only a hint (no replay): the poll in ``run`` is the safety net."""
+        while not stopping.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        psycopg_dsn(database_url), autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {outbox.NOTIFY_CHANNEL}")
+                    self.wake.set()
+                    async for _ in conn.notifies():
+                        self.wake.set()
+                        if stopping.is_set():
+                            return
+            except (psycopg.Error, OSError) as e:
+                logger.warning("LISTEN connection lost (%r); polling until it is back", e)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,83 @@
+"""What every service process shares: logging, probes, signals, waiting for infrastructure.
+
+``run(name, serve)`` loads Settings once (a config error exits 2 naming every bad
+variable), arms crash points, starts the probe server, and runs ``serve(settings,
+stopping)`` until SIGTERM/SIGINT sets ``stopping``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from longrun import faults
+from longrun.config import Settings
+from longrun.errors import ConfigError, InfrastructureUnreachable
+
+logger = logging.getLogger(__name__)
+
+Serve = Callable[[Settings, asyncio.Event, "Health"], Awaitable[None]]
+
+
+class Health:
+    """Liveness is the event loop answering; readiness is set by the service."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    async def serve(self, port: int) -> asyncio.Server:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            request = await reader.readline()
+            path = request.split(b" ")[1] if request.count(b" ") >= 2 else b"/"
+            ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
+            status = b"200 OK" if ok else b"503 Service Unavailable"
+            body = b"ok\n" if ok else b"not ready\n"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+
+        return await asyncio.start_server(answer, "0.0.0.0", port)
+
+
+def setup_logging(service: str, level: str) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
+    )
+    logging.getLogger("aiormq").setLevel(logging.WARNING)
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+
+
+def run(service: str, serve: Serve) -> None:
+    try:
+        settings = Settings.from_env()
+    except ConfigError as e:
+        print(f"{service}: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
+    setup_logging(service, settings.log_level)
+    faults.arm(settings.crash_points)
+    try:
+        asyncio.run(_main(service, settings, serve))
+    except InfrastructureUnreachable as e:
+        logger.error("%s cannot start: %s", service, e)
+        raise SystemExit(3) from e
+
+
+async def _main(service: str, settings: Settings, serve: Serve) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    health = Health()
+    server = await health.serve(settings.health_port) if settings.health_port else None
+    logger.info("%s starting as %s", service, settings.instance_id)
+    try:
+        await serve(settings, stopping, health)
+    finally:
+        if server is not None:
+            server.close()
+        logger.info("%s stopped", service)
