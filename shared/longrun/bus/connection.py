@@ -41,7 +41,10 @@ class Bus:
 
     @property
     def connected(self) -> bool:
-        return self.connection is not None and not self.connection.is_closed
+        # A connection dropped by the broker is not ``is_closed`` in aio-pika; the
+        # close callback (``lost``) and the channel state are what tell.
+        return (self.connection is not None and not self.lost.is_set()
+                and self._publish_channel is not None and not self._publish_channel.is_closed)
 
     async def connect(self) -> None:
         """Connect once, declare the topology, open the confirm channel."""
@@ -64,6 +67,7 @@ class Bus:
         """Reconnect with jittered backoff until the broker answers."""
         if self.connected:
             return
+        await self._discard()
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
                                            wait=wait_exponential_jitter(initial=0.2, max=5),
                                            reraise=True):
@@ -115,9 +119,22 @@ class Bus:
             except aio_pika.exceptions.PublishError as e:
                 results.append(Unroutable(exchange_name, routing_key))
                 logger.error("unroutable: %s", e)
-            except (*CONNECTION_ERRORS, aio_pika.exceptions.DeliveryError) as e:
+            except (*CONNECTION_ERRORS, aio_pika.exceptions.DeliveryError, RuntimeError) as e:
                 results.append(BusUnavailable(f"publish to {exchange_name}/{routing_key} failed: {e!r}"))
+        if any(isinstance(r, BusUnavailable) for r in results) and not self.connected:
+            self.lost.set()
         return results
+
+    async def _discard(self) -> None:
+        """Forget a broken connection (best effort: the broker may already have dropped it)."""
+        connection, self.connection, self._publish_channel = self.connection, None, None
+        self.lost.set()
+        if connection is not None:
+            connection.close_callbacks.discard(self._on_close)
+            try:
+                await asyncio.wait_for(connection.close(), timeout=2)
+            except Exception as e:
+                logger.debug("closing a broken connection: %r", e)
 
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:

@@ -100,7 +100,7 @@ runs = Table(
     # A waiting run that nobody can wake, or that waits forever, is a lost run.
     CheckConstraint("status NOT IN ('WAITING_EVENT', 'WAITING_USER') OR wait_deadline IS NOT NULL",
                     name="wait_has_deadline"),
-    CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind = 'timer'",
+    CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind IS NOT DISTINCT FROM 'timer'",
                     name="wait_has_wake_condition"),
     CheckConstraint("status <> 'WAITING_USER' OR (approval_id IS NOT NULL AND approval_owner IS NOT NULL"
                     " AND approved_hash IS NOT NULL)", name="approval_named"),

@@ -151,7 +151,7 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('admitted_at', sa.DateTime(timezone=True), nullable=True),
-    sa.CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind = 'timer'", name=op.f('ck_runs_wait_has_wake_condition')),
+    sa.CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind IS NOT DISTINCT FROM 'timer'", name=op.f('ck_runs_wait_has_wake_condition')),
     sa.CheckConstraint("status <> 'WAITING_USER' OR (approval_id IS NOT NULL AND approval_owner IS NOT NULL AND approved_hash IS NOT NULL)", name=op.f('ck_runs_approval_named')),
     sa.CheckConstraint("status IN ('READY', 'RUNNING', 'WAITING_EVENT', 'WAITING_USER', 'RETRY_SCHEDULED', 'ACTION_UNKNOWN', 'CANCELLING', 'PAUSED', 'NEEDS_ATTENTION', 'COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT', 'BUDGET_EXHAUSTED')", name=op.f('ck_runs_status')),
     sa.CheckConstraint("status NOT IN ('WAITING_EVENT', 'WAITING_USER') OR wait_deadline IS NOT NULL", name=op.f('ck_runs_wait_has_deadline')),

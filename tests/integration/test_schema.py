@@ -1,0 +1,99 @@
+"""Migrations: upgrade from empty, downgrade to empty, and the result equals the metadata."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from longrun.db import migrate
+from longrun.db.schema import metadata
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def scratch_url(infra):  # type: ignore[no-untyped-def]
+    name = f"lrs_{uuid.uuid4().hex[:10]}"
+    url = make_url(infra.database_url).set(database=name).render_as_string(hide_password=False)
+    migrate.create_database(url)
+    yield url
+    admin = create_engine(make_url(infra.database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _checks(conn) -> dict[tuple[str, str], str]:  # type: ignore[no-untyped-def]
+    rows = conn.execute(text(
+        "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE contype = 'c' AND connamespace = 'public'::regnamespace"))
+    return {(t, n): d for t, n, d in rows}
+
+
+def test_migrated_database_equals_the_metadata(scratch_url: str) -> None:
+    migrate.upgrade(scratch_url)
+    engine = create_engine(scratch_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
+        migrated_checks = _checks(conn)
+    engine.dispose()
+    assert diff == []
+    # Alembic does not compare CHECK bodies; compare them against a create_all of the metadata.
+    reference = scratch_url.rsplit("/", 1)[0] + "/" + scratch_url.rsplit("/", 1)[1] + "_ref"
+    migrate.create_database(reference)
+    ref_engine = create_engine(reference)
+    try:
+        metadata.create_all(ref_engine)
+        with ref_engine.connect() as conn:
+            assert migrated_checks == _checks(conn)
+    finally:
+        ref_engine.dispose()
+        admin = create_engine(make_url(scratch_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{make_url(reference).database}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_downgrade_to_empty_and_upgrade_again(scratch_url: str) -> None:
+    migrate.upgrade(scratch_url)
+    migrate.downgrade(scratch_url, "base")
+    engine = create_engine(scratch_url)
+    with engine.connect() as conn:
+        tables = conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars().all()
+    assert tables == ["alembic_version"]
+    migrate.upgrade(scratch_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 0
+    engine.dispose()
+
+
+def test_constraints_refuse_what_the_invariants_forbid(scratch_url: str) -> None:
+    migrate.upgrade(scratch_url)
+    engine = create_engine(scratch_url)
+    base = ("INSERT INTO runs (run_id, tenant_id, idempotency_key, input_hash, workflow, workflow_version, "
+            "prompt_version, model_policy_version, tool_schema_version, status, partition, budget, snapshot, "
+            "lease_owner, lease_until, wait_deadline, wait_correlation_key) VALUES ('r', 't', 'k', 'h', 'w', '1', "
+            "'1', '1', '1', :status, 0, '{}', '{}', :owner, :until, :deadline, :key)")
+    forbidden = [
+        {"status": "RUNNING", "owner": "w1", "until": None, "deadline": None, "key": None},  # half a lease
+        {"status": "WAITING_EVENT", "owner": None, "until": None, "deadline": None, "key": "ci/1"},
+        {"status": "WAITING_EVENT", "owner": None, "until": None, "deadline": "2030-01-01", "key": None},
+        {"status": "WAITING_USER", "owner": None, "until": None, "deadline": "2030-01-01", "key": None},
+        {"status": "DONE", "owner": None, "until": None, "deadline": None, "key": None},
+    ]
+    for values in forbidden:
+        with engine.connect() as conn, pytest.raises(IntegrityError):
+            conn.execute(text(base), values)
+    with engine.begin() as conn:
+        conn.execute(text(base), {"status": "READY", "owner": None, "until": None, "deadline": None, "key": None})
+        conn.execute(text("INSERT INTO run_events (run_id, seq, event_id, type, data, occurred_at) "
+                          "VALUES ('r', 1, 'e1', 'run.created', '{}', now())"))
+    with engine.connect() as conn, pytest.raises(ProgrammingError, match="append-only"):
+        conn.execute(text("UPDATE run_events SET type = 'x'"))
+    engine.dispose()

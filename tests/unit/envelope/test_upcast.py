@@ -1,0 +1,34 @@
+"""Upcasters are pure and pinned by golden files: v1 on the wire decodes as the newest version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from longrun.envelope import LATEST, decode
+from longrun.envelope.upcast import UPCASTERS, upcast_run_create_v1_v2
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+
+
+def test_run_create_v1_upcasts_to_v2_exactly_as_recorded() -> None:
+    v1 = json.loads((GOLDEN / "run.create.v1.json").read_text())
+    expected = json.loads((GOLDEN / "run.create.v1-as-v2.json").read_text())
+    decoded = decode(json.dumps(v1).encode())
+    assert decoded.schema_version == LATEST["run.create"] == 2
+    assert decoded.model_dump(mode="json") == expected
+
+
+def test_upcasters_do_not_mutate_their_input() -> None:
+    payload = {"workflow": "w", "idempotency_key": "k", "budget_usd": 3.5}
+    before = dict(payload)
+    assert upcast_run_create_v1_v2(payload)["budget"] == {"cost_usd": 3.5}
+    assert payload == before
+
+
+@pytest.mark.parametrize("key", sorted(UPCASTERS))
+def test_every_upcaster_has_a_golden_file(key: tuple[str, int]) -> None:
+    type_, version = key
+    assert (GOLDEN / f"{type_}.v{version}.json").exists()

@@ -1,0 +1,49 @@
+"""Settings: typed, read once, every problem reported at once by variable name."""
+
+from __future__ import annotations
+
+import pytest
+
+from longrun.config import Settings
+from longrun.errors import ConfigError
+
+
+def test_defaults_point_at_the_local_services() -> None:
+    settings = Settings.from_env({})
+    assert settings.database_url == "postgresql+psycopg://postgres@127.0.0.1:5432/longrun"
+    assert settings.amqp_url == "amqp://guest:guest@127.0.0.1:5672/"
+    assert settings.partitions == 8
+    assert settings.crash_points == ()
+
+
+def test_values_are_parsed_into_their_types() -> None:
+    settings = Settings.from_env({
+        "LONGRUN_DATABASE_URL": "postgresql://u@db:5432/x", "LONGRUN_PARTITIONS": "16",
+        "LONGRUN_PARTITION_LEASE_TTL": "2.5", "LONGRUN_LOG_LEVEL": "debug",
+        "LONGRUN_OPERATOR_TOKENS": "a, b", "LONGRUN_CRASH_POINTS": "x:2,y"})
+    assert settings.database_url == "postgresql+psycopg://u@db:5432/x"
+    assert settings.partitions == 16
+    assert settings.partition_lease_ttl == 2.5
+    assert settings.log_level == "DEBUG"
+    assert settings.operator_tokens == ("a", "b")
+    assert settings.crash_points == ("x:2", "y")
+
+
+def test_every_bad_value_is_reported_together_naming_the_variable_and_what_was_expected() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"LONGRUN_PARTITIONS": "zero", "LONGRUN_AMQP_URL": "http://x",
+                           "LONGRUN_HEALTH_PORT": "70000", "LONGRUN_LOG_LEVEL": "LOUD"})
+    problems = dict(caught.value.problems)
+    assert problems == {
+        "LONGRUN_PARTITIONS": "got 'zero'; expected an integer >= 1",
+        "LONGRUN_AMQP_URL": "got 'http://x'; expected an amqp:// or amqps:// URL",
+        "LONGRUN_HEALTH_PORT": "got '70000'; expected a port 0-65535 (0 = off)",
+        "LONGRUN_LOG_LEVEL": "got 'LOUD'; expected one of DEBUG, INFO, WARNING, ERROR",
+    }
+    assert "4 problem(s)" in str(caught.value)
+
+
+def test_every_variable_is_documented() -> None:
+    names = Settings.variables()
+    assert all(name.startswith("LONGRUN_") for name in names)
+    assert len(names) == len(Settings.__dataclass_fields__)
