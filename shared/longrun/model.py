@@ -1,0 +1,195 @@
+"""Model adapters: how a run asks a model for its next step, and the gate every answer passes.
+
+A model only proposes. Its context is the JSON the runtime builds from structured state
+(goal, stage, confirmed facts, actions and receipts, open questions, allowed next steps,
+remaining budget), never chat memory, and its answer is a ``Proposal`` that the runtime
+must pass through ``validate_proposal`` before anything acts on it. Adapters parse; they
+do not judge, so a scripted model can deliberately propose something the gate refuses.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from longrun.errors import DomainError, ErrorCode, ToolRejected, ToolUnavailable
+
+# The system prompt carries the allowed actions on one machine-readable line after this.
+ALLOWED_ACTIONS_MARKER = "Allowed actions (JSON): "
+
+_SYSTEM_PROMPT = """\
+You are the planning step of a durable agent run. Propose exactly one next action; the \
+runtime validates it and performs it, you never act yourself.
+Use only the JSON context in the user message: goal, stage, confirmed facts, actions and \
+their receipts, open questions, allowed next steps and remaining budget.
+Answer with one JSON object and nothing else: \
+{"action": <one of the allowed actions>, "args": {<a JSON object>}, "rationale": <one sentence>}.
+"""
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class Proposal:
+    action: str
+    args: Mapping[str, Any]
+    rationale: str
+    usage: Usage
+
+
+class ProposalRejected(DomainError):
+    """The model's answer is unusable or not allowed here; nothing acts on it."""
+
+    code = ErrorCode.PROPOSAL_REJECTED
+
+    def __init__(self, reason: str, action: str | None = None) -> None:
+        self.reason = reason
+        self.action = action
+        super().__init__(f"proposal rejected: {reason}")
+
+
+class ModelAdapter(Protocol):
+    async def propose(self, *, context: Mapping[str, Any], allowed_actions: Sequence[str]) -> Proposal: ...
+
+
+def validate_proposal(proposal: Proposal, allowed_actions: Sequence[str]) -> Proposal:
+    """Return ``proposal`` if the runtime may act on it, else raise ``ProposalRejected``."""
+    action = proposal.action
+    if not isinstance(action, str) or action not in allowed_actions:
+        raise ProposalRejected(f"action {action!r} is not one of {list(allowed_actions)}", str(action))
+    if not isinstance(proposal.args, Mapping) or not all(isinstance(k, str) for k in proposal.args):
+        raise ProposalRejected(f"args must be a JSON object, got {type(proposal.args).__name__}", action)
+    try:
+        json.dumps(proposal.args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ProposalRejected(f"args are not JSON-compatible: {exc}", action) from exc
+    if not isinstance(proposal.rationale, str):
+        raise ProposalRejected("rationale must be a string", action)
+    return proposal
+
+
+def _proposal(answer: Any, usage: Usage) -> Proposal:
+    # Only what is needed to build a Proposal is checked here; validate_proposal judges the rest.
+    if not isinstance(answer, Mapping) or not isinstance(answer.get("action"), str):
+        raise ProposalRejected('the answer must be a JSON object with a string "action"')
+    return Proposal(answer["action"], answer.get("args", {}), answer.get("rationale", ""), usage)
+
+
+class ScriptedModel:
+    """Deterministic stand-in: the n-th scripted proposal for the context's stage.
+
+    The cursor is ``context["stage_attempt"]`` (how often the stage was already answered),
+    not state in this object, so a restarted worker rebuilding the same context gets the
+    same proposal. Attempts past the end of a stage's script repeat its last entry.
+    """
+
+    def __init__(
+        self,
+        script: Mapping[str, Sequence[Mapping[str, Any]]],
+        *,
+        usage: Usage = Usage(input_tokens=200, output_tokens=50, cost_usd=0.001),
+    ) -> None:
+        self._script = {stage: copy.deepcopy(list(entries)) for stage, entries in script.items()}
+        self._usage = usage
+
+    async def propose(self, *, context: Mapping[str, Any], allowed_actions: Sequence[str]) -> Proposal:
+        stage = context.get("stage")
+        entries = self._script.get(stage) if isinstance(stage, str) else None
+        if not entries:
+            raise ProposalRejected(f"no scripted proposal for stage {stage!r}")
+        attempt = context.get("stage_attempt", 0)
+        if not isinstance(attempt, int) or attempt < 0:
+            raise ProposalRejected(f"stage_attempt must be a non-negative integer, got {attempt!r}")
+        # A copy, so a caller mutating its proposal's args cannot change the script.
+        return _proposal(copy.deepcopy(entries[min(attempt, len(entries) - 1)]), self._usage)
+
+
+class OpenAICompatibleModel:
+    """A chat-completions endpoint (OpenAI, vLLM, llama.cpp, fake_llm) asked for a JSON proposal."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str,
+        timeout: float = 60.0,
+        *,
+        usd_per_input_token: float = 0.0,
+        usd_per_output_token: float = 0.0,
+    ) -> None:
+        self.model = model
+        self._tool = f"model:{model}"
+        self._prices = (usd_per_input_token, usd_per_output_token)
+        # Accept both ".../v1" and the bare host: the path below always names /v1.
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/").removesuffix("/v1"),
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def propose(self, *, context: Mapping[str, Any], allowed_actions: Sequence[str]) -> Proposal:
+        system = _SYSTEM_PROMPT + ALLOWED_ACTIONS_MARKER + json.dumps(list(allowed_actions))
+        request = {
+            "model": self.model,
+            "temperature": 0,
+            "response_format": {"type": "json_object"},
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": json.dumps(context, sort_keys=True)},
+            ],
+        }
+        try:
+            response = await self._http.post("/v1/chat/completions", json=request)
+        except httpx.TransportError as exc:
+            raise ToolUnavailable(self._tool, f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500 or response.status_code == 429:
+            raise ToolUnavailable(self._tool, f"HTTP {response.status_code}: {response.text[:500]}")
+        if response.is_error:
+            raise ToolRejected(self._tool, response.status_code, response.text[:500])
+        try:
+            completion = response.json()
+            message = completion["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ProposalRejected(f"malformed chat completion: {exc!r}") from exc
+        return _proposal(_answer(message), self._usage(completion.get("usage") or {}))
+
+    def _usage(self, usage: Mapping[str, Any]) -> Usage:
+        tokens_in, tokens_out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        cost = tokens_in * self._prices[0] + tokens_out * self._prices[1]
+        return Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost)
+
+
+def _answer(message: Mapping[str, Any]) -> Any:
+    """The ``{"action", "args", "rationale"}`` object in a reply, as content or as a tool call."""
+    calls = message.get("tool_calls") or []
+    if calls:
+        function = calls[0].get("function") or {}
+        arguments = function.get("arguments", {})
+        args = _decode(arguments, "tool call arguments") if isinstance(arguments, str) else arguments
+        return {"action": function.get("name"), "args": args, "rationale": message.get("content") or ""}
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise ProposalRejected("the reply has neither text content nor a tool call")
+    # Some models wrap JSON in a Markdown fence even when asked not to.
+    text = content.strip().removeprefix("```json").removeprefix("```").removesuffix("```")
+    return _decode(text, "content")
+
+
+def _decode(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ProposalRejected(f"{what} is not JSON: {text[:200]!r}") from exc
