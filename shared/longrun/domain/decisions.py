@@ -1,0 +1,131 @@
+"""Decisions: what a workflow's deterministic ``decide(state, ctx)`` may ask the runtime to do.
+
+Responsibility: the vocabulary between workflow code and the runtime. ``decide`` returns
+one of these values and never calls a port; the worker carries it out (through the action
+ledger, the model adapter, the timer table) and records the resulting events.
+
+Invariants:
+- ``decide`` is pure: time, ids and randomness reach it only through ``DecisionContext``,
+  so replaying a history under the same pinned versions reproduces its decisions.
+- Every wait a decision asks for has a wake condition and a deadline by construction
+  (``wait_for``); a retry waits on a timer whose deadline is its fire time.
+- ``Complete`` carries evidence; the workflow's ``accept`` judges it deterministically,
+  and only an empty list of unmet conditions lets the run complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+from longrun.domain.codec import FrozenMap
+from longrun.domain.retry import Rng
+from longrun.domain.run import RunStatus
+from longrun.domain.snapshot import RunSnapshot, Wait
+
+_decision = dataclass(frozen=True, slots=True, kw_only=True)
+
+
+@_decision
+class CallTool:
+    tool: str
+    args: FrozenMap
+    logical_action: str
+    """The business intent; its idempotency key derives from it, not from this model turn."""
+    approval_id: str | None = None
+    """The approval this request needs; preparing it is refused unless that approval covers its exact hash."""
+
+
+@_decision
+class AskModel:
+    purpose: str
+
+
+@_decision
+class WaitForEvent:
+    kind: str
+    correlation_key: str
+    deadline: float
+
+
+@_decision
+class WaitForUser:
+    approval_id: str
+    owner: str
+    deadline: float
+    approved_hash: str
+    """Hash of the exact request being approved; use ``request_hash`` of the gated action."""
+    summary: str
+
+
+@_decision
+class ScheduleRetry:
+    logical_action: str
+    delay: float
+    """Seconds, usually from ``next_delay``."""
+
+
+@_decision
+class Complete:
+    evidence: FrozenMap
+
+
+@_decision
+class Fail:
+    reason: str
+
+
+@_decision
+class Reconcile:
+    logical_action: str
+
+
+Decision: TypeAlias = (
+    CallTool | AskModel | WaitForEvent | WaitForUser | ScheduleRetry | Complete | Fail | Reconcile
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionContext:
+    """Everything non-deterministic ``decide`` may use, passed in by the worker."""
+
+    now: float
+    """Epoch seconds, from the worker's clock port."""
+    new_id: Callable[[], str]
+    rng: Rng
+
+
+class Workflow(Protocol):
+    """A run kind as a workflow author writes it."""
+
+    kind: str
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision: ...
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        """The acceptance conditions ``evidence`` does not meet; empty means accepted."""
+
+
+def wait_for(
+    decision: WaitForEvent | WaitForUser | ScheduleRetry, ctx: DecisionContext
+) -> tuple[RunStatus, Wait]:
+    """The waiting status and ``Wait`` to record for a waiting decision."""
+    wait_id = ctx.new_id()
+    if isinstance(decision, WaitForEvent):
+        wait = Wait(
+            wait_id=wait_id, kind=decision.kind, deadline=decision.deadline,
+            correlation_key=decision.correlation_key,
+        )  # fmt: skip
+        return RunStatus.WAITING_EVENT, wait
+    if isinstance(decision, WaitForUser):
+        wait = Wait(
+            wait_id=wait_id, kind="approval", deadline=decision.deadline, approval_id=decision.approval_id,
+            owner=decision.owner, approved_hash=decision.approved_hash, subject=decision.summary,
+        )  # fmt: skip
+        return RunStatus.WAITING_USER, wait
+    wake_at = ctx.now + decision.delay
+    wait = Wait(
+        wait_id=wait_id, kind="timer", deadline=wake_at, wake_at=wake_at, subject=decision.logical_action
+    )
+    return RunStatus.RETRY_SCHEDULED, wait

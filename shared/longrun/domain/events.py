@@ -1,0 +1,274 @@
+"""Run events: the facts a run's history is made of, and their JSON form.
+
+Responsibility: one frozen dataclass per event type, each naming its ``type`` string,
+plus ``event_to_dict``/``event_from_dict`` for storage (run_events.data) and the bus.
+
+Invariants:
+- Events are immutable facts. A run's history is append-only; corrections are new events.
+- ``seq`` is the event's position in its run's history (1, 2, ...), assigned by storage;
+  ``at`` is when its writer observed it (epoch seconds). Causality comes from seq and
+  revision, never from comparing ``at`` across writers.
+- ``event_from_dict(event_to_dict(e)) == e``; an unknown ``type`` is refused, not guessed.
+- How each event changes a snapshot is defined only in ``longrun.domain.evolve``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar, cast
+
+from longrun.domain.action import ActionStatus, EffectKind
+from longrun.domain.budget import Usage
+from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
+from longrun.domain.run import RunStatus
+from longrun.domain.snapshot import PinnedVersions, Wait, WakeReason
+
+_event = dataclass(frozen=True, slots=True, kw_only=True)
+
+
+@_event
+class RunEvent:
+    type: ClassVar[str]
+    seq: int
+    at: float
+
+
+@_event
+class RunCreated(RunEvent):
+    type: ClassVar[str] = "run.created"
+    run_id: str
+    tenant_id: str
+    kind: str
+    goal: FrozenMap
+    versions: PinnedVersions
+    budget: Usage
+    """The limits; nothing is used yet."""
+    priority: int = 0
+    permissions: tuple[str, ...] = ()
+    deadline: float | None = None
+    stage: str = ""
+
+
+@_event
+class RunStatusChanged(RunEvent):
+    """A move with no payload of its own: take, yield, escalate, fail, time out, finish cancelling."""
+
+    type: ClassVar[str] = "run.status_changed"
+    to: RunStatus
+    reason: str
+
+
+@_event
+class WaitStarted(RunEvent):
+    type: ClassVar[str] = "run.wait_started"
+    status: RunStatus
+    wait: Wait
+
+
+@_event
+class RunWoken(RunEvent):
+    type: ClassVar[str] = "run.woken"
+    wait_id: str
+    reason: WakeReason
+    correlation_key: str | None = None
+
+
+@_event
+class ApprovalDecided(RunEvent):
+    type: ClassVar[str] = "run.approval_decided"
+    approval_id: str
+    approved: bool
+    approved_hash: str
+    """The hash the approver saw; it must equal the pending wait's hash."""
+    decided_by: str
+
+
+@_event
+class CancelRequested(RunEvent):
+    type: ClassVar[str] = "run.cancel_requested"
+    by: str
+    reason: str
+
+
+@_event
+class RunPaused(RunEvent):
+    type: ClassVar[str] = "run.paused"
+    by: str
+    reason: str
+
+
+@_event
+class RunResumed(RunEvent):
+    type: ClassVar[str] = "run.resumed"
+    by: str
+    reason: str
+
+
+@_event
+class RunTerminated(RunEvent):
+    type: ClassVar[str] = "run.terminated"
+    by: str
+    reason: str
+
+
+@_event
+class RunCompleted(RunEvent):
+    type: ClassVar[str] = "run.completed"
+    evidence: FrozenMap
+    unmet: tuple[str, ...] = ()
+    """Acceptance conditions not met; must be empty for the run to complete."""
+
+
+@_event
+class StageChanged(RunEvent):
+    type: ClassVar[str] = "run.stage_changed"
+    stage: str
+
+
+@_event
+class VersionsMigrated(RunEvent):
+    type: ClassVar[str] = "run.versions_migrated"
+    versions: PinnedVersions
+    by: str
+    reason: str
+
+
+@_event
+class FactRecorded(RunEvent):
+    type: ClassVar[str] = "fact.recorded"
+    key: str
+    value: JsonValue
+    source: str
+
+
+@_event
+class QuestionOpened(RunEvent):
+    type: ClassVar[str] = "question.opened"
+    question_id: str
+    text: str
+
+
+@_event
+class QuestionResolved(RunEvent):
+    type: ClassVar[str] = "question.resolved"
+    question_id: str
+
+
+@_event
+class BudgetCharged(RunEvent):
+    type: ClassVar[str] = "budget.charged"
+    model_calls: int = 0
+    tool_calls: int = 0
+    cost: float = 0.0
+
+
+@_event
+class ActionEvent(RunEvent):
+    logical_action: str
+
+
+@_event
+class ActionPrepared(ActionEvent):
+    type: ClassVar[str] = "action.prepared"
+    tool: str
+    tool_version: str
+    effect_kind: EffectKind
+    idempotency_key: str
+    request_hash: str
+    approval_id: str | None = None
+    """Set when the request needs approval: the approval must cover exactly ``request_hash``."""
+
+
+@_event
+class ActionSubmitted(ActionEvent):
+    type: ClassVar[str] = "action.submitted"
+
+
+@_event
+class ActionConfirmed(ActionEvent):
+    type: ClassVar[str] = "action.confirmed"
+    external_id: str | None = None
+    receipt_ref: str | None = None
+
+
+@_event
+class ActionFailed(ActionEvent):
+    """The far side definitely rejected the request. Never used for a timeout."""
+
+    type: ClassVar[str] = "action.failed"
+    error: str
+
+
+@_event
+class ActionUnknown(ActionEvent):
+    type: ClassVar[str] = "action.unknown"
+    cause: str
+
+
+@_event
+class ReconciliationStarted(ActionEvent):
+    type: ClassVar[str] = "action.reconciliation_started"
+
+
+@_event
+class ActionReconciled(ActionEvent):
+    type: ClassVar[str] = "action.reconciled"
+    outcome: ActionStatus
+    """CONFIRMED, RETRYABLE, NEEDS_ATTENTION, or UNKNOWN when the far side cannot tell yet."""
+    external_id: str | None = None
+    receipt_ref: str | None = None
+    note: str = ""
+
+
+@_event
+class ActionResolved(ActionEvent):
+    """An operator settles an action reconciliation escalated."""
+
+    type: ClassVar[str] = "action.resolved"
+    outcome: ActionStatus
+    by: str
+    reason: str
+    external_id: str | None = None
+    receipt_ref: str | None = None
+
+
+@_event
+class CompensationStarted(ActionEvent):
+    type: ClassVar[str] = "action.compensation_started"
+
+
+@_event
+class ActionCompensated(ActionEvent):
+    type: ClassVar[str] = "action.compensated"
+    receipt_ref: str | None = None
+
+
+EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
+    {
+        cls.type: cls
+        for cls in (
+            RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
+            CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
+            StageChanged, VersionsMigrated, FactRecorded, QuestionOpened, QuestionResolved,
+            BudgetCharged, ActionPrepared, ActionSubmitted, ActionConfirmed, ActionFailed,
+            ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
+            CompensationStarted, ActionCompensated,
+        )  # fmt: skip
+    }
+)
+
+
+def event_to_dict(event: RunEvent) -> dict[str, object]:
+    """JSON-compatible form: ``{"type": ..., "seq": ..., "at": ..., <fields>}``."""
+    return {"type": event.type, **cast(dict[str, object], to_plain(event))}
+
+
+def event_from_dict(data: Mapping[str, object]) -> RunEvent:
+    """Inverse of ``event_to_dict``; ValueError for an unknown type."""
+    type_ = data.get("type")
+    cls = EVENT_TYPES.get(type_) if isinstance(type_, str) else None
+    if cls is None:
+        raise ValueError(f"unknown run event type {type_!r}")
+    return from_plain(cls, {k: v for k, v in data.items() if k != "type"})

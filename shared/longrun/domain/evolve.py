@@ -1,0 +1,108 @@
+"""Applying events to snapshots: ``evolve`` is the only way a run's state changes.
+
+Responsibility: the entry point that orders the checks every event passes (creation,
+lateness, finished runs, seq order, invariants) and dispatches to the per-event handlers
+in ``lifecycle`` (run-level events) and ``ledger`` (action events). ``fold`` replays a
+whole history.
+
+Invariants:
+- Every applied event increments ``revision`` and sets ``last_seq`` to its seq; seqs of
+  applied events strictly increase.
+- Status moves go through ``check_run_transition``; action moves through
+  ``check_action_transition``. A snapshot with an invariant violation is never returned:
+  the event is refused (``EventRejected``, ``IllegalTransition``, ``BudgetExhausted`` or
+  ``IdempotencyKeyReused``) and nothing changes.
+- A terminal run never reopens. An event for a terminal run is either *late* (recorded,
+  not applied) or refused with ``IllegalTransition``.
+- The late-event rule (``is_late``): an event is late when the run has moved past what
+  it reports. That is (1) a report from the outside world (wake, approval, fact, charge,
+  action outcome) arriving after the run ended, or (2) a wake or approval for a wait
+  that is no longer pending (a deadline timer racing the webhook, a duplicate wake).
+  Storage keeps late events in ``run_events`` with their seq; ``evolve`` returns the
+  snapshot unchanged (same revision and last_seq), so ``fold`` over the stored history
+  still reproduces the snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from longrun.domain import events as ev
+from longrun.domain import ledger, lifecycle
+from longrun.domain.invariants import violations
+from longrun.domain.run import TERMINAL
+from longrun.domain.snapshot import RunSnapshot
+from longrun.errors import EventRejected, IllegalTransition
+
+LATE_TOLERANT: frozenset[str] = frozenset(
+    cls.type
+    for cls in (
+        ev.RunWoken, ev.ApprovalDecided, ev.FactRecorded, ev.BudgetCharged, ev.ActionConfirmed,
+        ev.ActionFailed, ev.ActionUnknown, ev.ReconciliationStarted, ev.ActionReconciled,
+        ev.ActionResolved, ev.ActionCompensated,
+    )  # fmt: skip
+)
+"""Outside-world reports that may still arrive after a run ended (the action ledger keeps
+tracking effects of finished runs). Commands (cancel, pause, start an action, complete...)
+are never late: on a finished run they are refused."""
+
+
+def is_late(state: RunSnapshot | None, event: ev.RunEvent) -> bool:
+    """True when ``event`` should be stored but not applied (see the module docstring)."""
+    if state is None:
+        return False
+    if state.status in TERMINAL:
+        return event.type in LATE_TOLERANT
+    if isinstance(event, ev.RunWoken):
+        return state.wait is None or state.wait.wait_id != event.wait_id
+    if isinstance(event, ev.ApprovalDecided):
+        return state.wait is None or state.wait.approval_id != event.approval_id
+    return False
+
+
+def evolve(state: RunSnapshot | None, event: ev.RunEvent) -> RunSnapshot:
+    """The snapshot after ``event``; ``state`` is None only for ``run.created``."""
+    if isinstance(event, ev.RunCreated):
+        if state is not None:
+            raise EventRejected(state.run_id, event.type, ("the run already exists",))
+        return _verified(event.run_id, event, lifecycle.created(event))
+    if state is None:
+        raise EventRejected("<none>", event.type, ("a run's first event must be run.created",))
+    if is_late(state, event):
+        return state
+    if state.status in TERMINAL:
+        raise IllegalTransition("run", state.status.value, _target(event))
+    if event.seq <= state.last_seq:
+        lifecycle.reject(state, event, f"seq {event.seq} is not after the last applied seq {state.last_seq}")
+    changed = _HANDLERS[type(event)](state, event)
+    return _verified(state.run_id, event, replace(changed, revision=state.revision + 1, last_seq=event.seq))
+
+
+def fold(events: Iterable[ev.RunEvent]) -> RunSnapshot:
+    """Replay a run's stored history (late events included) into its snapshot."""
+    state: RunSnapshot | None = None
+    for event in events:
+        state = evolve(state, event)
+    if state is None:
+        raise ValueError("cannot fold an empty history")
+    return state
+
+
+def _verified(run_id: str, event: ev.RunEvent, snapshot: RunSnapshot) -> RunSnapshot:
+    problems = violations(snapshot)
+    if problems:
+        raise EventRejected(run_id, event.type, problems)
+    return snapshot
+
+
+def _target(event: ev.RunEvent) -> str:
+    if isinstance(event, ev.RunStatusChanged):
+        return event.to.value
+    if isinstance(event, ev.WaitStarted):
+        return event.status.value
+    own = next((status for status, type_ in lifecycle.OWN_EVENT.items() if type_ == event.type), None)
+    return own.value if own is not None else event.type
+
+
+_HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS}

@@ -1,0 +1,214 @@
+"""How run-level events change a snapshot: lifecycle, waits, control, facts, budget.
+
+Responsibility: the handlers ``evolve`` dispatches run-level events to, and the checked
+status move every handler uses. Handlers assume ``evolve`` has already dealt with late
+events, finished runs and seq order, and that it verifies invariants on the result.
+
+Invariants:
+- Every status change goes through ``move``, hence through ``check_run_transition``;
+  leaving a status drops its wait and pause bookkeeping.
+- Statuses that need data (waits, pause, cancel, completion, termination) are entered
+  only through their own event (``OWN_EVENT``), never through ``run.status_changed``.
+- A wait ends only by a wake, an approval, or a move imposed from outside the step.
+- A pause remembers what it paused; a wake while paused changes what the run resumes to,
+  not the pause itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from longrun.domain import events as ev
+from longrun.domain.budget import Budget, charge, over_limit
+from longrun.domain.codec import FrozenMap
+from longrun.domain.run import OPEN, TERMINAL, WAITING, RunStatus, check_run_transition
+from longrun.domain.snapshot import (
+    APPROVAL_FACT_PREFIX,
+    Acceptance,
+    Fact,
+    Question,
+    RunSnapshot,
+    Wait,
+    Wake,
+    WakeReason,
+)
+from longrun.errors import BudgetExhausted, EventRejected
+
+_S = RunStatus
+
+Handler = Callable[[RunSnapshot, Any], RunSnapshot]
+
+# Statuses entered only through their own event, which carries what the status needs.
+OWN_EVENT: Mapping[RunStatus, str] = {
+    _S.WAITING_EVENT: ev.WaitStarted.type,
+    _S.WAITING_USER: ev.WaitStarted.type,
+    _S.RETRY_SCHEDULED: ev.WaitStarted.type,
+    _S.PAUSED: ev.RunPaused.type,
+    _S.CANCELLING: ev.CancelRequested.type,
+    _S.COMPLETED: ev.RunCompleted.type,
+    _S.TERMINATED: ev.RunTerminated.type,
+}
+
+
+def reject(state: RunSnapshot, event: ev.RunEvent, reason: str) -> NoReturn:
+    raise EventRejected(state.run_id, event.type, (reason,))
+
+
+def move(state: RunSnapshot, to: RunStatus, at: float, *, reason: str | None = None) -> RunSnapshot:
+    """A checked status move; leaving a status drops its wait and pause bookkeeping."""
+    check_run_transition(state.status, to)
+    return replace(
+        state,
+        status=to,
+        status_since=at,
+        wait=None,
+        paused_from=None,
+        terminal_reason=reason if to in TERMINAL else None,
+    )
+
+
+def created(e: ev.RunCreated) -> RunSnapshot:
+    return RunSnapshot(
+        run_id=e.run_id, tenant_id=e.tenant_id, kind=e.kind, status=_S.READY, revision=1,
+        last_seq=e.seq, created_at=e.at, status_since=e.at, goal=e.goal, versions=e.versions,
+        budget=Budget(limit=e.budget), priority=e.priority, permissions=e.permissions,
+        deadline=e.deadline, stage=e.stage,
+    )  # fmt: skip
+
+
+def _status_changed(s: RunSnapshot, e: ev.RunStatusChanged) -> RunSnapshot:
+    own = OWN_EVENT.get(e.to)
+    if own is not None:
+        reject(s, e, f"{e.to.value} is entered with {own}")
+    if e.to in OPEN and s.status in WAITING | {_S.PAUSED}:
+        reject(s, e, f"{s.status.value} ends with run.woken, run.approval_decided or run.resumed")
+    return move(s, e.to, e.at, reason=e.reason)
+
+
+def _wait_started(s: RunSnapshot, e: ev.WaitStarted) -> RunSnapshot:
+    if s.status is not _S.RUNNING:
+        reject(s, e, f"only a worker step starts a wait; the run is {s.status.value}")
+    if e.status not in WAITING:
+        reject(s, e, f"{e.status.value} is not a waiting status")
+    if e.wait.deadline is not None and e.wait.deadline < e.at:
+        reject(s, e, f"deadline {e.wait.deadline} has already passed at {e.at}")
+    return replace(move(s, e.status, e.at), wait=e.wait)
+
+
+def _parked(s: RunSnapshot) -> RunStatus:
+    return s.paused_from if s.paused_from is not None else s.status
+
+
+def _pending_wait(s: RunSnapshot, e: ev.RunEvent) -> Wait:
+    if s.wait is None:
+        reject(s, e, "no wait is pending")
+    return s.wait
+
+
+def _end_wait(s: RunSnapshot, at: float, wake: Wake) -> RunSnapshot:
+    """A wake readies the run; while paused it readies what the run will resume to."""
+    if s.status is _S.PAUSED:
+        check_run_transition(_parked(s), _S.READY)
+        return replace(s, paused_from=_S.READY, wait=None, last_wake=wake)
+    return replace(move(s, _S.READY, at), last_wake=wake)
+
+
+def _woken(s: RunSnapshot, e: ev.RunWoken) -> RunSnapshot:
+    wait = _pending_wait(s, e)
+    if e.reason is WakeReason.APPROVAL:
+        reject(s, e, f"approvals arrive as {ev.ApprovalDecided.type}")
+    matches = wait.correlation_key is not None and e.correlation_key == wait.correlation_key
+    if e.reason is WakeReason.EVENT and not matches:
+        reject(s, e, f"correlation key {e.correlation_key!r} is not the wait's {wait.correlation_key!r}")
+    if e.reason is WakeReason.TIMER and wait.wake_at is None:
+        reject(s, e, "the pending wait has no timer")
+    return _end_wait(s, e.at, Wake(e.reason, wait.wait_id, e.at, e.correlation_key))
+
+
+def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
+    wait = _pending_wait(s, e)
+    if _parked(s) is not _S.WAITING_USER:
+        reject(s, e, "the run is not waiting for a user")
+    if e.approved_hash != wait.approved_hash:
+        reject(s, e, f"the decision covers {e.approved_hash}, the pending request is {wait.approved_hash}")
+    decision = FrozenMap(
+        {"approved": e.approved, "approved_hash": e.approved_hash, "decided_by": e.decided_by}
+    )
+    fact = Fact(APPROVAL_FACT_PREFIX + e.approval_id, decision, f"user:{e.decided_by}", e.at)
+    return _end_wait(_put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))
+
+
+def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
+    return replace(move(s, _S.CANCELLING, e.at), cancel_requested=True)
+
+
+def _paused(s: RunSnapshot, e: ev.RunPaused) -> RunSnapshot:
+    return replace(move(s, _S.PAUSED, e.at), paused_from=s.status, wait=s.wait)
+
+
+def _resumed(s: RunSnapshot, e: ev.RunResumed) -> RunSnapshot:
+    if s.status is not _S.PAUSED:
+        reject(s, e, f"the run is {s.status.value}, not PAUSED")
+    # The worker that was running the run lost it to the revision bump: schedule it again.
+    target = _S.READY if _parked(s) is _S.RUNNING else _parked(s)
+    resumed = move(s, target, e.at)
+    return replace(resumed, wait=s.wait) if target in WAITING else resumed
+
+
+def _terminated(s: RunSnapshot, e: ev.RunTerminated) -> RunSnapshot:
+    return move(s, _S.TERMINATED, e.at, reason=f"terminated by {e.by}: {e.reason}")
+
+
+def _completed(s: RunSnapshot, e: ev.RunCompleted) -> RunSnapshot:
+    done = move(s, _S.COMPLETED, e.at, reason="acceptance check passed")
+    return replace(done, acceptance=Acceptance(e.evidence, e.unmet))
+
+
+def _put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
+    return replace(s, facts=(*(f for f in s.facts if f.key != fact.key), fact))
+
+
+def _question_opened(s: RunSnapshot, e: ev.QuestionOpened) -> RunSnapshot:
+    if any(q.question_id == e.question_id for q in s.open_questions):
+        reject(s, e, f"question {e.question_id!r} is already open")
+    return replace(s, open_questions=(*s.open_questions, Question(e.question_id, e.text)))
+
+
+def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
+    if not any(q.question_id == e.question_id for q in s.open_questions):
+        reject(s, e, f"question {e.question_id!r} is not open")
+    return replace(s, open_questions=tuple(q for q in s.open_questions if q.question_id != e.question_id))
+
+
+def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:
+    if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0:
+        reject(s, e, "charges are non-negative")
+    budget = charge(s.budget, model_calls=e.model_calls, tool_calls=e.tool_calls, cost=e.cost)
+    charged = replace(s, budget=budget)
+    over = over_limit(charged.budget)
+    if not over:
+        return charged
+    # Work already in flight overran the budget: the run ends here, wherever it was.
+    used, limit = getattr(charged.budget.used, over[0]), getattr(charged.budget.limit, over[0])
+    return move(charged, _S.BUDGET_EXHAUSTED, e.at, reason=BudgetExhausted(over[0], used, limit).message)
+
+
+HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
+    ev.RunStatusChanged: _status_changed,
+    ev.WaitStarted: _wait_started,
+    ev.RunWoken: _woken,
+    ev.ApprovalDecided: _approval_decided,
+    ev.CancelRequested: _cancel_requested,
+    ev.RunPaused: _paused,
+    ev.RunResumed: _resumed,
+    ev.RunTerminated: _terminated,
+    ev.RunCompleted: _completed,
+    ev.StageChanged: lambda s, e: replace(s, stage=e.stage),
+    ev.VersionsMigrated: lambda s, e: replace(s, versions=e.versions),
+    ev.FactRecorded: lambda s, e: _put_fact(s, Fact(e.key, e.value, e.source, e.at)),
+    ev.QuestionOpened: _question_opened,
+    ev.QuestionResolved: _question_resolved,
+    ev.BudgetCharged: _budget_charged,
+}

@@ -1,0 +1,155 @@
+"""The run snapshot: the structured state every decision and every resume starts from.
+
+Responsibility: hold what a run needs to continue (status, pending wait, budget, pinned
+versions, confirmed facts, the action summary, open questions, the outcome) as one
+frozen value that round-trips through JSON exactly.
+
+Invariants:
+- A snapshot only changes through ``longrun.domain.evolve.evolve``; it is a projection of
+  the run's events and ``fold(events)`` rebuilds it.
+- ``RunSnapshot.from_dict(s.to_dict()) == s`` and the dict is JSON-compatible; it carries
+  ``schema_version`` and an unknown version is refused, not guessed.
+- Facts keep their source and time, because user and external facts must stay
+  distinguishable from the agent's own judgements when the run resumes.
+- Rules about which combinations are valid live in ``longrun.domain.invariants``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import cast
+
+from longrun.domain.action import ActionRecord
+from longrun.domain.budget import Budget
+from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
+from longrun.domain.run import RunStatus
+from longrun.errors import UnknownSchemaVersion
+
+SNAPSHOT_SCHEMA_VERSION = 1
+APPROVAL_FACT_PREFIX = "approval."
+"""Approval decisions are recorded as facts under this prefix; compaction keeps them."""
+
+
+class WakeReason(str, Enum):
+    EVENT = "event"
+    TIMER = "timer"
+    DEADLINE = "deadline"
+    APPROVAL = "approval"
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedVersions:
+    """What the run was started with; replaying it under other versions could change history."""
+
+    workflow: str
+    prompt: str
+    model_policy: str
+    tool_schemas: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """What a parked run waits for. Which fields must be set depends on the status (see invariants)."""
+
+    wait_id: str
+    """Names this wait; wakes and timers carry it, so a wake for an ended wait is recognised as late."""
+    kind: str
+    """What is awaited, e.g. "ci", "webhook", "approval"; "timer" when only a timer ends it."""
+    deadline: float | None
+    """Epoch seconds; when it passes the run is woken with reason DEADLINE."""
+    correlation_key: str | None = None
+    wake_at: float | None = None
+    approval_id: str | None = None
+    owner: str | None = None
+    approved_hash: str | None = None
+    """Hash of the exact request being approved; an approval for any other hash is refused."""
+    subject: str | None = None
+    """What the wait is about: the summary shown to the approver, or the action a retry re-attempts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """How the last wait ended; lets ``decide`` tell an answer from a deadline."""
+
+    reason: WakeReason
+    wait_id: str
+    at: float
+    correlation_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    key: str
+    value: JsonValue
+    source: str
+    """Who vouches for it: "user:<id>", "webhook:<provider>", "tool:<name>", "agent"."""
+    recorded_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    question_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """The deterministic acceptance check's verdict, recorded with its evidence."""
+
+    evidence: FrozenMap
+    unmet: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    run_id: str
+    tenant_id: str
+    kind: str
+    """The workflow (run kind) name."""
+    status: RunStatus
+    revision: int
+    """Number of applied events; storage guards writes with it (optimistic concurrency)."""
+    last_seq: int
+    """Seq of the last applied event (late events are stored but not applied)."""
+    created_at: float
+    status_since: float
+    goal: FrozenMap
+    versions: PinnedVersions
+    budget: Budget
+    priority: int = 0
+    permissions: tuple[str, ...] = ()
+    """Granted by the entry point; the agent may propose changes but never widen them."""
+    deadline: float | None = None
+    """The run's business deadline, if any (epoch seconds)."""
+    stage: str = ""
+    wait: Wait | None = None
+    paused_from: RunStatus | None = None
+    cancel_requested: bool = False
+    facts: tuple[Fact, ...] = ()
+    """Oldest first; recording a key again replaces it and moves it to the end."""
+    actions: tuple[ActionRecord, ...] = ()
+    """One record per logical action, in the order they were prepared."""
+    open_questions: tuple[Question, ...] = ()
+    last_wake: Wake | None = None
+    acceptance: Acceptance | None = None
+    terminal_reason: str | None = None
+
+    def action(self, logical_action: str) -> ActionRecord | None:
+        return next((a for a in self.actions if a.logical_action == logical_action), None)
+
+    def fact(self, key: str) -> Fact | None:
+        return next((f for f in self.facts if f.key == key), None)
+
+    def to_dict(self) -> dict[str, object]:
+        plain = cast(dict[str, object], to_plain(self))
+        return {"schema_version": SNAPSHOT_SCHEMA_VERSION, **plain}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> RunSnapshot:
+        version = data.get("schema_version")
+        if version != SNAPSHOT_SCHEMA_VERSION:
+            known = [SNAPSHOT_SCHEMA_VERSION]
+            raise UnknownSchemaVersion("run.snapshot", version if isinstance(version, int) else -1, known)
+        return from_plain(cls, {k: v for k, v in data.items() if k != "schema_version"})
