@@ -66,6 +66,12 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _model_kind(raw: str) -> str:
+    if raw not in ("scripted", "openai"):
+        raise ValueError
+    return raw
+
+
 def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
@@ -113,6 +119,8 @@ class Settings:
     """Seconds between outbox polls when no NOTIFY arrives."""
     relay_batch: int
     """Outbox rows claimed per relay round."""
+    timer_batch: int
+    """Due timers the timer service fires per transaction."""
     log_level: str
     health_port: int
     """Port for /healthz and /readyz; 0 turns the probe server off."""
@@ -125,6 +133,17 @@ class Settings:
     """Base URL of the forge/CI service the demo workflow talks to."""
     artifact_dir: str
     """Root of the filesystem artifact store."""
+    tenant_slots: int
+    """Admitted, unfinished runs per tenant at most."""
+    priority_aging: float
+    """Seconds of waiting that count as one priority point (so nothing starves)."""
+    worker_concurrency: int
+    """Runs one worker process advances at once."""
+    model: str
+    """Model adapter: "scripted" (deterministic demo script) or "openai" (an OpenAI-compatible server)."""
+    model_url: str
+    model_name: str
+    model_api_key: str
     crash_points: tuple[str, ...]
     """Fault tests only: named crash points to arm (see longrun.faults); empty in production."""
 
@@ -169,6 +188,7 @@ _SPEC: dict[str, _Var] = {
     "relay_poll_interval": _var("LONGRUN_RELAY_POLL_INTERVAL", _positive_float,
                                 "seconds, a number > 0", "1"),
     "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
+    "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "200"),
     "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
     "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
@@ -178,5 +198,13 @@ _SPEC: dict[str, _Var] = {
                             "comma-separated bearer tokens", "dev-operator-token"),
     "forge_url": _var("LONGRUN_FORGE_URL", _text, "an http(s) URL", "http://127.0.0.1:8090"),
     "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
+    "tenant_slots": _var("LONGRUN_TENANT_SLOTS", _positive_int, "an integer >= 1", "4"),
+    "priority_aging": _var("LONGRUN_PRIORITY_AGING", _positive_float, "seconds, a number > 0", "30"),
+    "worker_concurrency": _var("LONGRUN_WORKER_CONCURRENCY", _positive_int, "an integer >= 1", "64"),
+    "model": _var("LONGRUN_MODEL", _model_kind, "scripted or openai", "scripted"),
+    "model_url": _var("LONGRUN_MODEL_URL", _text, "an http(s) URL of an OpenAI-compatible API",
+                      "http://127.0.0.1:8091/v1"),
+    "model_name": _var("LONGRUN_MODEL_NAME", _text, "a model name", "gpt-4o-mini"),
+    "model_api_key": _var("LONGRUN_MODEL_API_KEY", _text, "an API key", "not-needed-locally"),
     "crash_points": _var("LONGRUN_CRASH_POINTS", _name_list, "comma-separated crash point names", ""),
 }

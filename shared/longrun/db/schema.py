@@ -268,6 +268,21 @@ service_members = Table(
     PrimaryKeyConstraint("service", "instance_id"),
 )
 
+webhook_events = Table(
+    "webhook_events", metadata,
+    Column("provider", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("correlation_key", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("matched_run_id", Text),
+    Column("matched_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("provider", "event_id"),
+)
+# A wait that starts after its webhook arrived looks here for it.
+Index("ix_webhook_events_unmatched", webhook_events.c.correlation_key,
+      postgresql_where=webhook_events.c.matched_run_id.is_(None))
+
 audit_log = Table(
     "audit_log", metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),

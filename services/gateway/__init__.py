@@ -1,0 +1,1 @@
+"""gateway: the HTTP edge — webhooks in, operator API and console."""

@@ -1,0 +1,113 @@
+"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from longrun.app import operate, webhooks
+from longrun.config import Settings
+from longrun.db import runs
+from longrun.db.schema import runs as runs_table
+from longrun.domain import event_to_dict
+from longrun.errors import DomainError, LongrunError
+
+
+def create_app(engine: AsyncEngine, settings: Settings) -> Starlette:
+    async def webhook(request: Request) -> Response:
+        provider = request.path_params["provider"]
+        body = await request.body()
+        if provider not in webhooks.PROVIDERS:
+            return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
+        if not webhooks.signature_ok(settings.webhook_secret, body, request.headers.get("x-forge-signature")):
+            async with engine.begin() as conn:
+                await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
+                                     target=request.headers.get("x-forge-event-id", "?"),
+                                     reason="bad or missing signature",
+                                     details={"client": request.client.host if request.client else None})
+            return JSONResponse({"error": "bad signature"}, status_code=401)
+        try:
+            payload = webhooks.parse(body)
+            async with engine.begin() as conn:
+                outcome = await webhooks.receive(conn, provider, payload)
+        except (ValueError, KeyError, json.JSONDecodeError) as e:
+            return JSONResponse({"error": f"malformed event: {e}"}, status_code=400)
+        return JSONResponse(outcome, status_code=202)
+
+    def operator(request: Request) -> str | None:
+        header = request.headers.get("authorization", "")
+        token = header.removeprefix("Bearer ").strip()
+        if not any(hmac.compare_digest(token, t) for t in settings.operator_tokens):
+            return None
+        return request.headers.get("x-operator") or "operator"
+
+    async def act(request: Request) -> Response:
+        actor = operator(request)
+        if actor is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        body: dict[str, Any] = await request.json() if await request.body() else {}
+        reason = body.get("reason")
+        if not reason:
+            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
+        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        try:
+            async with engine.begin() as conn:
+                if action in ("approve", "deny"):
+                    result = await operate.decide_approval(
+                        conn, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
+                        approved=action == "approve", actor=actor, reason=reason)
+                else:
+                    result = await _ACTIONS[action](conn, run_id, actor=actor, reason=reason)
+        except operate.RunNotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        except (DomainError, LongrunError) as e:
+            return JSONResponse({"error": str(e)}, status_code=409)
+        except KeyError as e:
+            return JSONResponse({"error": f"missing field {e}"}, status_code=400)
+        return JSONResponse(result)
+
+    async def show(request: Request) -> Response:
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        async with engine.connect() as conn:
+            stored = await runs.load(conn, request.path_params["run_id"])
+            if stored is None:
+                return JSONResponse({"error": "no such run"}, status_code=404)
+            history = await runs.history(conn, stored.snapshot.run_id)
+        return JSONResponse({"snapshot": stored.snapshot.to_dict(),
+                             "events": [event_to_dict(e) for e in history]})
+
+    async def search(request: Request) -> Response:
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
+                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.updated_at)
+        for column in ("tenant_id", "status", "wait_kind", "workflow_version"):
+            if request.query_params.get(column):
+                query = query.where(runs_table.c[column] == request.query_params[column])
+        async with engine.connect() as conn:
+            rows = (await conn.execute(query.order_by(runs_table.c.updated_at.desc()).limit(200))).all()
+        return JSONResponse([{**r._mapping, "updated_at": r.updated_at.isoformat()} for r in rows])
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[
+        Route("/webhooks/{provider}", webhook, methods=["POST"]),
+        Route("/runs", search, methods=["GET"]),
+        Route("/runs/{run_id}", show, methods=["GET"]),
+        Route("/runs/{run_id}/{action}", act, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])
+
+
+_ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
+            "terminate": operate.terminate}

@@ -1,0 +1,32 @@
+"""gateway service: serves webhooks and the operator API over HTTP (uvicorn, in this process's loop)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+
+from longrun import service
+from longrun.bootstrap import open_database
+from longrun.config import Settings
+from services.gateway.http import create_app
+
+SERVICE = "gateway"
+
+
+async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    engine = await open_database(settings)
+    config = uvicorn.Config(create_app(engine, settings), host="0.0.0.0", port=settings.gateway_port,
+                            log_level=settings.log_level.lower(), lifespan="off")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    health.ready = True
+    await stopping.wait()
+    server.should_exit = True
+    await task
+    await engine.dispose()
+
+
+def main() -> None:
+    service.run(SERVICE, serve)

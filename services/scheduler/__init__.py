@@ -1,0 +1,1 @@
+"""scheduler: creates runs from run.create and admits them to workers."""

@@ -1,0 +1,87 @@
+"""scheduler service: consume run.create from the ingress queue; admit runs by tenant slots and priority."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import psycopg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun import service
+from longrun.app import admit, effects
+from longrun.bootstrap import open_bus, open_database
+from longrun.bus import topology
+from longrun.bus.consumer import QueueConsumer
+from longrun.config import Settings
+from longrun.db.engine import psycopg_dsn
+from longrun.workflows import registry
+
+SERVICE = "scheduler"
+logger = logging.getLogger(__name__)
+
+
+async def admission_loop(engine: AsyncEngine, settings: Settings, stopping: asyncio.Event) -> None:
+    """Admit on every NOTIFY (a run created or finished) and at least twice a second."""
+    wake = asyncio.Event()
+    listener = asyncio.create_task(_listen(settings.database_url, wake, stopping))
+    try:
+        while not stopping.is_set():
+            try:
+                async with engine.begin() as conn:
+                    admitted = await admit.admit(conn, slots=settings.tenant_slots,
+                                                 aging_seconds=settings.priority_aging)
+                if admitted:
+                    logger.info("admitted %d run(s)", len(admitted))
+            except Exception:
+                logger.exception("admission round failed")
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=0.5)
+            except TimeoutError:
+                pass
+            wake.clear()
+    finally:
+        listener.cancel()
+
+
+async def _listen(database_url: str, wake: asyncio.Event, stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
+        try:
+            async with await psycopg.AsyncConnection.connect(psycopg_dsn(database_url), autocommit=True) as conn:
+                await conn.execute(f"LISTEN {effects.ADMISSION_CHANNEL}")
+                async for _ in conn.notifies():
+                    wake.set()
+        except (psycopg.Error, OSError):
+            await asyncio.sleep(1.0)
+
+
+async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    engine = await open_database(settings)
+    bus = await open_bus(settings, SERVICE)
+    kinds = registry()
+    handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions)
+    ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
+                            handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit)
+    await ingress.start()
+    admission = asyncio.create_task(admission_loop(engine, settings, stopping))
+    health.ready = True
+    while not stopping.is_set():
+        lost = asyncio.create_task(bus.lost.wait())
+        stop = asyncio.create_task(stopping.wait())
+        await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        lost.cancel()
+        if bus.lost.is_set() and not stopping.is_set():
+            await ingress.stop()
+            await bus.ensure_connected()
+            await ingress.start()
+    await ingress.stop()
+    admission.cancel()
+    await asyncio.gather(admission, return_exceptions=True)
+    await bus.close()
+    await engine.dispose()
+
+
+def main() -> None:
+    service.run(SERVICE, serve)

@@ -1,0 +1,1 @@
+"""worker: advances runs under a lease, calling models and tools through the action ledger."""

@@ -1,0 +1,30 @@
+"""worker service: partition leases pick the wakeup queues; each wakeup takes a run's lease and advances it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from longrun import service
+from longrun.app.advance import Advancer
+from longrun.bootstrap import consume_partitions, open_database
+from longrun.config import Settings
+from longrun.workflows import model_adapter, registry
+
+SERVICE = "worker"
+
+
+async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    engine = await open_database(settings)
+    advancer = Advancer(engine=engine, kinds=registry(settings), model=model_adapter(settings),
+                        instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
+                        concurrency=settings.worker_concurrency)
+    try:
+        await consume_partitions(settings, service=SERVICE, handler=advancer.on_wakeup, stopping=stopping,
+                                 health=health, on_outcome=advancer.after_ack)
+    finally:
+        await advancer.drain()
+        await engine.dispose()
+
+
+def main() -> None:
+    service.run(SERVICE, serve)

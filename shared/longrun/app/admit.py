@@ -1,0 +1,112 @@
+"""The scheduler's use cases: create runs idempotently, then admit them fairly.
+
+Creation is keyed on (tenant, idempotency_key): the same key again returns the same
+run; the same key with a different input is refused with a ``run.rejected`` event that
+names both input hashes. Admission gives each tenant at most ``slots`` admitted,
+unfinished runs, and picks within a tenant by priority plus age (one priority point per
+``aging_seconds`` waited), so a low-priority run is never starved. A per-tenant
+advisory lock keeps several scheduler replicas from over-admitting.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.app import effects
+from longrun.authoring import Registry
+from longrun.bus import topology
+from longrun.db import outbox, runs
+from longrun.domain import TERMINAL, Usage, freeze, request_hash
+from longrun.domain import events as ev
+from longrun.envelope import Envelope, make
+
+PRODUCER = "scheduler"
+
+
+def input_hash(payload: Any) -> str:
+    """What makes two run.create requests "the same": workflow, pin, input, priority and budget."""
+    return request_hash("run.create", "2", args={
+        "workflow": payload.workflow, "workflow_version": payload.workflow_version,
+        "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()})
+
+
+async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Registry, partitions: int,
+                     clock: Any = time.time) -> dict[str, Any]:
+    request = envelope.payload
+    offered = input_hash(request)
+    found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
+    if found is not None:
+        return await _existing(conn, envelope, found, offered, partitions)
+    try:
+        kind = (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
+                else kinds.newest(request.workflow))
+    except LookupError as e:
+        return await _reject(conn, envelope, partitions, reason=str(e))
+    run_id = f"run-{uuid.uuid4()}"
+    created = ev.RunCreated(
+        seq=1, at=clock(), run_id=run_id, tenant_id=envelope.tenant_id, kind=kind.name,
+        goal=freeze(request.input), versions=kind.versions, priority=request.priority,
+        budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
+                     cost=request.budget.cost_usd))
+    stored = await runs.create(conn, created, idempotency_key=request.idempotency_key, input_hash=offered,
+                               partition=topology.partition_of(run_id, partitions))
+    if stored is None:  # a concurrent create with the same key won the insert
+        found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
+        assert found is not None
+        return await _existing(conn, envelope, found, offered, partitions)
+    await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": effects.ADMISSION_CHANNEL, "t": envelope.tenant_id})
+    return {"run_id": run_id, "created": True}
+
+
+async def _existing(conn: AsyncConnection, envelope: Envelope, found: tuple[str, str], offered: str,
+                    partitions: int) -> dict[str, Any]:
+    run_id, recorded = found
+    if recorded == offered:
+        return {"run_id": run_id, "created": False}
+    return await _reject(conn, envelope, partitions, reason="idempotency key reused with a different input",
+                         existing_run_id=run_id, recorded_input_hash=recorded, offered_input_hash=offered)
+
+
+async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, *, reason: str,
+                  **details: Any) -> dict[str, Any]:
+    rejected = make("run.rejected", {"idempotency_key": envelope.payload.idempotency_key, "reason": reason,
+                                     **details},
+                    producer=PRODUCER, tenant_id=envelope.tenant_id, causation_id=envelope.event_id,
+                    correlation_id=envelope.correlation_id)
+    await outbox.enqueue(conn, rejected, exchange=topology.EVENTS_EXCHANGE, routing_key="run.rejected",
+                         partition=topology.partition_of(envelope.event_id, partitions))
+    return {"rejected": True, "reason": reason, **details}
+
+
+_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in TERMINAL)
+
+
+async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> list[str]:
+    """Admit what each tenant's free slots allow; returns the admitted run ids."""
+    tenants = (await conn.execute(text(
+        "SELECT DISTINCT tenant_id FROM runs WHERE admitted_at IS NULL AND status = 'READY'"))).scalars().all()
+    admitted: list[str] = []
+    for tenant in tenants:
+        await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"), {"t": tenant})
+        active = (await conn.execute(text(
+            f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL "
+            f"AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant})).scalar_one()
+        free = slots - active
+        if free <= 0:
+            continue
+        chosen = (await conn.execute(text(
+            "SELECT run_id FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
+            "ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
+            "LIMIT :n FOR UPDATE SKIP LOCKED"), {"t": tenant, "aging": aging_seconds, "n": free})).scalars().all()
+        for run_id in chosen:
+            await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": run_id})
+            stored = await runs.load(conn, run_id)
+            assert stored is not None
+            await effects.wake(conn, stored, reason="admitted", producer=PRODUCER)
+            admitted.append(run_id)
+    return admitted

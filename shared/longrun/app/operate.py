@@ -1,0 +1,79 @@
+"""Operator actions on runs: approve, deny, cancel, pause, resume, terminate — each audited.
+
+Every action locks the run, appends its event with the revision guard, writes the
+audit row (who, what, why) in the same transaction, and wakes a worker when the run
+has something to do. The gateway's operator API and the CLI both call these.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.app import effects
+from longrun.app.webhooks import audit
+from longrun.db import runs
+from longrun.domain import RunStatus
+from longrun.domain import events as ev
+
+PRODUCER = "operator"
+
+
+class RunNotFound(LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}")
+
+
+async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str, reason: str,
+                 build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
+                 details: dict[str, Any] | None = None) -> dict[str, Any]:
+    stored = await runs.load(conn, run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    event = build(stored.seq(), clock())
+    after = await runs.append(conn, stored, [event])
+    await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
+                details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
+    await effects.broadcast(conn, stored.snapshot, after, [event], producer=PRODUCER)
+    if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
+        await effects.wake(conn, after, reason=action, producer=PRODUCER)
+    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision}
+
+
+async def decide_approval(conn: AsyncConnection, run_id: str, *, approval_id: str, approved_hash: str,
+                          approved: bool, actor: str, reason: str,
+                          clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """The decision names the hash it covers; a decision for any other hash is refused."""
+    return await _apply(
+        conn, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
+        details={"approval_id": approval_id, "approved_hash": approved_hash},
+        build=lambda seq, at: ev.ApprovalDecided(seq=seq, at=at, approval_id=approval_id, approved=approved,
+                                                 approved_hash=approved_hash, decided_by=actor))
+
+
+async def cancel(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    return await _apply(conn, run_id, "cancel", actor=actor, reason=reason, clock=clock,
+                        build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason))
+
+
+async def pause(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+                clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    return await _apply(conn, run_id, "pause", actor=actor, reason=reason, clock=clock,
+                        build=lambda seq, at: ev.RunPaused(seq=seq, at=at, by=actor, reason=reason))
+
+
+async def resume(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    return await _apply(conn, run_id, "resume", actor=actor, reason=reason, clock=clock,
+                        build=lambda seq, at: ev.RunResumed(seq=seq, at=at, by=actor, reason=reason))
+
+
+async def terminate(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+                    clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Immediate and final; cleanup is skipped on purpose (the audit row says who and why)."""
+    return await _apply(conn, run_id, "terminate", actor=actor, reason=reason, clock=clock,
+                        build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))

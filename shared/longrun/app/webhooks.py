@@ -1,0 +1,137 @@
+"""Webhook intake: verify, deduplicate by the provider's event id, match to a waiting run.
+
+A verified event is stored once (the gateway inbox absorbs redeliveries, so the same
+webhook three times makes one transition). When a run waits on its correlation key,
+the event's fact and the wake are appended to that run in the same transaction;
+otherwise the event is kept and matched the moment a wait on that key starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.app import effects
+from longrun.db import inbox, runs
+from longrun.db.runs import StoredRun
+from longrun.db.schema import audit_log, webhook_events
+from longrun.domain import RunStatus, WakeReason, freeze
+from longrun.domain import events as ev
+
+PRODUCER = "gateway"
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    """What a provider's event means to longrun: which wait it answers and the fact it proves."""
+
+    event_id: str
+    correlation_key: str
+    fact_key: str
+    fact: dict[str, Any]
+
+
+def forge_event(payload: dict[str, Any]) -> Translated:
+    if payload.get("type") != "ci.finished":
+        raise ValueError(f"unsupported forge event type {payload.get('type')!r}")
+    ci_id = payload["ci_run_id"]
+    return Translated(str(payload["id"]), f"ci/{payload['repo']}/{ci_id}", f"ci_result:{ci_id}",
+                      {"status": payload["status"], "sha": payload["sha"],
+                       "log_excerpt": payload.get("log_excerpt", "")})
+
+
+PROVIDERS: dict[str, Callable[[dict[str, Any]], Translated]] = {"forge": forge_event}
+
+
+def signature_ok(secret: str, body: bytes, header: str | None) -> bool:
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return header is not None and hmac.compare_digest(expected, header)
+
+
+async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, reason: str,
+                details: dict[str, Any] | None = None) -> None:
+    await conn.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
+                                                 details=details or {}))
+
+
+async def receive(conn: AsyncConnection, provider: str, payload: dict[str, Any], *,
+                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
+    event = PROVIDERS[provider](payload)
+    claim = await inbox.claim(conn, "gateway", message_id=f"webhook:{provider}:{event.event_id}",
+                              message_type=f"webhook.{provider}", run_id=None)
+    if isinstance(claim, inbox.Duplicate):
+        return {**claim.outcome, "duplicate": True}
+    await conn.execute(insert(webhook_events).values(
+        provider=provider, event_id=event.event_id, correlation_key=event.correlation_key,
+        payload=payload).on_conflict_do_nothing())
+    run_id = await _match(conn, provider, event, clock)
+    outcome = {"event_id": event.event_id, "correlation_key": event.correlation_key,
+               "matched_run_id": run_id}
+    await inbox.record_outcome(conn, "gateway", message_id=f"webhook:{provider}:{event.event_id}",
+                               outcome=outcome)
+    return outcome
+
+
+async def _match(conn: AsyncConnection, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
+    run_id = (await conn.execute(text(
+        "SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = 'WAITING_EVENT' LIMIT 1"),
+        {"k": event.correlation_key})).scalar()
+    if run_id is None:
+        return None
+    stored = await runs.load(conn, run_id, lock=True)
+    if stored is None or stored.snapshot.wait is None or stored.snapshot.wait.correlation_key != event.correlation_key:
+        return None
+    await deliver(conn, stored, provider, event, clock)
+    return run_id
+
+
+async def deliver(conn: AsyncConnection, stored: StoredRun, provider: str, event: Translated,
+                  clock: Callable[[], float]) -> StoredRun:
+    """Append the event's fact and the wake, mark the event matched, and wake a worker."""
+    wait = stored.snapshot.wait
+    assert wait is not None
+    now = clock()
+    after = await runs.append(conn, stored, [
+        ev.FactRecorded(seq=stored.seq(1), at=now, key=event.fact_key, value=freeze(event.fact),
+                        source=f"webhook:{provider}"),
+        ev.RunWoken(seq=stored.seq(2), at=now, wait_id=wait.wait_id, reason=WakeReason.EVENT,
+                    correlation_key=event.correlation_key),
+    ])
+    await conn.execute(update(webhook_events)
+                       .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event.event_id)
+                       .values(matched_run_id=stored.snapshot.run_id, matched_at=text("now()")))
+    await effects.broadcast(conn, stored.snapshot, after, [], producer=PRODUCER)
+    if after.snapshot.status is RunStatus.READY:
+        await effects.wake(conn, after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER)
+    return after
+
+
+async def match_kept(conn: AsyncConnection, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
+    """Called when a wait starts: an event for its key that arrived earlier ends it now."""
+    wait = stored.snapshot.wait
+    if stored.snapshot.status is not RunStatus.WAITING_EVENT or wait is None or wait.correlation_key is None:
+        return stored
+    row = (await conn.execute(
+        select(webhook_events.c.provider, webhook_events.c.payload)
+        .where(webhook_events.c.correlation_key == wait.correlation_key, webhook_events.c.matched_run_id.is_(None))
+        .order_by(webhook_events.c.received_at).limit(1).with_for_update(skip_locked=True))).first()
+    if row is None:
+        return stored
+    return await deliver(conn, stored, row.provider, PROVIDERS[row.provider](row.payload), clock)
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("webhook body is not a JSON object")
+    return data

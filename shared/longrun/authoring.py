@@ -1,0 +1,96 @@
+"""The authoring API: what a workflow author writes to define a run kind.
+
+A run kind pins its versions (workflow, prompt, model policy, tool schemas), has a
+deterministic ``decide(state, ctx)`` and an ``accept(state, evidence)`` (see
+``longrun.domain.decisions.Workflow``), and declares tools. A tool has a name, a
+version, an argument schema, an effect kind (which decides recovery after a crash),
+``execute(args, idempotency_key, fencing_token)``, ``lookup(idempotency_key)`` for
+reconciliation and, optionally, ``compensate(receipt)``. The runtime owns persistence,
+retries, leases, timers and recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from longrun.domain import EffectKind, PinnedVersions, RunSnapshot, Workflow
+from longrun.errors import ToolRejected
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What the far side answered: its id for the object and a small JSON receipt."""
+
+    external_id: str | None
+    receipt: Mapping[str, Any]
+
+
+class ToolFunction(Protocol):
+    async def __call__(self, args: Mapping[str, Any], idempotency_key: str, fencing_token: int) -> ToolResult: ...
+
+
+Lookup = Callable[[str], Awaitable[ToolResult | None]]
+Compensate = Callable[[Mapping[str, Any]], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    version: str
+    effect: EffectKind
+    args: type[BaseModel]
+    execute: ToolFunction
+    lookup: Lookup | None = None
+    """Query the far side by idempotency key: a result if it acted, None if it did not."""
+    compensate: Compensate | None = None
+    timeout: float = 30.0
+    """Attempt (start-to-close) timeout; past it the outcome is UNKNOWN, never FAILED."""
+
+    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return self.args.model_validate(dict(args)).model_dump(mode="json")
+        except ValidationError as e:
+            raise ToolRejected(self.name, 400, f"arguments do not match the schema: {e}") from e
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """A workflow plus everything the runtime needs to run it at one pinned version."""
+
+    name: str
+    versions: PinnedVersions
+    workflow: Workflow
+    tools: Mapping[str, Tool]
+    allowed_actions: Callable[[RunSnapshot, str], Sequence[str]] = field(default=lambda state, purpose: ())
+    """What the model may propose for a given purpose; proposals outside it are refused."""
+
+
+class Registry:
+    """Run kinds by (name, workflow version); a run always runs at the version it pinned."""
+
+    def __init__(self, kinds: Sequence[RunKind] = ()) -> None:
+        self._kinds: dict[tuple[str, str], RunKind] = {}
+        for kind in kinds:
+            self.add(kind)
+
+    def add(self, kind: RunKind) -> None:
+        self._kinds[(kind.name, kind.versions.workflow)] = kind
+
+    def get(self, name: str, version: str) -> RunKind:
+        try:
+            return self._kinds[(name, version)]
+        except KeyError:
+            raise LookupError(f"no run kind {name!r} at workflow version {version!r} in this worker") from None
+
+    def newest(self, name: str) -> RunKind:
+        versions = [k for (n, _), k in self._kinds.items() if n == name]
+        if not versions:
+            raise LookupError(f"unknown run kind {name!r}")
+        return max(versions, key=lambda k: k.versions.workflow)
+
+    def advertised(self) -> list[tuple[str, str]]:
+        return sorted(self._kinds)

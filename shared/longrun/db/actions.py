@@ -1,0 +1,82 @@
+"""The side-effect ledger: one row per idempotency key, written with the run's events.
+
+An idempotency key is used for exactly one request: the same key with another request
+hash is refused (``IdempotencyKeyReused``), never silently reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.db.schema import actions
+from longrun.domain import ActionStatus
+from longrun.errors import IdempotencyKeyReused
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    action_id: str
+    run_id: str
+    logical_action: str
+    tool: str
+    effect_kind: str
+    idempotency_key: str
+    request_hash: str
+    request: dict[str, Any]
+    status: str
+    attempts: int
+    external_id: str | None
+    receipt: dict[str, Any] | None
+
+
+def _row(r: Any) -> LedgerRow:
+    return LedgerRow(r.action_id, r.run_id, r.logical_action, r.tool, r.effect_kind, r.idempotency_key,
+                     r.request_hash, r.request, r.status, r.attempts, r.external_id, r.receipt)
+
+
+async def prepare(conn: AsyncConnection, *, action_id: str, run_id: str, logical_action: str, tool: str,
+                  tool_version: str, effect_kind: str, idempotency_key: str, request_hash: str,
+                  request: dict[str, Any], fencing_token: int) -> None:
+    inserted = await conn.execute(
+        insert(actions).values(
+            action_id=action_id, run_id=run_id, logical_action=logical_action, tool=tool,
+            tool_version=tool_version, effect_kind=effect_kind, idempotency_key=idempotency_key,
+            request_hash=request_hash, request=request, status=ActionStatus.SUBMITTED.value, attempts=1,
+            fencing_token=fencing_token)
+        .on_conflict_do_nothing(index_elements=["idempotency_key"])
+        .returning(actions.c.action_id))
+    if inserted.first() is None:
+        existing = await get(conn, idempotency_key)
+        assert existing is not None
+        if existing.request_hash != request_hash:
+            raise IdempotencyKeyReused(idempotency_key, existing.request_hash, request_hash)
+        await record(conn, idempotency_key, ActionStatus.SUBMITTED, attempts=existing.attempts + 1,
+                     fencing_token=fencing_token)
+
+
+async def record(conn: AsyncConnection, idempotency_key: str, status: ActionStatus, **fields: Any) -> None:
+    await conn.execute(update(actions).where(actions.c.idempotency_key == idempotency_key)
+                       .values(status=status.value, updated_at=func.now(), **fields))
+
+
+async def get(conn: AsyncConnection, idempotency_key: str) -> LedgerRow | None:
+    row = (await conn.execute(select(actions).where(actions.c.idempotency_key == idempotency_key))).first()
+    return None if row is None else _row(row)
+
+
+async def for_run(conn: AsyncConnection, run_id: str) -> list[LedgerRow]:
+    rows = await conn.execute(select(actions).where(actions.c.run_id == run_id).order_by(actions.c.created_at))
+    return [_row(r) for r in rows]
+
+
+async def unresolved(conn: AsyncConnection, *, limit: int) -> list[LedgerRow]:
+    """Actions whose outcome is unknown, oldest first, skipping rows another reconciler holds."""
+    rows = await conn.execute(
+        select(actions).where(actions.c.status.in_([ActionStatus.UNKNOWN.value, ActionStatus.RECONCILING.value]))
+        .order_by(actions.c.updated_at).limit(limit).with_for_update(skip_locked=True))
+    return [_row(r) for r in rows]

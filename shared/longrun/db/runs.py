@@ -1,0 +1,196 @@
+"""Runs, their events and their leases: the store behind every run transition.
+
+A transition is ONE statement on ``runs`` guarded by the expected revision and stored
+seq (and, for a worker, its lease owner and fencing token), plus its ``run_events``
+rows and outbox rows, all in the caller's transaction. Zero rows updated means
+someone moved first: ``LeaseLost`` if the fence no longer matches, else
+``StaleRevision``; nothing is written. Events that arrive after the run moved past
+them are stored as late (``applied = false``) and never change the snapshot.
+
+The ``runs`` columns next to ``snapshot`` are projections of it for queries and
+constraints; ``last_seq`` is the highest *stored* seq (late events included), while
+the snapshot's ``last_seq`` is the highest *applied* one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.db.schema import run_events, runs
+from longrun.domain import RunSnapshot, evolve, is_late
+from longrun.domain import events as ev
+from longrun.domain.codec import to_plain
+from longrun.errors import LeaseLost, StaleRevision
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A worker's claim: its writes land only while it still holds this lease."""
+
+    owner: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    snapshot: RunSnapshot
+    stored_seq: int
+    partition: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    fencing_token: int
+    admitted: bool
+
+    def seq(self, offset: int = 1) -> int:
+        """The seq the ``offset``-th event appended next will take."""
+        return self.stored_seq + offset
+
+
+def _ts(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def projection(snapshot: RunSnapshot) -> dict[str, Any]:
+    wait = snapshot.wait
+    return {
+        "status": snapshot.status.value,
+        "revision": snapshot.revision,
+        "priority": snapshot.priority,
+        "wait_kind": wait.kind if wait else None,
+        "wait_correlation_key": wait.correlation_key if wait else None,
+        "wait_deadline": _ts(wait.deadline) if wait else None,
+        "approval_id": wait.approval_id if wait else None,
+        "approval_owner": wait.owner if wait else None,
+        "approved_hash": wait.approved_hash if wait else None,
+        "budget": to_plain(snapshot.budget),
+        "cancel_requested": snapshot.cancel_requested,
+        "snapshot": snapshot.to_dict(),
+    }
+
+
+async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
+                 partition: int) -> StoredRun | None:
+    """Insert a run with its first event; None when (tenant, idempotency_key) exists."""
+    snapshot = evolve(None, created)
+    row = await conn.execute(
+        pg_insert(runs).values(
+            run_id=created.run_id, tenant_id=created.tenant_id, idempotency_key=idempotency_key,
+            input_hash=input_hash, workflow=created.kind, workflow_version=created.versions.workflow,
+            prompt_version=created.versions.prompt, model_policy_version=created.versions.model_policy,
+            tool_schema_version=created.versions.tool_schemas, partition=partition,
+            last_seq=created.seq, **projection(snapshot))
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(runs.c.run_id))
+    if row.first() is None:
+        return None
+    await _insert_events(conn, created.run_id, [(created, True)], fence=None)
+    return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
+
+
+_COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
+            runs.c.fencing_token, runs.c.admitted_at)
+
+
+def _stored(row: Any) -> StoredRun:
+    return StoredRun(RunSnapshot.from_dict(row.snapshot), row.last_seq, row.partition, row.lease_owner,
+                     row.lease_until, row.fencing_token, row.admitted_at is not None)
+
+
+async def load(conn: AsyncConnection, run_id: str, *, lock: bool = False) -> StoredRun | None:
+    query = select(*_COLUMNS).where(runs.c.run_id == run_id)
+    if lock:
+        query = query.with_for_update()
+    row = (await conn.execute(query)).first()
+    return None if row is None else _stored(row)
+
+
+async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> tuple[str, str] | None:
+    """(run_id, input_hash) of the run created under this key, if any."""
+    row = (await conn.execute(select(runs.c.run_id, runs.c.input_hash).where(
+        runs.c.tenant_id == tenant_id, runs.c.idempotency_key == idempotency_key))).first()
+    return None if row is None else (row.run_id, row.input_hash)
+
+
+async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
+                 fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
+    """Apply ``events`` (seqs from ``stored.seq``) in one guarded update; return the new state."""
+    snapshot = stored.snapshot
+    rows: list[tuple[ev.RunEvent, bool]] = []
+    for event in events:
+        late = is_late(snapshot, event)
+        snapshot = evolve(snapshot, event)
+        rows.append((event, not late))
+    stored_seq = max([stored.stored_seq, *(e.seq for e in events)])
+    guard = [runs.c.run_id == snapshot.run_id, runs.c.revision == stored.snapshot.revision,
+             runs.c.last_seq == stored.stored_seq]
+    if fence is not None:
+        guard += [runs.c.lease_owner == fence.owner, runs.c.fencing_token == fence.token]
+    values = {**projection(snapshot), "last_seq": stored_seq, "updated_at": func.now()}
+    if release_lease:
+        values.update(lease_owner=None, lease_until=None)
+    updated = await conn.execute(update(runs).where(*guard).values(**values).returning(runs.c.run_id))
+    if updated.first() is None:
+        await _conflict(conn, stored, fence)
+    await _insert_events(conn, snapshot.run_id, rows, fence=fence)
+    return StoredRun(snapshot, stored_seq, stored.partition, None if release_lease else stored.lease_owner,
+                     None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
+
+
+async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | None) -> None:
+    current = (await conn.execute(select(runs.c.lease_owner, runs.c.fencing_token)
+                                  .where(runs.c.run_id == stored.snapshot.run_id))).first()
+    if fence is not None and (current is None or current.lease_owner != fence.owner
+                              or current.fencing_token != fence.token):
+        raise LeaseLost(stored.snapshot.run_id, fence.token)
+    raise StaleRevision(stored.snapshot.run_id, stored.snapshot.revision)
+
+
+async def _insert_events(conn: AsyncConnection, run_id: str, rows: list[tuple[ev.RunEvent, bool]],
+                         *, fence: Fence | None) -> None:
+    if rows:
+        await conn.execute(insert(run_events), [
+            {"run_id": run_id, "seq": event.seq, "event_id": f"{run_id}:{event.seq}", "type": event.type,
+             "data": ev.event_to_dict(event), "applied": applied,
+             "fencing_token": fence.token if fence else None, "occurred_at": _ts(event.at)}
+            for event, applied in rows])
+
+
+async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
+    rows = await conn.execute(select(run_events.c.data).where(run_events.c.run_id == run_id)
+                              .order_by(run_events.c.seq))
+    return [ev.event_from_dict(r.data) for r in rows]
+
+
+async def take_lease(conn: AsyncConnection, run_id: str, owner: str, ttl: float) -> Fence | None:
+    """Take the run if its lease is free or expired (database time); the token always grows."""
+    row = (await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id,
+               runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
+        .values(lease_owner=owner, lease_until=func.now() + timedelta(seconds=ttl),
+                fencing_token=runs.c.fencing_token + 1)
+        .returning(runs.c.fencing_token))).first()
+    return None if row is None else Fence(owner, row.fencing_token)
+
+
+async def extend_lease(conn: AsyncConnection, run_id: str, fence: Fence, ttl: float) -> bool:
+    row = (await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.lease_owner == fence.owner,
+               runs.c.fencing_token == fence.token)
+        .values(lease_until=func.now() + timedelta(seconds=ttl))
+        .returning(runs.c.run_id))).first()
+    return row is not None
+
+
+async def release_lease(conn: AsyncConnection, run_id: str, fence: Fence) -> None:
+    await conn.execute(update(runs).where(runs.c.run_id == run_id, runs.c.lease_owner == fence.owner,
+                                          runs.c.fencing_token == fence.token)
+                       .values(lease_owner=None, lease_until=None))

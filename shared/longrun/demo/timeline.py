@@ -1,0 +1,58 @@
+"""One line per run event, for people: what changed, which action under which key, what woke the run."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(seq: int, type_: str, data: dict[str, Any], applied: bool, at: datetime) -> str:
+    clock = at.strftime("%H:%M:%S.%f")[:-3]
+    late = "" if applied else "  (late: stored, not applied)"
+    return f"  {clock} #{seq:<3} {_what(type_, data)}{late}"
+
+
+def _what(type_: str, d: dict[str, Any]) -> str:
+    match type_:
+        case "run.created":
+            return f"CREATED   {d['kind']} for {d['tenant_id']}: {_short(d['goal'])}"
+        case "run.status_changed":
+            return f"STATUS -> {d['to']:<16} {d['reason']}"
+        case "run.wait_started":
+            wait = d["wait"]
+            if d["status"] == "WAITING_USER":
+                return (f"STATUS -> WAITING_USER     approval {wait['approval_id']} by {wait['owner']} "
+                        f"for hash {wait['approved_hash'][:12]}")
+            on = wait.get("correlation_key") or f"timer at {wait.get('wake_at')}"
+            return f"STATUS -> {d['status']:<16} waits for {wait['kind']} on {on}"
+        case "run.woken":
+            return f"WOKEN     by {d['reason']} {d.get('correlation_key') or ''}".rstrip()
+        case "run.approval_decided":
+            verdict = "approved" if d["approved"] else "denied"
+            return f"APPROVAL  {d['approval_id']} {verdict} by {d['decided_by']} (hash {d['approved_hash'][:12]})"
+        case "action.prepared":
+            return f"ACTION    {d['logical_action']:<14} {d['tool']} key {d['idempotency_key']}"
+        case "action.submitted":
+            return f"ACTION    {d['logical_action']:<14} submitted"
+        case "action.confirmed":
+            return f"ACTION    {d['logical_action']:<14} CONFIRMED external id {d.get('external_id')}"
+        case "action.unknown":
+            return f"ACTION    {d['logical_action']:<14} UNKNOWN: {_short(d['cause'])}"
+        case "action.failed":
+            return f"ACTION    {d['logical_action']:<14} FAILED: {_short(d['error'])}"
+        case "action.reconciled" | "action.resolved":
+            return f"ACTION    {d['logical_action']:<14} {d['outcome']} after {type_.split('.')[1]}: {d.get('note') or d.get('reason', '')}"
+        case "fact.recorded":
+            return f"FACT      {d['key']} from {d['source']}: {_short(d['value'], 60)}"
+        case "budget.charged":
+            parts = [f"{k}+{d[k]}" for k in ("model_calls", "tool_calls") if d.get(k)]
+            return f"BUDGET    {' '.join(parts)} cost+{d.get('cost', 0):.3f}"
+        case "run.completed":
+            return f"STATUS -> COMPLETED        acceptance passed on evidence: {_short(sorted(d['evidence']))}"
+        case _:
+            return f"{type_:<9} {_short(d)}"

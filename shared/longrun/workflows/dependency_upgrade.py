@@ -1,0 +1,161 @@
+"""The dependency-upgrade agent: change files, CI, read the failure, fix, CI again, approval, merge request.
+
+``decide`` is a pure function of the run's structured state: the goal, the model's
+recorded proposals (facts ``proposal:<purpose>:<n>``), tool receipts (facts
+``receipt:<action>``), CI results delivered by webhook (facts ``ci_result:<id>``) and
+approval decisions. Re-running it after any crash gives the same next step, so the
+model is asked only for what is still open, and no effect is requested twice.
+
+Logical actions: ``branch``, ``commit:<round>``, ``ci:<round>`` (idempotent writes: the
+forge honours idempotency keys) and ``merge_request`` (a non-idempotent write gated by
+an approval bound to the hash of the exact request, reconciled by idempotency key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from longrun.domain import (
+    AskModel,
+    CallTool,
+    Complete,
+    Decision,
+    DecisionContext,
+    Fail,
+    FrozenMap,
+    RunSnapshot,
+    WaitForEvent,
+    WaitForUser,
+    WakeReason,
+    freeze,
+    request_hash,
+    thaw,
+)
+from longrun.domain.action import ActionStatus, UNRECONCILED
+
+KIND = "dependency_upgrade"
+MR_TOOL = "forge.create_merge_request"
+MR_TOOL_VERSION = "1"
+CI_TIMEOUT = 3600.0
+APPROVAL_TIMEOUT = 3 * 24 * 3600.0
+MAX_ROUNDS = 3
+
+
+def _fact(state: RunSnapshot, key: str) -> Any:
+    fact = state.fact(key)
+    return None if fact is None else thaw(fact.value)
+
+
+def _confirmed(state: RunSnapshot, logical_action: str) -> bool:
+    record = state.action(logical_action)
+    return record is not None and record.status is ActionStatus.CONFIRMED
+
+
+def _files_for_round(state: RunSnapshot, round_: int) -> dict[str, Any] | None:
+    proposal = _fact(state, "proposal:plan:1" if round_ == 1 else f"proposal:fix:{round_ - 1}")
+    return None if proposal is None else proposal["args"]
+
+
+def merge_request_args(state: RunSnapshot, sha: str) -> dict[str, Any]:
+    goal = thaw(state.goal)
+    return {"repo": goal["repo"], "source_branch": goal["branch"], "sha": sha,
+            "title": f"Upgrade {goal['package']} to {goal['to']}",
+            "description": f"Automated upgrade of {goal['package']} to {goal['to']}; CI passed on {sha}."}
+
+
+class DependencyUpgrade:
+    kind = KIND
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        goal = thaw(state.goal)
+        repo, branch = goal["repo"], goal["branch"]
+        if _fact(state, "proposal:plan:1") is None:
+            return AskModel(purpose="plan")
+        if not _confirmed(state, "branch"):
+            return CallTool(tool="forge.create_branch", logical_action="branch",
+                            args=freeze({"repo": repo, "name": branch, "from_ref": "main"}))
+        round_ = 1
+        while True:
+            files = _files_for_round(state, round_)
+            if files is None:
+                return AskModel(purpose="fix")
+            if not _confirmed(state, f"commit:{round_}"):
+                return CallTool(tool="forge.create_commit", logical_action=f"commit:{round_}",
+                                args=freeze({"repo": repo, "branch": branch, **files}))
+            sha = _fact(state, f"receipt:commit:{round_}")["sha"]
+            if not _confirmed(state, f"ci:{round_}"):
+                return CallTool(tool="forge.start_ci_run", logical_action=f"ci:{round_}",
+                                args=freeze({"repo": repo, "sha": sha}))
+            ci_id = _fact(state, f"receipt:ci:{round_}")["id"]
+            result = _fact(state, f"ci_result:{ci_id}")
+            if result is None:
+                if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE:
+                    return Fail(reason=f"CI run {ci_id} did not report within {CI_TIMEOUT:.0f}s")
+                return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT)
+            if result["status"] == "passed":
+                break
+            if round_ >= MAX_ROUNDS:
+                return Fail(reason=f"CI still failing after {MAX_ROUNDS} rounds")
+            round_ += 1
+        return self._merge(state, ctx, sha)
+
+    def _merge(self, state: RunSnapshot, ctx: DecisionContext, sha: str) -> Decision:
+        args = merge_request_args(state, sha)
+        approved_hash = request_hash(MR_TOOL, MR_TOOL_VERSION, args=args)
+        approval_id = f"merge:{sha[:12]}"
+        decision = _fact(state, f"approval.{approval_id}")
+        if decision is None or decision["approved_hash"] != approved_hash:
+            if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE and decision is None:
+                return Fail(reason=f"approval {approval_id} was not given before its deadline")
+            return WaitForUser(approval_id=approval_id, owner=thaw(state.goal)["owner"],
+                               deadline=ctx.now + APPROVAL_TIMEOUT, approved_hash=approved_hash,
+                               summary=f"merge {args['source_branch']} at {sha} into main: {args['title']}")
+        if not decision["approved"]:
+            return Fail(reason=f"merge denied by {decision['decided_by']}")
+        if not _confirmed(state, "merge_request"):
+            return CallTool(tool=MR_TOOL, logical_action="merge_request", args=freeze(args),
+                            approval_id=approval_id)
+        return Complete(evidence=freeze({
+            "sha": sha, "approval_id": approval_id, "approved_hash": approved_hash,
+            "merge_request": _fact(state, "receipt:merge_request"),
+            "ci": [_fact(state, f.key) for f in state.facts if f.key.startswith("ci_result:")],
+        }))
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        """Completion is judged on recorded evidence, never on the model's say-so."""
+        unmet = []
+        facts = thaw(evidence)
+        ci = facts.get("ci") or []
+        if not ci or ci[-1].get("status") != "passed" or ci[-1].get("sha") != facts.get("sha"):
+            unmet.append("the last CI run on the merged commit passed")
+        approval = _fact(state, f"approval.{facts.get('approval_id')}")
+        if not approval or not approval["approved"] or approval["approved_hash"] != facts.get("approved_hash"):
+            unmet.append("an approval of exactly this merge request")
+        mr = state.action("merge_request")
+        if mr is None or mr.status is not ActionStatus.CONFIRMED or mr.request_hash != facts.get("approved_hash"):
+            unmet.append("the approved merge request exists")
+        if any(a.status in UNRECONCILED for a in state.actions):
+            unmet.append("no action with an unknown outcome")
+        return tuple(unmet)
+
+
+def ci_key(repo: str, ci_run_id: Any) -> str:
+    return f"ci/{repo}/{ci_run_id}"
+
+
+def allowed_actions(state: RunSnapshot, purpose: str) -> Sequence[str]:
+    return ("edit_files",) if purpose in ("plan", "fix") else ()
+
+
+def model_script(goal: Mapping[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """What the scripted model answers: the plan breaks a test, the fix repairs it (the story of seed 004 §9)."""
+    return {
+        "plan": [{"action": "edit_files", "rationale": "bump the SDK and follow the 5.x API", "args": {
+            "message": "Upgrade payment-sdk to 5.0.0",
+            "files": {"pom.xml": "<dependency>payment-sdk 5.0.0</dependency>\n",
+                      "src/PaymentClient.java": "client.create_charge(amount);\n"}}}],
+        "fix": [{"action": "edit_files", "rationale": "testRefund still calls the removed Client.charge",
+                 "args": {"message": "Fix PaymentClientTest for the 5.x API",
+                          "files": {"src/PaymentClientTest.java": "client.create_charge(refund);\n"}}}],
+    }
