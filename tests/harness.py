@@ -76,11 +76,12 @@ class Services:
         env.update(extra)
         return env
 
-    def start(self, name: str, module: str, **env: str) -> Process:
+    def start(self, name: str, module: str, *, argv_extra: list[str] | None = None, **env: str) -> Process:
         index = sum(1 for p in self.started if p.name.startswith(name))
         label = f"{name}-{index}"
         env.setdefault("LONGRUN_INSTANCE_ID", label)
-        proc = Process(label, [sys.executable, "-m", module], self.env(**env), self.logs / f"{label}.log")
+        argv = [sys.executable, "-m", module, *(argv_extra or [])]
+        proc = Process(label, argv, self.env(**env), self.logs / f"{label}.log")
         self.started.append(proc)
         return proc
 

@@ -1,0 +1,195 @@
+"""The run engine over the real ensemble: idempotent creation, fair admission, one writer per run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from longrun.app import operate
+from longrun.app.advance import Advancer
+from longrun.db import runs
+from longrun.domain import RunStatus
+from longrun.domain import events as ev
+from longrun.errors import LeaseLost
+from longrun.model import ScriptedModel
+from longrun.workflows import dependency_upgrade, registry
+from tests.fixtures import eventually
+from tests.integration.bus_helpers import wakeup
+from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ensemble(services, tmp_path) -> Ensemble:  # type: ignore[no-untyped-def]
+    return Ensemble(services, tmp_path)
+
+
+async def _admitted(engine, tenant: str) -> int:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text(
+            "SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN "
+            "('COMPLETED','FAILED','CANCELLED','TERMINATED','TIMED_OUT','BUDGET_EXHAUSTED')"), {"t": tenant})).scalar()
+
+
+async def test_run_create_three_times_with_one_key_makes_one_run(clean, engine, bus, ensemble) -> None:
+    # Given the scheduler and relay
+    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("relay", "services.outbox_relay")
+    key = new_key()
+    # When a producer publishes the same run.create three times
+    for _ in range(3):
+        await publish_create(bus, tenant="acme", key=key, input_=goal("dup"))
+    # Then there is exactly one run, and every delivery was answered with it
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    await eventually(lambda: _inbox_count(engine, 3), what="three deliveries handled")
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar() == 1
+        outcomes = (await conn.execute(text("SELECT outcome FROM inbox_scheduler"))).scalars().all()
+    assert [o["run_id"] for o in outcomes] == [run_id] * 3
+
+
+async def test_same_key_with_a_different_input_is_refused_naming_both_hashes(clean, engine, bus, ensemble) -> None:
+    ensemble.start("scheduler", "services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("first"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    await publish_create(bus, tenant="acme", key=key, input_=goal("second"))
+    rejection = await eventually(lambda: _rejection(engine), what="a run.rejected event")
+    payload = rejection["payload"]
+    assert payload["existing_run_id"] == run_id
+    assert payload["recorded_input_hash"] != payload["offered_input_hash"]
+    assert len(payload["recorded_input_hash"]) == len(payload["offered_input_hash"]) == 64
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar() == 1
+
+
+async def test_tenant_slots_cap_active_runs_and_other_tenants_are_not_held_back(clean, engine, bus, ensemble) -> None:
+    # Given a scheduler with 2 slots per tenant and no worker (admitted runs stay active)
+    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="2")
+    for i in range(100):
+        await publish_create(bus, tenant="tenant-a", key=f"a-{i}", input_=goal(f"a{i}"))
+    await eventually(lambda: _count(engine, "tenant-a", 100), timeout=60, what="100 runs of tenant A")
+    # When tenant B asks for one run
+    await publish_create(bus, tenant="tenant-b", key="b-0", input_=goal("b0"))
+    # Then B is admitted at once, and A never has more than 2 active runs
+    b_run = await eventually(lambda: run_id_for(engine, "tenant-b", "b-0"), what="B's run")
+    await eventually(lambda: _is_admitted(engine, b_run), timeout=5, what="B admitted")
+    for _ in range(20):
+        assert await _admitted(engine, "tenant-a") <= 2
+        await asyncio.sleep(0.05)
+    assert await _admitted(engine, "tenant-a") == 2
+    # and a finished run frees its slot for the next one
+    async with engine.connect() as conn:
+        first = (await conn.execute(text("SELECT run_id FROM runs WHERE tenant_id = 'tenant-a' "
+                                         "AND admitted_at IS NOT NULL LIMIT 1"))).scalar()
+    async with engine.begin() as conn:
+        await operate.terminate(conn, first, actor="tests", reason="free a slot")
+    await eventually(lambda: _admitted_total(engine, "tenant-a", 3), timeout=5, what="the next run admitted")
+    assert await _admitted(engine, "tenant-a") == 2
+
+
+async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_ones(clean, engine, bus, ensemble) -> None:
+    # Given one slot, an old priority-0 run and newer priority-9 runs (30 s of waiting = 1 point)
+    await publish_create(bus, tenant="tenant-c", key="old-low", input_=goal("low"), priority=0)
+    for i in range(3):
+        await publish_create(bus, tenant="tenant-c", key=f"new-high-{i}", input_=goal(f"h{i}"), priority=9)
+    scheduler = ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1",
+                               LONGRUN_PRIORITY_AGING="30")
+    await eventually(lambda: _count(engine, "tenant-c", 4), what="four runs")
+    scheduler.terminate()
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE runs SET admitted_at = NULL"))
+        await conn.execute(text("UPDATE runs SET created_at = now() - interval '10 minutes' "
+                                "WHERE idempotency_key = 'old-low'"))
+    # When the scheduler admits again
+    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1", LONGRUN_PRIORITY_AGING="30")
+    # Then the old low-priority run goes first (0 + 600/30 = 20 > 9)
+    low = await run_id_for(engine, "tenant-c", "old-low")
+    await eventually(lambda: _is_admitted(engine, low), what="the aged run admitted")
+
+
+async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, engine, bus, ensemble) -> None:
+    # Given a created run
+    ensemble.start("scheduler", "services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("race"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    kinds = registry()
+    model = ScriptedModel(dependency_upgrade.model_script())
+    workers = [Advancer(engine=engine, kinds=kinds, model=model, instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
+    message = wakeup(run_id, "same-moment")
+
+    async def wake(worker: Advancer) -> dict:  # type: ignore[type-arg]
+        async with engine.begin() as conn:
+            return await worker.on_wakeup(conn, message)
+
+    # When both take the wakeup at the same moment
+    outcomes = await asyncio.gather(wake(workers[0]), wake(workers[1]))
+    # Then exactly one holds the run
+    assert sorted(o["taken"] for o in outcomes) == [False, True]
+    async with engine.connect() as conn:
+        before = await runs.load(conn, run_id)
+    assert before is not None
+    # and the loser, writing with a fence it never held, changes nothing
+    loser = workers[[o["taken"] for o in outcomes].index(False)]
+    with pytest.raises(LeaseLost):
+        async with engine.begin() as conn:
+            await runs.append(conn, before, [_noop(before)], fence=runs.Fence(loser.instance_id, before.fencing_token))
+    async with engine.connect() as conn:
+        after = await runs.load(conn, run_id)
+    assert after == before
+
+
+async def test_a_stale_worker_is_fenced_out_after_its_lease_is_taken_over(clean, engine, bus, ensemble) -> None:
+    ensemble.start("scheduler", "services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("stale"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    async with engine.begin() as conn:
+        old = await runs.take_lease(conn, run_id, "old-worker", ttl=0.2)
+    await asyncio.sleep(0.5)
+    async with engine.begin() as conn:
+        new = await runs.take_lease(conn, run_id, "new-worker", ttl=30)
+    assert old is not None and new is not None and new.token == old.token + 1
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+    assert stored is not None
+    with pytest.raises(LeaseLost):
+        async with engine.begin() as conn:
+            await runs.append(conn, stored, [_noop(stored)], fence=old)
+    async with engine.connect() as conn:
+        assert await runs.load(conn, run_id) == stored
+
+
+def _noop(stored: runs.StoredRun) -> ev.RunEvent:
+    return ev.RunStatusChanged(seq=stored.seq(), at=0.0, to=RunStatus.RUNNING, reason="stale write")
+
+
+async def _inbox_count(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT count(*) FROM inbox_scheduler"))).scalar() >= n
+
+
+async def _rejection(engine):  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT payload FROM outbox WHERE type = 'run.rejected'"))).scalar()
+
+
+async def _count(engine, tenant: str, n: int) -> bool:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT count(*) FROM runs WHERE tenant_id = :t"), {"t": tenant})).scalar() >= n
+
+
+async def _is_admitted(engine, run_id: str) -> bool:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT admitted_at IS NOT NULL FROM runs WHERE run_id = :r"),
+                                   {"r": run_id})).scalar()
+
+
+async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL"),
+                                   {"t": tenant})).scalar() >= n
