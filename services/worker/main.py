@@ -6,6 +6,7 @@ import asyncio
 
 from longrun import service
 from longrun.app.advance import Advancer
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database
 from longrun.config import Settings
 from longrun.workflows import model_adapter, registry
@@ -16,6 +17,7 @@ SERVICE = "worker"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     advancer = Advancer(engine=engine, kinds=registry(settings), model=model_adapter(settings),
+                        artifacts=FilesystemArtifactStore(settings.artifact_dir),
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                         concurrency=settings.worker_concurrency)
     try:

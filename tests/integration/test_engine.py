@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from longrun.app import operate
 from longrun.app.advance import Advancer
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import runs
 from longrun.domain import RunStatus
 from longrun.domain import events as ev
@@ -119,7 +120,9 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
     kinds = registry()
     model = ScriptedModel(dependency_upgrade.model_script())
-    workers = [Advancer(engine=engine, kinds=kinds, model=model, instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
+    store = FilesystemArtifactStore(ensemble.tmp / "artifacts")
+    workers = [Advancer(engine=engine, kinds=kinds, model=model, artifacts=store, instance_id=f"w{i}", lease_ttl=30)
+               for i in (1, 2)]
     message = wakeup(run_id, "same-moment")
 
     async def wake(worker: Advancer) -> dict:  # type: ignore[type-arg]

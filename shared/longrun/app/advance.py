@@ -13,6 +13,7 @@ action), finishing, or losing its lease.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults
 from longrun.app import effects, webhooks
+from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
@@ -69,10 +71,11 @@ MODEL_CONTEXT_ITEMS = 40
 
 
 class Advancer:
-    def __init__(self, *, engine: AsyncEngine, kinds: Registry, model: ModelAdapter, instance_id: str,
-                 lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
+    def __init__(self, *, engine: AsyncEngine, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
+                 instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None) -> None:
         self.engine = engine
+        self.artifacts = artifacts
         self.kinds = kinds
         self.model = model
         self.instance_id = instance_id
@@ -279,16 +282,28 @@ class Advancer:
 
     async def _confirm(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str, key: str,
                        result: ToolResult) -> None:
+        receipt, ref = dict(result.receipt), None
+        body = json.dumps(receipt, sort_keys=True).encode()
+        if len(body) > INLINE_LIMIT:
+            # Upload first; the reference commits with the confirmation below.
+            ref = await self.artifacts.put(body)
+            receipt = {"artifact": ref, "size": len(body), "external_id": result.external_id}
         await self._record_outcome(stored, fence, logical_action, key, ActionStatus.CONFIRMED, [
-            self._event(stored, ev.ActionConfirmed, logical_action=logical_action, external_id=result.external_id),
+            self._event(stored, ev.ActionConfirmed, logical_action=logical_action, external_id=result.external_id,
+                        receipt_ref=ref),
             self._event(stored, ev.FactRecorded, offset=2, key=f"receipt:{logical_action}",
-                        value=freeze(dict(result.receipt)), source=f"tool:{tool.name}"),
-        ], external_id=result.external_id, receipt=dict(result.receipt))
+                        value=freeze(receipt), source=f"tool:{tool.name}"),
+        ], artifact=(ref, len(body)) if ref else None, external_id=result.external_id,
+            receipt=dict(result.receipt) if ref is None else receipt, receipt_ref=ref)
 
     async def _record_outcome(self, stored: StoredRun, fence: Fence, logical_action: str, key: str,
-                              status: ActionStatus, events: Sequence[ev.RunEvent], **fields: Any) -> None:
+                              status: ActionStatus, events: Sequence[ev.RunEvent], *,
+                              artifact: tuple[str, int] | None = None, **fields: Any) -> None:
         parked = any(isinstance(e, ev.RunStatusChanged) for e in events)
         async with self.engine.begin() as conn:
+            if artifact is not None:
+                await register(conn, self.artifacts, artifact[0], size=artifact[1], media_type="application/json",
+                               run_id=stored.snapshot.run_id)
             after = await runs.append(conn, stored, events, fence=fence, release_lease=parked)
             await ledger.record(conn, key, status, **fields)
             await effects.broadcast(conn, stored.snapshot, after, events, producer=PRODUCER)
