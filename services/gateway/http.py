@@ -14,6 +14,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from longrun.app import operate, webhooks
+from longrun.app import quarantine as quarantine_ops
+from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import runs
 from longrun.db.schema import runs as runs_table
@@ -21,7 +23,7 @@ from longrun.domain import event_to_dict
 from longrun.errors import DomainError, LongrunError
 
 
-def create_app(engine: AsyncEngine, settings: Settings) -> Starlette:
+def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
         body = await request.body()
@@ -97,6 +99,26 @@ def create_app(engine: AsyncEngine, settings: Settings) -> Starlette:
             rows = (await conn.execute(query.order_by(runs_table.c.updated_at.desc()).limit(200))).all()
         return JSONResponse([{**r._mapping, "updated_at": r.updated_at.isoformat()} for r in rows])
 
+    async def quarantined(request: Request) -> Response:
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        return JSONResponse(await quarantine_ops.list_entries(
+            engine, include_replayed=request.query_params.get("all") == "1"))
+
+    async def replay(request: Request) -> Response:
+        actor = operator(request)
+        if actor is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        body: dict[str, Any] = await request.json() if await request.body() else {}
+        if not body.get("reason"):
+            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
+        try:
+            result = await quarantine_ops.replay(engine, bus, int(request.path_params["entry_id"]), actor=actor,
+                                                 reason=body["reason"])
+        except quarantine_ops.NotReplayable as e:
+            return JSONResponse({"error": str(e)}, status_code=409)
+        return JSONResponse(result)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
@@ -105,6 +127,8 @@ def create_app(engine: AsyncEngine, settings: Settings) -> Starlette:
         Route("/runs", search, methods=["GET"]),
         Route("/runs/{run_id}", show, methods=["GET"]),
         Route("/runs/{run_id}/{action}", act, methods=["POST"]),
+        Route("/quarantine", quarantined, methods=["GET"]),
+        Route("/quarantine/{entry_id:int}/replay", replay, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
 

@@ -7,7 +7,7 @@ import asyncio
 import uvicorn
 
 from longrun import service
-from longrun.bootstrap import open_database
+from longrun.bootstrap import open_bus, open_database
 from longrun.config import Settings
 from services.gateway.http import create_app
 
@@ -16,7 +16,8 @@ SERVICE = "gateway"
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
-    config = uvicorn.Config(create_app(engine, settings), host="0.0.0.0", port=settings.gateway_port,
+    bus = await open_bus(settings, SERVICE)
+    config = uvicorn.Config(create_app(engine, bus, settings), host="0.0.0.0", port=settings.gateway_port,
                             log_level=settings.log_level.lower(), lifespan="off")
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -25,6 +26,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     await stopping.wait()
     server.should_exit = True
     await task
+    await bus.close()
     await engine.dispose()
 
 

@@ -1,0 +1,116 @@
+"""longrunctl: operate runs and the quarantine from a terminal, through the gateway's operator API.
+
+Every mutating command takes a --reason, which is audited with the operator's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+import httpx
+
+
+def _client(ctx: click.Context) -> httpx.Client:
+    opts = ctx.obj
+    return httpx.Client(base_url=opts["url"], timeout=30, headers={
+        "authorization": f"Bearer {opts['token']}", "x-operator": opts["operator"]})
+
+
+def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    with _client(ctx) as http:
+        response = http.request(method, path, json=body)
+    data = response.json()
+    if response.status_code >= 400:
+        raise click.ClickException(f"{response.status_code}: {data.get('error', data)}")
+    return data
+
+
+def _print(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@click.group()
+@click.option("--url", default=lambda: os.environ.get("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
+              show_default="$LONGRUN_GATEWAY_URL or http://127.0.0.1:8080")
+@click.option("--token", default=lambda: os.environ.get("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"))
+@click.option("--operator", default=lambda: os.environ.get("USER", "operator"), help="your name, for the audit log")
+@click.pass_context
+def main(ctx: click.Context, url: str, token: str, operator: str) -> None:
+    ctx.obj = {"url": url, "token": token, "operator": operator}
+
+
+@main.group()
+def run() -> None:
+    """Search, inspect and steer runs."""
+
+
+@run.command("list")
+@click.option("--tenant")
+@click.option("--status")
+@click.option("--wait-kind")
+@click.option("--version", "workflow_version")
+@click.pass_context
+def run_list(ctx: click.Context, tenant: str | None, status: str | None, wait_kind: str | None,
+             workflow_version: str | None) -> None:
+    query = {k: v for k, v in {"tenant_id": tenant, "status": status, "wait_kind": wait_kind,
+                               "workflow_version": workflow_version}.items() if v}
+    _print(_call(ctx, "GET", "/runs?" + "&".join(f"{k}={v}" for k, v in query.items())))
+
+
+@run.command("show")
+@click.argument("run_id")
+@click.pass_context
+def run_show(ctx: click.Context, run_id: str) -> None:
+    _print(_call(ctx, "GET", f"/runs/{run_id}"))
+
+
+def _steer(action: str) -> click.Command:
+    @click.command(action, help=f"{action.capitalize()} a run (audited).")
+    @click.argument("run_id")
+    @click.option("--reason", required=True)
+    @click.pass_context
+    def command(ctx: click.Context, run_id: str, reason: str) -> None:
+        _print(_call(ctx, "POST", f"/runs/{run_id}/{action}", {"reason": reason}))
+
+    return command
+
+
+for _action in ("cancel", "pause", "resume", "terminate"):
+    run.add_command(_steer(_action))
+
+
+@run.command("approve")
+@click.argument("run_id")
+@click.option("--approval-id", required=True)
+@click.option("--hash", "approved_hash", required=True, help="the hash shown in the approval request")
+@click.option("--reason", required=True)
+@click.option("--deny", is_flag=True)
+@click.pass_context
+def run_approve(ctx: click.Context, run_id: str, approval_id: str, approved_hash: str, reason: str,
+                deny: bool) -> None:
+    """Approve (or --deny) exactly the request with this hash."""
+    _print(_call(ctx, "POST", f"/runs/{run_id}/{'deny' if deny else 'approve'}",
+                 {"approval_id": approval_id, "approved_hash": approved_hash, "reason": reason}))
+
+
+@main.group()
+def dlq() -> None:
+    """Quarantined messages: list them, replay one after re-validation."""
+
+
+@dlq.command("list")
+@click.option("--all", "include_replayed", is_flag=True)
+@click.pass_context
+def dlq_list(ctx: click.Context, include_replayed: bool) -> None:
+    _print(_call(ctx, "GET", "/quarantine" + ("?all=1" if include_replayed else "")))
+
+
+@dlq.command("replay")
+@click.argument("entry_id", type=int)
+@click.option("--reason", required=True)
+@click.pass_context
+def dlq_replay(ctx: click.Context, entry_id: int, reason: str) -> None:
+    _print(_call(ctx, "POST", f"/quarantine/{entry_id}/replay", {"reason": reason}))
