@@ -59,7 +59,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
-from longrun.errors import ActionOutcomeUnknown, LeaseLost, ToolRejected, ToolUnavailable
+from longrun.errors import ActionOutcomeUnknown, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
 from longrun.model import ModelAdapter, validate_proposal
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,13 @@ class Advancer:
         async with self._slots:
             heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
             try:
-                while await self._round(run_id, fence):
-                    pass
+                stored = await self._load(run_id, fence)
+                while stored is not None:
+                    try:
+                        stored = await self._round(stored, fence)
+                    except StaleRevision:
+                        # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
+                        stored = await self._load(run_id, fence)
             except LeaseLost:
                 logger.warning("run %s: lease %d lost; another worker owns it now", run_id, fence.token)
             except Exception as e:
@@ -128,6 +133,13 @@ class Advancer:
                     logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
             finally:
                 heartbeat.cancel()
+
+    async def _load(self, run_id: str, fence: Fence) -> StoredRun | None:
+        async with self.engine.connect() as conn:
+            stored = await runs.load(conn, run_id)
+        if stored is None or stored.lease_owner != fence.owner or stored.fencing_token != fence.token:
+            return None
+        return stored
 
     async def _heartbeat(self, run_id: str, fence: Fence) -> None:
         while True:
@@ -139,32 +151,24 @@ class Advancer:
             except Exception as e:
                 logger.warning("run %s: heartbeat failed (%r)", run_id, e)
 
-    async def _round(self, run_id: str, fence: Fence) -> bool:
-        """One decision; True while the run wants another round in this worker."""
-        async with self.engine.connect() as conn:
-            stored = await runs.load(conn, run_id)
-        if stored is None or stored.lease_owner != fence.owner or stored.fencing_token != fence.token:
-            return False
+    async def _round(self, stored: StoredRun, fence: Fence) -> StoredRun | None:
+        """One decision; the state to continue from, or None once the run left this worker."""
         run = stored.snapshot
         if run.status in TERMINAL or run.status in PARKED:
             await self._commit(stored, [], fence, release=True)
-            return False
+            return None
         if run.status is RunStatus.READY:
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
-                                                    reason=f"taken by {fence.owner}")], fence)
-            return True
+            return await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
+                                                           reason=f"taken by {fence.owner}")], fence)
         if run.status is RunStatus.CANCELLING:
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.CANCELLED,
-                                                    reason="cancel requested; no action in flight")],
-                               fence, release=True)
-            return False
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.CANCELLED,
+                                      reason="cancel requested; no action in flight")
         spent = exhausted(run.budget)
         if spent is not None:
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
-                                                    reason=f"budget {spent} exhausted")], fence, release=True)
-            return False
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
+                                      reason=f"budget {spent} exhausted")
         kind = self.kinds.get(run.kind, run.versions.workflow)
-        ctx = DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)
+        ctx = self._context()
         decision = kind.workflow.decide(run, ctx)
         if isinstance(decision, AskModel):
             return await self._ask_model(stored, fence, kind, decision)
@@ -172,29 +176,28 @@ class Advancer:
             return await self._call_tool(stored, fence, kind, decision)
         if isinstance(decision, (WaitForEvent, WaitForUser, ScheduleRetry)):
             status, wait = wait_for(decision, ctx)
-            await self._commit(stored, [self._event(stored, ev.WaitStarted, status=status, wait=wait)], fence,
-                               release=True)
-            return False
+            return await self._finish(stored, fence, ev.WaitStarted, status=status, wait=wait)
         if isinstance(decision, Complete):
             unmet = kind.workflow.accept(run, decision.evidence)
             if unmet:
-                event = self._event(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
-                                    reason="acceptance check failed: " + "; ".join(unmet))
-            else:
-                event = self._event(stored, ev.RunCompleted, evidence=decision.evidence)
-            await self._commit(stored, [event], fence, release=True)
-            return False
+                return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
+                                          reason="acceptance check failed: " + "; ".join(unmet))
+            return await self._finish(stored, fence, ev.RunCompleted, evidence=decision.evidence)
         if isinstance(decision, Fail):
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.FAILED,
-                                                    reason=decision.reason)], fence, release=True)
-            return False
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.FAILED,
+                                      reason=decision.reason)
         assert isinstance(decision, Reconcile)
-        await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
-                                                reason=f"{decision.logical_action} needs reconciliation")],
-                           fence, release=True)
-        return False
+        return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
+                                  reason=f"{decision.logical_action} needs reconciliation")
 
-    async def _ask_model(self, stored: StoredRun, fence: Fence, kind: RunKind, decision: AskModel) -> bool:
+    async def _finish(self, stored: StoredRun, fence: Fence, cls: type[ev.RunEvent], **fields: Any) -> None:
+        """Append one event that takes the run out of this worker, and release the lease with it."""
+        await self._commit(stored, [self._event(stored, cls, **fields)], fence, release=True)
+
+    def _context(self) -> DecisionContext:
+        return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)
+
+    async def _ask_model(self, stored: StoredRun, fence: Fence, kind: RunKind, decision: AskModel) -> StoredRun:
         run = stored.snapshot
         allowed = tuple(kind.allowed_actions(run, decision.purpose))
         context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
@@ -202,111 +205,105 @@ class Advancer:
         context["stage_attempt"] = sum(1 for f in run.facts if f.key.startswith(f"proposal:{decision.purpose}:"))
         proposal = validate_proposal(await self.model.propose(context=context, allowed_actions=allowed), allowed)
         key = f"proposal:{decision.purpose}:{context['stage_attempt'] + 1}"
-        await self._commit(stored, [
+        return await self._commit(stored, [
             self._event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
             self._event(stored, ev.FactRecorded, offset=2, key=key, source="agent",
                         value=freeze({"action": proposal.action, "args": dict(proposal.args),
                                       "rationale": proposal.rationale})),
         ], fence)
-        return True
 
-    async def _call_tool(self, stored: StoredRun, fence: Fence, kind: RunKind, decision: CallTool) -> bool:
+    async def _call_tool(self, stored: StoredRun, fence: Fence, kind: RunKind,
+                         decision: CallTool) -> StoredRun | None:
         run = stored.snapshot
         tool = kind.tools[decision.tool]
         try:
             args = tool.validate(thaw(decision.args))
         except ToolRejected as e:
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
-                                                    reason=str(e))], fence, release=True)
-            return False
-        record = run.action(decision.logical_action)
-        key = record.idempotency_key if record else idempotency_key(run.run_id, decision.logical_action,
-                                                                      attempt_scope=1)
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
+                                      reason=str(e))
+        name = decision.logical_action
+        record = run.action(name)
+        key = record.idempotency_key if record else idempotency_key(run.run_id, name, attempt_scope=1)
+        events: list[ev.RunEvent] = []
         if record is None:
-            prepared = self._event(stored, ev.ActionPrepared, logical_action=decision.logical_action,
-                                   tool=tool.name, tool_version=tool.version, effect_kind=tool.effect,
-                                   idempotency_key=key, approval_id=decision.approval_id,
-                                   request_hash=request_hash(tool.name, tool.version, args=args))
-            events: list[ev.RunEvent] = [prepared]
+            events.append(self._event(stored, ev.ActionPrepared, logical_action=name, tool=tool.name,
+                                      tool_version=tool.version, effect_kind=tool.effect, idempotency_key=key,
+                                      approval_id=decision.approval_id,
+                                      request_hash=request_hash(tool.name, tool.version, args=args)))
         elif record.status is ActionStatus.SUBMITTED and recovery_policy(tool.effect) is RecoveryPolicy.RECONCILE:
             # A non-idempotent write that may have happened before a crash: never blind-retry it.
-            await self._commit(stored, [
-                self._event(stored, ev.ActionUnknown, logical_action=decision.logical_action,
+            return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
+                self._event(s, ev.ActionUnknown, logical_action=name,
                             cause="submitted before a crash; outcome not recorded"),
-                self._event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
-                            reason=f"{decision.logical_action} needs reconciliation"),
-            ], fence, release=True)
-            return False
-        elif record.status is ActionStatus.SUBMITTED:
-            # Pure, read and idempotent writes re-run under the same key after a crash.
-            events = []
-        elif record.status is not ActionStatus.RETRYABLE:
-            reason = f"decide asked again for {decision.logical_action}, already {record.status.value}"
-            await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
-                                                    reason=reason)], fence, release=True)
-            return False
-        else:
-            events = [self._event(stored, ev.ActionSubmitted, logical_action=decision.logical_action)]
-        if record is None:
-            events.append(self._event(stored, ev.ActionSubmitted, offset=2, logical_action=decision.logical_action))
+                self._event(s, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
+                            reason=f"{name} needs reconciliation")])
+        elif record.status is not ActionStatus.SUBMITTED and record.status is not ActionStatus.RETRYABLE:
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
+                                      reason=f"decide asked again for {name}, already {record.status.value}")
+        # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash.
+        if record is None or record.status is ActionStatus.RETRYABLE:
+            events.append(self._event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
         events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
-        stored = await self._commit(stored, events, fence, ledger_row=(tool, decision.logical_action, key, args))
+        stored = await self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
         faults.crash_point("worker.before_tool_request")
         try:
             result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)
         except (ActionOutcomeUnknown, TimeoutError) as e:
             cause = str(e) or f"no answer within {tool.timeout}s"
-            await self._record_outcome(stored, fence, decision.logical_action, key, ActionStatus.UNKNOWN, [
-                self._event(stored, ev.ActionUnknown, logical_action=decision.logical_action, cause=cause),
-                self._event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
-                            reason=f"{decision.logical_action}: outcome unknown ({cause})"),
-            ], last_error=cause)
-            return False
+            return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
+                self._event(s, ev.ActionUnknown, logical_action=name, cause=cause),
+                self._event(s, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
+                            reason=f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
             # Definitely not applied: retry the same submission later through a timer.
-            retry = ScheduleRetry(logical_action=decision.logical_action, delay=UNAVAILABLE_RETRY_DELAY)
-            ctx = DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)
-            status, wait = wait_for(retry, ctx)
-            await self._commit(stored, [self._event(stored, ev.WaitStarted, status=status, wait=wait)], fence,
-                               release=True)
             logger.info("run %s: %s unavailable (%s); retry scheduled", run.run_id, tool.name, e)
-            return False
+            status, wait = wait_for(ScheduleRetry(logical_action=name, delay=UNAVAILABLE_RETRY_DELAY), self._context())
+            return await self._finish(stored, fence, ev.WaitStarted, status=status, wait=wait)
         except ToolRejected as e:
-            await self._record_outcome(stored, fence, decision.logical_action, key, ActionStatus.FAILED, [
-                self._event(stored, ev.ActionFailed, logical_action=decision.logical_action, error=str(e)),
-            ], last_error=str(e))
-            return True
+            return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
+                self._event(s, ev.ActionFailed, logical_action=name, error=str(e))], last_error=str(e))
         faults.crash_point("worker.after_tool_response_before_record")
-        await self._confirm(stored, fence, tool, decision.logical_action, key, result)
-        return True
+        return await self._confirm(stored, fence, tool, name, key, result)
 
     async def _confirm(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str, key: str,
-                       result: ToolResult) -> None:
+                       result: ToolResult) -> StoredRun | None:
         receipt, ref = dict(result.receipt), None
         body = json.dumps(receipt, sort_keys=True).encode()
         if len(body) > INLINE_LIMIT:
             # Upload first; the reference commits with the confirmation below.
             ref = await self.artifacts.put(body)
             receipt = {"artifact": ref, "size": len(body), "external_id": result.external_id}
-        await self._record_outcome(stored, fence, logical_action, key, ActionStatus.CONFIRMED, [
-            self._event(stored, ev.ActionConfirmed, logical_action=logical_action, external_id=result.external_id,
+        return await self._record_outcome(stored, fence, key, ActionStatus.CONFIRMED, lambda s: [
+            self._event(s, ev.ActionConfirmed, logical_action=logical_action, external_id=result.external_id,
                         receipt_ref=ref),
-            self._event(stored, ev.FactRecorded, offset=2, key=f"receipt:{logical_action}",
+            self._event(s, ev.FactRecorded, offset=2, key=f"receipt:{logical_action}",
                         value=freeze(receipt), source=f"tool:{tool.name}"),
         ], artifact=(ref, len(body)) if ref else None, external_id=result.external_id,
             receipt=dict(result.receipt) if ref is None else receipt, receipt_ref=ref)
 
-    async def _record_outcome(self, stored: StoredRun, fence: Fence, logical_action: str, key: str,
-                              status: ActionStatus, events: Sequence[ev.RunEvent], *,
-                              artifact: tuple[str, int] | None = None, **fields: Any) -> None:
-        parked = any(isinstance(e, ev.RunStatusChanged) for e in events)
-        async with self.engine.begin() as conn:
-            if artifact is not None:
-                await register(conn, self.artifacts, artifact[0], size=artifact[1], media_type="application/json",
-                               run_id=stored.snapshot.run_id)
-            after = await runs.append(conn, stored, events, fence=fence, release_lease=parked)
-            await ledger.record(conn, key, status, **fields)
-            await effects.broadcast(conn, stored.snapshot, after, events, producer=PRODUCER)
+    async def _record_outcome(self, stored: StoredRun, fence: Fence, key: str, status: ActionStatus,
+                              build: Callable[[StoredRun], list[ev.RunEvent]], *,
+                              artifact: tuple[str, int] | None = None, **fields: Any) -> StoredRun | None:
+        """Record what the far side answered; a concurrent append only makes us rebuild on the new state,
+        because an effect that happened must be recorded, not re-requested."""
+        while True:
+            events = build(stored)
+            parked = any(isinstance(e, ev.RunStatusChanged) for e in events)
+            try:
+                async with self.engine.begin() as conn:
+                    if artifact is not None:
+                        await register(conn, self.artifacts, artifact[0], size=artifact[1],
+                                       media_type="application/json", run_id=stored.snapshot.run_id)
+                    after = await runs.append(conn, stored, events, fence=fence, release_lease=parked)
+                    await ledger.record(conn, key, status, **fields)
+                    await effects.broadcast(conn, stored.snapshot, after, events, producer=PRODUCER)
+            except StaleRevision:
+                reloaded = await self._load(stored.snapshot.run_id, fence)
+                if reloaded is None:
+                    raise LeaseLost(stored.snapshot.run_id, fence.token) from None
+                stored = reloaded
+                continue
+            return None if parked else after
 
     async def _commit(self, stored: StoredRun, events: Sequence[ev.RunEvent], fence: Fence, *,
                       release: bool = False,

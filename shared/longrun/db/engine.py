@@ -19,7 +19,7 @@ START_HINT = (
 
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size,
-                               pool_pre_ping=True, pool_recycle=300)
+                               pool_recycle=300)
 
 
 def psycopg_dsn(url: str) -> str:

@@ -1,0 +1,1 @@
+"""Public test kit: the invariant checker every fault scenario ends in."""
