@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from longrun.domain.run import TERMINAL, RunStatus
 from longrun.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/longrun"
@@ -70,6 +71,18 @@ def _model_kind(raw: str) -> str:
     if raw not in ("scripted", "openai"):
         raise ValueError
     return raw
+
+
+def _silence_limits(raw: str) -> dict[RunStatus, float]:
+    """``STATUS=seconds`` pairs, comma separated; only open statuses can fall silent."""
+    limits: dict[RunStatus, float] = {}
+    for pair in (p.strip() for p in raw.split(",") if p.strip()):
+        name, sep, seconds = pair.partition("=")
+        status = RunStatus(name.strip())
+        if not sep or status in TERMINAL:
+            raise ValueError
+        limits[status] = _positive_float(seconds)
+    return limits
 
 
 def _name_list(raw: str) -> tuple[str, ...]:
@@ -146,6 +159,14 @@ class Settings:
     model_api_key: str
     crash_points: tuple[str, ...]
     """Fault tests only: named crash points to arm (see longrun.faults); empty in production."""
+    tool_timeout: float
+    """Attempt (start-to-close) timeout of the forge tools; past it an outcome is UNKNOWN, never FAILED."""
+    reconcile_interval: float
+    """Seconds between the reconciler's sweeps (unknown actions, expired leases, silent runs)."""
+    drift_interval: float
+    """Seconds between the reconciler's drift checks of confirmed actions against the far side."""
+    silence_limits: dict[RunStatus, float]
+    """How long a run may stay in a status (without a live lease) before the reconciler alerts."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -207,4 +228,10 @@ _SPEC: dict[str, _Var] = {
     "model_name": _var("LONGRUN_MODEL_NAME", _text, "a model name", "gpt-4o-mini"),
     "model_api_key": _var("LONGRUN_MODEL_API_KEY", _text, "an API key", "not-needed-locally"),
     "crash_points": _var("LONGRUN_CRASH_POINTS", _name_list, "comma-separated crash point names", ""),
+    "tool_timeout": _var("LONGRUN_TOOL_TIMEOUT", _positive_float, "seconds, a number > 0", "10"),
+    "reconcile_interval": _var("LONGRUN_RECONCILE_INTERVAL", _positive_float, "seconds, a number > 0", "1"),
+    "drift_interval": _var("LONGRUN_DRIFT_INTERVAL", _positive_float, "seconds, a number > 0", "60"),
+    "silence_limits": _var("LONGRUN_SILENCE_LIMITS", _silence_limits,
+                           "comma-separated STATUS=seconds for open run statuses",
+                           "RUNNING=300,READY=600,ACTION_UNKNOWN=3600"),
 }

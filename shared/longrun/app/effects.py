@@ -22,32 +22,47 @@ from longrun.envelope import DataClass, make
 ADMISSION_CHANNEL = "longrun_admission"
 
 
-async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:
+def wake_message(stored: StoredRun, *, reason: str, producer: str) -> outbox.Message:
     """Ask a worker to advance the run (the message names the run, the state is in PostgreSQL)."""
     run = stored.snapshot
     envelope = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": reason}, producer=producer,
                     tenant_id=run.tenant_id, run_id=run.run_id, expected_state_version=run.revision)
-    await outbox.enqueue(conn, envelope, exchange=topology.work_exchange("worker"),
-                         routing_key=topology.partition_key(stored.partition), partition=stored.partition)
+    return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(stored.partition),
+                          stored.partition)
 
 
-async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun,
-                    events: Sequence[ev.RunEvent], *, producer: str) -> None:
+def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -> outbox.Message | None:
     """Status changes go to the events topic for downstream consumers; facts stay private."""
     run = after.snapshot
     if run.status is before.status:
-        return
+        return None
     envelope = make("run.event", {"seq": run.last_seq, "event_type": "run.status_changed",
                                   "status": run.status.value,
                                   "data": {"from": before.status.value, "stage": run.stage,
                                            "reason": run.terminal_reason or ""}},
-                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id,
-                    data_class=DataClass.INTERNAL)
-    await outbox.enqueue(conn, envelope, exchange=topology.EVENTS_EXCHANGE,
-                         routing_key=f"run.status.{run.status.value.lower()}", partition=after.partition)
-    if run.status in TERMINAL:
-        # A finished run frees a tenant slot: let the scheduler admit the next one now.
-        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": ADMISSION_CHANNEL, "t": run.tenant_id})
+                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, data_class=DataClass.INTERNAL)
+    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, f"run.status.{run.status.value.lower()}",
+                          after.partition)
+
+
+async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:
+    await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer)])
+
+
+async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun,
+                    events: Sequence[ev.RunEvent], *, producer: str) -> None:
+    message = broadcast_message(before, after, producer=producer)
+    if message is None:
+        return
+    await outbox.enqueue_many(conn, [message])
+    if after.snapshot.status in TERMINAL:
+        await notify_admission(conn, [after.snapshot.tenant_id])
+
+
+async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> None:
+    """A finished run frees a tenant slot: let the scheduler admit the next one now."""
+    for tenant in sorted(set(tenants)):
+        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": ADMISSION_CHANNEL, "t": tenant})
 
 
 async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot) -> None:

@@ -38,8 +38,8 @@ Stale timers never raise and are always marked fired:
 - a timer the domain refuses outright (``DomainError``, e.g. a TIMER wake for a wait with
   no timer) is skipped and logged as a warning.
 A timer that fails for any other reason (e.g. a snapshot from a newer schema during a
-rollout) is rolled back to its savepoint, logged, and left unfired to be tried again; the
-rest of its batch still fires.
+rollout) fails its batch, which is then fired again with one savepoint per timer: that
+timer is rolled back, logged and left unfired to be tried again, and the rest still fire.
 
 Lateness (``fired_at - wake_at``, both database time) is logged per timer at DEBUG and as
 the batch maximum at INFO.
@@ -58,7 +58,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults
 from longrun.app import effects
-from longrun.db import runs, timers
+from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.db.timers import DueTimer
@@ -86,24 +86,86 @@ class Outcome(str, Enum):
 async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float],
                    producer: str = "timer") -> int:
     """Fire up to ``batch`` due timers in one transaction; returns how many were marked fired."""
+    try:
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, isolate=False)
+    except Exception as e:
+        if is_transient(e):
+            raise
+        # Savepoints cost two statements per timer, so they are paid only once a batch broke:
+        # then the batch runs again timer by timer and only the broken timer waits.
+        logger.warning("timer batch failed (%r); firing it again with one savepoint per timer", e)
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, isolate=True)
+
+
+async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], float], producer: str,
+                      isolate: bool) -> int:
     async with engine.begin() as conn:
         due = await timers.due(conn, limit=batch)
         if not due:
             return 0
         # Transaction time: exactly the fired_at that mark_fired stores.
         fired_at: datetime = (await conn.execute(select(func.now()))).scalar_one()
-        outcomes: dict[str, Outcome] = {}
         # Runs are locked in run_id order so two replicas whose batches share runs cannot
         # deadlock; a run's own timers stay in wake_at order (a wake before its deadline).
-        for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
-            outcomes[timer.timer_key] = await _fire_isolated(conn, timer, at=clock(), now=fired_at,
-                                                             producer=producer)
+        ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
+        if isolate:
+            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer)
+                        for t in ordered}
+        else:
+            outcomes = await _fire_together(conn, ordered, at=clock(), now=fired_at, producer=producer)
         faults.crash_point("timer.after_fire_before_mark")
         marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
         await timers.mark_fired(conn, marked)
     faults.crash_point("timer.after_commit")
     _log_batch(due, outcomes, fired_at)
     return len(marked)
+
+
+async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
+                         producer: str) -> dict[str, Outcome]:
+    """The whole batch in a handful of statements: one locking read, one update, one insert each."""
+    current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
+    first = dict(current)
+    rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
+    released: set[str] = set()
+    woken_by: dict[str, str] = {}
+    outcomes: dict[str, Outcome] = {}
+    for timer in ordered:
+        stored = current[timer.run_id]
+        event = _event(timer, stored, at=at, now=now)
+        if event is None:
+            outcomes[timer.timer_key] = Outcome.SKIPPED
+            continue
+        release = isinstance(event, ev.RunStatusChanged)
+        try:
+            planned = runs.plan(stored, [event], release_lease=release)
+        except DomainError as e:
+            logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
+                           timer.kind, e)
+            outcomes[timer.timer_key] = Outcome.SKIPPED
+            continue
+        current[timer.run_id] = planned.after
+        rows.setdefault(timer.run_id, []).extend(planned.rows)
+        if release:
+            released.add(timer.run_id)
+        applied = planned.after.snapshot.revision != stored.snapshot.revision
+        if applied:
+            woken_by[timer.run_id] = timer.kind
+        outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
+    plans = [runs.Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
+    await runs.write_many(conn, plans)
+    messages = []
+    for p in plans:
+        if p.after.snapshot.status is RunStatus.READY and p.after.snapshot.revision != p.before.snapshot.revision:
+            reason = f"timer:{woken_by[p.after.snapshot.run_id]}"
+            messages.append(effects.wake_message(p.after, reason=reason, producer=producer))
+        broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer)
+        if broadcast is not None:
+            messages.append(broadcast)
+    await outbox.enqueue_many(conn, messages)
+    await effects.notify_admission(conn, [p.after.snapshot.tenant_id for p in plans
+                                          if p.after.snapshot.status in TERMINAL])
+    return outcomes
 
 
 async def seconds_until_next(engine: AsyncEngine) -> float | None:

@@ -1,17 +1,19 @@
 """Outbox: messages written in the same transaction as the state change that causes them.
 
 The relay publishes unpublished rows per partition in id order and marks them sent
-after the broker confirms. A NOTIFY (delivered only at commit) wakes it early; it
-polls anyway, because NOTIFY is a hint with no replay.
+after the broker confirms. A statement-level trigger sends one NOTIFY per insert
+(delivered only at commit) to wake it early; it polls anyway, because NOTIFY is a
+hint with no replay.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import outbox
@@ -31,21 +33,30 @@ class OutboxRow:
     payload: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An envelope and where the relay will publish it."""
+
+    envelope: Envelope
+    exchange: str
+    routing_key: str
+    partition: int
+
+
 async def enqueue(conn: AsyncConnection, envelope: Envelope, *, exchange: str, routing_key: str,
-                  partition: int, aggregate_type: str = "run") -> None:
-    await conn.execute(outbox.insert().values(
-        event_id=envelope.event_id,
-        aggregate_type=aggregate_type,
-        aggregate_id=envelope.run_id or envelope.event_id,
-        partition=partition,
-        exchange=exchange,
-        routing_key=routing_key,
-        type=envelope.type,
-        payload=json.loads(envelope.model_dump_json()),
-        traceparent=envelope.trace,
-    ))
-    await conn.execute(text("SELECT pg_notify(:channel, :partition)"),
-                       {"channel": NOTIFY_CHANNEL, "partition": str(partition)})
+                  partition: int) -> None:
+    await enqueue_many(conn, [Message(envelope, exchange, routing_key, partition)])
+
+
+async def enqueue_many(conn: AsyncConnection, messages: Sequence[Message]) -> None:
+    """One INSERT; the table's statement trigger sends one NOTIFY (delivered at commit) to wake relays."""
+    if messages:
+        await conn.execute(outbox.insert(), [{
+            "event_id": m.envelope.event_id, "aggregate_type": "run",
+            "aggregate_id": m.envelope.run_id or m.envelope.event_id, "partition": m.partition,
+            "exchange": m.exchange, "routing_key": m.routing_key, "type": m.envelope.type,
+            "payload": json.loads(m.envelope.model_dump_json()), "traceparent": m.envelope.trace,
+        } for m in messages])
 
 
 async def unpublished(conn: AsyncConnection, partition: int, limit: int) -> list[OutboxRow]:

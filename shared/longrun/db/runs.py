@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -118,29 +118,81 @@ async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> t
     return None if row is None else (row.run_id, row.input_hash)
 
 
-async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
-                 fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
-    """Apply ``events`` (seqs from ``stored.seq``) in one guarded update; return the new state."""
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A transition computed in memory: the state after ``events`` and the rows to write."""
+
+    before: StoredRun
+    after: StoredRun
+    rows: tuple[tuple[ev.RunEvent, bool], ...]
+    """Each event with whether it was applied (False: stored as late)."""
+    release_lease: bool
+
+
+def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
     snapshot = stored.snapshot
     rows: list[tuple[ev.RunEvent, bool]] = []
     for event in events:
         late = is_late(snapshot, event)
         snapshot = evolve(snapshot, event)
         rows.append((event, not late))
-    stored_seq = max([stored.stored_seq, *(e.seq for e in events)])
-    guard = [runs.c.run_id == snapshot.run_id, runs.c.revision == stored.snapshot.revision,
+    after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
+                      None if release_lease else stored.lease_owner,
+                      None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
+    return Planned(stored, after, tuple(rows), release_lease)
+
+
+def _values(planned: Planned) -> dict[str, Any]:
+    values = {**projection(planned.after.snapshot), "last_seq": planned.after.stored_seq}
+    if planned.release_lease:
+        values.update(lease_owner=None, lease_until=None)
+    return values
+
+
+async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
+                 fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
+    """Apply ``events`` (seqs from ``stored.seq``) in one guarded update; return the new state."""
+    planned = plan(stored, events, release_lease=release_lease)
+    guard = [runs.c.run_id == stored.snapshot.run_id, runs.c.revision == stored.snapshot.revision,
              runs.c.last_seq == stored.stored_seq]
     if fence is not None:
         guard += [runs.c.lease_owner == fence.owner, runs.c.fencing_token == fence.token]
-    values = {**projection(snapshot), "last_seq": stored_seq, "updated_at": func.now()}
-    if release_lease:
-        values.update(lease_owner=None, lease_until=None)
-    updated = await conn.execute(update(runs).where(*guard).values(**values).returning(runs.c.run_id))
+    updated = await conn.execute(update(runs).where(*guard).values(**_values(planned), updated_at=func.now())
+                                 .returning(runs.c.run_id))
     if updated.first() is None:
         await _conflict(conn, stored, fence)
-    await _insert_events(conn, snapshot.run_id, rows, fence=fence)
-    return StoredRun(snapshot, stored_seq, stored.partition, None if release_lease else stored.lease_owner,
-                     None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
+    await _insert_events(conn, stored.snapshot.run_id, list(planned.rows), fence=fence)
+    return planned.after
+
+
+async def load_many(conn: AsyncConnection, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, StoredRun]:
+    """Several runs in one query; locked in run_id order, so concurrent batches cannot deadlock."""
+    query = select(*_COLUMNS, runs.c.run_id).where(runs.c.run_id.in_(sorted(set(run_ids)))).order_by(runs.c.run_id)
+    if lock:
+        query = query.with_for_update()
+    return {row.run_id: _stored(row) for row in await conn.execute(query)}
+
+
+async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
+    """Write transitions of runs the caller has locked (``load_many(lock=True)``): one statement per kind.
+
+    The revision guard still applies; a mismatch means the caller did not hold the locks.
+    """
+    if not planned:
+        return
+    for release in (False, True):
+        group = [p for p in planned if p.release_lease is release]
+        if not group:
+            continue
+        params = [{**_values(p), "b_run_id": p.before.snapshot.run_id, "b_revision": p.before.snapshot.revision,
+                   "b_last_seq": p.before.stored_seq} for p in group]
+        result = await conn.execute(
+            update(runs).where(runs.c.run_id == bindparam("b_run_id"), runs.c.revision == bindparam("b_revision"),
+                               runs.c.last_seq == bindparam("b_last_seq")).values(updated_at=func.now()), params)
+        if result.rowcount != len(group):
+            raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
+    await conn.execute(insert(run_events), [
+        _event_row(p.before.snapshot.run_id, event, applied, None) for p in planned for event, applied in p.rows])
 
 
 async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | None) -> None:
@@ -155,11 +207,13 @@ async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | Non
 async def _insert_events(conn: AsyncConnection, run_id: str, rows: list[tuple[ev.RunEvent, bool]],
                          *, fence: Fence | None) -> None:
     if rows:
-        await conn.execute(insert(run_events), [
-            {"run_id": run_id, "seq": event.seq, "event_id": f"{run_id}:{event.seq}", "type": event.type,
-             "data": ev.event_to_dict(event), "applied": applied,
-             "fencing_token": fence.token if fence else None, "occurred_at": _ts(event.at)}
-            for event, applied in rows])
+        await conn.execute(insert(run_events), [_event_row(run_id, event, applied, fence) for event, applied in rows])
+
+
+def _event_row(run_id: str, event: ev.RunEvent, applied: bool, fence: Fence | None) -> dict[str, Any]:
+    return {"run_id": run_id, "seq": event.seq, "event_id": f"{run_id}:{event.seq}", "type": event.type,
+            "data": ev.event_to_dict(event), "applied": applied,
+            "fencing_token": fence.token if fence else None, "occurred_at": _ts(event.at)}
 
 
 async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:

@@ -44,7 +44,9 @@ async def due(conn: AsyncConnection, *, limit: int) -> list[DueTimer]:
 
 async def mark_fired(conn: AsyncConnection, timer_keys: list[str]) -> None:
     if timer_keys:
-        await conn.execute(update(timers).where(timers.c.timer_key.in_(timer_keys)).values(fired_at=func.now()))
+        # clock_timestamp, not now(): the transaction may have started a while ago.
+        await conn.execute(update(timers).where(timers.c.timer_key.in_(timer_keys))
+                           .values(fired_at=func.clock_timestamp()))
 
 
 async def next_wake_at(conn: AsyncConnection) -> datetime | None:

@@ -1,0 +1,73 @@
+"""timer service: fires due timers exactly once per timer key, sharing the work among replicas.
+
+The loop fires batches (``longrun.app.timers.fire_due``, one transaction each, SKIP LOCKED
+so any number of replicas run side by side) until less than a full batch was due, then
+sleeps until the earliest unfired timer is due, asking PostgreSQL once per round (never
+per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by other
+services are not announced, so the cap bounds how late a freshly scheduled timer fires.
+SIGTERM lets the batch in flight commit, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun import service
+from longrun.app import timers
+from longrun.bootstrap import open_database
+from longrun.config import Settings
+from longrun.db.errors import is_transient
+
+SERVICE = "timer"
+MAX_SLEEP = 0.5
+"""Seconds; the longest a timer scheduled while the service sleeps waits before it is seen."""
+ERROR_SLEEP = 1.0
+
+logger = logging.getLogger(__name__)
+
+
+async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
+        try:
+            while not stopping.is_set() and await timers.fire_due(
+                    engine, batch=batch, clock=time.time, producer=SERVICE) == batch:
+                pass
+            delay = await _sleep_for(engine)
+        except Exception as e:
+            if is_transient(e):
+                logger.warning("database unavailable (%r); retrying in %.1fs", e, ERROR_SLEEP)
+            else:
+                logger.exception("timer round failed; retrying in %.1fs", ERROR_SLEEP)
+            delay = ERROR_SLEEP
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+
+
+async def _sleep_for(engine: AsyncEngine) -> float:
+    until_next = await timers.seconds_until_next(engine)
+    if until_next is None or until_next <= 0:
+        # Nothing unfired, or what is due is held by another replica (which keeps firing until
+        # it runs out) or is a timer left unfired after a failure: no reason to spin on it.
+        return MAX_SLEEP
+    return min(until_next, MAX_SLEEP)
+
+
+async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    engine = await open_database(settings)
+    health.ready = True
+    logger.info("firing timers in batches of %d", settings.timer_batch)
+    try:
+        await fire_loop(engine, batch=settings.timer_batch, stopping=stopping)
+    finally:
+        health.ready = False
+        await engine.dispose()
+
+
+def main() -> None:
+    service.run(SERVICE, serve)

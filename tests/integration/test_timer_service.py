@@ -1,0 +1,276 @@
+"""Timer service: each due timer becomes its run event exactly once, whatever kills the service.
+
+Runs are built through the domain events and ``longrun.db.runs`` (or, for the load test,
+the same events folded and inserted in bulk), parked with ``effects.schedule_wait_timers``,
+and fired by the real ``services.timer`` process, or by ``fire_due`` in-process where only
+the use case's decision is under test. Every check reads PostgreSQL: run events, the
+timers table, and the outbox rows the firing wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun.app import effects
+from longrun.app.timers import fire_due
+from longrun.bus import topology
+from longrun.db import runs, timers
+from longrun.db.runs import StoredRun
+from longrun.db.schema import run_events
+from longrun.db.schema import runs as runs_table
+from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
+from longrun.domain import events as ev
+from tests.fixtures import PARTITIONS, eventually
+from tests.integration.bus_helpers import scalar
+
+pytestmark = pytest.mark.integration
+
+TENANT = "tenant-timers"
+VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schemas="1")
+BULK_RUNS = 10_000
+
+
+def _created(run_id: str, at: float) -> ev.RunCreated:
+    return ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=TENANT, kind="probe", goal=freeze({"n": 1}),
+                         versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0))
+
+
+async def _running(conn: AsyncConnection, run_id: str) -> StoredRun:
+    """A run created the way the scheduler creates it, then taken by a worker (READY -> RUNNING)."""
+    at = time.time()
+    stored = await runs.create(conn, _created(run_id, at), idempotency_key=run_id, input_hash="h",
+                               partition=topology.partition_of(run_id, PARTITIONS))
+    assert stored is not None
+    return await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING,
+                                                                reason="taken by test")])
+
+
+async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait) -> StoredRun:
+    """RUNNING -> ``status`` with ``wait``, and its timers, in one transaction like a worker's commit."""
+    async with engine.begin() as conn:
+        stored = await _running(conn, run_id)
+        stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=time.time(), status=status,
+                                                                 wait=wait)])
+        await effects.schedule_wait_timers(conn, stored.snapshot)
+    return stored
+
+
+async def _park_for_retry(engine: AsyncEngine, run_id: str, *, in_seconds: float) -> str:
+    wake_at = time.time() + in_seconds
+    wait_id = f"retry-{uuid.uuid4().hex[:8]}"
+    await _park(engine, run_id, RunStatus.RETRY_SCHEDULED,
+                Wait(wait_id=wait_id, kind="timer", deadline=wake_at, wake_at=wake_at, subject="deploy"))
+    return wait_id
+
+
+async def _rows(engine: AsyncEngine, sql: str, **params: Any) -> list[Any]:
+    async with engine.connect() as conn:
+        return list(await conn.execute(text(sql), params))
+
+
+async def _wokens(engine: AsyncEngine, run_id: str) -> list[Any]:
+    return await _rows(engine, "SELECT data, applied FROM run_events WHERE run_id = :r AND type = 'run.woken' "
+                               "ORDER BY seq", r=run_id)
+
+
+async def _outbox(engine: AsyncEngine, run_id: str) -> list[Any]:
+    return await _rows(engine, "SELECT type, payload FROM outbox WHERE aggregate_id = :r ORDER BY id", r=run_id)
+
+
+async def _fired_at(engine: AsyncEngine, timer_key: str) -> Any:
+    return (await _rows(engine, "SELECT fired_at FROM timers WHERE timer_key = :k", k=timer_key))[0].fired_at
+
+
+async def test_a_due_retry_timer_wakes_its_run_exactly_once(clean, engine, services) -> None:
+    # Given a run parked in RETRY_SCHEDULED whose backoff timer is due now
+    wait_id = await _park_for_retry(engine, "run-retry", in_seconds=0.2)
+    # When the timer service runs
+    services.start("timer", "services.timer")
+    await eventually(lambda: _fired_at(engine, f"run-retry:{wait_id}:wake"), what="the timer fired")
+    # and keeps running for a few more polls
+    await asyncio.sleep(1.5)
+    # Then the run was woken once, by its timer, and one worker wakeup went out
+    wokens = await _wokens(engine, "run-retry")
+    assert [(w.data["wait_id"], w.data["reason"], w.applied) for w in wokens] == [(wait_id, "timer", True)]
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, "run-retry")
+    assert stored is not None and stored.snapshot.status is RunStatus.READY
+    assert stored.snapshot.last_wake is not None and stored.snapshot.last_wake.reason is WakeReason.TIMER
+    sent = await _outbox(engine, "run-retry")
+    assert [o.payload["payload"]["reason"] for o in sent if o.type == "run.wakeup"] == ["timer:retry_backoff"]
+    assert [o.payload["payload"]["status"] for o in sent if o.type == "run.event"] == ["READY"]
+
+
+async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_restart(
+        clean, engine, services) -> None:
+    # Given a due retry timer
+    wait_id = await _park_for_retry(engine, "run-crash", in_seconds=0.2)
+    timer_key = f"run-crash:{wait_id}:wake"
+    # When the timer service is SIGKILLed after writing the wake and the wakeup, before marking the timer
+    crashing = services.start("timer", "services.timer", LONGRUN_CRASH_POINTS="timer.after_fire_before_mark")
+    crashing.popen.wait(timeout=60)
+    assert crashing.popen.returncode == -9, crashing.output()
+    # Then the whole firing rolled back: no event, no wakeup, the timer still due
+    assert await _wokens(engine, "run-crash") == []
+    assert await _outbox(engine, "run-crash") == []
+    assert await _fired_at(engine, timer_key) is None
+    # And a restarted service fires it, once
+    services.start("timer", "services.timer")
+    await eventually(lambda: _fired_at(engine, timer_key), what="the timer fired after the restart")
+    await asyncio.sleep(1.0)
+    wokens = await _wokens(engine, "run-crash")
+    assert [(w.data["wait_id"], w.applied) for w in wokens] == [(wait_id, True)]
+    assert [o.type for o in await _outbox(engine, "run-crash")].count("run.wakeup") == 1
+    assert await scalar(engine, "SELECT count(*) FROM timers WHERE fired_at IS NULL") == 0
+
+
+async def test_a_deadline_for_a_wait_that_already_ended_is_stored_late_and_changes_nothing(
+        clean, engine) -> None:
+    # Given a run waiting for CI with a deadline, whose webhook arrived first
+    deadline = time.time() + 0.3
+    wait = Wait(wait_id="ci-1", kind="ci", deadline=deadline, correlation_key="ci:sha-1")
+    stored = await _park(engine, "run-stale", RunStatus.WAITING_EVENT, wait)
+    async with engine.begin() as conn:
+        stored = await runs.append(conn, stored, [ev.RunWoken(seq=stored.seq(1), at=time.time(), wait_id="ci-1",
+                                                              reason=WakeReason.EVENT, correlation_key="ci:sha-1")])
+    assert stored.snapshot.status is RunStatus.READY
+    outbox_before = await _outbox(engine, "run-stale")
+    # When the deadline timer comes due and fires
+    await asyncio.sleep(max(0.0, deadline - time.time()) + 0.1)
+    assert await fire_due(engine, batch=10, clock=time.time) == 1
+    # Then the deadline is recorded as a late event, and the run, its wakeups and broadcasts are untouched
+    wokens = await _wokens(engine, "run-stale")
+    assert [(w.data["reason"], w.applied) for w in wokens] == [("event", True), ("deadline", False)]
+    async with engine.connect() as conn:
+        after = await runs.load(conn, "run-stale")
+    assert after is not None and after.snapshot == stored.snapshot
+    assert after.stored_seq == stored.stored_seq + 1
+    assert await _outbox(engine, "run-stale") == outbox_before
+    assert await _fired_at(engine, "run-stale:ci-1:deadline") is not None
+    assert await fire_due(engine, batch=10, clock=time.time) == 0
+
+
+async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engine) -> None:
+    # Given an open waiting run, a finished run, and a RUNNING run whose worker holds a live lease
+    await _park_for_retry(engine, "run-open", in_seconds=3600)
+    async with engine.begin() as conn:
+        done = await _running(conn, "run-done")
+        await runs.append(conn, done, [ev.RunStatusChanged(seq=done.seq(1), at=time.time(), to=RunStatus.FAILED,
+                                                           reason="gave up")])
+        await _running(conn, "run-busy")
+        fence = await runs.take_lease(conn, "run-busy", "worker-1", ttl=60)
+        assert fence is not None
+        due = time.time() - 1
+        for run_id in ("run-open", "run-done"):
+            await timers.schedule(conn, timer_key=f"{run_id}:business", run_id=run_id, kind="business_deadline",
+                                  wake_at=due, payload={})
+        # the lease is live, so its heartbeat timer is stale; the attempt itself overran
+        await timers.schedule(conn, timer_key="run-busy:heartbeat", run_id="run-busy", kind="heartbeat",
+                              wake_at=due, payload={"fencing_token": fence.token})
+        await timers.schedule(conn, timer_key="run-busy:start_to_close", run_id="run-busy", kind="start_to_close",
+                              wake_at=due + 0.5, payload={"fencing_token": fence.token})
+    # When they fire
+    assert await fire_due(engine, batch=10, clock=time.time) == 4
+    # Then the open run timed out, naming the timer; the finished run got no event
+    async with engine.connect() as conn:
+        opened, finished, busy = [await runs.load(conn, r) for r in ("run-open", "run-done", "run-busy")]
+    assert opened is not None and opened.snapshot.status is RunStatus.TIMED_OUT
+    assert opened.snapshot.terminal_reason == "business_deadline: the run's deadline passed"
+    assert finished is not None and finished.snapshot.status is RunStatus.FAILED and finished.stored_seq == 3
+    # and the overrun attempt was abandoned: the worker is fenced out and the run queued again
+    assert busy is not None and busy.snapshot.status is RunStatus.READY and busy.lease_owner is None
+    changes = await _rows(engine, "SELECT data->>'reason' AS reason FROM run_events "
+                                  "WHERE run_id = 'run-busy' AND seq > 2 ORDER BY seq")
+    assert [c.reason.split(":")[0] for c in changes] == ["start_to_close"]
+    assert [o.type for o in await _outbox(engine, "run-busy")] == ["run.wakeup", "run.event"]
+
+
+@pytest.mark.timeout(240)
+async def test_ten_thousand_timers_due_at_once_fire_exactly_once_across_two_replicas(
+        clean, engine, services) -> None:
+    # Given two timer service replicas, and 10,000 runs parked in RETRY_SCHEDULED
+    replicas = [services.start("timer", "services.timer") for _ in range(2)]
+    started = time.monotonic()
+    await _insert_parked_runs(engine, BULK_RUNS)
+    # When all their timers come due at the same instant (inserted with one statement)
+    async with engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+            "SELECT concat_ws(':', run_id, snapshot #>> '{wait,wait_id}', 'wake'), run_id, 'retry_backoff', "
+            "       now() + interval '1 second', "
+            "       jsonb_build_object('wait_id', snapshot #>> '{wait,wait_id}', 'reason', 'timer') "
+            "FROM runs WHERE status = 'RETRY_SCHEDULED'"))
+    setup = time.monotonic() - started
+    committed_p99 = await _p99_committed(engine, BULK_RUNS, timeout=150)
+    # Then every run was woken exactly once and one wakeup went out per run
+    (p50, p99), worst = (await _rows(engine, """
+        SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - wake_at)),
+               max(extract(epoch FROM fired_at - wake_at)) FROM timers"""))[0]
+    print(f"\n{BULK_RUNS} timers, 2 replicas (setup {setup:.1f}s): lateness wake_at -> fired_at "
+          f"p50 {p50:.2f}s p99 {p99:.2f}s max {float(worst):.2f}s; p99 until committed {committed_p99:.2f}s")
+    counts = (await _rows(engine, """
+        SELECT (SELECT count(*) FROM run_events WHERE type = 'run.woken' AND applied),
+               (SELECT count(*) FROM run_events WHERE type = 'run.woken'),
+               (SELECT count(DISTINCT run_id) FROM run_events WHERE type = 'run.woken'),
+               (SELECT count(*) FROM outbox WHERE type = 'run.wakeup'),
+               (SELECT count(DISTINCT aggregate_id) FROM outbox WHERE type = 'run.wakeup'),
+               (SELECT count(*) FROM runs WHERE status = 'READY')"""))[0]
+    assert tuple(counts) == (BULK_RUNS,) * 6
+    assert not [p.name for p in replicas if "ERROR" in p.output() or "Traceback" in p.output()]
+    assert p99 < 10.0
+
+
+async def _insert_parked_runs(engine: AsyncEngine, n: int) -> None:
+    """``n`` runs folded from RunCreated -> RUNNING -> WaitStarted(RETRY_SCHEDULED), inserted in bulk."""
+    at = time.time()
+    run_rows: list[dict[str, Any]] = []
+    event_rows: list[dict[str, Any]] = []
+    for i in range(n):
+        run_id = f"run-bulk-{i:05d}"
+        history = [
+            _created(run_id, at),
+            ev.RunStatusChanged(seq=2, at=at, to=RunStatus.RUNNING, reason="taken by test"),
+            ev.WaitStarted(seq=3, at=at, status=RunStatus.RETRY_SCHEDULED,
+                           wait=Wait(wait_id=f"w-{i}", kind="timer", deadline=at + 1, wake_at=at + 1)),
+        ]
+        snapshot = fold(history)
+        run_rows.append({
+            "run_id": run_id, "tenant_id": TENANT, "idempotency_key": run_id, "input_hash": "h",
+            "workflow": "probe", "workflow_version": "1", "prompt_version": "1", "model_policy_version": "1",
+            "tool_schema_version": "1", "partition": topology.partition_of(run_id, PARTITIONS), "last_seq": 3,
+            **runs.projection(snapshot)})
+        event_rows += [{"run_id": run_id, "seq": e.seq, "event_id": f"{run_id}:{e.seq}", "type": e.type,
+                        "data": ev.event_to_dict(e), "applied": True, "occurred_at": datetime.fromtimestamp(e.at, UTC)}
+                       for e in history]
+    for chunk in range(0, n, 2_500):
+        async with engine.begin() as conn:
+            await conn.execute(insert(runs_table), run_rows[chunk:chunk + 2_500])
+            await conn.execute(insert(run_events), event_rows[3 * chunk:3 * (chunk + 2_500)])
+
+
+async def _p99_committed(engine: AsyncEngine, n: int, *, timeout: float) -> float:
+    """Seconds (database clock) from the timers' common wake_at until 99% of them were committed fired.
+
+    ``fired_at`` is the firing transaction's start, so it runs ahead of the commit by up to
+    one batch; this polls what other sessions can see instead.
+    """
+    p99: float | None = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fired, since = (await _rows(engine, "SELECT count(fired_at), extract(epoch FROM now() - min(wake_at)) "
+                                            "FROM timers"))[0]
+        if p99 is None and fired >= 0.99 * n:
+            p99 = float(since)
+        if fired == n:
+            assert p99 is not None
+            return p99
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"not all {n} timers fired within {timeout}s")
