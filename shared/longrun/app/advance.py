@@ -34,6 +34,7 @@ from longrun.db.errors import is_transient
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
     TERMINAL,
+    UNRECONCILED,
     ActionStatus,
     AskModel,
     CallTool,
@@ -161,8 +162,7 @@ class Advancer:
             return await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
                                                            reason=f"taken by {fence.owner}")], fence)
         if run.status is RunStatus.CANCELLING:
-            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.CANCELLED,
-                                      reason="cancel requested; no action in flight")
+            return await self._cancel(stored, fence)
         spent = exhausted(run.budget)
         if spent is not None:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
@@ -189,6 +189,47 @@ class Advancer:
         assert isinstance(decision, Reconcile)
         return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
                                   reason=f"{decision.logical_action} needs reconciliation")
+
+    async def _cancel(self, stored: StoredRun, fence: Fence) -> StoredRun | None:
+        """No new action starts; declared compensations run one by one; then CANCELLED.
+
+        An action whose outcome is unknown must be settled first (by the reconciler, which
+        wakes the run again): cancelling cannot decide whether an effect happened.
+        """
+        run = stored.snapshot
+        kind = self.kinds.get(run.kind, run.versions.workflow)
+        for action in run.actions:
+            if action.status is ActionStatus.SUBMITTED:
+                return await self._record_outcome(stored, fence, action.idempotency_key, ActionStatus.UNKNOWN,
+                                                  lambda s, a=action: [self._event(
+                                                      s, ev.ActionUnknown, logical_action=a.logical_action,
+                                                      cause="cancelled while submitted; outcome not recorded")],
+                                                  release=True)
+            if action.status in UNRECONCILED:
+                await self._commit(stored, [], fence, release=True)
+                return None
+            if action.status is ActionStatus.COMPENSATING:
+                return await self._compensate(stored, fence, kind.tools[action.tool], action.logical_action)
+        for action in reversed(run.actions):
+            tool = kind.tools.get(action.tool)
+            if action.status is ActionStatus.CONFIRMED and tool is not None and tool.compensate is not None:
+                stored = await self._commit(stored, [self._event(stored, ev.CompensationStarted,
+                                                                 logical_action=action.logical_action)], fence)
+                return await self._compensate(stored, fence, tool, action.logical_action)
+        return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.CANCELLED,
+                                  reason="cancel requested; every action settled")
+
+    async def _compensate(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str) -> StoredRun | None:
+        """Compensations must be idempotent: a crash mid-way runs this one again."""
+        assert tool.compensate is not None
+        receipt = stored.snapshot.fact(f"receipt:{logical_action}")
+        result = await tool.compensate(thaw(receipt.value) if receipt else {})
+        record = stored.snapshot.action(logical_action)
+        assert record is not None
+        return await self._record_outcome(stored, fence, record.idempotency_key, ActionStatus.COMPENSATED, lambda s: [
+            self._event(s, ev.ActionCompensated, logical_action=logical_action),
+            self._event(s, ev.FactRecorded, offset=2, key=f"compensation:{logical_action}",
+                        value=freeze(dict(result.receipt)), source=f"tool:{tool.name}")])
 
     async def _finish(self, stored: StoredRun, fence: Fence, cls: type[ev.RunEvent], **fields: Any) -> None:
         """Append one event that takes the run out of this worker, and release the lease with it."""
@@ -282,13 +323,13 @@ class Advancer:
             receipt=dict(result.receipt) if ref is None else receipt, receipt_ref=ref)
 
     async def _record_outcome(self, stored: StoredRun, fence: Fence, key: str, status: ActionStatus,
-                              build: Callable[[StoredRun], list[ev.RunEvent]], *,
+                              build: Callable[[StoredRun], list[ev.RunEvent]], *, release: bool = False,
                               artifact: tuple[str, int] | None = None, **fields: Any) -> StoredRun | None:
         """Record what the far side answered; a concurrent append only makes us rebuild on the new state,
         because an effect that happened must be recorded, not re-requested."""
         while True:
             events = build(stored)
-            parked = any(isinstance(e, ev.RunStatusChanged) for e in events)
+            parked = release or any(isinstance(e, ev.RunStatusChanged) for e in events)
             try:
                 async with self.engine.begin() as conn:
                     if artifact is not None:
