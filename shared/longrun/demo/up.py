@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -34,14 +33,19 @@ from longrun.demo.timeline import describe
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import make
 
-GATEWAY_PORT, FORGE_PORT, HEALTH_BASE = 8280, 8290, 18280
 SERVICES = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-0", "services.worker"),
             ("worker-1", "services.worker"), ("timer", "services.timer"), ("reconciler", "services.reconciler"),
             ("outbox-relay", "services.outbox_relay")]
 
 
+class Ports:
+    def __init__(self, base: int) -> None:
+        self.gateway, self.forge, self.health = base, base + 10, base + 100
+
+
 class Ensemble:
-    def __init__(self, root: Path, settings: Settings) -> None:
+    def __init__(self, root: Path, settings: Settings, ports: Ports) -> None:
+        self.ports = ports
         self.logs = root / "var" / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.settings = settings
@@ -49,8 +53,8 @@ class Ensemble:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({"LONGRUN_FORGE_URL": f"http://127.0.0.1:{FORGE_PORT}",
-                    "LONGRUN_GATEWAY_PORT": str(GATEWAY_PORT), **extra})
+        env.update({"LONGRUN_FORGE_URL": f"http://127.0.0.1:{self.ports.forge}",
+                    "LONGRUN_GATEWAY_PORT": str(self.ports.gateway), **extra})
         return env
 
     def start(self, name: str, argv: list[str], health_port: int | None, **env: str) -> None:
@@ -66,7 +70,7 @@ class Ensemble:
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=1) as http:
             for name, proc, port in self.procs:
-                url = f"http://127.0.0.1:{port}/readyz" if port else f"http://127.0.0.1:{FORGE_PORT}/healthz"
+                url = f"http://127.0.0.1:{port}/readyz" if port else f"http://127.0.0.1:{self.ports.forge}/healthz"
                 while True:
                     if proc.poll() is not None:
                         raise SystemExit(f"{name} exited with {proc.returncode}; see {self.logs / name}.log")
@@ -102,11 +106,11 @@ async def publish_run_create(settings: Settings, key: str, goal: dict[str, Any])
     print(f"  published run.create {envelope.event_id} (tenant acme, idempotency key {key})")
 
 
-async def follow(settings: Settings, key: str, deadline: float) -> str:
+async def follow(settings: Settings, ports: Ports, key: str, deadline: float) -> str:
     """Print every event as it is stored; approve when asked; return the final status."""
     engine = make_engine(settings.database_url, pool_size=2)
     seen, run_id, status = 0, None, ""
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}", timeout=10) as gateway:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports.gateway}", timeout=10) as gateway:
         while time.monotonic() < deadline:
             async with engine.connect() as conn:
                 if run_id is None:
@@ -144,19 +148,20 @@ async def approve(gateway: httpx.AsyncClient, settings: Settings, run_id: str | 
 async def main_async(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     root = Path.cwd()
-    ensemble = Ensemble(root, settings)
+    ports = Ports(args.port_base)
+    ensemble = Ensemble(root, settings, ports)
     print("longrun: starting the ensemble")
     (ensemble.logs.parent / "forge.sqlite").unlink(missing_ok=True)
-    ensemble.start("forge", [sys.executable, "-m", "longrun.demo.forge", "--port", str(FORGE_PORT),
+    ensemble.start("forge", [sys.executable, "-m", "longrun.demo.forge", "--port", str(ports.forge),
                              "--state", str(ensemble.logs.parent / "forge.sqlite"), "--ci-delay", "0.5"], None)
     for i, (name, module) in enumerate(SERVICES):
-        ensemble.start(name, [sys.executable, "-m", module], HEALTH_BASE + i)
+        ensemble.start(name, [sys.executable, "-m", module], ports.health + i)
     try:
         await ensemble.ready()
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{FORGE_PORT}") as forge:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports.forge}") as forge:
             # The CI reports through a signed webhook, delivered twice: the gateway inbox absorbs the repeat.
             (await forge.post("/_control/webhook", json={
-                "url": f"http://127.0.0.1:{GATEWAY_PORT}/webhooks/forge", "secret": settings.webhook_secret,
+                "url": f"http://127.0.0.1:{ports.gateway}/webhooks/forge", "secret": settings.webhook_secret,
                 "deliver_times": 2})).raise_for_status()
             if args.mr_timeout:
                 (await forge.post("/_control/faults", json={"endpoint": "merge_requests",
@@ -167,8 +172,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 "branch": f"agent/payment-sdk-v5-{key[-8:]}", "owner": "user_42"}
         print("\nlongrun: timeline")
         await publish_run_create(settings, key, goal)
-        status = await follow(settings, key, time.monotonic() + args.timeout)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{FORGE_PORT}") as forge:
+        status = await follow(settings, ports, key, time.monotonic() + args.timeout)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports.forge}") as forge:
             effects = (await forge.get("/_control/effects")).json()
         mrs = [e for e in effects if e["kind"] == "merge_request"]
         print(f"\nlongrun: run ended {status}; forge effects: "
@@ -189,6 +194,8 @@ def main() -> None:
     parser.add_argument("--mr-timeout", action="store_true",
                         help="make the forge time out after creating the merge request (reconciliation)")
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
+    parser.add_argument("--port-base", type=int, default=8280,
+                        help="gateway on this port, forge on +10, health probes from +100")
     raise SystemExit(asyncio.run(main_async(parser.parse_args())))
 
 
