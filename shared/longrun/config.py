@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -73,7 +74,7 @@ def _model_kind(raw: str) -> str:
     return raw
 
 
-def _silence_limits(raw: str) -> dict[RunStatus, float]:
+def _silence_limits(raw: str) -> Mapping[RunStatus, float]:
     """``STATUS=seconds`` pairs, comma separated; only open statuses can fall silent."""
     limits: dict[RunStatus, float] = {}
     for pair in (p.strip() for p in raw.split(",") if p.strip()):
@@ -82,7 +83,7 @@ def _silence_limits(raw: str) -> dict[RunStatus, float]:
         if not sep or status in TERMINAL:
             raise ValueError
         limits[status] = _positive_float(seconds)
-    return limits
+    return MappingProxyType(limits)
 
 
 def _name_list(raw: str) -> tuple[str, ...]:
@@ -165,7 +166,7 @@ class Settings:
     """Seconds between the reconciler's sweeps (unknown actions, expired leases, silent runs)."""
     drift_interval: float
     """Seconds between the reconciler's drift checks of confirmed actions against the far side."""
-    silence_limits: dict[RunStatus, float]
+    silence_limits: Mapping[RunStatus, float]
     """How long a run may stay in a status (without a live lease) before the reconciler alerts."""
 
     @classmethod

@@ -1,0 +1,125 @@
+"""reconciler service: the sweeps that keep runs moving when nothing else would, plus the dead-letter keeper.
+
+Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round runs, in order: settle actions in
+doubt (``reconcile_unknown``), re-wake runs whose lease expired, flag silent runs; every
+``LONGRUN_DRIFT_INTERVAL`` it also compares a batch of confirmed actions with the far side,
+walking through them round after round. All their work lives in PostgreSQL, so any number
+of replicas may run side by side (see ``longrun.app.reconcile``). One sweep failing is
+logged and does not stop the others or the next round.
+
+The quarantine ingester is its own consumer task on ``longrun.quarantine``.
+
+SIGTERM: the round in flight finishes (its lookups are bounded by the tools' timeouts),
+then the ingester is cancelled (a message not yet acked goes back to the queue, and the
+inbox absorbs the copy) and the connections close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun import service
+from longrun.app import reconcile
+from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
+from longrun.authoring import Registry
+from longrun.bootstrap import open_bus, open_database
+from longrun.config import Settings
+from longrun.db.errors import is_transient
+from longrun.workflows import registry
+
+SERVICE = "reconciler"
+RECONCILE_BATCH = 50
+LEASE_BATCH = 200
+DRIFT_BATCH = 20
+
+logger = logging.getLogger(__name__)
+
+
+class Sweeper:
+    """One round of sweeps; remembers where the drift walk is and when it is next due."""
+
+    def __init__(self, engine: AsyncEngine, kinds: Registry, artifacts: ArtifactStore, settings: Settings,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.kinds = kinds
+        self.artifacts = artifacts
+        self.settings = settings
+        self.clock = clock
+        self._drift_after = ""
+        self._drift_due = time.monotonic()
+        self._reported: dict[str, int] = {}
+
+    async def round(self) -> None:
+        await self._step("reconcile", lambda: reconcile.reconcile_unknown(
+            self.engine, self.kinds, limit=RECONCILE_BATCH, clock=self.clock, artifacts=self.artifacts))
+        await self._step("leases", lambda: reconcile.rewake_expired_leases(self.engine, limit=LEASE_BATCH))
+        await self._step("silence", lambda: reconcile.flag_silent_runs(
+            self.engine, limits=self.settings.silence_limits))
+        if time.monotonic() >= self._drift_due:
+            await self._step("drift", self._drift)
+        self._report()
+
+    async def _drift(self) -> None:
+        sweep = await reconcile.check_drift(self.engine, self.kinds, limit=DRIFT_BATCH, after=self._drift_after)
+        self._drift_after = sweep.next_after
+        # Walk on without pause until the end of the confirmed actions, then rest.
+        if not sweep.next_after:
+            self._drift_due = time.monotonic() + self.settings.drift_interval
+
+    async def _step(self, name: str, sweep: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await sweep()
+        except Exception as e:
+            if is_transient(e):
+                logger.warning("%s sweep: database unavailable (%r); next round retries", name, e)
+            else:
+                logger.exception("%s sweep failed; next round retries", name)
+
+    def _report(self) -> None:
+        """Log the counters that moved since the last report (the metric of record until OTel exports them)."""
+        moved = {k: v for k, v in reconcile.METRICS.items() if self._reported.get(k) != v}
+        if moved:
+            logger.info("counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(moved.items())))
+            self._reported.update(moved)
+
+
+async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    engine = await open_database(settings)
+    bus = await open_bus(settings, SERVICE)
+    sweeper = Sweeper(engine, registry(settings), FilesystemArtifactStore(settings.artifact_dir), settings)
+    ingester = asyncio.create_task(
+        reconcile.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),
+        name="quarantine ingester")
+
+    def ingester_ended(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Dead letters would pile up unseen: report not ready so the rollout and the operator notice.
+            health.ready = False
+            logger.error("quarantine ingester stopped", exc_info=task.exception())
+
+    ingester.add_done_callback(ingester_ended)
+    health.ready = True
+    logger.info("sweeping every %.1fs; silence limits %s", settings.reconcile_interval,
+                {s.value: v for s, v in settings.silence_limits.items()})
+    try:
+        while not stopping.is_set():
+            await sweeper.round()
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=settings.reconcile_interval)
+            except TimeoutError:
+                pass
+    finally:
+        health.ready = False
+        ingester.cancel()
+        await asyncio.gather(ingester, return_exceptions=True)
+        await bus.close()
+        await engine.dispose()
+
+
+def main() -> None:
+    service.run(SERVICE, serve)
