@@ -43,6 +43,12 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"ACTION    {d['logical_action']:<14} CONFIRMED external id {d.get('external_id')}"
         case "action.unknown":
             return f"ACTION    {d['logical_action']:<14} UNKNOWN: {_short(d['cause'])}"
+        case "action.reconciliation_started":
+            return f"ACTION    {d['logical_action']:<14} RECONCILING: looked up by its idempotency key"
+        case "action.compensation_started":
+            return f"ACTION    {d['logical_action']:<14} COMPENSATING"
+        case "action.compensated":
+            return f"ACTION    {d['logical_action']:<14} COMPENSATED"
         case "action.failed":
             return f"ACTION    {d['logical_action']:<14} FAILED: {_short(d['error'])}"
         case "action.reconciled" | "action.resolved":

@@ -52,7 +52,7 @@ class Ensemble:
         self.procs: list[tuple[str, subprocess.Popen[bytes], int | None]] = []
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {"LONGRUN_TOOL_TIMEOUT": "3", **os.environ}
         env.update({"LONGRUN_FORGE_URL": f"http://127.0.0.1:{self.ports.forge}",
                     "LONGRUN_GATEWAY_PORT": str(self.ports.gateway), **extra})
         return env
@@ -166,7 +166,7 @@ async def main_async(args: argparse.Namespace) -> int:
             if args.mr_timeout:
                 (await forge.post("/_control/faults", json={"endpoint": "merge_requests",
                                                             "mode": "timeout_after_commit", "times": 1,
-                                                            "hold_seconds": 15})).raise_for_status()
+                                                            "hold_seconds": 8})).raise_for_status()
         key = args.key or f"upgrade-payment-sdk-{uuid.uuid4().hex[:8]}"
         goal = {"repo": "acme/payments", "package": "payment-sdk", "from": "4.2.0", "to": "5.0.0",
                 "branch": f"agent/payment-sdk-v5-{key[-8:]}", "owner": "user_42"}
@@ -191,8 +191,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the run to finish")
     parser.add_argument("--key", help="idempotency key of the run.create (default: a new one)")
-    parser.add_argument("--mr-timeout", action="store_true",
-                        help="make the forge time out after creating the merge request (reconciliation)")
+    parser.add_argument("--mr-timeout", action=argparse.BooleanOptionalAction, default=True,
+                        help="the forge times out after creating the merge request, so the action goes UNKNOWN "
+                             "and the reconciler settles it by idempotency key (the story of seed 004)")
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     parser.add_argument("--port-base", type=int, default=8280,
                         help="gateway on this port, forge on +10, health probes from +100")
