@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.app import effects
 from longrun.app.webhooks import audit
 from longrun.db import runs
-from longrun.domain import RunStatus
+from longrun.errors import DomainError, ErrorCode
+from longrun.domain import RunStatus, is_late
 from longrun.domain import events as ev
 
 PRODUCER = "operator"
@@ -27,6 +28,15 @@ class RunNotFound(LookupError):
         super().__init__(f"no run {run_id!r}")
 
 
+class NotPending(DomainError):
+    """An operator decided something the run no longer asks for; say what it asks for now."""
+
+    code = ErrorCode.ILLEGAL_TRANSITION
+
+    def __init__(self, run_id: str, what: str, pending: str) -> None:
+        super().__init__(f"run {run_id}: {what} is not pending ({pending})")
+
+
 async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str, reason: str,
                  build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
                  details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -34,6 +44,13 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
     if stored is None:
         raise RunNotFound(run_id)
     event = build(stored.seq(), clock())
+    if is_late(stored.snapshot, event):
+        # Reports from the outside world may arrive late and are kept; a person deciding on
+        # something that is no longer asked is told so instead.
+        wait = stored.snapshot.wait
+        pending = (f"it waits for approval {wait.approval_id} of hash {wait.approved_hash}"
+                   if wait is not None and wait.approval_id else f"it is {stored.snapshot.status.value}")
+        raise NotPending(run_id, action, pending)
     after = await runs.append(conn, stored, [event])
     await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
                 details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})

@@ -28,6 +28,7 @@ from longrun.domain import RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
 
 PRODUCER = "gateway"
+WAITS = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,10 @@ class Translated:
 
 
 def forge_event(payload: dict[str, Any]) -> Translated:
+    if payload.get("type") == "branch.pushed":
+        # Someone else moved the branch: any approval of the old head is void.
+        return Translated(str(payload["id"]), f"branch/{payload['repo']}/{payload['branch']}",
+                          f"head:{payload['branch']}", {"sha": payload["sha"], "pusher": payload.get("pusher", "")})
     if payload.get("type") != "ci.finished":
         raise ValueError(f"unsupported forge event type {payload.get('type')!r}")
     ci_id = payload["ci_run_id"]
@@ -84,8 +89,8 @@ async def receive(conn: AsyncConnection, provider: str, payload: dict[str, Any],
 
 async def _match(conn: AsyncConnection, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
     run_id = (await conn.execute(text(
-        "SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = 'WAITING_EVENT' LIMIT 1"),
-        {"k": event.correlation_key})).scalar()
+        "SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status IN ('WAITING_EVENT', 'WAITING_USER') "
+        "LIMIT 1"), {"k": event.correlation_key})).scalar()
     if run_id is None:
         return None
     stored = await runs.load(conn, run_id, lock=True)
@@ -119,7 +124,7 @@ async def deliver(conn: AsyncConnection, stored: StoredRun, provider: str, event
 async def match_kept(conn: AsyncConnection, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
     """Called when a wait starts: an event for its key that arrived earlier ends it now."""
     wait = stored.snapshot.wait
-    if stored.snapshot.status is not RunStatus.WAITING_EVENT or wait is None or wait.correlation_key is None:
+    if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
         return stored
     row = (await conn.execute(
         select(webhook_events.c.provider, webhook_events.c.payload)

@@ -57,6 +57,9 @@ class WaitForUser:
     approved_hash: str
     """Hash of the exact request being approved; use ``request_hash`` of the gated action."""
     summary: str
+    invalidated_by: str | None = None
+    """Correlation key of an outside change (e.g. a push to the branch) that voids this request:
+    such an event ends the wait, so ``decide`` computes what to ask for now."""
 
 
 @_decision
@@ -122,6 +125,7 @@ def wait_for(
         wait = Wait(
             wait_id=wait_id, kind="approval", deadline=decision.deadline, approval_id=decision.approval_id,
             owner=decision.owner, approved_hash=decision.approved_hash, subject=decision.summary,
+            correlation_key=decision.invalidated_by,
         )  # fmt: skip
         return RunStatus.WAITING_USER, wait
     wake_at = ctx.now + decision.delay

@@ -98,7 +98,29 @@ class DependencyUpgrade:
             if round_ >= MAX_ROUNDS:
                 return Fail(reason=f"CI still failing after {MAX_ROUNDS} rounds")
             round_ += 1
+        head = _fact(state, f"head:{branch}")
+        if head is not None and head["sha"] != sha:
+            # The branch moved under us (someone pushed): what gets merged is the new head,
+            # so it needs its own green CI and its own approval.
+            sha = head["sha"]
+            checked = self._ci(state, ctx, repo, sha, f"ci:head:{sha[:12]}")
+            if checked is not None:
+                return checked
         return self._merge(state, ctx, sha)
+
+    def _ci(self, state: RunSnapshot, ctx: DecisionContext, repo: str, sha: str, action: str) -> Decision | None:
+        """CI for one commit: start it, wait for its result; None once it passed."""
+        if not _confirmed(state, action):
+            return CallTool(tool="forge.start_ci_run", logical_action=action, args=freeze({"repo": repo, "sha": sha}))
+        ci_id = _fact(state, f"receipt:{action}")["id"]
+        result = _fact(state, f"ci_result:{ci_id}")
+        if result is None:
+            if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE:
+                return Fail(reason=f"CI run {ci_id} did not report within {CI_TIMEOUT:.0f}s")
+            return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT)
+        if result["status"] != "passed":
+            return Fail(reason=f"CI failed on {sha}, which was pushed to the branch by someone else")
+        return None
 
     def _merge(self, state: RunSnapshot, ctx: DecisionContext, sha: str) -> Decision:
         args = merge_request_args(state, sha)
@@ -108,9 +130,11 @@ class DependencyUpgrade:
         if decision is None or decision["approved_hash"] != approved_hash:
             if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE and decision is None:
                 return Fail(reason=f"approval {approval_id} was not given before its deadline")
-            return WaitForUser(approval_id=approval_id, owner=thaw(state.goal)["owner"],
+            goal = thaw(state.goal)
+            return WaitForUser(approval_id=approval_id, owner=goal["owner"],
                                deadline=ctx.now + APPROVAL_TIMEOUT, approved_hash=approved_hash,
-                               summary=f"merge {args['source_branch']} at {sha} into main: {args['title']}")
+                               summary=f"merge {args['source_branch']} at {sha} into main: {args['title']}",
+                               invalidated_by=f"branch/{goal['repo']}/{goal['branch']}")
         if not decision["approved"]:
             return Fail(reason=f"merge denied by {decision['decided_by']}")
         if not _confirmed(state, "merge_request"):
