@@ -89,8 +89,8 @@ async def receive(conn: AsyncConnection, provider: str, payload: dict[str, Any],
 
 async def _match(conn: AsyncConnection, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
     run_id = (await conn.execute(text(
-        "SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status IN ('WAITING_EVENT', 'WAITING_USER') "
-        "LIMIT 1"), {"k": event.correlation_key})).scalar()
+        "SELECT run_id FROM runs WHERE wait_correlation_key = :k "
+        "AND status IN ('WAITING_EVENT', 'WAITING_USER', 'PAUSED') LIMIT 1"), {"k": event.correlation_key})).scalar()
     if run_id is None:
         return None
     stored = await runs.load(conn, run_id, lock=True)
