@@ -28,7 +28,7 @@ async def open_database(settings: Settings) -> AsyncEngine:
 
 
 async def open_bus(settings: Settings, name: str) -> Bus:
-    bus = Bus(settings.amqp_url, name=f"{name}/{settings.instance_id}",
+    bus = Bus(settings.amqp_url, name=f"{name}/{settings.instance_id}", heartbeat=settings.amqp_heartbeat,
               topology=topology.build(partitions=settings.partitions, delivery_limit=settings.delivery_limit))
     await _patiently(bus.connect, "RabbitMQ")
     return bus

@@ -86,6 +86,13 @@ def _silence_limits(raw: str) -> Mapping[RunStatus, float]:
     return MappingProxyType(limits)
 
 
+def _float(raw: str) -> float:
+    value = float(raw)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError
+    return value
+
+
 def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
@@ -127,6 +134,8 @@ class Settings:
     """Seconds a worker keeps a run without a heartbeat."""
     prefetch: int
     """Unacked deliveries per consumer channel."""
+    amqp_heartbeat: int
+    """Seconds between AMQP heartbeats; a frozen replica loses its queues after about two missed ones."""
     delivery_limit: int
     """Deliveries of one message before the broker dead-letters it to quarantine."""
     relay_poll_interval: float
@@ -160,6 +169,8 @@ class Settings:
     model_api_key: str
     crash_points: tuple[str, ...]
     """Fault tests only: named crash points to arm (see longrun.faults); empty in production."""
+    clock_skew: float
+    """Fault tests only: seconds added to this process's wall clock (may be negative); 0 in production."""
     tool_timeout: float
     """Attempt (start-to-close) timeout of the forge tools; past it an outcome is UNKNOWN, never FAILED."""
     reconcile_interval: float
@@ -206,6 +217,7 @@ _SPEC: dict[str, _Var] = {
                                 "seconds, a number > 0", "6"),
     "run_lease_ttl": _var("LONGRUN_RUN_LEASE_TTL", _positive_float, "seconds, a number > 0", "30"),
     "prefetch": _var("LONGRUN_PREFETCH", _positive_int, "an integer >= 1", "100"),
+    "amqp_heartbeat": _var("LONGRUN_AMQP_HEARTBEAT", _positive_int, "seconds, an integer >= 1", "10"),
     "delivery_limit": _var("LONGRUN_DELIVERY_LIMIT", _positive_int, "an integer >= 1", "5"),
     "relay_poll_interval": _var("LONGRUN_RELAY_POLL_INTERVAL", _positive_float,
                                 "seconds, a number > 0", "1"),
@@ -229,6 +241,7 @@ _SPEC: dict[str, _Var] = {
     "model_name": _var("LONGRUN_MODEL_NAME", _text, "a model name", "gpt-4o-mini"),
     "model_api_key": _var("LONGRUN_MODEL_API_KEY", _text, "an API key", "not-needed-locally"),
     "crash_points": _var("LONGRUN_CRASH_POINTS", _name_list, "comma-separated crash point names", ""),
+    "clock_skew": _var("LONGRUN_CLOCK_SKEW", _float, "seconds, a finite number (may be negative)", "0"),
     "tool_timeout": _var("LONGRUN_TOOL_TIMEOUT", _positive_float, "seconds, a number > 0", "10"),
     "reconcile_interval": _var("LONGRUN_RECONCILE_INTERVAL", _positive_float, "seconds, a number > 0", "1"),
     "drift_interval": _var("LONGRUN_DRIFT_INTERVAL", _positive_float, "seconds, a number > 0", "60"),

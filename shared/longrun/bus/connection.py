@@ -30,8 +30,9 @@ CONNECTION_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyn
 
 
 class Bus:
-    def __init__(self, url: str, *, topology: Topology, name: str) -> None:
+    def __init__(self, url: str, *, topology: Topology, name: str, heartbeat: int = 10) -> None:
         self.url = url
+        self.heartbeat = heartbeat
         self.topology = topology
         self.name = name
         self.connection: AbstractConnection | None = None
@@ -49,8 +50,10 @@ class Bus:
     async def connect(self) -> None:
         """Connect once, declare the topology, open the confirm channel."""
         try:
+            # A short heartbeat lets the broker drop a frozen replica's connection, so
+            # single-active-consumer hands its partitions to a live one.
             connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.name},
-                                                timeout=10)
+                                                timeout=10, heartbeat=self.heartbeat)
         except CONNECTION_ERRORS as e:
             raise InfrastructureUnreachable(
                 f"RabbitMQ is not reachable at {_redact(self.url)}: {e.__class__.__name__}: {e}. "
