@@ -70,6 +70,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                     result = await _ACTIONS[action](conn, run_id, actor=actor, reason=reason)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
+        except operate.NotPermitted as e:
+            return JSONResponse({"error": str(e)}, status_code=403)
         except (DomainError, LongrunError) as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         except KeyError as e:

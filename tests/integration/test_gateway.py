@@ -87,11 +87,14 @@ async def test_an_event_that_arrives_before_its_wait_is_kept_and_matched_when_th
 async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean, engine, gateway) -> None:
     stored = await waiting_for_user(engine, approval_id="merge:1", approved_hash="a" * 64)
     run_id = stored.snapshot.run_id
-    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "alice"}
+    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "user_42"}
     body = {"approval_id": "merge:1", "approved_hash": "a" * 64, "reason": "reviewed"}
     assert (await gateway.post(f"/runs/{run_id}/approve", json=body)).status_code == 401
     assert (await gateway.post(f"/runs/{run_id}/approve", json={**body, "reason": ""},
                                headers=auth)).status_code == 400
+    # Only the owner the request names may decide it
+    intruder = await gateway.post(f"/runs/{run_id}/approve", json=body, headers={**auth, "x-operator": "mallory"})
+    assert intruder.status_code == 403 and "only user_42 may decide" in intruder.json()["error"]
     # An approval for another hash is refused and changes nothing
     wrong = await gateway.post(f"/runs/{run_id}/approve", json={**body, "approved_hash": "b" * 64}, headers=auth)
     assert wrong.status_code == 409 and "pending request is" in wrong.json()["error"]
@@ -101,4 +104,4 @@ async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean,
     assert ok.status_code == 200 and ok.json()["status"] == "READY"
     async with engine.connect() as conn:
         audit = (await conn.execute(text("SELECT actor, action, target, reason FROM audit_log"))).all()
-    assert [tuple(a) for a in audit] == [("alice", "approve", run_id, "reviewed")]
+    assert [tuple(a) for a in audit] == [("user_42", "approve", run_id, "reviewed")]

@@ -37,6 +37,13 @@ class NotPending(DomainError):
         super().__init__(f"run {run_id}: {what} is not pending ({pending})")
 
 
+class NotPermitted(DomainError):
+    code = ErrorCode.ILLEGAL_TRANSITION
+
+    def __init__(self, run_id: str, actor: str, owner: str) -> None:
+        super().__init__(f"run {run_id}: only {owner} may decide this approval, not {actor}")
+
+
 async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str, reason: str,
                  build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
                  details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -63,7 +70,12 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
 async def decide_approval(conn: AsyncConnection, run_id: str, *, approval_id: str, approved_hash: str,
                           approved: bool, actor: str, reason: str,
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """The decision names the hash it covers; a decision for any other hash is refused."""
+    """The decision names the hash it covers; a decision for any other hash, or by anyone but the
+    owner the request names, is refused."""
+    stored = await runs.load(conn, run_id)
+    wait = stored.snapshot.wait if stored is not None else None
+    if wait is not None and wait.approval_id == approval_id and wait.owner not in (None, actor):
+        raise NotPermitted(run_id, actor, wait.owner)
     return await _apply(
         conn, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
         details={"approval_id": approval_id, "approved_hash": approved_hash},
