@@ -18,26 +18,25 @@ from longrun.errors import InfrastructureUnreachable
 from longrun.service import Health
 
 logger = logging.getLogger(__name__)
-STARTUP_PATIENCE = 60.0
 
 
 async def open_database(settings: Settings) -> AsyncEngine:
     engine = make_engine(settings.database_url)
-    await _patiently(lambda: check_reachable(engine), "PostgreSQL")
+    await _patiently(lambda: check_reachable(engine), "PostgreSQL", settings.startup_patience)
     return engine
 
 
 async def open_bus(settings: Settings, name: str) -> Bus:
     bus = Bus(settings.amqp_url, name=f"{name}/{settings.instance_id}", heartbeat=settings.amqp_heartbeat,
               topology=topology.build(partitions=settings.partitions, delivery_limit=settings.delivery_limit))
-    await _patiently(bus.connect, "RabbitMQ")
+    await _patiently(bus.connect, "RabbitMQ", settings.startup_patience)
     return bus
 
 
-async def _patiently(attempt_once, what: str) -> None:  # type: ignore[no-untyped-def]
+async def _patiently(attempt_once, what: str, patience: float) -> None:  # type: ignore[no-untyped-def]
     """Containers start in any order: wait a while, then stop with what to start and how."""
     async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
-                                       stop=stop_after_delay(STARTUP_PATIENCE),
+                                       stop=stop_after_delay(patience),
                                        wait=wait_exponential_jitter(initial=0.5, max=5), reraise=True):
         with attempt:
             if attempt.retry_state.attempt_number > 1:

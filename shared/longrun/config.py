@@ -145,6 +145,8 @@ class Settings:
     timer_batch: int
     """Due timers the timer service fires per transaction."""
     log_level: str
+    startup_patience: float
+    """Seconds a starting service waits for PostgreSQL and RabbitMQ before it stops and says what to start."""
     health_port: int
     """Port for /healthz and /readyz; 0 turns the probe server off."""
     gateway_port: int
@@ -224,6 +226,7 @@ _SPEC: dict[str, _Var] = {
     "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
     "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "200"),
     "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
+    "startup_patience": _var("LONGRUN_STARTUP_PATIENCE", _positive_float, "seconds, a number > 0", "60"),
     "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
