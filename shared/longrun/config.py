@@ -93,6 +93,12 @@ def _float(raw: str) -> float:
     return value
 
 
+def _exporter(raw: str) -> str:
+    if raw not in ("none", "console"):
+        raise ValueError
+    return raw
+
+
 def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
@@ -145,6 +151,8 @@ class Settings:
     timer_batch: int
     """Due timers the timer service fires per transaction."""
     log_level: str
+    otel_exporter: str
+    """Where spans go: "none" (propagate traceparents only) or "console"."""
     startup_patience: float
     """Seconds a starting service waits for PostgreSQL and RabbitMQ before it stops and says what to start."""
     health_port: int
@@ -226,6 +234,7 @@ _SPEC: dict[str, _Var] = {
     "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
     "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "200"),
     "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
+    "otel_exporter": _var("LONGRUN_OTEL_EXPORTER", _exporter, "none or console", "none"),
     "startup_patience": _var("LONGRUN_STARTUP_PATIENCE", _positive_float, "seconds, a number > 0", "60"),
     "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),

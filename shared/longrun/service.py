@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-from longrun import faults
+from longrun import faults, otel
 from longrun.config import Settings
 from longrun.errors import ConfigError, InfrastructureUnreachable
 
@@ -59,6 +59,7 @@ def run(service: str, serve: Serve) -> None:
         print(f"{service}: {e}", file=sys.stderr)
         raise SystemExit(2) from e
     setup_logging(service, settings.log_level)
+    otel.setup(service, settings.otel_exporter)
     faults.arm(settings.crash_points)
     try:
         asyncio.run(_main(service, settings, serve))

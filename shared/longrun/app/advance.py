@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults
+from longrun import faults, otel
 from longrun.app import effects, webhooks
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
@@ -100,10 +100,10 @@ class Advancer:
             return
         run_id = outcome.envelope.run_id
         assert run_id is not None
-        self.start(run_id, Fence(outcome.outcome["owner"], outcome.outcome["token"]))
+        self.start(run_id, Fence(outcome.outcome["owner"], outcome.outcome["token"]), trace=outcome.envelope.trace)
 
-    def start(self, run_id: str, fence: Fence) -> None:
-        task = asyncio.create_task(self.advance(run_id, fence), name=f"advance {run_id}")
+    def start(self, run_id: str, fence: Fence, *, trace: str | None = None) -> None:
+        task = asyncio.create_task(self.advance(run_id, fence, trace=trace), name=f"advance {run_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -114,26 +114,31 @@ class Advancer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- the step loop --------------------------------------------------------------------
-    async def advance(self, run_id: str, fence: Fence) -> None:
+    async def advance(self, run_id: str, fence: Fence, *, trace: str | None = None) -> None:
         async with self._slots:
-            heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
-            try:
-                stored = await self._load(run_id, fence)
-                while stored is not None:
-                    try:
-                        stored = await self._round(stored, fence)
-                    except StaleRevision:
-                        # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
-                        stored = await self._load(run_id, fence)
-            except LeaseLost:
-                logger.warning("run %s: lease %d lost; another worker owns it now", run_id, fence.token)
-            except Exception as e:
-                if not is_transient(e):
-                    logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
-                else:
-                    logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
-            finally:
-                heartbeat.cancel()
+            with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
+                                                          "longrun.fencing_token": fence.token}):
+                await self._advance(run_id, fence)
+
+    async def _advance(self, run_id: str, fence: Fence) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
+        try:
+            stored = await self._load(run_id, fence)
+            while stored is not None:
+                try:
+                    stored = await self._round(stored, fence)
+                except StaleRevision:
+                    # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
+                    stored = await self._load(run_id, fence)
+        except LeaseLost:
+            logger.warning("run %s: lease %d lost; another worker owns it now", run_id, fence.token)
+        except Exception as e:
+            if not is_transient(e):
+                logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
+            else:
+                logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
+        finally:
+            heartbeat.cancel()
 
     async def _load(self, run_id: str, fence: Fence) -> StoredRun | None:
         async with self.engine.connect() as conn:
@@ -182,6 +187,7 @@ class Advancer:
             if unmet:
                 return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                                           reason="acceptance check failed: " + "; ".join(unmet))
+            faults.crash_point("worker.before_completion")
             return await self._finish(stored, fence, ev.RunCompleted, evidence=decision.evidence)
         if isinstance(decision, Fail):
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.FAILED,

@@ -24,7 +24,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults
+from longrun import faults, otel
 from longrun.bus.connection import Bus
 from longrun.db import inbox
 from longrun.db import quarantine as quarantine_rows
@@ -103,6 +103,12 @@ class QueueConsumer:
         except PoisonMessage as e:
             await self._quarantine(message, e, attempts=1)
             return
+        with otel.continued(f"process {self.queue}", envelope.trace, **{
+                "messaging.destination.name": self.queue, "messaging.message.id": envelope.event_id,
+                "messaging.operation.name": "process", "longrun.run_id": envelope.run_id or ""}):
+            await self._handle(message, envelope)
+
+    async def _handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
         attempt = 0
         while True:
             attempt += 1

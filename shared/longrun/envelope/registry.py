@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from longrun import otel
 from longrun.envelope import payloads
 from longrun.envelope.model import Envelope, envelope_fields
 from longrun.envelope.upcast import upcast
@@ -92,7 +93,11 @@ def encode(envelope: Envelope) -> bytes:
 
 
 def make(type_: str, payload: BaseModel | dict[str, Any], **meta: Any) -> Envelope:
-    """Build a current-version envelope; ``meta`` sets producer, tenant_id, run_id, ..."""
+    """Build a current-version envelope; ``meta`` sets producer, tenant_id, run_id, ...
+
+    Made inside a span, it carries that span's traceparent unless ``trace`` is given.
+    """
+    meta.setdefault("trace", otel.traceparent())
     version = LATEST[type_]
     model = ENVELOPES[(type_, version)]
     fields = envelope_fields(type=type_, schema_version=version, **meta)
