@@ -343,7 +343,7 @@ class Advancer:
                                        media_type="application/json", run_id=stored.snapshot.run_id)
                     after = await runs.append(conn, stored, events, fence=fence, release_lease=parked)
                     await ledger.record(conn, key, status, **fields)
-                    await effects.broadcast(conn, stored.snapshot, after, events, producer=PRODUCER)
+                    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             except StaleRevision:
                 reloaded = await self._load(stored.snapshot.run_id, fence)
                 if reloaded is None:
@@ -367,7 +367,7 @@ class Advancer:
                                      effect_kind=tool.effect.value, idempotency_key=key,
                                      request_hash=request_hash(tool.name, tool.version, args=args),
                                      request=args, fencing_token=fence.token)
-            await effects.broadcast(conn, stored.snapshot, after, events, producer=PRODUCER)
+            await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             if release:
                 await effects.schedule_wait_timers(conn, after.snapshot)
                 after = await webhooks.match_kept(conn, after, clock=self.clock)

@@ -16,7 +16,6 @@ from longrun.bus import topology
 from longrun.db import outbox, timers
 from longrun.db.runs import StoredRun
 from longrun.domain import TERMINAL, RunSnapshot, RunStatus
-from longrun.domain import events as ev
 from longrun.envelope import DataClass, make
 
 ADMISSION_CHANNEL = "longrun_admission"
@@ -49,8 +48,7 @@ async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, produce
     await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer)])
 
 
-async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun,
-                    events: Sequence[ev.RunEvent], *, producer: str) -> None:
+async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun, *, producer: str) -> None:
     message = broadcast_message(before, after, producer=producer)
     if message is None:
         return

@@ -61,7 +61,7 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
     after = await runs.append(conn, stored, [event])
     await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
                 details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
-    await effects.broadcast(conn, stored.snapshot, after, [event], producer=PRODUCER)
+    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
         await effects.wake(conn, after, reason=action, producer=PRODUCER)
     return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision}

@@ -209,7 +209,7 @@ async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datet
         return Outcome.LATE
     if after.snapshot.status is RunStatus.READY:
         await effects.wake(conn, after, reason=f"timer:{timer.kind}", producer=producer)
-    await effects.broadcast(conn, stored.snapshot, after, [event], producer=producer)
+    await effects.broadcast(conn, stored.snapshot, after, producer=producer)
     return Outcome.APPLIED
 
 
