@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services migrate topology schemas run test test-unit test-integration clean
+.PHONY: install services migrate topology schemas run test test-unit test-integration clean bench chaos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ test-unit: install
 
 test-integration: install services
 	$(PY) -m pytest tests/integration
+
+# Not part of `make test`: ~12 minutes (BENCH_QUICK=1: ~3-5). Own database and vhost; see docs/cost-model.md.
+bench: install services
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m bench --json var/bench/$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# The long randomized chaos run (the short one is part of `make test`): CHAOS_MINUTES of random
+# kills, pauses and forge faults while runs keep coming, then settling and the invariant checker.
+# CHAOS_SEED=<seed> replays a run's fault script; figures are printed and kept in var/chaos/.
+CHAOS_MINUTES ?= 30
+chaos: install services
+	CHAOS_MINUTES=$(CHAOS_MINUTES) $(PY) -m pytest tests/chaos -s -p no:cacheprovider
 
 clean:
 	rm -rf var build *.egg-info

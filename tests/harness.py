@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.infra import Infra
@@ -24,6 +25,14 @@ class Process:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def wait_dead(self, timeout: float) -> int:
+        """Wait for the process to end on its own (e.g. at an armed crash point); its return code."""
+        return self.popen.wait(timeout=timeout)
+
+    def crashed_at(self, point: str) -> bool:
+        """Died by SIGKILL at the named crash point (``longrun.faults``), not of anything else."""
+        return self.popen.poll() == -signal.SIGKILL and f"crash point {point} reached" in self.output()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, exactly like a crashed pod."""
@@ -71,28 +80,41 @@ class Services:
             "LONGRUN_PARTITION_LEASE_TTL": "3",
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",
             "LONGRUN_LOG_LEVEL": "INFO",
-            "PYTHONPATH": str(ROOT),
+            # The tree under test first (a copy of the repository, for mutation runs, included).
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")]),
         })
         env.update(extra)
         return env
 
-    def start(self, name: str, module: str, *, argv_extra: list[str] | None = None, **env: str) -> Process:
+    def start(self, name: str, module: str, *, argv_extra: list[str] | None = None,
+              clock_skew: float | None = None, **env: str) -> Process:
+        """Start ``python -m module`` as ``<name>-<n>``; ``clock_skew`` seconds shift its wall clock."""
         index = sum(1 for p in self.started if p.name.startswith(name))
         label = f"{name}-{index}"
         env.setdefault("LONGRUN_INSTANCE_ID", label)
+        if clock_skew is not None:
+            env["LONGRUN_CLOCK_SKEW"] = str(clock_skew)
         argv = [sys.executable, "-m", module, *(argv_extra or [])]
         proc = Process(label, argv, self.env(**env), self.logs / f"{label}.log")
         self.started.append(proc)
         return proc
 
-    def stop_all(self) -> None:
+    def stop_all(self, timeout: float = 10) -> None:
+        """SIGTERM every process started here at once (after SIGCONT, for paused ones), wait for them
+        together, SIGKILL what is still there after ``timeout``."""
         for proc in self.started:
             if proc.alive():
                 try:
                     os.kill(proc.pid, signal.SIGCONT)
+                    os.kill(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-            proc.terminate(timeout=10)
+        deadline = time.monotonic() + timeout
+        for proc in self.started:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
             proc.close()
 
     def dump(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,11 +31,12 @@ ERROR_SLEEP = 1.0
 logger = logging.getLogger(__name__)
 
 
-async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event) -> None:
+async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
+                    clock: Callable[[], float] = time.time) -> None:
     while not stopping.is_set():
         try:
             while not stopping.is_set() and await timers.fire_due(
-                    engine, batch=batch, clock=time.time, producer=SERVICE) == batch:
+                    engine, batch=batch, clock=clock, producer=SERVICE) == batch:
                 pass
             delay = await _sleep_for(engine)
         except Exception as e:
@@ -63,7 +65,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     health.ready = True
     logger.info("firing timers in batches of %d", settings.timer_batch)
     try:
-        await fire_loop(engine, batch=settings.timer_batch, stopping=stopping)
+        await fire_loop(engine, batch=settings.timer_batch, stopping=stopping,
+                        clock=lambda: time.time() + settings.clock_skew)
     finally:
         health.ready = False
         await engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from longrun import service
 from longrun.app.advance import Advancer
@@ -19,7 +20,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     advancer = Advancer(engine=engine, kinds=registry(settings), model=model_adapter(settings),
                         artifacts=FilesystemArtifactStore(settings.artifact_dir),
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
-                        concurrency=settings.worker_concurrency)
+                        concurrency=settings.worker_concurrency,
+                        clock=lambda: time.time() + settings.clock_skew)
     try:
         await consume_partitions(settings, service=SERVICE, handler=advancer.on_wakeup, stopping=stopping,
                                  health=health, on_outcome=advancer.after_ack)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.fixtures import eventually
-from tests.infra import ctl
+from tests.infra import broker_stopped
 from tests.integration.bus_helpers import applied, create_probe_table, enqueue, scalar, wakeup
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
@@ -32,12 +32,8 @@ async def test_broker_restart_mid_stream_loses_nothing(clean, infra, engine, ser
     producer = asyncio.create_task(produce())
     await eventually(lambda: _count_at_least(engine, 50), what="the stream flowing")
     # When the broker stops mid-stream and comes back
-    try:
-        await asyncio.to_thread(ctl, "stop_app")
+    async with broker_stopped():
         await asyncio.sleep(2)
-    finally:
-        await asyncio.to_thread(ctl, "start_app")
-        await asyncio.to_thread(ctl, "await_startup")
     await producer
     # Then everything is applied exactly once, in order per run, without any restart of ours
     await eventually(lambda: _count_at_least(engine, total), timeout=90, what="all messages applied")

@@ -172,6 +172,12 @@ class Advancer:
         if spent is not None:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
                                       reason=f"budget {spent} exhausted")
+        doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
+        if doubtful:
+            # What to do next depends on whether that effect happened (e.g. its outcome was recorded
+            # while the run was paused): park until the reconciler settles it and wakes the run.
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
+                                      reason=f"{', '.join(doubtful)} awaits reconciliation")
         kind = self.kinds.get(run.kind, run.versions.workflow)
         ctx = self._context()
         decision = kind.workflow.decide(run, ctx)
@@ -282,8 +288,7 @@ class Advancer:
             return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
                 self._event(s, ev.ActionUnknown, logical_action=name,
                             cause="submitted before a crash; outcome not recorded"),
-                self._event(s, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
-                            reason=f"{name} needs reconciliation")])
+                *self._park_for_reconciliation(s, f"{name} needs reconciliation")])
         elif record.status is not ActionStatus.SUBMITTED and record.status is not ActionStatus.RETRYABLE:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                                       reason=f"decide asked again for {name}, already {record.status.value}")
@@ -299,8 +304,7 @@ class Advancer:
             cause = str(e) or f"no answer within {tool.timeout}s"
             return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
                 self._event(s, ev.ActionUnknown, logical_action=name, cause=cause),
-                self._event(s, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN,
-                            reason=f"{name}: outcome unknown ({cause})")], last_error=cause)
+                *self._park_for_reconciliation(s, f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
             # Definitely not applied: retry the same submission later through a timer.
             logger.info("run %s: %s unavailable (%s); retry scheduled", run.run_id, tool.name, e)
@@ -327,6 +331,14 @@ class Advancer:
                         value=freeze(receipt), source=f"tool:{tool.name}"),
         ], artifact=(ref, len(body)) if ref else None, external_id=result.external_id,
             receipt=dict(result.receipt) if ref is None else receipt, receipt_ref=ref)
+
+    def _park_for_reconciliation(self, stored: StoredRun, reason: str) -> list[ev.RunEvent]:
+        """The move to ACTION_UNKNOWN after an ``action.unknown`` (at offset 1), while the run is still
+        this step's. An operator may have cancelled or paused it meanwhile (the outcome is then
+        recorded on the new state): it stays where it was, and cancelling waits for the reconciler."""
+        if stored.snapshot.status is not RunStatus.RUNNING:
+            return []
+        return [self._event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN, reason=reason)]
 
     async def _record_outcome(self, stored: StoredRun, fence: Fence, key: str, status: ActionStatus,
                               build: Callable[[StoredRun], list[ev.RunEvent]], *, release: bool = False,

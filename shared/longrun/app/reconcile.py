@@ -4,7 +4,9 @@ Responsibility:
 - ``reconcile_unknown``: ask the far side, by idempotency key, what became of each action
   whose outcome is UNKNOWN, and record CONFIRMED, RETRYABLE or NEEDS_ATTENTION (seed 004
   section 5: deterministic queries per tool, no model; a person only when the far side cannot
-  be asked, fails, or contradicts the request).
+  be asked, fails, or contradicts the request). An action still SUBMITTED under a run that
+  ended (terminated, timed out, out of budget) with no outcome recorded is in doubt too: once
+  ``abandoned_after`` passed it is marked UNKNOWN (a late event) and settled the same way.
 - ``rewake_expired_leases``: a run whose worker stopped renewing its lease gets one wakeup.
 - ``flag_silent_runs``: a run parked in a status longer than its limit raises one alert.
 - ``check_drift``: a confirmed action whose far-side object vanished or changed identity
@@ -76,6 +78,7 @@ PRODUCER = "reconciler"
 ABANDONED_AFTER = 60.0
 """Seconds after which a RECONCILING action with no outcome is claimed again (longer than any lookup)."""
 FOUND_NOTE = "found by idempotency key"
+ENDED_WHILE_SUBMITTED = "the run ended while this was submitted; no worker recorded its outcome"
 SILENT_ALERT = "alert.silent_run"
 DRIFT_ALERT = "alert.drift"
 QUARANTINE_PREFETCH = 20
@@ -180,9 +183,12 @@ def contradictions(request: Mapping[str, Any], found: Mapping[str, Any]) -> list
 async def _in_doubt(conn: AsyncConnection, *, limit: int, abandoned_after: float) -> list[tuple[str, str]]:
     """(run_id, logical_action) of actions to claim, oldest first.
 
-    Two sources, because either alone can miss one: ledger rows UNKNOWN (or RECONCILING and
-    abandoned), and held runs whose snapshot lists an UNKNOWN action (the snapshot is the
-    projection of the run's events, whatever its ledger row says).
+    Three sources, because none alone sees them all: ledger rows UNKNOWN (or RECONCILING and
+    abandoned); held runs whose snapshot lists an UNKNOWN action (the snapshot is the
+    projection of the run's events, whatever its ledger row says); and ledger rows still
+    SUBMITTED under a finished run once ``abandoned_after`` passed: the run ended (terminated,
+    timed out, out of budget) while the request was out and the worker never recorded what
+    became of it, and no worker will come back for a finished run.
     """
     stale = func.now() - timedelta(seconds=abandoned_after)
     rows = await conn.execute(
@@ -198,6 +204,13 @@ async def _in_doubt(conn: AsyncConnection, *, limit: int, abandoned_after: float
         .order_by(runs_table.c.updated_at).limit(limit))
     for row in held:
         found += [(row.run_id, a["logical_action"]) for a in row.actions if a["status"] == _A.UNKNOWN.value]
+    orphans = await conn.execute(
+        select(actions.c.run_id, actions.c.logical_action)
+        .join(runs_table, runs_table.c.run_id == actions.c.run_id)
+        .where(actions.c.status == _A.SUBMITTED.value, actions.c.updated_at < stale,
+               runs_table.c.status.in_([s.value for s in TERMINAL]))
+        .order_by(actions.c.updated_at).limit(limit))
+    found += [(r.run_id, r.logical_action) for r in orphans]
     return list(dict.fromkeys(found))[:limit]
 
 
@@ -222,6 +235,10 @@ async def _claim(engine: AsyncEngine, registry: Registry, run_id: str, logical_a
         at = clock()
         if status is _A.UNKNOWN:
             events: list[ev.RunEvent] = []
+        elif status is _A.SUBMITTED and stored.snapshot.status in TERMINAL and row.stale:
+            # Stored as late events (the run is finished); the ledger row is what moves on.
+            events = [ev.ActionUnknown(seq=stored.seq(1), at=at, logical_action=logical_action,
+                                       cause=ENDED_WHILE_SUBMITTED)]
         elif status is _A.RECONCILING and (row.stale or row.status != _A.RECONCILING.value):
             note = f"the previous reconciliation did not finish ({row.last_error or 'the reconciler stopped'})"
             events = [ev.ActionReconciled(seq=stored.seq(1), at=at, logical_action=logical_action,

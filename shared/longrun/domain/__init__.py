@@ -80,6 +80,7 @@ from longrun.domain.run import OPEN, RUN_TRANSITIONS, TERMINAL, WAITING, RunStat
 from longrun.domain.snapshot import (
     APPROVAL_FACT_PREFIX,
     SNAPSHOT_SCHEMA_VERSION,
+    SNAPSHOT_UPCASTERS,
     Acceptance,
     Fact,
     PinnedVersions,
@@ -88,6 +89,7 @@ from longrun.domain.snapshot import (
     Wait,
     Wake,
     WakeReason,
+    upcast_snapshot_v1_v2,
 )
 
 __all__ = [
@@ -100,6 +102,7 @@ __all__ = [
     "RUN_TRANSITIONS",
     "SETTLED",
     "SNAPSHOT_SCHEMA_VERSION",
+    "SNAPSHOT_UPCASTERS",
     "TERMINAL",
     "UNRECONCILED",
     "WAITING",
@@ -191,6 +194,7 @@ __all__ = [
     "takeover",
     "thaw",
     "to_plain",
+    "upcast_snapshot_v1_v2",
     "violations",
     "wait_for",
 ]

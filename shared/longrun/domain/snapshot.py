@@ -8,7 +8,9 @@ Invariants:
 - A snapshot only changes through ``longrun.domain.evolve.evolve``; it is a projection of
   the run's events and ``fold(events)`` rebuilds it.
 - ``RunSnapshot.from_dict(s.to_dict()) == s`` and the dict is JSON-compatible; it carries
-  ``schema_version`` and an unknown version is refused, not guessed.
+  ``schema_version`` and an unknown version is refused, not guessed. Snapshots stored by an
+  earlier schema are upcast on read by pure functions (``upcast_snapshot_v1_v2``), so a run
+  parked for days under the previous release resumes under this one.
 - Facts keep their source and time, because user and external facts must stay
   distinguishable from the agent's own judgements when the run resumes.
 - Rules about which combinations are valid live in ``longrun.domain.invariants``.
@@ -16,7 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import cast
@@ -27,7 +29,8 @@ from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 1
+SNAPSHOT_SCHEMA_VERSION = 2
+"""2 adds ``labels`` (search attributes); 1 is upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 
@@ -135,6 +138,9 @@ class RunSnapshot:
     last_wake: Wake | None = None
     acceptance: Acceptance | None = None
     terminal_reason: str | None = None
+    labels: FrozenMap = FrozenMap()
+    """Search attributes (team, cost centre, ticket) operators filter runs by; never read by
+    ``decide``. Schema 2; runs stored under schema 1 have none."""
 
     def action(self, logical_action: str) -> ActionRecord | None:
         return next((a for a in self.actions if a.logical_action == logical_action), None)
@@ -148,8 +154,25 @@ class RunSnapshot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RunSnapshot:
+        """Decode a stored snapshot of this schema or of an earlier one (upcast step by step)."""
         version = data.get("schema_version")
-        if version != SNAPSHOT_SCHEMA_VERSION:
-            known = [SNAPSHOT_SCHEMA_VERSION]
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SNAPSHOT_SCHEMA_VERSION:
+            known = list(range(1, SNAPSHOT_SCHEMA_VERSION + 1))
             raise UnknownSchemaVersion("run.snapshot", version if isinstance(version, int) else -1, known)
+        while version < SNAPSHOT_SCHEMA_VERSION:
+            data = SNAPSHOT_UPCASTERS[version](data)
+            version = data["schema_version"]
         return from_plain(cls, {k: v for k, v in data.items() if k != "schema_version"})
+
+
+def upcast_snapshot_v1_v2(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 1 -> 2: a run recorded before labels existed has none. Pure: a new dict, input untouched."""
+    if data.get("schema_version") != 1:
+        raise ValueError(f"upcast_snapshot_v1_v2 takes schema_version 1, got {data.get('schema_version')!r}")
+    if "labels" in data:
+        raise ValueError("a schema-1 snapshot has no labels field")
+    return {**data, "schema_version": 2, "labels": {}}
+
+
+SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {1: upcast_snapshot_v1_v2}
+"""Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

@@ -1,11 +1,17 @@
 """One checker for the end of every scenario: what a user would audit after a bad day.
 
-- no external side effect happened twice (the forge counts effects per idempotency key);
+- no external side effect happened twice (the forge counts effects per idempotency key), and
+  none happened that the ledger cannot account for: every key the far side acted on belongs
+  to an action in the ledger (an effect under a key longrun never recorded, e.g. one minted
+  afresh for a retry, is a duplicate the per-key count cannot see). ``effects`` must come from
+  the far side these runs alone talk to;
 - each run's events form a gap-free sequence that folds, along legal transitions only
   (``evolve`` refuses anything else), into exactly the stored snapshot;
 - the action ledger has no unexplained hole: every action is CONFIRMED, COMPENSATED,
   definitely FAILED, or explicitly waiting for a person; the ledger rows agree with
-  the run's own record of its actions;
+  the run's own record of its actions (for a finished run: that record carried forward by
+  the late events the far side's reports were stored as, since only the ledger moves on;
+  there RETRYABLE, "proved not to have happened", is an explained end too);
 - every open run has a wake condition, and every run is in an explainable terminal
   or waiting state.
 """
@@ -20,10 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.db import actions as ledger
 from longrun.db import runs
-from longrun.domain import TERMINAL, ActionStatus, RunStatus, fold
+from longrun.domain import ACTION_TRANSITIONS, TERMINAL, ActionStatus, RunStatus, fold
+from longrun.domain import events as ev
 
 EXPLAINED = frozenset({ActionStatus.CONFIRMED, ActionStatus.COMPENSATED, ActionStatus.FAILED,
                        ActionStatus.NEEDS_ATTENTION})
+EXPLAINED_AFTER_THE_END = EXPLAINED | {ActionStatus.RETRYABLE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,7 @@ async def check(engine: AsyncEngine, *, effects: list[dict[str, Any]] | None = N
     async with engine.connect() as conn:
         run_ids = (await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars().all()
         action_count = 0
+        keys: set[str] = set()
         for run_id in run_ids:
             stored = await runs.load(conn, run_id)
             assert stored is not None
@@ -55,8 +64,13 @@ async def check(engine: AsyncEngine, *, effects: list[dict[str, Any]] | None = N
             problems += _history(run_id, history, stored)
             rows = await ledger.for_run(conn, run_id)
             action_count += len(rows)
-            problems += _ledger(stored, rows, settled=settled)
+            keys.update(r.idempotency_key for r in rows)
+            problems += _ledger(stored, rows, settled=settled, history=history)
             problems += await _wake_condition(conn, stored, settled=settled)
+    for effect in effects or []:
+        if effect["idempotency_key"] not in keys:
+            problems.append(f"external effect {effect['kind']} under key {effect['idempotency_key']} "
+                            f"belongs to no action in the ledger")
     return Report(len(run_ids), action_count, len(effects or []), tuple(problems))
 
 
@@ -73,10 +87,22 @@ def _history(run_id: str, history: list[Any], stored: runs.StoredRun) -> list[st
     return []
 
 
-def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bool) -> list[str]:
+def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bool,
+            history: list[Any] | None = None) -> list[str]:
+    """The ledger against the run's record of its actions.
+
+    After a run ended, what the far side reports is stored as late events and only the ledger
+    row moves on (the snapshot of a finished run never changes): there the ledger must match
+    the snapshot's record carried forward by the late action events of ``history``, and it is
+    the ledger's status that must be explained. RETRYABLE explains a finished run's action too:
+    reconciliation proved nothing happened, and nothing will be retried.
+    """
     run = stored.snapshot
+    finished = run.status in TERMINAL
+    told = _after_the_end(run, history or []) if finished else {}
     problems = []
     recorded = {a.logical_action: a for a in run.actions}
+    by_action = {r.logical_action: r for r in rows}
     for row in rows:
         own = recorded.get(row.logical_action)
         if own is None:
@@ -84,16 +110,42 @@ def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bo
             continue
         if own.idempotency_key != row.idempotency_key or own.request_hash != row.request_hash:
             problems.append(f"{run.run_id}: ledger row {row.logical_action} disagrees with the run on key or hash")
-        if own.status.value != row.status and not (own.status is ActionStatus.PREPARED and row.status == "SUBMITTED"):
+        expected = told.get(row.logical_action, own.status)
+        if expected.value != row.status and not (expected is ActionStatus.PREPARED and row.status == "SUBMITTED"):
+            late = " (late events included)" if expected is not own.status else ""
             problems.append(f"{run.run_id}: {row.logical_action} is {row.status} in the ledger, "
-                            f"{own.status.value} in the run")
+                            f"{expected.value} in the run{late}")
     for action in run.actions:
-        if action.logical_action not in {r.logical_action for r in rows}:
+        row = by_action.get(action.logical_action)
+        if row is None:
             problems.append(f"{run.run_id}: {action.logical_action} has no ledger row")
-        if settled and action.status not in EXPLAINED:
-            problems.append(f"{run.run_id}: {action.logical_action} left {action.status.value} "
+            continue
+        status = ActionStatus(row.status) if finished else action.status
+        if settled and status not in (EXPLAINED_AFTER_THE_END if finished else EXPLAINED):
+            problems.append(f"{run.run_id}: {action.logical_action} left {status.value} "
                             f"(run {run.status.value})")
     return problems
+
+
+_ACTION_STEP: dict[str, ActionStatus] = {
+    ev.ActionSubmitted.type: ActionStatus.SUBMITTED, ev.ActionConfirmed.type: ActionStatus.CONFIRMED,
+    ev.ActionFailed.type: ActionStatus.FAILED, ev.ActionUnknown.type: ActionStatus.UNKNOWN,
+    ev.ReconciliationStarted.type: ActionStatus.RECONCILING, ev.CompensationStarted.type: ActionStatus.COMPENSATING,
+    ev.ActionCompensated.type: ActionStatus.COMPENSATED,
+}
+
+
+def _after_the_end(run: Any, history: list[Any]) -> dict[str, ActionStatus]:
+    """Each action's status once the late action events stored after the run ended are applied
+    along the action table (an illegal step leaves it where it was, and shows as a disagreement)."""
+    status = {a.logical_action: a.status for a in run.actions}
+    for event in history:
+        if event.seq <= run.last_seq or not isinstance(event, ev.ActionEvent) or event.logical_action not in status:
+            continue
+        to = event.outcome if isinstance(event, ev.ActionReconciled | ev.ActionResolved) else _ACTION_STEP.get(event.type)
+        if to is not None and to in ACTION_TRANSITIONS[status[event.logical_action]]:
+            status[event.logical_action] = to
+    return status
 
 
 async def _wake_condition(conn: Any, stored: runs.StoredRun, *, settled: bool) -> list[str]:

@@ -1,0 +1,383 @@
+"""The ensemble, end to end: real service processes on the ``steps`` workload.
+
+A producer publishes ``run.create`` (workflow ``steps``, input ``{"steps": K}``) on the
+ingress exchange with confirms, exactly as any AMQP client would; the scheduler
+creates and admits (tenant slots = N, so N runs are in flight), the relay publishes the
+wakeups, workers advance each run through its K tool steps. Timings come from
+PostgreSQL: ``run_events.recorded_at`` of the first ``action.confirmed`` (the first step)
+and of ``run.completed``, against the producer's publish time. SQL round trips are
+counted inside each service (``bench.counting``), transactions also from
+``pg_stat_database``, messages from the outbox and the inbox tables.
+
+Measurements:
+- ``lone``: one run at a time (K steps), latency publish -> completed;
+- ``saturate``: M runs published at once, N in flight: sustained steps/s and runs/s
+  (between the 10th and 90th percentile of step completions), latency percentiles,
+  transactions, round trips and messages per step, CPU per process, the bottleneck;
+- ``half_load``: runs published at a steady rate of half the sustained runs/s, open loop:
+  latency to the first step and to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bench.common import CpuWatch, Knobs, bottleneck, percentiles, postgres_and_broker_pids
+from bench.infra import Infra, Services, pg_xacts
+from longrun.bus import topology
+from longrun.bus.codec import to_message
+from longrun.envelope import make
+
+TENANT = "bench"
+
+
+def reconciler_present() -> bool:
+    try:
+        return importlib.util.find_spec("services.reconciler.main") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class Producer:
+    """An external AMQP producer of run.create, with publisher confirms (pipelined)."""
+
+    def __init__(self, amqp_url: str) -> None:
+        self.amqp_url = amqp_url
+        self.connection: aio_pika.abc.AbstractRobustConnection | aio_pika.abc.AbstractConnection | None = None
+        self.exchange: aio_pika.abc.AbstractExchange | None = None
+        self.published: dict[str, float] = {}
+
+    async def __aenter__(self) -> Producer:
+        self.connection = await aio_pika.connect(self.amqp_url)
+        channel = await self.connection.channel(publisher_confirms=True)
+        self.exchange = await channel.get_exchange(topology.INGRESS_EXCHANGE)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+    async def create(self, key: str, steps: int) -> None:
+        assert self.exchange is not None
+        message = to_message(make("run.create", {"workflow": "steps", "idempotency_key": key,
+                                                 "input": {"steps": steps}, "priority": 5},
+                                  producer="bench", tenant_id=TENANT))
+        self.published[key] = time.time()
+        await self.exchange.publish(message, routing_key="run.create")
+
+    async def burst(self, keys: list[str], steps: int, window: int = 100) -> None:
+        slots = asyncio.Semaphore(window)
+
+        async def one(key: str) -> None:
+            async with slots:
+                await self.create(key, steps)
+
+        await asyncio.gather(*(one(k) for k in keys))
+
+    async def paced(self, prefix: str, steps: int, *, rate: float, seconds: float) -> list[str]:
+        """Open loop: one run.create every 1/rate s for ``seconds`` (confirms awaited off the beat)."""
+        keys: list[str] = []
+        tasks = []
+        t0 = time.monotonic()
+        i = 0
+        while True:
+            due = t0 + i / rate
+            if due - t0 > seconds:
+                break
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            key = f"{prefix}-{i:06d}"
+            keys.append(key)
+            tasks.append(asyncio.create_task(self.create(key, steps)))
+            i += 1
+        await asyncio.gather(*tasks)
+        return keys
+
+
+@dataclass
+class Ensemble:
+    infra: Infra
+    engine: AsyncEngine
+    knobs: Knobs
+    workers: int
+    services: Services | None = None
+    tenant_slots: int | None = None
+
+    async def start(self, *, count: bool = True, lease_ttl: float | None = None,
+                    reconciler: bool = False) -> Services:
+        """scheduler, relay, timer, W workers (+ the reconciler where a phase needs it: recovery).
+
+        The throughput phases leave the reconciler out (the issue's ensemble is scheduler,
+        workers, relay, timer): its drift sweep currently flags every confirmed *pure*
+        action as drifted and writes an alert for each, a cost that is a bug, not the design.
+        Set BENCH_RECONCILER=1 to include it anyway.
+        """
+        reconciler = reconciler or os.environ.get("BENCH_RECONCILER", "") == "1"
+        await self.infra.reset(self.engine)
+        count_dir = self.infra.logs / f"counts-{uuid.uuid4().hex[:6]}" if count else None
+        if count_dir is not None:
+            count_dir.mkdir(parents=True)
+        services = Services(self.infra, partitions=self.knobs.partitions,
+                            lease_ttl=lease_ttl or self.knobs.lease_ttl, log_level=self.knobs.log_level,
+                            count_dir=count_dir,
+                            LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
+                            LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency))
+        self.services = services
+        services.start("scheduler", "scheduler")
+        services.start("relay", "relay")
+        services.start("timer", "timer")
+        if reconciler and reconciler_present():
+            services.start("reconciler", "reconciler")
+        for i in range(self.workers):
+            services.start(f"worker-{i}", "worker")
+        await services.ready()
+        await services.partitions_owned(self.engine, "worker")
+        await services.partitions_owned(self.engine, "outbox-relay")
+        await asyncio.sleep(1.0)  # let the replicas' first rebalance rounds settle
+        return services
+
+    def stop(self) -> None:
+        if self.services is not None:
+            self.services.stop()
+
+    def cpu_groups(self) -> dict[str, Any]:
+        assert self.services is not None
+        groups: dict[str, Any] = {name: [p.pid] for name, p in self.services.procs.items()}
+        return {**groups, **postgres_and_broker_pids()}
+
+    # -- measurements ---------------------------------------------------------------------------
+
+    async def lone(self, n: int) -> dict[str, Any]:
+        """One run at a time: publish -> completed, and publish -> first step."""
+        prefix = f"lone-{uuid.uuid4().hex[:6]}"
+        async with Producer(self.infra.amqp_url) as producer:
+            for i in range(n):
+                key = f"{prefix}-{i:04d}"
+                await producer.create(key, self.knobs.steps)
+                await self._wait_completed(prefix, i + 1, timeout=30)
+            timings = await self._timings(prefix, producer.published)
+        done = [t["completed_ms"] for t in timings if t["completed_ms"] is not None]
+        first = [t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]
+        # The first run warms every pool and prepared statement: report the rest.
+        return {"runs": n, "steps_per_run": self.knobs.steps,
+                "completed_ms": percentiles(done[1:] or done), "first_step_ms": percentiles(first[1:] or first)}
+
+    async def saturate(self, runs: int) -> dict[str, Any]:
+        """M runs at once, N in flight; the sustained rates and what each step cost."""
+        assert self.services is not None
+        prefix = f"sat-{uuid.uuid4().hex[:6]}"
+        keys = [f"{prefix}-{i:06d}" for i in range(runs)]
+        before_rows = await self._db_counts()
+        before_sql = await self.services.snapshot_counts()
+        before_x = await pg_xacts(self.engine)
+        watch = CpuWatch(groups=self.cpu_groups())
+        watch.start()
+        t0 = time.time()
+        async with Producer(self.infra.amqp_url) as producer:
+            await producer.burst(keys, self.knobs.steps)
+            publish_s = time.time() - t0
+            await self._wait_completed(prefix, runs, timeout=max(120.0, runs * self.knobs.steps / 10),
+                                       watch=watch)
+        makespan = time.time() - t0
+        cpu = watch.stop()
+        after_sql = await self.services.snapshot_counts()
+        after_x = await pg_xacts(self.engine)
+        after_rows = await self._db_counts()
+        timings = await self._timings(prefix, producer.published)
+        step_times = await self._step_times(prefix)
+        steps = len(step_times)
+        rows = {k: after_rows[k] - before_rows[k] for k in after_rows}
+        sql = _sql_delta(before_sql, after_sql)
+        sustained = _sustained(step_times)
+        completed = sorted(t["completed_at"] for t in timings if t["completed_at"] is not None)
+        cpu["workers"] = round(sum(v for k, v in cpu.items() if k.startswith("worker-")), 1)
+        services_cpu = sum(v for k, v in cpu.items() if k not in ("postgres", "rabbitmq", "machine", "workers"))
+        cpu["outside_bench"] = round(max(cpu["machine"] - services_cpu - cpu["postgres"] - cpu["rabbitmq"], 0.0), 1)
+        ms = makespan * 1000 / max(len(step_times), 1) / 100  # CPU% x makespan -> CPU ms per step
+        cpu_ms = {"workers": round(cpu["workers"] * ms, 2), "all services": round(services_cpu * ms, 2),
+                  "postgres": round(cpu["postgres"] * ms, 2), "rabbitmq": round(cpu["rabbitmq"] * ms, 2)}
+        result = {
+            "runs": runs, "steps_per_run": self.knobs.steps, "inflight": self.tenant_slots or self.knobs.inflight,
+            "workers": self.workers, "steps": steps, "publish_s": round(publish_s, 2),
+            "makespan_s": round(makespan, 2),
+            "steps_per_s": round(sustained, 1),
+            "steps_per_s_overall": round(steps / makespan, 1),
+            "runs_per_s": round(_sustained(completed), 1),
+            "first_step_ms": percentiles([t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]),
+            "completed_ms": percentiles([t["completed_ms"] for t in timings if t["completed_ms"] is not None]),
+            "per_step": _per_step(rows, sql, after_x, before_x, steps, runs),
+            "sql_by_service": {name: _per(v, steps) for name, v in sql.items()},
+            "cpu_pct": cpu,
+            "cpu_ms_per_step": cpu_ms,
+            "bottleneck": bottleneck({k: v for k, v in cpu.items() if k not in ("workers", "outside_bench")},
+                                     outside=cpu["outside_bench"]),
+        }
+        return result
+
+    async def half_load(self, runs_per_s: float, seconds: float) -> dict[str, Any]:
+        prefix = f"half-{uuid.uuid4().hex[:6]}"
+        rate = max(runs_per_s / 2, 1.0)
+        watch = CpuWatch(groups=self.cpu_groups())
+        watch.start()
+        async with Producer(self.infra.amqp_url) as producer:
+            keys = await producer.paced(prefix, self.knobs.steps, rate=rate, seconds=seconds)
+            await self._wait_completed(prefix, len(keys), timeout=60, watch=watch)
+            timings = await self._timings(prefix, producer.published)
+        return {"rate_runs_per_s": round(rate, 1), "rate_steps_per_s": round(rate * self.knobs.steps, 1),
+                "runs": len(keys), "seconds": seconds,
+                "first_step_ms": percentiles([t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]),
+                "completed_ms": percentiles([t["completed_ms"] for t in timings if t["completed_ms"] is not None]),
+                "cpu_pct": watch.stop()}
+
+    # -- reading PostgreSQL ---------------------------------------------------------------------
+
+    async def _wait_completed(self, prefix: str, n: int, *, timeout: float, watch: CpuWatch | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        last, last_change = -1, time.monotonic()
+        while True:
+            async with self.engine.connect() as conn:
+                done = (await conn.execute(text(
+                    "SELECT count(*) FROM runs WHERE tenant_id = :t AND idempotency_key LIKE :p "
+                    "AND status = 'COMPLETED'"), {"t": TENANT, "p": prefix + "%"})).scalar_one()
+            if done >= n:
+                return
+            if watch is not None:
+                watch.sample()
+            if done != last:
+                last, last_change = done, time.monotonic()
+            if time.monotonic() > deadline or time.monotonic() - last_change > 30:
+                statuses = await self._statuses(prefix)
+                raise RuntimeError(f"{done}/{n} runs completed ({prefix}); statuses {statuses}; "
+                                   f"service errors: {self.services.errors() if self.services else {}}")
+            await asyncio.sleep(0.005 if n == 1 or n - done <= 1 else 0.1)
+
+    async def _statuses(self, prefix: str) -> dict[str, int]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(text(
+                "SELECT status, count(*) FROM runs WHERE idempotency_key LIKE :p GROUP BY status"),
+                {"p": prefix + "%"})
+            return {r[0]: r[1] for r in rows}
+
+    async def _timings(self, prefix: str, published: dict[str, float]) -> list[dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(text(
+                "SELECT r.idempotency_key AS key, "
+                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'action.confirmed')) AS first_step, "
+                " extract(epoch FROM max(e.recorded_at) FILTER (WHERE e.type = 'run.completed')) AS completed "
+                "FROM runs r JOIN run_events e ON e.run_id = r.run_id "
+                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key"),
+                {"t": TENANT, "p": prefix + "%"})).all()
+        out = []
+        for row in rows:
+            t_pub = published.get(row.key)
+            if t_pub is None:
+                continue
+            first = float(row.first_step) if row.first_step is not None else None
+            done = float(row.completed) if row.completed is not None else None
+            out.append({"key": row.key, "first_step_ms": None if first is None else (first - t_pub) * 1000,
+                        "completed_ms": None if done is None else (done - t_pub) * 1000, "completed_at": done})
+        return out
+
+    async def _step_times(self, prefix: str) -> list[float]:
+        async with self.engine.connect() as conn:
+            return sorted(float(x) for x in (await conn.execute(text(
+                "SELECT extract(epoch FROM e.recorded_at) FROM run_events e JOIN runs r ON r.run_id = e.run_id "
+                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p AND e.type = 'action.confirmed'"),
+                {"t": TENANT, "p": prefix + "%"})).scalars())
+
+    async def _db_counts(self) -> dict[str, int]:
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(text(
+                "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NOT NULL) AS published, "
+                "       (SELECT count(*) FROM outbox) AS outbox, "
+                "       (SELECT count(*) FROM inbox_scheduler) AS consumed_scheduler, "
+                "       (SELECT count(*) FROM inbox_worker) AS consumed_worker, "
+                "       (SELECT count(*) FROM run_events) AS events"))).one()
+        return dict(row._mapping)
+
+
+def _sustained(times: list[float]) -> float:
+    """Rate between the 10th and 90th percentile of completions (ramp-up and tail left out)."""
+    if len(times) < 10:
+        return len(times) / max(times[-1] - times[0], 1e-3) if len(times) > 1 else 0.0
+    lo, hi = int(len(times) * 0.1), int(len(times) * 0.9)
+    span = times[hi] - times[lo]
+    return (hi - lo) / span if span > 0 else 0.0
+
+
+def _sql_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for name, counts in after.items():
+        base = before.get(name, {})
+        out[name] = {k: v - base.get(k, 0) for k, v in counts.items()}
+    total: dict[str, int] = {}
+    for counts in out.values():
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+    out["all services"] = total
+    return out
+
+
+def _per(counts: dict[str, int], steps: int) -> dict[str, float]:
+    s = max(steps, 1)
+    tx = counts.get("commit", 0) + counts.get("rollback", 0)
+    return {"statements": round(counts.get("statements", 0) / s, 2), "commits": round(counts.get("commit", 0) / s, 2),
+            "read_only_or_rolled_back": round(counts.get("rollback", 0) / s, 2),
+            # BEGIN, each statement, COMMIT/ROLLBACK: one network round trip each with psycopg 3
+            "round_trips": round((counts.get("statements", 0) + counts.get("begin", 0) + tx) / s, 2)}
+
+
+def _per_step(rows: dict[str, int], sql: dict[str, dict[str, int]], after_x: tuple[int, int],
+              before_x: tuple[int, int], steps: int, runs: int) -> dict[str, Any]:
+    s = max(steps, 1)
+    published = rows["published"] + runs  # + the producer's run.create messages
+    consumed = rows["consumed_scheduler"] + rows["consumed_worker"]
+    total = sql.get("all services", {})
+    return {
+        "pg_xact_commit": round((after_x[0] - before_x[0]) / s, 2),
+        "pg_xact_rollback": round((after_x[1] - before_x[1]) / s, 2),
+        "service_commits": round(total.get("commit", 0) / s, 2),
+        "service_read_only_txns": round(total.get("rollback", 0) / s, 2),
+        "service_statements": round(total.get("statements", 0) / s, 2),
+        "service_round_trips": _per(total, steps)["round_trips"] if total else None,
+        "messages_published": round(published / s, 2),
+        "messages_consumed": round(consumed / s, 2),
+        "run_events": round(rows["events"] / s, 2),
+        "note": "pg_xact_* include the bench's own polling (read-only) and every service's background work",
+    }
+
+
+async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:
+    """lone + saturation + half load on ``workers`` replicas."""
+    ensemble = Ensemble(infra, engine, knobs, workers)
+    try:
+        await ensemble.start()
+        lone = await ensemble.lone(knobs.lone)
+        saturate = await ensemble.saturate(knobs.runs)
+        half = await ensemble.half_load(saturate["runs_per_s"], knobs.half_load_seconds)
+        errors = ensemble.services.errors() if ensemble.services else {}
+    finally:
+        ensemble.stop()
+    return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "service_errors": errors}
+
+
+async def scale_point(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:
+    ensemble = Ensemble(infra, engine, knobs, workers)
+    try:
+        await ensemble.start()
+        result = await ensemble.saturate(knobs.runs // 2 if knobs.quick else knobs.runs)
+        result["service_errors"] = ensemble.services.errors() if ensemble.services else {}
+    finally:
+        ensemble.stop()
+    return result

@@ -1,0 +1,249 @@
+"""The ratios, the targets, the printed table and the JSON file.
+
+Every ratio is taken between figures from the same run. A figure that could not be
+measured stays ``None`` and its target is reported as "not measured", never as met.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def dig(data: Any, *path: str | int) -> Any:
+    for key in path:
+        if data is None:
+            return None
+        if isinstance(key, int):
+            data = data[key] if isinstance(data, list) and len(data) > key else None
+        else:
+            data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def ratios(r: dict[str, Any]) -> dict[str, Any]:
+    ens = dig(r, "ensemble", "saturate", "steps_per_s")
+    bare1 = dig(r, "limits", "bare_loop", 0, "steps_per_s")
+    bare2 = dig(r, "limits", "bare_loop", 1, "steps_per_s")
+    scale = {p["workers"]: p.get("steps_per_s") for p in (r.get("scale") or []) if isinstance(p, dict) and "workers" in p}
+    best = max((v or 0 for v in scale.values()), default=None) or None
+    return {
+        "ensemble_steps_per_s": ens,
+        "ensemble_over_dbos_queue": _ratio(ens, dig(r, "dbos", "queue", "steps_per_s")),
+        "ensemble_over_dbos_direct": _ratio(ens, dig(r, "dbos", "direct", "steps_per_s")),
+        "ensemble_over_temporal": _ratio(ens, dig(r, "temporal", "throughput", "steps_per_s")),
+        "ensemble_over_bare_loop": _ratio(ens, bare1),
+        "best_scale_over_bare_loop": _ratio(best, bare1),
+        "bare_loop_2_over_1_processes": _ratio(bare2, bare1),
+        "bare_loop_over_pg_txn_limit": _ratio(bare1, dig(r, "limits", "postgres", "best_txn_per_s")),
+        "scale_2_over_1": _ratio(scale.get(2), scale.get(1)),
+        "scale_4_over_1": _ratio(scale.get(4), scale.get(1)),
+        "worker_cpu_ms_per_step_over_bare_loop": _ratio(dig(r, "ensemble", "saturate", "cpu_ms_per_step", "workers"),
+                                                        dig(r, "limits", "bare_loop", 0, "cpu_ms_per_step")),
+        "lone_ms_longrun_over_dbos": _ratio(dig(r, "ensemble", "lone", "completed_ms", "p50"),
+                                            dig(r, "dbos", "lone_ms", "p50")),
+        "lone_ms_longrun_over_temporal": _ratio(dig(r, "ensemble", "lone", "completed_ms", "p50"),
+                                                dig(r, "temporal", "lone_ms", "p50")),
+        "recovery_max_over_lease_ttl": _ratio(dig(r, "recovery", "next_step_after_kill_s", "max"),
+                                              dig(r, "recovery", "run_lease_ttl_s")),
+    }
+
+
+def _target(name: str, value: float | None, limit: float, ok: Callable[[float, float], bool], unit: str) -> dict[str, Any]:
+    return {"target": name, "measured": value, "limit": limit, "unit": unit,
+            "met": None if value is None else bool(ok(value, limit))}
+
+
+def targets(r: dict[str, Any], rat: dict[str, Any]) -> list[dict[str, Any]]:
+    ge: Callable[[float, float], bool] = lambda v, lim: v >= lim  # noqa: E731
+    le: Callable[[float, float], bool] = lambda v, lim: v <= lim  # noqa: E731
+    ttl = dig(r, "recovery", "run_lease_ttl_s") or 5
+    rec = dig(r, "recovery", "next_step_after_kill_s", "max")
+    if dig(r, "recovery", "not_recovered"):
+        rec = float("inf")
+    return [
+        _target("ensemble steps/s >= 2 x DBOS (queue) steps/s", rat["ensemble_over_dbos_queue"], 2.0, ge, "x"),
+        _target("ensemble steps/s >= 0.5 x bare loop", rat["ensemble_over_bare_loop"], 0.5, ge, "x"),
+        _target("lone 3-step run completes <= 30 ms (p50)", dig(r, "ensemble", "lone", "completed_ms", "p50"),
+                30.0, le, "ms"),
+        _target("run.create -> first step p50 <= 50 ms at half the sustained load",
+                dig(r, "ensemble", "half_load", "first_step_ms", "p50"), 50.0, le, "ms"),
+        _target(f"timer p99 lateness <= 1 s with 10,000 due at once (here {dig(r, 'timers', 'timers') or 0:,})",
+                dig(r, "timers", "lateness_s", "p99"), 1.0, le, "s"),
+        _target(f"recovery after a worker SIGKILL <= lease TTL + 2 s ({ttl + 2:g} s), max over its runs",
+                rec, ttl + 2, le, "s"),
+    ]
+
+
+# -- the printed table ---------------------------------------------------------------------------------
+
+def _n(v: Any, digits: int = 0, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (int, float)):
+        if v == float("inf"):
+            return "inf"
+        return f"{v:,.{digits}f}{unit}"
+    return str(v)
+
+
+def _pct(stats: dict[str, Any] | None, digits: int = 0, unit: str = " ms") -> str:
+    if not stats:
+        return "-"
+    return (f"p50 {_n(stats.get('p50'), digits)} / p95 {_n(stats.get('p95'), digits)} / "
+            f"p99 {_n(stats.get('p99'), digits)}{unit}")
+
+
+def table(r: dict[str, Any]) -> str:
+    lines: list[str] = []
+    add = lines.append
+    k = r["knobs"]
+    m = r.get("machine", {})
+    add(f"longrun bench  {r['started_at']}  commit {r.get('commit', '?')}  {'QUICK' if k['quick'] else 'FULL'}  "
+        f"K={k['steps']} steps/run, N={k['inflight']} in flight, M={k['runs']} runs")
+    add(f"machine: {m.get('cores')} cores, {m.get('memory_gib')} GiB; PostgreSQL {m.get('postgres')} "
+        f"(synchronous_commit={m.get('synchronous_commit')}, fsync={m.get('fsync')}); RabbitMQ {m.get('rabbitmq')}; "
+        f"before start: machine {m.get('cpu_busy_before_start_pct')}% busy, load avg {m.get('loadavg_start')}")
+    for name, phase in r.get("phase_errors", {}).items():
+        add(f"!! phase {name} failed: {phase}")
+    for note in r.get("interference") or []:
+        add(f"!! {note}")
+
+    lim = r.get("limits") or {}
+    if lim:
+        add("")
+        add("LIMITS (this machine, now)")
+        for p in dig(lim, "postgres", "pgbench") or []:
+            add(f"  PostgreSQL step txn, pgbench {p['clients']:>3} clients   {_n(p['txn_per_s'])} txn/s "
+                f"(avg {p.get('latency_ms')} ms)")
+        py = dig(lim, "postgres", "python_psycopg")
+        if py:
+            add(f"  PostgreSQL step txn, asyncio+psycopg {py['clients']} conns {_n(py['txn_per_s'])} txn/s")
+        mq = lim.get("rabbitmq") or {}
+        if mq:
+            add(f"  RabbitMQ confirmed publish ({mq.get('message_bytes')} B, quorum): awaiting each "
+                f"{_n(mq.get('publish_confirm_each_per_s'))}/s, 100 in flight {_n(mq.get('publish_confirm_100_inflight_per_s'))}/s")
+            add(f"  RabbitMQ consume+ack: prefetch 1 {_n(mq.get('consume_ack_prefetch_1_per_s'))}/s, "
+                f"prefetch 100 {_n(mq.get('consume_ack_prefetch_100_per_s'))}/s")
+        for b in lim.get("bare_loop") or []:
+            per = ", ".join(f"{p['steps_per_s']:.0f} @ {p['process_cpu_pct']:.0f}% CPU" for p in b["per_process"])
+            add(f"  bare loop, {b['processes']} process(es)          {_n(b['steps_per_s'])} steps/s ({per}; "
+                f"{b.get('cpu_ms_per_step')} CPU ms/step in Python)")
+        for name, err in (lim.get("errors") or {}).items():
+            add(f"  !! {name}: {err}")
+
+    add("")
+    add(f"PEERS: workflows of K={k['steps']} trivial steps, N={k['inflight']} in flight")
+    add(f"  {'system':<34}{'steps/s':>9}{'runs/s':>9}   lone run (K steps)")
+    ens = r.get("ensemble") or {}
+    rows = []
+    d = r.get("dbos") or {}
+    if d.get("measured"):
+        rows.append((f"DBOS {d.get('version')} queue (poll {d.get('queue_polling_interval_s')}s)",
+                     dig(d, "queue", "steps_per_s"), dig(d, "queue", "workflows_per_s"), d.get("lone_ms")))
+        rows.append((f"DBOS {d.get('version')} started directly", dig(d, "direct", "steps_per_s"),
+                     dig(d, "direct", "workflows_per_s"), None))
+    else:
+        add(f"  DBOS: not measured: {d.get('reason', 'phase not run')}")
+    t = r.get("temporal") or {}
+    if t.get("measured"):
+        rows.append(("Temporal dev server (SQLite)", dig(t, "throughput", "steps_per_s"),
+                     dig(t, "throughput", "workflows_per_s"), t.get("lone_ms")))
+    else:
+        add(f"  Temporal: not measured: {t.get('reason', 'phase not run')}")
+    if ens.get("saturate"):
+        rows.append((f"longrun ensemble ({ens.get('workers')} workers)", dig(ens, "saturate", "steps_per_s"),
+                     dig(ens, "saturate", "runs_per_s"), dig(ens, "lone", "completed_ms")))
+    for name, steps, runs, lone in rows:
+        add(f"  {name:<34}{_n(steps):>9}{_n(runs, 1):>9}   {_pct(lone) if lone else '-'}")
+
+    if ens:
+        s = ens.get("saturate") or {}
+        add("")
+        add(f"ENSEMBLE ({ens.get('workers')} workers; real services; run.create published -> run_events)")
+        add(f"  lone run, completed          {_pct(dig(ens, 'lone', 'completed_ms'))}")
+        add(f"  lone run, first step         {_pct(dig(ens, 'lone', 'first_step_ms'))}")
+        if s:
+            add(f"  saturation: {s['runs']} runs    {_n(s['steps_per_s'])} steps/s sustained "
+                f"({_n(s['steps_per_s_overall'])} overall), {_n(s['runs_per_s'], 1)} runs/s, makespan {s['makespan_s']} s")
+            add(f"    first step                 {_pct(s.get('first_step_ms'))}")
+            add(f"    completed                  {_pct(s.get('completed_ms'))}")
+            ps = s.get("per_step") or {}
+            add(f"    per step: {ps.get('service_commits')} write txns + {ps.get('service_read_only_txns')} read-only txns, "
+                f"{ps.get('service_statements')} statements, {ps.get('service_round_trips')} DB round trips, "
+                f"{ps.get('messages_published')} msgs published, {ps.get('messages_consumed')} consumed "
+                f"(pg_stat: {ps.get('pg_xact_commit')} commits, {ps.get('pg_xact_rollback')} rollbacks)")
+            by = s.get("sql_by_service") or {}
+            add("    commits/step by service: " + ", ".join(
+                f"{n} {v['commits']}" for n, v in by.items() if n != "all services"))
+            add(f"    CPU %: " + ", ".join(f"{n} {v:.0f}" for n, v in (s.get("cpu_pct") or {}).items()))
+            add(f"    CPU ms per step: " + ", ".join(f"{n} {v:.2f}" for n, v in (s.get("cpu_ms_per_step") or {}).items()))
+            add(f"    bottleneck: {s.get('bottleneck')}")
+        h = ens.get("half_load") or {}
+        if h:
+            add(f"  half load ({h['rate_runs_per_s']} runs/s = {h['rate_steps_per_s']} steps/s, {h['runs']} runs)")
+            add(f"    first step                 {_pct(h.get('first_step_ms'))}")
+            add(f"    completed                  {_pct(h.get('completed_ms'))}")
+
+    scale = r.get("scale") or []
+    if scale:
+        add("")
+        add(f"SCALE (worker replicas; N={k['inflight']}, K={k['steps']})")
+        add(f"  {'workers':>7}{'runs':>6}{'steps/s':>9}{'runs/s':>8}  {'CPU% workers/pg/mq/machine':<28} bottleneck")
+        for p in scale:
+            if "error" in p:
+                add(f"  {p.get('workers'):>7}  !! {p['error']}")
+                continue
+            c = p.get("cpu_pct") or {}
+            cpu = f"{c.get('workers', 0):.0f}/{c.get('postgres', 0):.0f}/{c.get('rabbitmq', 0):.0f}/{c.get('machine', 0):.0f}"
+            add(f"  {p['workers']:>7}{p.get('runs', 0):>6}{_n(p['steps_per_s']):>9}{_n(p['runs_per_s'], 1):>8}  "
+                f"{cpu:<28} {p.get('bottleneck')}")
+
+    tm = r.get("timers") or {}
+    if tm:
+        add("")
+        add("TIME")
+        add(f"  {tm['timers']:,} timers due at once (1 timer service): lateness "
+            f"{_pct(tm.get('lateness_s'), 2, ' s')}, max {_n(dig(tm, 'lateness_s', 'max'), 2)} s; "
+            f"all fired after {tm.get('all_fired_after_s')} s ({_n(tm.get('fired_per_s'))}/s)")
+    rec = r.get("recovery") or {}
+    if rec:
+        if not tm:
+            add("")
+            add("TIME")
+        if rec.get("measured"):
+            add(f"  recovery: SIGKILL 1 of 2 workers holding {rec['runs_held_by_killed_worker']} runs: next step after "
+                f"{_pct(rec.get('next_step_after_kill_s'), 2, ' s')}, max {_n(dig(rec, 'next_step_after_kill_s', 'max'), 2)} s "
+                f"(lease TTL {rec['run_lease_ttl_s']:g} s; {rec['not_recovered']} not recovered)")
+        else:
+            add(f"  recovery: {rec.get('reason')}")
+    w = r.get("waiting") or {}
+    if w:
+        add("")
+        add(f"WAITING IS FREE ({w['parked']:,} runs parked in WAITING_EVENT, watched {w['window_s']:g} s each)")
+        add(f"  worker RSS growth {w['worker_rss_growth_kib']:+,} KiB; worker CPU {w['worker_cpu_pct_no_runs']}% with no runs, "
+            f"{w['worker_cpu_pct_parked']}% with them parked; all services {w['services_cpu_pct_no_runs']}% -> "
+            f"{w['services_cpu_pct_parked']}%; PostgreSQL {dig(w, 'no_runs', 'cpu_pct', 'postgres')}% -> "
+            f"{dig(w, 'with_parked', 'cpu_pct', 'postgres')}%")
+
+    add("")
+    add("RATIOS (same run)")
+    for name, v in (r.get("ratios") or {}).items():
+        add(f"  {name:<36} {_n(v, 2)}")
+    add("")
+    add("TARGETS")
+    for tgt in r.get("targets") or []:
+        verdict = {True: "MET", False: "MISSED", None: "not measured"}[tgt["met"]]
+        add(f"  [{verdict:^12}] {tgt['target']}: {_n(tgt['measured'], 2)} {tgt['unit']}")
+    return "\n".join(lines)
+
+
+def write(r: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r, indent=1, default=str) + "\n")

@@ -1,0 +1,271 @@
+"""Named interleavings of the use cases over the in-memory ports, each one a story the random
+machine (``test_use_cases.py``) can reach but rarely does: the publish request (a non-idempotent
+write) lost at every point of its life, a cancel or a pause landing while a tool call is out,
+a run ended while its request was out and its worker died. Each ends with the same checks as the
+machine: consistent snapshots, a ledger that agrees and is explained, no request executed twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from longrun.db.runs import Fence
+from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
+from longrun.domain import events as ev
+from longrun.testing.invariants import _history, _ledger
+from longrun.testing.memory import (
+    ABANDONED_AFTER,
+    APPROVAL_ID,
+    ENDED_WHILE_SUBMITTED,
+    GATED_KIND,
+    PUBLISH,
+    FarSide,
+    StepDriver,
+    Steps,
+    Webhook,
+    World,
+    ci_key,
+)
+
+S = RunStatus
+A = ActionStatus
+TTL = 5.0
+
+
+class Story:
+    """One run of the gated workflow and the people around it."""
+
+    def __init__(self, *, steps: int = 1) -> None:
+        self.world = World(far_side=FarSide(fencing=True), lease_ttl=TTL)
+        self.run_id = self.world.create(tenant_id="t", key="k", kind=GATED_KIND, goal={"steps": steps})
+        self.workers = 0
+
+    @property
+    def run(self):  # type: ignore[no-untyped-def]
+        stored = self.world.store.load(self.run_id)
+        assert stored is not None
+        return stored.snapshot
+
+    def publish(self):  # type: ignore[no-untyped-def]
+        return self.run.action("publish")
+
+    def worker(self) -> tuple[StepDriver, Steps]:
+        """A fresh worker process takes the next wakeup."""
+        self.workers += 1
+        driver = StepDriver(self.world, f"worker-{self.workers}", lease_ttl=TTL)
+        message = self.world.pending.pop(0)
+        outcome, duplicate = driver.on_wakeup(message)
+        assert not duplicate and outcome["taken"], outcome
+        return driver, driver.advance(message.run_id, Fence(outcome["owner"], outcome["token"]))
+
+    def step_until(self, steps: Steps, stop: Callable[[], bool]) -> bool:
+        """Step until ``stop()`` holds (True: paused there) or the worker is done (False)."""
+        for _ in steps:
+            if stop():
+                return True
+        return False
+
+    def people_answer(self) -> None:
+        run = self.run
+        if run.status is S.WAITING_EVENT:
+            self.world.receive_webhook(Webhook(f"evt-{self.run_id}", ci_key(self.run_id), f"ci_result:{self.run_id}",
+                                               {"status": "passed"}))
+        elif run.status is S.WAITING_USER:
+            assert run.wait is not None
+            hash_ = run.wait.approved_hash
+            self.world.operate(self.run_id, lambda seq, at: ev.ApprovalDecided(
+                seq=seq, at=at, approval_id=APPROVAL_ID, approved=True, approved_hash=hash_ or "",
+                decided_by="owner"))
+
+    def until_publish(self, status: ActionStatus, *, then: str = "committed") -> Steps:
+        """Run it through its steps, the webhook and the approval until the publish action is at
+        ``status``; return the worker's steps paused at the first ``then`` checkpoint from there."""
+        for _ in range(10):
+            _, steps = self.worker()
+            for point in steps:
+                record = self.publish()
+                if record is not None and record.status is status and point == then:
+                    return steps
+            self.people_answer()
+        raise AssertionError(f"publish never reached {status.value} at {then}")
+
+    def settle(self) -> None:
+        """Everyone back, the reconciler and the clock move on, people answer, until the run ends."""
+        for _ in range(50):
+            if self.run.status in TERMINAL:
+                return
+            if self.world.pending:
+                _, steps = self.worker()
+                self.step_until(steps, lambda: False)
+                continue
+            if self.world.reconcile_unknown():
+                continue
+            self.people_answer()
+            if not self.world.pending:
+                self.world.clock.advance(TTL + 1)
+                self.world.rewake_expired_leases()
+
+    def executions(self) -> int:
+        record = self.publish()
+        assert record is not None
+        return self.world.far_side.executions[(PUBLISH.name, record.idempotency_key)]
+
+    def assert_consistent(self, *, settled: bool = True) -> None:
+        store = self.world.store
+        stored = store.load(self.run_id)
+        assert stored is not None
+        history = store.history(self.run_id)
+        assert violations(stored.snapshot) == ()
+        assert _history(self.run_id, history, stored) == []
+        assert _ledger(stored, store.for_run(self.run_id), settled=settled, history=history) == []
+
+
+def test_publish_times_out_after_acting_and_the_reconciler_finds_it_by_key() -> None:
+    story = Story()
+    steps = story.until_publish(A.SUBMITTED)
+    story.world.far_side.arm("timeout_after_acting")
+    story.step_until(steps, lambda: False)
+    assert story.run.status is S.ACTION_UNKNOWN and story.publish().status is A.UNKNOWN
+    assert story.world.reconcile_unknown() == {"CONFIRMED": 1}
+    story.settle()
+    assert story.run.status is S.COMPLETED
+    assert story.executions() == 1
+    story.assert_consistent()
+
+
+@pytest.mark.parametrize("dies_at", ["committed", "tool answered"])
+def test_worker_dies_around_the_publish_request_and_it_happens_exactly_once(dies_at: str) -> None:
+    # "committed": SUBMITTED is stored, the request never left; "tool answered": the far side acted,
+    # the answer died with the worker. Either way the next worker must not blind-retry it.
+    story = Story()
+    steps = story.until_publish(A.SUBMITTED, then=dies_at)
+    del steps  # SIGKILL
+    story.world.clock.advance(TTL + 1)
+    assert story.world.rewake_expired_leases() == 1
+    _, steps = story.worker()
+    story.step_until(steps, lambda: False)
+    assert story.run.status is S.ACTION_UNKNOWN and story.publish().status is A.UNKNOWN
+    expected = {"committed": {"RETRYABLE": 1}, "tool answered": {"CONFIRMED": 1}}[dies_at]
+    assert story.world.reconcile_unknown() == expected
+    story.settle()
+    assert story.run.status is S.COMPLETED
+    assert story.executions() == 1
+    story.assert_consistent()
+
+
+def test_a_cancel_while_the_request_is_out_waits_for_the_reconciler_then_cancels() -> None:
+    # The answer (a timeout) is recorded on the cancelling run without the move to ACTION_UNKNOWN,
+    # which CANCELLING does not allow; before the fix the worker's step failed and recorded nothing.
+    story = Story()
+    steps = story.until_publish(A.SUBMITTED)
+    story.world.operate(story.run_id, lambda seq, at: ev.CancelRequested(seq=seq, at=at, by="ops", reason="stop"))
+    story.world.far_side.arm("timeout_after_acting")
+    assert not story.step_until(steps, lambda: False)
+    assert story.run.status is S.CANCELLING and story.publish().status is A.UNKNOWN
+    assert story.world.store.runs[story.run_id].lease_owner is None
+    assert story.world.reconcile_unknown() == {"CONFIRMED": 1}
+    story.settle()
+    assert story.run.status is S.CANCELLED
+    assert story.executions() == 1
+    story.assert_consistent()
+
+
+def test_a_pause_while_the_request_is_out_keeps_the_unknown_outcome_for_after_the_resume() -> None:
+    story = Story()
+    steps = story.until_publish(A.SUBMITTED)
+    story.world.operate(story.run_id, lambda seq, at: ev.RunPaused(seq=seq, at=at, by="ops", reason="hold"))
+    story.world.far_side.arm("timeout_after_acting")
+    assert not story.step_until(steps, lambda: False)
+    assert story.run.status is S.PAUSED and story.publish().status is A.UNKNOWN
+    story.world.operate(story.run_id, lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="go"))
+    _, steps = story.worker()
+    story.step_until(steps, lambda: False)
+    # The resumed run does not decide while an outcome is unknown: it parks for the reconciler.
+    assert story.run.status is S.ACTION_UNKNOWN
+    story.settle()
+    assert story.run.status is S.COMPLETED
+    assert story.executions() == 1
+    story.assert_consistent()
+
+
+def test_a_run_terminated_while_its_request_is_out_still_gets_its_action_settled() -> None:
+    story = Story(steps=2)
+    _, steps = story.worker()
+    # The first step is SUBMITTED (committed), its request not yet sent...
+    assert story.step_until(steps, lambda: story.run.action("step:0") is not None
+                            and story.run.action("step:0").status is A.SUBMITTED)
+    story.world.operate(story.run_id, lambda seq, at: ev.RunTerminated(seq=seq, at=at, by="ops", reason="x"))
+    del steps  # ...and the worker dies.
+    story.world.clock.advance(TTL + 1)
+    story.world.rewake_expired_leases()
+    assert story.run.status is S.TERMINATED
+    story.assert_consistent(settled=False)
+    # Nobody comes back for a finished run: once the reconciler's patience is over (a worker still
+    # in its call would have answered by then), it asks the far side by key and settles the action
+    # with late events; only the ledger moves on.
+    assert story.world.reconcile_unknown() == {}
+    story.world.clock.advance(ABANDONED_AFTER)
+    assert story.world.reconcile_unknown() == {"RETRYABLE": 1}
+    late = [e for e in story.world.store.history(story.run_id) if e.seq > story.run.last_seq]
+    assert [type(e) for e in late] == [ev.ActionUnknown, ev.ReconciliationStarted, ev.ActionReconciled]
+    assert late[0].cause == ENDED_WHILE_SUBMITTED  # type: ignore[attr-defined]
+    story.assert_consistent(settled=True)
+
+
+def test_budget_runs_out_with_a_step_submitted_and_the_step_is_still_settled() -> None:
+    world = World(lease_ttl=TTL)
+    run_id = world.create(tenant_id="t", key="k", kind="steps", goal={"steps": 3}, tool_calls=2)
+    driver = StepDriver(world, "w1", lease_ttl=TTL)
+    message = world.pending.pop(0)
+    outcome, _ = driver.on_wakeup(message)
+    steps = driver.advance(run_id, Fence(outcome["owner"], outcome["token"]))
+    for _ in steps:
+        record = world.store.load(run_id).snapshot.action("step:1")  # type: ignore[union-attr]
+        if record is not None and record.status is A.SUBMITTED:
+            break  # the second (and last affordable) step is submitted; the worker dies here
+    world.clock.advance(TTL + 1)
+    world.rewake_expired_leases()
+    driver = StepDriver(world, "w2", lease_ttl=TTL)
+    outcome, _ = driver.on_wakeup(world.pending.pop(0))
+    for _ in driver.advance(run_id, Fence(outcome["owner"], outcome["token"])):
+        pass
+    stored = world.store.load(run_id)
+    assert stored is not None and stored.snapshot.status is S.BUDGET_EXHAUSTED
+    assert world.store.get(stored.snapshot.action("step:1").idempotency_key).status == "SUBMITTED"  # type: ignore[union-attr]
+    world.clock.advance(ABANDONED_AFTER + 1)
+    assert world.reconcile_unknown() == {"RETRYABLE": 1}
+    history = world.store.history(run_id)
+    assert _ledger(stored, world.store.for_run(run_id), settled=True, history=history) == []
+
+
+def test_the_same_webhook_three_times_makes_one_transition() -> None:
+    story = Story(steps=0)
+    _, steps = story.worker()
+    story.step_until(steps, lambda: False)
+    assert story.run.status is S.WAITING_EVENT
+    hook = Webhook("evt-1", ci_key(story.run_id), f"ci_result:{story.run_id}", {"status": "passed"})
+    first = story.world.receive_webhook(hook)
+    revision = story.run.revision
+    tables = story.world.store.tables()
+    for _ in range(2):
+        assert story.world.receive_webhook(hook) == {**first, "duplicate": True}
+    assert story.run.revision == revision and story.world.store.tables() == tables
+    assert len(story.world.pending) == 1
+
+
+def test_a_webhook_that_arrives_while_the_run_is_paused_takes_effect_on_resume() -> None:
+    story = Story(steps=0)
+    _, steps = story.worker()
+    story.step_until(steps, lambda: False)
+    story.world.operate(story.run_id, lambda seq, at: ev.RunPaused(seq=seq, at=at, by="ops", reason="hold"))
+    story.people_answer()  # nothing: paused
+    story.world.receive_webhook(Webhook("evt-1", ci_key(story.run_id), f"ci_result:{story.run_id}",
+                                        {"status": "passed"}))
+    assert story.run.status is S.PAUSED and story.run.paused_from is S.READY
+    story.world.operate(story.run_id, lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="go"))
+    assert story.run.status is S.READY
+    story.settle()
+    assert story.run.status is S.COMPLETED
+    story.assert_consistent()

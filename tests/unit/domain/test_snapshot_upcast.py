@@ -1,0 +1,82 @@
+"""Snapshot schema 1 -> 2: a pure upcaster pinned by golden files, applied on every read.
+
+``golden/snapshot.v1.json`` is the snapshot the schema-1 code stored for a run waiting for
+approval (recorded from a real run, see ``tests/fault/fixtures``); ``snapshot.v1-as-v2.json``
+is what it must become. The fault matrix resumes that very run under this code.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from longrun.domain import (
+    SNAPSHOT_SCHEMA_VERSION,
+    SNAPSHOT_UPCASTERS,
+    FrozenMap,
+    RunSnapshot,
+    RunStatus,
+    event_from_dict,
+    fold,
+    upcast_snapshot_v1_v2,
+)
+from longrun.errors import UnknownSchemaVersion
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+RECORDED_RUN = Path(__file__).parents[2] / "fault" / "fixtures" / "run_waiting_for_approval.snapshot-v1.json"
+
+
+def _golden(name: str) -> dict[str, object]:
+    return json.loads((GOLDEN / name).read_text())
+
+
+def test_a_schema_1_snapshot_upcasts_to_schema_2_exactly_as_recorded() -> None:
+    assert upcast_snapshot_v1_v2(_golden("snapshot.v1.json")) == _golden("snapshot.v1-as-v2.json")
+
+
+def test_the_upcaster_is_pure() -> None:
+    v1 = _golden("snapshot.v1.json")
+    before = copy.deepcopy(v1)
+    first, second = upcast_snapshot_v1_v2(v1), upcast_snapshot_v1_v2(v1)
+    assert v1 == before
+    assert first == second and first is not second
+
+
+def test_reading_a_schema_1_snapshot_gives_the_schema_2_run_and_writes_schema_2() -> None:
+    run = RunSnapshot.from_dict(_golden("snapshot.v1.json"))
+    assert run == RunSnapshot.from_dict(_golden("snapshot.v1-as-v2.json"))
+    assert run.status is RunStatus.WAITING_USER and run.labels == FrozenMap()
+    assert run.wait is not None and run.wait.approval_id is not None
+    written = json.loads(json.dumps(run.to_dict()))
+    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 2
+    assert written == _golden("snapshot.v1-as-v2.json")
+
+
+def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> None:
+    # The snapshot stays a projection of its events across the upgrade.
+    recorded = json.loads(RECORDED_RUN.read_text())
+    history = [event_from_dict(row["data"]) for row in recorded["run_events"]]
+    assert fold(history) == RunSnapshot.from_dict(recorded["runs"][0]["snapshot"])
+
+
+@pytest.mark.parametrize("version", [0, 3, 99, None, "1", True])
+def test_a_version_this_code_does_not_know_is_refused_not_guessed(version: object) -> None:
+    with pytest.raises(UnknownSchemaVersion) as refused:
+        RunSnapshot.from_dict(_golden("snapshot.v1.json") | {"schema_version": version})
+    assert refused.value.known == [1, 2]
+
+
+def test_the_upcaster_refuses_what_is_not_schema_1() -> None:
+    with pytest.raises(ValueError):
+        upcast_snapshot_v1_v2(_golden("snapshot.v1-as-v2.json"))
+    with pytest.raises(ValueError):
+        upcast_snapshot_v1_v2(_golden("snapshot.v1.json") | {"labels": {"team": "payments"}})
+
+
+def test_every_older_schema_has_an_upcaster_and_a_golden_file() -> None:
+    assert sorted(SNAPSHOT_UPCASTERS) == list(range(1, SNAPSHOT_SCHEMA_VERSION))
+    for version in SNAPSHOT_UPCASTERS:
+        assert (GOLDEN / f"snapshot.v{version}.json").exists()
