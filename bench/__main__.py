@@ -116,8 +116,9 @@ async def _phase(results: dict[str, Any], name: str, make: Any, engine: Any, amq
             stop_all()
             message = f"{e.__class__.__name__}: {e}"[:600]
             if attempt == 1 and _infra_failure(e):
+                last = [ln.strip() for ln in message.splitlines() if ln.strip()][-1]
                 results.setdefault("interference", []).append(
-                    f"phase {name}: PostgreSQL or RabbitMQ went away under it ({message[:160]}); run again")
+                    f"phase {name}: PostgreSQL or RabbitMQ went away under it ({last[:200]}); run again")
                 continue
             results.setdefault("phase_errors", {})[name] = message
             value = None
@@ -169,26 +170,21 @@ async def main_async(args: argparse.Namespace) -> int:
     engine = infra.engine(4)
     results: dict[str, Any] = {"started_at": started.isoformat(timespec="seconds"), "commit": _commit(),
                                "knobs": knobs.as_dict(), "logs": str(logs)}
+    phases = {
+        "limits": lambda: _limits(infra, engine, knobs),
+        "dbos": lambda: peers.dbos(infra, knobs),
+        "temporal": lambda: peers.temporal(infra, knobs),
+        "ensemble": lambda: ensemble.run_phase(infra, engine, knobs, knobs.workers),
+        "scale": lambda: _scale(infra, engine, knobs, results.get("ensemble")),
+        "timers": lambda: timers.timers_due_at_once(infra, engine, knobs),
+        "recovery": lambda: recovery.sigkill_a_worker(infra, engine, knobs),
+        "waiting": lambda: timers.waiting_is_free(infra, engine, knobs),
+    }
     try:
         results["machine"] = _machine(infra)
-        if "limits" in knobs.phases:
-            results["limits"] = await _phase(results, "limits", lambda: _limits(infra, engine, knobs), engine, infra.amqp_url)
-        if "dbos" in knobs.phases:
-            results["dbos"] = await _phase(results, "dbos", lambda: peers.dbos(infra, knobs), engine, infra.amqp_url)
-        if "temporal" in knobs.phases:
-            results["temporal"] = await _phase(results, "temporal", lambda: peers.temporal(infra, knobs), engine, infra.amqp_url)
-        if "ensemble" in knobs.phases:
-            results["ensemble"] = await _phase(results, "ensemble",
-                                               lambda: ensemble.run_phase(infra, engine, knobs, knobs.workers),
-                                               engine, infra.amqp_url)
-        if "scale" in knobs.phases:
-            results["scale"] = await _phase(results, "scale", lambda: _scale(infra, engine, knobs, results.get("ensemble")), engine, infra.amqp_url)
-        if "timers" in knobs.phases:
-            results["timers"] = await _phase(results, "timers", lambda: timers.timers_due_at_once(infra, engine, knobs), engine, infra.amqp_url)
-        if "recovery" in knobs.phases:
-            results["recovery"] = await _phase(results, "recovery", lambda: recovery.sigkill_a_worker(infra, engine, knobs), engine, infra.amqp_url)
-        if "waiting" in knobs.phases:
-            results["waiting"] = await _phase(results, "waiting", lambda: timers.waiting_is_free(infra, engine, knobs), engine, infra.amqp_url)
+        for name, make in phases.items():  # in this order: scale reuses the ensemble's saturation
+            if name in knobs.phases:
+                results[name] = await _phase(results, name, make, engine, infra.amqp_url)
     finally:
         stop_all()
         try:
@@ -197,7 +193,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 infra.teardown()
         except Exception as e:  # the report still gets written
             results.setdefault("phase_errors", {})["teardown"] = f"{e.__class__.__name__}: {e}"
-    results["machine"]["loadavg_end"] = round(loadavg(), 2)
+    results.setdefault("machine", {})["loadavg_end"] = round(loadavg(), 2)
     results["interference"] = results.get("interference", []) + interference(logs)
     busy = results["machine"].get("cpu_busy_before_start_pct", 0.0)
     if busy >= 25:

@@ -127,6 +127,8 @@ async def _python_txns(infra: Infra, clients: int, seconds: float) -> dict[str, 
         while time.monotonic() < stop_at:
             run_id = f"bench-{1 + (i * 7919) % BENCH_RUNS}"
             i += clients
+            if time.monotonic() >= stop_at:
+                break
             async with conn.transaction():
                 cur = await conn.execute(
                     "UPDATE runs SET revision = revision + 1, last_seq = last_seq + 1, updated_at = now(), "
@@ -143,18 +145,28 @@ async def _python_txns(infra: Infra, clients: int, seconds: float) -> dict[str, 
                     "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, "
                     "type, payload) VALUES (gen_random_uuid()::text, 'run', %s, 0, 'longrun.events', "
                     "'run.status.running', 'run.event', %s)", (run_id, payload))
-            done += 1
+            if time.monotonic() <= stop_at:
+                done += 1
 
     watch = CpuWatch(groups={"bench": [os.getpid()], **postgres_and_broker_pids()})
     watch.start()
     started = time.monotonic()
-    try:
-        await asyncio.gather(*(client(c, k) for k, c in enumerate(conns)))
-    finally:
-        for c in conns:
+    tasks = [asyncio.create_task(client(c, k)) for k, c in enumerate(conns)]
+    # Count what completed within the window; a straggler (a lock wait, a stalled backend) is
+    # cut off rather than stretching the window.
+    _, late = await asyncio.wait(tasks, timeout=seconds + 5)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = watch.stop()
+    for c in conns:
+        try:
             await c.close()
-    elapsed = time.monotonic() - started
-    return {"clients": clients, "txn_per_s": round(done / elapsed), "cpu_pct": watch.stop()}
+        except Exception:
+            pass
+    elapsed = min(time.monotonic(), stop_at) - started
+    return {"clients": clients, "txn_per_s": round(done / max(elapsed, 1e-3)), "stragglers_cut": len(late),
+            "cpu_pct": cpu}
 
 
 async def postgres(infra: Infra, *, clients: tuple[int, ...], seconds: float) -> dict[str, Any]:

@@ -38,11 +38,8 @@ async def _echo(args: Mapping[str, Any], idempotency_key: str, fencing_token: in
     return ToolResult(idempotency_key, {"step": args["step"]})
 
 
-async def _lookup(idempotency_key: str) -> ToolResult | None:
-    return None
-
-
-ECHO = Tool("bench.echo", "1", EffectKind.PURE, EchoArgs, _echo, _lookup)
+# Pure: nothing exists on a far side to look up or compare, so no lookup (drift checks skip it).
+ECHO = Tool("bench.echo", "1", EffectKind.PURE, EchoArgs, _echo)
 
 
 def _done(state: RunSnapshot, i: int) -> bool:
