@@ -40,7 +40,7 @@ async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadli
         stored = await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
             ev.WaitStarted(seq=stored.seq(2), at=now, status=RunStatus.WAITING_EVENT, wait=wait)])
-        await effects.schedule_wait_timers(conn, stored.snapshot)
+        await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=now)
     return stored
 
 

@@ -243,16 +243,16 @@ async def inbox_answers_a_repeat_with_the_recorded_outcome(port: Port, seen: lis
 async def timers_fire_once_when_due(port: Port, seen: list[Any]) -> None:
     stored = await new_run(port, seen)
     run_id = stored.snapshot.run_id
-    soon, later = port.now() + TTL, port.now() + 3600
-    for key, kind, at in ((f"{run_id}:w:deadline", "wait_deadline", soon), (f"{run_id}:w:wake", "sleep", later)):
-        await observe(port, seen, "timers.schedule", timer_key=key, run_id=run_id, kind=kind, wake_at=at,
+    soon, later = TTL, 3600.0
+    for key, kind, delay in ((f"{run_id}:w:deadline", "wait_deadline", soon), (f"{run_id}:w:wake", "sleep", later)):
+        await observe(port, seen, "timers.schedule", timer_key=key, run_id=run_id, kind=kind, delay=delay,
                       payload={"wait_id": "w", "reason": "deadline"})
     await observe(port, seen, "timers.due", limit=10)
     await port.sleep(TTL * 2.5)
     due = await observe(port, seen, "timers.due", limit=10)
     # Scheduling the same key again changes nothing; marking fires it for good.
     await observe(port, seen, "timers.schedule", timer_key=f"{run_id}:w:deadline", run_id=run_id,
-                  kind="wait_deadline", wake_at=later, payload={"other": True})
+                  kind="wait_deadline", delay=later, payload={"other": True})
     await observe(port, seen, "timers.due", limit=10)
     await observe(port, seen, "timers.mark_fired", [t.timer_key for t in due or []])
     await observe(port, seen, "timers.due", limit=10)

@@ -57,9 +57,9 @@ async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait)
     """RUNNING -> ``status`` with ``wait``, and its timers, in one transaction like a worker's commit."""
     async with engine.begin() as conn:
         stored = await _running(conn, run_id)
-        stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=time.time(), status=status,
-                                                                 wait=wait)])
-        await effects.schedule_wait_timers(conn, stored.snapshot)
+        at = time.time()
+        stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=at, status=status, wait=wait)])
+        await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
     return stored
 
 
@@ -168,15 +168,14 @@ async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engi
         await _running(conn, "run-busy")
         fence = await runs.take_lease(conn, "run-busy", "worker-1", ttl=60)
         assert fence is not None
-        due = time.time() - 1
         for run_id in ("run-open", "run-done"):
             await timers.schedule(conn, timer_key=f"{run_id}:business", run_id=run_id, kind="business_deadline",
-                                  wake_at=due, payload={})
+                                  delay=-1, payload={})
         # the lease is live, so its heartbeat timer is stale; the attempt itself overran
         await timers.schedule(conn, timer_key="run-busy:heartbeat", run_id="run-busy", kind="heartbeat",
-                              wake_at=due, payload={"fencing_token": fence.token})
+                              delay=-1, payload={"fencing_token": fence.token})
         await timers.schedule(conn, timer_key="run-busy:start_to_close", run_id="run-busy", kind="start_to_close",
-                              wake_at=due + 0.5, payload={"fencing_token": fence.token})
+                              delay=-0.5, payload={"fencing_token": fence.token})
     # When they fire
     assert await fire_due(engine, batch=10, clock=time.time) == 4
     # Then the open run timed out, naming the timer; the finished run got no event

@@ -381,7 +381,7 @@ class Advancer:
                                      request=args, fencing_token=fence.token)
             await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             if release:
-                await effects.schedule_wait_timers(conn, after.snapshot)
+                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=events[-1].at)
                 after = await webhooks.match_kept(conn, after, clock=self.clock)
         faults.crash_point("worker.after_commit")
         return after

@@ -63,16 +63,20 @@ async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> Non
         await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": ADMISSION_CHANNEL, "t": tenant})
 
 
-async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot) -> None:
-    """A parked run's deadline and, for retries and sleeps, its wake-up time, as durable timers."""
+async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
+    """A parked run's deadline and, for retries and sleeps, its wake-up time, as durable timers.
+
+    The wait's times were computed from the deciding process's clock at ``decided_at``; only the
+    delays are kept, counted from the database's clock (a worker minutes fast must not delay a retry).
+    """
     wait = run.wait
     if wait is None:
         return
     if wait.wake_at is not None:
         await timers.schedule(conn, timer_key=f"{run.run_id}:{wait.wait_id}:wake", run_id=run.run_id,
                               kind="retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
-                              wake_at=wait.wake_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
+                              delay=wait.wake_at - decided_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
     if wait.deadline is not None and wait.deadline != wait.wake_at:
         await timers.schedule(conn, timer_key=f"{run.run_id}:{wait.wait_id}:deadline", run_id=run.run_id,
-                              kind="wait_deadline", wake_at=wait.deadline,
+                              kind="wait_deadline", delay=wait.deadline - decided_at,
                               payload={"wait_id": wait.wait_id, "reason": "deadline"})

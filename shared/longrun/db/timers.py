@@ -7,7 +7,7 @@ crash between "fire" and "mark" rolls both back: each timer key fires exactly on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -26,10 +26,12 @@ class DueTimer:
     payload: dict[str, Any]
 
 
-async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: str, wake_at: float,
+async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: str, delay: float,
                    payload: dict[str, Any]) -> None:
+    """Due ``delay`` seconds from now by the database's clock: the timer service compares with
+    ``now()`` there, so a writer whose own clock is off cannot move a timer."""
     await conn.execute(insert(timers).values(
-        timer_key=timer_key, run_id=run_id, kind=kind, wake_at=datetime.fromtimestamp(wake_at, UTC),
+        timer_key=timer_key, run_id=run_id, kind=kind, wake_at=func.now() + timedelta(seconds=delay),
         payload=payload).on_conflict_do_nothing(index_elements=["timer_key"]))
 
 

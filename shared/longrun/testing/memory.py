@@ -398,9 +398,9 @@ class MemoryStore:
             self.inbox[(service, message_id)] = dict(outcome)
 
     # -- timers (db/timers.py) --------------------------------------------------------------------------
-    def schedule(self, *, timer_key: str, run_id: str, kind: str, wake_at: float, payload: dict[str, Any]) -> None:
+    def schedule(self, *, timer_key: str, run_id: str, kind: str, delay: float, payload: dict[str, Any]) -> None:
         if timer_key not in self.timers:
-            self.timers[timer_key] = TimerRow(timer_key, run_id, kind, wake_at, dict(payload))
+            self.timers[timer_key] = TimerRow(timer_key, run_id, kind, self.clock() + delay, dict(payload))
 
     def due(self, *, limit: int) -> list[DueTimer]:
         now = self.clock()
@@ -760,7 +760,7 @@ class StepDriver:
                                    request_hash=request_hash(tool.name, tool.version, args=args), request=args,
                                    fencing_token=fence.token)
             if release:
-                self.world.schedule_wait_timers(after.snapshot)
+                self.world.schedule_wait_timers(after.snapshot, decided_at=events[-1].at)
                 after = self.world.match_kept(after)
         yield "committed"
         return after
@@ -816,17 +816,17 @@ class World:
     def wake(self, stored: StoredRun, reason: str) -> None:
         self.pending.append(Wakeup(self.new_id("wakeup"), stored.snapshot.run_id, reason))
 
-    def schedule_wait_timers(self, run: RunSnapshot) -> None:
+    def schedule_wait_timers(self, run: RunSnapshot, *, decided_at: float) -> None:
         wait = run.wait
         if wait is None:
             return
         if wait.wake_at is not None:
             self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:wake", run_id=run.run_id,
                                 kind="retry_backoff" if run.status is _S.RETRY_SCHEDULED else "sleep",
-                                wake_at=wait.wake_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
+                                delay=wait.wake_at - decided_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
         if wait.deadline is not None and wait.deadline != wait.wake_at:
             self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:deadline", run_id=run.run_id,
-                                kind="wait_deadline", wake_at=wait.deadline,
+                                kind="wait_deadline", delay=wait.deadline - decided_at,
                                 payload={"wait_id": wait.wait_id, "reason": "deadline"})
 
     # -- the scheduler (app/admit.py) ------------------------------------------------------------------
@@ -973,7 +973,8 @@ class World:
                 continue
             key, started_seq = claimed
             tool = self.store.actions[key].tool
-            # steps.ECHO's lookup answers None whatever happened: a pure step re-runs safely.
+            # steps.ECHO declares no lookup: a pure step re-runs safely, so the verdict is RETRYABLE
+            # (``app.reconcile._without_lookup``) whatever happened.
             found = None if tool == ECHO.name else self.far_side.lookup(key)
             outcome = _A.CONFIRMED if found is not None else _A.RETRYABLE
             self._settle(run_id, logical_action, key, started_seq, outcome, found)
