@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -12,15 +15,50 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import runs
+from longrun.db.errors import is_transient
 from longrun.db.schema import runs as runs_table
 from longrun.domain import event_to_dict
 from longrun.errors import DomainError, LongrunError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+ATTEMPTS = 4
+"""Attempts of one request when the database connection breaks under it (0.1, 0.2, 0.4 s apart)."""
+
+
+def riding_out_database_restarts(handler: Handler) -> Handler:
+    """Answer from a fresh connection when the pooled one died with a database restart.
+
+    Pooled connections do not know the server restarted until used; the first request after a
+    restart would otherwise get a 500 and a provider that does not redeliver would lose its
+    webhook. Every route is safe to run again: webhook intake is deduplicated by event id and
+    nothing is committed when the connection breaks before the commit. If the database stays
+    away, the caller is told to come back (503), not that the request was wrong.
+    """
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            async for attempt in AsyncRetrying(retry=retry_if_exception(is_transient), reraise=True,
+                                               stop=stop_after_attempt(ATTEMPTS),
+                                               wait=wait_exponential(multiplier=0.1, max=1)):
+                with attempt:
+                    return await handler(request)
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, e)
+            return JSONResponse({"error": "database unavailable, try again"}, status_code=503,
+                                headers={"retry-after": "2"})
+        raise AssertionError("tenacity either returns or raises")
+    return answer
 
 
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
@@ -124,13 +162,14 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
+    ride = riding_out_database_restarts
     return Starlette(routes=[
-        Route("/webhooks/{provider}", webhook, methods=["POST"]),
-        Route("/runs", search, methods=["GET"]),
-        Route("/runs/{run_id}", show, methods=["GET"]),
-        Route("/runs/{run_id}/{action}", act, methods=["POST"]),
-        Route("/quarantine", quarantined, methods=["GET"]),
-        Route("/quarantine/{entry_id:int}/replay", replay, methods=["POST"]),
+        Route("/webhooks/{provider}", ride(webhook), methods=["POST"]),
+        Route("/runs", ride(search), methods=["GET"]),
+        Route("/runs/{run_id}", ride(show), methods=["GET"]),
+        Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
+        Route("/quarantine", ride(quarantined), methods=["GET"]),
+        Route("/quarantine/{entry_id:int}/replay", ride(replay), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
 

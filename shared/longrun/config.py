@@ -138,6 +138,9 @@ class Settings:
     """Seconds a replica keeps a partition without renewing its lease."""
     run_lease_ttl: float
     """Seconds a worker keeps a run without a heartbeat."""
+    idle_transaction_timeout: float
+    """Seconds PostgreSQL lets a session sit idle inside a transaction before ending it: a frozen
+    process must not hold a run's row lock for everyone."""
     prefetch: int
     """Unacked deliveries per consumer channel."""
     amqp_heartbeat: int
@@ -226,6 +229,8 @@ _SPEC: dict[str, _Var] = {
     "partition_lease_ttl": _var("LONGRUN_PARTITION_LEASE_TTL", _positive_float,
                                 "seconds, a number > 0", "6"),
     "run_lease_ttl": _var("LONGRUN_RUN_LEASE_TTL", _positive_float, "seconds, a number > 0", "30"),
+    "idle_transaction_timeout": _var("LONGRUN_IDLE_TRANSACTION_TIMEOUT", _positive_float,
+                                     "seconds, a number > 0", "30"),
     "prefetch": _var("LONGRUN_PREFETCH", _positive_int, "an integer >= 1", "100"),
     "amqp_heartbeat": _var("LONGRUN_AMQP_HEARTBEAT", _positive_int, "seconds, an integer >= 1", "10"),
     "delivery_limit": _var("LONGRUN_DELIVERY_LIMIT", _positive_int, "an integer >= 1", "5"),

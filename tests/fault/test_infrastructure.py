@@ -37,9 +37,9 @@ async def _in_flight(scenario: Scenario, run_id: str, action: str) -> bool:
     return row is not None and row.status == "SUBMITTED"
 
 
-REDELIVERED = """A CI result arriving just after the database came back can be answered 500 by the gateway
-(``test_a_webhook_arriving_right_after_the_database_came_back_is_taken``); like real providers,
-the scenario then sends it again a few seconds later (``Scenario.until(redeliver=True)``)."""
+REDELIVERED = """A CI result arriving while the database is down is answered 503 by the gateway (after
+its own retries, ``test_a_webhook_arriving_right_after_the_database_came_back_is_taken``); like
+real providers, the scenario then sends it again a few seconds later (``Scenario.until(redeliver=True)``)."""
 
 
 async def test_the_broker_restarted_while_a_run_waits_for_ci_loses_no_wakeup(
@@ -131,10 +131,6 @@ async def test_database_backends_terminated_mid_run_every_service_reconnects(sce
     await scenario.finish()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug (reported in docs/fault-matrix.md): the gateway's webhook handler does not retry a unit of "
-    "work whose pooled connection died with the database, so the first delivery after a database restart "
-    "gets a 500 and is lost unless the provider redelivers"))
 async def test_a_webhook_arriving_right_after_the_database_came_back_is_taken(scenario: Scenario) -> None:
     # Given the gateway, and a run waiting for CI run 7
     await scenario.up("gateway", forge=False)

@@ -17,9 +17,13 @@ START_HINT = (
 )
 
 
-def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def make_engine(url: str, *, pool_size: int = 10, idle_transaction_timeout: float | None = None) -> AsyncEngine:
+    """``idle_transaction_timeout``: seconds the server lets a session idle inside a transaction (a
+    process frozen mid-transaction would otherwise hold its row locks until it is killed)."""
+    options = {} if idle_transaction_timeout is None else {
+        "options": f"-c idle_in_transaction_session_timeout={max(1, round(idle_transaction_timeout * 1000))}"}
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size,
-                               pool_recycle=300)
+                               pool_recycle=300, connect_args=options)
 
 
 def psycopg_dsn(url: str) -> str:
