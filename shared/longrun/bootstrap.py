@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 async def open_database(settings: Settings) -> AsyncEngine:
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, idle_transaction_timeout=settings.idle_transaction_timeout)
     await _patiently(lambda: check_reachable(engine), "PostgreSQL", settings.startup_patience)
     return engine
 
