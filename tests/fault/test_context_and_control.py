@@ -113,10 +113,6 @@ async def test_a_run_that_reaches_its_budget_stops_before_the_next_step(scenario
     await scenario.finish()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug (reported in docs/fault-matrix.md): Advancer._round ends a run BUDGET_EXHAUSTED as soon as "
-    "any budget dimension is used up, before asking decide; a run whose last step used the last tool call "
-    "(or that needs no model but was given model_calls=0) never completes"))
 async def test_a_run_whose_last_step_uses_the_last_of_its_budget_completes(scenario: Scenario) -> None:
     # Given a steps run of 3 tool steps with a budget of exactly 3 tool calls (and no model calls: it needs none)
     await scenario.up("scheduler", "relay", "reconciler", "worker", forge=False)

@@ -214,7 +214,7 @@ def test_a_run_terminated_while_its_request_is_out_still_gets_its_action_settled
     story.assert_consistent(settled=True)
 
 
-def test_budget_runs_out_with_a_step_submitted_and_the_step_is_still_settled() -> None:
+def test_a_step_resent_after_a_crash_is_not_charged_again_and_the_budget_stops_the_next() -> None:
     world = World(lease_ttl=TTL)
     run_id = world.create(tenant_id="t", key="k", kind="steps", goal={"steps": 3}, tool_calls=2)
     driver = StepDriver(world, "w1", lease_ttl=TTL)
@@ -232,10 +232,13 @@ def test_budget_runs_out_with_a_step_submitted_and_the_step_is_still_settled() -
     for _ in driver.advance(run_id, Fence(outcome["owner"], outcome["token"])):
         pass
     stored = world.store.load(run_id)
+    # The successor re-sent the same submission (no second charge) and settled it; the third step
+    # found no budget left and was never prepared
     assert stored is not None and stored.snapshot.status is S.BUDGET_EXHAUSTED
-    assert world.store.get(stored.snapshot.action("step:1").idempotency_key).status == "SUBMITTED"  # type: ignore[union-attr]
-    world.clock.advance(ABANDONED_AFTER + 1)
-    assert world.reconcile_unknown() == {"RETRYABLE": 1}
+    assert stored.snapshot.terminal_reason == "budget tool_calls exhausted"
+    assert stored.snapshot.budget.used.tool_calls == 2
+    assert [(a.logical_action, a.status) for a in stored.snapshot.actions] == [
+        ("step:0", A.CONFIRMED), ("step:1", A.CONFIRMED)]
     history = world.store.history(run_id)
     assert _ledger(stored, world.store.for_run(run_id), settled=True, history=history) == []
 

@@ -49,6 +49,7 @@ from longrun.domain import (
     WaitForUser,
     build_resume_context,
     compact,
+    budget_needs,
     exhausted,
     freeze,
     idempotency_key,
@@ -168,10 +169,6 @@ class Advancer:
                                                            reason=f"taken by {fence.owner}")], fence)
         if run.status is RunStatus.CANCELLING:
             return await self._cancel(stored, fence)
-        spent = exhausted(run.budget)
-        if spent is not None:
-            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
-                                      reason=f"budget {spent} exhausted")
         doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
         if doubtful:
             # What to do next depends on whether that effect happened (e.g. its outcome was recorded
@@ -181,6 +178,10 @@ class Advancer:
         kind = self.kinds.get(run.kind, run.versions.workflow)
         ctx = self._context()
         decision = kind.workflow.decide(run, ctx)
+        spent = exhausted(run.budget, budget_needs(decision, run))
+        if spent is not None:
+            return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
+                                      reason=f"budget {spent} exhausted")
         if isinstance(decision, AskModel):
             return await self._ask_model(stored, fence, kind, decision)
         if isinstance(decision, CallTool):
@@ -292,11 +293,12 @@ class Advancer:
         elif record.status is not ActionStatus.SUBMITTED and record.status is not ActionStatus.RETRYABLE:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                                       reason=f"decide asked again for {name}, already {record.status.value}")
-        # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash.
+        # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash: the
+        # same submission, charged when it was first made.
         if record is None or record.status is ActionStatus.RETRYABLE:
             events.append(self._event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
-        events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
-        stored = await self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
+            events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
+            stored = await self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
         faults.crash_point("worker.before_tool_request")
         try:
             result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)

@@ -37,6 +37,7 @@ from longrun.domain.decisions import (
     WaitForEvent,
     WaitForUser,
     Workflow,
+    budget_needs,
     wait_for,
 )
 from longrun.domain.events import (
@@ -197,4 +198,5 @@ __all__ = [
     "upcast_snapshot_v1_v2",
     "violations",
     "wait_for",
+    "budget_needs",
 ]

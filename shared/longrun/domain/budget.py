@@ -48,10 +48,10 @@ def charge(budget: Budget, *, model_calls: int = 0, tool_calls: int = 0, cost: f
     return replace(budget, used=budget.used + Usage(model_calls, tool_calls, cost))
 
 
-def exhausted(budget: Budget) -> str | None:
-    """The first dimension with nothing left, or None while every dimension has room."""
+def exhausted(budget: Budget, dimensions: tuple[str, ...] = DIMENSIONS) -> str | None:
+    """The first of ``dimensions`` with nothing left, or None while each of them has room."""
     return next(
-        (dim for dim in DIMENSIONS if getattr(budget.used, dim) >= getattr(budget.limit, dim)),
+        (dim for dim in dimensions if getattr(budget.used, dim) >= getattr(budget.limit, dim)),
         None,
     )
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
+from longrun.domain.action import ActionStatus
 from longrun.domain.codec import FrozenMap
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
@@ -108,6 +109,21 @@ class Workflow(Protocol):
 
     def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
         """The acceptance conditions ``evidence`` does not meet; empty means accepted."""
+
+
+def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
+    """The budget dimensions carrying out ``decision`` spends, which must have room first.
+
+    Only new work spends: completing, failing and waiting need no budget (a run whose last step
+    used its last tool call still completes), and re-sending an action submitted before a crash
+    is the same submission, already charged.
+    """
+    if isinstance(decision, AskModel):
+        return ("model_calls", "cost")
+    if isinstance(decision, CallTool):
+        record = state.action(decision.logical_action)
+        return () if record is not None and record.status is ActionStatus.SUBMITTED else ("tool_calls", "cost")
+    return ()
 
 
 def wait_for(

@@ -69,6 +69,7 @@ from longrun.domain import (
     WakeReason,
     Workflow,
     evolve,
+    budget_needs,
     exhausted,
     freeze,
     idempotency_key,
@@ -611,11 +612,6 @@ class StepDriver:
                                                                  reason=f"taken by {fence.owner}")], fence))
         if run.status is _S.CANCELLING:
             return (yield from self._cancel(stored, fence))
-        spent = exhausted(run.budget)
-        if spent is not None:
-            yield from self._finish(stored, fence, ev.RunStatusChanged, to=_S.BUDGET_EXHAUSTED,
-                                    reason=f"budget {spent} exhausted")
-            return None
         doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
         if doubtful:
             yield from self._finish(stored, fence, ev.RunStatusChanged, to=_S.ACTION_UNKNOWN,
@@ -624,6 +620,11 @@ class StepDriver:
         kind = self.world.kinds[run.kind]
         ctx = self.world.context()
         decision = kind.workflow.decide(run, ctx)
+        spent = exhausted(run.budget, budget_needs(decision, run))
+        if spent is not None:
+            yield from self._finish(stored, fence, ev.RunStatusChanged, to=_S.BUDGET_EXHAUSTED,
+                                    reason=f"budget {spent} exhausted")
+            return None
         if isinstance(decision, AskModel):
             raise NotImplementedError("the memory model has no model adapter")
         if isinstance(decision, CallTool):
@@ -692,8 +693,9 @@ class StepDriver:
             return None
         if record is None or record.status is _A.RETRYABLE:
             events.append(self._event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
-        events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
-        stored = yield from self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
+            events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
+        if events:
+            stored = yield from self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
         try:
             result = self.world.far_side.call(tool, args, key, fence.token)
         except ActionOutcomeUnknown as e:

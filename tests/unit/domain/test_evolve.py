@@ -15,11 +15,15 @@ from longrun.domain import (
     ActionSubmitted,
     ActionUnknown,
     ApprovalDecided,
+    AskModel,
     BudgetCharged,
+    CallTool,
     CancelRequested,
+    Complete,
     CompensationStarted,
     DecisionContext,
     EffectKind,
+    Fail,
     FactRecorded,
     FrozenMap,
     QuestionOpened,
@@ -41,7 +45,9 @@ from longrun.domain import (
     WaitForUser,
     WaitStarted,
     WakeReason,
+    budget_needs,
     evolve,
+    exhausted,
     fold,
     idempotency_key,
     is_late,
@@ -282,6 +288,24 @@ def test_preparing_needs_budget_room_and_an_overrunning_charge_ends_the_run() ->
     h.apply(BudgetCharged, cost=12.5)  # the receipt of a call already in flight lands after the pause
     assert h.snapshot.status is S.BUDGET_EXHAUSTED
     assert h.snapshot.terminal_reason == "budget cost exhausted: 12.5 of 10.0"
+
+
+def test_only_new_work_needs_budget_room() -> None:
+    # A run allowed one tool call and no model at all
+    h = running(budget=Usage(model_calls=0, tool_calls=1, cost=1.0))
+    pr = CallTool(tool="create_pr", args=PR_ARGS, logical_action="pr")
+    assert budget_needs(AskModel(purpose="plan"), h.snapshot) == ("model_calls", "cost")
+    assert budget_needs(pr, h.snapshot) == ("tool_calls", "cost")
+    assert exhausted(h.snapshot.budget, budget_needs(pr, h.snapshot)) is None  # a used-up model budget is no bar
+    # once its one call is submitted and charged, finishing needs nothing, nor does re-sending that same
+    # submission after a crash; a new call needs room it no longer has
+    prepare(h)
+    h.apply(ActionSubmitted, logical_action="pr")
+    h.apply(BudgetCharged, tool_calls=1)
+    for decision in (Complete(evidence=FrozenMap({})), Fail(reason="gave up"), pr):
+        assert exhausted(h.snapshot.budget, budget_needs(decision, h.snapshot)) is None, decision
+    another = CallTool(tool="create_pr", args=PR_ARGS, logical_action="pr-2")
+    assert exhausted(h.snapshot.budget, budget_needs(another, h.snapshot)) == "tool_calls"
 
 
 def test_an_idempotency_key_is_never_reused_for_another_request() -> None:
