@@ -6,10 +6,11 @@ hash is refused (``IdempotencyKeyReused``), never silently reused.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -34,6 +35,18 @@ class LedgerRow:
     receipt: dict[str, Any] | None
 
 
+# Built once (record: once per set of fields), so executing them hits SQLAlchemy's compiled cache.
+_PREPARE = insert(actions).on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(actions.c.action_id)
+_GET = select(actions).where(actions.c.idempotency_key == bindparam("key"))
+
+
+@functools.cache
+def _record(fields: frozenset[str]) -> Any:
+    return (update(actions).where(actions.c.idempotency_key == bindparam("key"))
+            .values(status=bindparam("status", type_=actions.c.status.type), updated_at=func.now(),
+                    **{name: bindparam(name, type_=actions.c[name].type) for name in fields}))
+
+
 def _row(r: Any) -> LedgerRow:
     return LedgerRow(r.action_id, r.run_id, r.logical_action, r.tool, r.effect_kind, r.idempotency_key,
                      r.request_hash, r.request, r.status, r.attempts, r.external_id, r.receipt)
@@ -42,14 +55,11 @@ def _row(r: Any) -> LedgerRow:
 async def prepare(conn: AsyncConnection, *, action_id: str, run_id: str, logical_action: str, tool: str,
                   tool_version: str, effect_kind: str, idempotency_key: str, request_hash: str,
                   request: dict[str, Any], fencing_token: int) -> None:
-    inserted = await conn.execute(
-        insert(actions).values(
-            action_id=action_id, run_id=run_id, logical_action=logical_action, tool=tool,
-            tool_version=tool_version, effect_kind=effect_kind, idempotency_key=idempotency_key,
-            request_hash=request_hash, request=request, status=ActionStatus.SUBMITTED.value, attempts=1,
-            fencing_token=fencing_token)
-        .on_conflict_do_nothing(index_elements=["idempotency_key"])
-        .returning(actions.c.action_id))
+    inserted = await conn.execute(_PREPARE, {
+        "action_id": action_id, "run_id": run_id, "logical_action": logical_action, "tool": tool,
+        "tool_version": tool_version, "effect_kind": effect_kind, "idempotency_key": idempotency_key,
+        "request_hash": request_hash, "request": request, "status": ActionStatus.SUBMITTED.value, "attempts": 1,
+        "fencing_token": fencing_token})
     if inserted.first() is None:
         existing = await get(conn, idempotency_key)
         assert existing is not None
@@ -60,12 +70,11 @@ async def prepare(conn: AsyncConnection, *, action_id: str, run_id: str, logical
 
 
 async def record(conn: AsyncConnection, idempotency_key: str, status: ActionStatus, **fields: Any) -> None:
-    await conn.execute(update(actions).where(actions.c.idempotency_key == idempotency_key)
-                       .values(status=status.value, updated_at=func.now(), **fields))
+    await conn.execute(_record(frozenset(fields)), {**fields, "key": idempotency_key, "status": status.value})
 
 
 async def get(conn: AsyncConnection, idempotency_key: str) -> LedgerRow | None:
-    row = (await conn.execute(select(actions).where(actions.c.idempotency_key == idempotency_key))).first()
+    row = (await conn.execute(_GET, {"key": idempotency_key})).first()
     return None if row is None else _row(row)
 
 

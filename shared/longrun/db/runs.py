@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Interval, bindparam, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -75,19 +75,58 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
     }
 
 
+# Hot statements are built once: executed with a parameter dict they hit SQLAlchemy's compiled
+# cache through their memoised cache key, instead of being rebuilt and re-keyed on every call.
+_PROJECTED = ("status", "revision", "priority", "wait_kind", "wait_correlation_key", "wait_deadline",
+              "approval_id", "approval_owner", "approved_hash", "budget", "cancel_requested", "snapshot")
+_CREATE = (pg_insert(runs).on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+           .returning(runs.c.run_id))
+
+
+def _bind(name: str) -> Any:
+    return bindparam(name, type_=runs.c[name].type)
+
+
+def _guarded_update(*, fenced: bool, release: bool) -> Any:
+    """``append``'s UPDATE: the projection and last_seq, only at the expected revision and seq (and fence)."""
+    guard = [runs.c.run_id == bindparam("b_run_id"), runs.c.revision == bindparam("b_revision"),
+             runs.c.last_seq == bindparam("b_last_seq")]
+    if fenced:
+        guard += [runs.c.lease_owner == bindparam("f_owner"), runs.c.fencing_token == bindparam("f_token")]
+    values: dict[str, Any] = {name: _bind(name) for name in (*_PROJECTED, "last_seq")}
+    if release:
+        values.update(lease_owner=None, lease_until=None)
+    return update(runs).where(*guard).values(**values, updated_at=func.now()).returning(runs.c.run_id)
+
+
+_APPEND = {(fenced, release): _guarded_update(fenced=fenced, release=release)
+           for fenced in (False, True) for release in (False, True)}
+_TTL = bindparam("ttl", type_=Interval())
+# WHERE parameters of an UPDATE must not be named like a column: those names belong to SET.
+_IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bindparam("owner"),
+              runs.c.fencing_token == bindparam("token"))
+_TAKE_LEASE = (update(runs)
+               .where(runs.c.run_id == bindparam("b_run_id"),
+                      runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
+               .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
+                       fencing_token=runs.c.fencing_token + 1)
+               .returning(runs.c.fencing_token))
+_EXTEND_LEASE = update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id)
+_RELEASE_LEASE = update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None)
+_FENCE_NOW = select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id"))
+_INSERT_EVENTS = insert(run_events)
+
+
 async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int) -> StoredRun | None:
     """Insert a run with its first event; None when (tenant, idempotency_key) exists."""
     snapshot = evolve(None, created)
-    row = await conn.execute(
-        pg_insert(runs).values(
-            run_id=created.run_id, tenant_id=created.tenant_id, idempotency_key=idempotency_key,
-            input_hash=input_hash, workflow=created.kind, workflow_version=created.versions.workflow,
-            prompt_version=created.versions.prompt, model_policy_version=created.versions.model_policy,
-            tool_schema_version=created.versions.tool_schemas, partition=partition,
-            last_seq=created.seq, **projection(snapshot))
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(runs.c.run_id))
+    row = await conn.execute(_CREATE, {
+        "run_id": created.run_id, "tenant_id": created.tenant_id, "idempotency_key": idempotency_key,
+        "input_hash": input_hash, "workflow": created.kind, "workflow_version": created.versions.workflow,
+        "prompt_version": created.versions.prompt, "model_policy_version": created.versions.model_policy,
+        "tool_schema_version": created.versions.tool_schemas, "partition": partition,
+        "last_seq": created.seq, **projection(snapshot)})
     if row.first() is None:
         return None
     await _insert_events(conn, created.run_id, [(created, True)], fence=None)
@@ -96,6 +135,8 @@ async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_k
 
 _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
             runs.c.fencing_token, runs.c.admitted_at)
+_LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
+_LOAD_LOCKED = _LOAD.with_for_update()
 
 
 def _stored(row: Any) -> StoredRun:
@@ -104,10 +145,7 @@ def _stored(row: Any) -> StoredRun:
 
 
 async def load(conn: AsyncConnection, run_id: str, *, lock: bool = False) -> StoredRun | None:
-    query = select(*_COLUMNS).where(runs.c.run_id == run_id)
-    if lock:
-        query = query.with_for_update()
-    row = (await conn.execute(query)).first()
+    row = (await conn.execute(_LOAD_LOCKED if lock else _LOAD, {"run_id": run_id})).first()
     return None if row is None else _stored(row)
 
 
@@ -153,12 +191,12 @@ async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.R
                  fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
     """Apply ``events`` (seqs from ``stored.seq``) in one guarded update; return the new state."""
     planned = plan(stored, events, release_lease=release_lease)
-    guard = [runs.c.run_id == stored.snapshot.run_id, runs.c.revision == stored.snapshot.revision,
-             runs.c.last_seq == stored.stored_seq]
+    params = {**projection(planned.after.snapshot), "last_seq": planned.after.stored_seq,
+              "b_run_id": stored.snapshot.run_id, "b_revision": stored.snapshot.revision,
+              "b_last_seq": stored.stored_seq}
     if fence is not None:
-        guard += [runs.c.lease_owner == fence.owner, runs.c.fencing_token == fence.token]
-    updated = await conn.execute(update(runs).where(*guard).values(**_values(planned), updated_at=func.now())
-                                 .returning(runs.c.run_id))
+        params.update(f_owner=fence.owner, f_token=fence.token)
+    updated = await conn.execute(_APPEND[fence is not None, release_lease], params)
     if updated.first() is None:
         await _conflict(conn, stored, fence)
     await _insert_events(conn, stored.snapshot.run_id, list(planned.rows), fence=fence)
@@ -191,13 +229,12 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
                                runs.c.last_seq == bindparam("b_last_seq")).values(updated_at=func.now()), params)
         if result.rowcount != len(group):
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
-    await conn.execute(insert(run_events), [
+    await conn.execute(_INSERT_EVENTS, [
         _event_row(p.before.snapshot.run_id, event, applied, None) for p in planned for event, applied in p.rows])
 
 
 async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | None) -> None:
-    current = (await conn.execute(select(runs.c.lease_owner, runs.c.fencing_token)
-                                  .where(runs.c.run_id == stored.snapshot.run_id))).first()
+    current = (await conn.execute(_FENCE_NOW, {"run_id": stored.snapshot.run_id})).first()
     if fence is not None and (current is None or current.lease_owner != fence.owner
                               or current.fencing_token != fence.token):
         raise LeaseLost(stored.snapshot.run_id, fence.token)
@@ -207,7 +244,7 @@ async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | Non
 async def _insert_events(conn: AsyncConnection, run_id: str, rows: list[tuple[ev.RunEvent, bool]],
                          *, fence: Fence | None) -> None:
     if rows:
-        await conn.execute(insert(run_events), [_event_row(run_id, event, applied, fence) for event, applied in rows])
+        await conn.execute(_INSERT_EVENTS, [_event_row(run_id, event, applied, fence) for event, applied in rows])
 
 
 def _event_row(run_id: str, event: ev.RunEvent, applied: bool, fence: Fence | None) -> dict[str, Any]:
@@ -224,27 +261,16 @@ async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
 
 async def take_lease(conn: AsyncConnection, run_id: str, owner: str, ttl: float) -> Fence | None:
     """Take the run if its lease is free or expired (database time); the token always grows."""
-    row = (await conn.execute(
-        update(runs)
-        .where(runs.c.run_id == run_id,
-               runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
-        .values(lease_owner=owner, lease_until=func.now() + timedelta(seconds=ttl),
-                fencing_token=runs.c.fencing_token + 1)
-        .returning(runs.c.fencing_token))).first()
+    row = (await conn.execute(_TAKE_LEASE, {"b_run_id": run_id, "owner": owner,
+                                            "ttl": timedelta(seconds=ttl)})).first()
     return None if row is None else Fence(owner, row.fencing_token)
 
 
 async def extend_lease(conn: AsyncConnection, run_id: str, fence: Fence, ttl: float) -> bool:
-    row = (await conn.execute(
-        update(runs)
-        .where(runs.c.run_id == run_id, runs.c.lease_owner == fence.owner,
-               runs.c.fencing_token == fence.token)
-        .values(lease_until=func.now() + timedelta(seconds=ttl))
-        .returning(runs.c.run_id))).first()
+    row = (await conn.execute(_EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token,
+                                              "ttl": timedelta(seconds=ttl)})).first()
     return row is not None
 
 
 async def release_lease(conn: AsyncConnection, run_id: str, fence: Fence) -> None:
-    await conn.execute(update(runs).where(runs.c.run_id == run_id, runs.c.lease_owner == fence.owner,
-                                          runs.c.fencing_token == fence.token)
-                       .values(lease_owner=None, lease_until=None))
+    await conn.execute(_RELEASE_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})
