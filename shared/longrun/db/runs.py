@@ -26,7 +26,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.db.schema import run_events, runs
 from longrun.domain import RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
-from longrun.domain.codec import to_plain
 from longrun.errors import LeaseLost, StaleRevision
 
 
@@ -59,6 +58,7 @@ def _ts(epoch: float | None) -> datetime | None:
 
 def projection(snapshot: RunSnapshot) -> dict[str, Any]:
     wait = snapshot.wait
+    plain = snapshot.to_dict()
     return {
         "status": snapshot.status.value,
         "revision": snapshot.revision,
@@ -69,9 +69,9 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
         "approval_id": wait.approval_id if wait else None,
         "approval_owner": wait.owner if wait else None,
         "approved_hash": wait.approved_hash if wait else None,
-        "budget": to_plain(snapshot.budget),
+        "budget": plain["budget"],
         "cancel_requested": snapshot.cancel_requested,
-        "snapshot": snapshot.to_dict(),
+        "snapshot": plain,
     }
 
 

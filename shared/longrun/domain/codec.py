@@ -88,20 +88,36 @@ def thaw(value: object) -> object:
 
 def to_plain(value: object) -> object:
     """Encode a domain value (dataclass, enum, tuple, frozen JSON) as plain JSON data."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {key: to_plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_plain(item) for item in value]
-    return value
+    cls = type(value)
+    if cls in _PLAIN:
+        return value
+    encode = _ENCODERS.get(cls)
+    if encode is None:
+        encode = _ENCODERS[cls] = _encoder(cls)
+    return encode(value)
+
+
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_ENCODERS: dict[type, typing.Callable[[typing.Any], object]] = {}
+"""How each type encodes, decided once per type: every snapshot write encodes hundreds of values."""
+
+
+def _encoder(cls: type) -> typing.Callable[[typing.Any], object]:
+    if issubclass(cls, enum.Enum):
+        return lambda value: value.value
+    if dataclasses.is_dataclass(cls):
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        return lambda value: {name: to_plain(getattr(value, name)) for name in names}
+    if issubclass(cls, Mapping):
+        return lambda value: {key: to_plain(item) for key, item in value.items()}
+    if issubclass(cls, list | tuple):
+        return lambda value: [to_plain(item) for item in value]
+    return lambda value: value
 
 
 def from_plain(cls: type[T], data: object) -> T:
     """Decode plain JSON data into ``cls``; raises TypeError/ValueError on any mismatch."""
-    return typing.cast(T, _decode(cls, data, cls.__name__))
+    return typing.cast(T, _decoder(cls)(data, cls.__name__))
 
 
 @functools.cache
@@ -117,49 +133,109 @@ def _field_specs(cls: type) -> tuple[tuple[str, object, bool], ...]:
     )
 
 
-def _decode(tp: object, raw: object, path: str) -> object:  # noqa: C901, PLR0911 - one branch per shape
+_Decoder: typing.TypeAlias = typing.Callable[[object, str], object]
+
+
+@functools.cache
+def _decoder(tp: object) -> _Decoder:  # noqa: C901, PLR0911 - one branch per shape
+    """How values of ``tp`` decode, worked out once per type rather than on every value."""
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
-        args = typing.get_args(tp)
-        if raw is None and type(None) in args:
-            return None
-        (inner,) = (arg for arg in args if arg is not type(None))
-        return _decode(inner, raw, path)
+        return _union_decoder(typing.get_args(tp))
     if origin is tuple:
-        if not isinstance(raw, list | tuple):
-            raise TypeError(f"{path}: expected a list, got {type(raw).__name__}")
-        item_tp = typing.get_args(tp)[0]
-        return tuple(_decode(item_tp, item, f"{path}[{i}]") for i, item in enumerate(raw))
+        return _tuple_decoder(typing.get_args(tp)[0])
     if tp is object:
-        return freeze(raw)
+        return lambda raw, path: freeze(raw)
     if tp is FrozenMap:
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"{path}: expected an object, got {type(raw).__name__}")
-        return FrozenMap(raw)
+        return _frozen_map_decoder
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(raw)
+        return lambda raw, path: tp(raw)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, raw, path)
-    if tp is float and isinstance(raw, int | float) and not isinstance(raw, bool):
-        return float(raw)
-    if tp is int and isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if tp in (str, bool) and isinstance(raw, typing.cast(type, tp)):
-        return raw
+        return _dataclass_decoder(tp)
+    if tp is float:
+        return _float_decoder
+    if tp is int:
+        return _int_decoder
+    if tp is str or tp is bool:
+        return _instance_decoder(typing.cast(type, tp))
+    return lambda raw, path: _mismatch(tp, raw, path)
+
+
+def _mismatch(tp: object, raw: object, path: str) -> typing.NoReturn:
     raise TypeError(f"{path}: expected {tp}, got {type(raw).__name__}")
 
 
-def _decode_dataclass(cls: type, raw: object, path: str) -> object:
+def _union_decoder(args: tuple[object, ...]) -> _Decoder:
+    optional = type(None) in args
+    inner = tuple(arg for arg in args if arg is not type(None))
+
+    def decode(raw: object, path: str) -> object:
+        if raw is None and optional:
+            return None
+        (only,) = inner
+        return _decoder(only)(raw, path)
+
+    return decode
+
+
+def _tuple_decoder(item_tp: object) -> _Decoder:
+    def decode(raw: object, path: str) -> object:
+        if not isinstance(raw, list | tuple):
+            raise TypeError(f"{path}: expected a list, got {type(raw).__name__}")
+        item = _decoder(item_tp)
+        return tuple(item(value, f"{path}[{i}]") for i, value in enumerate(raw))
+
+    return decode
+
+
+def _frozen_map_decoder(raw: object, path: str) -> object:
     if not isinstance(raw, Mapping):
         raise TypeError(f"{path}: expected an object, got {type(raw).__name__}")
-    specs = _field_specs(cls)
-    unknown = set(raw) - {name for name, _, _ in specs}
-    if unknown:
-        raise ValueError(f"{path}: unknown field(s) {sorted(unknown)}")
-    kwargs: dict[str, object] = {}
-    for name, hint, required in specs:
-        if name in raw:
-            kwargs[name] = _decode(hint, raw[name], f"{path}.{name}")
-        elif required:
-            raise ValueError(f"{path}: missing field {name!r}")
-    return cls(**kwargs)
+    return FrozenMap(raw)
+
+
+def _float_decoder(raw: object, path: str) -> object:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    _mismatch(float, raw, path)
+
+
+def _int_decoder(raw: object, path: str) -> object:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    _mismatch(int, raw, path)
+
+
+def _instance_decoder(tp: type) -> _Decoder:
+    def decode(raw: object, path: str) -> object:
+        if isinstance(raw, tp):
+            return raw
+        _mismatch(tp, raw, path)
+
+    return decode
+
+
+def _dataclass_decoder(cls: type) -> _Decoder:
+    # Field decoders are resolved on first use, so a dataclass may refer to itself.
+    resolved: list[tuple[frozenset[str], tuple[tuple[str, _Decoder, bool], ...]]] = []
+
+    def decode(raw: object, path: str) -> object:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"{path}: expected an object, got {type(raw).__name__}")
+        if not resolved:
+            specs = _field_specs(cls)
+            resolved.append((frozenset(name for name, _, _ in specs),
+                             tuple((name, _decoder(hint), required) for name, hint, required in specs)))
+        names, fields = resolved[0]
+        unknown = set(raw) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {sorted(unknown)}")
+        kwargs: dict[str, object] = {}
+        for name, decode_field, required in fields:
+            if name in raw:
+                kwargs[name] = decode_field(raw[name], f"{path}.{name}")
+            elif required:
+                raise ValueError(f"{path}: missing field {name!r}")
+        return cls(**kwargs)
+
+    return decode
