@@ -196,3 +196,37 @@ async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[
     async with engine.connect() as conn:
         return (await conn.execute(text("SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL"),
                                    {"t": tenant})).scalar() >= n
+
+
+async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_gets_one(
+        clean, engine, bus, ensemble) -> None:
+    # Given a worker with one slot and a short lease, and a created run
+    ensemble.start("scheduler", "services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel(dependency_upgrade.model_script()),
+                      artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
+                      lease_ttl=1.5, concurrency=1)
+    async with engine.begin() as conn:
+        taken = await worker.on_wakeup(conn, wakeup(run_id, "queued"))
+    fence = runs.Fence(taken["owner"], taken["token"])
+    # When it is woken while its only slot is busy for twice the lease
+    async with worker._slots:
+        worker.start(run_id, fence)
+        await asyncio.sleep(3.0)
+        # Then nobody else can take the run meanwhile: its lease is kept alive
+        async with engine.begin() as conn:
+            assert await runs.take_lease(conn, run_id, "w2", ttl=30) is None
+    # and once the slot frees, the run is advanced under the same fence
+    await eventually(lambda: _left_ready(engine, run_id), what="the run taken by w1")
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+    assert stored is not None and stored.fencing_token == fence.token
+    await worker.drain()
+
+
+async def _left_ready(engine, run_id: str) -> bool:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+    return stored is not None and stored.snapshot.status is not RunStatus.READY

@@ -116,13 +116,17 @@ class Advancer:
 
     # -- the step loop --------------------------------------------------------------------
     async def advance(self, run_id: str, fence: Fence, *, trace: str | None = None) -> None:
-        async with self._slots:
-            with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
-                                                          "longrun.fencing_token": fence.token}):
-                await self._advance(run_id, fence)
+        # The lease was taken with the wakeup: keep it alive while the run waits for a free slot too.
+        heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
+        try:
+            async with self._slots:
+                with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
+                                                              "longrun.fencing_token": fence.token}):
+                    await self._advance(run_id, fence)
+        finally:
+            heartbeat.cancel()
 
     async def _advance(self, run_id: str, fence: Fence) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
         try:
             stored = await self._load(run_id, fence)
             while stored is not None:
@@ -138,8 +142,6 @@ class Advancer:
                 logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
             else:
                 logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
-        finally:
-            heartbeat.cancel()
 
     async def _load(self, run_id: str, fence: Fence) -> StoredRun | None:
         async with self.engine.connect() as conn:
