@@ -29,7 +29,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -196,9 +196,14 @@ class Chaos:
         await self.ensemble.wait_http(f"{self.ensemble.gateway_url}/healthz")
 
     # -- the monkey --------------------------------------------------------------------------------
-    async def monkey(self, until: float) -> None:
+    async def monkey(self, until: float, *, alongside: Sequence[asyncio.Task[None]] = ()) -> None:
+        """Kill, stop and restart services until ``until``; stop early (raising its error) if a task
+        ``alongside`` (the producer, the people) failed: chaos without new runs or answers proves little."""
         weights = [s.weight for s in self.slots]
         while time.monotonic() < until:
+            for task in alongside:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
             await asyncio.sleep(self.monkey_rng.uniform(*self.plan.kill_every))
             slot = self.monkey_rng.choices(self.slots, weights)[0]
             how = self.monkey_rng.random()
@@ -290,16 +295,22 @@ class Chaos:
             self.figures.same_key_again += 1
 
     async def _publish(self, envelope: Any) -> None:
-        for attempt in range(120):
+        """Publish with confirms; when the broker went away (it is shared: another test may restart
+        it), reconnect and publish again, like any producer (a copy that did arrive is a duplicate
+        the scheduler's inbox absorbs)."""
+        for attempt in range(1, 301):
             try:
+                if not self.bus.connected:
+                    await self.bus.ensure_connected()
                 await self.bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
                 return
-            except (BusUnavailable, *CONNECTION_ERRORS):
-                # The shared broker restarted under someone else's test: like any producer, publish again.
-                if attempt == 119:
+            except Exception as e:
+                if attempt == 300 or not isinstance(e, (BusUnavailable, *CONNECTION_ERRORS)) and attempt > 30:
                     raise
+                if attempt == 1:
+                    print(f"[chaos] publishing run.create again after {e.__class__.__name__}: {e}", flush=True)
+                self.bus.lost.set()
                 await asyncio.sleep(1.0)
-                await self.bus.ensure_connected()
 
     # -- the people (and the forge's webhook retry) ---------------------------------------------------
     async def people(self, until: float) -> None:

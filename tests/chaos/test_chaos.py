@@ -49,7 +49,7 @@ async def test_random_kills_leave_every_run_consistent(clean, engine, bus, servi
     people = asyncio.create_task(chaos.people(people_until))
     producer = asyncio.create_task(chaos.producer(time.monotonic() + plan.chaos_seconds * plan.create_share))
     progress = asyncio.create_task(_progress(chaos, engine, until)) if plan.long else None
-    await chaos.monkey(until)
+    await chaos.monkey(until, alongside=(producer, people))
     await producer
     chaos.figures.chaos_seconds = time.monotonic() - began
 
