@@ -47,7 +47,8 @@ metadata = MetaData(
     }
 )
 
-CONSUMING_SERVICES = ("scheduler", "worker", "timer", "reconciler", "gateway")
+CONSUMING_SERVICES = ("scheduler", "worker", "reconciler", "gateway")
+"""Services that consume messages, each with its own inbox table (the timer reads the timers table)."""
 TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_to_start",
                "start_to_close", "heartbeat", "sleep")
 
@@ -293,3 +294,5 @@ audit_log = Table(
     Column("reason", Text, nullable=False),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
+# The reconciler checks for its own earlier alerts (action + target) on every pass.
+Index("ix_audit_log_action_target", audit_log.c.action, audit_log.c.target)
