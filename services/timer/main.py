@@ -5,7 +5,10 @@ so any number of replicas run side by side) until less than a full batch was due
 sleeps until the earliest unfired timer is due, asking PostgreSQL once per round (never
 per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by other
 services are not announced, so the cap bounds how late a freshly scheduled timer fires.
-SIGTERM lets the batch in flight commit, then the process exits.
+Once a full batch was due, ``LANES`` batches are in flight at once until the backlog is
+gone: while PostgreSQL writes and commits one, this process prepares the next (SKIP LOCKED
+keeps their timers apart; runs are locked in run_id order, so they cannot deadlock).
+SIGTERM lets the batches in flight commit, then the process exits.
 """
 
 from __future__ import annotations
@@ -27,17 +30,27 @@ SERVICE = "timer"
 MAX_SLEEP = 0.5
 """Seconds; the longest a timer scheduled while the service sleeps waits before it is seen."""
 ERROR_SLEEP = 1.0
+LANES = 3
+"""Batches in flight at once while a backlog lasts."""
 
 logger = logging.getLogger(__name__)
 
 
 async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
                     clock: Callable[[], float] = time.time) -> None:
+    async def drain() -> None:
+        while not stopping.is_set() and await timers.fire_due(
+                engine, batch=batch, clock=clock, producer=SERVICE) == batch:
+            pass
+
     while not stopping.is_set():
         try:
-            while not stopping.is_set() and await timers.fire_due(
-                    engine, batch=batch, clock=clock, producer=SERVICE) == batch:
-                pass
+            if await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE) == batch:
+                # A lane that fails stops; the others finish the backlog, then the first error is handled.
+                failed = [r for r in await asyncio.gather(*(drain() for _ in range(LANES)), return_exceptions=True)
+                          if r is not None]
+                if failed:
+                    raise failed[0]
             delay = await _sleep_for(engine)
         except Exception as e:
             if is_transient(e):

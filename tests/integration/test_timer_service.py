@@ -10,6 +10,7 @@ timers table, and the outbox rows the firing wrote.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
+from longrun.app import timers as firing
 from longrun.app.timers import fire_due
 from longrun.bus import topology
 from longrun.db import runs, timers
@@ -190,6 +192,80 @@ async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engi
                                   "WHERE run_id = 'run-busy' AND seq > 2 ORDER BY seq")
     assert [c.reason.split(":")[0] for c in changes] == ["start_to_close"]
     assert [o.type for o in await _outbox(engine, "run-busy")] == ["run.wakeup", "run.event"]
+
+
+_BULK_WAITS = {
+    "run-b-approval": (RunStatus.WAITING_USER, Wait(wait_id="a1", kind="approval", deadline=0, approval_id="ap-1",
+                                                   owner="alice", approved_hash="h1", subject="merge")),
+    "run-b-ci": (RunStatus.WAITING_EVENT, Wait(wait_id="c1", kind="ci", deadline=0, correlation_key="ci:b")),
+    "run-b-ended": (RunStatus.WAITING_EVENT, Wait(wait_id="e1", kind="ci", deadline=0, correlation_key="ci:e")),
+    "run-b-retry": (RunStatus.RETRY_SCHEDULED, Wait(wait_id="r1", kind="timer", deadline=0, wake_at=0,
+                                                    subject="deploy")),
+    "run-b-timed-out": (RunStatus.RETRY_SCHEDULED, Wait(wait_id="t1", kind="timer", deadline=0, wake_at=0)),
+}
+
+
+@pytest.mark.parametrize("shortcut", [True, False], ids=["shortcut", "domain"])
+async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
+        clean, engine, monkeypatch, caplog, shortcut) -> None:
+    # Given runs parked every way a wait timer finds them: an approval and a CI wait reaching their
+    # deadlines, a retry backoff, a wait a webhook already ended, and a run that timed out meanwhile
+    later = time.time() + 3600
+    before: dict[str, StoredRun] = {}
+    for run_id, (status, wait) in _BULK_WAITS.items():
+        moved = {"deadline": later, "wake_at": later} if wait.wake_at is not None else {"deadline": later}
+        before[run_id] = await _park(engine, run_id, status, Wait(**{**_fields(wait), **moved}))
+    async with engine.begin() as conn:
+        ended, out = before["run-b-ended"], before["run-b-timed-out"]
+        before["run-b-ended"] = await runs.append(conn, ended, [ev.RunWoken(
+            seq=ended.seq(1), at=time.time(), wait_id="e1", reason=WakeReason.EVENT, correlation_key="ci:e")])
+        before["run-b-timed-out"] = await runs.append(conn, out, [ev.RunStatusChanged(
+            seq=out.seq(1), at=time.time(), to=RunStatus.TIMED_OUT, reason="business_deadline: passed")])
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
+        due = {r.run_id: r for r in await conn.execute(text("SELECT run_id, kind, payload FROM timers"))}
+    if not shortcut:
+        # Any difference from the sample's transition turns the shortcut off for the batch.
+        monkeypatch.setattr(firing, "_WAKE_KEYS", frozenset())
+    # When they all fire in one batch
+    at = time.time()
+    assert await fire_due(engine, batch=10, clock=lambda: at) == len(_BULK_WAITS)
+    assert ("shortcut disagrees" in caplog.text) is not shortcut
+    # Then every run row, event and outbox message is what runs.plan and effects make of the wake
+    for run_id, was in before.items():
+        timer = due[run_id]
+        event = ev.RunWoken(seq=was.seq(1), at=at, wait_id=timer.payload["wait_id"],
+                            reason=WakeReason(timer.payload["reason"]))
+        planned = runs.plan(was, [event])
+        applied = planned.after.snapshot.revision != was.snapshot.revision
+        assert applied is (run_id in ("run-b-approval", "run-b-ci", "run-b-retry")), run_id
+        row = (await _rows(engine, "SELECT * FROM runs WHERE run_id = :r", r=run_id))[0]._mapping
+        expected = runs.projection(planned.after.snapshot)
+        assert {k: row[k] for k in expected} == expected, run_id
+        assert row["last_seq"] == planned.after.stored_seq
+        stored = (await _rows(engine, "SELECT event_id, data, applied, occurred_at FROM run_events "
+                                      "WHERE run_id = :r AND seq = :s", r=run_id, s=event.seq))
+        assert [tuple(e) for e in stored] == [(f"{run_id}:{event.seq}", ev.event_to_dict(event), applied,
+                                               datetime.fromtimestamp(at, UTC))], run_id
+        messages = []
+        if applied:
+            messages.append(effects.wake_message(planned.after, reason=f"timer:{timer.kind}", producer="timer"))
+        broadcast = effects.broadcast_message(was.snapshot, planned.after, producer="timer")
+        messages += [broadcast] if broadcast is not None else []
+        sent = await _rows(engine, "SELECT type, exchange, routing_key, partition, payload FROM outbox "
+                                   "WHERE aggregate_id = :r ORDER BY id", r=run_id)
+        assert [(o.type, o.exchange, o.routing_key, o.partition, _fresh_ids_dropped(o.payload)) for o in sent] == [
+            (m.envelope.type, m.exchange, m.routing_key, m.partition,
+             _fresh_ids_dropped(json.loads(m.envelope.model_dump_json()))) for m in messages], run_id
+
+
+def _fields(wait: Wait) -> dict[str, Any]:
+    return {f: getattr(wait, f) for f in wait.__dataclass_fields__}
+
+
+def _fresh_ids_dropped(envelope: dict[str, Any]) -> dict[str, Any]:
+    """An envelope minus what differs between any two messages made for the same thing."""
+    payload = {k: v for k, v in envelope["payload"].items() if k != "wakeup_id"}
+    return {**{k: v for k, v in envelope.items() if k not in ("event_id", "occurred_at")}, "payload": payload}
 
 
 @pytest.mark.timeout(240)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import outbox
@@ -50,13 +50,38 @@ async def enqueue(conn: AsyncConnection, envelope: Envelope, *, exchange: str, r
 
 async def enqueue_many(conn: AsyncConnection, messages: Sequence[Message]) -> None:
     """One INSERT; the table's statement trigger sends one NOTIFY (delivered at commit) to wake relays."""
+    await enqueue_plain(conn, [Plain(json.loads(m.envelope.model_dump_json()), m.exchange, m.routing_key, m.partition)
+                               for m in messages])
+
+
+@dataclass(frozen=True, slots=True)
+class Plain:
+    """A message whose envelope is already in its JSON form (as the relay will publish it)."""
+
+    envelope: dict[str, Any]
+    exchange: str
+    routing_key: str
+    partition: int
+
+
+# The rows travel as one JSON array: arrays of JSON text would be escaped element by element on the client.
+_INSERT = text(
+    "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
+    "                    payload, traceparent) "
+    "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
+    "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
+    "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
+    "FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS r(row, n), "
+    "     LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
+    "ORDER BY r.n")
+
+
+async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> None:
+    """``enqueue_many`` for envelopes already in JSON form: one INSERT, rows in the given order."""
     if messages:
-        await conn.execute(outbox.insert(), [{
-            "event_id": m.envelope.event_id, "aggregate_type": "run",
-            "aggregate_id": m.envelope.run_id or m.envelope.event_id, "partition": m.partition,
-            "exchange": m.exchange, "routing_key": m.routing_key, "type": m.envelope.type,
-            "payload": json.loads(m.envelope.model_dump_json()), "traceparent": m.envelope.trace,
-        } for m in messages])
+        await conn.execute(_INSERT, {"rows": json.dumps([
+            {"envelope": m.envelope, "exchange": m.exchange, "routing_key": m.routing_key, "partition": m.partition}
+            for m in messages])})
 
 
 async def unpublished(conn: AsyncConnection, partition: int, limit: int) -> list[OutboxRow]:
