@@ -1,10 +1,13 @@
 """The outbox relay: committed outbox rows -> RabbitMQ, with confirms, then marked sent.
 
-Per partition (owned by exactly one relay replica at a time) it takes the oldest
-unpublished rows — every round rescans, so a row whose transaction commits late is
-never skipped — publishes them pipelined on one confirm channel (the broker keeps
-that order), and marks the confirmed ones. A crash between confirm and mark
-publishes the row again; consumers' inboxes absorb the duplicate.
+Each round takes the oldest unpublished rows of all the partitions this replica owns
+(each partition is owned by exactly one relay replica at a time) in one read — every
+round rescans, so a row whose transaction commits late is never skipped — publishes
+them pipelined on one confirm channel (the broker keeps that order), and marks the
+confirmed ones in one statement. Within a partition nothing after a failed publish is
+marked, so the next round publishes it again after the failed one: per-run order holds.
+A crash between confirm and mark publishes the rows again; consumers' inboxes absorb
+the duplicates.
 """
 
 from __future__ import annotations
@@ -55,8 +58,7 @@ class Relay:
             try:
                 await self.bus.ensure_connected()
                 async with self._lock:
-                    for partition in sorted(self.owned):
-                        await self.drain(partition)
+                    await self.drain()
             except Exception as e:
                 if not is_transient(e):
                     logger.exception("relay round failed")
@@ -64,23 +66,30 @@ class Relay:
                     logger.warning("relay round: database unavailable (%r)", e)
                 await asyncio.sleep(0.5)
 
-    async def drain(self, partition: int) -> None:
-        while True:
+    async def drain(self) -> None:
+        """Publish until the owned partitions have nothing unpublished (or a publish failed)."""
+        while self.owned:
             async with self.engine.connect() as conn:
-                rows = await outbox.unpublished(conn, partition, self.batch)
+                rows = await outbox.unpublished(conn, self.owned, self.batch)
             if not rows:
                 return
             results = await self.bus.publish_many(
                 [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
-            confirmed = [row.id for row, error in zip(rows, results, strict=True) if error is None]
+            broken: set[int] = set()
+            confirmed: list[int] = []
+            for row, error in zip(rows, results, strict=True):
+                if error is not None:
+                    broken.add(row.partition)
+                elif row.partition not in broken:
+                    confirmed.append(row.id)
             faults.crash_point("relay.after_publish_before_mark")
             async with self.engine.begin() as conn:
                 await outbox.mark_published(conn, confirmed)
             self.published += len(confirmed)
             failures = [e for e in results if e is not None]
             if failures:
-                logger.warning("partition %d: %d of %d publishes failed, first: %s",
-                               partition, len(failures), len(rows), failures[0])
+                logger.warning("partitions %s: %d of %d publishes failed, first: %s",
+                               sorted(broken), len(failures), len(rows), failures[0])
                 return
             if len(rows) < self.batch:
                 return

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from collections.abc import Sequence
+from typing import Any
 
+import pytest
+from sqlalchemy import event, text
+
+from longrun.db import outbox
+from longrun.envelope import make
+from longrun.errors import BusUnavailable
+from longrun.relay import Relay
 from tests.fixtures import eventually
 from tests.integration.bus_helpers import applied, create_probe_table, enqueue, scalar, wakeup
 
@@ -53,6 +62,63 @@ async def test_relay_publishes_a_row_that_commits_late(clean, engine, services) 
     # Then the relay still publishes it: there is no high-water mark to skip it
     await eventually(lambda: _applied_count(engine, 2), what="the late row applied")
     assert {w for _, w, _ in await applied(engine)} == {"w-early", "w-late"}
+
+
+class _FailingBus:
+    """Confirms every publish except those of the wakeup ids it is told to fail."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing = failing
+        self.published: list[str] = []
+
+    async def ensure_connected(self) -> None:
+        pass
+
+    async def publish_many(self, items: Sequence[tuple[str, str, Any]]) -> list[BaseException | None]:
+        results: list[BaseException | None] = []
+        for _, _, message in items:
+            wakeup_id = json.loads(message.body)["payload"]["wakeup_id"]
+            self.published.append(wakeup_id)
+            results.append(BusUnavailable("refused") if wakeup_id in self.failing else None)
+        return results
+
+
+async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_back_its_partition(
+        clean, engine) -> None:
+    # Given unpublished rows in partitions 1, 2 and 5, of which the relay owns 1 and 2
+    async with engine.begin() as conn:
+        for partition, wakeup_id in ((1, "p1-a"), (2, "p2-a"), (1, "p1-b"), (5, "p5-a"), (2, "p2-b")):
+            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": "probe"}, producer="tests",
+                            tenant_id="tenant-a", run_id=f"run-{wakeup_id}")
+            await outbox.enqueue(conn, envelope, exchange="x", routing_key="k", partition=partition)
+    bus = _FailingBus(failing={"p1-a"})
+    relay = Relay(engine, bus, batch=50, poll_interval=1.0)  # type: ignore[arg-type]
+    await relay.acquire(1)
+    await relay.acquire(2)
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().startswith("SELECT") and "FROM outbox" in statement:
+            reads.append(statement)
+
+    # When a round drains while the broker refuses partition 1's first row
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        await relay.drain()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    # Then one read fetched both owned partitions in id order, and partition 5 was left alone
+    assert len(reads) == 1
+    assert bus.published == ["p1-a", "p2-a", "p1-b", "p2-b"]
+    # and partition 2 was marked, while partition 1 keeps its failed row and the row behind it,
+    # to be published again in their order
+    async with engine.connect() as conn:
+        left = (await conn.execute(text(
+            "SELECT payload -> 'payload' ->> 'wakeup_id' FROM outbox WHERE published_at IS NULL ORDER BY id"))).scalars()
+        assert list(left) == ["p1-a", "p1-b", "p5-a"]
+    bus.failing.clear()
+    await relay.drain()
+    assert bus.published[4:] == ["p1-a", "p1-b"]
 
 
 async def _applied_count(engine, n: int) -> bool:  # type: ignore[no-untyped-def]

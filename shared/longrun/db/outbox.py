@@ -1,7 +1,7 @@
 """Outbox: messages written in the same transaction as the state change that causes them.
 
-The relay publishes unpublished rows per partition in id order and marks them sent
-after the broker confirms. A statement-level trigger sends one NOTIFY per insert
+The relay publishes the unpublished rows of the partitions it owns in id order (one read
+for all of them) and marks them sent after the broker confirms. A statement-level trigger sends one NOTIFY per insert
 (delivered only at commit) to wake it early; it polls anyway, because NOTIFY is a
 hint with no replay.
 """
@@ -9,11 +9,11 @@ hint with no replay.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import ARRAY, SmallInteger, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import outbox
@@ -84,18 +84,23 @@ async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> Non
             for m in messages])})
 
 
-async def unpublished(conn: AsyncConnection, partition: int, limit: int) -> list[OutboxRow]:
-    """Oldest unpublished rows of one partition; every round rescans, so late commits are seen."""
-    rows = await conn.execute(
-        select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange,
-               outbox.c.routing_key, outbox.c.type, outbox.c.payload)
-        .where(outbox.c.partition == partition, outbox.c.published_at.is_(None))
-        .order_by(outbox.c.id)
-        .limit(limit)
-    )
+_UNPUBLISHED = (select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange, outbox.c.routing_key,
+                       outbox.c.type, outbox.c.payload)
+                .where(outbox.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger))),
+                       outbox.c.published_at.is_(None))
+                .order_by(outbox.c.id).limit(bindparam("limit")))
+_MARK_PUBLISHED = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+
+async def unpublished(conn: AsyncConnection, partitions: Collection[int], limit: int) -> list[OutboxRow]:
+    """Oldest unpublished rows of these partitions, in id order (so each partition's rows are in
+    order too); every round rescans, so late commits are seen."""
+    if not partitions:
+        return []
+    rows = await conn.execute(_UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
     return [OutboxRow(*row) for row in rows]
 
 
 async def mark_published(conn: AsyncConnection, ids: list[int]) -> None:
     if ids:
-        await conn.execute(update(outbox).where(outbox.c.id.in_(ids)).values(published_at=func.now()))
+        await conn.execute(_MARK_PUBLISHED, {"ids": ids})
