@@ -307,6 +307,43 @@ async def test_an_expired_lease_is_rewoken_once_and_taken_with_a_higher_fencing_
                               fence=dead)
 
 
+@pytest.mark.parametrize("together", [True, False], ids=["together", "run_by_run"])
+async def test_a_dead_workers_leases_are_cleared_in_one_sweep_and_only_open_runs_woken(
+        clean, engine, monkeypatch, together) -> None:
+    # Given two running runs whose worker died, one it had finished before dying, and one whose
+    # worker is alive and renewing
+    leases = {"dead-a": 0.2, "dead-b": 0.2, "dead-finished": 0.2, "alive": 60.0}
+    ids: dict[str, str] = {}
+    for name, ttl in leases.items():
+        stored = await _created(engine)
+        async with engine.begin() as conn:
+            fence = await runs.take_lease(conn, stored.snapshot.run_id, f"worker-{name}", ttl)
+            assert fence is not None
+            stored = await runs.append(conn, stored, [ev.RunStatusChanged(
+                seq=stored.seq(1), at=time.time(), to=RunStatus.RUNNING, reason="taken")], fence=fence)
+            if name == "dead-finished":
+                await runs.append(conn, stored, [ev.RunStatusChanged(
+                    seq=stored.seq(1), at=time.time(), to=RunStatus.FAILED, reason="gave up")], fence=fence)
+        ids[name] = stored.snapshot.run_id
+    await asyncio.sleep(0.5)
+    if not together:
+        async def refuse(*_: Any, **__: Any) -> None:
+            raise ValueError("a run that cannot be loaded together")
+
+        monkeypatch.setattr(runs, "load_many", refuse)
+    # When the reconciler sweeps once
+    assert await rewake_expired_leases(engine, limit=10) == 2
+    # Then every expired lease is cleared, the open runs are woken once, the finished one is not,
+    # and the live lease is untouched
+    for name, run_id in ids.items():
+        async with engine.connect() as conn:
+            stored = await runs.load(conn, run_id)
+        assert stored is not None
+        assert (stored.lease_owner is None) is (name != "alive"), name
+        assert await _wakeups(engine, run_id, "lease expired") == int(name in ("dead-a", "dead-b")), name
+    assert await rewake_expired_leases(engine, limit=10) == 0
+
+
 async def test_a_silent_run_raises_exactly_one_alert(clean, engine) -> None:
     # Given a run READY for 1000 s with no worker, and a fresh one
     silent = (await _created(engine, at=time.time() - 1000)).snapshot.run_id

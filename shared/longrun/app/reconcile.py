@@ -62,7 +62,7 @@ from longrun.authoring import Registry, Tool, ToolResult
 from longrun.bus.connection import Bus
 from longrun.bus.topology import QUARANTINE_QUEUE
 from longrun.db import actions as ledger
-from longrun.db import inbox, runs
+from longrun.db import inbox, outbox, runs
 from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
@@ -370,6 +370,22 @@ def _status_after(stored: StoredRun, events: Sequence[ev.RunEvent]) -> RunStatus
 # -- expired leases --------------------------------------------------------------------------------
 
 
+_EXPIRED = "lease_owner IS NOT NULL AND lease_until < now()"
+_CLEAR_EXPIRED = text(
+    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
+    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
+    "      ORDER BY lease_until LIMIT :limit FOR UPDATE SKIP LOCKED) AS e "
+    "WHERE r.run_id = e.run_id "
+    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
+_CLEAR_ONE_EXPIRED = text(
+    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
+    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
+    "        AND run_id <> ALL(CAST(:failed AS text[])) "
+    "      ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED) AS e "
+    "WHERE r.run_id = e.run_id "
+    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
+
+
 async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
     """Clear up to ``limit`` expired leases, waking each run a worker has work for; returns the wakeups.
 
@@ -378,23 +394,42 @@ async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
     writes and renewals need its owner and fencing token, which no longer match, and the
     next ``take_lease`` bumps the token. Expired leases of finished or parked runs are
     cleared without a wakeup.
+
+    A dead worker leaves many leases expiring together, and every one of them delays its run,
+    so they are cleared in one statement and woken with one outbox insert; only if that
+    transaction fails for another reason than the database being away is the sweep redone run
+    by run, so one run that cannot be woken does not hold up the others.
     """
+    try:
+        async with engine.begin() as conn:
+            expired = (await conn.execute(_CLEAR_EXPIRED, {"limit": limit})).all()
+            if not expired:
+                return 0
+            stored = await runs.load_many(conn, [row.run_id for row in expired])
+            woken = [stored[row.run_id] for row in expired if stored[row.run_id].snapshot.status in _WAKEABLE]
+            await outbox.enqueue_many(conn, [effects.wake_message(s, reason="lease expired", producer=PRODUCER)
+                                             for s in woken])
+    except Exception as e:
+        if is_transient(e):
+            raise
+        logger.warning("re-waking expired leases together failed (%r); run by run", e)
+        return await _rewake_one_by_one(engine, limit=limit)
+    for row in expired:
+        _count_expiry(row, stored[row.run_id], wake=stored[row.run_id].snapshot.status in _WAKEABLE)
+    return len(woken)
+
+
+async def _rewake_one_by_one(engine: AsyncEngine, *, limit: int) -> int:
     woken = 0
     failed: set[str] = set()
     for _ in range(limit):
         current: str | None = None
         try:
             async with engine.begin() as conn:
-                row = (await conn.execute(
-                    select(runs_table.c.run_id, runs_table.c.lease_owner, runs_table.c.fencing_token)
-                    .where(runs_table.c.lease_owner.isnot(None), runs_table.c.lease_until < func.now(),
-                           runs_table.c.run_id.notin_(failed))
-                    .order_by(runs_table.c.lease_until).limit(1).with_for_update(skip_locked=True))).first()
+                row = (await conn.execute(_CLEAR_ONE_EXPIRED, {"failed": sorted(failed)})).first()
                 if row is None:
                     break
                 current = row.run_id
-                await conn.execute(update(runs_table).where(runs_table.c.run_id == row.run_id)
-                                   .values(lease_owner=None, lease_until=None))
                 stored = await runs.load(conn, row.run_id)
                 assert stored is not None
                 wake = stored.snapshot.status in _WAKEABLE
@@ -406,13 +441,17 @@ async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
             logger.exception("run %s: could not re-wake after its lease expired; skipped this sweep", current)
             failed.add(current)
             continue
-        METRICS["lease.expired"] += 1
-        if wake:
-            woken += 1
-            METRICS["lease.rewoken"] += 1
-        logger.info("run %s: lease %d of %s expired (%s)%s", row.run_id, row.fencing_token, row.lease_owner,
-                    stored.snapshot.status.value, "; woken" if wake else "")
+        _count_expiry(row, stored, wake=wake)
+        woken += wake
     return woken
+
+
+def _count_expiry(row: Any, stored: StoredRun, *, wake: bool) -> None:
+    METRICS["lease.expired"] += 1
+    if wake:
+        METRICS["lease.rewoken"] += 1
+    logger.info("run %s: lease %d of %s expired (%s)%s", row.run_id, row.fencing_token, row.lease_owner,
+                stored.snapshot.status.value, "; woken" if wake else "")
 
 
 # -- silent runs -----------------------------------------------------------------------------------
