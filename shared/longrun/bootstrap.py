@@ -55,7 +55,8 @@ async def consume_partitions(settings: Settings, *, service: str, handler: Handl
         prefetch=settings.prefetch, max_attempts=settings.delivery_limit, on_outcome=on_outcome)
     ownership = PartitionOwnership(engine, service=service, instance_id=settings.instance_id,
                                    partitions=settings.partitions, ttl=settings.partition_lease_ttl,
-                                   on_acquire=consumer.acquire, on_release=consumer.release)
+                                   on_acquire=consumer.acquire, on_release=consumer.release,
+                                   reconcile=consumer.reconcile)
     tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(consumer.supervise())]
     health.ready = True
     await stopping.wait()

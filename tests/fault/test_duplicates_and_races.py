@@ -49,9 +49,6 @@ async def test_the_same_webhook_delivered_three_times_moves_the_run_once(scenari
     await scenario.finish()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known race, see issue 5: under load the worker whose AMQP connection was dropped can hand its "
-    "partitions back and take some again while it reconnects, leaving one partition unconsumed"))
 async def test_two_workers_woken_for_one_run_at_once_only_the_lease_holder_writes(scenario: Scenario) -> None:
     async with scenario.database_setting("idle_in_transaction_session_timeout", FROZEN_TRANSACTION_LIMIT):
         await _two_workers_on_one_run(scenario)

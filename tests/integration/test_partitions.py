@@ -1,15 +1,28 @@
-"""Per-run order across partitions and replicas; poison isolation; failover after a SIGKILL."""
+"""Per-run order across partitions and replicas; poison isolation; failover after a SIGKILL;
+every owned partition consumed again after a consumer or its connection broke at an exact point."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
+import aiormq
 import pytest
 from sqlalchemy import text
 
+from longrun.bootstrap import consume_partitions
+from longrun.bus import connection as bus_connection
+from longrun.bus import topology
+from longrun.bus.consumer import QueueConsumer
+from longrun.config import Settings
+from longrun.service import Health
 from tests.fixtures import PARTITIONS, eventually
+from tests.infra import close_connections_named
 from tests.integration.bus_helpers import applied, create_probe_table, enqueue, publish, route, scalar, wakeup
+from tests.probe_consumer import make_handler
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +107,156 @@ async def test_a_killed_replicas_partitions_move_to_the_survivor_within_the_leas
     assert took < 3 + 5, f"failover took {took:.1f}s"
     assert {c for _, _, c in await applied(engine)} == {"consumer-0"}
     assert (await owners(engine))["consumer-0"] >= held
+
+
+# -- one replica in this process, broken at an exact point: each fault left a partition that the
+# replica owned (per partition_leases) with no live consumer, and its messages waiting forever.
+
+REPLICA = "replica-0"
+BROKEN = 3
+"""The partition whose consumer each fault hits."""
+BROKEN_QUEUE = topology.partition_queue("worker", BROKEN)
+
+
+async def test_a_partition_whose_consumer_failed_to_start_is_started_on_a_later_round(
+        clean, engine, bus, services, monkeypatch) -> None:
+    # Given one partition's consumer fails to start once (its channel open times out under load)
+    await create_probe_table(engine)
+    failed: list[str] = []
+    real_start = QueueConsumer.start
+
+    async def start(self: QueueConsumer) -> None:
+        if self.queue == BROKEN_QUEUE and not failed:
+            failed.append(self.queue)
+            raise TimeoutError("channel open timed out")
+        await real_start(self)
+
+    monkeypatch.setattr(QueueConsumer, "start", start)
+    # When the replica takes every partition
+    async with _replica(services):
+        await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+        # Then a message on each partition is handled, the one that failed to start included
+        await _a_message_on_each_partition_is_handled(engine, bus)
+    assert failed == [BROKEN_QUEUE]
+
+
+async def test_a_consumer_started_as_the_connection_drops_is_replaced_after_the_reconnect(
+        clean, infra, engine, bus, services, monkeypatch) -> None:
+    # Given the connection drops the moment one partition's consumer has started, and the replica
+    # records that consumer just as the reconnect sweeps away the consumers of the dropped connection
+    await create_probe_table(engine)
+    drops: list[asyncio.Task[int]] = []
+    real_start = QueueConsumer.start
+
+    async def start(self: QueueConsumer) -> None:
+        await real_start(self)
+        if self.queue == BROKEN_QUEUE and not drops:
+            drops.append(asyncio.create_task(
+                asyncio.to_thread(close_connections_named, infra.vhost, f"worker/{REPLICA}")))
+            await self.bus.lost.wait()
+
+    monkeypatch.setattr(QueueConsumer, "start", start)
+    # When the replica takes every partition and reconnects
+    async with _replica(services):
+        await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+        await eventually(lambda: _true(bool(drops) and drops[0].done()), what="the connection dropped")
+        # Then a message on each partition is handled: no consumer of the dead connection is kept
+        await _a_message_on_each_partition_is_handled(engine, bus)
+    assert drops[0].result() == 1
+
+
+async def _close_its_channel(consumer: QueueConsumer) -> None:
+    """A channel error: the broker closes that channel only, as it does to a delivery left unacked
+    past its ack timeout."""
+    assert consumer._channel is not None
+    with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+        await consumer._channel.get_queue("longrun.no-such-queue", ensure=True)
+
+
+async def _cancel_its_consumer(consumer: QueueConsumer) -> None:
+    """What a broker's basic.cancel leaves (its queue deleted or recovering): the channel open, no consumer."""
+    assert consumer._channel is not None and consumer._tag is not None
+    await (await consumer._channel.get_underlay_channel()).basic_cancel(consumer._tag)
+
+
+@pytest.mark.parametrize("stop_it", [_close_its_channel, _cancel_its_consumer],
+                         ids=["channel-closed", "consumer-cancelled"])
+async def test_a_consumer_stopped_on_a_live_connection_is_restarted(
+        clean, engine, bus, services, monkeypatch, stop_it) -> None:
+    # Given a replica consuming every partition
+    await create_probe_table(engine)
+    started: dict[str, QueueConsumer] = {}
+    real_start = QueueConsumer.start
+
+    async def start(self: QueueConsumer) -> None:
+        await real_start(self)
+        started[self.queue] = self
+
+    monkeypatch.setattr(QueueConsumer, "start", start)
+    async with _replica(services):
+        await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+        await eventually(lambda: _true(len(started) == PARTITIONS), what="a consumer on every partition")
+        # When one partition's consumer stops while the connection stays up
+        stopped = started[BROKEN_QUEUE]
+        await stop_it(stopped)
+        # Then a message on each partition is handled, by a new consumer on that partition
+        await _a_message_on_each_partition_is_handled(engine, bus)
+        assert started[BROKEN_QUEUE] is not stopped and started[BROKEN_QUEUE].alive
+
+
+async def test_a_connection_dropped_again_while_reconnecting_is_reconnected(
+        clean, infra, engine, bus, services, monkeypatch) -> None:
+    # Given a replica consuming every partition, whose next topology declaration loses its connection
+    await create_probe_table(engine)
+    armed: list[bool] = []
+    dropped: list[int] = []
+    real_declare = bus_connection.declare
+
+    async def declare(channel, topology_: topology.Topology) -> None:  # type: ignore[no-untyped-def]
+        if armed and not dropped:
+            dropped.append(await asyncio.to_thread(close_connections_named, infra.vhost, f"worker/{REPLICA}"))
+        await real_declare(channel, topology_)
+
+    monkeypatch.setattr(bus_connection, "declare", declare)
+    async with _replica(services):
+        await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+        armed.append(True)
+        # When its connection drops, and the new one drops too while the replica declares the topology
+        assert await asyncio.to_thread(close_connections_named, infra.vhost, f"worker/{REPLICA}") == 1
+        # Then it reconnects once more, and a message on each partition is handled
+        await _a_message_on_each_partition_is_handled(engine, bus)
+    assert dropped == [1]
+
+
+@contextlib.asynccontextmanager
+async def _replica(services) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
+    """A worker replica in this process, wired as the services wire it (``consume_partitions``)."""
+    settings = Settings.from_env(services.env(LONGRUN_INSTANCE_ID=REPLICA))
+    stopping = asyncio.Event()
+    replica = asyncio.create_task(consume_partitions(
+        settings, service="worker", handler=make_handler(REPLICA), stopping=stopping, health=Health()))
+    try:
+        yield
+    finally:
+        stopping.set()
+        await asyncio.wait_for(replica, timeout=30)
+
+
+async def _a_message_on_each_partition_is_handled(engine, bus) -> None:  # type: ignore[no-untyped-def]
+    for run in _one_run_per_partition():
+        await publish(bus, wakeup(run, "after-fault"))
+    await eventually(lambda: _count_is(engine, PARTITIONS), timeout=20, what="a message handled on every partition")
+    assert {c for _, _, c in await applied(engine)} == {REPLICA}
+    # A fault that held up an ownership round past the TTL let the leases lapse; the next round renews them.
+    await eventually(lambda: _owns_all(engine), what=f"{REPLICA} still owning every partition")
+
+
+async def _owns_all(engine) -> bool:  # type: ignore[no-untyped-def]
+    return await owners(engine) == {REPLICA: set(range(PARTITIONS))}
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 def _raw(body: bytes):  # type: ignore[no-untyped-def]

@@ -25,8 +25,11 @@ logger = logging.getLogger(__name__)
 START_HINT = ("start RabbitMQ (on Debian: rabbitmq-server -detached) or point LONGRUN_AMQP_URL "
               "at a running broker")
 PUBLISH_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 30.0
 CONNECTION_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError,
                      aio_pika.exceptions.ChannelInvalidStateError)
+# The broker refusing our topology (declared with other arguments) or our permissions.
+CONFIGURATION_ERRORS = (aiormq.exceptions.ChannelPreconditionFailed, aiormq.exceptions.ChannelAccessRefused)
 
 
 class Bus:
@@ -48,23 +51,36 @@ class Bus:
                 and self._publish_channel is not None and not self._publish_channel.is_closed)
 
     async def connect(self) -> None:
-        """Connect once, declare the topology, open the confirm channel."""
+        """Connect, declare the topology, open the confirm channel: all of it or nothing, within
+        CONNECT_TIMEOUT. A drop midway, or a queue still recovering after a broker restart ("home
+        node ... is down or inaccessible"), is InfrastructureUnreachable like a refused connect, so
+        ``ensure_connected`` retries it instead of ending the task that reconnects."""
         try:
-            # A short heartbeat lets the broker drop a frozen replica's connection, so
-            # single-active-consumer hands its partitions to a live one.
-            connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.name},
-                                                timeout=10, heartbeat=self.heartbeat)
-        except CONNECTION_ERRORS as e:
+            await asyncio.wait_for(self._open(), timeout=CONNECT_TIMEOUT)
+        except CONFIGURATION_ERRORS:
+            raise  # retrying cannot help
+        except (*CONNECTION_ERRORS, RuntimeError) as e:  # aio-pika: RuntimeError on a dropped connection
             raise InfrastructureUnreachable(
                 f"RabbitMQ is not reachable at {_redact(self.url)}: {e.__class__.__name__}: {e}. "
                 f"To fix: {START_HINT}") from e
+
+    async def _open(self) -> None:
+        # A short heartbeat lets the broker drop a frozen replica's connection, so
+        # single-active-consumer hands its partitions to a live one.
+        connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.name},
+                                            timeout=10, heartbeat=self.heartbeat)
+        try:
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            await declare(channel, self.topology)
+            if channel.is_closed:  # dropped after the last reply: its close callbacks have already run
+                raise ConnectionError("the connection dropped while it was being opened")
+        except BaseException:
+            await _close_quietly(connection)
+            raise
+        # No await from here on: the connection is adopted whole, and from now on a drop sets ``lost``.
         connection.close_callbacks.add(self._on_close)
-        self.connection = connection
+        self.connection, self._publish_channel, self._exchanges = connection, channel, {}
         self.lost.clear()
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await declare(channel, self.topology)
-        self._publish_channel = channel
-        self._exchanges = {}
 
     async def ensure_connected(self) -> None:
         """Reconnect with jittered backoff until the broker answers."""
@@ -134,14 +150,19 @@ class Bus:
         self.lost.set()
         if connection is not None:
             connection.close_callbacks.discard(self._on_close)
-            try:
-                await asyncio.wait_for(connection.close(), timeout=2)
-            except Exception as e:
-                logger.debug("closing a broken connection: %r", e)
+            await _close_quietly(connection)
 
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:
             await self.connection.close()
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    """Best effort: the broker may already have dropped it."""
+    try:
+        await asyncio.wait_for(connection.close(), timeout=2)
+    except Exception as e:
+        logger.debug("closing a broken connection: %r", e)
 
 
 async def declare(channel: AbstractChannel, topology: Topology) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,12 +66,25 @@ class QueueConsumer:
         self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._current: asyncio.Future[None] | None = None
+        self._tag: str | None = None
+        self._registered: Mapping[str, object] = {}
+
+    @property
+    def alive(self) -> bool:
+        """Consuming: its loop runs, its channel is open and the broker still has its consumer. On a
+        live connection the broker may close one channel (a delivery unacked past its ack timeout) or
+        cancel one consumer (its queue deleted or recovering); no connection event reports either."""
+        return (self._task is not None and not self._task.done()
+                and self._channel is not None and not self._channel.is_closed
+                and self._tag in self._registered)
 
     async def start(self) -> None:
         self._channel = await self.bus.channel(prefetch=self.prefetch)
         queue = await self._channel.get_queue(self.queue, ensure=False)
         self._task = asyncio.create_task(self._loop(), name=f"consume {self.queue}")
-        await queue.consume(self._inbox.put)
+        # The protocol channel's consumers by tag: a cancel from the broker removes ours.
+        self._registered = (await self._channel.get_underlay_channel()).consumers
+        self._tag = await queue.consume(self._inbox.put)
 
     async def stop(self) -> None:
         """Finish the message in hand, then close the channel so the rest is requeued."""
@@ -199,7 +212,14 @@ def _plain(headers: dict[str, Any] | None) -> dict[str, Any]:
 
 
 class PartitionedConsumer:
-    """The partition queues of one service that this replica currently owns."""
+    """The partition queues of one service that this replica currently owns.
+
+    ``wanted`` follows the partition leases; ``active`` holds the running consumers. Every start
+    and stop happens under one lock, so an ownership round and a reconnect never interleave on a
+    partition (a second consumer started beside the first, a stop that misses a start still in
+    flight, a consumer recorded after the reconnect swept the dead ones). ``reconcile``, run each
+    ownership round, repairs what can still diverge: a start that failed, a channel that died.
+    """
 
     def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue_for: Callable[[int], str],
                  handler: Handler, prefetch: int, max_attempts: int,
@@ -210,31 +230,69 @@ class PartitionedConsumer:
             prefetch=prefetch, max_attempts=max_attempts, on_outcome=on_outcome)
         self.active: dict[int, QueueConsumer] = {}
         self.wanted: set[int] = set()
+        self._lock = asyncio.Lock()
 
     async def acquire(self, k: int) -> None:
         self.wanted.add(k)
-        if self.bus.connected and k not in self.active:
-            consumer = self._make(k)
-            await consumer.start()
-            self.active[k] = consumer
+        async with self._lock:
+            await self._start(k)
 
     async def release(self, k: int) -> None:
         self.wanted.discard(k)
-        consumer = self.active.pop(k, None)
-        if consumer is not None:
-            await consumer.stop()
+        async with self._lock:
+            await self._stop(k)
+
+    async def reconcile(self, owned: set[int]) -> None:
+        """Make the consumers match ``owned``: start the missing and the dead ones, stop the others."""
+        self.wanted = set(owned)
+        if not self.bus.connected:
+            # However the drop went unreported, ``supervise`` now reconnects and resumes.
+            self.bus.lost.set()
+        async with self._lock:
+            for k in sorted(self.active.keys() - self.wanted):
+                logger.warning("partition %d is consumed but not owned; stopping its consumer", k)
+                await self._stop(k)
+            for k in sorted(self.wanted):
+                try:
+                    await self._start(k)
+                except Exception:
+                    logger.exception("could not start partition %d; the next round retries", k)
 
     async def supervise(self) -> None:
-        """After a lost connection: reconnect, then resume every wanted partition."""
+        """After a lost connection: stop every consumer, reconnect, resume the wanted partitions.
+        Nothing may end this loop: without it a lost connection is never replaced."""
         while True:
             await self.bus.lost.wait()
             logger.warning("connection to RabbitMQ lost; %d partition(s) to resume", len(self.wanted))
-            for k in list(self.active):
-                await self.active.pop(k).stop()
-            await self.bus.ensure_connected()
-            for k in sorted(self.wanted):
-                try:
-                    await self.acquire(k)
-                except Exception:
-                    logger.exception("could not resume partition %d", k)
-                    self.bus.lost.set()
+            try:
+                async with self._lock:
+                    for k in list(self.active):
+                        await self._stop(k)
+                await self.bus.ensure_connected()
+                await self.reconcile(self.wanted)
+            except Exception:
+                logger.exception("resuming the partitions failed; trying again")
+                await asyncio.sleep(1.0)
+
+    async def _start(self, k: int) -> None:
+        """Start k's consumer unless a live one runs; while disconnected, ``supervise`` will."""
+        consumer = self.active.get(k)
+        if consumer is not None and consumer.alive:
+            return
+        if consumer is not None:
+            logger.warning("the consumer of partition %d died; starting a new one", k)
+            await self._stop(k)
+        if not self.bus.connected:
+            return
+        consumer = self._make(k)
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()  # leave no channel or task behind a half-done start
+            raise
+        self.active[k] = consumer
+
+    async def _stop(self, k: int) -> None:
+        consumer = self.active.pop(k, None)
+        if consumer is not None:
+            await consumer.stop()

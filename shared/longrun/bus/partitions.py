@@ -3,6 +3,9 @@
 Each round (a third of the TTL) a replica renews its membership, computes its share
 from the live member list, releases partitions that are no longer its own (after its
 consumer for them has stopped) and takes the ones that are (once free or expired).
+``owned`` is what the lease rows say, whether or not a consumer came up: each round ends
+with ``reconcile(owned)``, which starts what is missing (a start that failed, a consumer
+that died with its channel or connection) and stops what is not owned.
 If it cannot renew for most of a TTL it stops consuming everything on its own, so
 an old owner is gone before its lease can be taken over.
 """
@@ -21,11 +24,13 @@ from longrun.db import membership
 logger = logging.getLogger(__name__)
 
 Callback = Callable[[int], Awaitable[None]]
+Reconcile = Callable[[set[int]], Awaitable[None]]
 
 
 class PartitionOwnership:
     def __init__(self, engine: AsyncEngine, *, service: str, instance_id: str, partitions: int,
-                 ttl: float, on_acquire: Callback, on_release: Callback) -> None:
+                 ttl: float, on_acquire: Callback, on_release: Callback,
+                 reconcile: Reconcile | None = None) -> None:
         self.engine = engine
         self.service = service
         self.instance_id = instance_id
@@ -33,6 +38,7 @@ class PartitionOwnership:
         self.ttl = ttl
         self.on_acquire = on_acquire
         self.on_release = on_release
+        self.reconcile = reconcile
         self.owned: set[int] = set()
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
@@ -65,7 +71,13 @@ class PartitionOwnership:
         for k in sorted(held - self.owned):
             self.owned.add(k)
             logger.info("%s %s: acquired partition %d", self.service, self.instance_id, k)
-            await self.on_acquire(k)
+            try:
+                await self.on_acquire(k)
+            except Exception:
+                # Still owned: the lease is ours either way, and ``reconcile`` retries the start.
+                logger.exception("%s: starting partition %d failed", self.service, k)
+        if self.reconcile is not None:
+            await self.reconcile(set(self.owned))
 
     async def _drop(self, k: int, *, release: bool = True) -> None:
         self.owned.discard(k)
