@@ -168,7 +168,8 @@ async def test_a_stale_worker_is_fenced_out_after_its_lease_is_taken_over(clean,
 
 
 def _noop(stored: runs.StoredRun) -> ev.RunEvent:
-    return ev.RunStatusChanged(seq=stored.seq(), at=0.0, to=RunStatus.RUNNING, reason="stale write")
+    """A write that is legal whether the run is still READY or already RUNNING: only the fence may refuse it."""
+    return ev.FactRecorded(seq=stored.seq(), at=0.0, key="stale", value="a stale write", source="agent")
 
 
 async def _inbox_count(engine, n: int) -> bool:  # type: ignore[no-untyped-def]

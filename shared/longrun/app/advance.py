@@ -1,7 +1,8 @@
 """The worker's use case: advance one run under a lease, one decision at a time.
 
-A wakeup only takes the lease (in the consumer's transaction, so the delivery is acked
-at once); the step loop then runs outside any delivery. Each round re-reads the run,
+A wakeup takes the lease, reads the run and moves it READY -> RUNNING in the consumer's
+transaction (so the delivery is acked at once); the step loop then runs outside any delivery,
+from the run as that transaction left it. Each round re-reads the run,
 lets the workflow's pure ``decide`` choose, carries the decision out (model call, tool
 call through the action ledger, wait, completion) and commits the resulting events
 with the expected revision AND the fencing token: a worker that lost its lease
@@ -19,6 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,6 +72,9 @@ PARKED = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.R
                     RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
 UNAVAILABLE_RETRY_DELAY = 2.0
 MODEL_CONTEXT_ITEMS = 40
+_TAKEN: ContextVar[StoredRun | None] = ContextVar("longrun_taken_run", default=None)
+"""The run as ``on_wakeup`` took it, for ``after_ack``: the consumer awaits both in one task, so
+the step loop starts from it instead of reading the run again."""
 
 
 class Advancer:
@@ -89,22 +94,36 @@ class Advancer:
 
     # -- bus side -----------------------------------------------------------------------
     async def on_wakeup(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
-        """Consumer handler: take the lease in the inbox transaction; the step runs after the ack."""
+        """Consumer handler: take the lease in the inbox transaction, and move a READY run to RUNNING
+        with it; the steps run after the ack."""
         assert envelope.run_id is not None
-        fence = await runs.take_lease(conn, envelope.run_id, self.instance_id, self.lease_ttl)
-        if fence is None:
+        _TAKEN.set(None)
+        stored = await runs.take(conn, envelope.run_id, self.instance_id, self.lease_ttl)
+        if stored is None:
             return {"taken": False, "reason": "another worker holds the lease"}
+        fence = Fence(self.instance_id, stored.fencing_token)
+        if stored.snapshot.status is RunStatus.READY:
+            after = await runs.append(conn, stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
+                                                                 reason=f"taken by {fence.owner}")], fence=fence)
+            await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
+            stored = after
+        _TAKEN.set(stored)
         return {"taken": True, "owner": fence.owner, "token": fence.token}
 
     async def after_ack(self, outcome: Outcome) -> None:
+        taken = _TAKEN.get()
+        _TAKEN.set(None)
         if outcome.duplicate or not outcome.outcome.get("taken"):
             return
         run_id = outcome.envelope.run_id
         assert run_id is not None
-        self.start(run_id, Fence(outcome.outcome["owner"], outcome.outcome["token"]), trace=outcome.envelope.trace)
+        fence = Fence(outcome.outcome["owner"], outcome.outcome["token"])
+        if taken is not None and (taken.snapshot.run_id != run_id or taken.fencing_token != fence.token):
+            taken = None
+        self.start(run_id, fence, trace=outcome.envelope.trace, taken=taken)
 
-    def start(self, run_id: str, fence: Fence, *, trace: str | None = None) -> None:
-        task = asyncio.create_task(self.advance(run_id, fence, trace=trace), name=f"advance {run_id}")
+    def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None) -> None:
+        task = asyncio.create_task(self.advance(run_id, fence, trace=trace, taken=taken), name=f"advance {run_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -115,20 +134,23 @@ class Advancer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- the step loop --------------------------------------------------------------------
-    async def advance(self, run_id: str, fence: Fence, *, trace: str | None = None) -> None:
+    async def advance(self, run_id: str, fence: Fence, *, trace: str | None = None,
+                      taken: StoredRun | None = None) -> None:
         # The lease was taken with the wakeup: keep it alive while the run waits for a free slot too.
         heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
+        if self._slots.locked():
+            taken = None  # it will wait for a slot: others may append meanwhile, so read it then
         try:
             async with self._slots:
                 with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
                                                               "longrun.fencing_token": fence.token}):
-                    await self._advance(run_id, fence)
+                    await self._advance(run_id, fence, taken)
         finally:
             heartbeat.cancel()
 
-    async def _advance(self, run_id: str, fence: Fence) -> None:
+    async def _advance(self, run_id: str, fence: Fence, taken: StoredRun | None = None) -> None:
         try:
-            stored = await self._load(run_id, fence)
+            stored = taken if taken is not None else await self._load(run_id, fence)
             while stored is not None:
                 try:
                     stored = await self._round(stored, fence)
