@@ -42,6 +42,7 @@ from longrun.domain import (
     CallTool,
     Complete,
     DecisionContext,
+    EffectKind,
     Fail,
     RecoveryPolicy,
     Reconcile,
@@ -72,6 +73,11 @@ PARKED = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.R
                     RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
 UNAVAILABLE_RETRY_DELAY = 2.0
 MODEL_CONTEXT_ITEMS = 40
+RECORDED_WITH_THE_ANSWER = frozenset({EffectKind.PURE, EffectKind.READ})
+"""Effect kinds whose first call is recorded (prepared, submitted, charged, confirmed) in one
+transaction after it answered: calling them again after a crash is harmless by definition, so
+nothing has to be on record before the call. Writes keep the two-phase record."""
+
 _TAKEN: ContextVar[StoredRun | None] = ContextVar("longrun_taken_run", default=None)
 """The run as ``on_wakeup`` took it, for ``after_ack``: the consumer awaits both in one task, so
 the step loop starts from it instead of reading the run again."""
@@ -319,44 +325,88 @@ class Advancer:
                                       reason=f"decide asked again for {name}, already {record.status.value}")
         # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash: the
         # same submission, charged when it was first made.
+        ledger_row = (tool, name, key, args)
+        pending: list[ev.RunEvent] = []
         if record is None or record.status is ActionStatus.RETRYABLE:
             events.append(self._event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
             events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
-            stored = await self._commit(stored, events, fence, ledger_row=(tool, name, key, args))
+            if record is None and tool.effect in RECORDED_WITH_THE_ANSWER:
+                pending = events
+            else:
+                stored = await self._commit(stored, events, fence, ledger_row=ledger_row)
         faults.crash_point("worker.before_tool_request")
         try:
             result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)
         except (ActionOutcomeUnknown, TimeoutError) as e:
+            stored = await self._submitted(stored, pending, fence, ledger_row)
             cause = str(e) or f"no answer within {tool.timeout}s"
             return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
                 self._event(s, ev.ActionUnknown, logical_action=name, cause=cause),
                 *self._park_for_reconciliation(s, f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
             # Definitely not applied: retry the same submission later through a timer.
+            stored = await self._submitted(stored, pending, fence, ledger_row)
             logger.info("run %s: %s unavailable (%s); retry scheduled", run.run_id, tool.name, e)
             status, wait = wait_for(ScheduleRetry(logical_action=name, delay=UNAVAILABLE_RETRY_DELAY), self._context())
             return await self._finish(stored, fence, ev.WaitStarted, status=status, wait=wait)
         except ToolRejected as e:
+            stored = await self._submitted(stored, pending, fence, ledger_row)
             return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
                 self._event(s, ev.ActionFailed, logical_action=name, error=str(e))], last_error=str(e))
         faults.crash_point("worker.after_tool_response_before_record")
+        if pending:
+            return await self._confirm_with_request(stored, pending, fence, ledger_row, result)
         return await self._confirm(stored, fence, tool, name, key, result)
+
+    async def _submitted(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
+                         ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> StoredRun:
+        """A call recorded with its answer got none: its submission goes on record first, as for a write."""
+        if not pending:
+            return stored
+        return await self._commit(stored, pending, fence, ledger_row=ledger_row)
+
+    async def _confirm_with_request(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
+                                    ledger_row: tuple[Tool, str, str, dict[str, Any]],
+                                    result: ToolResult) -> StoredRun:
+        """Prepared, submitted, charged and confirmed in one transaction. Losing a race to another
+        writer (StaleRevision) records nothing: the step is decided again on the new state, and a
+        pure or read call may simply run again."""
+        tool, name, _, _ = ledger_row
+        receipt, ref, size = await self._receipt(result)
+        events = [*pending, *self._confirmation(stored, tool, name, result, receipt, ref, offset=len(pending) + 1)]
+        return await self._commit(stored, events, fence, ledger_row=ledger_row,
+                                  answer=self._answer(result, receipt, ref), artifact=(ref, size) if ref else None)
 
     async def _confirm(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str, key: str,
                        result: ToolResult) -> StoredRun | None:
+        receipt, ref, size = await self._receipt(result)
+        return await self._record_outcome(
+            stored, fence, key, ActionStatus.CONFIRMED,
+            lambda s: self._confirmation(s, tool, logical_action, result, receipt, ref),
+            artifact=(ref, size) if ref else None, **self._answer(result, receipt, ref))
+
+    async def _receipt(self, result: ToolResult) -> tuple[dict[str, Any], str | None, int]:
+        """The receipt the run keeps (inline, or a reference to the uploaded original), its reference and size."""
         receipt, ref = dict(result.receipt), None
         body = json.dumps(receipt, sort_keys=True).encode()
         if len(body) > INLINE_LIMIT:
-            # Upload first; the reference commits with the confirmation below.
+            # Upload first; the reference commits with the confirmation.
             ref = await self.artifacts.put(body)
             receipt = {"artifact": ref, "size": len(body), "external_id": result.external_id}
-        return await self._record_outcome(stored, fence, key, ActionStatus.CONFIRMED, lambda s: [
-            self._event(s, ev.ActionConfirmed, logical_action=logical_action, external_id=result.external_id,
-                        receipt_ref=ref),
-            self._event(s, ev.FactRecorded, offset=2, key=f"receipt:{logical_action}",
-                        value=freeze(receipt), source=f"tool:{tool.name}"),
-        ], artifact=(ref, len(body)) if ref else None, external_id=result.external_id,
-            receipt=dict(result.receipt) if ref is None else receipt, receipt_ref=ref)
+        return receipt, ref, len(body)
+
+    def _confirmation(self, stored: StoredRun, tool: Tool, logical_action: str, result: ToolResult,
+                      receipt: dict[str, Any], ref: str | None, *, offset: int = 1) -> list[ev.RunEvent]:
+        return [self._event(stored, ev.ActionConfirmed, offset=offset, logical_action=logical_action,
+                            external_id=result.external_id, receipt_ref=ref),
+                self._event(stored, ev.FactRecorded, offset=offset + 1, key=f"receipt:{logical_action}",
+                            value=freeze(receipt), source=f"tool:{tool.name}")]
+
+    @staticmethod
+    def _answer(result: ToolResult, receipt: dict[str, Any], ref: str | None) -> dict[str, Any]:
+        """The ledger columns of a confirmed call."""
+        return {"external_id": result.external_id, "receipt": dict(result.receipt) if ref is None else receipt,
+                "receipt_ref": ref}
 
     def _park_for_reconciliation(self, stored: StoredRun, reason: str) -> list[ev.RunEvent]:
         """The move to ACTION_UNKNOWN after an ``action.unknown`` (at offset 1), while the run is still
@@ -392,11 +442,17 @@ class Advancer:
 
     async def _commit(self, stored: StoredRun, events: Sequence[ev.RunEvent], fence: Fence, *,
                       release: bool = False,
-                      ledger_row: tuple[Tool, str, str, dict[str, Any]] | None = None) -> StoredRun:
+                      ledger_row: tuple[Tool, str, str, dict[str, Any]] | None = None,
+                      answer: dict[str, Any] | None = None,
+                      artifact: tuple[str, int] | None = None) -> StoredRun:
+        """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``."""
         async with self.engine.begin() as conn:
             if not events:
                 await runs.release_lease(conn, stored.snapshot.run_id, fence)
                 return stored
+            if artifact is not None:
+                await register(conn, self.artifacts, artifact[0], size=artifact[1],
+                               media_type="application/json", run_id=stored.snapshot.run_id)
             after = await runs.append(conn, stored, events, fence=fence, release_lease=release)
             if ledger_row is not None:
                 tool, logical_action, key, args = ledger_row
@@ -404,7 +460,8 @@ class Advancer:
                                      logical_action=logical_action, tool=tool.name, tool_version=tool.version,
                                      effect_kind=tool.effect.value, idempotency_key=key,
                                      request_hash=request_hash(tool.name, tool.version, args=args),
-                                     request=args, fencing_token=fence.token)
+                                     request=args, fencing_token=fence.token,
+                                     **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer}))
             await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             if release:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=events[-1].at)

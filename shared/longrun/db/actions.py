@@ -54,19 +54,22 @@ def _row(r: Any) -> LedgerRow:
 
 async def prepare(conn: AsyncConnection, *, action_id: str, run_id: str, logical_action: str, tool: str,
                   tool_version: str, effect_kind: str, idempotency_key: str, request_hash: str,
-                  request: dict[str, Any], fencing_token: int) -> None:
+                  request: dict[str, Any], fencing_token: int, status: ActionStatus = ActionStatus.SUBMITTED,
+                  **outcome: Any) -> None:
+    """Record the request: SUBMITTED before it is sent, or, for a call recorded only once it
+    answered, already at its ``status`` with the ``outcome`` columns (external_id, receipt...)."""
     inserted = await conn.execute(_PREPARE, {
         "action_id": action_id, "run_id": run_id, "logical_action": logical_action, "tool": tool,
         "tool_version": tool_version, "effect_kind": effect_kind, "idempotency_key": idempotency_key,
-        "request_hash": request_hash, "request": request, "status": ActionStatus.SUBMITTED.value, "attempts": 1,
-        "fencing_token": fencing_token})
+        "request_hash": request_hash, "request": request, "status": status.value, "attempts": 1,
+        "fencing_token": fencing_token, **outcome})
     if inserted.first() is None:
         existing = await get(conn, idempotency_key)
         assert existing is not None
         if existing.request_hash != request_hash:
             raise IdempotencyKeyReused(idempotency_key, existing.request_hash, request_hash)
-        await record(conn, idempotency_key, ActionStatus.SUBMITTED, attempts=existing.attempts + 1,
-                     fencing_token=fencing_token)
+        await record(conn, idempotency_key, status, attempts=existing.attempts + 1, fencing_token=fencing_token,
+                     **outcome)
 
 
 async def record(conn: AsyncConnection, idempotency_key: str, status: ActionStatus, **fields: Any) -> None:
