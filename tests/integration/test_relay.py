@@ -113,8 +113,8 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
     # and partition 2 was marked, while partition 1 keeps its failed row and the row behind it,
     # to be published again in their order
     async with engine.connect() as conn:
-        left = (await conn.execute(text(
-            "SELECT payload -> 'payload' ->> 'wakeup_id' FROM outbox WHERE published_at IS NULL ORDER BY id"))).scalars()
+        left = (await conn.execute(text("SELECT payload -> 'payload' ->> 'wakeup_id' FROM outbox "
+                                         "WHERE published_at IS NULL ORDER BY id"))).scalars()
         assert list(left) == ["p1-a", "p1-b", "p5-a"]
     bus.failing.clear()
     await relay.drain()

@@ -251,7 +251,8 @@ class _Shape:
     def messages(self, head: RunHead, timer: DueTimer) -> list[outbox.Plain]:
         assert self.wakeup is not None and self.broadcast is not None
         run = {"tenant_id": head.tenant_id, "run_id": head.run_id}
-        wakeup = {**self.wakeup.envelope, **run, "event_id": new_event_id(), "expected_state_version": head.revision + 1,
+        wakeup = {**self.wakeup.envelope, **run, "event_id": new_event_id(),
+                  "expected_state_version": head.revision + 1,
                   "payload": {**self.wakeup.envelope["payload"], "wakeup_id": str(uuid.uuid4()),
                               "reason": f"timer:{timer.kind}"}}
         told = self.broadcast.envelope["payload"]
