@@ -93,7 +93,7 @@ async def _fired_at(engine: AsyncEngine, timer_key: str) -> Any:
 
 async def test_a_due_retry_timer_wakes_its_run_exactly_once(clean, engine, services) -> None:
     # Given a run parked in RETRY_SCHEDULED whose backoff timer is due now
-    wait_id = await _park_for_retry(engine, "run-retry", in_seconds=0.2)
+    wait_id = await _park_for_retry(engine, "run-retry", in_seconds=1.0)
     # When the timer service runs
     services.start("timer", "services.timer")
     await eventually(lambda: _fired_at(engine, f"run-retry:{wait_id}:wake"), what="the timer fired")
@@ -114,7 +114,7 @@ async def test_a_due_retry_timer_wakes_its_run_exactly_once(clean, engine, servi
 async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_restart(
         clean, engine, services) -> None:
     # Given a due retry timer
-    wait_id = await _park_for_retry(engine, "run-crash", in_seconds=0.2)
+    wait_id = await _park_for_retry(engine, "run-crash", in_seconds=1.0)
     timer_key = f"run-crash:{wait_id}:wake"
     # When the timer service is SIGKILLed after writing the wake and the wakeup, before marking the timer
     crashing = services.start("timer", "services.timer", LONGRUN_CRASH_POINTS="timer.after_fire_before_mark")
