@@ -334,6 +334,8 @@ class Advancer:
                 pending = events
             else:
                 stored = await self._commit(stored, events, fence, ledger_row=ledger_row)
+        else:
+            await self._resend(stored, fence, ledger_row)
         faults.crash_point("worker.before_tool_request")
         try:
             result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)
@@ -455,19 +457,32 @@ class Advancer:
                                media_type="application/json", run_id=stored.snapshot.run_id)
             after = await runs.append(conn, stored, events, fence=fence, release_lease=release)
             if ledger_row is not None:
-                tool, logical_action, key, args = ledger_row
-                await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=stored.snapshot.run_id,
-                                     logical_action=logical_action, tool=tool.name, tool_version=tool.version,
-                                     effect_kind=tool.effect.value, idempotency_key=key,
-                                     request_hash=request_hash(tool.name, tool.version, args=args),
-                                     request=args, fencing_token=fence.token,
-                                     **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer}))
+                await self._record_request(conn, stored.snapshot.run_id, fence, ledger_row, answer)
             await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             if release:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=events[-1].at)
                 after = await webhooks.match_kept(conn, after, clock=self.clock)
         faults.crash_point("worker.after_commit")
         return after
+
+    async def _resend(self, stored: StoredRun, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> None:
+        """The same submission sent again by a new lease holder: one more attempt on the ledger,
+        under the new fencing token; no event and no charge (it was charged when first made)."""
+        async with self.engine.begin() as conn:
+            if not await runs.extend_lease(conn, stored.snapshot.run_id, fence, self.lease_ttl):
+                raise LeaseLost(stored.snapshot.run_id, fence.token)
+            await self._record_request(conn, stored.snapshot.run_id, fence, ledger_row)
+
+    @staticmethod
+    async def _record_request(conn: AsyncConnection, run_id: str, fence: Fence,
+                              ledger_row: tuple[Tool, str, str, dict[str, Any]],
+                              answer: dict[str, Any] | None = None) -> None:
+        tool, logical_action, key, args = ledger_row
+        await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
+                             tool=tool.name, tool_version=tool.version, effect_kind=tool.effect.value,
+                             idempotency_key=key, request_hash=request_hash(tool.name, tool.version, args=args),
+                             request=args, fencing_token=fence.token,
+                             **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer}))
 
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)
