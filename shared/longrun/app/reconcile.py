@@ -94,6 +94,7 @@ _REPEATABLE = frozenset({EffectKind.PURE, EffectKind.READ, EffectKind.IDEMPOTENT
 _HELD = (RunStatus.ACTION_UNKNOWN.value, RunStatus.PAUSED.value, RunStatus.CANCELLING.value)
 # A worker has something to do for these once the lease is free; the rest are parked or finished.
 _WAKEABLE = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLING})
+REWAKES_AFTER_DEAD_LETTER = 3
 _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 """First key of the two-key advisory lock that serialises alerts for one target."""
 
@@ -651,6 +652,8 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
                     if death.last is not None:
                         await conn.execute(update(quarantine).where(quarantine.c.id == entry)
                                            .values(last_failure_at=death.last))
+                    if message.type == "run.wakeup" and death.reason == "delivery_limit":
+                        await _rewake_dead_lettered(conn, _text(headers.get("cloudEvents:subject")))
                     await inbox.record_outcome(conn, PRODUCER, message_id=inbox_id, outcome={"quarantine_id": entry})
             break
         except Exception as e:
@@ -670,6 +673,32 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
     except Exception as e:
         # The channel is gone: the broker redelivers, and the inbox absorbs the copy.
         logger.warning("ack of dead letter %s failed (%r); the redelivery will be deduplicated", body_id, e)
+
+
+async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> None:
+    """Wake a run again whose wakeup hit the delivery limit, a few times at most.
+
+    A wakeup names its run and carries no state, and a worker killed or cut off with it
+    prefetched counts as a delivery: under repeated worker deaths a valid wakeup is
+    dead-lettered and its run, unleased, would wait forever. A fresh wakeup starts its count
+    anew. One that itself kills every worker keeps coming back, so after
+    ``REWAKES_AFTER_DEAD_LETTER`` of them the run is left to an operator (the quarantine list).
+    """
+    if run_id is None:
+        return
+    stored = await runs.load(conn, run_id)
+    if stored is None or stored.snapshot.status not in _WAKEABLE or stored.lease_owner is not None:
+        return  # ended, parked (its own wake condition holds), or leased (the lease sweep wakes it)
+    dead = (await conn.execute(
+        select(func.count()).select_from(quarantine)
+        .where(quarantine.c.message_type == "run.wakeup",
+               quarantine.c.headers["cloudEvents:subject"].astext == run_id))).scalar_one()
+    if dead > REWAKES_AFTER_DEAD_LETTER:
+        logger.error("run %s: %d wakeups dead-lettered; left to an operator", run_id, dead)
+        return
+    await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER)
+    METRICS["quarantine.rewoken"] += 1
+    logger.warning("run %s: its wakeup was dead-lettered (%d so far); woken again", run_id, dead)
 
 
 def _read_death(headers: Mapping[str, Any]) -> _Death:
