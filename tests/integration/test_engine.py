@@ -212,6 +212,9 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
     async with engine.begin() as conn:
         taken = await worker.on_wakeup(conn, wakeup(run_id, "queued"))
     fence = runs.Fence(taken["owner"], taken["token"])
+    async with engine.connect() as conn:
+        at_wakeup = await runs.load(conn, run_id)
+    assert at_wakeup is not None
     # When it is woken while its only slot is busy for twice the lease
     async with worker._slots:
         worker.start(run_id, fence)
@@ -220,14 +223,14 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
         async with engine.begin() as conn:
             assert await runs.take_lease(conn, run_id, "w2", ttl=30) is None
     # and once the slot frees, the run is advanced under the same fence
-    await eventually(lambda: _left_ready(engine, run_id), what="the run taken by w1")
+    await eventually(lambda: _advanced_since(engine, run_id, at_wakeup.stored_seq), what="the run advanced by w1")
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
     assert stored is not None and stored.fencing_token == fence.token
     await worker.drain()
 
 
-async def _left_ready(engine, run_id: str) -> bool:  # type: ignore[no-untyped-def]
+async def _advanced_since(engine, run_id: str, seq: int) -> bool:  # type: ignore[no-untyped-def]
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
-    return stored is not None and stored.snapshot.status is not RunStatus.READY
+    return stored is not None and stored.stored_seq > seq
