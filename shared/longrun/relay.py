@@ -39,14 +39,14 @@ class Relay:
         self.published = 0
         self._lock = asyncio.Lock()
 
-    async def acquire(self, partition: int) -> None:
-        self.owned.add(partition)
+    async def acquire(self, partitions: set[int]) -> None:
+        self.owned |= partitions
         self.wake.set()
 
-    async def release(self, partition: int) -> None:
+    async def release(self, partitions: set[int]) -> None:
         # Wait for a drain in progress so two relays never publish one partition at once.
         async with self._lock:
-            self.owned.discard(partition)
+            self.owned -= partitions
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

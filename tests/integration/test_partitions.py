@@ -228,6 +228,32 @@ async def test_a_connection_dropped_again_while_reconnecting_is_reconnected(
     assert dropped == [1]
 
 
+async def test_partitions_taken_in_one_round_are_started_together_not_one_after_another(
+        clean, engine, bus, services, monkeypatch) -> None:
+    # Given a broker that answers each consumer start slowly (a busy machine: ~0.5 s per channel)
+    await create_probe_table(engine)
+    in_flight: list[int] = [0]
+    most_at_once: list[int] = [0]
+    real_start = QueueConsumer.start
+
+    async def start(self: QueueConsumer) -> None:
+        in_flight[0] += 1
+        most_at_once[0] = max(most_at_once[0], in_flight[0])
+        try:
+            await asyncio.sleep(0.5)
+            await real_start(self)
+        finally:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(QueueConsumer, "start", start)
+    # When one replica takes every partition (as a survivor takes a dead replica's share)
+    async with _replica(services):
+        await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+        # Then every partition's consumer was started at once, and a message on each is handled
+        await _a_message_on_each_partition_is_handled(engine, bus)
+    assert most_at_once[0] == PARTITIONS
+
+
 @contextlib.asynccontextmanager
 async def _replica(services) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
     """A worker replica in this process, wired as the services wire it (``consume_partitions``)."""

@@ -93,8 +93,7 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
             await outbox.enqueue(conn, envelope, exchange="x", routing_key="k", partition=partition)
     bus = _FailingBus(failing={"p1-a"})
     relay = Relay(engine, bus, batch=50, poll_interval=1.0)  # type: ignore[arg-type]
-    await relay.acquire(1)
-    await relay.acquire(2)
+    await relay.acquire({1, 2})
     reads: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:

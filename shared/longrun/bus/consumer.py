@@ -232,15 +232,16 @@ class PartitionedConsumer:
         self.wanted: set[int] = set()
         self._lock = asyncio.Lock()
 
-    async def acquire(self, k: int) -> None:
-        self.wanted.add(k)
+    async def acquire(self, partitions: set[int]) -> None:
+        """Start the consumers of ``partitions`` together: a takeover costs one round trip, not P."""
+        self.wanted |= partitions
         async with self._lock:
-            await self._start(k)
+            await self._start_all(partitions)
 
-    async def release(self, k: int) -> None:
-        self.wanted.discard(k)
+    async def release(self, partitions: set[int]) -> None:
+        self.wanted -= partitions
         async with self._lock:
-            await self._stop(k)
+            await asyncio.gather(*(self._stop(k) for k in partitions))
 
     async def reconcile(self, owned: set[int]) -> None:
         """Make the consumers match ``owned``: start the missing and the dead ones, stop the others."""
@@ -252,11 +253,7 @@ class PartitionedConsumer:
             for k in sorted(self.active.keys() - self.wanted):
                 logger.warning("partition %d is consumed but not owned; stopping its consumer", k)
                 await self._stop(k)
-            for k in sorted(self.wanted):
-                try:
-                    await self._start(k)
-                except Exception:
-                    logger.exception("could not start partition %d; the next round retries", k)
+            await self._start_all(self.wanted)
 
     async def supervise(self) -> None:
         """After a lost connection: stop every consumer, reconnect, resume the wanted partitions.
@@ -266,13 +263,19 @@ class PartitionedConsumer:
             logger.warning("connection to RabbitMQ lost; %d partition(s) to resume", len(self.wanted))
             try:
                 async with self._lock:
-                    for k in list(self.active):
-                        await self._stop(k)
+                    await asyncio.gather(*(self._stop(k) for k in list(self.active)))
                 await self.bus.ensure_connected()
                 await self.reconcile(self.wanted)
             except Exception:
                 logger.exception("resuming the partitions failed; trying again")
                 await asyncio.sleep(1.0)
+
+    async def _start_all(self, partitions: set[int]) -> None:
+        ordered = sorted(partitions)  # a copy: ``wanted`` may change while the starts are awaited
+        outcomes = await asyncio.gather(*(self._start(k) for k in ordered), return_exceptions=True)
+        for k, outcome in zip(ordered, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                logger.error("could not start partition %d; the next round retries", k, exc_info=outcome)
 
     async def _start(self, k: int) -> None:
         """Start k's consumer unless a live one runs; while disconnected, ``supervise`` will."""

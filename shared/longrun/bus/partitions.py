@@ -6,6 +6,9 @@ consumer for them has stopped) and takes the ones that are (once free or expired
 ``owned`` is what the lease rows say, whether or not a consumer came up: each round ends
 with ``reconcile(owned)``, which starts what is missing (a start that failed, a consumer
 that died with its channel or connection) and stops what is not owned.
+Partitions taken or given up in one round are started or stopped together, not one after
+another: after a replica dies the survivor resumes all its partitions in one broker round trip
+time, not P of them (recovery time after a SIGKILL).
 If it cannot renew for most of a TTL it stops consuming everything on its own, so
 an old owner is gone before its lease can be taken over.
 """
@@ -23,7 +26,7 @@ from longrun.db import membership
 
 logger = logging.getLogger(__name__)
 
-Callback = Callable[[int], Awaitable[None]]
+Callback = Callable[[set[int]], Awaitable[None]]
 Reconcile = Callable[[set[int]], Awaitable[None]]
 
 
@@ -61,45 +64,45 @@ class PartitionOwnership:
         async with self.engine.begin() as conn:
             members = await membership.heartbeat(conn, self.service, self.instance_id, self.ttl)
         share = membership.assign(members, self.partitions).get(self.instance_id, set())
-        for k in sorted(self.owned - share):
-            await self._drop(k)
+        await self._drop(self.owned - share)
         async with self.engine.begin() as conn:
             held = await membership.acquire(conn, self.service, self.instance_id, share, self.ttl)
         self._last_renewal = time.monotonic()
-        for k in sorted(self.owned - held):
-            await self._drop(k, release=False)
-        for k in sorted(held - self.owned):
-            self.owned.add(k)
-            logger.info("%s %s: acquired partition %d", self.service, self.instance_id, k)
+        await self._drop(self.owned - held, release=False)
+        taken = held - self.owned
+        if taken:
+            self.owned |= taken
+            logger.info("%s %s: acquired partitions %s", self.service, self.instance_id, sorted(taken))
             try:
-                await self.on_acquire(k)
+                await self.on_acquire(taken)
             except Exception:
-                # Still owned: the lease is ours either way, and ``reconcile`` retries the start.
-                logger.exception("%s: starting partition %d failed", self.service, k)
+                # Still owned: the leases are ours either way, and ``reconcile`` retries the starts.
+                logger.exception("%s: starting partitions %s failed", self.service, sorted(taken))
         if self.reconcile is not None:
             await self.reconcile(set(self.owned))
 
-    async def _drop(self, k: int, *, release: bool = True) -> None:
-        self.owned.discard(k)
-        await self.on_release(k)
+    async def _drop(self, partitions: set[int], *, release: bool = True) -> None:
+        if not partitions:
+            return
+        self.owned -= partitions
+        await self.on_release(set(partitions))
         if release:
             async with self.engine.begin() as conn:
-                await membership.release(conn, self.service, self.instance_id, {k})
-        logger.info("%s %s: released partition %d", self.service, self.instance_id, k)
+                await membership.release(conn, self.service, self.instance_id, partitions)
+        logger.info("%s %s: released partitions %s", self.service, self.instance_id, sorted(partitions))
 
     async def _self_fence(self) -> None:
         if self.owned and time.monotonic() - self._last_renewal > self.ttl * 0.6:
             logger.warning("%s: cannot renew leases; stopping all partitions", self.service)
-            for k in sorted(self.owned):
-                self.owned.discard(k)
-                await self.on_release(k)
+            owned, self.owned = self.owned, set()
+            await self.on_release(owned)
 
     async def stop(self) -> None:
         """Stop consuming, hand the partitions back and leave the member list."""
         self._stopping.set()
-        for k in sorted(self.owned):
-            self.owned.discard(k)
-            await self.on_release(k)
+        owned, self.owned = self.owned, set()
+        if owned:
+            await self.on_release(owned)
         try:
             async with self.engine.begin() as conn:
                 await membership.release(conn, self.service, self.instance_id, set(range(self.partitions)))
