@@ -60,7 +60,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     kinds = registry()
-    handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions)
+    handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions,
+                                slots=settings.tenant_slots)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit)
     await ingress.start()

@@ -6,6 +6,10 @@ names both input hashes. Admission gives each tenant at most ``slots`` admitted,
 unfinished runs, and picks within a tenant by priority plus age (one priority point per
 ``aging_seconds`` waited), so a low-priority run is never starved. A per-tenant
 advisory lock keeps several scheduler replicas from over-admitting.
+
+A run created while its tenant has a free slot and no run waiting is admitted in its
+creating transaction: the choice is the one admission would make, without a NOTIFY and
+another transaction between the create and the worker's wakeup (latency to the first step).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def input_hash(payload: Any) -> str:
         "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()})
 
 
-async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Registry, partitions: int,
+async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
                      clock: Any = time.time) -> dict[str, Any]:
     request = envelope.payload
     offered = input_hash(request)
@@ -59,8 +63,24 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
         assert found is not None
         return await _existing(conn, envelope, found, offered, partitions)
+    if await _admitted_at_once(conn, envelope.tenant_id, run_id, slots=slots):
+        return {"run_id": run_id, "created": True, "admitted": True}
     await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": effects.ADMISSION_CHANNEL, "t": envelope.tenant_id})
     return {"run_id": run_id, "created": True}
+
+
+async def _admitted_at_once(conn: AsyncConnection, tenant: str, run_id: str, *, slots: int) -> bool:
+    """Admit the run just created if a slot is free and no other run of its tenant is waiting."""
+    await _lock_tenant(conn, tenant)
+    if await _active(conn, tenant) >= slots:
+        return False
+    waiting = (await conn.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
+        "AND run_id <> :r)"), {"t": tenant, "r": run_id})).scalar_one()
+    if waiting:
+        return False
+    await _admit(conn, run_id)
+    return True
 
 
 async def _existing(conn: AsyncConnection, envelope: Envelope, found: tuple[str, str], offered: str,
@@ -92,11 +112,8 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> l
         "SELECT DISTINCT tenant_id FROM runs WHERE admitted_at IS NULL AND status = 'READY'"))).scalars().all()
     admitted: list[str] = []
     for tenant in tenants:
-        await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"), {"t": tenant})
-        active = (await conn.execute(text(
-            f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL "
-            f"AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant})).scalar_one()
-        free = slots - active
+        await _lock_tenant(conn, tenant)
+        free = slots - await _active(conn, tenant)
         if free <= 0:
             continue
         chosen = (await conn.execute(text(
@@ -104,9 +121,23 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> l
             "ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
             "LIMIT :n FOR UPDATE SKIP LOCKED"), {"t": tenant, "aging": aging_seconds, "n": free})).scalars().all()
         for run_id in chosen:
-            await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": run_id})
-            stored = await runs.load(conn, run_id)
-            assert stored is not None
-            await effects.wake(conn, stored, reason="admitted", producer=PRODUCER)
+            await _admit(conn, run_id)
             admitted.append(run_id)
     return admitted
+
+
+async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
+    await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"), {"t": tenant})
+
+
+async def _active(conn: AsyncConnection, tenant: str) -> int:
+    return (await conn.execute(text(
+        f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL "
+        f"AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant})).scalar_one()
+
+
+async def _admit(conn: AsyncConnection, run_id: str) -> None:
+    await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": run_id})
+    stored = await runs.load(conn, run_id)
+    assert stored is not None
+    await effects.wake(conn, stored, reason="admitted", producer=PRODUCER)
