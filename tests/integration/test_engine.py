@@ -92,6 +92,32 @@ async def test_tenant_slots_cap_active_runs_and_other_tenants_are_not_held_back(
     assert await _admitted(engine, "tenant-a") == 2
 
 
+async def test_a_run_with_a_free_slot_is_admitted_in_the_transaction_that_creates_it(
+        clean, engine, bus, ensemble) -> None:
+    # Given a scheduler with one slot per tenant and no worker
+    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1")
+    # When a run is asked for while the slot is free, then another while it is taken
+    await publish_create(bus, tenant="tenant-d", key="first", input_=goal("first"))
+    first = await eventually(lambda: run_id_for(engine, "tenant-d", "first"), what="the first run")
+    await publish_create(bus, tenant="tenant-d", key="second", input_=goal("second"))
+    second = await eventually(lambda: run_id_for(engine, "tenant-d", "second"), what="the second run")
+    # Then the first was admitted by its creating transaction (one now() for both), the second waits
+    assert await _admission(engine, first) == "with its creation"
+    assert await _admission(engine, second) == "waiting"
+    # and once the slot frees, the admission round admits the second, later than it was created
+    async with engine.begin() as conn:
+        await operate.terminate(conn, first, actor="tests", reason="free the slot")
+    await eventually(lambda: _is_admitted(engine, second), timeout=5, what="the second run admitted")
+    assert await _admission(engine, second) == "later"
+
+
+async def _admission(engine, run_id: str) -> str:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text(
+            "SELECT CASE WHEN admitted_at IS NULL THEN 'waiting' WHEN admitted_at = created_at "
+            "THEN 'with its creation' ELSE 'later' END FROM runs WHERE run_id = :r"), {"r": run_id})).scalar_one()
+
+
 async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_ones(clean, engine, bus, ensemble) -> None:
     # Given one slot, an old priority-0 run and newer priority-9 runs (30 s of waiting = 1 point)
     await publish_create(bus, tenant="tenant-c", key="old-low", input_=goal("low"), priority=0)
