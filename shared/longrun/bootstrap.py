@@ -37,7 +37,7 @@ async def _patiently(attempt_once, what: str, patience: float) -> None:  # type:
     """Containers start in any order: wait a while, then stop with what to start and how."""
     async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
                                        stop=stop_after_delay(patience),
-                                       wait=wait_exponential_jitter(initial=0.5, max=5), reraise=True):
+                                       wait=wait_exponential_jitter(multiplier=0.5, max=5), reraise=True):
         with attempt:
             if attempt.retry_state.attempt_number > 1:
                 logger.warning("waiting for %s (attempt %d)", what, attempt.retry_state.attempt_number)

@@ -88,7 +88,7 @@ class Bus:
             return
         await self._discard()
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
-                                           wait=wait_exponential_jitter(initial=0.2, max=5),
+                                           wait=wait_exponential_jitter(multiplier=0.2, max=5),
                                            reraise=True):
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
