@@ -28,6 +28,7 @@ from longrun.app.reconcile import (
     DRIFT_ALERT,
     FOUND_NOTE,
     METRICS,
+    REWAKES_AFTER_DEAD_LETTER,
     SILENT_ALERT,
     check_drift,
     flag_silent_runs,
@@ -414,14 +415,14 @@ async def test_a_message_dead_lettered_by_the_broker_lands_in_quarantine_with_it
     await channel.close()
 
 
-async def test_a_wakeup_dead_lettered_after_its_consumers_kept_dying_wakes_its_run_again(clean, engine, bus) -> None:
+async def test_a_wakeup_dead_lettered_after_its_consumers_kept_dying_wakes_its_run_again_a_few_times(
+        clean, engine, bus) -> None:
     # Given an open run with no lease, and the ingester consuming the quarantine queue
     run_id = (await _created(engine)).snapshot.run_id
     ingester = asyncio.create_task(ingest_quarantine_queue(bus, engine, delivery_limit=DELIVERY_LIMIT))
     try:
         # When its wakeup goes back to the queue until the broker's delivery limit dead-letters it
         # (as when the workers holding it prefetched are killed, one after the other)
-        await publish(bus, wakeup(run_id, "w-stranded"))
         queue = topology.partition_queue("worker", topology.partition_of(run_id, PARTITIONS))
         assert bus.connection is not None
         channel = await bus.connection.channel()
@@ -430,16 +431,30 @@ async def test_a_wakeup_dead_lettered_after_its_consumers_kept_dying_wakes_its_r
             await message.nack(requeue=True)
 
         await (await channel.get_queue(queue, ensure=False)).consume(handed_back)
+        await publish(bus, wakeup(run_id, "w-stranded-1"))
         # Then it is kept in quarantine, and the run is woken again with a fresh wakeup
         await eventually(lambda: _rows(engine, "SELECT id FROM quarantine"), what="a quarantine row")
         rewakes = await eventually(lambda: _rows(
             engine, "SELECT payload FROM outbox WHERE type = 'run.wakeup' AND aggregate_id = :r", r=run_id),
             what="a new wakeup")
         assert [r.payload["payload"]["reason"] for r in rewakes] == ["wakeup dead-lettered"]
+        # And when every wakeup of the run keeps dying (one that kills each worker that takes it)
+        for n in range(2, REWAKES_AFTER_DEAD_LETTER + 3):
+            await publish(bus, wakeup(run_id, f"w-stranded-{n}"))
+        await eventually(lambda: _has_rows(engine, "SELECT id FROM quarantine", REWAKES_AFTER_DEAD_LETTER + 2),
+                         what="every wakeup in quarantine")
+        # Then it is woken again only REWAKES_AFTER_DEAD_LETTER times, then left to an operator
+        rewakes = await _rows(engine, "SELECT id FROM outbox WHERE type = 'run.wakeup' AND aggregate_id = :r",
+                              r=run_id)
+        assert len(rewakes) == REWAKES_AFTER_DEAD_LETTER
         await channel.close()
     finally:
         ingester.cancel()
         await asyncio.gather(ingester, return_exceptions=True)
+
+
+async def _has_rows(engine: AsyncEngine, sql: str, n: int) -> bool:
+    return len(await _rows(engine, sql)) >= n
 
 
 # -- over the real ensemble ------------------------------------------------------------------------
