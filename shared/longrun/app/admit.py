@@ -63,23 +63,23 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
         assert found is not None
         return await _existing(conn, envelope, found, offered, partitions)
-    if await _admitted_at_once(conn, envelope.tenant_id, run_id, slots=slots):
+    if await _admitted_at_once(conn, stored, slots=slots):
         return {"run_id": run_id, "created": True, "admitted": True}
     await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": effects.ADMISSION_CHANNEL, "t": envelope.tenant_id})
     return {"run_id": run_id, "created": True}
 
 
-async def _admitted_at_once(conn: AsyncConnection, tenant: str, run_id: str, *, slots: int) -> bool:
+async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, slots: int) -> bool:
     """Admit the run just created if a slot is free and no other run of its tenant is waiting."""
+    tenant, run_id = created.snapshot.tenant_id, created.snapshot.run_id
     await _lock_tenant(conn, tenant)
-    if await _active(conn, tenant) >= slots:
+    row = (await conn.execute(text(
+        f"SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
+        f"       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
+        f"FROM runs WHERE tenant_id = :t AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant, "r": run_id})).one()
+    if row.active >= slots or row.waiting:
         return False
-    waiting = (await conn.execute(text(
-        "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
-        "AND run_id <> :r)"), {"t": tenant, "r": run_id})).scalar_one()
-    if waiting:
-        return False
-    await _admit(conn, run_id)
+    await _admit(conn, created)
     return True
 
 
@@ -121,7 +121,9 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> l
             "ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
             "LIMIT :n FOR UPDATE SKIP LOCKED"), {"t": tenant, "aging": aging_seconds, "n": free})).scalars().all()
         for run_id in chosen:
-            await _admit(conn, run_id)
+            stored = await runs.load(conn, run_id)
+            assert stored is not None
+            await _admit(conn, stored)
             admitted.append(run_id)
     return admitted
 
@@ -136,8 +138,6 @@ async def _active(conn: AsyncConnection, tenant: str) -> int:
         f"AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant})).scalar_one()
 
 
-async def _admit(conn: AsyncConnection, run_id: str) -> None:
-    await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": run_id})
-    stored = await runs.load(conn, run_id)
-    assert stored is not None
+async def _admit(conn: AsyncConnection, stored: runs.StoredRun) -> None:
+    await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": stored.snapshot.run_id})
     await effects.wake(conn, stored, reason="admitted", producer=PRODUCER)
