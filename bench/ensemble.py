@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import statistics
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.common import CpuWatch, Knobs, bottleneck, percentiles, postgres_and_broker_pids
 from bench.infra import Infra, Services, pg_xacts
+from bench.profile import Sampler
 from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.envelope import make
@@ -105,6 +107,9 @@ class Producer:
         return keys
 
 
+PROFILED = ("worker-0", "scheduler", "relay")
+
+
 @dataclass
 class Ensemble:
     infra: Infra
@@ -167,11 +172,13 @@ class Ensemble:
                 await producer.create(key, self.knobs.steps)
                 await self._wait_completed(prefix, i + 1, timeout=30)
             timings = await self._timings(prefix, producer.published)
+            hops = await self._hops(prefix, producer.published)
         done = [t["completed_ms"] for t in timings if t["completed_ms"] is not None]
         first = [t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]
         # The first run warms every pool and prepared statement: report the rest.
         return {"runs": n, "steps_per_run": self.knobs.steps,
-                "completed_ms": percentiles(done[1:] or done), "first_step_ms": percentiles(first[1:] or first)}
+                "completed_ms": percentiles(done[1:] or done), "first_step_ms": percentiles(first[1:] or first),
+                "hops_p50_ms": hops}
 
     async def saturate(self, runs: int) -> dict[str, Any]:
         """M runs at once, N in flight; the sustained rates and what each step cost."""
@@ -224,6 +231,20 @@ class Ensemble:
                                      outside=cpu["outside_bench"]),
         }
         return result
+
+    async def profiled(self, runs: int) -> dict[str, Any]:
+        """A smaller saturation with py-spy sampling a worker, the scheduler and the relay: where
+        their CPU goes (apart from ``saturate``, so that the samplers' CPU does not touch its figures)."""
+        assert self.services is not None
+        prefix = f"prof-{uuid.uuid4().hex[:6]}"
+        samplers = {name: Sampler(self.services.procs[name].pid, self.infra.logs / f"{prefix}-{name}.pyspy")
+                    for name in PROFILED if name in self.services.procs}
+        for sampler in samplers.values():
+            sampler.start()
+        async with Producer(self.infra.amqp_url) as producer:
+            await producer.burst([f"{prefix}-{i:06d}" for i in range(runs)], self.knobs.steps)
+            await self._wait_completed(prefix, runs, timeout=max(120.0, runs * self.knobs.steps / 10))
+        return {"runs": runs, **{name: sampler.stop() for name, sampler in samplers.items()}}
 
     async def half_load(self, runs_per_s: float, seconds: float) -> dict[str, Any]:
         prefix = f"half-{uuid.uuid4().hex[:6]}"
@@ -288,6 +309,34 @@ class Ensemble:
             out.append({"key": row.key, "first_step_ms": None if first is None else (first - t_pub) * 1000,
                         "completed_ms": None if done is None else (done - t_pub) * 1000, "completed_at": done})
         return out
+
+    async def _hops(self, prefix: str, published: dict[str, float]) -> dict[str, float]:
+        """Where a lone run's time goes, hop by hop (p50 over the runs but the first; each
+        timestamp is the start of the transaction that wrote it)."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(text(
+                "SELECT r.idempotency_key AS key, "
+                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.created')) AS created, "
+                " (SELECT extract(epoch FROM min(o.created_at)) FROM outbox o "
+                "   WHERE o.aggregate_id = r.run_id AND o.type = 'run.wakeup') AS admitted, "
+                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.status_changed' "
+                "   AND e.data ->> 'to' = 'RUNNING')) AS taken, "
+                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'action.confirmed')) AS first_step, "
+                " extract(epoch FROM max(e.recorded_at) FILTER (WHERE e.type = 'run.completed')) AS completed "
+                "FROM runs r JOIN run_events e ON e.run_id = r.run_id "
+                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key, r.run_id "
+                "ORDER BY r.idempotency_key"), {"t": TENANT, "p": prefix + "%"})).all()
+        marks = ("published", "created", "admitted", "taken", "first_step", "completed")
+        names = ("broker + scheduler create", "admission", "relay + broker + worker take", "first step",
+                 "the other steps + finish")
+        spans: dict[str, list[float]] = {name: [] for name in names}
+        for row in rows[1:]:
+            at = {"published": published.get(row.key), **{m: getattr(row, m) for m in marks[1:]}}
+            if any(v is None for v in at.values()):
+                continue
+            for name, a, b in zip(names, marks, marks[1:], strict=False):
+                spans[name].append((float(at[b]) - float(at[a])) * 1000)
+        return {name: round(statistics.median(v), 1) for name, v in spans.items() if v}
 
     async def _step_times(self, prefix: str) -> list[float]:
         async with self.engine.connect() as conn:
@@ -366,10 +415,12 @@ async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: in
         lone = await ensemble.lone(knobs.lone)
         saturate = await ensemble.saturate(knobs.runs)
         half = await ensemble.half_load(saturate["runs_per_s"], knobs.half_load_seconds)
+        profile = await ensemble.profiled(max(knobs.runs // 2, 100))
         errors = ensemble.services.errors() if ensemble.services else {}
     finally:
         ensemble.stop()
-    return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "service_errors": errors}
+    return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "profile": profile,
+            "service_errors": errors}
 
 
 async def scale_point(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:

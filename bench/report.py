@@ -169,6 +169,9 @@ def table(r: dict[str, Any]) -> str:
         add(f"ENSEMBLE ({ens.get('workers')} workers; real services; run.create published -> run_events)")
         add(f"  lone run, completed          {_pct(dig(ens, 'lone', 'completed_ms'))}")
         add(f"  lone run, first step         {_pct(dig(ens, 'lone', 'first_step_ms'))}")
+        hops = dig(ens, "lone", "hops_p50_ms") or {}
+        if hops:
+            add("    where it goes (p50 ms): " + ", ".join(f"{n} {v}" for n, v in hops.items()))
         if s:
             add(f"  saturation: {s['runs']} runs    {_n(s['steps_per_s'])} steps/s sustained "
                 f"({_n(s['steps_per_s_overall'])} overall), {_n(s['runs_per_s'], 1)} runs/s, makespan {s['makespan_s']} s")
@@ -185,6 +188,15 @@ def table(r: dict[str, Any]) -> str:
             add(f"    CPU %: " + ", ".join(f"{n} {v:.0f}" for n, v in (s.get("cpu_pct") or {}).items()))
             add(f"    CPU ms per step: " + ", ".join(f"{n} {v:.2f}" for n, v in (s.get("cpu_ms_per_step") or {}).items()))
             add(f"    bottleneck: {s.get('bottleneck')}")
+        for name, prof in (ens.get("profile") or {}).items():
+            if not isinstance(prof, dict):
+                continue
+            if prof.get("measured"):
+                add(f"  {name} CPU by area (py-spy, {prof['samples']} samples): " + ", ".join(
+                    f"{a} {v}%" for a, v in prof["by_area_pct"].items()))
+                add("    hottest: " + ", ".join(f"{f} {v}%" for f, v in prof["top_functions_pct"][:6]))
+            else:
+                add(f"  {name} profile: not measured: {prof.get('reason')}")
         h = ens.get("half_load") or {}
         if h:
             add(f"  half load ({h['rate_runs_per_s']} runs/s = {h['rate_steps_per_s']} steps/s, {h['runs']} runs)")
