@@ -43,13 +43,13 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
                      clock: Any = time.time) -> dict[str, Any]:
     request = envelope.payload
     offered = input_hash(request)
-    found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
-    if found is not None:
-        return await _existing(conn, envelope, found, offered, partitions)
     try:
         kind = (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
                 else kinds.newest(request.workflow))
     except LookupError as e:
+        found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
+        if found is not None:  # created while its workflow was known: the run stands
+            return await _existing(conn, envelope, found, offered, partitions)
         return await _reject(conn, envelope, partitions, reason=str(e))
     run_id = f"run-{uuid.uuid4()}"
     created = ev.RunCreated(
@@ -59,7 +59,7 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
                      cost=request.budget.cost_usd))
     stored = await runs.create(conn, created, idempotency_key=request.idempotency_key, input_hash=offered,
                                partition=topology.partition_of(run_id, partitions))
-    if stored is None:  # a concurrent create with the same key won the insert
+    if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
         assert found is not None
         return await _existing(conn, envelope, found, offered, partitions)
