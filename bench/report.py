@@ -188,15 +188,7 @@ def table(r: dict[str, Any]) -> str:
             add(f"    CPU %: " + ", ".join(f"{n} {v:.0f}" for n, v in (s.get("cpu_pct") or {}).items()))
             add(f"    CPU ms per step: " + ", ".join(f"{n} {v:.2f}" for n, v in (s.get("cpu_ms_per_step") or {}).items()))
             add(f"    bottleneck: {s.get('bottleneck')}")
-        for name, prof in (ens.get("profile") or {}).items():
-            if not isinstance(prof, dict):
-                continue
-            if prof.get("measured"):
-                add(f"  {name} CPU by area (py-spy, {prof['samples']} samples): " + ", ".join(
-                    f"{a} {v}%" for a, v in prof["by_area_pct"].items()))
-                add("    hottest: " + ", ".join(f"{f} {v}%" for f, v in prof["top_functions_pct"][:6]))
-            else:
-                add(f"  {name} profile: not measured: {prof.get('reason')}")
+        _profiles(add, ens.get("profile"))
         h = ens.get("half_load") or {}
         if h:
             add(f"  half load ({h['rate_runs_per_s']} runs/s = {h['rate_steps_per_s']} steps/s, {h['runs']} runs)")
@@ -224,6 +216,7 @@ def table(r: dict[str, Any]) -> str:
         add(f"  {tm['timers']:,} timers due at once (1 timer service): lateness "
             f"{_pct(tm.get('lateness_s'), 2, ' s')}, max {_n(dig(tm, 'lateness_s', 'max'), 2)} s; "
             f"all fired after {tm.get('all_fired_after_s')} s ({_n(tm.get('fired_per_s'))}/s)")
+        _profiles(add, tm.get("profile"))
     rec = r.get("recovery") or {}
     if rec:
         if not tm:
@@ -259,3 +252,16 @@ def table(r: dict[str, Any]) -> str:
 def write(r: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(r, indent=1, default=str) + "\n")
+
+
+def _profiles(add: Any, profiles: dict[str, Any] | None) -> None:
+    """py-spy's shares (bench/profile.py), one service per line."""
+    for name, prof in (profiles or {}).items():
+        if not isinstance(prof, dict):
+            continue
+        if prof.get("measured"):
+            add(f"  {name} CPU by area (py-spy, {prof['samples']} samples): " + ", ".join(
+                f"{a} {v}%" for a, v in prof["by_area_pct"].items()))
+            add("    hottest: " + ", ".join(f"{f} {v}%" for f, v in prof["top_functions_pct"][:6]))
+        else:
+            add(f"  {name} profile: not measured: {prof.get('reason')}")

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bench.common import CpuWatch, Knobs, percentiles, postgres_and_broker_pids, rss_kib
 from bench.ensemble import reconciler_present
 from bench.infra import Infra, Services
+from bench.profile import Sampler
 from longrun.bus import topology
 from longrun.db import runs
 from longrun.db.schema import run_events
@@ -91,10 +92,13 @@ async def timers_due_at_once(infra: Infra, engine: AsyncEngine, knobs: Knobs) ->
                 "FROM runs WHERE status = 'RETRY_SCHEDULED'"))
         setup_s = time.monotonic() - t_setup
         watch = CpuWatch(groups={"timer": services.pids("timer"), **postgres_and_broker_pids()})
+        sampler = Sampler(services.procs["timer"].pid, infra.logs / "timers-timer.pyspy")
         watch.start()
+        sampler.start()
         watched = time.monotonic()
         committed_p99, all_s = await _until_fired(engine, n, timeout=120, watch=watch)
         cpu = watch.stop()
+        profile = sampler.stop()
         watched = time.monotonic() - watched
         async with engine.connect() as conn:
             lateness = [float(x) for x in (await conn.execute(text(
@@ -110,7 +114,7 @@ async def timers_due_at_once(infra: Infra, engine: AsyncEngine, knobs: Knobs) ->
             "runs_woken_once": woken, "cpu_pct": cpu,
             # The timer process's own CPU per timer: unlike lateness, barely moved by other load.
             "timer_cpu_ms_per_timer": round(cpu["timer"] / 100 * watched * 1000 / n, 3),
-            "service_errors": errors}
+            "profile": {"timer": profile}, "service_errors": errors}
 
 
 async def _until_fired(engine: AsyncEngine, n: int, *, timeout: float, watch: CpuWatch) -> tuple[float, float]:
