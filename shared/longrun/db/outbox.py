@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import ARRAY, SmallInteger, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.db import jsonb
 from longrun.db.schema import outbox
 from longrun.envelope import Envelope
 
@@ -79,7 +80,7 @@ _INSERT = text(
 async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> None:
     """``enqueue_many`` for envelopes already in JSON form: one INSERT, rows in the given order."""
     if messages:
-        await conn.execute(_INSERT, {"rows": json.dumps([
+        await conn.execute(_INSERT, {"rows": jsonb.dumps([
             {"envelope": m.envelope, "exchange": m.exchange, "routing_key": m.routing_key, "partition": m.partition}
             for m in messages])})
 

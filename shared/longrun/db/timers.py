@@ -11,7 +11,6 @@ server-side), each run guarded by its revision and seq like ``runs.append``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +20,7 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.db import jsonb
 from longrun.db.schema import timers
 from longrun.errors import StaleRevision
 
@@ -142,10 +142,10 @@ async def write_heads(conn: AsyncConnection, writes: Sequence[HeadWrite], *, sta
         rows = [{"run_id": w.head.run_id, "revision": w.head.revision, "stored": w.head.stored_seq, "seq": w.seq,
                  "patch": w.patch} for w in group]
         if late:
-            result = await conn.execute(_STORE_LATE, {"rows": json.dumps(rows)})
+            result = await conn.execute(_STORE_LATE, {"rows": jsonb.dumps(rows)})
         else:
-            result = await conn.execute(_APPLY, {"rows": json.dumps(rows), "status": status})
+            result = await conn.execute(_APPLY, {"rows": jsonb.dumps(rows), "status": status})
         if result.rowcount != len(group):
             raise StaleRevision(group[0].head.run_id, group[0].head.revision)
-    await conn.execute(_INSERT_EVENTS, {"occurred_at": occurred_at, "rows": json.dumps([
+    await conn.execute(_INSERT_EVENTS, {"occurred_at": occurred_at, "rows": jsonb.dumps([
         {"run_id": w.head.run_id, "seq": w.seq, "data": w.event, "applied": w.patch is not None} for w in writes])})
