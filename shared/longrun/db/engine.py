@@ -9,7 +9,6 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from longrun.db import jsonb
 from longrun.errors import InfrastructureUnreachable
 
 START_HINT = (
@@ -23,9 +22,10 @@ def make_engine(url: str, *, pool_size: int = 10, idle_transaction_timeout: floa
     process frozen mid-transaction would otherwise hold its row locks until it is killed)."""
     options = {} if idle_transaction_timeout is None else {
         "options": f"-c idle_in_transaction_session_timeout={max(1, round(idle_transaction_timeout * 1000))}"}
+    # JSONB values keep the standard library's encoder: it writes NaN, which PostgreSQL refuses
+    # with a clear error, where orjson (db/jsonb.py) would silently write null into a run's goal.
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size,
-                               pool_recycle=300, connect_args=options,
-                               json_serializer=jsonb.dumps)
+                               pool_recycle=300, connect_args=options)
 
 
 def psycopg_dsn(url: str) -> str:
