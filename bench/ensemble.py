@@ -172,7 +172,7 @@ class Ensemble:
                 await producer.create(key, self.knobs.steps)
                 await self._wait_completed(prefix, i + 1, timeout=30)
             timings = await self._timings(prefix, producer.published)
-            hops = await self._hops(prefix, producer.published)
+            hops = await self._hops(prefix, producer.published, timings)
         done = [t["completed_ms"] for t in timings if t["completed_ms"] is not None]
         first = [t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]
         # The first run warms every pool and prepared statement: report the rest.
@@ -310,32 +310,34 @@ class Ensemble:
                         "completed_ms": None if done is None else (done - t_pub) * 1000, "completed_at": done})
         return out
 
-    async def _hops(self, prefix: str, published: dict[str, float]) -> dict[str, float]:
+    async def _hops(self, prefix: str, published: dict[str, float],
+                    timings: list[dict[str, Any]]) -> dict[str, float]:
         """Where a lone run's time goes, hop by hop (p50 over the runs but the first; each
-        timestamp is the start of the transaction that wrote it)."""
+        timestamp is the start of the transaction that wrote it). ``timings`` (``_timings``)
+        gives the first step and the completion; this reads the marks before them."""
         async with self.engine.connect() as conn:
-            rows = (await conn.execute(text(
+            rows = {row.key: row for row in (await conn.execute(text(
                 "SELECT r.idempotency_key AS key, "
                 " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.created')) AS created, "
                 " (SELECT extract(epoch FROM min(o.created_at)) FROM outbox o "
                 "   WHERE o.aggregate_id = r.run_id AND o.type = 'run.wakeup') AS admitted, "
                 " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.status_changed' "
-                "   AND e.data ->> 'to' = 'RUNNING')) AS taken, "
-                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'action.confirmed')) AS first_step, "
-                " extract(epoch FROM max(e.recorded_at) FILTER (WHERE e.type = 'run.completed')) AS completed "
+                "   AND e.data ->> 'to' = 'RUNNING')) AS taken "
                 "FROM runs r JOIN run_events e ON e.run_id = r.run_id "
-                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key, r.run_id "
-                "ORDER BY r.idempotency_key"), {"t": TENANT, "p": prefix + "%"})).all()
-        marks = ("published", "created", "admitted", "taken", "first_step", "completed")
+                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key, r.run_id"),
+                {"t": TENANT, "p": prefix + "%"})).all()}
         names = ("broker + scheduler create", "admission", "relay + broker + worker take", "first step",
                  "the other steps + finish")
         spans: dict[str, list[float]] = {name: [] for name in names}
-        for row in rows[1:]:
-            at = {"published": published.get(row.key), **{m: getattr(row, m) for m in marks[1:]}}
-            if any(v is None for v in at.values()):
+        for timing in sorted(timings, key=lambda t: t["key"])[1:]:
+            row, t_pub = rows.get(timing["key"]), published[timing["key"]]
+            if row is None or None in (row.created, row.admitted, row.taken) or timing["completed_ms"] is None:
                 continue
-            for name, a, b in zip(names, marks, marks[1:], strict=False):
-                spans[name].append((float(at[b]) - float(at[a])) * 1000)
+            # Every mark in ms after run.create was published, in the order the run passes them.
+            at = [0.0, *((float(m) - t_pub) * 1000 for m in (row.created, row.admitted, row.taken)),
+                  timing["first_step_ms"], timing["completed_ms"]]
+            for name, (a, b) in zip(names, zip(at, at[1:], strict=False), strict=True):
+                spans[name].append(b - a)
         return {name: round(statistics.median(v), 1) for name, v in spans.items() if v}
 
     async def _step_times(self, prefix: str) -> list[float]:
