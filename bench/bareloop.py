@@ -4,6 +4,7 @@ One process: consume a wakeup-sized message (prefetch 100) -> ONE transaction (i
 row, run update guarded by the revision the message carries, event, outbox row) ->
 confirmed publish of the run's next message -> ack. ``--inflight`` runs circulate, each
 always having exactly one message in the queue or in hand, like N runs in flight.
+It runs on the services' event loop (uvloop), so the ratio compares code, not loops.
 Prints/writes ``{"steps": ..., "steps_per_s": ...}`` measured over ``--seconds``.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import aio_pika
 import psycopg
+import uvloop
 
 from bench.limits import EVENT_DATA, wakeup_message
 
@@ -137,7 +139,8 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(main_async(args))
     Path(args.out).write_text(json.dumps(result))
 
 
