@@ -65,19 +65,24 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
         return await _existing(conn, envelope, found, offered, partitions)
     if await _admitted_at_once(conn, stored, slots=slots):
         return {"run_id": run_id, "created": True, "admitted": True}
-    await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": effects.ADMISSION_CHANNEL, "t": envelope.tenant_id})
     return {"run_id": run_id, "created": True}
 
 
 async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, slots: int) -> bool:
-    """Admit the run just created if a slot is free and no other run of its tenant is waiting."""
+    """Admit the run just created if a slot is free and no other run of its tenant is waiting.
+
+    Otherwise admission decides, woken only when it has a slot to give: with every slot taken the
+    run that finishes next wakes it (a burst of creates would wake it once per create for nothing)."""
     tenant, run_id = created.snapshot.tenant_id, created.snapshot.run_id
     await _lock_tenant(conn, tenant)
     row = (await conn.execute(text(
         f"SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
         f"       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
         f"FROM runs WHERE tenant_id = :t AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant, "r": run_id})).one()
-    if row.active >= slots or row.waiting:
+    if row.active >= slots:
+        return False
+    if row.waiting:  # a free slot, and runs queued before this one: admission picks by priority and age
+        await effects.notify_admission(conn, [tenant])
         return False
     await _admit(conn, created)
     return True
