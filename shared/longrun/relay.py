@@ -22,7 +22,7 @@ from longrun import faults
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
 from longrun.db import outbox
-from longrun.db.engine import psycopg_dsn
+from longrun.db.engine import autocommit, psycopg_dsn
 from longrun.db.errors import is_transient
 
 logger = logging.getLogger(__name__)
@@ -69,10 +69,9 @@ class Relay:
     async def drain(self) -> None:
         """Publish until the owned partitions have nothing unpublished (or a publish failed)."""
         while self.owned:
-            # One statement, no transaction around it: BEGIN and ROLLBACK would be two more round
-            # trips on the way of every message.
-            async with self.engine.connect() as conn:
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            # Read and mark are one statement each, outside a transaction: BEGIN and COMMIT would be
+            # two more round trips for each on the way of every message.
+            async with autocommit(self.engine) as conn:
                 rows = await outbox.unpublished(conn, self.owned, self.batch)
             if not rows:
                 return
@@ -86,7 +85,7 @@ class Relay:
                 elif row.partition not in broken:
                     confirmed.append(row.id)
             faults.crash_point("relay.after_publish_before_mark")
-            async with self.engine.begin() as conn:
+            async with autocommit(self.engine) as conn:
                 await outbox.mark_published(conn, confirmed)
             self.published += len(confirmed)
             failures = [e for e in results if e is not None]

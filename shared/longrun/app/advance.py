@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -32,7 +33,8 @@ from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
 from longrun.db import runs
-from longrun.db.errors import is_transient
+from longrun.db.engine import autocommit
+from longrun.db.errors import is_transient, is_unique_violation
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
     TERMINAL,
@@ -109,10 +111,10 @@ class Advancer:
             return {"taken": False, "reason": "another worker holds the lease"}
         fence = Fence(self.instance_id, stored.fencing_token)
         if stored.snapshot.status is RunStatus.READY:
-            after = await runs.append(conn, stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
-                                                                 reason=f"taken by {fence.owner}")], fence=fence)
-            await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
-            stored = after
+            planned = runs.plan(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
+                                                     reason=f"taken by {fence.owner}")])
+            stored = await runs.write(conn, planned, fence=fence,
+                                      rides=effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER))
         _TAKEN.set(stored)
         return {"taken": True, "owner": fence.owner, "token": fence.token}
 
@@ -431,9 +433,10 @@ class Advancer:
                     if artifact is not None:
                         await register(conn, self.artifacts, artifact[0], size=artifact[1],
                                        media_type="application/json", run_id=stored.snapshot.run_id)
-                    after = await runs.append(conn, stored, events, fence=fence, release_lease=parked)
+                    planned = runs.plan(stored, events, release_lease=parked)
+                    after = await runs.write(conn, planned, fence=fence, rides=effects.broadcast_rides(
+                        stored.snapshot, planned.after, producer=PRODUCER))
                     await ledger.record(conn, key, status, **fields)
-                    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
             except StaleRevision:
                 reloaded = await self._load(stored.snapshot.run_id, fence)
                 if reloaded is None:
@@ -447,22 +450,53 @@ class Advancer:
                       ledger_row: tuple[Tool, str, str, dict[str, Any]] | None = None,
                       answer: dict[str, Any] | None = None,
                       artifact: tuple[str, int] | None = None) -> StoredRun:
-        """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``."""
-        async with self.engine.begin() as conn:
-            if not events:
+        """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``.
+
+        The common step (events, a first ledger row, a broadcast) is one statement outside any
+        transaction; an artifact, a ledger key used before, or a wait to schedule and match make it
+        a transaction of several."""
+        if not events:
+            async with autocommit(self.engine) as conn:
                 await runs.release_lease(conn, stored.snapshot.run_id, fence)
-                return stored
+            return stored
+        planned = runs.plan(stored, events, release_lease=release)
+        rides = effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER)
+        first = ledger_row is not None and stored.snapshot.action(ledger_row[1]) is None
+        if ledger_row is not None and first:
+            rides = replace(rides, action=self._request_row(stored.snapshot.run_id, fence, ledger_row, answer))
+        waits = release and planned.after.snapshot.wait is not None
+        if artifact is None and (ledger_row is None or first) and not waits:
+            try:
+                async with autocommit(self.engine) as conn:
+                    after = await runs.write(conn, planned, fence=fence, rides=rides)
+            except Exception as e:
+                if rides.action is None or not is_unique_violation(e):
+                    raise
+                # The key is on the ledger after all (nothing was written): the transaction below
+                # records another attempt of the same request, or refuses it naming both hashes.
+                after = await self._commit_in_transaction(planned, fence, replace(rides, action=None), ledger_row,
+                                                          answer, artifact)
+        else:
+            after = await self._commit_in_transaction(planned, fence, replace(rides, action=None) if first else rides,
+                                                      None if first else ledger_row, answer, artifact)
+        faults.crash_point("worker.after_commit")
+        return after
+
+    async def _commit_in_transaction(self, planned: runs.Planned, fence: Fence, rides: runs.Rides,
+                                     ledger_row: tuple[Tool, str, str, dict[str, Any]] | None,
+                                     answer: dict[str, Any] | None,
+                                     artifact: tuple[str, int] | None) -> StoredRun:
+        run_id = planned.before.snapshot.run_id
+        async with self.engine.begin() as conn:
             if artifact is not None:
                 await register(conn, self.artifacts, artifact[0], size=artifact[1],
-                               media_type="application/json", run_id=stored.snapshot.run_id)
-            after = await runs.append(conn, stored, events, fence=fence, release_lease=release)
+                               media_type="application/json", run_id=run_id)
+            after = await runs.write(conn, planned, fence=fence, rides=rides)
             if ledger_row is not None:
-                await self._record_request(conn, stored.snapshot.run_id, fence, ledger_row, answer)
-            await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
-            if release:
-                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=events[-1].at)
+                await self._record_request(conn, run_id, fence, ledger_row, answer)
+            if planned.release_lease:
+                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(conn, after, clock=self.clock)
-        faults.crash_point("worker.after_commit")
         return after
 
     async def _resend(self, stored: StoredRun, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> None:
@@ -473,16 +507,27 @@ class Advancer:
                 raise LeaseLost(stored.snapshot.run_id, fence.token)
             await self._record_request(conn, stored.snapshot.run_id, fence, ledger_row)
 
-    @staticmethod
-    async def _record_request(conn: AsyncConnection, run_id: str, fence: Fence,
+    @classmethod
+    async def _record_request(cls, conn: AsyncConnection, run_id: str, fence: Fence,
                               ledger_row: tuple[Tool, str, str, dict[str, Any]],
                               answer: dict[str, Any] | None = None) -> None:
+        await ledger.prepare(conn, **cls._request(run_id, fence, ledger_row, answer))
+
+    @classmethod
+    def _request_row(cls, run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],
+                     answer: dict[str, Any] | None = None) -> dict[str, Any]:
+        return ledger.first_row(**cls._request(run_id, fence, ledger_row, answer))
+
+    @staticmethod
+    def _request(run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],
+                 answer: dict[str, Any] | None) -> dict[str, Any]:
+        """The ledger's arguments for this request (``ledger.prepare``, ``ledger.first_row``)."""
         tool, logical_action, key, args = ledger_row
-        await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
-                             tool=tool.name, tool_version=tool.version, effect_kind=tool.effect.value,
-                             idempotency_key=key, request_hash=request_hash(tool.name, tool.version, args=args),
-                             request=args, fencing_token=fence.token,
-                             **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer}))
+        return {"action_id": str(uuid.uuid4()), "run_id": run_id, "logical_action": logical_action,
+                "tool": tool.name, "tool_version": tool.version, "effect_kind": tool.effect.value,
+                "idempotency_key": key, "request_hash": request_hash(tool.name, tool.version, args=args),
+                "request": args, "fencing_token": fence.token,
+                **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer})}
 
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.bus import topology
 from longrun.db import outbox, timers
-from longrun.db.runs import StoredRun
+from longrun.db.runs import Rides, StoredRun
 from longrun.domain import TERMINAL, RunSnapshot, RunStatus
 from longrun.envelope import DataClass, make
 
@@ -42,6 +42,15 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -
                     producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, data_class=DataClass.INTERNAL)
     return outbox.Message(envelope, topology.EVENTS_EXCHANGE, f"run.status.{run.status.value.lower()}",
                           after.partition)
+
+
+def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str) -> Rides:
+    """``broadcast`` as rows riding with the transition's own statement (``runs.write``)."""
+    message = broadcast_message(before, after, producer=producer)
+    if message is None:
+        return Rides()
+    ended = after.snapshot.status in TERMINAL
+    return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, after.snapshot.tenant_id),) if ended else ())
 
 
 async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:

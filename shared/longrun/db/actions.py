@@ -52,24 +52,31 @@ def _row(r: Any) -> LedgerRow:
                      r.request_hash, r.request, r.status, r.attempts, r.external_id, r.receipt)
 
 
-async def prepare(conn: AsyncConnection, *, action_id: str, run_id: str, logical_action: str, tool: str,
-                  tool_version: str, effect_kind: str, idempotency_key: str, request_hash: str,
-                  request: dict[str, Any], fencing_token: int, status: ActionStatus = ActionStatus.SUBMITTED,
-                  **outcome: Any) -> None:
-    """Record the request: SUBMITTED before it is sent, or, for a call recorded only once it
-    answered, already at its ``status`` with the ``outcome`` columns (external_id, receipt...)."""
-    inserted = await conn.execute(_PREPARE, {
-        "action_id": action_id, "run_id": run_id, "logical_action": logical_action, "tool": tool,
-        "tool_version": tool_version, "effect_kind": effect_kind, "idempotency_key": idempotency_key,
-        "request_hash": request_hash, "request": request, "status": status.value, "attempts": 1,
-        "fencing_token": fencing_token, **outcome})
+def first_row(*, action_id: str, run_id: str, logical_action: str, tool: str, tool_version: str,
+              effect_kind: str, idempotency_key: str, request_hash: str, request: dict[str, Any],
+              fencing_token: int, status: ActionStatus = ActionStatus.SUBMITTED, **outcome: Any) -> dict[str, Any]:
+    """The row of a request's first attempt: SUBMITTED before it is sent, or, for a call recorded only
+    once it answered, already at its ``status`` with the ``outcome`` columns (external_id, receipt...)."""
+    return {"action_id": action_id, "run_id": run_id, "logical_action": logical_action, "tool": tool,
+            "tool_version": tool_version, "effect_kind": effect_kind, "idempotency_key": idempotency_key,
+            "request_hash": request_hash, "request": request, "status": status.value, "attempts": 1,
+            "fencing_token": fencing_token, **outcome}
+
+
+async def prepare(conn: AsyncConnection, **request: Any) -> None:
+    """Record a request (``first_row``'s arguments); the same key again is one more attempt of the same
+    request, or refused if its request hash differs."""
+    row = first_row(**request)
+    inserted = await conn.execute(_PREPARE, row)
     if inserted.first() is None:
-        existing = await get(conn, idempotency_key)
+        key = row["idempotency_key"]
+        existing = await get(conn, key)
         assert existing is not None
-        if existing.request_hash != request_hash:
-            raise IdempotencyKeyReused(idempotency_key, existing.request_hash, request_hash)
-        await record(conn, idempotency_key, status, attempts=existing.attempts + 1, fencing_token=fencing_token,
-                     **outcome)
+        if existing.request_hash != row["request_hash"]:
+            raise IdempotencyKeyReused(key, existing.request_hash, row["request_hash"])
+        outcome = {k: v for k, v in row.items() if k in ("external_id", "receipt", "receipt_ref", "last_error")}
+        await record(conn, key, ActionStatus(row["status"]), attempts=existing.attempts + 1,
+                     fencing_token=row["fencing_token"], **outcome)
 
 
 async def record(conn: AsyncConnection, idempotency_key: str, status: ActionStatus, **fields: Any) -> None:

@@ -6,8 +6,11 @@ clock for leases and timers, so replicas with skewed clocks still agree.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from longrun.errors import InfrastructureUnreachable
 
@@ -26,6 +29,14 @@ def make_engine(url: str, *, pool_size: int = 10, idle_transaction_timeout: floa
     # with a clear error, where orjson (db/jsonb.py) would silently write null into a run's goal.
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size,
                                pool_recycle=300, connect_args=options)
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for statements each atomic on its own: no BEGIN and COMMIT round trips around them."""
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
 
 
 def psycopg_dsn(url: str) -> str:

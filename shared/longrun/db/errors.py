@@ -16,3 +16,8 @@ def is_transient(error: BaseException) -> bool:
         return True
     orig = getattr(error, "orig", None)
     return isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError))
+
+
+def is_unique_violation(error: BaseException) -> bool:
+    """A row with that key exists: the statement changed nothing."""
+    return isinstance(error, sa_exc.IntegrityError) and isinstance(error.orig, psycopg.errors.UniqueViolation)

@@ -51,8 +51,8 @@ async def enqueue(conn: AsyncConnection, envelope: Envelope, *, exchange: str, r
 
 async def enqueue_many(conn: AsyncConnection, messages: Sequence[Message]) -> None:
     """One INSERT; the table's statement trigger sends one NOTIFY (delivered at commit) to wake relays."""
-    await enqueue_plain(conn, [Plain(json.loads(m.envelope.model_dump_json()), m.exchange, m.routing_key, m.partition)
-                               for m in messages])
+    if messages:
+        await conn.execute(_INSERT, {"rows": rows_json(messages)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,24 +65,39 @@ class Plain:
     partition: int
 
 
+def insert_sql(param: str, *, gate: str | None = None) -> str:
+    """INSERT of the rows in the JSON array ``:param`` (``rows_json``), in their order; with ``gate``,
+    only if that CTE of the same statement returned a row."""
+    source = f"{gate}, " if gate else ""
+    return (
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
+        "                    payload, traceparent) "
+        "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
+        "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
+        "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
+        f"FROM {source}jsonb_array_elements(CAST(:{param} AS jsonb)) WITH ORDINALITY AS r(row, n), "
+        "     LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
+        "ORDER BY r.n")
+
+
 # The rows travel as one JSON array: arrays of JSON text would be escaped element by element on the client.
-_INSERT = text(
-    "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
-    "                    payload, traceparent) "
-    "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
-    "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
-    "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
-    "FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS r(row, n), "
-    "     LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
-    "ORDER BY r.n")
+_INSERT = text(insert_sql("rows"))
+
+
+def rows_json(messages: Sequence[Message]) -> str:
+    return _plain_json([Plain(json.loads(m.envelope.model_dump_json()), m.exchange, m.routing_key, m.partition)
+                        for m in messages])
+
+
+def _plain_json(messages: Sequence[Plain]) -> str:
+    return jsonb.dumps([{"envelope": m.envelope, "exchange": m.exchange, "routing_key": m.routing_key,
+                         "partition": m.partition} for m in messages])
 
 
 async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> None:
     """``enqueue_many`` for envelopes already in JSON form: one INSERT, rows in the given order."""
     if messages:
-        await conn.execute(_INSERT, {"rows": jsonb.dumps([
-            {"envelope": m.envelope, "exchange": m.exchange, "routing_key": m.routing_key, "partition": m.partition}
-            for m in messages])})
+        await conn.execute(_INSERT, {"rows": _plain_json(messages)})
 
 
 _UNPUBLISHED = (select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange, outbox.c.routing_key,

@@ -1,11 +1,15 @@
 """Runs, their events and their leases: the store behind every run transition.
 
-A transition is ONE statement on ``runs`` guarded by the expected revision and stored
-seq (and, for a worker, its lease owner and fencing token), plus its ``run_events``
-rows and outbox rows, all in the caller's transaction. Zero rows updated means
+A transition is ONE statement: the update of ``runs`` guarded by the expected revision
+and stored seq (and, for a worker, its lease owner and fencing token), with its
+``run_events`` rows and what rides along (a first ledger row, outbox messages, NOTIFYs)
+inserted by the same statement only if the update matched. Zero rows updated means
 someone moved first: ``LeaseLost`` if the fence no longer matches, else
-``StaleRevision``; nothing is written. Events that arrive after the run moved past
-them are stored as late (``applied = false``) and never change the snapshot.
+``StaleRevision``; nothing is written. Being one statement, a transition is atomic on
+its own: a caller with nothing else to write runs it outside a transaction (no BEGIN and
+COMMIT round trips, which cost a step more than the statement itself). Events that
+arrive after the run moved past them are stored as late (``applied = false``) and never
+change the snapshot.
 
 The ``runs`` columns next to ``snapshot`` are projections of it for queries and
 constraints; ``last_seq`` is the highest *stored* seq (late events included), while
@@ -14,16 +18,19 @@ the snapshot's ``last_seq`` is the highest *applied* one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, bindparam, func, insert, select, update
+from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import TextClause
 
-from longrun.db.schema import run_events, runs
+from longrun.db import jsonb, outbox
+from longrun.db.schema import actions, run_events, runs
 from longrun.domain import RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
@@ -79,28 +86,61 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
 # cache through their memoised cache key, instead of being rebuilt and re-keyed on every call.
 _PROJECTED = ("status", "revision", "priority", "wait_kind", "wait_correlation_key", "wait_deadline",
               "approval_id", "approval_owner", "approved_hash", "budget", "cancel_requested", "snapshot")
-_CREATE = (pg_insert(runs).on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-           .returning(runs.c.run_id))
 
 
 def _bind(name: str) -> Any:
     return bindparam(name, type_=runs.c[name].type)
 
 
-def _guarded_update(*, fenced: bool, release: bool) -> Any:
-    """``append``'s UPDATE: the projection and last_seq, only at the expected revision and seq (and fence)."""
-    guard = [runs.c.run_id == bindparam("b_run_id"), runs.c.revision == bindparam("b_revision"),
-             runs.c.last_seq == bindparam("b_last_seq")]
+@dataclass(frozen=True, slots=True)
+class Rides:
+    """Rows that commit with a transition, in its statement: nothing is written unless it applies."""
+
+    action: dict[str, Any] | None = None
+    """A ledger row whose idempotency key is new (a used key fails the statement: unique violation)."""
+    messages: Sequence[outbox.Message] = ()
+    notices: Sequence[tuple[str, str]] = field(default=())
+    """(channel, payload) to NOTIFY, delivered at commit."""
+
+
+_EVENT_COLUMNS = "run_id, seq, event_id, type, data, applied, fencing_token, occurred_at"
+_ACTION_COLUMNS = tuple(c.name for c in actions.columns if c.name not in ("created_at", "updated_at"))
+
+
+@functools.cache
+def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool) -> TextClause:
+    """The transition statement for one shape of rides (built once per shape)."""
+    guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
-        guard += [runs.c.lease_owner == bindparam("f_owner"), runs.c.fencing_token == bindparam("f_token")]
-    values: dict[str, Any] = {name: _bind(name) for name in (*_PROJECTED, "last_seq")}
+        guard += " AND lease_owner = :f_owner AND fencing_token = :f_token"
+    sets = ", ".join(f"{c} = :{c}" for c in (*_PROJECTED, "last_seq"))
     if release:
-        values.update(lease_owner=None, lease_until=None)
-    return update(runs).where(*guard).values(**values, updated_at=func.now()).returning(runs.c.run_id)
+        sets += ", lease_owner = NULL, lease_until = NULL"
+    token = "CAST(:f_token AS bigint)" if fenced else "NULL"
+    parts = [
+        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id)",
+        f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
+        f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
+        f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
+        f"AS e(seq bigint, data jsonb, applied boolean, occurred_at timestamptz))"]
+    if action:
+        values = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
+        parts.append(f"ledger AS (INSERT INTO actions ({', '.join(_ACTION_COLUMNS)}) SELECT {values} FROM moved)")
+    if messages:
+        parts.append(f"sent AS ({outbox.insert_sql('messages', gate='moved')})")
+    if notices:
+        parts.append("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
+                     "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))")
+    # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
+    counted = ", (SELECT count(*) FROM told) AS told" if notices else ""
+    statement = text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM moved) AS moved{counted}")
+    binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
+    binds.append(bindparam("events", type_=run_events.c.data.type))
+    if action:
+        binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for c in _ACTION_COLUMNS if c != "run_id"]
+    return statement.bindparams(*binds)
 
 
-_APPEND = {(fenced, release): _guarded_update(fenced=fenced, release=release)
-           for fenced in (False, True) for release in (False, True)}
 _TTL = bindparam("ttl", type_=Interval())
 # WHERE parameters of an UPDATE must not be named like a column: those names belong to SET.
 _IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bindparam("owner"),
@@ -117,19 +157,39 @@ _FENCE_NOW = select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_i
 _INSERT_EVENTS = insert(run_events)
 
 
+def _create() -> Any:
+    """The run row and its first event in one statement; the event only if the row was new."""
+    columns = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
+               "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq", *_PROJECTED)
+    made = (pg_insert(runs).values({name: _bind(name) for name in columns})
+            .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+            .returning(runs.c.run_id).cte("made"))
+    first = insert(run_events).from_select(
+        ["run_id", "seq", "event_id", "type", "data", "applied", "occurred_at"],
+        select(made.c.run_id, bindparam("e_seq", type_=run_events.c.seq.type),
+               made.c.run_id + bindparam("e_suffix", type_=run_events.c.event_id.type),
+               bindparam("e_type", type_=run_events.c.type.type), bindparam("e_data", type_=run_events.c.data.type),
+               True, bindparam("e_occurred_at", type_=run_events.c.occurred_at.type)))
+    return select(func.count()).select_from(made).add_cte(first.cte("first"))
+
+
+_CREATE = _create()
+
+
 async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int) -> StoredRun | None:
     """Insert a run with its first event; None when (tenant, idempotency_key) exists."""
     snapshot = evolve(None, created)
-    row = await conn.execute(_CREATE, {
+    inserted = (await conn.execute(_CREATE, {
         "run_id": created.run_id, "tenant_id": created.tenant_id, "idempotency_key": idempotency_key,
         "input_hash": input_hash, "workflow": created.kind, "workflow_version": created.versions.workflow,
         "prompt_version": created.versions.prompt, "model_policy_version": created.versions.model_policy,
         "tool_schema_version": created.versions.tool_schemas, "partition": partition,
-        "last_seq": created.seq, **projection(snapshot)})
-    if row.first() is None:
+        "last_seq": created.seq, **projection(snapshot),
+        "e_seq": created.seq, "e_suffix": f":{created.seq}", "e_type": created.type,
+        "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)})).scalar_one()
+    if not inserted:
         return None
-    await _insert_events(conn, created.run_id, [(created, True)], fence=None)
     return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
 
 
@@ -190,17 +250,31 @@ def _values(planned: Planned) -> dict[str, Any]:
 
 async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
                  fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
-    """Apply ``events`` (seqs from ``stored.seq``) in one guarded update; return the new state."""
-    planned = plan(stored, events, release_lease=release_lease)
-    params = {**projection(planned.after.snapshot), "last_seq": planned.after.stored_seq,
-              "b_run_id": stored.snapshot.run_id, "b_revision": stored.snapshot.revision,
-              "b_last_seq": stored.stored_seq}
+    """Apply ``events`` (seqs from ``stored.seq``) in one guarded statement; return the new state."""
+    return await write(conn, plan(stored, events, release_lease=release_lease), fence=fence)
+
+
+async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None = None,
+                rides: Rides = Rides()) -> StoredRun:
+    """Write a planned transition and its rides as one statement; return the new state."""
+    stored = planned.before
+    params: dict[str, Any] = {
+        **projection(planned.after.snapshot), "last_seq": planned.after.stored_seq,
+        "b_run_id": stored.snapshot.run_id, "b_revision": stored.snapshot.revision, "b_last_seq": stored.stored_seq,
+        "events": [{"seq": event.seq, "data": ev.event_to_dict(event), "applied": applied,
+                    "occurred_at": datetime.fromtimestamp(event.at, UTC).isoformat()} for event, applied in planned.rows]}
     if fence is not None:
         params.update(f_owner=fence.owner, f_token=fence.token)
-    updated = await conn.execute(_APPEND[fence is not None, release_lease], params)
-    if updated.first() is None:
+    if rides.action is not None:
+        params.update({f"a_{c}": rides.action.get(c) for c in _ACTION_COLUMNS if c != "run_id"})
+    if rides.messages:
+        params["messages"] = outbox.rows_json(rides.messages)
+    if rides.notices:
+        params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
+    statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
+                       messages=bool(rides.messages), notices=bool(rides.notices))
+    if not (await conn.execute(statement, params)).one().moved:
         await _conflict(conn, stored, fence)
-    await _insert_events(conn, stored.snapshot.run_id, list(planned.rows), fence=fence)
     return planned.after
 
 
