@@ -1,0 +1,135 @@
+"""A transition is one statement: all of it is written, or (a guard failed, a ledger key was taken) none of it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun.app.advance import Advancer
+from longrun.artifacts import FilesystemArtifactStore
+from longrun.bus import topology
+from longrun.db import actions as ledger
+from longrun.db import runs
+from longrun.domain import ActionStatus, EffectKind, Usage, freeze, idempotency_key, request_hash
+from longrun.domain import events as ev
+from longrun.errors import StaleRevision
+from longrun.model import ScriptedModel
+from longrun.workflows import STEPS_VERSIONS, registry, steps
+from tests.fixtures import PARTITIONS
+from tests.integration.bus_helpers import wakeup
+
+pytestmark = pytest.mark.integration
+
+
+async def _steps_run(engine: AsyncEngine, n: int = 2) -> runs.StoredRun:
+    run_id = f"run-{uuid.uuid4()}"
+    created = ev.RunCreated(seq=1, at=time.time(), run_id=run_id, tenant_id="acme", kind=steps.KIND,
+                            goal=freeze({"steps": n}), versions=STEPS_VERSIONS,
+                            budget=Usage(model_calls=0, tool_calls=10, cost=1.0))
+    async with engine.begin() as conn:
+        stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h" * 64,
+                                   partition=topology.partition_of(run_id, PARTITIONS))
+    assert stored is not None
+    return stored
+
+
+async def _seen(engine: AsyncEngine, run_id: str) -> tuple[int, list[str], list[tuple[str, int, str]]]:
+    """The run's revision, its event types, and its ledger rows (logical action, attempts, status)."""
+    async with engine.connect() as conn:
+        revision = (await conn.execute(text("SELECT revision FROM runs WHERE run_id = :r"), {"r": run_id})).scalar()
+        types = list((await conn.execute(text(
+            "SELECT type FROM run_events WHERE run_id = :r ORDER BY seq"), {"r": run_id})).scalars())
+        rows = [tuple(r) for r in await conn.execute(text(
+            "SELECT logical_action, attempts, status FROM actions WHERE run_id = :r ORDER BY created_at"),
+            {"r": run_id})]
+    return revision, types, rows  # type: ignore[return-value]
+
+
+def _ledger_row(run_id: str, *, hash_of: dict[str, int]) -> dict[str, object]:
+    return {"action_id": str(uuid.uuid4()), "run_id": run_id, "logical_action": "step:0", "tool": steps.ECHO.name,
+            "tool_version": steps.ECHO.version, "effect_kind": EffectKind.PURE.value,
+            "idempotency_key": idempotency_key(run_id, "step:0", attempt_scope=1),
+            "request_hash": request_hash(steps.ECHO.name, steps.ECHO.version, args=hash_of),
+            "request": hash_of, "fencing_token": 1}
+
+
+async def test_a_transition_whose_ledger_key_is_taken_writes_nothing(clean, engine) -> None:
+    # Given a run, and a ledger row already holding the key its next action would use
+    stored = await _steps_run(engine)
+    run_id = stored.snapshot.run_id
+    async with engine.begin() as conn:
+        await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 0}))
+    before = await _seen(engine, run_id)
+    # When a transition carrying a first ledger row with that key is written
+    planned = runs.plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="k", value=freeze({}),
+                                                 source="test")])
+    row = ledger.first_row(**{**_ledger_row(run_id, hash_of={"step": 0}), "logical_action": "other"})
+    with pytest.raises(Exception, match="duplicate key"):
+        async with engine.connect() as conn:
+            await runs.write(conn, planned, rides=runs.Rides(action=row))
+    # Then neither the run, nor its events, nor the ledger changed
+    assert await _seen(engine, run_id) == before
+
+
+async def test_a_stale_transition_writes_none_of_its_rides(clean, engine) -> None:
+    # Given a run that moved on since it was read
+    stored = await _steps_run(engine)
+    async with engine.begin() as conn:
+        await runs.append(conn, stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="a",
+                                                         value=freeze({}), source="test")])
+    before = await _seen(engine, stored.snapshot.run_id)
+    # When a transition planned on the old state is written with a ledger row and a NOTIFY
+    planned = runs.plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="b", value=freeze({}),
+                                                 source="test")])
+    rides = runs.Rides(action=ledger.first_row(**_ledger_row(stored.snapshot.run_id, hash_of={"step": 0})),
+                       notices=(("longrun_test", "x"),))
+    with pytest.raises(StaleRevision):
+        async with engine.connect() as conn:
+            await runs.write(conn, planned, rides=rides)
+    # Then nothing of it was written
+    assert await _seen(engine, stored.snapshot.run_id) == before
+
+
+async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str) -> None:
+    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel({}),
+                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30)  # type: ignore[arg-type]
+    async with engine.begin() as conn:
+        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
+    assert taken["taken"]
+    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+
+
+async def test_a_first_call_whose_key_is_on_the_ledger_for_another_request_is_refused(clean, engine,
+                                                                                     tmp_path) -> None:
+    # Given a steps run whose first step's idempotency key is on the ledger for another request
+    stored = await _steps_run(engine)
+    run_id = stored.snapshot.run_id
+    async with engine.begin() as conn:
+        await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 99}))
+    # When a worker advances it
+    await _advance(engine, tmp_path, run_id)
+    # Then the step is not recorded (the worker refuses the key, naming both hashes in its log) and
+    # the ledger row is untouched
+    revision, types, rows = await _seen(engine, run_id)
+    assert "action.prepared" not in types
+    assert rows == [("step:0", 1, ActionStatus.SUBMITTED.value)]
+
+
+async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_one_more_attempt(
+        clean, engine, tmp_path) -> None:
+    # Given a steps run whose first step's key is on the ledger for this very request (same hash)
+    stored = await _steps_run(engine)
+    run_id = stored.snapshot.run_id
+    async with engine.begin() as conn:
+        await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 0}))
+    # When a worker advances it
+    await _advance(engine, tmp_path, run_id)
+    # Then the run completes, and that step's ledger row counts the call as its second attempt
+    _, types, rows = await _seen(engine, run_id)
+    assert types[-1] == "run.completed"
+    assert rows[0] == ("step:0", 2, ActionStatus.CONFIRMED.value)
+    assert [r[1] for r in rows[1:]] == [1]
