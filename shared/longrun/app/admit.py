@@ -121,16 +121,23 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> l
         free = slots - await _active(conn, tenant)
         if free <= 0:
             continue
-        chosen = (await conn.execute(text(
-            "SELECT run_id FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
-            "ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
-            "LIMIT :n FOR UPDATE SKIP LOCKED"), {"t": tenant, "aging": aging_seconds, "n": free})).scalars().all()
-        for run_id in chosen:
-            stored = await runs.load(conn, run_id)
-            assert stored is not None
-            await _admit(conn, stored)
-            admitted.append(run_id)
+        rows = await conn.execute(_ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
+        chosen = sorted(rows, key=lambda r: (-r.score, r.created_at))
+        await outbox.enqueue_many(conn, [effects.wake_message_of(
+            tenant_id=r.tenant_id, run_id=r.run_id, revision=r.revision, partition=r.partition, reason="admitted",
+            producer=PRODUCER) for r in chosen])
+        admitted += [r.run_id for r in chosen]
     return admitted
+
+
+# The best queued runs of a tenant (priority plus age), admitted in the statement that picks them.
+_ADMIT_BEST = text(
+    "UPDATE runs SET admitted_at = now() WHERE run_id IN ("
+    "  SELECT run_id FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
+    "  ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
+    "  LIMIT :n FOR UPDATE SKIP LOCKED) "
+    "RETURNING run_id, tenant_id, partition, revision, created_at, "
+    "          priority + extract(epoch FROM now() - created_at) / :aging AS score")
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:

@@ -24,10 +24,16 @@ ADMISSION_CHANNEL = "longrun_admission"
 def wake_message(stored: StoredRun, *, reason: str, producer: str) -> outbox.Message:
     """Ask a worker to advance the run (the message names the run, the state is in PostgreSQL)."""
     run = stored.snapshot
+    return wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=run.revision,
+                           partition=stored.partition, reason=reason, producer=producer)
+
+
+def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: int, reason: str,
+                    producer: str) -> outbox.Message:
+    """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""
     envelope = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": reason}, producer=producer,
-                    tenant_id=run.tenant_id, run_id=run.run_id, expected_state_version=run.revision)
-    return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(stored.partition),
-                          stored.partition)
+                    tenant_id=tenant_id, run_id=run_id, expected_state_version=revision)
+    return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
 
 
 def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -> outbox.Message | None:
