@@ -93,7 +93,11 @@ def test_constraints_refuse_what_the_invariants_forbid(scratch_url: str) -> None
     with engine.begin() as conn:
         conn.execute(text(base), {"status": "READY", "owner": None, "until": None, "deadline": None, "key": None})
         conn.execute(text("INSERT INTO run_events (run_id, seq, event_id, type, data, occurred_at) "
-                          "VALUES ('r', 1, 'e1', 'run.created', '{}', now())"))
+                          "VALUES ('r', 1, 'r:1', 'run.created', '{}', now())"))
+    # An event id is its run and seq, so the primary key keeps it unique.
+    with engine.connect() as conn, pytest.raises(IntegrityError, match="event_id_is_run_seq"):
+        conn.execute(text("INSERT INTO run_events (run_id, seq, event_id, type, data, occurred_at) "
+                          "VALUES ('r', 2, 'e2', 'run.woken', '{}', now())"))
     with engine.connect() as conn, pytest.raises(ProgrammingError, match="append-only"):
         conn.execute(text("UPDATE run_events SET type = 'x'"))
     engine.dispose()

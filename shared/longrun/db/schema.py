@@ -121,7 +121,7 @@ run_events = Table(
     "run_events", metadata,
     Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
     Column("seq", BigInteger, nullable=False),
-    Column("event_id", Text, nullable=False, unique=True),
+    Column("event_id", Text, nullable=False),
     Column("type", Text, nullable=False),
     Column("data", JSONB, nullable=False),
     Column("applied", Boolean, nullable=False, server_default=text("true")),
@@ -130,6 +130,8 @@ run_events = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("run_id", "seq"),
     CheckConstraint("seq >= 1", name="seq_positive"),
+    # Unique through the primary key: no index of its own to pay on every event.
+    CheckConstraint("event_id = run_id || ':' || seq", name="event_id_is_run_seq"),
 )
 
 actions = Table(
@@ -188,7 +190,8 @@ artifacts = Table(
 outbox = Table(
     "outbox", metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
-    Column("event_id", Text, nullable=False, unique=True),
+    # The envelope's id; consumers deduplicate by it, rows are identified by ``id``.
+    Column("event_id", Text, nullable=False),
     Column("aggregate_type", Text, nullable=False),
     Column("aggregate_id", Text, nullable=False),
     Column("partition", SmallInteger, nullable=False),
