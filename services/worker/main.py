@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from longrun import service
+from longrun.app import effects
 from longrun.app.advance import Advancer
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database
@@ -21,7 +22,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                         artifacts=FilesystemArtifactStore(settings.artifact_dir),
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                         concurrency=settings.worker_concurrency,
-                        clock=lambda: time.time() + settings.clock_skew)
+                        clock=lambda: time.time() + settings.clock_skew,
+                        handover=effects.SlotHandover(settings.priority_aging, settings.partitions))
     try:
         await consume_partitions(settings, service=SERVICE, handler=advancer.on_wakeup, stopping=stopping,
                                  health=health, on_outcome=advancer.after_ack)

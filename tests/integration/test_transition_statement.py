@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
+
+import psycopg
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun.app import admit, effects
 from longrun.app.advance import Advancer
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
+from longrun.db.engine import psycopg_dsn
 from longrun.domain import ActionStatus, EffectKind, Usage, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
+from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
 from longrun.workflows import STEPS_VERSIONS, registry, steps
@@ -133,3 +140,65 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_o
     assert types[-1] == "run.completed"
     assert rows[0] == ("step:0", 2, ActionStatus.CONFIRMED.value)
     assert [r[1] for r in rows[1:]] == [1]
+
+
+async def _finish_with_handover(engine: AsyncEngine, tmp_path: object, run_id: str) -> None:
+    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel({}),
+                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
+                      handover=effects.SlotHandover(aging_seconds=30, partitions=PARTITIONS))
+    async with engine.begin() as conn:
+        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
+    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+
+
+async def test_a_finishing_run_hands_its_slot_to_the_next_queued_run_and_wakes_it(clean, engine, tmp_path) -> None:
+    # Given a tenant with one slot, taken by an admitted run, and a run queued behind it
+    first = await _steps_run(engine)
+    async with engine.begin() as conn:
+        assert await admit.admit(conn, slots=1, aging_seconds=30) == [first.snapshot.run_id]
+    queued = await _steps_run(engine)
+    async with engine.connect() as conn:
+        await conn.execute(text("DELETE FROM outbox"))
+        await conn.commit()
+    # When a worker finishes the admitted run
+    await _finish_with_handover(engine, tmp_path, first.snapshot.run_id)
+    # Then the queued run is admitted by that same write, and woken by a valid wakeup on its partition
+    async with engine.connect() as conn:
+        admitted = dict((await conn.execute(text("SELECT run_id, admitted_at IS NOT NULL FROM runs"))).all())
+        woken = (await conn.execute(text(
+            "SELECT payload, exchange, routing_key, partition FROM outbox WHERE type = 'run.wakeup'"))).all()
+        finished_at = (await conn.execute(text(
+            "SELECT recorded_at FROM run_events WHERE run_id = :r AND type = 'run.completed'"),
+            {"r": first.snapshot.run_id})).scalar_one()
+        admitted_at = (await conn.execute(text("SELECT admitted_at FROM runs WHERE run_id = :r"),
+                                          {"r": queued.snapshot.run_id})).scalar_one()
+    assert admitted == {first.snapshot.run_id: True, queued.snapshot.run_id: True}
+    assert admitted_at == finished_at  # one transaction: its now() is both
+    assert len(woken) == 1
+    envelope = decode(json.dumps(woken[0].payload).encode())
+    assert (envelope.type, envelope.run_id, envelope.tenant_id, envelope.expected_state_version) == (
+        "run.wakeup", queued.snapshot.run_id, "acme", queued.snapshot.revision)
+    assert envelope.payload.reason == "admitted"
+    assert (woken[0].exchange, woken[0].routing_key, woken[0].partition) == (
+        topology.work_exchange("worker"), topology.partition_key(queued.partition), queued.partition)
+
+
+async def test_a_finishing_run_with_nobody_queued_notifies_admission_and_admits_nothing(clean, engine,
+                                                                                      tmp_path) -> None:
+    # Given a tenant's only run, admitted, and a listener on admission's channel
+    only = await _steps_run(engine)
+    async with engine.begin() as conn:
+        await admit.admit(conn, slots=1, aging_seconds=30)
+    listener = await psycopg.AsyncConnection.connect(psycopg_dsn(str(engine.url.render_as_string(False))),
+                                                     autocommit=True)
+    try:
+        await listener.execute(f"LISTEN {effects.ADMISSION_CHANNEL}")
+        # When a worker finishes it
+        await _finish_with_handover(engine, tmp_path, only.snapshot.run_id)
+        # Then admission hears that a slot is free, and no wakeup was written
+        notice = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    finally:
+        await listener.close()
+    assert notice.payload == "acme"
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM outbox WHERE type = 'run.wakeup'"))).scalar() == 1

@@ -10,6 +10,9 @@ advisory lock keeps several scheduler replicas from over-admitting.
 A run created while its tenant has a free slot and no run waiting is admitted in its
 creating transaction: the choice is the one admission would make, without a NOTIFY and
 another transaction between the create and the worker's wakeup (latency to the first step).
+A run that a worker finishes hands its slot to the next queued run of its tenant in the
+statement that finishes it (``runs.Handover``), which admits and wakes that run; admission
+is notified only when nobody could take the slot.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
-from longrun.db import outbox, runs
+from longrun.db import admission, outbox, runs
 from longrun.domain import TERMINAL, Usage, freeze, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
@@ -121,23 +124,13 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> l
         free = slots - await _active(conn, tenant)
         if free <= 0:
             continue
-        rows = await conn.execute(_ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
+        rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
         chosen = sorted(rows, key=lambda r: (-r.score, r.created_at))
         await outbox.enqueue_many(conn, [effects.wake_message_of(
             tenant_id=r.tenant_id, run_id=r.run_id, revision=r.revision, partition=r.partition, reason="admitted",
             producer=PRODUCER) for r in chosen])
         admitted += [r.run_id for r in chosen]
     return admitted
-
-
-# The best queued runs of a tenant (priority plus age), admitted in the statement that picks them.
-_ADMIT_BEST = text(
-    "UPDATE runs SET admitted_at = now() WHERE run_id IN ("
-    "  SELECT run_id FROM runs WHERE tenant_id = :t AND admitted_at IS NULL AND status = 'READY' "
-    "  ORDER BY priority + extract(epoch FROM now() - created_at) / :aging DESC, created_at "
-    "  LIMIT :n FOR UPDATE SKIP LOCKED) "
-    "RETURNING run_id, tenant_id, partition, revision, created_at, "
-    "          priority + extract(epoch FROM now() - created_at) / :aging AS score")
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:

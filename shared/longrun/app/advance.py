@@ -88,7 +88,9 @@ the step loop starts from it instead of reading the run again."""
 class Advancer:
     def __init__(self, *, engine: AsyncEngine, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
                  instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, handover: effects.SlotHandover | None = None) -> None:
+        """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
+        the same statement (without it, admission is notified and does that)."""
         self.engine = engine
         self.artifacts = artifacts
         self.kinds = kinds
@@ -97,6 +99,7 @@ class Advancer:
         self.lease_ttl = lease_ttl
         self.clock = clock
         self.rng = rng or random.Random()
+        self.handover = handover
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -114,7 +117,7 @@ class Advancer:
             planned = runs.plan(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
                                                      reason=f"taken by {fence.owner}")])
             stored = await runs.write(conn, planned, fence=fence,
-                                      rides=effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER))
+                                      rides=self._rides(stored, planned))
         _TAKEN.set(stored)
         return {"taken": True, "owner": fence.owner, "token": fence.token}
 
@@ -434,8 +437,7 @@ class Advancer:
                         await register(conn, self.artifacts, artifact[0], size=artifact[1],
                                        media_type="application/json", run_id=stored.snapshot.run_id)
                     planned = runs.plan(stored, events, release_lease=parked)
-                    after = await runs.write(conn, planned, fence=fence, rides=effects.broadcast_rides(
-                        stored.snapshot, planned.after, producer=PRODUCER))
+                    after = await runs.write(conn, planned, fence=fence, rides=self._rides(stored, planned))
                     await ledger.record(conn, key, status, **fields)
             except StaleRevision:
                 reloaded = await self._load(stored.snapshot.run_id, fence)
@@ -460,7 +462,7 @@ class Advancer:
                 await runs.release_lease(conn, stored.snapshot.run_id, fence)
             return stored
         planned = runs.plan(stored, events, release_lease=release)
-        rides = effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER)
+        rides = self._rides(stored, planned)
         first = ledger_row is not None and stored.snapshot.action(ledger_row[1]) is None
         if ledger_row is not None and first:
             rides = replace(rides, action=self._request_row(stored.snapshot.run_id, fence, ledger_row, answer))
@@ -528,6 +530,9 @@ class Advancer:
                 "idempotency_key": key, "request_hash": request_hash(tool.name, tool.version, args=args),
                 "request": args, "fencing_token": fence.token,
                 **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer})}
+
+    def _rides(self, stored: StoredRun, planned: runs.Planned) -> runs.Rides:
+        return effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER, handover=self.handover)
 
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)

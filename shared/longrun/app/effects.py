@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.bus import topology
 from longrun.db import outbox, timers
-from longrun.db.runs import Rides, StoredRun
+from longrun.db.runs import Handover, Rides, StoredRun
 from longrun.domain import TERMINAL, RunSnapshot, RunStatus
 from longrun.envelope import DataClass, make
 
@@ -50,13 +51,33 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -
                           after.partition)
 
 
-def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str) -> Rides:
-    """``broadcast`` as rows riding with the transition's own statement (``runs.write``)."""
+@dataclass(frozen=True, slots=True)
+class SlotHandover:
+    """How a writer hands a finishing run's slot on (``runs.Handover``): the scheduler's aging and
+    the bus's partition count."""
+
+    aging_seconds: float
+    partitions: int
+
+
+def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str,
+                    handover: SlotHandover | None = None) -> Rides:
+    """``broadcast`` as rows riding with the transition's own statement (``runs.write``); with
+    ``handover``, a run that finishes gives its slot to the next queued run of its tenant at once
+    instead of waking admission."""
     message = broadcast_message(before, after, producer=producer)
     if message is None:
         return Rides()
-    ended = after.snapshot.status in TERMINAL
-    return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, after.snapshot.tenant_id),) if ended else ())
+    run = after.snapshot
+    if run.status not in TERMINAL:
+        return Rides(messages=(message,))
+    if handover is None:
+        return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, run.tenant_id),))
+    template = wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=0, partition=0,
+                               reason="admitted", producer=producer)
+    routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
+    return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.aging_seconds, template, routes,
+                                                        ADMISSION_CHANNEL))
 
 
 async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:

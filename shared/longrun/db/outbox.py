@@ -65,23 +65,25 @@ class Plain:
     partition: int
 
 
-def insert_sql(param: str, *, gate: str | None = None) -> str:
-    """INSERT of the rows in the JSON array ``:param`` (``rows_json``), in their order; with ``gate``,
-    only if that CTE of the same statement returned a row."""
-    source = f"{gate}, " if gate else ""
+def insert_sql(rows: str) -> str:
+    """INSERT of the rows ``rows`` yields as ``r(row, n)``: each row as ``rows_json`` writes one, in n order."""
     return (
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
         "                    payload, traceparent) "
         "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
         "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
         "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
-        f"FROM {source}jsonb_array_elements(CAST(:{param} AS jsonb)) WITH ORDINALITY AS r(row, n), "
-        "     LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
+        f"FROM {rows}, LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
         "ORDER BY r.n")
 
 
+def from_param(param: str) -> str:
+    """``insert_sql``'s rows from the JSON array parameter ``:param``."""
+    return f"jsonb_array_elements(CAST(:{param} AS jsonb)) WITH ORDINALITY AS r(row, n)"
+
+
 # The rows travel as one JSON array: arrays of JSON text would be escaped element by element on the client.
-_INSERT = text(insert_sql("rows"))
+_INSERT = text(insert_sql(from_param("rows")))
 
 
 def rows_json(messages: Sequence[Message]) -> str:

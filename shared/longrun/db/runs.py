@@ -19,7 +19,7 @@ the snapshot's ``last_seq`` is the highest *applied* one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import TextClause
 
-from longrun.db import jsonb, outbox
+from longrun.db import admission, jsonb, outbox
 from longrun.db.schema import actions, run_events, runs
 from longrun.domain import RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
@@ -101,6 +101,23 @@ class Rides:
     messages: Sequence[outbox.Message] = ()
     notices: Sequence[tuple[str, str]] = field(default=())
     """(channel, payload) to NOTIFY, delivered at commit."""
+    handover: Handover | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """The slot of an admitted run that finishes goes to its tenant's best queued run, admitted and
+    woken in the same statement. Admission's count of active runs cannot see one without the
+    other, so no admitter over-admits; if nobody could take the slot, ``channel`` is notified."""
+
+    tenant_id: str
+    aging_seconds: float
+    wakeup: outbox.Message
+    """A wakeup for this tenant: the chosen run's id, revision and route replace its own, and its
+    event and wakeup ids are new."""
+    routes: Mapping[int, str]
+    """Routing key of each partition."""
+    channel: str
 
 
 _EVENT_COLUMNS = "run_id, seq, event_id, type, data, applied, fencing_token, occurred_at"
@@ -108,7 +125,8 @@ _ACTION_COLUMNS = tuple(c.name for c in actions.columns if c.name not in ("creat
 
 
 @functools.cache
-def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool) -> TextClause:
+def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
+           handover: bool) -> TextClause:
     """The transition statement for one shape of rides (built once per shape)."""
     guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
@@ -118,7 +136,7 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
         sets += ", lease_owner = NULL, lease_until = NULL"
     token = "CAST(:f_token AS bigint)" if fenced else "NULL"
     parts = [
-        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id)",
+        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id, admitted_at)",
         f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
         f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
         f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
@@ -127,12 +145,15 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
         values = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
         parts.append(f"ledger AS (INSERT INTO actions ({', '.join(_ACTION_COLUMNS)}) SELECT {values} FROM moved)")
     if messages:
-        parts.append(f"sent AS ({outbox.insert_sql('messages', gate='moved')})")
+        parts.append(f"sent AS ({outbox.insert_sql('moved, ' + outbox.from_param('messages'))})")
     if notices:
         parts.append("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                      "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))")
+    if handover:
+        parts += _handover_sql()
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
-    counted = ", (SELECT count(*) FROM told) AS told" if notices else ""
+    counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for name, used in
+                      (("told", notices), ("unfilled", handover)) if used)
     statement = text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM moved) AS moved{counted}")
     binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
     binds.append(bindparam("events", type_=run_events.c.data.type))
@@ -254,6 +275,28 @@ async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.R
     return await write(conn, plan(stored, events, release_lease=release_lease), fence=fence)
 
 
+def _handover_sql() -> list[str]:
+    """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
+    with the chosen run's id, expected revision, partition and route, and fresh ids."""
+    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
+    wakeup = (
+        "(SELECT jsonb_build_object("
+        "  'envelope', t.row -> 'envelope' || jsonb_build_object("
+        "     'run_id', handed.run_id, 'event_id', CAST(gen_random_uuid() AS text),"
+        "     'expected_state_version', handed.revision,"
+        "     'payload', t.row -> 'envelope' -> 'payload' || jsonb_build_object("
+        "        'wakeup_id', CAST(gen_random_uuid() AS text))),"
+        "  'exchange', t.row -> 'exchange', 'partition', handed.partition,"
+        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n "
+        " FROM handed, (SELECT CAST(:h_wakeup AS jsonb) -> 0 AS row) AS t) AS r")
+    return [
+        "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
+        f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
+        f"RETURNING run_id, partition, revision)",
+        f"woken AS ({outbox.insert_sql(wakeup)})",
+        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
+
+
 async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None = None,
                 rides: Rides = Rides()) -> StoredRun:
     """Write a planned transition and its rides as one statement; return the new state."""
@@ -271,8 +314,14 @@ async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None 
         params["messages"] = outbox.rows_json(rides.messages)
     if rides.notices:
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
+    if rides.handover is not None:
+        handover = rides.handover
+        params.update(h_tenant=handover.tenant_id, h_aging=handover.aging_seconds, h_channel=handover.channel,
+                      h_wakeup=outbox.rows_json([handover.wakeup]),
+                      h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
-                       messages=bool(rides.messages), notices=bool(rides.notices))
+                       messages=bool(rides.messages), notices=bool(rides.notices),
+                       handover=rides.handover is not None)
     if not (await conn.execute(statement, params)).one().moved:
         await _conflict(conn, stored, fence)
     return planned.after
