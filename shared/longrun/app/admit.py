@@ -28,7 +28,8 @@ from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
-from longrun.domain import TERMINAL, Usage, freeze, request_hash
+from longrun.db.schema import OPEN_RUN
+from longrun.domain import Usage, freeze, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 
@@ -71,6 +72,14 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
     return {"run_id": run_id, "created": True}
 
 
+# A tenant's admitted open runs (and those queued besides ``:r``): read through ix_runs_open_by_tenant.
+OPEN_AND_WAITING = text(
+    "SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
+    "       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
+    f"FROM runs WHERE tenant_id = :t AND {OPEN_RUN}")
+ACTIVE = text(f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND {OPEN_RUN}")
+
+
 async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, slots: int) -> bool:
     """Admit the run just created if a slot is free and no other run of its tenant is waiting.
 
@@ -78,10 +87,7 @@ async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, s
     run that finishes next wakes it (a burst of creates would wake it once per create for nothing)."""
     tenant, run_id = created.snapshot.tenant_id, created.snapshot.run_id
     await _lock_tenant(conn, tenant)
-    row = (await conn.execute(text(
-        f"SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
-        f"       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
-        f"FROM runs WHERE tenant_id = :t AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant, "r": run_id})).one()
+    row = (await conn.execute(OPEN_AND_WAITING, {"t": tenant, "r": run_id})).one()
     if row.active >= slots:
         return False
     if row.waiting:  # a free slot, and runs queued before this one: admission picks by priority and age
@@ -111,9 +117,6 @@ async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, *,
     return {"rejected": True, "reason": reason, **details}
 
 
-_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in TERMINAL)
-
-
 async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> list[str]:
     """Admit what each tenant's free slots allow; returns the admitted run ids."""
     tenants = (await conn.execute(text(
@@ -138,9 +141,7 @@ async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
 
 
 async def _active(conn: AsyncConnection, tenant: str) -> int:
-    return (await conn.execute(text(
-        f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL "
-        f"AND status NOT IN ({_TERMINAL_SQL})"), {"t": tenant})).scalar_one()
+    return (await conn.execute(ACTIVE, {"t": tenant})).scalar_one()
 
 
 async def _admit(conn: AsyncConnection, stored: runs.StoredRun) -> None:
