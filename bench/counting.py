@@ -2,7 +2,7 @@
 
 Class-level SQLAlchemy listeners count every statement execution (an ``executemany`` is
 one, as psycopg pipelines it), every BEGIN, COMMIT and ROLLBACK of every engine in the
-process. On SIGUSR1 and at exit (the service stops on SIGTERM) the counts go to
+process, and apart from them the uses of AUTOCOMMIT connections (which send none of the three). On SIGUSR1 and at exit (the service stops on SIGTERM) the counts go to
 ``$BENCH_COUNT_FILE``, so the bench can take the difference over a measured window.
 The cost is one Python call per statement; the service code is the real one.
 """
@@ -27,20 +27,28 @@ def _install() -> None:
     @event.listens_for(Engine, "before_cursor_execute")
     def _statement(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
         COUNTS["statements"] += 1
+        if conn.info.get("bench_autocommit"):
+            COUNTS["autocommit_statements"] += 1
         if executemany:
             COUNTS["executemany"] += 1
 
+    # On an AUTOCOMMIT connection SQLAlchemy still begins and ends a transaction of its own, but
+    # psycopg sends neither BEGIN nor COMMIT/ROLLBACK: each statement is its own transaction.
     @event.listens_for(Engine, "begin")
     def _begin(conn):  # type: ignore[no-untyped-def]
-        COUNTS["begin"] += 1
+        autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        conn.info["bench_autocommit"] = autocommit
+        COUNTS["autocommit_uses" if autocommit else "begin"] += 1
 
     @event.listens_for(Engine, "commit")
     def _commit(conn):  # type: ignore[no-untyped-def]
-        COUNTS["commit"] += 1
+        if not conn.info.pop("bench_autocommit", False):
+            COUNTS["commit"] += 1
 
     @event.listens_for(Engine, "rollback")
     def _rollback(conn):  # type: ignore[no-untyped-def]
-        COUNTS["rollback"] += 1
+        if not conn.info.pop("bench_autocommit", False):
+            COUNTS["rollback"] += 1
 
 
 def _dump(*_: object) -> None:

@@ -400,6 +400,7 @@ def _per_step(rows: dict[str, int], sql: dict[str, dict[str, int]], after_x: tup
         "pg_xact_rollback": round((after_x[1] - before_x[1]) / s, 2),
         "service_commits": round(total.get("commit", 0) / s, 2),
         "service_read_only_txns": round(total.get("rollback", 0) / s, 2),
+        "service_statements_alone": round(total.get("autocommit_statements", 0) / s, 2),
         "service_statements": round(total.get("statements", 0) / s, 2),
         "service_round_trips": _per(total, steps)["round_trips"] if total else None,
         "messages_published": round(published / s, 2),

@@ -178,7 +178,8 @@ def table(r: dict[str, Any]) -> str:
             add(f"    first step                 {_pct(s.get('first_step_ms'))}")
             add(f"    completed                  {_pct(s.get('completed_ms'))}")
             ps = s.get("per_step") or {}
-            add(f"    per step: {ps.get('service_commits')} write txns + {ps.get('service_read_only_txns')} read-only txns, "
+            add(f"    per step: {ps.get('service_commits')} write txns + {ps.get('service_read_only_txns')} read-only txns "
+                f"+ {ps.get('service_statements_alone')} statements alone (no BEGIN/COMMIT), "
                 f"{ps.get('service_statements')} statements, {ps.get('service_round_trips')} DB round trips, "
                 f"{ps.get('messages_published')} msgs published, {ps.get('messages_consumed')} consumed "
                 f"(pg_stat: {ps.get('pg_xact_commit')} commits, {ps.get('pg_xact_rollback')} rollbacks)")
