@@ -40,6 +40,8 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
         "ensemble_over_temporal": _ratio(ens, dig(r, "temporal", "throughput", "steps_per_s")),
         "ensemble_over_bare_loop": _ratio(ens, bare1),
         "best_scale_over_bare_loop": _ratio(best, bare1),
+        # The replica count that does best on this machine (the targets use the ensemble's).
+        "best_scale_over_dbos_queue": _ratio(best, dig(r, "dbos", "queue", "steps_per_s")),
         "bare_loop_2_over_1_processes": _ratio(bare2, bare1),
         "bare_loop_over_pg_txn_limit": _ratio(bare1, dig(r, "limits", "postgres", "best_txn_per_s")),
         "scale_2_over_1": _ratio(scale.get(2), scale.get(1)),
