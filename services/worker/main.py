@@ -23,7 +23,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                         concurrency=settings.worker_concurrency,
                         clock=lambda: time.time() + settings.clock_skew,
-                        handover=effects.SlotHandover(settings.priority_aging, settings.partitions))
+                        handover=effects.SlotHandover(settings.tenant_slots, settings.priority_aging,
+                                                      settings.partitions))
     try:
         await consume_partitions(settings, service=SERVICE, handler=advancer.on_wakeup, stopping=stopping,
                                  health=health, on_outcome=advancer.after_ack)

@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects
 from longrun.app.advance import Advancer
-from longrun.artifacts import FilesystemArtifactStore
+from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
+from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
@@ -142,10 +143,10 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_o
     assert [r[1] for r in rows[1:]] == [1]
 
 
-async def _finish_with_handover(engine: AsyncEngine, tmp_path: object, run_id: str) -> None:
+async def _finish_with_handover(engine: AsyncEngine, tmp_path: object, run_id: str, *, slots: int = 1) -> None:
     worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
-                      handover=effects.SlotHandover(aging_seconds=30, partitions=PARTITIONS))
+                      handover=effects.SlotHandover(slots=slots, aging_seconds=30, partitions=PARTITIONS))
     async with engine.begin() as conn:
         taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
     await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
@@ -202,3 +203,45 @@ async def test_a_finishing_run_with_nobody_queued_notifies_admission_and_admits_
     assert notice.payload == "acme"
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM outbox WHERE type = 'run.wakeup'"))).scalar() == 1
+
+
+async def test_a_tenant_above_its_slots_hands_nothing_on_so_it_shrinks_to_them(clean, engine, tmp_path) -> None:
+    # Given a tenant with two admitted runs and one queued, whose slots were lowered to one
+    running = [await _steps_run(engine) for _ in range(2)]
+    async with engine.begin() as conn:
+        await admit.admit(conn, slots=2, aging_seconds=30)
+    queued = await _steps_run(engine)
+    # When a worker that knows the new limit finishes one of the admitted runs
+    await _finish_with_handover(engine, tmp_path, running[0].snapshot.run_id, slots=1)
+    # Then the queued run is not admitted: the tenant is down to its one slot
+    async with engine.connect() as conn:
+        admitted = (await conn.execute(text("SELECT admitted_at IS NOT NULL FROM runs WHERE run_id = :r"),
+                                       {"r": queued.snapshot.run_id})).scalar_one()
+    assert admitted is False
+
+
+async def test_a_first_call_with_a_receipt_too_large_to_inline_is_on_the_ledger_with_its_artifact(
+        clean, engine, tmp_path) -> None:
+    # Given a pure tool whose receipt is over the inline limit (it goes to the artifact store)
+    async def big(args, idempotency_key, fencing_token):  # type: ignore[no-untyped-def]
+        return ToolResult(idempotency_key, {"step": args["step"], "log": "x" * (INLINE_LIMIT + 1)})
+
+    tool = Tool(steps.ECHO.name, steps.ECHO.version, EffectKind.PURE, steps.EchoArgs, big)
+    kinds = Registry([RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {tool.name: tool})])
+    stored = await _steps_run(engine, n=1)
+    run_id = stored.snapshot.run_id
+    worker = Advancer(engine=engine, kinds=kinds, model=ScriptedModel({}),
+                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30)
+    # When a worker advances the run
+    async with engine.begin() as conn:
+        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
+    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+    # Then the run completed, and its call is on the ledger, confirmed, pointing at the registered artifact
+    _, types, rows = await _seen(engine, run_id)
+    assert types[-1] == "run.completed"
+    assert rows == [("step:0", 1, ActionStatus.CONFIRMED.value)]
+    async with engine.connect() as conn:
+        ref = (await conn.execute(text("SELECT receipt_ref FROM actions WHERE run_id = :r"), {"r": run_id})).scalar()
+        registered = (await conn.execute(text("SELECT count(*) FROM artifacts WHERE content_hash = :h"),
+                                         {"h": ref})).scalar()
+    assert ref is not None and registered == 1

@@ -77,7 +77,7 @@ OPEN_AND_WAITING = text(
     "SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
     "       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
     f"FROM runs WHERE tenant_id = :t AND {OPEN_RUN}")
-ACTIVE = text(f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND {OPEN_RUN}")
+ACTIVE = text(f"SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':t')}")
 
 
 async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, slots: int) -> bool:

@@ -479,8 +479,9 @@ class Advancer:
                 after = await self._commit_in_transaction(planned, fence, replace(rides, action=None), ledger_row,
                                                           answer, artifact)
         else:
-            after = await self._commit_in_transaction(planned, fence, replace(rides, action=None) if first else rides,
-                                                      None if first else ledger_row, answer, artifact)
+            # A first ledger row rides in the statement; a key used before is one more attempt.
+            after = await self._commit_in_transaction(planned, fence, rides, None if first else ledger_row, answer,
+                                                      artifact)
         faults.crash_point("worker.after_commit")
         return after
 

@@ -53,9 +53,10 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -
 
 @dataclass(frozen=True, slots=True)
 class SlotHandover:
-    """How a writer hands a finishing run's slot on (``runs.Handover``): the scheduler's aging and
-    the bus's partition count."""
+    """How a writer hands a finishing run's slot on (``runs.Handover``): the scheduler's tenant slots
+    and aging, and the bus's partition count."""
 
+    slots: int
     aging_seconds: float
     partitions: int
 
@@ -76,8 +77,8 @@ def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str,
     template = wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=0, partition=0,
                                reason="admitted", producer=producer)
     routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
-    return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.aging_seconds, template, routes,
-                                                        ADMISSION_CHANNEL))
+    return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
+                                                        template, routes, ADMISSION_CHANNEL))
 
 
 async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:

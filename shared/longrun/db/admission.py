@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from longrun.db.schema import OPEN_RUN
+
+ADMITTED_OPEN = f"tenant_id = {{tenant}} AND admitted_at IS NOT NULL AND {OPEN_RUN}"
+"""A tenant's admitted runs that hold a slot (read through ix_runs_open_by_tenant)."""
 SCORE = "priority + extract(epoch FROM now() - created_at) / {aging}"
 
 

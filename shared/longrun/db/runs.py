@@ -108,9 +108,11 @@ class Rides:
 class Handover:
     """The slot of an admitted run that finishes goes to its tenant's best queued run, admitted and
     woken in the same statement. Admission's count of active runs cannot see one without the
-    other, so no admitter over-admits; if nobody could take the slot, ``channel`` is notified."""
+    other, so no admitter over-admits. A tenant at or above ``slots`` (they were lowered) hands
+    nothing on, so it shrinks to them; whenever no run takes the slot, ``channel`` is notified."""
 
     tenant_id: str
+    slots: int
     aging_seconds: float
     wakeup: outbox.Message
     """A wakeup for this tenant: the chosen run's id, revision and route replace its own, and its
@@ -279,6 +281,8 @@ def _handover_sql() -> list[str]:
     """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
     with the chosen run's id, expected revision, partition and route, and fresh ids."""
     chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
+    # The statement's snapshot still counts the finishing run: at most ``slots`` with it, one is free.
+    within = f"(SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':h_tenant')}) <= :h_slots"
     wakeup = (
         "(SELECT jsonb_build_object("
         "  'envelope', t.row -> 'envelope' || jsonb_build_object("
@@ -292,7 +296,7 @@ def _handover_sql() -> list[str]:
     return [
         "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
         f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
-        f"RETURNING run_id, partition, revision)",
+        f"AND {within} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
 
@@ -316,7 +320,8 @@ async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None 
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
     if rides.handover is not None:
         handover = rides.handover
-        params.update(h_tenant=handover.tenant_id, h_aging=handover.aging_seconds, h_channel=handover.channel,
+        params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
+                      h_channel=handover.channel,
                       h_wakeup=outbox.rows_json([handover.wakeup]),
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
