@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,12 +20,15 @@ VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scrip
                           tool_schemas="forge-v1")
 
 
-async def created(engine: AsyncEngine, *, tenant: str = "acme", kind: str = "dependency_upgrade") -> StoredRun:
+UPGRADE_GOAL = {"repo": "acme/payments", "branch": "b", "owner": "user_42", "package": "p", "to": "5"}
+
+
+async def created(engine: AsyncEngine, *, tenant: str = "acme", kind: str = "dependency_upgrade",
+                  goal: dict[str, Any] | None = None, versions: PinnedVersions = VERSIONS) -> StoredRun:
     run_id = f"run-{uuid.uuid4()}"
     event = ev.RunCreated(seq=1, at=time.time(), run_id=run_id, tenant_id=tenant, kind=kind,
-                          goal=freeze({"repo": "acme/payments", "branch": "b", "owner": "user_42",
-                                       "package": "p", "to": "5"}),
-                          versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=20, cost=5.0))
+                          goal=freeze(UPGRADE_GOAL if goal is None else goal),
+                          versions=versions, budget=Usage(model_calls=10, tool_calls=20, cost=5.0))
     async with engine.begin() as conn:
         stored = await runs.create(conn, event, idempotency_key=f"k-{run_id}", input_hash="h" * 64,
                                    partition=topology.partition_of(run_id, PARTITIONS))

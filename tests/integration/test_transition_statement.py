@@ -21,28 +21,21 @@ from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
 from longrun.db.engine import psycopg_dsn
-from longrun.domain import ActionStatus, EffectKind, Usage, freeze, idempotency_key, request_hash
+from longrun.domain import ActionStatus, EffectKind, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
 from longrun.workflows import STEPS_VERSIONS, registry, steps
 from tests.fixtures import PARTITIONS
+from tests.integration import runs_factory
 from tests.integration.bus_helpers import wakeup
 
 pytestmark = pytest.mark.integration
 
 
 async def _steps_run(engine: AsyncEngine, n: int = 2) -> runs.StoredRun:
-    run_id = f"run-{uuid.uuid4()}"
-    created = ev.RunCreated(seq=1, at=time.time(), run_id=run_id, tenant_id="acme", kind=steps.KIND,
-                            goal=freeze({"steps": n}), versions=STEPS_VERSIONS,
-                            budget=Usage(model_calls=0, tool_calls=10, cost=1.0))
-    async with engine.begin() as conn:
-        stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h" * 64,
-                                   partition=topology.partition_of(run_id, PARTITIONS))
-    assert stored is not None
-    return stored
+    return await runs_factory.created(engine, kind=steps.KIND, goal={"steps": n}, versions=STEPS_VERSIONS)
 
 
 async def _seen(engine: AsyncEngine, run_id: str) -> tuple[int, list[str], list[tuple[str, int, str]]]:
@@ -102,24 +95,32 @@ async def test_a_stale_transition_writes_none_of_its_rides(clean, engine) -> Non
     assert await _seen(engine, stored.snapshot.run_id) == before
 
 
-async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str) -> None:
-    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel({}),
-                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30)  # type: ignore[arg-type]
+async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds: Registry | None = None,
+                   handover: effects.SlotHandover | None = None) -> None:
+    """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
+    worker = Advancer(engine=engine, kinds=kinds or registry(), model=ScriptedModel({}),
+                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
+                      handover=handover)
     async with engine.begin() as conn:
         taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
     assert taken["taken"]
     await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
 
 
+async def _advance_with_first_key_on_ledger(engine: AsyncEngine, tmp_path: object, *, hash_of: dict[str, int]) -> str:
+    """A steps run whose first step's idempotency key is on the ledger for ``hash_of``'s request, advanced."""
+    run_id = (await _steps_run(engine)).snapshot.run_id
+    async with engine.begin() as conn:
+        await ledger.prepare(conn, **_ledger_row(run_id, hash_of=hash_of))
+    await _advance(engine, tmp_path, run_id)
+    return run_id
+
+
 async def test_a_first_call_whose_key_is_on_the_ledger_for_another_request_is_refused(clean, engine,
                                                                                      tmp_path) -> None:
-    # Given a steps run whose first step's idempotency key is on the ledger for another request
-    stored = await _steps_run(engine)
-    run_id = stored.snapshot.run_id
-    async with engine.begin() as conn:
-        await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 99}))
+    # Given a steps run whose first step's idempotency key is on the ledger for another request,
     # When a worker advances it
-    await _advance(engine, tmp_path, run_id)
+    run_id = await _advance_with_first_key_on_ledger(engine, tmp_path, hash_of={"step": 99})
     # Then the step is not recorded (the worker refuses the key, naming both hashes in its log) and
     # the ledger row is untouched
     revision, types, rows = await _seen(engine, run_id)
@@ -129,13 +130,9 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_another_request_is_re
 
 async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_one_more_attempt(
         clean, engine, tmp_path) -> None:
-    # Given a steps run whose first step's key is on the ledger for this very request (same hash)
-    stored = await _steps_run(engine)
-    run_id = stored.snapshot.run_id
-    async with engine.begin() as conn:
-        await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 0}))
+    # Given a steps run whose first step's key is on the ledger for this very request (same hash),
     # When a worker advances it
-    await _advance(engine, tmp_path, run_id)
+    run_id = await _advance_with_first_key_on_ledger(engine, tmp_path, hash_of={"step": 0})
     # Then the run completes, and that step's ledger row counts the call as its second attempt
     _, types, rows = await _seen(engine, run_id)
     assert types[-1] == "run.completed"
@@ -144,12 +141,8 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_o
 
 
 async def _finish_with_handover(engine: AsyncEngine, tmp_path: object, run_id: str, *, slots: int = 1) -> None:
-    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel({}),
-                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
-                      handover=effects.SlotHandover(slots=slots, aging_seconds=30, partitions=PARTITIONS))
-    async with engine.begin() as conn:
-        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
-    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+    await _advance(engine, tmp_path, run_id,
+                   handover=effects.SlotHandover(slots=slots, aging_seconds=30, partitions=PARTITIONS))
 
 
 async def test_a_finishing_run_hands_its_slot_to_the_next_queued_run_and_wakes_it(clean, engine, tmp_path) -> None:
@@ -228,14 +221,9 @@ async def test_a_first_call_with_a_receipt_too_large_to_inline_is_on_the_ledger_
 
     tool = Tool(steps.ECHO.name, steps.ECHO.version, EffectKind.PURE, steps.EchoArgs, big)
     kinds = Registry([RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {tool.name: tool})])
-    stored = await _steps_run(engine, n=1)
-    run_id = stored.snapshot.run_id
-    worker = Advancer(engine=engine, kinds=kinds, model=ScriptedModel({}),
-                      artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30)
+    run_id = (await _steps_run(engine, n=1)).snapshot.run_id
     # When a worker advances the run
-    async with engine.begin() as conn:
-        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
-    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+    await _advance(engine, tmp_path, run_id, kinds=kinds)
     # Then the run completed, and its call is on the ledger, confirmed, pointing at the registered artifact
     _, types, rows = await _seen(engine, run_id)
     assert types[-1] == "run.completed"

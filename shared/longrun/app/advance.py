@@ -465,7 +465,8 @@ class Advancer:
         rides = self._rides(stored, planned)
         first = ledger_row is not None and stored.snapshot.action(ledger_row[1]) is None
         if ledger_row is not None and first:
-            rides = replace(rides, action=self._request_row(stored.snapshot.run_id, fence, ledger_row, answer))
+            rides = replace(rides, action=ledger.first_row(**self._request(stored.snapshot.run_id, fence, ledger_row,
+                                                                           answer)))
         waits = release and planned.after.snapshot.wait is not None
         if artifact is None and (ledger_row is None or first) and not waits:
             try:
@@ -515,11 +516,6 @@ class Advancer:
                               ledger_row: tuple[Tool, str, str, dict[str, Any]],
                               answer: dict[str, Any] | None = None) -> None:
         await ledger.prepare(conn, **cls._request(run_id, fence, ledger_row, answer))
-
-    @classmethod
-    def _request_row(cls, run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],
-                     answer: dict[str, Any] | None = None) -> dict[str, Any]:
-        return ledger.first_row(**cls._request(run_id, fence, ledger_row, answer))
 
     @staticmethod
     def _request(run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],
