@@ -359,7 +359,7 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
         if result.rowcount != len(group):
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
     await conn.execute(_INSERT_EVENTS, [
-        _event_row(p.before.snapshot.run_id, event, applied, None) for p in planned for event, applied in p.rows])
+        _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
 
 
 async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | None) -> None:
@@ -370,16 +370,11 @@ async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | Non
     raise StaleRevision(stored.snapshot.run_id, stored.snapshot.revision)
 
 
-async def _insert_events(conn: AsyncConnection, run_id: str, rows: list[tuple[ev.RunEvent, bool]],
-                         *, fence: Fence | None) -> None:
-    if rows:
-        await conn.execute(_INSERT_EVENTS, [_event_row(run_id, event, applied, fence) for event, applied in rows])
-
-
-def _event_row(run_id: str, event: ev.RunEvent, applied: bool, fence: Fence | None) -> dict[str, Any]:
+def _event_row(run_id: str, event: ev.RunEvent, applied: bool) -> dict[str, Any]:
+    """A row of ``write_many``: its writers (the timer) hold no lease, so no fencing token."""
     return {"run_id": run_id, "seq": event.seq, "event_id": f"{run_id}:{event.seq}", "type": event.type,
             "data": ev.event_to_dict(event), "applied": applied,
-            "fencing_token": fence.token if fence else None, "occurred_at": _ts(event.at)}
+            "fencing_token": None, "occurred_at": _ts(event.at)}
 
 
 async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
