@@ -15,7 +15,7 @@ from longrun.bootstrap import open_bus, open_database
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
-from longrun.db.engine import psycopg_dsn
+from longrun.db.engine import autocommit, psycopg_dsn
 from longrun.workflows import registry
 
 SERVICE = "scheduler"
@@ -29,11 +29,16 @@ async def admission_loop(engine: AsyncEngine, settings: Settings, stopping: asyn
     try:
         while not stopping.is_set():
             try:
-                async with engine.begin() as conn:
-                    admitted = await admit.admit(conn, slots=settings.tenant_slots,
-                                                 aging_seconds=settings.priority_aging)
-                if admitted:
-                    logger.info("admitted %d run(s)", len(admitted))
+                # Most rounds find nobody queued (a finished run's slot found no taker): one
+                # statement then, no transaction.
+                async with autocommit(engine) as conn:
+                    queued = await admit.queued_tenants(conn)
+                if queued:
+                    async with engine.begin() as conn:
+                        admitted = await admit.admit(conn, slots=settings.tenant_slots,
+                                                     aging_seconds=settings.priority_aging, tenants=queued)
+                    if admitted:
+                        logger.info("admitted %d run(s)", len(admitted))
             except Exception:
                 logger.exception("admission round failed")
             try:

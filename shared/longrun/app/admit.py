@@ -8,7 +8,7 @@ unfinished runs, and picks within a tenant by priority plus age (one priority po
 advisory lock keeps several scheduler replicas from over-admitting.
 
 A run created while its tenant has a free slot and no run waiting is admitted in its
-creating transaction: the choice is the one admission would make, without a NOTIFY and
+creating statement: the choice is the one admission would make, without a NOTIFY and
 another transaction between the create and the worker's wakeup (latency to the first step).
 A run that a worker finishes hands its slot to the next queued run of its tenant in the
 statement that finishes it (``runs.Handover``), which admits and wakes that run; admission
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import text
@@ -28,8 +29,7 @@ from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
-from longrun.db.schema import OPEN_RUN
-from longrun.domain import Usage, freeze, request_hash
+from longrun.domain import Usage, evolve, freeze, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 
@@ -61,40 +61,27 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
         goal=freeze(request.input), versions=kind.versions, priority=request.priority,
         budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
                      cost=request.budget.cost_usd))
+    partition = topology.partition_of(run_id, partitions)
+    # Admission's lock first: the creating statement's count of the tenant's slots is then the one
+    # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
+    # between the create and the worker's wakeup).
+    await _lock_tenant(conn, envelope.tenant_id)
+    wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,
+                                     revision=evolve(None, created).revision, partition=partition,
+                                     reason="admitted", producer=PRODUCER)
     stored = await runs.create(conn, created, idempotency_key=request.idempotency_key, input_hash=offered,
-                               partition=topology.partition_of(run_id, partitions))
+                               partition=partition,
+                               at_once=runs.AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
         assert found is not None
         return await _existing(conn, envelope, found, offered, partitions)
-    if await _admitted_at_once(conn, stored, slots=slots):
+    if stored.admitted:
         return {"run_id": run_id, "created": True, "admitted": True}
     return {"run_id": run_id, "created": True}
 
 
-# A tenant's admitted open runs (and those queued besides ``:r``): read through ix_runs_open_by_tenant.
-OPEN_AND_WAITING = text(
-    "SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
-    "       count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY' AND run_id <> :r) AS waiting "
-    f"FROM runs WHERE tenant_id = :t AND {OPEN_RUN}")
 ACTIVE = text(f"SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':t')}")
-
-
-async def _admitted_at_once(conn: AsyncConnection, created: runs.StoredRun, *, slots: int) -> bool:
-    """Admit the run just created if a slot is free and no other run of its tenant is waiting.
-
-    Otherwise admission decides, woken only when it has a slot to give: with every slot taken the
-    run that finishes next wakes it (a burst of creates would wake it once per create for nothing)."""
-    tenant, run_id = created.snapshot.tenant_id, created.snapshot.run_id
-    await _lock_tenant(conn, tenant)
-    row = (await conn.execute(OPEN_AND_WAITING, {"t": tenant, "r": run_id})).one()
-    if row.active >= slots:
-        return False
-    if row.waiting:  # a free slot, and runs queued before this one: admission picks by priority and age
-        await effects.notify_admission(conn, [tenant])
-        return False
-    await _admit(conn, created)
-    return True
 
 
 async def _existing(conn: AsyncConnection, envelope: Envelope, found: tuple[str, str], offered: str,
@@ -117,10 +104,20 @@ async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, *,
     return {"rejected": True, "reason": reason, **details}
 
 
-async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float) -> list[str]:
-    """Admit what each tenant's free slots allow; returns the admitted run ids."""
-    tenants = (await conn.execute(text(
-        "SELECT DISTINCT tenant_id FROM runs WHERE admitted_at IS NULL AND status = 'READY'"))).scalars().all()
+QUEUED_TENANTS = text("SELECT DISTINCT tenant_id FROM runs WHERE admitted_at IS NULL AND status = 'READY'")
+
+
+async def queued_tenants(conn: AsyncConnection) -> list[str]:
+    """Tenants with a run waiting for a slot."""
+    return list((await conn.execute(QUEUED_TENANTS)).scalars())
+
+
+async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
+                tenants: Sequence[str] | None = None) -> list[str]:
+    """Admit what the free slots of ``tenants`` (default: every tenant with a queued run) allow;
+    returns the admitted run ids."""
+    if tenants is None:
+        tenants = await queued_tenants(conn)
     admitted: list[str] = []
     for tenant in tenants:
         await _lock_tenant(conn, tenant)
@@ -142,8 +139,3 @@ async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
 
 async def _active(conn: AsyncConnection, tenant: str) -> int:
     return (await conn.execute(ACTIVE, {"t": tenant})).scalar_one()
-
-
-async def _admit(conn: AsyncConnection, stored: runs.StoredRun) -> None:
-    await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": stored.snapshot.run_id})
-    await effects.wake(conn, stored, reason="admitted", producer=PRODUCER)

@@ -9,6 +9,10 @@ from longrun.db.schema import OPEN_RUN
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND admitted_at IS NOT NULL AND {OPEN_RUN}"
 """A tenant's admitted runs that hold a slot (read through ix_runs_open_by_tenant)."""
+TENANT_SLOTS = ("SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
+                "count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY') AS waiting "
+                f"FROM runs WHERE tenant_id = {{tenant}} AND {OPEN_RUN}")
+"""A tenant's runs holding a slot, and those queued for one (read through ix_runs_open_by_tenant)."""
 SCORE = "priority + extract(epoch FROM now() - created_at) / {aging}"
 
 

@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Interval, bindparam, func, insert, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import TextClause
 
@@ -180,40 +179,77 @@ _FENCE_NOW = select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_i
 _INSERT_EVENTS = insert(run_events)
 
 
-def _create() -> Any:
-    """The run row and its first event in one statement; the event only if the row was new."""
-    columns = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
-               "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq", *_PROJECTED)
-    made = (pg_insert(runs).values({name: _bind(name) for name in columns})
-            .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-            .returning(runs.c.run_id).cte("made"))
-    first = insert(run_events).from_select(
-        ["run_id", "seq", "event_id", "type", "data", "applied", "occurred_at"],
-        select(made.c.run_id, bindparam("e_seq", type_=run_events.c.seq.type),
-               made.c.run_id + bindparam("e_suffix", type_=run_events.c.event_id.type),
-               bindparam("e_type", type_=run_events.c.type.type), bindparam("e_data", type_=run_events.c.data.type),
-               True, bindparam("e_occurred_at", type_=run_events.c.occurred_at.type)))
-    return select(func.count()).select_from(made).add_cte(first.cte("first"))
+@dataclass(frozen=True, slots=True)
+class AtOnce:
+    """Admission at creation: a run created while its tenant has a free slot and no queued run is
+    admitted and woken in its creating statement, the choice admission would make. The caller holds
+    the tenant's admission lock, so the statement's count is the one admission would see. With a
+    free slot but runs queued, ``channel`` is notified: admission picks among them by priority and
+    age. With no free slot the run stays queued; the run that finishes next hands its slot on."""
+
+    slots: int
+    wakeup: outbox.Message
+    """The new run's wakeup, written only if it is admitted."""
+    channel: str
 
 
-_CREATE = _create()
+_CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
+                    "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
+                    *_PROJECTED)
+
+
+@functools.cache
+def _create(*, at_once: bool) -> TextClause:
+    """The run row and its first event in one statement, the event only if the row was new; with
+    ``AtOnce``, its admission too."""
+    columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
+    parts = []
+    if at_once:
+        parts.append(f"tenant AS ({admission.TENANT_SLOTS.format(tenant=':tenant_id')})")
+        columns.append("admitted_at")
+        values.append("CASE WHEN tenant.active < :slots AND tenant.waiting = 0 THEN now() END")
+        source = " FROM tenant"
+    parts += [
+        f"made AS (INSERT INTO runs ({', '.join(columns)}) SELECT {', '.join(values)}{source} "
+        "ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING run_id, admitted_at)",
+        "first AS (INSERT INTO run_events (run_id, seq, event_id, type, data, applied, occurred_at) "
+        "SELECT made.run_id, :e_seq, made.run_id || :e_suffix, :e_type, :e_data, true, :e_occurred_at FROM made)"]
+    counted = ""
+    if at_once:
+        wakeup = ("(SELECT r.row, r.n FROM made, jsonb_array_elements(CAST(:wakeup AS jsonb)) WITH ORDINALITY "
+                  "AS r(row, n) WHERE made.admitted_at IS NOT NULL) AS r")
+        parts += [f"woken AS ({outbox.insert_sql(wakeup)})",
+                  "told AS (SELECT pg_notify(:channel, :tenant_id) FROM made, tenant "
+                  "WHERE made.admitted_at IS NULL AND tenant.active < :slots AND tenant.waiting > 0)"]
+        counted = (", (SELECT count(*) FROM made WHERE admitted_at IS NOT NULL) AS admitted, "
+                   "(SELECT count(*) FROM told) AS told")
+    binds = [bindparam(name, type_=runs.c[name].type) for name in _CREATED_COLUMNS]
+    binds += [bindparam("e_data", type_=run_events.c.data.type),
+              bindparam("e_occurred_at", type_=run_events.c.occurred_at.type)]
+    return text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM made) AS made{counted}").bindparams(*binds)
 
 
 async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
-                 partition: int) -> StoredRun | None:
-    """Insert a run with its first event; None when (tenant, idempotency_key) exists."""
+                 partition: int, at_once: AtOnce | None = None) -> StoredRun | None:
+    """Insert a run with its first event; None when (tenant, idempotency_key) exists.
+
+    With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it."""
     snapshot = evolve(None, created)
-    inserted = (await conn.execute(_CREATE, {
+    params: dict[str, Any] = {
         "run_id": created.run_id, "tenant_id": created.tenant_id, "idempotency_key": idempotency_key,
         "input_hash": input_hash, "workflow": created.kind, "workflow_version": created.versions.workflow,
         "prompt_version": created.versions.prompt, "model_policy_version": created.versions.model_policy,
         "tool_schema_version": created.versions.tool_schemas, "partition": partition,
         "last_seq": created.seq, **projection(snapshot),
         "e_seq": created.seq, "e_suffix": f":{created.seq}", "e_type": created.type,
-        "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)})).scalar_one()
-    if not inserted:
+        "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
+    if at_once is not None:
+        params.update(slots=at_once.slots, channel=at_once.channel, wakeup=outbox.rows_json([at_once.wakeup]))
+    row = (await conn.execute(_create(at_once=at_once is not None), params)).one()
+    if not row.made:
         return None
-    return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
+    return StoredRun(snapshot, created.seq, partition, None, None, 0,
+                     admitted=at_once is not None and bool(row.admitted))
 
 
 _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
