@@ -152,7 +152,9 @@ class Settings:
     relay_batch: int
     """Outbox rows claimed per relay round."""
     timer_batch: int
-    """Due timers the timer service fires per transaction."""
+    """Due timers the timer service fires per transaction. Each batch pays a fixed share (its
+    statements, its commit, one wake through the domain); 500 fired 10,000 due at once 20-30 %
+    faster than 200 (docs/cost-model.md), and holds its runs' locks for tens of milliseconds."""
     log_level: str
     otel_exporter: str
     """Where spans go: "none" (propagate traceparents only) or "console"."""
@@ -237,7 +239,7 @@ _SPEC: dict[str, _Var] = {
     "relay_poll_interval": _var("LONGRUN_RELAY_POLL_INTERVAL", _positive_float,
                                 "seconds, a number > 0", "1"),
     "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
-    "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "200"),
+    "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "500"),
     "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
     "otel_exporter": _var("LONGRUN_OTEL_EXPORTER", _exporter, "none or console", "none"),
     "startup_patience": _var("LONGRUN_STARTUP_PATIENCE", _positive_float, "seconds, a number > 0", "60"),

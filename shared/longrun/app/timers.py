@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -253,7 +252,7 @@ class _Shape:
         run = {"tenant_id": head.tenant_id, "run_id": head.run_id}
         wakeup = {**self.wakeup.envelope, **run, "event_id": new_event_id(),
                   "expected_state_version": head.revision + 1,
-                  "payload": {**self.wakeup.envelope["payload"], "wakeup_id": str(uuid.uuid4()),
+                  "payload": {**self.wakeup.envelope["payload"], "wakeup_id": new_event_id(),
                               "reason": f"timer:{timer.kind}"}}
         told = self.broadcast.envelope["payload"]
         broadcast = {**self.broadcast.envelope, **run, "event_id": new_event_id(),

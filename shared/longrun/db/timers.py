@@ -98,7 +98,7 @@ _LOCK_HEADS = text(
     "SELECT run_id, tenant_id, partition, status, revision, last_seq, "
     "       snapshot #>> '{wait,wait_id}' AS wait_id, "
     "       (snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
-    "       snapshot ->> 'stage' AS stage "
+    "       coalesce(snapshot ->> 'stage', '') AS stage "
     "FROM runs WHERE run_id = ANY(CAST(:run_ids AS text[])) ORDER BY run_id FOR UPDATE")
 # Rows travel as one JSON array (arrays of JSON text would be escaped element by element on the
 # client). The wake clears the pending wait, so its projected columns go with it; ``snapshot ||
@@ -123,8 +123,8 @@ _INSERT_EVENTS = text(
 async def lock_heads(conn: AsyncConnection, run_ids: Sequence[str]) -> dict[str, RunHead]:
     """Lock the runs in run_id order (as ``runs.load_many`` does, so batches cannot deadlock)."""
     rows = await conn.execute(_LOCK_HEADS, {"run_ids": sorted(set(run_ids))})
-    return {r.run_id: RunHead(r.run_id, r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.wait_id,
-                              r.wait_has_timer, r.stage or "") for r in rows}
+    # Columns in RunHead's field order: plain tuples, not attribute lookups on rows (10,000 at once).
+    return {r[0]: RunHead(*r) for r in rows}
 
 
 async def write_heads(conn: AsyncConnection, writes: Sequence[HeadWrite], *, status: str,
