@@ -19,6 +19,9 @@ from longrun.db.engine import autocommit, psycopg_dsn
 from longrun.workflows import registry
 
 SERVICE = "scheduler"
+CREATE_BATCH = 16
+"""run.creates waiting in the ingress handled in one transaction: under a burst, a create costs
+about two statements of its own (admission's lock, the create) instead of six round trips."""
 logger = logging.getLogger(__name__)
 
 
@@ -68,7 +71,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions,
                                 slots=settings.tenant_slots)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
-                            handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit)
+                            handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
+                            batch=CREATE_BATCH)
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))
     health.ready = True

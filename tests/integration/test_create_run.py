@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import psycopg
 import pytest
@@ -83,3 +84,33 @@ async def test_the_creating_statement_admits_with_a_free_slot_queues_without_one
     async with engine.connect() as conn:
         admitted = (await conn.execute(text("SELECT run_id FROM runs WHERE admitted_at IS NOT NULL"))).scalars().all()
     assert admitted == [first["run_id"]]
+
+
+async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, engine) -> None:
+    # Given 60 queued runs of one tenant over every priority, of random ages, and queued runs of another
+    rng = random.Random(20261130)
+    for tenant, n in (("acme", 60), ("other", 10)):
+        for i in range(n):
+            request = make("run.create", {"workflow": "steps", "idempotency_key": f"{tenant}-{i}",
+                                          "input": {"steps": 1}, "priority": rng.randint(0, 9)},
+                           producer="tests", tenant_id=tenant)
+            async with engine.begin() as conn:
+                await admit.create_run(conn, request, kinds=registry(), partitions=8, slots=0)
+    async with engine.begin() as conn:
+        for run_id in (await conn.execute(text("SELECT run_id FROM runs"))).scalars().all():
+            await conn.execute(text("UPDATE runs SET created_at = now() - make_interval(secs => :age) "
+                                    "WHERE run_id = :r"), {"age": rng.uniform(0, 600), "r": run_id})
+    # When admission gives the tenant more and more slots, Then each round admits exactly the runs that
+    # ranking every queued run by priority plus age (one point per 30 s) puts first
+    for slots in (1, 4, 9, 20, 45, 70):
+        async with engine.begin() as conn:
+            expected = (await conn.execute(text(
+                "SELECT run_id FROM runs WHERE tenant_id = 'acme' AND admitted_at IS NULL "
+                "ORDER BY priority + extract(epoch FROM now() - created_at) / 30 DESC, created_at LIMIT :n"),
+                {"n": slots - await admit._active(conn, "acme")})).scalars().all()
+            admitted = await admit.admit(conn, slots=slots, aging_seconds=30, tenants=["acme"])
+        assert admitted == list(expected)
+    async with engine.connect() as conn:
+        counts = dict((await conn.execute(text(
+            "SELECT tenant_id, count(admitted_at) FROM runs GROUP BY tenant_id"))).all())
+    assert counts == {"acme": 60, "other": 0}

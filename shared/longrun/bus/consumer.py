@@ -6,8 +6,12 @@ work (handlers persist what takes time and return). A redelivered message finds 
 inbox row and gets the recorded outcome without touching state.
 
 A queue is a serial lane: one message at a time, in delivery order, so per-run order
-holds. A failing message is retried in place (never skipped, which would reorder the
-run's later messages) until it succeeds, or until ``max_attempts`` failures put it in
+holds. With ``batch`` > 1, the messages already delivered and waiting (up to ``batch``) are
+handled in delivery order in ONE transaction: their inbox rows claimed in one statement,
+their outcomes recorded in one, one commit, one ack for all. If that transaction fails, it
+is rolled back and its messages are handled again one at a time, each with its own retries.
+A failing message is retried in place (never skipped, which would reorder the run's later
+messages) until it succeeds, or until ``max_attempts`` failures put it in
 quarantine. Undecodable messages and unknown schema versions go to quarantine at
 once with their reason. The broker's delivery-limit is the backstop for a message
 that kills the process before the app can count it.
@@ -53,8 +57,9 @@ class QueueConsumer:
     """One queue, one channel, one processing task."""
 
     def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue: str, handler: Handler,
-                 prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None) -> None:
+                 prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None, batch: int = 1) -> None:
         self.bus = bus
+        self.batch = batch
         self.engine = engine
         self.service = service
         self.queue = queue
@@ -104,11 +109,65 @@ class QueueConsumer:
 
     async def _loop(self) -> None:
         while True:
-            message = await self._inbox.get()
-            # Shielded: a handover lets the message in hand finish its commit and ack
-            # (``stop`` waits for it) rather than leaving it half-handled.
-            self._current = asyncio.ensure_future(self._process(message))
+            messages = [await self._inbox.get()]
+            while len(messages) < self.batch and not self._inbox.empty():
+                messages.append(self._inbox.get_nowait())
+            # Shielded: a handover lets the messages in hand finish their commit and ack
+            # (``stop`` waits for them) rather than leaving them half-handled.
+            work = self._process(messages[0]) if len(messages) == 1 else self._process_together(messages)
+            self._current = asyncio.ensure_future(work)
             await asyncio.shield(self._current)
+
+    async def _process_together(self, messages: list[AbstractIncomingMessage]) -> None:
+        decoded: list[tuple[AbstractIncomingMessage, Envelope]] = []
+        for message in messages:
+            try:
+                decoded.append((message, decode(message.body)))
+            except PoisonMessage as e:
+                await self._quarantine(message, e, attempts=1)
+        if not decoded:
+            return
+        try:
+            results = await self._handle_together([envelope for _, envelope in decoded])
+        except Exception as e:
+            logger.warning("%s: a batch of %d failed (%r); handling its messages one at a time",
+                           self.queue, len(decoded), e)
+            for message, envelope in decoded:
+                await self._traced_handle(message, envelope)
+            return
+        faults.crash_point("consumer.after_commit_before_ack")
+        # Every earlier delivery of this channel is acked already: one ack covers the batch.
+        await _ack(decoded[-1][0], multiple=True)
+        if self.on_outcome is not None:
+            for result in results:
+                await self.on_outcome(result)
+
+    async def _handle_together(self, envelopes: list[Envelope]) -> list[Outcome]:
+        """``_handle_once`` for several messages in one transaction; a repeated id within the batch
+        is a duplicate of its first copy."""
+        firsts: dict[str, Envelope] = {}
+        for envelope in envelopes:
+            firsts.setdefault(envelope.event_id, envelope)
+        async with self.engine.begin() as conn:
+            claims = await inbox.claim_many(conn, self.service, [
+                inbox.Message(e.event_id, e.type, e.run_id) for e in firsts.values()])
+            done: dict[str, Outcome] = {}
+            results: list[Outcome] = []
+            for envelope in envelopes:
+                claim, first = claims[envelope.event_id], done.get(envelope.event_id)
+                recorded = (first.outcome if first is not None
+                            else claim.outcome if isinstance(claim, inbox.Duplicate) else None)
+                if recorded is not None:
+                    logger.info("duplicate %s dropped on %s; recorded outcome returned",
+                                envelope.event_id, self.queue)
+                    results.append(Outcome(envelope, recorded, duplicate=True))
+                    continue
+                with self._span(envelope):
+                    result = Outcome(envelope, await self.handler(conn, envelope), duplicate=False)
+                done[envelope.event_id] = result
+                results.append(result)
+            await inbox.record_outcomes(conn, self.service, {k: r.outcome for k, r in done.items()})
+        return results
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -116,10 +175,16 @@ class QueueConsumer:
         except PoisonMessage as e:
             await self._quarantine(message, e, attempts=1)
             return
-        with otel.continued(f"process {self.queue}", envelope.trace, **{
-                "messaging.destination.name": self.queue, "messaging.message.id": envelope.event_id,
-                "messaging.operation.name": "process", "longrun.run_id": envelope.run_id or ""}):
+        await self._traced_handle(message, envelope)
+
+    async def _traced_handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
+        with self._span(envelope):
             await self._handle(message, envelope)
+
+    def _span(self, envelope: Envelope) -> Any:
+        return otel.continued(f"process {self.queue}", envelope.trace, **{
+            "messaging.destination.name": self.queue, "messaging.message.id": envelope.event_id,
+            "messaging.operation.name": "process", "longrun.run_id": envelope.run_id or ""})
 
     async def _handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
         attempt = 0
@@ -190,9 +255,9 @@ class QueueConsumer:
         await _ack(message)
 
 
-async def _ack(message: AbstractIncomingMessage) -> None:
+async def _ack(message: AbstractIncomingMessage, *, multiple: bool = False) -> None:
     try:
-        await message.ack()
+        await message.ack(multiple=multiple)
     except Exception as e:
         # The channel is gone: the broker redelivers, and the inbox absorbs it.
         logger.warning("ack failed (%r); the redelivery will be deduplicated", e)

@@ -13,16 +13,36 @@ TENANT_SLOTS = ("SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS activ
                 "count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY') AS waiting "
                 f"FROM runs WHERE tenant_id = {{tenant}} AND {OPEN_RUN}")
 """A tenant's runs holding a slot, and those queued for one (read through ix_runs_open_by_tenant)."""
-SCORE = "priority + extract(epoch FROM now() - created_at) / {aging}"
+SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 
 def best_queued(*, tenant: str, aging: str, limit: str) -> str:
-    """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions)."""
-    return (f"SELECT run_id FROM runs WHERE tenant_id = {tenant} AND admitted_at IS NULL AND status = 'READY' "
-            f"ORDER BY {SCORE.format(aging=aging)} DESC, created_at LIMIT {limit} FOR UPDATE SKIP LOCKED")
+    """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions).
+
+    Within one priority the oldest run scores best, so the best ``limit`` overall are among the
+    ``limit`` oldest of each priority: those are read through ix_runs_ready_queue (its priorities
+    found by skipping from one to the next), and only they are scored. The cost follows the number
+    of priorities in use, not the length of the queue (a score over the whole queue sorted it on
+    every admission and every finished run).
+    """
+    queued = f"tenant_id = {tenant} AND admitted_at IS NULL"
+    return (
+        "WITH RECURSIVE level AS ("
+        f"  (SELECT priority FROM runs WHERE {queued} ORDER BY priority LIMIT 1)"
+        "  UNION ALL"
+        f"  SELECT (SELECT priority FROM runs WHERE {queued} AND priority > level.priority ORDER BY priority LIMIT 1)"
+        "  FROM level WHERE level.priority IS NOT NULL) "
+        "SELECT r.run_id FROM level, LATERAL ("
+        f"  SELECT run_id FROM runs WHERE {queued} AND priority = level.priority AND status = 'READY' "
+        f"  ORDER BY created_at LIMIT {limit}) AS oldest "
+        "JOIN runs AS r ON r.run_id = oldest.run_id "
+        # Checked again on the row locked: another admitter may have admitted it meanwhile.
+        "WHERE r.admitted_at IS NULL AND r.status = 'READY' "
+        f"ORDER BY {SCORE.format(aging=aging, runs='r')} DESC, r.created_at LIMIT {limit} FOR UPDATE OF r SKIP LOCKED")
 
 
 # The best queued runs of a tenant, admitted in the statement that picks them.
 ADMIT_BEST = text(
     f"UPDATE runs SET admitted_at = now() WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
-    f"RETURNING run_id, tenant_id, partition, revision, created_at, {SCORE.format(aging=':aging')} AS score")
+    "RETURNING run_id, tenant_id, partition, revision, created_at, "
+    f"{SCORE.format(aging=':aging', runs='runs')} AS score")

@@ -7,13 +7,16 @@ uncommitted row and then finds it. Downstream consumers reuse these two function
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.db import jsonb
 from longrun.db.schema import inboxes
 
 
@@ -51,3 +54,48 @@ async def claim(conn: AsyncConnection, service: str, *, message_id: str, message
 async def record_outcome(conn: AsyncConnection, service: str, *, message_id: str,
                          outcome: dict[str, Any]) -> None:
     await conn.execute(_RECORD_OUTCOME[service], {"id": message_id, "outcome": outcome})
+
+
+# A batch's rows travel as one JSON array, so each statement is one text whatever the batch's size.
+_CLAIM_MANY = {service: text(
+    f"INSERT INTO {table.name} (message_id, message_type, run_id, outcome) "
+    "SELECT message_id, message_type, run_id, '{}' FROM jsonb_to_recordset(CAST(:rows AS jsonb)) "
+    "AS r(message_id text, message_type text, run_id text) ON CONFLICT DO NOTHING RETURNING message_id")
+    for service, table in inboxes.items()}
+_OUTCOMES = {service: text(f"SELECT message_id, outcome FROM {table.name} "
+                           "WHERE message_id = ANY(CAST(:ids AS text[]))")
+             for service, table in inboxes.items()}
+_RECORD_OUTCOMES = {service: text(
+    f"UPDATE {table.name} AS i SET outcome = r.outcome "
+    "FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(message_id text, outcome jsonb) "
+    "WHERE i.message_id = r.message_id")
+    for service, table in inboxes.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    message_id: str
+    message_type: str
+    run_id: str | None
+
+
+async def claim_many(conn: AsyncConnection, service: str,
+                     messages: Sequence[Message]) -> dict[str, Claimed | Duplicate]:
+    """``claim`` for several messages of distinct ids in two statements at most: one insert, and
+    one read of the recorded outcomes of those already handled."""
+    rows = [{"message_id": m.message_id, "message_type": m.message_type, "run_id": m.run_id} for m in messages]
+    claimed = set((await conn.execute(_CLAIM_MANY[service], {"rows": jsonb.dumps(rows)})).scalars())
+    out: dict[str, Claimed | Duplicate] = {m: Claimed(m) for m in claimed}
+    handled = [m.message_id for m in messages if m.message_id not in claimed]
+    if handled:
+        for row in await conn.execute(_OUTCOMES[service], {"ids": handled}):
+            out[row.message_id] = Duplicate(row.message_id, row.outcome)
+    return out
+
+
+async def record_outcomes(conn: AsyncConnection, service: str, outcomes: dict[str, dict[str, Any]]) -> None:
+    """``record_outcome`` for several messages in one statement. Outcomes are a handler's, which may
+    quote its input: the standard encoder, as the engine's (NaN is refused, not turned into null)."""
+    if outcomes:
+        await conn.execute(_RECORD_OUTCOMES[service], {"rows": json.dumps(
+            [{"message_id": m, "outcome": o} for m, o in outcomes.items()])})
