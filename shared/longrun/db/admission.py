@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from longrun.db.schema import OPEN_RUN
+from longrun.db.schema import HOLDS_SLOT
 
-ADMITTED_OPEN = f"tenant_id = {{tenant}} AND admitted_at IS NOT NULL AND {OPEN_RUN}"
-"""A tenant's admitted runs that hold a slot (read through ix_runs_open_by_tenant)."""
-TENANT_SLOTS = ("SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS active, "
-                "count(*) FILTER (WHERE admitted_at IS NULL AND status = 'READY') AS waiting "
-                f"FROM runs WHERE tenant_id = {{tenant}} AND {OPEN_RUN}")
-"""A tenant's runs holding a slot, and those queued for one (read through ix_runs_open_by_tenant)."""
+ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
+"""A tenant's runs holding a slot (read through ix_runs_holding_slots)."""
+TENANT_SLOTS = (f"SELECT (SELECT count(*) FROM runs WHERE {ADMITTED_OPEN}) AS active, "
+                "EXISTS (SELECT 1 FROM runs WHERE tenant_id = {tenant} AND admitted_at IS NULL AND status = 'READY') "
+                "AS waiting")
+"""How many slots a tenant's runs hold, and whether one of its runs is queued for one (through
+ix_runs_holding_slots and ix_runs_ready_queue: the length of its queue does not matter)."""
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 

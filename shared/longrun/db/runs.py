@@ -207,7 +207,7 @@ def _create(*, at_once: bool) -> TextClause:
     if at_once:
         parts.append(f"tenant AS ({admission.TENANT_SLOTS.format(tenant=':tenant_id')})")
         columns.append("admitted_at")
-        values.append("CASE WHEN tenant.active < :slots AND tenant.waiting = 0 THEN now() END")
+        values.append("CASE WHEN tenant.active < :slots AND NOT tenant.waiting THEN now() END")
         source = " FROM tenant"
     parts += [
         f"made AS (INSERT INTO runs ({', '.join(columns)}) SELECT {', '.join(values)}{source} "
@@ -220,7 +220,7 @@ def _create(*, at_once: bool) -> TextClause:
                   "AS r(row, n) WHERE made.admitted_at IS NOT NULL) AS r")
         parts += [f"woken AS ({outbox.insert_sql(wakeup)})",
                   "told AS (SELECT pg_notify(:channel, :tenant_id) FROM made, tenant "
-                  "WHERE made.admitted_at IS NULL AND tenant.active < :slots AND tenant.waiting > 0)"]
+                  "WHERE made.admitted_at IS NULL AND tenant.active < :slots AND tenant.waiting)"]
         counted = (", (SELECT count(*) FROM made WHERE admitted_at IS NOT NULL) AS admitted, "
                    "(SELECT count(*) FROM told) AS told")
     binds = [bindparam(name, type_=runs.c[name].type) for name in _CREATED_COLUMNS]

@@ -114,11 +114,13 @@ Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
 # Reconciler: leases that may have expired.
 Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
 OPEN_RUN = f"status NOT IN ({', '.join(repr(s.value) for s in sorted(TERMINAL))})"
-"""A run that has not finished, as SQL: queries counting open runs use exactly this text, so the
-planner matches it with the predicate of the index below."""
-# Admission counts a tenant's open runs on every create and round: finished runs, most of the
-# table in time, are left out, or each count would read the tenant's whole history.
-Index("ix_runs_open_by_tenant", runs.c.tenant_id, postgresql_where=text(OPEN_RUN))
+"""A run that has not finished, as SQL."""
+HOLDS_SLOT = f"admitted_at IS NOT NULL AND {OPEN_RUN}"
+"""An admitted run that has not finished: it holds one of its tenant's slots. Queries counting
+them use exactly this text, so the planner matches it with the predicate of the index below."""
+# Admission counts a tenant's runs holding a slot on every create, admission and finished run:
+# neither its finished runs (most of the table in time) nor its queue are read.
+Index("ix_runs_holding_slots", runs.c.tenant_id, postgresql_where=text(HOLDS_SLOT))
 # Scheduler admission: queued runs by tenant and priority.
 Index("ix_runs_ready_queue", runs.c.tenant_id, runs.c.priority, runs.c.created_at,
       postgresql_where=runs.c.admitted_at.is_(None))
