@@ -1,11 +1,15 @@
 """reconciler service: the sweeps that keep runs moving when nothing else would, plus the dead-letter keeper.
 
 Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round runs, in order: settle actions in
-doubt (``reconcile_unknown``), re-wake runs whose lease expired, flag silent runs; every
+doubt (``reconcile_unknown``), flag silent runs; every
 ``LONGRUN_DRIFT_INTERVAL`` it also compares a batch of confirmed actions with the far side,
 walking through them round after round. All their work lives in PostgreSQL, so any number
 of replicas may run side by side (see ``longrun.app.reconcile``). One sweep failing is
 logged and does not stop the others or the next round.
+
+Runs whose lease expired are re-woken by their own loop, which sleeps until the earliest held
+lease runs out (never longer than the interval): a dead worker's runs wait out its lease, not
+the lease and then the rest of a round.
 
 The quarantine ingester is its own consumer task on ``longrun.quarantine``.
 
@@ -35,6 +39,8 @@ from longrun.workflows import registry
 SERVICE = "reconciler"
 RECONCILE_BATCH = 50
 LEASE_BATCH = 200
+LEASE_EXPIRY_MARGIN = 0.02
+"""Seconds past the earliest lease's end before it is swept (an expired lease ends before now())."""
 DRIFT_BATCH = 20
 
 logger = logging.getLogger(__name__)
@@ -57,12 +63,32 @@ class Sweeper:
     async def round(self) -> None:
         await self._step("reconcile", lambda: reconcile.reconcile_unknown(
             self.engine, self.kinds, limit=RECONCILE_BATCH, clock=self.clock, artifacts=self.artifacts))
-        await self._step("leases", lambda: reconcile.rewake_expired_leases(self.engine, limit=LEASE_BATCH))
         await self._step("silence", lambda: reconcile.flag_silent_runs(
             self.engine, limits=self.settings.silence_limits))
         if time.monotonic() >= self._drift_due:
             await self._step("drift", self._drift)
         self._report()
+
+    async def sweep_leases(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            delay = self.settings.reconcile_interval
+            try:
+                if await reconcile.rewake_expired_leases(self.engine, limit=LEASE_BATCH) == LEASE_BATCH:
+                    continue
+                until = await reconcile.seconds_until_a_lease_expires(self.engine)
+                # None: no lease held. <= 0: an expired lease is left (more than a batch, or one whose
+                # wakeup failed: see the log); the next interval sweeps again rather than spinning.
+                if until is not None and until > 0:
+                    delay = min(delay, until + LEASE_EXPIRY_MARGIN)
+            except Exception as e:
+                if is_transient(e):
+                    logger.warning("leases sweep: database unavailable (%r); retrying", e)
+                else:
+                    logger.exception("leases sweep failed; retrying")
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=delay)
+            except TimeoutError:
+                pass
 
     async def _drift(self) -> None:
         sweep = await reconcile.check_drift(self.engine, self.kinds, limit=DRIFT_BATCH, after=self._drift_after)
@@ -103,6 +129,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
             logger.error("quarantine ingester stopped", exc_info=task.exception())
 
     ingester.add_done_callback(ingester_ended)
+    leases = asyncio.create_task(sweeper.sweep_leases(stopping), name="expired leases")
     health.ready = True
     logger.info("sweeping every %.1fs; silence limits %s", settings.reconcile_interval,
                 {s.value: v for s, v in settings.silence_limits.items()})
@@ -116,7 +143,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     finally:
         health.ready = False
         ingester.cancel()
-        await asyncio.gather(ingester, return_exceptions=True)
+        await asyncio.gather(ingester, leases, return_exceptions=True)
         await bus.close()
         await engine.dispose()
 

@@ -582,3 +582,28 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
         engine, "SELECT fencing_token FROM run_events WHERE run_id = :r AND type = 'action.submitted' "
                 "AND data->>'logical_action' = :a ORDER BY seq", r=run_id, a=MR)]
     assert len(tokens) == 2 and tokens[1] > tokens[0]
+
+
+async def test_an_expired_lease_is_rewoken_when_it_runs_out_not_a_round_later(clean, engine, services) -> None:
+    # Given a running run whose worker holds a lease for a few more seconds and then stops renewing it
+    stored = await _created(engine)
+    run_id = stored.snapshot.run_id
+    async with engine.begin() as conn:
+        dead = await runs.take_lease(conn, run_id, "worker-dead", 6)
+        assert dead is not None
+        await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=time.time(),
+                                                             to=RunStatus.RUNNING, reason="taken")], fence=dead)
+        lease_until = (await conn.execute(text("SELECT lease_until FROM runs WHERE run_id = :r"),
+                                          {"r": run_id})).scalar_one()
+    # When the reconciler runs with its rounds 60 s apart
+    services.start("reconciler", "services.reconciler", LONGRUN_RECONCILE_INTERVAL="60")
+    # Then the run is re-woken as its lease runs out, not at the next round
+    await eventually(lambda: _has_wakeup(engine, run_id), timeout=20, what="the run re-woken")
+    rows = await _rows(engine, "SELECT created_at FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup'",
+                       r=run_id)
+    [late] = [(r.created_at - lease_until).total_seconds() for r in rows]
+    assert 0 < late < 0.5
+
+
+async def _has_wakeup(engine: AsyncEngine, run_id: str) -> bool:
+    return await _wakeups(engine, run_id, "lease expired") == 1

@@ -387,6 +387,16 @@ _CLEAR_ONE_EXPIRED = text(
     "RETURNING r.run_id, e.lease_owner, e.fencing_token")
 
 
+_NEXT_EXPIRY = text("SELECT extract(epoch FROM min(lease_until) - now()) FROM runs WHERE lease_owner IS NOT NULL")
+
+
+async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
+    """Seconds (database clock) until the earliest held lease runs out; <= 0 when one has, None when none is held."""
+    async with engine.connect() as conn:
+        seconds = (await conn.execute(_NEXT_EXPIRY)).scalar()
+    return None if seconds is None else float(seconds)
+
+
 async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
     """Clear up to ``limit`` expired leases, waking each run a worker has work for; returns the wakeups.
 
