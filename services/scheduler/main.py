@@ -72,7 +72,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                 slots=settings.tenant_slots)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
-                            batch=CREATE_BATCH)
+                            batch=CREATE_BATCH, prepare_batch=admit.lock_tenants_of)
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))
     health.ready = True

@@ -1,7 +1,9 @@
-"""Creating runs (app/admit.py create_run) against the real database, one request at a time."""
+"""Creating and admitting runs (app/admit.py) against the real database and broker."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import random
 
@@ -11,9 +13,12 @@ from sqlalchemy import text
 
 from longrun.app import admit, effects
 from longrun.authoring import Registry
+from longrun.bus import topology
+from longrun.bus.consumer import QueueConsumer
 from longrun.db.engine import psycopg_dsn
 from longrun.envelope import Envelope, decode, make
 from longrun.workflows import registry
+from tests.integration.ensemble import publish_create
 
 pytestmark = pytest.mark.integration
 
@@ -100,12 +105,15 @@ async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, en
         for run_id in (await conn.execute(text("SELECT run_id FROM runs"))).scalars().all():
             await conn.execute(text("UPDATE runs SET created_at = now() - make_interval(secs => :age) "
                                     "WHERE run_id = :r"), {"age": rng.uniform(0, 600), "r": run_id})
+        # and five of the tenant's runs terminated while queued: they are never admitted
+        await conn.execute(text("UPDATE runs SET status = 'TERMINATED' WHERE run_id IN (SELECT run_id FROM runs "
+                                "WHERE tenant_id = 'acme' ORDER BY run_id LIMIT 5)"))
     # When admission gives the tenant more and more slots, Then each round admits exactly the runs that
     # ranking every queued run by priority plus age (one point per 30 s) puts first
     for slots in (1, 4, 9, 20, 45, 70):
         async with engine.begin() as conn:
             expected = (await conn.execute(text(
-                "SELECT run_id FROM runs WHERE tenant_id = 'acme' AND admitted_at IS NULL "
+                "SELECT run_id FROM runs WHERE tenant_id = 'acme' AND admitted_at IS NULL AND status = 'READY' "
                 "ORDER BY priority + extract(epoch FROM now() - created_at) / 30 DESC, created_at LIMIT :n"),
                 {"n": slots - await admit._active(conn, "acme")})).scalars().all()
             admitted = await admit.admit(conn, slots=slots, aging_seconds=30, tenants=["acme"])
@@ -113,4 +121,44 @@ async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, en
     async with engine.connect() as conn:
         counts = dict((await conn.execute(text(
             "SELECT tenant_id, count(admitted_at) FROM runs GROUP BY tenant_id"))).all())
-    assert counts == {"acme": 60, "other": 0}
+    assert counts == {"acme": 55, "other": 0}
+
+
+async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before_any_create(
+        clean, engine, bus) -> None:
+    # Given creates of tenant "zeta" then tenant "alpha" waiting in the scheduler's ingress, and another
+    # transaction (an admission round) holding alpha's admission lock and about to take zeta's
+    for tenant in ("zeta", "alpha"):
+        await publish_create(bus, tenant=tenant, key=f"{tenant}-1", input_={"steps": 1}, workflow="steps")
+    channel = await bus.channel(prefetch=10)
+    queue = await channel.get_queue(topology.SCHEDULER_INGRESS_QUEUE, ensure=False)
+    waiting = [await queue.get(fail=True), await queue.get(fail=True)]
+    consumer = QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
+                             handler=functools.partial(admit.create_run, kinds=registry(), partitions=8, slots=4),
+                             prefetch=10, max_attempts=3, batch=16, prepare_batch=admit.lock_tenants_of)
+    dsn = psycopg_dsn(engine.url.render_as_string(False))
+    holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
+    try:
+        await holder.execute(LOCK, {"t": "alpha"})
+        # When the scheduler handles the two together
+        batch = asyncio.create_task(consumer._process_together(waiting))
+        await asyncio.sleep(0.5)
+        # Then it waits for alpha's lock without holding zeta's (taking them in message order, it would
+        # hold zeta's while waiting for alpha's, and the round would deadlock with it)
+        assert not batch.done()
+        await prober.execute("BEGIN")
+        assert (await (await prober.execute(TRY_LOCK, {"t": "zeta"})).fetchone()) == (True,)
+        await prober.execute("ROLLBACK")
+        await holder.commit()
+        await asyncio.wait_for(batch, timeout=10)
+    finally:
+        await holder.close()
+        await prober.close()
+    async with engine.connect() as conn:
+        created = (await conn.execute(text("SELECT tenant_id FROM runs ORDER BY tenant_id"))).scalars().all()
+    assert created == ["alpha", "zeta"]
+    assert (await queue.declare()).message_count == 0
+
+
+LOCK = "SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || %(t)s))"
+TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('longrun.admit:' || %(t)s))"

@@ -5,7 +5,9 @@ run; the same key with a different input is refused with a ``run.rejected`` even
 names both input hashes. Admission gives each tenant at most ``slots`` admitted,
 unfinished runs, and picks within a tenant by priority plus age (one priority point per
 ``aging_seconds`` waited), so a low-priority run is never starved. A per-tenant
-advisory lock keeps several scheduler replicas from over-admitting.
+advisory lock keeps several scheduler replicas from over-admitting; a transaction that takes
+several tenants' locks (a batch of creates, an admission round) takes them in tenant order, so
+two of them cannot deadlock.
 
 A run created while its tenant has a free slot and no run waiting is admitted in its
 creating statement: the choice is the one admission would make, without a NOTIFY and
@@ -29,6 +31,7 @@ from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
+from longrun.db.schema import QUEUED
 from longrun.domain import Usage, evolve, freeze, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
@@ -104,7 +107,7 @@ async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, *,
     return {"rejected": True, "reason": reason, **details}
 
 
-QUEUED_TENANTS = text("SELECT DISTINCT tenant_id FROM runs WHERE admitted_at IS NULL AND status = 'READY'")
+QUEUED_TENANTS = text(f"SELECT DISTINCT tenant_id FROM runs WHERE {QUEUED}")
 
 
 async def queued_tenants(conn: AsyncConnection) -> list[str]:
@@ -119,7 +122,7 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
     if tenants is None:
         tenants = await queued_tenants(conn)
     admitted: list[str] = []
-    for tenant in tenants:
+    for tenant in sorted(tenants):
         await _lock_tenant(conn, tenant)
         free = slots - await _active(conn, tenant)
         if free <= 0:
@@ -131,6 +134,13 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
             producer=PRODUCER) for r in chosen])
         admitted += [r.run_id for r in chosen]
     return admitted
+
+
+async def lock_tenants_of(conn: AsyncConnection, envelopes: list[Envelope]) -> None:
+    """A batch of creates takes its tenants' admission locks first, in tenant order; each create
+    then takes its own again, which does not wait."""
+    for tenant in sorted({e.tenant_id for e in envelopes}):
+        await _lock_tenant(conn, tenant)
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:

@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 STOP_GRACE = 5.0
 
 Handler = Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]
+BatchPrelude = Callable[[AsyncConnection, list[Envelope]], Awaitable[None]]
+"""Runs first in a batch's transaction with all of its envelopes (e.g. to take locks in one order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +59,11 @@ class QueueConsumer:
     """One queue, one channel, one processing task."""
 
     def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue: str, handler: Handler,
-                 prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None, batch: int = 1) -> None:
+                 prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None, batch: int = 1,
+                 prepare_batch: BatchPrelude | None = None) -> None:
         self.bus = bus
         self.batch = batch
+        self.prepare_batch = prepare_batch
         self.engine = engine
         self.service = service
         self.queue = queue
@@ -149,6 +153,8 @@ class QueueConsumer:
         for envelope in envelopes:
             firsts.setdefault(envelope.event_id, envelope)
         async with self.engine.begin() as conn:
+            if self.prepare_batch is not None:
+                await self.prepare_batch(conn, envelopes)
             claims = await inbox.claim_many(conn, self.service, [
                 inbox.Message(e.event_id, e.type, e.run_id) for e in firsts.values()])
             done: dict[str, Outcome] = {}

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from longrun.db.schema import HOLDS_SLOT
+from longrun.db.schema import HOLDS_SLOT, QUEUED
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
 """A tenant's runs holding a slot (read through ix_runs_holding_slots)."""
 TENANT_SLOTS = (f"SELECT (SELECT count(*) FROM runs WHERE {ADMITTED_OPEN}) AS active, "
-                "EXISTS (SELECT 1 FROM runs WHERE tenant_id = {tenant} AND admitted_at IS NULL AND status = 'READY') "
+                f"EXISTS (SELECT 1 FROM runs WHERE tenant_id = {{tenant}} AND {QUEUED}) "
                 "AS waiting")
 """How many slots a tenant's runs hold, and whether one of its runs is queued for one (through
-ix_runs_holding_slots and ix_runs_ready_queue: the length of its queue does not matter)."""
+ix_runs_holding_slots and ix_runs_queued: the length of its queue does not matter)."""
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 
@@ -21,12 +21,12 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
     """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions).
 
     Within one priority the oldest run scores best, so the best ``limit`` overall are among the
-    ``limit`` oldest of each priority: those are read through ix_runs_ready_queue (its priorities
+    ``limit`` oldest of each priority: those are read through ix_runs_queued (its priorities
     found by skipping from one to the next), and only they are scored. The cost follows the number
     of priorities in use, not the length of the queue (a score over the whole queue sorted it on
     every admission and every finished run).
     """
-    queued = f"tenant_id = {tenant} AND admitted_at IS NULL"
+    queued = f"tenant_id = {tenant} AND {QUEUED}"
     return (
         "WITH RECURSIVE level AS ("
         f"  (SELECT priority FROM runs WHERE {queued} ORDER BY priority LIMIT 1)"
@@ -34,7 +34,7 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
         f"  SELECT (SELECT priority FROM runs WHERE {queued} AND priority > level.priority ORDER BY priority LIMIT 1)"
         "  FROM level WHERE level.priority IS NOT NULL) "
         "SELECT r.run_id FROM level, LATERAL ("
-        f"  SELECT run_id FROM runs WHERE {queued} AND priority = level.priority AND status = 'READY' "
+        f"  SELECT run_id FROM runs WHERE {queued} AND priority = level.priority "
         f"  ORDER BY created_at LIMIT {limit}) AS oldest "
         "JOIN runs AS r ON r.run_id = oldest.run_id "
         # Checked again on the row locked: another admitter may have admitted it meanwhile.

@@ -121,9 +121,11 @@ them use exactly this text, so the planner matches it with the predicate of the 
 # Admission counts a tenant's runs holding a slot on every create, admission and finished run:
 # neither its finished runs (most of the table in time) nor its queue are read.
 Index("ix_runs_holding_slots", runs.c.tenant_id, postgresql_where=text(HOLDS_SLOT))
+QUEUED = "admitted_at IS NULL AND status = 'READY'"
+"""A run waiting for a slot. Not every unadmitted run: one cancelled or terminated while queued
+is never admitted, and must not stay in the queue's index for admission to skip every time."""
 # Scheduler admission: queued runs by tenant and priority.
-Index("ix_runs_ready_queue", runs.c.tenant_id, runs.c.priority, runs.c.created_at,
-      postgresql_where=runs.c.admitted_at.is_(None))
+Index("ix_runs_queued", runs.c.tenant_id, runs.c.priority, runs.c.created_at, postgresql_where=text(QUEUED))
 
 run_events = Table(
     "run_events", metadata,
