@@ -18,6 +18,7 @@ from longrun.bus.consumer import QueueConsumer
 from longrun.db.engine import psycopg_dsn
 from longrun.envelope import Envelope, decode, make
 from longrun.workflows import registry
+from tests.fixtures import eventually
 from tests.integration.ensemble import publish_create
 
 pytestmark = pytest.mark.integration
@@ -142,7 +143,7 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
         await holder.execute(LOCK, {"t": "alpha"})
         # When the scheduler handles the two together
         batch = asyncio.create_task(consumer._process_together(waiting))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: _waits_for_a_lock(prober), what="the batch waiting for a lock")
         # Then it waits for alpha's lock without holding zeta's (taking them in message order, it would
         # hold zeta's while waiting for alpha's, and the round would deadlock with it)
         assert not batch.done()
@@ -158,6 +159,13 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
         created = (await conn.execute(text("SELECT tenant_id FROM runs ORDER BY tenant_id"))).scalars().all()
     assert created == ["alpha", "zeta"]
     assert (await queue.declare()).message_count == 0
+
+
+async def _waits_for_a_lock(conn: psycopg.AsyncConnection) -> bool:  # type: ignore[type-arg]
+    waiting = await conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+    row = await waiting.fetchone()
+    await conn.rollback()
+    return row is not None and row[0] > 0
 
 
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || %(t)s))"
