@@ -156,7 +156,7 @@ class Services:
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",
             "LONGRUN_INSTANCE_ID": name,
             "LONGRUN_ARTIFACT_DIR": str(self.infra.logs / "artifacts"),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")]),  # this checkout's code
         })
         env.update(self.extra)
         env.update(extra)
