@@ -2,7 +2,9 @@
 
 Class-level SQLAlchemy listeners count every statement execution (an ``executemany`` is
 one, as psycopg pipelines it), every BEGIN, COMMIT and ROLLBACK of every engine in the
-process, and apart from them the uses of AUTOCOMMIT connections (which send none of the three). On SIGUSR1 and at exit (the service stops on SIGTERM) the counts go to
+process, and apart from them the uses of AUTOCOMMIT connections (which send none of the three);
+a wrapper around ``longrun.db.driver.execute`` counts the statements psycopg sends itself, those
+on its pool's autocommit connections apart. On SIGUSR1 and at exit (the service stops on SIGTERM) the counts go to
 ``$BENCH_COUNT_FILE``, so the bench can take the difference over a measured window.
 The cost is one Python call per statement; the service code is the real one.
 """
@@ -17,8 +19,11 @@ import signal
 import sys
 from collections import Counter
 
+import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+
+from longrun.db import driver
 
 COUNTS: Counter[str] = Counter()
 
@@ -49,6 +54,16 @@ def _install() -> None:
     def _rollback(conn):  # type: ignore[no-untyped-def]
         if not conn.info.pop("bench_autocommit", False):
             COUNTS["rollback"] += 1
+
+    execute = driver.execute
+
+    async def counted(conn, statement, params={}):  # type: ignore[no-untyped-def]  # noqa: B006
+        COUNTS["statements"] += 1
+        if isinstance(conn, psycopg.AsyncConnection):
+            COUNTS["autocommit_statements"] += 1
+        return await execute(conn, statement, params)
+
+    driver.execute = counted
 
 
 def _dump(*_: object) -> None:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.bus import topology
 from longrun.bus.connection import Bus
+from longrun.db.driver import Pool
 from longrun.db.engine import make_engine
 from longrun.db.schema import metadata
 from tests.harness import Services
@@ -32,6 +33,14 @@ async def engine(infra: Infra) -> AsyncIterator[AsyncEngine]:
     engine = make_engine(infra.database_url, pool_size=5)
     yield engine
     await engine.dispose()
+
+
+@pytest.fixture
+async def statements(infra: Infra) -> AsyncIterator[Pool]:
+    pool = Pool(infra.database_url, size=4)
+    await pool.open()
+    yield pool
+    await pool.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from longrun import service
-from longrun.bootstrap import open_bus, open_database
+from longrun.bootstrap import open_bus, open_database, open_statements
 from longrun.bus.partitions import PartitionOwnership
 from longrun.config import Settings
 from longrun.relay import Relay
@@ -16,7 +16,8 @@ SERVICE = "outbox-relay"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
-    relay = Relay(engine, bus, batch=settings.relay_batch, poll_interval=settings.relay_poll_interval)
+    statements = await open_statements(settings)
+    relay = Relay(statements, bus, batch=settings.relay_batch, poll_interval=settings.relay_poll_interval)
     ownership = PartitionOwnership(engine, service=SERVICE, instance_id=settings.instance_id,
                                    partitions=settings.partitions, ttl=settings.partition_lease_ttl,
                                    on_acquire=relay.acquire, on_release=relay.release)
@@ -29,6 +30,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await bus.close()
+    await statements.close()
     await engine.dispose()
 
 

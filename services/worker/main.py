@@ -9,7 +9,7 @@ from longrun import service
 from longrun.app import effects
 from longrun.app.advance import Advancer
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.bootstrap import consume_partitions, open_database
+from longrun.bootstrap import consume_partitions, open_database, open_statements
 from longrun.config import Settings
 from longrun.workflows import model_adapter, registry
 
@@ -18,7 +18,8 @@ SERVICE = "worker"
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
-    advancer = Advancer(engine=engine, kinds=registry(settings), model=model_adapter(settings),
+    statements = await open_statements(settings)
+    advancer = Advancer(engine=engine, statements=statements, kinds=registry(settings), model=model_adapter(settings),
                         artifacts=FilesystemArtifactStore(settings.artifact_dir),
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                         concurrency=settings.worker_concurrency,
@@ -30,6 +31,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                  health=health, on_outcome=advancer.after_ack)
     finally:
         await advancer.drain()
+        await statements.close()
         await engine.dispose()
 
 

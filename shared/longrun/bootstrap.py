@@ -13,6 +13,7 @@ from longrun.bus.connection import Bus
 from longrun.bus.consumer import Handler, OutcomeHook, PartitionedConsumer
 from longrun.bus.partitions import PartitionOwnership
 from longrun.config import Settings
+from longrun.db.driver import Pool
 from longrun.db.engine import check_reachable, make_engine
 from longrun.errors import InfrastructureUnreachable
 from longrun.service import Health
@@ -24,6 +25,14 @@ async def open_database(settings: Settings) -> AsyncEngine:
     engine = make_engine(settings.database_url, idle_transaction_timeout=settings.idle_transaction_timeout)
     await _patiently(lambda: check_reachable(engine), "PostgreSQL", settings.startup_patience)
     return engine
+
+
+async def open_statements(settings: Settings) -> Pool:
+    """The pool for statements sent by psycopg itself (``longrun.db.driver``); call after
+    ``open_database``, which waits for PostgreSQL."""
+    pool = Pool(settings.database_url)
+    await pool.open()
+    return pool
 
 
 async def open_bus(settings: Settings, name: str) -> Bus:

@@ -16,21 +16,21 @@ import asyncio
 import logging
 
 import psycopg
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
 from longrun.db import outbox
-from longrun.db.engine import autocommit, psycopg_dsn
+from longrun.db.driver import Pool
+from longrun.db.engine import psycopg_dsn
 from longrun.db.errors import is_transient
 
 logger = logging.getLogger(__name__)
 
 
 class Relay:
-    def __init__(self, engine: AsyncEngine, bus: Bus, *, batch: int, poll_interval: float) -> None:
-        self.engine = engine
+    def __init__(self, statements: Pool, bus: Bus, *, batch: int, poll_interval: float) -> None:
+        self.statements = statements
         self.bus = bus
         self.batch = batch
         self.poll_interval = poll_interval
@@ -71,7 +71,7 @@ class Relay:
         while self.owned:
             # Read and mark are one statement each, outside a transaction: BEGIN and COMMIT would be
             # two more round trips for each on the way of every message.
-            async with autocommit(self.engine) as conn:
+            async with self.statements.connection() as conn:
                 rows = await outbox.unpublished(conn, self.owned, self.batch)
             if not rows:
                 return
@@ -85,7 +85,7 @@ class Relay:
                 elif row.partition not in broken:
                     confirmed.append(row.id)
             faults.crash_point("relay.after_publish_before_mark")
-            async with autocommit(self.engine) as conn:
+            async with self.statements.connection() as conn:
                 await outbox.mark_published(conn, confirmed)
             self.published += len(confirmed)
             failures = [e for e in results if e is not None]

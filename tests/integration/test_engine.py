@@ -138,7 +138,8 @@ async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_one
     await eventually(lambda: _is_admitted(engine, low), what="the aged run admitted")
 
 
-async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, engine, bus, ensemble) -> None:
+async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, engine, statements, bus,
+                                                                         ensemble) -> None:
     # Given a created run
     ensemble.start("scheduler", "services.scheduler")
     key = new_key()
@@ -147,8 +148,8 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     kinds = registry()
     model = ScriptedModel(dependency_upgrade.model_script())
     store = FilesystemArtifactStore(ensemble.tmp / "artifacts")
-    workers = [Advancer(engine=engine, kinds=kinds, model=model, artifacts=store, instance_id=f"w{i}", lease_ttl=30)
-               for i in (1, 2)]
+    workers = [Advancer(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
+                        instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
     message = wakeup(run_id, "same-moment")
 
     async def wake(worker: Advancer) -> dict:  # type: ignore[type-arg]
@@ -226,13 +227,14 @@ async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[
 
 
 async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_gets_one(
-        clean, engine, bus, ensemble) -> None:
+        clean, engine, statements, bus, ensemble) -> None:
     # Given a worker with one slot and a short lease, and a created run
     ensemble.start("scheduler", "services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
-    worker = Advancer(engine=engine, kinds=registry(), model=ScriptedModel(dependency_upgrade.model_script()),
+    worker = Advancer(engine=engine, statements=statements, kinds=registry(),
+                      model=ScriptedModel(dependency_upgrade.model_script()),
                       artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
                       lease_ttl=1.5, concurrency=1)
     async with engine.begin() as conn:

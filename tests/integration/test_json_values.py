@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 
+import psycopg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import DataError
 
 from longrun.db import runs
 from longrun.domain import PinnedVersions, Usage, freeze
@@ -25,7 +25,7 @@ async def test_a_goal_holding_nan_is_refused_with_an_error_and_nothing_is_stored
                                                     tool_schemas="v1"),
                             budget=Usage(model_calls=1, tool_calls=1, cost=1.0))
     # When it is created, Then PostgreSQL refuses it (the inbox consumer retries, then quarantines)
-    with pytest.raises(DataError, match="json"):
+    with pytest.raises(psycopg.DataError, match="json"):
         async with engine.begin() as conn:
             await runs.create(conn, created, idempotency_key=run_id, input_hash="h" * 64, partition=0)
     # and no run was stored with the NaN silently turned into something else

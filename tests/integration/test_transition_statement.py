@@ -20,6 +20,7 @@ from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
+from longrun.db.driver import Pool
 from longrun.db.engine import psycopg_dsn
 from longrun.domain import ActionStatus, EffectKind, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
@@ -98,13 +99,18 @@ async def test_a_stale_transition_writes_none_of_its_rides(clean, engine) -> Non
 async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds: Registry | None = None,
                    handover: effects.SlotHandover | None = None) -> None:
     """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
-    worker = Advancer(engine=engine, kinds=kinds or registry(), model=ScriptedModel({}),
+    statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
+    await statements.open()
+    worker = Advancer(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
-    async with engine.begin() as conn:
-        taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
-    assert taken["taken"]
-    await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+    try:
+        async with engine.begin() as conn:
+            taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
+        assert taken["taken"]
+        await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+    finally:
+        await statements.close()
 
 
 async def _advance_with_first_key_on_ledger(engine: AsyncEngine, tmp_path: object, *, hash_of: dict[str, int]) -> str:

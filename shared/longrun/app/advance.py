@@ -33,7 +33,7 @@ from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
 from longrun.db import runs
-from longrun.db.engine import autocommit
+from longrun.db.driver import Pool
 from longrun.db.errors import is_transient, is_unique_violation
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
@@ -86,12 +86,13 @@ the step loop starts from it instead of reading the run again."""
 
 
 class Advancer:
-    def __init__(self, *, engine: AsyncEngine, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
-                 instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, handover: effects.SlotHandover | None = None) -> None:
+    def __init__(self, *, engine: AsyncEngine, statements: Pool, kinds: Registry, model: ModelAdapter,
+                 artifacts: ArtifactStore, instance_id: str, lease_ttl: float, concurrency: int = 64,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None, handover: effects.SlotHandover | None = None) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that)."""
         self.engine = engine
+        self.statements = statements
         self.artifacts = artifacts
         self.kinds = kinds
         self.model = model
@@ -177,7 +178,7 @@ class Advancer:
                 logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
 
     async def _load(self, run_id: str, fence: Fence) -> StoredRun | None:
-        async with self.engine.connect() as conn:
+        async with self.statements.connection() as conn:
             stored = await runs.load(conn, run_id)
         if stored is None or stored.lease_owner != fence.owner or stored.fencing_token != fence.token:
             return None
@@ -458,7 +459,7 @@ class Advancer:
         transaction; an artifact, a ledger key used before, or a wait to schedule and match make it
         a transaction of several."""
         if not events:
-            async with autocommit(self.engine) as conn:
+            async with self.statements.connection() as conn:
                 await runs.release_lease(conn, stored.snapshot.run_id, fence)
             return stored
         planned = runs.plan(stored, events, release_lease=release)
@@ -470,7 +471,7 @@ class Advancer:
         waits = release and planned.after.snapshot.wait is not None
         if artifact is None and (ledger_row is None or first) and not waits:
             try:
-                async with autocommit(self.engine) as conn:
+                async with self.statements.connection() as conn:
                     after = await runs.write(conn, planned, fence=fence, rides=rides)
             except Exception as e:
                 if rides.action is None or not is_unique_violation(e):

@@ -19,5 +19,6 @@ def is_transient(error: BaseException) -> bool:
 
 
 def is_unique_violation(error: BaseException) -> bool:
-    """A row with that key exists: the statement changed nothing."""
-    return isinstance(error, sa_exc.IntegrityError) and isinstance(error.orig, psycopg.errors.UniqueViolation)
+    """A row with that key exists: the statement changed nothing (raised by SQLAlchemy or, for the
+    statements ``longrun.db.driver`` sends, by psycopg)."""
+    return isinstance(getattr(error, "orig", error), psycopg.errors.UniqueViolation)

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ARRAY, SmallInteger, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db import jsonb
+from longrun.db import driver, jsonb
 from longrun.db.schema import outbox
 from longrun.envelope import Envelope
 
@@ -102,23 +102,25 @@ async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> Non
         await conn.execute(_INSERT, {"rows": _plain_json(messages)})
 
 
-_UNPUBLISHED = (select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange, outbox.c.routing_key,
-                       outbox.c.type, outbox.c.payload)
-                .where(outbox.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger))),
-                       outbox.c.published_at.is_(None))
-                .order_by(outbox.c.id).limit(bindparam("limit")))
-_MARK_PUBLISHED = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
+_UNPUBLISHED = driver.Statement(
+    select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange, outbox.c.routing_key,
+           outbox.c.type, outbox.c.payload)
+    .where(outbox.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger))),
+           outbox.c.published_at.is_(None))
+    .order_by(outbox.c.id).limit(bindparam("limit")))
+_MARK_PUBLISHED = driver.Statement(
+    text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"))
 
 
-async def unpublished(conn: AsyncConnection, partitions: Collection[int], limit: int) -> list[OutboxRow]:
+async def unpublished(conn: driver.Connection, partitions: Collection[int], limit: int) -> list[OutboxRow]:
     """Oldest unpublished rows of these partitions, in id order (so each partition's rows are in
     order too); every round rescans, so late commits are seen."""
     if not partitions:
         return []
-    rows = await conn.execute(_UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
-    return [OutboxRow(*row) for row in rows]
+    rows = await driver.execute(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
+    return [OutboxRow(*row) for row in await rows.fetchall()]
 
 
-async def mark_published(conn: AsyncConnection, ids: list[int]) -> None:
+async def mark_published(conn: driver.Connection, ids: list[int]) -> None:
     if ids:
-        await conn.execute(_MARK_PUBLISHED, {"ids": ids})
+        await driver.execute(conn, _MARK_PUBLISHED, {"ids": ids})

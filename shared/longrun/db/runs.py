@@ -26,9 +26,8 @@ from typing import Any
 
 from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import TextClause
 
-from longrun.db import admission, jsonb, outbox
+from longrun.db import admission, driver, jsonb, outbox
 from longrun.db.schema import actions, run_events, runs
 from longrun.domain import RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
@@ -81,14 +80,9 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
     }
 
 
-# Hot statements are built once: executed with a parameter dict they hit SQLAlchemy's compiled
-# cache through their memoised cache key, instead of being rebuilt and re-keyed on every call.
+# Hot statements are built once and compiled once for psycopg, which sends them (db/driver.py).
 _PROJECTED = ("status", "revision", "priority", "wait_kind", "wait_correlation_key", "wait_deadline",
               "approval_id", "approval_owner", "approved_hash", "budget", "cancel_requested", "snapshot")
-
-
-def _bind(name: str) -> Any:
-    return bindparam(name, type_=runs.c[name].type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +121,7 @@ _ACTION_COLUMNS = tuple(c.name for c in actions.columns if c.name not in ("creat
 
 @functools.cache
 def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
-           handover: bool) -> TextClause:
+           handover: bool) -> driver.Statement:
     """The transition statement for one shape of rides (built once per shape)."""
     guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
@@ -160,7 +154,7 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
     binds.append(bindparam("events", type_=run_events.c.data.type))
     if action:
         binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for c in _ACTION_COLUMNS if c != "run_id"]
-    return statement.bindparams(*binds)
+    return driver.Statement(statement.bindparams(*binds))
 
 
 _TTL = bindparam("ttl", type_=Interval())
@@ -172,10 +166,12 @@ _TAKE_LEASE = (update(runs)
                       runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
                .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
                        fencing_token=runs.c.fencing_token + 1))
-_TAKE_LEASE_TOKEN = _TAKE_LEASE.returning(runs.c.fencing_token)
-_EXTEND_LEASE = update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id)
-_RELEASE_LEASE = update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None)
-_FENCE_NOW = select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id"))
+_TAKE_LEASE_TOKEN = driver.Statement(_TAKE_LEASE.returning(runs.c.fencing_token))
+_EXTEND_LEASE = driver.Statement(
+    update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id))
+_RELEASE_LEASE = driver.Statement(update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None))
+_FENCE_NOW = driver.Statement(
+    select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
 _INSERT_EVENTS = insert(run_events)
 
 
@@ -199,7 +195,7 @@ _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "wor
 
 
 @functools.cache
-def _create(*, at_once: bool) -> TextClause:
+def _create(*, at_once: bool) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
     ``AtOnce``, its admission too."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
@@ -226,10 +222,11 @@ def _create(*, at_once: bool) -> TextClause:
     binds = [bindparam(name, type_=runs.c[name].type) for name in _CREATED_COLUMNS]
     binds += [bindparam("e_data", type_=run_events.c.data.type),
               bindparam("e_occurred_at", type_=run_events.c.occurred_at.type)]
-    return text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM made) AS made{counted}").bindparams(*binds)
+    return driver.Statement(
+        text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM made) AS made{counted}").bindparams(*binds))
 
 
-async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
+async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None) -> StoredRun | None:
     """Insert a run with its first event; None when (tenant, idempotency_key) exists.
 
@@ -245,7 +242,8 @@ async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_k
         "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
     if at_once is not None:
         params.update(slots=at_once.slots, channel=at_once.channel, wakeup=outbox.rows_json([at_once.wakeup]))
-    row = (await conn.execute(_create(at_once=at_once is not None), params)).one()
+    row = await (await driver.execute(conn, _create(at_once=at_once is not None), params)).fetchone()
+    assert row is not None
     if not row.made:
         return None
     return StoredRun(snapshot, created.seq, partition, None, None, 0,
@@ -255,8 +253,9 @@ async def create(conn: AsyncConnection, created: ev.RunCreated, *, idempotency_k
 _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
             runs.c.fencing_token, runs.c.admitted_at)
 _LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
-_LOAD_LOCKED = _LOAD.with_for_update()
-_TAKE = _TAKE_LEASE.returning(*_COLUMNS)
+_LOAD_ONE = driver.Statement(_LOAD)
+_LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
+_TAKE = driver.Statement(_TAKE_LEASE.returning(*_COLUMNS))
 
 
 def _stored(row: Any) -> StoredRun:
@@ -264,8 +263,8 @@ def _stored(row: Any) -> StoredRun:
                      row.lease_until, row.fencing_token, row.admitted_at is not None)
 
 
-async def load(conn: AsyncConnection, run_id: str, *, lock: bool = False) -> StoredRun | None:
-    row = (await conn.execute(_LOAD_LOCKED if lock else _LOAD, {"run_id": run_id})).first()
+async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> StoredRun | None:
+    row = await (await driver.execute(conn, _LOAD_LOCKED if lock else _LOAD_ONE, {"run_id": run_id})).fetchone()
     return None if row is None else _stored(row)
 
 
@@ -307,7 +306,7 @@ def _values(planned: Planned) -> dict[str, Any]:
     return values
 
 
-async def append(conn: AsyncConnection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
+async def append(conn: driver.Connection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
                  fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
     """Apply ``events`` (seqs from ``stored.seq``) in one guarded statement; return the new state."""
     return await write(conn, plan(stored, events, release_lease=release_lease), fence=fence)
@@ -337,7 +336,7 @@ def _handover_sql() -> list[str]:
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
 
 
-async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None = None,
+async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | None = None,
                 rides: Rides = Rides()) -> StoredRun:
     """Write a planned transition and its rides as one statement; return the new state."""
     stored = planned.before
@@ -345,7 +344,8 @@ async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None 
         **projection(planned.after.snapshot), "last_seq": planned.after.stored_seq,
         "b_run_id": stored.snapshot.run_id, "b_revision": stored.snapshot.revision, "b_last_seq": stored.stored_seq,
         "events": [{"seq": event.seq, "data": ev.event_to_dict(event), "applied": applied,
-                    "occurred_at": datetime.fromtimestamp(event.at, UTC).isoformat()} for event, applied in planned.rows]}
+                    "occurred_at": datetime.fromtimestamp(event.at, UTC).isoformat()}
+                   for event, applied in planned.rows]}
     if fence is not None:
         params.update(f_owner=fence.owner, f_token=fence.token)
     if rides.action is not None:
@@ -363,7 +363,9 @@ async def write(conn: AsyncConnection, planned: Planned, *, fence: Fence | None 
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
                        messages=bool(rides.messages), notices=bool(rides.notices),
                        handover=rides.handover is not None)
-    if not (await conn.execute(statement, params)).one().moved:
+    row = await (await driver.execute(conn, statement, params)).fetchone()
+    assert row is not None
+    if not row.moved:
         await _conflict(conn, stored, fence)
     return planned.after
 
@@ -398,8 +400,8 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
         _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
 
 
-async def _conflict(conn: AsyncConnection, stored: StoredRun, fence: Fence | None) -> None:
-    current = (await conn.execute(_FENCE_NOW, {"run_id": stored.snapshot.run_id})).first()
+async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | None) -> None:
+    current = await (await driver.execute(conn, _FENCE_NOW, {"run_id": stored.snapshot.run_id})).fetchone()
     if fence is not None and (current is None or current.lease_owner != fence.owner
                               or current.fencing_token != fence.token):
         raise LeaseLost(stored.snapshot.run_id, fence.token)
@@ -419,24 +421,26 @@ async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
     return [ev.event_from_dict(r.data) for r in rows]
 
 
-async def take_lease(conn: AsyncConnection, run_id: str, owner: str, ttl: float) -> Fence | None:
+async def take_lease(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> Fence | None:
     """Take the run if its lease is free or expired (database time); the token always grows."""
-    row = (await conn.execute(_TAKE_LEASE_TOKEN, {"b_run_id": run_id, "owner": owner,
-                                                  "ttl": timedelta(seconds=ttl)})).first()
+    row = await (await driver.execute(conn, _TAKE_LEASE_TOKEN, {"b_run_id": run_id, "owner": owner,
+                                                                "ttl": timedelta(seconds=ttl)})).fetchone()
     return None if row is None else Fence(owner, row.fencing_token)
 
 
-async def take(conn: AsyncConnection, run_id: str, owner: str, ttl: float) -> StoredRun | None:
+async def take(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> StoredRun | None:
     """``take_lease`` that also returns the run as taken (one statement instead of a take and a read)."""
-    row = (await conn.execute(_TAKE, {"b_run_id": run_id, "owner": owner, "ttl": timedelta(seconds=ttl)})).first()
+    row = await (await driver.execute(conn, _TAKE, {"b_run_id": run_id, "owner": owner,
+                                                    "ttl": timedelta(seconds=ttl)})).fetchone()
     return None if row is None else _stored(row)
 
 
-async def extend_lease(conn: AsyncConnection, run_id: str, fence: Fence, ttl: float) -> bool:
-    row = (await conn.execute(_EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token,
-                                              "ttl": timedelta(seconds=ttl)})).first()
+async def extend_lease(conn: driver.Connection, run_id: str, fence: Fence, ttl: float) -> bool:
+    row = await (await driver.execute(conn, _EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner,
+                                                            "token": fence.token,
+                                                            "ttl": timedelta(seconds=ttl)})).fetchone()
     return row is not None
 
 
-async def release_lease(conn: AsyncConnection, run_id: str, fence: Fence) -> None:
-    await conn.execute(_RELEASE_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})
+async def release_lease(conn: driver.Connection, run_id: str, fence: Fence) -> None:
+    await driver.execute(conn, _RELEASE_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})

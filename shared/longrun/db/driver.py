@@ -1,0 +1,85 @@
+"""The hot statements, sent by psycopg itself.
+
+SQLAlchemy's connection checkout and execution layers cost a statement some 200 µs of CPU
+more than psycopg on one of its own connections (docs/cost-model.md, fix 21): more than most
+of these statements cost PostgreSQL. The statements on every step's way (the worker's take,
+step and read of a run, the relay's read and mark) are compiled once by SQLAlchemy and sent on
+psycopg's connection: from a pool of autocommit connections when the statement is atomic on
+its own, or on the driver connection of the SQLAlchemy transaction it is part of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.sqltypes import JSON
+
+from longrun.db.engine import psycopg_dsn
+
+Connection = AsyncConnection | psycopg.AsyncConnection[Any]
+"""A SQLAlchemy connection (its transaction is joined) or one of ``Pool``'s."""
+
+_DIALECT = sa_psycopg.dialect()
+
+
+class Statement:
+    """A SQLAlchemy statement compiled once for psycopg: the SQL text, the values of its literal
+    binds, and which parameters are JSON (sent as ``jsonb``, JSON ``null`` for None, as the engine
+    sends them)."""
+
+    __slots__ = ("sql", "_fixed", "_json")
+
+    def __init__(self, clause: ClauseElement) -> None:
+        compiled = clause.compile(dialect=_DIALECT)
+        self.sql = str(compiled)
+        self._fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
+        self._json = frozenset(name for bind, name in compiled.bind_names.items() if isinstance(bind.type, JSON))
+
+    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        params = {**self._fixed, **values}
+        for name in self._json.intersection(values):
+            params[name] = Jsonb(params[name])
+        return params
+
+
+async def execute(conn: Connection, statement: Statement,
+                  params: Mapping[str, Any] = {}) -> psycopg.AsyncCursor[Any]:  # noqa: B006
+    """Run ``statement``; rows are named tuples (``row.column``, as SQLAlchemy's rows)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        driver = conn
+    else:
+        if not conn.in_transaction():
+            await conn.begin()  # as SQLAlchemy's own execute would: its commit() then commits this statement
+        driver = (await conn.get_raw_connection()).driver_connection
+    cursor = driver.cursor(row_factory=namedtuple_row)
+    return await cursor.execute(statement.sql, statement.params(params))
+
+
+class Pool:
+    """psycopg's pool of autocommit connections, for statements each atomic on its own."""
+
+    def __init__(self, url: str, *, size: int = 10, timeout: float = 5.0) -> None:
+        """``timeout``: seconds a statement waits for a connection (PostgreSQL down, or all busy)
+        before it fails as transient."""
+        self._pool = AsyncConnectionPool(psycopg_dsn(url), min_size=1, max_size=size, timeout=timeout,
+                                         kwargs={"autocommit": True}, open=False, name="longrun-statements")
+
+    async def open(self) -> None:
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._pool.connection() as conn:
+            yield conn
