@@ -14,19 +14,19 @@ from typing import Any
 
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db import jsonb
+from longrun.db import driver, jsonb
 from longrun.db.schema import inboxes
 
-
-# Built once per inbox table, so executing them hits SQLAlchemy's compiled cache.
-_CLAIM = {service: insert(table).on_conflict_do_nothing().returning(table.c.message_id)
-          for service, table in inboxes.items()}
-_OUTCOME = {service: select(table.c.outcome).where(table.c.message_id == bindparam("id"))
+# Built once per inbox table; every message of every consumer sends them (db/driver.py).
+_CLAIM = {service: driver.Statement(insert(table).values(
+    message_id=bindparam("message_id"), message_type=bindparam("message_type"), run_id=bindparam("run_id"),
+    outcome=bindparam("outcome", type_=table.c.outcome.type)).on_conflict_do_nothing().returning(table.c.message_id))
+    for service, table in inboxes.items()}
+_OUTCOME = {service: driver.Statement(select(table.c.outcome).where(table.c.message_id == bindparam("id")))
             for service, table in inboxes.items()}
-_RECORD_OUTCOME = {service: update(table).where(table.c.message_id == bindparam("id"))
-                   .values(outcome=bindparam("outcome", type_=table.c.outcome.type))
+_RECORD_OUTCOME = {service: driver.Statement(update(table).where(table.c.message_id == bindparam("id"))
+                                             .values(outcome=bindparam("outcome", type_=table.c.outcome.type)))
                    for service, table in inboxes.items()}
 
 
@@ -41,34 +41,35 @@ class Duplicate:
     outcome: dict[str, Any]
 
 
-async def claim(conn: AsyncConnection, service: str, *, message_id: str, message_type: str,
+async def claim(conn: driver.Connection, service: str, *, message_id: str, message_type: str,
                 run_id: str | None) -> Claimed | Duplicate:
-    inserted = await conn.execute(_CLAIM[service], {"message_id": message_id, "message_type": message_type,
-                                                    "run_id": run_id, "outcome": {}})
-    if inserted.first() is not None:
+    inserted = await driver.execute(conn, _CLAIM[service], {"message_id": message_id, "message_type": message_type,
+                                                            "run_id": run_id, "outcome": {}})
+    if await inserted.fetchone() is not None:
         return Claimed(message_id)
-    outcome = (await conn.execute(_OUTCOME[service], {"id": message_id})).scalar_one()
-    return Duplicate(message_id, outcome)
+    row = await (await driver.execute(conn, _OUTCOME[service], {"id": message_id})).fetchone()
+    assert row is not None
+    return Duplicate(message_id, row.outcome)
 
 
-async def record_outcome(conn: AsyncConnection, service: str, *, message_id: str,
+async def record_outcome(conn: driver.Connection, service: str, *, message_id: str,
                          outcome: dict[str, Any]) -> None:
-    await conn.execute(_RECORD_OUTCOME[service], {"id": message_id, "outcome": outcome})
+    await driver.execute(conn, _RECORD_OUTCOME[service], {"id": message_id, "outcome": outcome})
 
 
 # A batch's rows travel as one JSON array, so each statement is one text whatever the batch's size.
-_CLAIM_MANY = {service: text(
+_CLAIM_MANY = {service: driver.Statement(text(
     f"INSERT INTO {table.name} (message_id, message_type, run_id, outcome) "
     "SELECT message_id, message_type, run_id, '{}' FROM jsonb_to_recordset(CAST(:rows AS jsonb)) "
-    "AS r(message_id text, message_type text, run_id text) ON CONFLICT DO NOTHING RETURNING message_id")
+    "AS r(message_id text, message_type text, run_id text) ON CONFLICT DO NOTHING RETURNING message_id"))
     for service, table in inboxes.items()}
-_OUTCOMES = {service: text(f"SELECT message_id, outcome FROM {table.name} "
-                           "WHERE message_id = ANY(CAST(:ids AS text[]))")
+_OUTCOMES = {service: driver.Statement(text(f"SELECT message_id, outcome FROM {table.name} "
+                                            "WHERE message_id = ANY(CAST(:ids AS text[]))"))
              for service, table in inboxes.items()}
-_RECORD_OUTCOMES = {service: text(
+_RECORD_OUTCOMES = {service: driver.Statement(text(
     f"UPDATE {table.name} AS i SET outcome = r.outcome "
     "FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(message_id text, outcome jsonb) "
-    "WHERE i.message_id = r.message_id")
+    "WHERE i.message_id = r.message_id"))
     for service, table in inboxes.items()}
 
 
@@ -79,23 +80,24 @@ class Message:
     run_id: str | None
 
 
-async def claim_many(conn: AsyncConnection, service: str,
+async def claim_many(conn: driver.Connection, service: str,
                      messages: Sequence[Message]) -> dict[str, Claimed | Duplicate]:
     """``claim`` for several messages of distinct ids in two statements at most: one insert, and
     one read of the recorded outcomes of those already handled."""
     rows = [{"message_id": m.message_id, "message_type": m.message_type, "run_id": m.run_id} for m in messages]
-    claimed = set((await conn.execute(_CLAIM_MANY[service], {"rows": jsonb.dumps(rows)})).scalars())
+    inserted = await driver.execute(conn, _CLAIM_MANY[service], {"rows": jsonb.dumps(rows)})
+    claimed = {row.message_id for row in await inserted.fetchall()}
     out: dict[str, Claimed | Duplicate] = {m: Claimed(m) for m in claimed}
     handled = [m.message_id for m in messages if m.message_id not in claimed]
     if handled:
-        for row in await conn.execute(_OUTCOMES[service], {"ids": handled}):
+        for row in await (await driver.execute(conn, _OUTCOMES[service], {"ids": handled})).fetchall():
             out[row.message_id] = Duplicate(row.message_id, row.outcome)
     return out
 
 
-async def record_outcomes(conn: AsyncConnection, service: str, outcomes: dict[str, dict[str, Any]]) -> None:
+async def record_outcomes(conn: driver.Connection, service: str, outcomes: dict[str, dict[str, Any]]) -> None:
     """``record_outcome`` for several messages in one statement. Outcomes are a handler's, which may
     quote its input: the standard encoder, as the engine's (NaN is refused, not turned into null)."""
     if outcomes:
-        await conn.execute(_RECORD_OUTCOMES[service], {"rows": json.dumps(
+        await driver.execute(conn, _RECORD_OUTCOMES[service], {"rows": json.dumps(
             [{"message_id": m, "outcome": o} for m, o in outcomes.items()])})
