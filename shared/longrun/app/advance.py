@@ -88,7 +88,8 @@ the step loop starts from it instead of reading the run again."""
 class Advancer:
     def __init__(self, *, engine: AsyncEngine, statements: Pool, kinds: Registry, model: ModelAdapter,
                  artifacts: ArtifactStore, instance_id: str, lease_ttl: float, concurrency: int = 64,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None, handover: effects.SlotHandover | None = None) -> None:
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
+                 handover: effects.SlotHandover | None = None) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that)."""
         self.engine = engine

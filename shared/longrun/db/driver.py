@@ -1,11 +1,12 @@
 """The hot statements, sent by psycopg itself.
 
 SQLAlchemy's connection checkout and execution layers cost a statement some 200 µs of CPU
-more than psycopg on one of its own connections (docs/cost-model.md, fix 21): more than most
-of these statements cost PostgreSQL. The statements on every step's way (the worker's take,
-step and read of a run, the relay's read and mark) are compiled once by SQLAlchemy and sent on
-psycopg's connection: from a pool of autocommit connections when the statement is atomic on
-its own, or on the driver connection of the SQLAlchemy transaction it is part of.
+more than psycopg on one of its own connections (docs/cost-model.md, fixes 21 and 22): more
+than most of these statements cost PostgreSQL. The statements on every step's way (the create,
+the inbox's claims and outcomes, the worker's take, step and read of a run, the relay's read and
+mark) are compiled once by SQLAlchemy and sent on psycopg's connection: from a pool of
+autocommit connections when the statement is atomic on its own, or on the driver connection of
+the SQLAlchemy transaction it is part of.
 """
 
 from __future__ import annotations

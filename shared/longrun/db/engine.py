@@ -1,7 +1,8 @@
 """Async engine for PostgreSQL (SQLAlchemy 2 + psycopg 3) and a reachability check.
 
-Only ``longrun.db`` imports sqlalchemy or psycopg. Database time (``now()``) is the
-clock for leases and timers, so replicas with skewed clocks still agree.
+The statements on every step's way are sent by psycopg itself (``longrun.db.driver``); the
+engine carries the rest. Database time (``now()``) is the clock for leases and timers, so
+replicas with skewed clocks still agree.
 """
 
 from __future__ import annotations
