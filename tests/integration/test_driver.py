@@ -54,8 +54,8 @@ async def test_a_pooled_statement_commits_on_its_own(clean, engine, statements) 
 async def test_json_parameters_are_sent_as_the_engine_sends_them(engine, statements) -> None:
     # None is JSON null (as SQLAlchemy's JSONB type sends it), not SQL NULL
     async with statements.connection() as conn:
-        assert tuple(await (await driver.execute(conn, _JSON, {"v": None})).fetchone()) == ("null", None)
-        assert tuple(await (await driver.execute(conn, _JSON, {"v": {"k": "v"}})).fetchone()) == ("object", "v")
+        assert tuple(await driver.one(conn, _JSON, {"v": None})) == ("null", None)
+        assert tuple(await driver.one(conn, _JSON, {"v": {"k": "v"}})) == ("object", "v")
     async with engine.connect() as conn:
         same = (await conn.execute(text("SELECT jsonb_typeof(:v)").bindparams(bindparam("v", type_=JSONB)),
                                    {"v": None})).scalar_one()

@@ -65,6 +65,22 @@ async def execute(conn: Connection, statement: Statement,
     return await cursor.execute(statement.sql, statement.params(params))
 
 
+async def first(conn: Connection, statement: Statement, params: Mapping[str, Any] = {}) -> Any:  # noqa: B006
+    """The first row, or None."""
+    return await (await execute(conn, statement, params)).fetchone()
+
+
+async def one(conn: Connection, statement: Statement, params: Mapping[str, Any] = {}) -> Any:  # noqa: B006
+    """The row of a statement that always returns exactly one."""
+    row = await first(conn, statement, params)
+    assert row is not None, statement.sql
+    return row
+
+
+async def rows(conn: Connection, statement: Statement, params: Mapping[str, Any] = {}) -> list[Any]:  # noqa: B006
+    return await (await execute(conn, statement, params)).fetchall()
+
+
 class Pool:
     """psycopg's pool of autocommit connections, for statements each atomic on its own."""
 

@@ -43,13 +43,11 @@ class Duplicate:
 
 async def claim(conn: driver.Connection, service: str, *, message_id: str, message_type: str,
                 run_id: str | None) -> Claimed | Duplicate:
-    inserted = await driver.execute(conn, _CLAIM[service], {"message_id": message_id, "message_type": message_type,
-                                                            "run_id": run_id, "outcome": {}})
-    if await inserted.fetchone() is not None:
+    inserted = await driver.first(conn, _CLAIM[service], {"message_id": message_id, "message_type": message_type,
+                                                          "run_id": run_id, "outcome": {}})
+    if inserted is not None:
         return Claimed(message_id)
-    row = await (await driver.execute(conn, _OUTCOME[service], {"id": message_id})).fetchone()
-    assert row is not None
-    return Duplicate(message_id, row.outcome)
+    return Duplicate(message_id, (await driver.one(conn, _OUTCOME[service], {"id": message_id})).outcome)
 
 
 async def record_outcome(conn: driver.Connection, service: str, *, message_id: str,
@@ -85,12 +83,11 @@ async def claim_many(conn: driver.Connection, service: str,
     """``claim`` for several messages of distinct ids in two statements at most: one insert, and
     one read of the recorded outcomes of those already handled."""
     rows = [{"message_id": m.message_id, "message_type": m.message_type, "run_id": m.run_id} for m in messages]
-    inserted = await driver.execute(conn, _CLAIM_MANY[service], {"rows": jsonb.dumps(rows)})
-    claimed = {row.message_id for row in await inserted.fetchall()}
+    claimed = {row.message_id for row in await driver.rows(conn, _CLAIM_MANY[service], {"rows": jsonb.dumps(rows)})}
     out: dict[str, Claimed | Duplicate] = {m: Claimed(m) for m in claimed}
     handled = [m.message_id for m in messages if m.message_id not in claimed]
     if handled:
-        for row in await (await driver.execute(conn, _OUTCOMES[service], {"ids": handled})).fetchall():
+        for row in await driver.rows(conn, _OUTCOMES[service], {"ids": handled}):
             out[row.message_id] = Duplicate(row.message_id, row.outcome)
     return out
 

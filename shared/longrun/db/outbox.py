@@ -117,8 +117,8 @@ async def unpublished(conn: driver.Connection, partitions: Collection[int], limi
     order too); every round rescans, so late commits are seen."""
     if not partitions:
         return []
-    rows = await driver.execute(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
-    return [OutboxRow(*row) for row in await rows.fetchall()]
+    rows = await driver.rows(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
+    return [OutboxRow(*row) for row in rows]
 
 
 async def mark_published(conn: driver.Connection, ids: list[int]) -> None:

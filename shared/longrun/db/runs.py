@@ -242,8 +242,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
     if at_once is not None:
         params.update(slots=at_once.slots, channel=at_once.channel, wakeup=outbox.rows_json([at_once.wakeup]))
-    row = await (await driver.execute(conn, _create(at_once=at_once is not None), params)).fetchone()
-    assert row is not None
+    row = await driver.one(conn, _create(at_once=at_once is not None), params)
     if not row.made:
         return None
     return StoredRun(snapshot, created.seq, partition, None, None, 0,
@@ -264,7 +263,7 @@ def _stored(row: Any) -> StoredRun:
 
 
 async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> StoredRun | None:
-    row = await (await driver.execute(conn, _LOAD_LOCKED if lock else _LOAD_ONE, {"run_id": run_id})).fetchone()
+    row = await driver.first(conn, _LOAD_LOCKED if lock else _LOAD_ONE, {"run_id": run_id})
     return None if row is None else _stored(row)
 
 
@@ -363,9 +362,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
                        messages=bool(rides.messages), notices=bool(rides.notices),
                        handover=rides.handover is not None)
-    row = await (await driver.execute(conn, statement, params)).fetchone()
-    assert row is not None
-    if not row.moved:
+    if not (await driver.one(conn, statement, params)).moved:
         await _conflict(conn, stored, fence)
     return planned.after
 
@@ -401,7 +398,7 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
 
 
 async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | None) -> None:
-    current = await (await driver.execute(conn, _FENCE_NOW, {"run_id": stored.snapshot.run_id})).fetchone()
+    current = await driver.first(conn, _FENCE_NOW, {"run_id": stored.snapshot.run_id})
     if fence is not None and (current is None or current.lease_owner != fence.owner
                               or current.fencing_token != fence.token):
         raise LeaseLost(stored.snapshot.run_id, fence.token)
@@ -423,22 +420,20 @@ async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
 
 async def take_lease(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> Fence | None:
     """Take the run if its lease is free or expired (database time); the token always grows."""
-    row = await (await driver.execute(conn, _TAKE_LEASE_TOKEN, {"b_run_id": run_id, "owner": owner,
-                                                                "ttl": timedelta(seconds=ttl)})).fetchone()
+    row = await driver.first(conn, _TAKE_LEASE_TOKEN, {"b_run_id": run_id, "owner": owner,
+                                                      "ttl": timedelta(seconds=ttl)})
     return None if row is None else Fence(owner, row.fencing_token)
 
 
 async def take(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> StoredRun | None:
     """``take_lease`` that also returns the run as taken (one statement instead of a take and a read)."""
-    row = await (await driver.execute(conn, _TAKE, {"b_run_id": run_id, "owner": owner,
-                                                    "ttl": timedelta(seconds=ttl)})).fetchone()
+    row = await driver.first(conn, _TAKE, {"b_run_id": run_id, "owner": owner, "ttl": timedelta(seconds=ttl)})
     return None if row is None else _stored(row)
 
 
 async def extend_lease(conn: driver.Connection, run_id: str, fence: Fence, ttl: float) -> bool:
-    row = await (await driver.execute(conn, _EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner,
-                                                            "token": fence.token,
-                                                            "ttl": timedelta(seconds=ttl)})).fetchone()
+    row = await driver.first(conn, _EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token,
+                                                  "ttl": timedelta(seconds=ttl)})
     return row is not None
 
 
