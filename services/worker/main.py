@@ -10,6 +10,7 @@ from longrun.app import effects
 from longrun.app.advance import Advancer
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
+from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
 from longrun.workflows import model_adapter, registry
 
@@ -27,8 +28,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                         handover=effects.SlotHandover(settings.tenant_slots, settings.priority_aging,
                                                       settings.partitions))
     try:
-        await consume_partitions(settings, service=SERVICE, handler=advancer.on_wakeup, stopping=stopping,
-                                 health=health, on_outcome=advancer.after_ack)
+        await consume_partitions(settings, service=SERVICE, handler=OwnClaim(advancer.on_wakeup),
+                                 stopping=stopping, health=health, on_outcome=advancer.after_ack)
     finally:
         await advancer.drain()
         await statements.close()

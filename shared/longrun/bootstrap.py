@@ -10,7 +10,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from longrun.bus import topology
 from longrun.bus.connection import Bus
-from longrun.bus.consumer import Handler, OutcomeHook, PartitionedConsumer
+from longrun.bus.consumer import Handler, OutcomeHook, OwnClaim, PartitionedConsumer
 from longrun.bus.partitions import PartitionOwnership
 from longrun.config import Settings
 from longrun.db.driver import Pool
@@ -53,8 +53,8 @@ async def _patiently(attempt_once, what: str, patience: float) -> None:  # type:
             await attempt_once()
 
 
-async def consume_partitions(settings: Settings, *, service: str, handler: Handler, stopping: asyncio.Event,
-                             health: Health, on_outcome: OutcomeHook | None = None) -> None:
+async def consume_partitions(settings: Settings, *, service: str, handler: Handler | OwnClaim,
+                             stopping: asyncio.Event, health: Health, on_outcome: OutcomeHook | None = None) -> None:
     """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues."""
     engine = await open_database(settings)
     bus = await open_bus(settings, service)

@@ -150,16 +150,13 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     store = FilesystemArtifactStore(ensemble.tmp / "artifacts")
     workers = [Advancer(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
                         instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
-    message = wakeup(run_id, "same-moment")
 
-    async def wake(worker: Advancer) -> dict:  # type: ignore[type-arg]
-        async with engine.begin() as conn:
-            return await worker.on_wakeup(conn, message)
-
-    # When both take the wakeup at the same moment
-    outcomes = await asyncio.gather(wake(workers[0]), wake(workers[1]))
+    # When each takes a wakeup of its own at the same moment
+    handled = await asyncio.gather(*(w.on_wakeup(wakeup(run_id, f"same-moment-{i}")) for i, w in enumerate(workers)))
+    outcomes = [h.outcome for h in handled]
     # Then exactly one holds the run
     assert sorted(o["taken"] for o in outcomes) == [False, True]
+    assert not any(h.duplicate for h in handled)
     async with engine.connect() as conn:
         before = await runs.load(conn, run_id)
     assert before is not None
@@ -171,6 +168,33 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     async with engine.connect() as conn:
         after = await runs.load(conn, run_id)
     assert after == before
+
+
+async def test_one_wakeup_handled_twice_at_once_takes_the_run_once(clean, engine, statements, bus, ensemble) -> None:
+    # Given a created run and two workers handed the same delivery (a redelivery during a partition handover)
+    ensemble.start("scheduler", "services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("twice"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    async with engine.connect() as conn:
+        before = await runs.load(conn, run_id)
+    assert before is not None
+    workers = [Advancer(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
+                        artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id=f"w{i}",
+                        lease_ttl=30) for i in (1, 2)]
+    message = wakeup(run_id, "twice")
+    # When both handle it at the same moment
+    handled = await asyncio.gather(*(w.on_wakeup(message) for w in workers))
+    # Then one took the run, and the other got that recorded outcome as a duplicate
+    assert sorted(h.duplicate for h in handled) == [False, True]
+    assert handled[0].outcome == handled[1].outcome and handled[0].outcome["taken"]
+    # and the lease was taken once: one inbox row, the token one higher
+    async with engine.connect() as conn:
+        after = await runs.load(conn, run_id)
+        rows = (await conn.execute(text("SELECT count(*) FROM inbox_worker WHERE message_id = :m"),
+                                   {"m": message.event_id})).scalar()
+    assert after is not None and after.fencing_token == before.fencing_token + 1 == handled[0].outcome["token"]
+    assert rows == 1
 
 
 async def test_a_stale_worker_is_fenced_out_after_its_lease_is_taken_over(clean, engine, bus, ensemble) -> None:
@@ -237,8 +261,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
                       model=ScriptedModel(dependency_upgrade.model_script()),
                       artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
                       lease_ttl=1.5, concurrency=1)
-    async with engine.begin() as conn:
-        taken = await worker.on_wakeup(conn, wakeup(run_id, "queued"))
+    taken = (await worker.on_wakeup(wakeup(run_id, "queued"))).outcome
     fence = runs.Fence(taken["owner"], taken["token"])
     async with engine.connect() as conn:
         at_wakeup = await runs.load(conn, run_id)

@@ -96,6 +96,49 @@ async def test_a_stale_transition_writes_none_of_its_rides(clean, engine) -> Non
     assert await _seen(engine, stored.snapshot.run_id) == before
 
 
+async def _writes(engine: AsyncEngine, run_id: str) -> list[list[str]]:
+    """The run's event types grouped by the transaction that wrote them, in order."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT xmin::text AS tx, type FROM run_events WHERE run_id = :r ORDER BY seq"),
+                                   {"r": run_id})).all()
+    groups: list[list[str]] = []
+    for i, row in enumerate(rows):
+        if i == 0 or row.tx != rows[i - 1].tx:
+            groups.append([])
+        groups[-1].append(row.type)
+    return groups
+
+
+async def _status_broadcasts(engine: AsyncEngine, run_id: str) -> list[tuple[str, str]]:
+    """(from, to) of each status broadcast of the run, in outbox order."""
+    async with engine.connect() as conn:
+        bodies = (await conn.execute(text("SELECT payload FROM outbox WHERE aggregate_id = :r AND type = 'run.event' "
+                                          "ORDER BY id"), {"r": run_id})).scalars().all()
+    return [(b["payload"]["data"]["from"], b["payload"]["status"]) for b in bodies]
+
+
+async def test_a_woken_runs_move_to_running_is_written_with_its_first_step(clean, engine, tmp_path) -> None:
+    # Given a created run of two steps
+    run_id = (await _steps_run(engine, 2)).snapshot.run_id
+    # When a worker takes its wakeup and advances it
+    await _advance(engine, tmp_path, run_id)
+    # Then the move to RUNNING committed in the statement of the first step, and each later step in one of its own
+    step = ["action.prepared", "action.submitted", "budget.charged", "action.confirmed", "fact.recorded"]
+    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *step], step, ["run.completed"]]
+    # and both status changes were broadcast, each from the status before it
+    assert await _status_broadcasts(engine, run_id) == [("READY", "RUNNING"), ("RUNNING", "COMPLETED")]
+
+
+async def test_a_run_that_finishes_in_its_first_write_still_announces_that_it_ran(clean, engine, tmp_path) -> None:
+    # Given a created run with nothing to do
+    run_id = (await _steps_run(engine, 0)).snapshot.run_id
+    # When a worker advances it: RUNNING and COMPLETED in one write
+    await _advance(engine, tmp_path, run_id)
+    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", "run.completed"]]
+    # Then downstream consumers still see it start, then complete
+    assert await _status_broadcasts(engine, run_id) == [("READY", "RUNNING"), ("RUNNING", "COMPLETED")]
+
+
 async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds: Registry | None = None,
                    handover: effects.SlotHandover | None = None) -> None:
     """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
@@ -105,8 +148,7 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
     try:
-        async with engine.begin() as conn:
-            taken = await worker.on_wakeup(conn, wakeup(run_id, "go"))
+        taken = (await worker.on_wakeup(wakeup(run_id, "go"))).outcome
         assert taken["taken"]
         await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
     finally:

@@ -1,8 +1,9 @@
 """The worker's use case: advance one run under a lease, one decision at a time.
 
-A wakeup takes the lease, reads the run and moves it READY -> RUNNING in the consumer's
-transaction (so the delivery is acked at once); the step loop then runs outside any delivery,
-from the run as that transaction left it. Each round re-reads the run,
+A wakeup takes the lease and reads the run in the statement that records the wakeup in the
+worker's inbox (so the delivery is acked at once); the step loop then runs outside any
+delivery, from the run as taken, and a READY run's move to RUNNING is written with its first
+step. Each round re-reads the run,
 lets the workflow's pure ``decide`` choose, carries the decision out (model call, tool
 call through the action ledger, wait, completion) and commits the resulting events
 with the expected revision AND the fencing token: a worker that lost its lease
@@ -32,7 +33,7 @@ from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
-from longrun.db import runs
+from longrun.db import inbox, runs
 from longrun.db.driver import Pool
 from longrun.db.errors import is_transient, is_unique_violation
 from longrun.db.runs import Fence, StoredRun
@@ -106,22 +107,17 @@ class Advancer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- bus side -----------------------------------------------------------------------
-    async def on_wakeup(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
-        """Consumer handler: take the lease in the inbox transaction, and move a READY run to RUNNING
-        with it; the steps run after the ack."""
+    async def on_wakeup(self, envelope: Envelope) -> Outcome:
+        """Consumer handler (``OwnClaim``): the wakeup's inbox row and the take of the run's lease in one
+        statement; the steps run after the ack, from the run as taken."""
         assert envelope.run_id is not None
         _TAKEN.set(None)
-        stored = await runs.take(conn, envelope.run_id, self.instance_id, self.lease_ttl)
-        if stored is None:
-            return {"taken": False, "reason": "another worker holds the lease"}
-        fence = Fence(self.instance_id, stored.fencing_token)
-        if stored.snapshot.status is RunStatus.READY:
-            planned = runs.plan(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
-                                                     reason=f"taken by {fence.owner}")])
-            stored = await runs.write(conn, planned, fence=fence,
-                                      rides=self._rides(stored, planned))
+        async with self.statements.connection() as conn:
+            handled, stored = await runs.take_on_wakeup(conn, inbox.Message(envelope.event_id, envelope.type,
+                                                                            envelope.run_id),
+                                                        self.instance_id, self.lease_ttl)
         _TAKEN.set(stored)
-        return {"taken": True, "owner": fence.owner, "token": fence.token}
+        return Outcome(envelope, handled.outcome, handled.duplicate)
 
     async def after_ack(self, outcome: Outcome) -> None:
         taken = _TAKEN.get()
@@ -202,8 +198,10 @@ class Advancer:
             await self._commit(stored, [], fence, release=True)
             return None
         if run.status is RunStatus.READY:
-            return await self._commit(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
-                                                           reason=f"taken by {fence.owner}")], fence)
+            # Written with the round's own transition: one statement (and snapshot written) per run less.
+            stored = runs.defer(stored, [self._event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
+                                                     reason=f"taken by {fence.owner}")])
+            run = stored.snapshot
         if run.status is RunStatus.CANCELLING:
             return await self._cancel(stored, fence)
         doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
@@ -459,7 +457,7 @@ class Advancer:
         The common step (events, a first ledger row, a broadcast) is one statement outside any
         transaction; an artifact, a ledger key used before, or a wait to schedule and match make it
         a transaction of several."""
-        if not events:
+        if not events and not stored.unwritten:
             async with self.statements.connection() as conn:
                 await runs.release_lease(conn, stored.snapshot.run_id, fence)
             return stored
@@ -531,7 +529,12 @@ class Advancer:
                 **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer})}
 
     def _rides(self, stored: StoredRun, planned: runs.Planned) -> runs.Rides:
-        return effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER, handover=self.handover)
+        rides = effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER, handover=self.handover)
+        if stored.written is None:
+            return rides
+        # A move deferred to this write (READY -> RUNNING) is announced too, first, as if written alone.
+        deferred = effects.broadcast_message(stored.written.snapshot, stored, producer=PRODUCER)
+        return rides if deferred is None else replace(rides, messages=(deferred, *rides.messages))
 
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db import admission, driver, jsonb, outbox
+from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.db.schema import actions, run_events, runs
 from longrun.domain import RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
@@ -51,6 +51,10 @@ class StoredRun:
     lease_until: datetime | None
     fencing_token: int
     admitted: bool
+    written: StoredRun | None = None
+    """The run as last written, when this state holds events (``unwritten``) not written yet
+    (``defer``): the next transition writes them first, guarded by that state's revision."""
+    unwritten: tuple[tuple[ev.RunEvent, bool], ...] = ()
 
     def seq(self, offset: int = 1) -> int:
         """The seq the ``offset``-th event appended next will take."""
@@ -286,8 +290,9 @@ class Planned:
 
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
+    """``events`` applied to ``stored``, after the events it holds unwritten, if any."""
     snapshot = stored.snapshot
-    rows: list[tuple[ev.RunEvent, bool]] = []
+    rows = list(stored.unwritten)
     for event in events:
         late = is_late(snapshot, event)
         snapshot = evolve(snapshot, event)
@@ -295,7 +300,13 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
                       None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
-    return Planned(stored, after, tuple(rows), release_lease)
+    return Planned(stored.written or stored, after, tuple(rows), release_lease)
+
+
+def defer(stored: StoredRun, events: Sequence[ev.RunEvent]) -> StoredRun:
+    """``events`` applied in memory only, to be written with the run's next transition (``plan``)."""
+    planned = plan(stored, events)
+    return replace(planned.after, written=planned.before, unwritten=planned.rows)
 
 
 def _values(planned: Planned) -> dict[str, Any]:
@@ -429,6 +440,28 @@ async def take(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> 
     """``take_lease`` that also returns the run as taken (one statement instead of a take and a read)."""
     row = await driver.first(conn, _TAKE, {"b_run_id": run_id, "owner": owner, "ttl": timedelta(seconds=ttl)})
     return None if row is None else _stored(row)
+
+
+_TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
+    "worker",
+    change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
+            "fencing_token = fencing_token + 1 WHERE run_id = :b_run_id "
+            "AND (lease_owner IS NULL OR lease_until < now()) AND NOT EXISTS (SELECT 1 FROM seen) "
+            f"RETURNING {', '.join(c.name for c in _COLUMNS)})"],
+    outcome="COALESCE((SELECT jsonb_build_object('taken', true, 'owner', lease_owner, 'token', fencing_token) "
+            "FROM taken), CAST(:not_taken AS jsonb))",
+    result="taken.* FROM (VALUES (1)) AS one(x) LEFT JOIN taken ON true")).bindparams(_TTL))
+
+
+async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str,
+                         ttl: float) -> tuple[inbox.Handled, StoredRun | None]:
+    """``take`` with the worker's inbox row for the wakeup that asks for it, in one statement sent on
+    its own: the outcome recorded (taken, with owner and token, or why not) and the run as taken."""
+    handled = await inbox.handle(conn, _TAKE_ON_WAKEUP, message, {
+        "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl),
+        "not_taken": jsonb.dumps({"taken": False, "reason": "another worker holds the lease"})})
+    taken = handled.row.snapshot is not None and not handled.duplicate
+    return handled, _stored(handled.row) if taken else None
 
 
 async def extend_lease(conn: driver.Connection, run_id: str, fence: Fence, ttl: float) -> bool:
