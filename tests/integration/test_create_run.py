@@ -134,9 +134,7 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
     channel = await bus.channel(prefetch=10)
     queue = await channel.get_queue(topology.SCHEDULER_INGRESS_QUEUE, ensure=False)
     waiting = [await queue.get(fail=True), await queue.get(fail=True)]
-    consumer = QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
-                             handler=functools.partial(admit.create_run, kinds=registry(), partitions=8, slots=4),
-                             prefetch=10, max_attempts=3, batch=16, prepare_batch=admit.lock_tenants_of)
+    consumer = _ingress(bus, engine)
     dsn = psycopg_dsn(engine.url.render_as_string(False))
     holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
     try:
@@ -159,6 +157,38 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
         created = (await conn.execute(text("SELECT tenant_id FROM runs ORDER BY tenant_id"))).scalars().all()
     assert created == ["alpha", "zeta"]
     assert (await queue.declare()).message_count == 0
+
+
+async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean, engine, bus) -> None:
+    # Given a create waiting in the scheduler's ingress, and an admission round holding its tenant's lock
+    await publish_create(bus, tenant="acme", key="acme-1", input_={"steps": 1}, workflow="steps")
+    channel = await bus.channel(prefetch=10)
+    queue = await channel.get_queue(topology.SCHEDULER_INGRESS_QUEUE, ensure=False)
+    message = await queue.get(fail=True)
+    dsn = psycopg_dsn(engine.url.render_as_string(False))
+    holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
+    try:
+        await holder.execute(LOCK, {"t": "acme"})
+        # When the scheduler handles it alone (its handler does not take the lock itself)
+        alone = asyncio.create_task(_ingress(bus, engine)._process(message))
+        # Then it waits for that lock before it creates, and creates once the round commits
+        await eventually(lambda: _waits_for_a_lock(prober), what="the create waiting for the lock")
+        assert not alone.done()
+        await holder.commit()
+        await asyncio.wait_for(alone, timeout=10)
+    finally:
+        await holder.close()
+        await prober.close()
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM runs WHERE tenant_id = 'acme'"))).scalar() == 1
+
+
+def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
+    """The scheduler's ingress consumer, wired as the service wires it."""
+    return QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
+                         handler=functools.partial(admit.create_run, kinds=registry(), partitions=8, slots=4,
+                                                   tenant_locked=True),
+                         prefetch=10, max_attempts=3, batch=16, prelude=admit.lock_tenants_of)
 
 
 async def _waits_for_a_lock(conn: psycopg.AsyncConnection) -> bool:  # type: ignore[type-arg]

@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 STOP_GRACE = 5.0
 
 Handler = Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]
-BatchPrelude = Callable[[AsyncConnection, list[Envelope]], Awaitable[None]]
-"""Runs first in a batch's transaction with all of its envelopes (e.g. to take locks in one order)."""
+Prelude = Callable[[AsyncConnection, list[Envelope]], Awaitable[None]]
+"""Runs first in each transaction of a consumer, with the envelopes it handles (one, or a batch's):
+e.g. to take their locks in one order, before any handler."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +71,13 @@ class QueueConsumer:
 
     def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue: str, handler: Handler | OwnClaim,
                  prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None, batch: int = 1,
-                 prepare_batch: BatchPrelude | None = None) -> None:
+                 prelude: Prelude | None = None) -> None:
         if batch > 1 and isinstance(handler, OwnClaim):
             raise ValueError(f"{queue}: a handler that claims its own inbox rows handles one message at a time "
                              f"(batch=1), got batch={batch}")
         self.bus = bus
         self.batch = batch
-        self.prepare_batch = prepare_batch
+        self.prelude = prelude
         self.engine = engine
         self.service = service
         self.queue = queue
@@ -166,8 +167,8 @@ class QueueConsumer:
         for envelope in envelopes:
             firsts.setdefault(envelope.event_id, envelope)
         async with self.engine.begin() as conn:
-            if self.prepare_batch is not None:
-                await self.prepare_batch(conn, envelopes)
+            if self.prelude is not None:
+                await self.prelude(conn, envelopes)
             claims = await inbox.claim_many(conn, self.service, [
                 inbox.Message(e.event_id, e.type, e.run_id) for e in firsts.values()])
             done: dict[str, Outcome] = {}
@@ -245,6 +246,8 @@ class QueueConsumer:
             if isinstance(claim, inbox.Duplicate):
                 self._dropped(envelope)
                 return Outcome(envelope, claim.outcome, duplicate=True)
+            if self.prelude is not None:
+                await self.prelude(conn, [envelope])
             outcome = await self.handler(conn, envelope)
             await inbox.record_outcome(conn, self.service, message_id=envelope.event_id, outcome=outcome)
             return Outcome(envelope, outcome, duplicate=False)
