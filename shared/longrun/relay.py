@@ -4,8 +4,9 @@ Each round takes the oldest unpublished rows of all the partitions this replica 
 (each partition is owned by exactly one relay replica at a time) in one read — every
 round rescans, so a row whose transaction commits late is never skipped — publishes
 them pipelined on one confirm channel (the broker keeps that order), and marks the
-confirmed ones in one statement. Within a partition nothing after a failed publish is
-marked, so the next round publishes it again after the failed one: per-run order holds.
+confirmed ones in the statement that reads the next rows: one statement per round. Within a
+partition nothing after a failed publish is marked, so the next round publishes it again after
+the failed one: per-run order holds.
 A crash between confirm and mark publishes the rows again; consumers' inboxes absorb
 the duplicates.
 """
@@ -68,32 +69,32 @@ class Relay:
 
     async def drain(self) -> None:
         """Publish until the owned partitions have nothing unpublished (or a publish failed)."""
-        while self.owned:
-            # Read and mark are one statement each, outside a transaction: BEGIN and COMMIT would be
-            # two more round trips for each on the way of every message.
+        confirmed: list[int] = []
+        while True:
+            # One statement per round, outside a transaction: it marks the rows the last round got
+            # confirmed and reads the next (BEGIN and COMMIT would be two more round trips).
             async with self.statements.connection() as conn:
-                rows = await outbox.unpublished(conn, self.owned, self.batch)
+                rows = await outbox.unpublished(conn, self.owned, self.batch, marked=confirmed)
+            self.published += len(confirmed)
             if not rows:
                 return
             results = await self.bus.publish_many(
                 [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
             broken: set[int] = set()
-            confirmed: list[int] = []
+            confirmed = []
             for row, error in zip(rows, results, strict=True):
                 if error is not None:
                     broken.add(row.partition)
                 elif row.partition not in broken:
                     confirmed.append(row.id)
             faults.crash_point("relay.after_publish_before_mark")
-            async with self.statements.connection() as conn:
-                await outbox.mark_published(conn, confirmed)
-            self.published += len(confirmed)
             failures = [e for e in results if e is not None]
             if failures:
+                async with self.statements.connection() as conn:
+                    await outbox.mark_published(conn, confirmed)
+                self.published += len(confirmed)
                 logger.warning("partitions %s: %d of %d publishes failed, first: %s",
                                sorted(broken), len(failures), len(rows), failures[0])
-                return
-            if len(rows) < self.batch:
                 return
 
     async def listen(self, database_url: str, stopping: asyncio.Event) -> None:

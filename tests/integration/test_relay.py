@@ -97,8 +97,8 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
     reads: list[list[int]] = []
     unpublished = outbox.unpublished
 
-    async def counted(*args: Any) -> list[outbox.OutboxRow]:
-        rows = await unpublished(*args)
+    async def counted(*args: Any, **kwargs: Any) -> list[outbox.OutboxRow]:
+        rows = await unpublished(*args, **kwargs)
         reads.append([row.partition for row in rows])
         return rows
 
@@ -117,6 +117,39 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
     bus.failing.clear()
     await relay.drain()
     assert bus.published[4:] == ["p1-a", "p1-b"]
+
+
+async def test_a_busy_relay_sends_one_statement_per_round_marking_with_the_next_read(
+        clean, engine, statements, monkeypatch) -> None:
+    # Given five unpublished rows of an owned partition, and a relay reading two at a time
+    async with engine.begin() as conn:
+        for wakeup_id in ("a", "b", "c", "d", "e"):
+            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": "probe"}, producer="tests",
+                            tenant_id="tenant-a", run_id=f"run-{wakeup_id}")
+            await outbox.enqueue(conn, envelope, exchange="x", routing_key="k", partition=1)
+    bus = _FailingBus(failing=set())
+    relay = Relay(statements, bus, batch=2, poll_interval=1.0)  # type: ignore[arg-type]
+    await relay.acquire({1})
+    statements_sent: list[tuple[int, int]] = []
+    unpublished, mark_published = outbox.unpublished, outbox.mark_published
+
+    async def read(*args: Any, marked: Sequence[int] = ()) -> list[outbox.OutboxRow]:
+        rows = await unpublished(*args, marked=marked)
+        statements_sent.append((len(marked), len(rows)))
+        return rows
+
+    async def mark(*args: Any) -> None:
+        statements_sent.append((-1, -1))
+        await mark_published(*args)
+
+    monkeypatch.setattr(outbox, "unpublished", read)
+    monkeypatch.setattr(outbox, "mark_published", mark)
+    # When it drains them
+    await relay.drain()
+    # Then each round's statement marked what the round before it got confirmed, and read the next
+    assert statements_sent == [(0, 2), (2, 2), (2, 1), (1, 0)]
+    assert bus.published == ["a", "b", "c", "d", "e"] and relay.published == 5
+    assert await _unpublished_is(engine, 0)
 
 
 async def _applied_count(engine, n: int) -> bool:  # type: ignore[no-untyped-def]

@@ -1,7 +1,7 @@
 """Outbox: messages written in the same transaction as the state change that causes them.
 
 The relay publishes the unpublished rows of the partitions it owns in id order (one read
-for all of them) and marks them sent after the broker confirms. A statement-level trigger sends one NOTIFY per insert
+for all of them) and marks them sent after the broker confirms (in its next read's statement). A statement-level trigger sends one NOTIFY per insert
 (delivered only at commit) to wake it early; it polls anyway, because NOTIFY is a
 hint with no replay.
 """
@@ -13,11 +13,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ARRAY, SmallInteger, bindparam, func, select, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import driver, jsonb
-from longrun.db.schema import outbox
 from longrun.envelope import Envelope
 
 NOTIFY_CHANNEL = "longrun_outbox"
@@ -102,22 +101,27 @@ async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> Non
         await conn.execute(_INSERT, {"rows": _plain_json(messages)})
 
 
-_UNPUBLISHED = driver.Statement(
-    select(outbox.c.id, outbox.c.event_id, outbox.c.partition, outbox.c.exchange, outbox.c.routing_key,
-           outbox.c.type, outbox.c.payload)
-    .where(outbox.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger))),
-           outbox.c.published_at.is_(None))
-    .order_by(outbox.c.id).limit(bindparam("limit")))
+# The rows confirmed since the last read are marked in the next read's statement: the marks are
+# not visible to its own SELECT (one snapshot), so it skips them by id.
+_UNPUBLISHED = driver.Statement(text(
+    "WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "
+    "SELECT id, event_id, partition, exchange, routing_key, type, payload FROM outbox "
+    "WHERE partition = ANY(CAST(:partitions AS smallint[])) AND published_at IS NULL "
+    "AND id <> ALL(CAST(:marked AS bigint[])) ORDER BY id LIMIT :limit"))
 _MARK_PUBLISHED = driver.Statement(
     text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"))
 
 
-async def unpublished(conn: driver.Connection, partitions: Collection[int], limit: int) -> list[OutboxRow]:
+async def unpublished(conn: driver.Connection, partitions: Collection[int], limit: int,
+                      marked: Sequence[int] = ()) -> list[OutboxRow]:
     """Oldest unpublished rows of these partitions, in id order (so each partition's rows are in
-    order too); every round rescans, so late commits are seen."""
+    order too); every round rescans, so late commits are seen. ``marked``: rows confirmed since the
+    last read, marked published by the same statement first (one round trip for both)."""
     if not partitions:
+        await mark_published(conn, list(marked))
         return []
-    rows = await driver.rows(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit})
+    rows = await driver.rows(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit,
+                                                  "marked": list(marked)})
     return [OutboxRow(*row) for row in rows]
 
 
