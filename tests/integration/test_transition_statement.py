@@ -117,16 +117,43 @@ async def _status_broadcasts(engine: AsyncEngine, run_id: str) -> list[tuple[str
     return [(b["payload"]["data"]["from"], b["payload"]["status"]) for b in bodies]
 
 
-async def test_a_woken_runs_move_to_running_is_written_with_its_first_step(clean, engine, tmp_path) -> None:
-    # Given a created run of two steps
-    run_id = (await _steps_run(engine, 2)).snapshot.run_id
+async def test_a_woken_runs_move_to_running_commits_with_its_first_step_and_its_last_step_with_its_completion(
+        clean, engine, tmp_path) -> None:
+    # Given a created run of three steps
+    run_id = (await _steps_run(engine, 3)).snapshot.run_id
     # When a worker takes its wakeup and advances it
     await _advance(engine, tmp_path, run_id)
-    # Then the move to RUNNING committed in the statement of the first step, and each later step in one of its own
+    # Then the move to RUNNING committed in the statement of the first step, each step before the next
+    # call in one of its own, and the last with the completion
     step = ["action.prepared", "action.submitted", "budget.charged", "action.confirmed", "fact.recorded"]
-    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *step], step, ["run.completed"]]
+    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *step], step,
+                                             [*step, "run.completed"]]
+    # and every step's ledger row with it: three calls, each confirmed once
+    assert (await _seen(engine, run_id))[2] == [(f"step:{i}", 1, "CONFIRMED") for i in range(3)]
     # and both status changes were broadcast, each from the status before it
     assert await _status_broadcasts(engine, run_id) == [("READY", "RUNNING"), ("RUNNING", "COMPLETED")]
+
+
+async def test_every_step_is_on_record_before_the_next_call_is_made(clean, engine, tmp_path) -> None:
+    # Given a pure tool that looks, when called, at what the ledger holds for its run
+    seen_at_call: list[list[str]] = []
+
+    async def looking(args, idempotency_key, fencing_token):  # type: ignore[no-untyped-def]
+        async with engine.connect() as conn:
+            seen_at_call.append(list((await conn.execute(text(
+                "SELECT logical_action FROM actions WHERE run_id = :r AND status = 'CONFIRMED' "
+                "ORDER BY logical_action"), {"r": run_id})).scalars()))
+        return ToolResult(idempotency_key, {"step": args["step"]})
+
+    tool = Tool(steps.ECHO.name, steps.ECHO.version, EffectKind.PURE, steps.EchoArgs, looking)
+    kinds = Registry([RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {tool.name: tool})])
+    run_id = (await _steps_run(engine, n=3)).snapshot.run_id
+    # When a worker advances the run
+    await _advance(engine, tmp_path, run_id, kinds=kinds)
+    # Then each call found every step before it confirmed on the ledger (a step's record is never
+    # deferred past the next call, only to the decision after it)
+    assert seen_at_call == [[], ["step:0"], ["step:0", "step:1"]]
+    assert (await _seen(engine, run_id))[1][-1] == "run.completed"
 
 
 async def test_a_run_that_finishes_in_its_first_write_still_announces_that_it_ran(clean, engine, tmp_path) -> None:

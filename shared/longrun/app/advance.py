@@ -20,12 +20,12 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, otel
 from longrun.app import effects, webhooks
@@ -217,6 +217,9 @@ class Advancer:
         if spent is not None:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
                                       reason=f"budget {spent} exhausted")
+        if isinstance(decision, (AskModel, CallTool)) and stored.unwritten_request is not None:
+            # The step before is on record before anything more is asked of the world.
+            stored = await self._commit(stored, [], fence)
         if isinstance(decision, AskModel):
             return await self._ask_model(stored, fence, kind, decision)
         if isinstance(decision, CallTool):
@@ -375,14 +378,20 @@ class Advancer:
     async def _confirm_with_request(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
                                     ledger_row: tuple[Tool, str, str, dict[str, Any]],
                                     result: ToolResult) -> StoredRun:
-        """Prepared, submitted, charged and confirmed in one transaction. Losing a race to another
-        writer (StaleRevision) records nothing: the step is decided again on the new state, and a
-        pure or read call may simply run again."""
+        """Prepared, submitted, charged and confirmed in one transaction: the run's next one. The step
+        is written with the decision after it, unless that decision asks the world for more (a call:
+        ``_round`` writes the step first), so a run's last step commits with its completion or wait.
+        Losing a race to another writer (StaleRevision) records nothing: the step is decided again on
+        the new state, and a pure or read call may simply run again."""
         tool, name, _, _ = ledger_row
         receipt, ref, size = await self._receipt(result)
         events = [*pending, *self._confirmation(stored, tool, name, result, receipt, ref, offset=len(pending) + 1)]
-        return await self._commit(stored, events, fence, ledger_row=ledger_row,
-                                  answer=self._answer(result, receipt, ref), artifact=(ref, size) if ref else None)
+        answer = self._answer(result, receipt, ref)
+        if ref is None:
+            return runs.defer(stored, events,
+                              request=self._request(stored.snapshot.run_id, fence, ledger_row, answer))
+        return await self._commit(stored, events, fence, ledger_row=ledger_row, answer=answer,
+                                  artifact=(ref, size))
 
     async def _confirm(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str, key: str,
                        result: ToolResult) -> StoredRun | None:
@@ -428,6 +437,8 @@ class Advancer:
                               artifact: tuple[str, int] | None = None, **fields: Any) -> StoredRun | None:
         """Record what the far side answered; a concurrent append only makes us rebuild on the new state,
         because an effect that happened must be recorded, not re-requested."""
+        if stored.unwritten_request is not None:
+            stored = await self._commit(stored, [], fence)  # the call before this one goes on record first
         while True:
             events = build(stored)
             parked = release or any(isinstance(e, ev.RunStatusChanged) for e in events)
@@ -463,12 +474,17 @@ class Advancer:
             return stored
         planned = runs.plan(stored, events, release_lease=release)
         rides = self._rides(stored, planned)
-        first = ledger_row is not None and stored.snapshot.action(ledger_row[1]) is None
-        if ledger_row is not None and first:
-            rides = replace(rides, action=ledger.first_row(**self._request(stored.snapshot.run_id, fence, ledger_row,
-                                                                           answer)))
+        request = stored.unwritten_request  # a first call recorded among the unwritten events
+        first = request is not None
+        if ledger_row is not None:
+            if request is not None:
+                raise ValueError(f"run {stored.snapshot.run_id}: a deferred call must be written before another")
+            request = self._request(stored.snapshot.run_id, fence, ledger_row, answer)
+            first = stored.snapshot.action(ledger_row[1]) is None
+        if request is not None and first:
+            rides = replace(rides, action=ledger.first_row(**request))
         waits = release and planned.after.snapshot.wait is not None
-        if artifact is None and (ledger_row is None or first) and not waits:
+        if artifact is None and (request is None or first) and not waits:
             try:
                 async with self.statements.connection() as conn:
                     after = await runs.write(conn, planned, fence=fence, rides=rides)
@@ -477,18 +493,16 @@ class Advancer:
                     raise
                 # The key is on the ledger after all (nothing was written): the transaction below
                 # records another attempt of the same request, or refuses it naming both hashes.
-                after = await self._commit_in_transaction(planned, fence, replace(rides, action=None), ledger_row,
-                                                          answer, artifact)
+                after = await self._commit_in_transaction(planned, fence, replace(rides, action=None), request,
+                                                          artifact)
         else:
             # A first ledger row rides in the statement; a key used before is one more attempt.
-            after = await self._commit_in_transaction(planned, fence, rides, None if first else ledger_row, answer,
-                                                      artifact)
+            after = await self._commit_in_transaction(planned, fence, rides, None if first else request, artifact)
         faults.crash_point("worker.after_commit")
         return after
 
     async def _commit_in_transaction(self, planned: runs.Planned, fence: Fence, rides: runs.Rides,
-                                     ledger_row: tuple[Tool, str, str, dict[str, Any]] | None,
-                                     answer: dict[str, Any] | None,
+                                     request: Mapping[str, Any] | None,
                                      artifact: tuple[str, int] | None) -> StoredRun:
         run_id = planned.before.snapshot.run_id
         async with self.engine.begin() as conn:
@@ -496,8 +510,8 @@ class Advancer:
                 await register(conn, self.artifacts, artifact[0], size=artifact[1],
                                media_type="application/json", run_id=run_id)
             after = await runs.write(conn, planned, fence=fence, rides=rides)
-            if ledger_row is not None:
-                await self._record_request(conn, run_id, fence, ledger_row, answer)
+            if request is not None:
+                await ledger.prepare(conn, **request)
             if planned.release_lease:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(conn, after, clock=self.clock)
@@ -509,13 +523,7 @@ class Advancer:
         async with self.engine.begin() as conn:
             if not await runs.extend_lease(conn, stored.snapshot.run_id, fence, self.lease_ttl):
                 raise LeaseLost(stored.snapshot.run_id, fence.token)
-            await self._record_request(conn, stored.snapshot.run_id, fence, ledger_row)
-
-    @classmethod
-    async def _record_request(cls, conn: AsyncConnection, run_id: str, fence: Fence,
-                              ledger_row: tuple[Tool, str, str, dict[str, Any]],
-                              answer: dict[str, Any] | None = None) -> None:
-        await ledger.prepare(conn, **cls._request(run_id, fence, ledger_row, answer))
+            await ledger.prepare(conn, **self._request(stored.snapshot.run_id, fence, ledger_row, None))
 
     @staticmethod
     def _request(run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],

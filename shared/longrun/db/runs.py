@@ -55,6 +55,9 @@ class StoredRun:
     """The run as last written, when this state holds events (``unwritten``) not written yet
     (``defer``): the next transition writes them first, guarded by that state's revision."""
     unwritten: tuple[tuple[ev.RunEvent, bool], ...] = ()
+    unwritten_request: Mapping[str, Any] | None = None
+    """The ledger request (``actions.prepare``'s arguments) of a first call recorded among the
+    unwritten events: its row is written with them."""
 
     def seq(self, offset: int = 1) -> int:
         """The seq the ``offset``-th event appended next will take."""
@@ -303,10 +306,15 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
     return Planned(stored.written or stored, after, tuple(rows), release_lease)
 
 
-def defer(stored: StoredRun, events: Sequence[ev.RunEvent]) -> StoredRun:
-    """``events`` applied in memory only, to be written with the run's next transition (``plan``)."""
+def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *,
+          request: Mapping[str, Any] | None = None) -> StoredRun:
+    """``events`` applied in memory only, to be written with the run's next transition (``plan``);
+    ``request``: the ledger request of the first call they record (one per write)."""
+    if request is not None and stored.unwritten_request is not None:
+        raise ValueError(f"run {stored.snapshot.run_id}: a call is deferred already; write it first")
     planned = plan(stored, events)
-    return replace(planned.after, written=planned.before, unwritten=planned.rows)
+    return replace(planned.after, written=planned.before, unwritten=planned.rows,
+                   unwritten_request=request or stored.unwritten_request)
 
 
 def _values(planned: Planned) -> dict[str, Any]:
