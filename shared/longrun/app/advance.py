@@ -2,14 +2,15 @@
 
 A wakeup takes the lease and reads the run in the statement that records the wakeup in the
 worker's inbox (so the delivery is acked at once); the step loop then runs outside any
-delivery, from the run as taken, and a READY run's move to RUNNING is written with its first
-step. Each round re-reads the run,
-lets the workflow's pure ``decide`` choose, carries the decision out (model call, tool
-call through the action ledger, wait, completion) and commits the resulting events
-with the expected revision AND the fencing token: a worker that lost its lease
-changes nothing. Deterministic checks (terminal, paused, cancelling, waiting, budget)
-come before any model call. A run leaves the worker by parking (wait, unknown
-action), finishing, or losing its lease.
+delivery, from the run as taken. Each round lets the workflow's pure ``decide`` choose,
+carries the decision out (model call, tool call through the action ledger, wait,
+completion) and commits the resulting events with the expected revision AND the fencing
+token: a worker that lost its lease changes nothing. What needs no call out is written
+with the round after it (``runs.defer``): a READY run's move to RUNNING with its first
+step, a pure or read step with the next decision, before that decision calls out or
+together with it (the last step commits with the completion). Deterministic checks
+(terminal, paused, cancelling, waiting, budget) come before any model call. A run leaves
+the worker by parking (wait, unknown action), finishing, or losing its lease.
 """
 
 from __future__ import annotations
