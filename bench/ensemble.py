@@ -321,8 +321,10 @@ class Ensemble:
                 " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.created')) AS created, "
                 " (SELECT extract(epoch FROM min(o.created_at)) FROM outbox o "
                 "   WHERE o.aggregate_id = r.run_id AND o.type = 'run.wakeup') AS admitted, "
-                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'run.status_changed' "
-                "   AND e.data ->> 'to' = 'RUNNING')) AS taken "
+                # The take writes no event (the move to RUNNING commits with the first step): its
+                # mark is the worker's inbox row for the wakeup, written by the take's statement.
+                " (SELECT extract(epoch FROM min(i.handled_at)) FROM inbox_worker i "
+                "   WHERE i.run_id = r.run_id AND i.message_type = 'run.wakeup') AS taken "
                 "FROM runs r JOIN run_events e ON e.run_id = r.run_id "
                 "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key, r.run_id"),
                 {"t": TENANT, "p": prefix + "%"})).all()}
