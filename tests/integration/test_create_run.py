@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import random
+from contextlib import asynccontextmanager
 
 import psycopg
 import pytest
@@ -135,10 +136,7 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
     queue = await channel.get_queue(topology.SCHEDULER_INGRESS_QUEUE, ensure=False)
     waiting = [await queue.get(fail=True), await queue.get(fail=True)]
     consumer = _ingress(bus, engine)
-    dsn = psycopg_dsn(engine.url.render_as_string(False))
-    holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
-    try:
-        await holder.execute(LOCK, {"t": "alpha"})
+    async with _admission_lock_held(engine, "alpha") as (holder, prober):
         # When the scheduler handles the two together
         batch = asyncio.create_task(consumer._process_together(waiting))
         await eventually(lambda: _waits_for_a_lock(prober), what="the batch waiting for a lock")
@@ -150,9 +148,6 @@ async def test_a_batch_of_creates_takes_its_tenants_locks_in_tenant_order_before
         await prober.execute("ROLLBACK")
         await holder.commit()
         await asyncio.wait_for(batch, timeout=10)
-    finally:
-        await holder.close()
-        await prober.close()
     async with engine.connect() as conn:
         created = (await conn.execute(text("SELECT tenant_id FROM runs ORDER BY tenant_id"))).scalars().all()
     assert created == ["alpha", "zeta"]
@@ -165,10 +160,7 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
     channel = await bus.channel(prefetch=10)
     queue = await channel.get_queue(topology.SCHEDULER_INGRESS_QUEUE, ensure=False)
     message = await queue.get(fail=True)
-    dsn = psycopg_dsn(engine.url.render_as_string(False))
-    holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
-    try:
-        await holder.execute(LOCK, {"t": "acme"})
+    async with _admission_lock_held(engine, "acme") as (holder, prober):
         # When the scheduler handles it alone (its handler does not take the lock itself)
         alone = asyncio.create_task(_ingress(bus, engine)._process(message))
         # Then it waits for that lock before it creates, and creates once the round commits
@@ -176,9 +168,6 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
         assert not alone.done()
         await holder.commit()
         await asyncio.wait_for(alone, timeout=10)
-    finally:
-        await holder.close()
-        await prober.close()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM runs WHERE tenant_id = 'acme'"))).scalar() == 1
 
@@ -189,6 +178,20 @@ def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
                          handler=functools.partial(admit.create_run, kinds=registry(), partitions=8, slots=4,
                                                    tenant_locked=True),
                          prefetch=10, max_attempts=3, batch=16, prelude=admit.lock_tenants_of)
+
+
+@asynccontextmanager
+async def _admission_lock_held(engine, tenant: str):  # type: ignore[no-untyped-def]
+    """(holder, prober): a connection holding ``tenant``'s admission lock in its open transaction
+    (an admission round), and one to look at pg_locks with."""
+    dsn = psycopg_dsn(engine.url.render_as_string(False))
+    holder, prober = (await psycopg.AsyncConnection.connect(dsn), await psycopg.AsyncConnection.connect(dsn))
+    try:
+        await holder.execute(LOCK, {"t": tenant})
+        yield holder, prober
+    finally:
+        await holder.close()
+        await prober.close()
 
 
 async def _waits_for_a_lock(conn: psycopg.AsyncConnection) -> bool:  # type: ignore[type-arg]

@@ -261,7 +261,6 @@ _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_own
 _LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
 _LOAD_ONE = driver.Statement(_LOAD)
 _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
-_TAKE = driver.Statement(_TAKE_LEASE.returning(*_COLUMNS))
 
 
 def _stored(row: Any) -> StoredRun:
@@ -444,12 +443,6 @@ async def take_lease(conn: driver.Connection, run_id: str, owner: str, ttl: floa
     return None if row is None else Fence(owner, row.fencing_token)
 
 
-async def take(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> StoredRun | None:
-    """``take_lease`` that also returns the run as taken (one statement instead of a take and a read)."""
-    row = await driver.first(conn, _TAKE, {"b_run_id": run_id, "owner": owner, "ttl": timedelta(seconds=ttl)})
-    return None if row is None else _stored(row)
-
-
 _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
     "worker",
     change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
@@ -463,8 +456,9 @@ _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
 
 async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str,
                          ttl: float) -> tuple[inbox.Handled, StoredRun | None]:
-    """``take`` with the worker's inbox row for the wakeup that asks for it, in one statement sent on
-    its own: the outcome recorded (taken, with owner and token, or why not) and the run as taken."""
+    """``take_lease`` with the worker's inbox row for the wakeup that asks for it, in one statement
+    sent on its own: the outcome recorded (taken, with owner and token, or why not) and the run as
+    taken (no second read)."""
     handled = await inbox.handle(conn, _TAKE_ON_WAKEUP, message, {
         "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl),
         "not_taken": jsonb.dumps({"taken": False, "reason": "another worker holds the lease"})})
