@@ -26,7 +26,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from longrun.domain import events as ev
 from longrun.domain import ledger, lifecycle
@@ -76,7 +75,7 @@ def evolve(state: RunSnapshot | None, event: ev.RunEvent) -> RunSnapshot:
     if event.seq <= state.last_seq:
         lifecycle.reject(state, event, f"seq {event.seq} is not after the last applied seq {state.last_seq}")
     changed = _HANDLERS[type(event)](state, event)
-    return _verified(state.run_id, event, replace(changed, revision=state.revision + 1, last_seq=event.seq))
+    return _verified(state.run_id, event, changed.replace(revision=state.revision + 1, last_seq=event.seq))
 
 
 def fold(events: Iterable[ev.RunEvent]) -> RunSnapshot:

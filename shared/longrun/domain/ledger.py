@@ -48,13 +48,13 @@ def _advance(s: RunSnapshot, e: ev.ActionEvent, to: ActionStatus, **changes: Any
     record = _record(s, e)
     check_action_transition(record.status, to)
     updated = replace(record, status=to, **changes)
-    moved = replace(s, actions=tuple(updated if a is record else a for a in s.actions))
+    moved = s.replace(actions=tuple(updated if a is record else a for a in s.actions))
     if any(a.status in UNRECONCILED for a in moved.actions):
         return moved
     if moved.status is _S.ACTION_UNKNOWN:
         return move(moved, _S.READY, e.at)
     if moved.paused_from is _S.ACTION_UNKNOWN:
-        return replace(moved, paused_from=_S.READY)
+        return moved.replace(paused_from=_S.READY)
     return moved
 
 
@@ -89,7 +89,7 @@ def _action_prepared(s: RunSnapshot, e: ev.ActionPrepared) -> RunSnapshot:
         effect_kind=e.effect_kind, status=_A.PREPARED, idempotency_key=e.idempotency_key,
         request_hash=e.request_hash, approval_id=e.approval_id,
     )  # fmt: skip
-    return replace(s, actions=(*s.actions, record))
+    return s.replace(actions=(*s.actions, record))
 
 
 def _action_submitted(s: RunSnapshot, e: ev.ActionSubmitted) -> RunSnapshot:

@@ -17,7 +17,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from longrun.domain import events as ev
@@ -59,8 +58,7 @@ def reject(state: RunSnapshot, event: ev.RunEvent, reason: str) -> NoReturn:
 def move(state: RunSnapshot, to: RunStatus, at: float, *, reason: str | None = None) -> RunSnapshot:
     """A checked status move; leaving a status drops its wait and pause bookkeeping."""
     check_run_transition(state.status, to)
-    return replace(
-        state,
+    return state.replace(
         status=to,
         status_since=at,
         wait=None,
@@ -94,7 +92,7 @@ def _wait_started(s: RunSnapshot, e: ev.WaitStarted) -> RunSnapshot:
         reject(s, e, f"{e.status.value} is not a waiting status")
     if e.wait.deadline is not None and e.wait.deadline < e.at:
         reject(s, e, f"deadline {e.wait.deadline} has already passed at {e.at}")
-    return replace(move(s, e.status, e.at), wait=e.wait)
+    return move(s, e.status, e.at).replace(wait=e.wait)
 
 
 def _parked(s: RunSnapshot) -> RunStatus:
@@ -111,8 +109,8 @@ def _end_wait(s: RunSnapshot, at: float, wake: Wake) -> RunSnapshot:
     """A wake readies the run; while paused it readies what the run will resume to."""
     if s.status is _S.PAUSED:
         check_run_transition(_parked(s), _S.READY)
-        return replace(s, paused_from=_S.READY, wait=None, last_wake=wake)
-    return replace(move(s, _S.READY, at), last_wake=wake)
+        return s.replace(paused_from=_S.READY, wait=None, last_wake=wake)
+    return move(s, _S.READY, at).replace(last_wake=wake)
 
 
 def _woken(s: RunSnapshot, e: ev.RunWoken) -> RunSnapshot:
@@ -141,11 +139,11 @@ def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
 
 
 def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
-    return replace(move(s, _S.CANCELLING, e.at), cancel_requested=True)
+    return move(s, _S.CANCELLING, e.at).replace(cancel_requested=True)
 
 
 def _paused(s: RunSnapshot, e: ev.RunPaused) -> RunSnapshot:
-    return replace(move(s, _S.PAUSED, e.at), paused_from=s.status, wait=s.wait)
+    return move(s, _S.PAUSED, e.at).replace(paused_from=s.status, wait=s.wait)
 
 
 def _resumed(s: RunSnapshot, e: ev.RunResumed) -> RunSnapshot:
@@ -154,7 +152,7 @@ def _resumed(s: RunSnapshot, e: ev.RunResumed) -> RunSnapshot:
     # The worker that was running the run lost it to the revision bump: schedule it again.
     target = _S.READY if _parked(s) is _S.RUNNING else _parked(s)
     resumed = move(s, target, e.at)
-    return replace(resumed, wait=s.wait) if target in WAITING else resumed
+    return resumed.replace(wait=s.wait) if target in WAITING else resumed
 
 
 def _terminated(s: RunSnapshot, e: ev.RunTerminated) -> RunSnapshot:
@@ -163,30 +161,30 @@ def _terminated(s: RunSnapshot, e: ev.RunTerminated) -> RunSnapshot:
 
 def _completed(s: RunSnapshot, e: ev.RunCompleted) -> RunSnapshot:
     done = move(s, _S.COMPLETED, e.at, reason="acceptance check passed")
-    return replace(done, acceptance=Acceptance(e.evidence, e.unmet))
+    return done.replace(acceptance=Acceptance(e.evidence, e.unmet))
 
 
 def _put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
-    return replace(s, facts=(*(f for f in s.facts if f.key != fact.key), fact))
+    return s.replace(facts=(*(f for f in s.facts if f.key != fact.key), fact))
 
 
 def _question_opened(s: RunSnapshot, e: ev.QuestionOpened) -> RunSnapshot:
     if any(q.question_id == e.question_id for q in s.open_questions):
         reject(s, e, f"question {e.question_id!r} is already open")
-    return replace(s, open_questions=(*s.open_questions, Question(e.question_id, e.text)))
+    return s.replace(open_questions=(*s.open_questions, Question(e.question_id, e.text)))
 
 
 def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
     if not any(q.question_id == e.question_id for q in s.open_questions):
         reject(s, e, f"question {e.question_id!r} is not open")
-    return replace(s, open_questions=tuple(q for q in s.open_questions if q.question_id != e.question_id))
+    return s.replace(open_questions=tuple(q for q in s.open_questions if q.question_id != e.question_id))
 
 
 def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:
     if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0:
         reject(s, e, "charges are non-negative")
     budget = charge(s.budget, model_calls=e.model_calls, tool_calls=e.tool_calls, cost=e.cost)
-    charged = replace(s, budget=budget)
+    charged = s.replace(budget=budget)
     over = over_limit(charged.budget)
     if not over:
         return charged
@@ -205,8 +203,8 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.RunResumed: _resumed,
     ev.RunTerminated: _terminated,
     ev.RunCompleted: _completed,
-    ev.StageChanged: lambda s, e: replace(s, stage=e.stage),
-    ev.VersionsMigrated: lambda s, e: replace(s, versions=e.versions),
+    ev.StageChanged: lambda s, e: s.replace(stage=e.stage),
+    ev.VersionsMigrated: lambda s, e: s.replace(versions=e.versions),
     ev.FactRecorded: lambda s, e: _put_fact(s, Fact(e.key, e.value, e.source, e.at)),
     ev.QuestionOpened: _question_opened,
     ev.QuestionResolved: _question_resolved,

@@ -19,8 +19,9 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
+from operator import attrgetter
 from typing import cast
 
 from longrun.domain.action import ActionRecord
@@ -148,6 +149,21 @@ class RunSnapshot:
     def fact(self, key: str) -> Fact | None:
         return next((f for f in self.facts if f.key == key), None)
 
+    def replace(self, **changes: object) -> RunSnapshot:
+        """``dataclasses.replace`` for the snapshot, at less than half its cost: every event's
+        ``evolve`` makes two or three, and a frozen dataclass's ``__init__`` sets each of the 26
+        fields through ``object.__setattr__``. Here the slots are filled directly; a name that is
+        not a field is refused with TypeError, as ``dataclasses.replace`` does."""
+        copy = object.__new__(RunSnapshot)
+        for set_slot, value in zip(_SLOT_SETTERS, _FIELD_VALUES(self), strict=True):
+            set_slot(copy, value)
+        for name, value in changes.items():
+            index = _FIELD_INDEX.get(name)
+            if index is None:
+                raise TypeError(f"RunSnapshot has no field {name!r}")
+            _SLOT_SETTERS[index](copy, value)
+        return copy
+
     def to_dict(self) -> dict[str, object]:
         plain = cast(dict[str, object], to_plain(self))
         return {"schema_version": SNAPSHOT_SCHEMA_VERSION, **plain}
@@ -163,6 +179,13 @@ class RunSnapshot:
             data = SNAPSHOT_UPCASTERS[version](data)
             version = data["schema_version"]
         return from_plain(cls, {k: v for k, v in data.items() if k != "schema_version"})
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(RunSnapshot))
+_FIELD_VALUES = attrgetter(*_FIELD_NAMES)
+_FIELD_INDEX = {name: i for i, name in enumerate(_FIELD_NAMES)}
+_SLOT_SETTERS = tuple(getattr(RunSnapshot, name).__set__ for name in _FIELD_NAMES)
+"""The slots' own descriptors: setting through them skips the frozen ``__setattr__``."""
 
 
 def upcast_snapshot_v1_v2(data: Mapping[str, object]) -> dict[str, object]:

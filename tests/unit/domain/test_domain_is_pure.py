@@ -15,7 +15,7 @@ import longrun.domain
 
 ALLOWED = {
     "__future__", "dataclasses", "enum", "typing", "collections.abc", "hashlib", "json", "math",
-    "types", "functools", "longrun.errors",
+    "types", "functools", "operator", "longrun.errors",
 }  # fmt: skip
 DOMAIN_DIR = Path(longrun.domain.__file__).parent
 MODULES = sorted(DOMAIN_DIR.glob("*.py"))
