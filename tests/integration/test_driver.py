@@ -60,3 +60,15 @@ async def test_json_parameters_are_sent_as_the_engine_sends_them(engine, stateme
         same = (await conn.execute(text("SELECT jsonb_typeof(:v)").bindparams(bindparam("v", type_=JSONB)),
                                    {"v": None})).scalar_one()
     assert same == "null"
+
+
+async def test_a_pooled_statement_is_prepared_on_its_first_use(statements) -> None:
+    # Given a statement this pool's connection has not sent before
+    probe = driver.Statement(text("SELECT :n + 1 AS m"))
+    async with statements.connection() as conn:
+        # When it is sent once
+        assert (await driver.one(conn, probe, {"n": 41})).m == 42
+        # Then the connection holds it prepared (psycopg's default prepares on the sixth use)
+        prepared = await (await conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("SELECT $1 + 1 AS m%",))).fetchone()
+    assert prepared == (1,)

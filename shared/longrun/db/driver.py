@@ -82,13 +82,19 @@ async def rows(conn: Connection, statement: Statement, params: Mapping[str, Any]
 
 
 class Pool:
-    """psycopg's pool of autocommit connections, for statements each atomic on its own."""
+    """psycopg's pool of autocommit connections, for statements each atomic on its own.
+
+    Its statements are prepared on first use: psycopg's default sends a statement unprepared five
+    times first, and each time PostgreSQL parses and plans it again (~0.5 ms more than a prepared
+    execution for a step's statement, docs/cost-model.md, fix 28), on every connection the pool opens.
+    """
 
     def __init__(self, url: str, *, size: int = 10, timeout: float = 5.0) -> None:
         """``timeout``: seconds a statement waits for a connection (PostgreSQL down, or all busy)
         before it fails as transient."""
         self._pool = AsyncConnectionPool(psycopg_dsn(url), min_size=1, max_size=size, timeout=timeout,
-                                         kwargs={"autocommit": True}, open=False, name="longrun-statements")
+                                         kwargs={"autocommit": True, "prepare_threshold": 0}, open=False,
+                                         name="longrun-statements")
 
     async def open(self) -> None:
         await self._pool.open(wait=False)
