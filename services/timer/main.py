@@ -7,7 +7,9 @@ per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by oth
 services are not announced, so the cap bounds how late a freshly scheduled timer fires.
 Once a full batch was due, ``LANES`` batches are in flight at once until the backlog is
 gone: while PostgreSQL writes and commits one, this process prepares the next (SKIP LOCKED
-keeps their timers apart; runs are locked in run_id order, so they cannot deadlock).
+keeps their timers apart; runs are locked in run_id order, so they cannot deadlock). When
+the round before saw a whole batch coming due by the time it wakes (many timers set for the
+same instant), the lanes start together instead of after a first batch fired alone.
 SIGTERM lets the batches in flight commit, then the process exits.
 """
 
@@ -43,34 +45,37 @@ async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
                 engine, batch=batch, clock=clock, producer=SERVICE) == batch:
             pass
 
+    burst = False
     while not stopping.is_set():
         try:
-            if await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE) == batch:
+            if burst or await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE) == batch:
                 # A lane that fails stops; the others finish the backlog, then the first error is handled.
                 failed = [r for r in await asyncio.gather(*(drain() for _ in range(LANES)), return_exceptions=True)
                           if r is not None]
                 if failed:
                     raise failed[0]
-            delay = await _sleep_for(engine)
+            delay, burst = await _sleep_for(engine, batch)
         except Exception as e:
             if is_transient(e):
                 logger.warning("database unavailable (%r); retrying in %.1fs", e, ERROR_SLEEP)
             else:
                 logger.exception("timer round failed; retrying in %.1fs", ERROR_SLEEP)
-            delay = ERROR_SLEEP
+            delay, burst = ERROR_SLEEP, False
         try:
             await asyncio.wait_for(stopping.wait(), timeout=delay)
         except TimeoutError:
             pass
 
 
-async def _sleep_for(engine: AsyncEngine) -> float:
-    until_next = await timers.seconds_until_next(engine)
-    if until_next is None or until_next <= 0:
+async def _sleep_for(engine: AsyncEngine, batch: int) -> tuple[float, bool]:
+    """How long to sleep, and whether a whole batch will be due on waking."""
+    coming = await timers.next_wakes(engine, batch=batch)
+    if coming.first_in is None or coming.first_in <= 0:
         # Nothing unfired, or what is due is held by another replica (which keeps firing until
         # it runs out) or is a timer left unfired after a failure: no reason to spin on it.
-        return MAX_SLEEP
-    return min(until_next, MAX_SLEEP)
+        return MAX_SLEEP, False
+    delay = min(coming.first_in, MAX_SLEEP)
+    return delay, coming.batch_in is not None and coming.batch_in <= delay
 
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:

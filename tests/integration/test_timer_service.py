@@ -30,6 +30,7 @@ from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
+from services.timer import main as timer_service
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar
 
@@ -303,6 +304,52 @@ async def test_ten_thousand_timers_due_at_once_fire_exactly_once_across_two_repl
     # The lateness target (p99 <= 1 s) is measured by `make bench` on a quiet machine; here the
     # bound only catches a pathology (per-timer round trips, a stuck replica) under any load.
     assert p99 < 60.0
+
+
+@pytest.mark.parametrize("seen_coming", [True, False], ids=["burst-seen", "trickle"])
+async def test_a_whole_batch_coming_due_at_once_starts_every_lane_together(
+        clean, engine, monkeypatch, seen_coming) -> None:
+    # Given three batches' worth of timers set for one instant, a moment from now
+    batch = 20
+    await _insert_parked_runs(engine, 3 * batch)
+    async with engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+            "SELECT run_id || '.wake', run_id, 'retry_backoff', now() + interval '0.5 seconds', "
+            "       jsonb_build_object('wait_id', snapshot #>> '{wait,wait_id}', 'reason', 'timer') FROM runs"))
+    if not seen_coming:  # the loop does not know what is coming: the first batch fires alone
+        real_next = firing.next_wakes
+
+        async def unseen(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
+            return timers.NextWakes((await real_next(engine, batch=batch)).first_in, None)
+        monkeypatch.setattr(firing, "next_wakes", unseen)
+    # and every batch that fires anything noted when it started and ended
+    real_fire, spans = firing.fire_due, []
+
+    async def noted(*args: Any, **kwargs: Any) -> int:
+        started = time.monotonic()
+        fired = await real_fire(*args, **kwargs)
+        if fired:
+            spans.append((started, time.monotonic()))
+        return fired
+    monkeypatch.setattr(firing, "fire_due", noted)
+    # When the timer loop runs until they all fired
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(timer_service.fire_loop(engine, batch=batch, stopping=stopping))
+    try:
+        await eventually(lambda: _all_fired(engine), timeout=30, what="every timer fired")
+    finally:
+        stopping.set()
+        await loop
+    # Then, having seen a whole batch coming, the lanes started together: the first batch was
+    # still in flight when the last lane started
+    firsts = sorted(spans)[:timer_service.LANES]
+    assert len(spans) == 3
+    assert (max(start for start, _ in firsts) < min(end for _, end in firsts)) is seen_coming
+
+
+async def _all_fired(engine: AsyncEngine) -> bool:
+    return await scalar(engine, "SELECT count(*) FROM timers WHERE fired_at IS NULL") == 0
 
 
 async def _insert_parked_runs(engine: AsyncEngine, n: int) -> None:

@@ -44,11 +44,12 @@ timer is rolled back, logged and left unfired to be tried again, and the rest st
 Most timers only end a wait (the run becomes READY, a worker is woken), and decoding,
 evolving and re-encoding each run's snapshot for that cost ~1 ms of CPU per timer. So a
 batch's wakes go the short way: the runs' heads (status, revision, seq, pending wait id) are
-read and locked without the snapshot, and the batch is written as one statement per table,
-the snapshot patched in place. One wake of every batch, the sample, goes through the domain
-in full (``runs.plan``, ``effects``); its snapshot diff, event and outbox rows are the
-templates for the others, and if they are not what the shortcut would have written (the
-domain changed), the batch falls back to the domain for every timer. Everything else (run
+read and locked without the snapshot, and the batch is written as one statement, every row
+rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, the sample,
+goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff, event and
+outbox rows are the template for the others, and if PostgreSQL, filling the template in for
+the sample, does not render exactly those rows (the domain changed), the batch falls back to
+the domain for every timer. Everything else (run
 timeouts, paused runs, timers the domain refuses, several timers of one run in a batch)
 always takes the domain path.
 
@@ -65,7 +66,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -76,10 +76,9 @@ from longrun.bus import topology
 from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
-from longrun.db.timers import DueTimer, HeadWrite, RunHead
+from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
 from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
 from longrun.domain import events as ev
-from longrun.envelope.model import new_event_id
 from longrun.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -159,11 +158,11 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], *, at: f
     outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
-        shape: _Shape | None = _Shape.late_only(at)
+        template: WakeTemplate | None = _late_only(at)
     else:
         planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer)
-        shape = _Shape.learn(planned, sample)
-        if shape is None:
+        template = await _learn(conn, planned, sample)
+        if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
             await _write_together(conn, planned)
@@ -172,11 +171,9 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], *, at: f
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
         return outcomes
-    # The sample is written the short way too: ``learn`` checked that this writes what the domain did.
-    writes = [shape.write(head, timer, applies) for timer, head, applies in quick]
-    await timers.write_heads(conn, writes, status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
-    await outbox.enqueue_plain(conn, [m for (timer, head, applies) in quick if applies
-                                      for m in shape.messages(head, timer)])
+    # The sample is written the short way too: ``_learn`` checked that this writes what the domain did.
+    await timers.write_wakes(conn, template, [_wake(timer, head, applies) for timer, head, applies in quick],
+                             status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
     return {**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}}
 
 
@@ -195,71 +192,43 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """What a wake writes, learnt from the sample's full transition: the rest differ only by run."""
+def _wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
+    return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
+                routing_key=topology.partition_key(head.partition))
 
-    event: dict[str, Any]
-    patch: dict[str, Any] | None
-    wakeup: outbox.Plain | None
-    broadcast: outbox.Plain | None
 
-    @classmethod
-    def late_only(cls, at: float) -> _Shape:
-        event = ev.event_to_dict(ev.RunWoken(seq=1, at=at, wait_id="", reason=WakeReason.TIMER))
-        return cls(event, None, None, None)
+def _late_only(at: float) -> WakeTemplate:
+    """For a batch whose wakes are all late: only the event, whose wait and seq each wake fills in."""
+    return WakeTemplate(ev.event_to_dict(ev.RunWoken(seq=1, at=at, wait_id="", reason=WakeReason.TIMER)),
+                        None, None, None)
 
-    @classmethod
-    def learn(cls, fired: _Fired, sample: tuple[DueTimer, RunHead, bool]) -> _Shape | None:
-        """The sample's rows (planned, not written) as templates, or None unless the shortcut reproduces them."""
-        timer, head, _ = sample
-        planned = next((p for p in fired.plans if p.before.snapshot.run_id == head.run_id), None)
-        if planned is None or fired.outcomes[timer.timer_key] is not Outcome.APPLIED:
-            return None
-        before, after = planned.before.snapshot.to_dict(), planned.after.snapshot.to_dict()
-        changed = {k: v for k, v in after.items() if before.get(k) != v}
-        was, now = runs.projection(planned.before.snapshot), runs.projection(planned.after.snapshot)
-        columns = {k for k in now if was[k] != now[k]}
-        cleared = _WAKE_COLUMNS - {"status", "revision", "snapshot"}
-        sent = {m.envelope.type: m for m in fired.messages[head.run_id]}
-        if (set(before) != set(after) or not {"revision", "last_seq", "last_wake"} <= set(changed) <= _WAKE_KEYS
-                or after["status"] != RunStatus.READY.value or not columns <= _WAKE_COLUMNS
-                or any(now[k] is not None for k in cleared) or set(sent) != {"run.wakeup", "run.event"}
-                or len(fired.messages[head.run_id]) != 2 or len(planned.rows) != 1):
-            return None
-        wakeup, broadcast = (outbox.Plain(json.loads(sent[t].envelope.model_dump_json()), sent[t].exchange,
-                                          sent[t].routing_key, sent[t].partition) for t in ("run.wakeup", "run.event"))
-        shape = cls(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
-        own = shape.write(head, timer, True)
-        mine = shape.messages(head, timer)
-        if (own.patch != changed or own.event != shape.event or own.seq != planned.after.stored_seq
-                or [_without_ids(m) for m in mine] != [_without_ids(wakeup), _without_ids(broadcast)]):
-            return None
-        return shape
 
-    def write(self, head: RunHead, timer: DueTimer, applies: bool) -> HeadWrite:
-        seq = head.stored_seq + 1
-        wait_id, reason = timer.payload["wait_id"], timer.payload["reason"]
-        event = {**self.event, "seq": seq, "wait_id": wait_id, "reason": reason}
-        if not applies or self.patch is None:
-            return HeadWrite(head, seq, event, None)
-        last_wake = {**self.patch["last_wake"], "wait_id": wait_id, "reason": reason}
-        return HeadWrite(head, seq, event, {**self.patch, "revision": head.revision + 1, "last_seq": seq,
-                                            "last_wake": last_wake})
-
-    def messages(self, head: RunHead, timer: DueTimer) -> list[outbox.Plain]:
-        assert self.wakeup is not None and self.broadcast is not None
-        run = {"tenant_id": head.tenant_id, "run_id": head.run_id}
-        wakeup = {**self.wakeup.envelope, **run, "event_id": new_event_id(),
-                  "expected_state_version": head.revision + 1,
-                  "payload": {**self.wakeup.envelope["payload"], "wakeup_id": new_event_id(),
-                              "reason": f"timer:{timer.kind}"}}
-        told = self.broadcast.envelope["payload"]
-        broadcast = {**self.broadcast.envelope, **run, "event_id": new_event_id(),
-                     "payload": {**told, "seq": head.stored_seq + 1,
-                                 "data": {**told["data"], "from": head.status, "stage": head.stage}}}
-        return [outbox.Plain(wakeup, self.wakeup.exchange, topology.partition_key(head.partition), head.partition),
-                outbox.Plain(broadcast, self.broadcast.exchange, self.broadcast.routing_key, head.partition)]
+async def _learn(conn: AsyncConnection, fired: _Fired, sample: tuple[DueTimer, RunHead, bool]) -> WakeTemplate | None:
+    """The sample's rows (planned, not written) as the template, or None unless PostgreSQL, filling the
+    template in for the sample, renders exactly what the domain planned for it."""
+    timer, head, _ = sample
+    planned = next((p for p in fired.plans if p.before.snapshot.run_id == head.run_id), None)
+    if planned is None or fired.outcomes[timer.timer_key] is not Outcome.APPLIED:
+        return None
+    before, after = planned.before.snapshot.to_dict(), planned.after.snapshot.to_dict()
+    changed = {k: v for k, v in after.items() if before.get(k) != v}
+    was, now = runs.projection(planned.before.snapshot), runs.projection(planned.after.snapshot)
+    columns = {k for k in now if was[k] != now[k]}
+    cleared = _WAKE_COLUMNS - {"status", "revision", "snapshot"}
+    sent = {m.envelope.type: m for m in fired.messages[head.run_id]}
+    if (set(before) != set(after) or not {"revision", "last_seq", "last_wake"} <= set(changed) <= _WAKE_KEYS
+            or after["status"] != RunStatus.READY.value or not columns <= _WAKE_COLUMNS
+            or any(now[k] is not None for k in cleared) or set(sent) != {"run.wakeup", "run.event"}
+            or len(fired.messages[head.run_id]) != 2 or len(planned.rows) != 1):
+        return None
+    wakeup, broadcast = (outbox.Plain(json.loads(sent[t].envelope.model_dump_json()), sent[t].exchange,
+                                      sent[t].routing_key, sent[t].partition) for t in ("run.wakeup", "run.event"))
+    template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
+    own = await timers.render_wake(conn, template, _wake(timer, head, True))
+    if (own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq
+            or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]):
+        return None
+    return template
 
 
 def _without_ids(message: outbox.Plain) -> outbox.Plain:
@@ -338,14 +307,10 @@ async def _write_together(conn: AsyncConnection, fired: _Fired) -> None:
                                           if p.after.snapshot.status in TERMINAL])
 
 
-async def seconds_until_next(engine: AsyncEngine) -> float | None:
-    """Seconds (database clock) until the earliest unfired timer; <= 0 when one is due, None when none."""
+async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
+    """When the earliest unfired timer is due, and when a whole ``batch`` of them is (database clock)."""
     async with engine.connect() as conn:
-        next_at = await timers.next_wake_at(conn)
-        if next_at is None:
-            return None
-        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
-    return (next_at - now).total_seconds()
+        return await timers.next_wakes(conn, limit=batch)
 
 
 async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime,

@@ -90,15 +90,14 @@ def rows_json(messages: Sequence[Message]) -> str:
                         for m in messages])
 
 
+def plain_row(message: Plain) -> dict[str, Any]:
+    """A message as ``insert_sql`` reads one row."""
+    return {"envelope": message.envelope, "exchange": message.exchange, "routing_key": message.routing_key,
+            "partition": message.partition}
+
+
 def _plain_json(messages: Sequence[Plain]) -> str:
-    return jsonb.dumps([{"envelope": m.envelope, "exchange": m.exchange, "routing_key": m.routing_key,
-                         "partition": m.partition} for m in messages])
-
-
-async def enqueue_plain(conn: AsyncConnection, messages: Sequence[Plain]) -> None:
-    """``enqueue_many`` for envelopes already in JSON form: one INSERT, rows in the given order."""
-    if messages:
-        await conn.execute(_INSERT, {"rows": _plain_json(messages)})
+    return jsonb.dumps([plain_row(m) for m in messages])
 
 
 # The rows confirmed since the last read are marked in the next read's statement: the marks are

@@ -48,8 +48,8 @@ class Envelope(Strict):
 
 
 def new_event_id() -> str:
-    """A random (version 4) UUID as text: what ``str(uuid.uuid4())`` gives, at half its cost (the
-    timer writes three per wake)."""
+    """A random (version 4) UUID as text: what ``str(uuid.uuid4())`` gives, at half its cost (every
+    envelope gets one)."""
     b = bytearray(os.urandom(16))
     b[6] = b[6] & 0x0F | 0x40  # version 4
     b[8] = b[8] & 0x3F | 0x80  # RFC 4122 variant
