@@ -383,8 +383,8 @@ async def _insert_parked_runs(engine: AsyncEngine, n: int) -> None:
 async def _p99_committed(engine: AsyncEngine, n: int, *, timeout: float) -> float:
     """Seconds (database clock) from the timers' common wake_at until 99% of them were committed fired.
 
-    ``fired_at`` is the firing transaction's start, so it runs ahead of the commit by up to
-    one batch; this polls what other sessions can see instead.
+    ``fired_at`` is stamped when the batch marks its timers, before its commit; this polls what
+    other sessions can see instead.
     """
     p99: float | None = None
     deadline = time.monotonic() + timeout
