@@ -4,7 +4,7 @@ A producer publishes ``run.create`` (workflow ``steps``, input ``{"steps": K}``)
 ingress exchange with confirms, exactly as any AMQP client would; the scheduler
 creates and admits (tenant slots = N, so N runs are in flight), the relay publishes the
 wakeups, workers advance each run through its K tool steps. Timings come from
-PostgreSQL: ``run_events.recorded_at`` of the first ``action.confirmed`` (the first step)
+PostgreSQL: ``run_events.recorded_at`` of the first step (``STEP_EVENTS``)
 and of ``run.completed``, against the producer's publish time. SQL round trips are
 counted inside each service (``bench.counting``), transactions also from
 ``pg_stat_database``, messages from the outbox and the inbox tables.
@@ -41,6 +41,8 @@ from longrun.bus.codec import to_message
 from longrun.envelope import make
 
 TENANT = "bench"
+STEP_EVENTS = "('action.confirmed', 'action.recorded')"
+"""A confirmed step: a write's confirmation, or a pure or read call recorded with its answer."""
 
 
 def reconciler_present() -> bool:
@@ -294,7 +296,7 @@ class Ensemble:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(text(
                 "SELECT r.idempotency_key AS key, "
-                " extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type = 'action.confirmed')) AS first_step, "
+                f" extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.type IN {STEP_EVENTS})) AS first_step, "
                 " extract(epoch FROM max(e.recorded_at) FILTER (WHERE e.type = 'run.completed')) AS completed "
                 "FROM runs r JOIN run_events e ON e.run_id = r.run_id "
                 "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p GROUP BY r.idempotency_key"),
@@ -346,7 +348,7 @@ class Ensemble:
         async with self.engine.connect() as conn:
             return sorted(float(x) for x in (await conn.execute(text(
                 "SELECT extract(epoch FROM e.recorded_at) FROM run_events e JOIN runs r ON r.run_id = e.run_id "
-                "WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p AND e.type = 'action.confirmed'"),
+                f"WHERE r.tenant_id = :t AND r.idempotency_key LIKE :p AND e.type IN {STEP_EVENTS}"),
                 {"t": TENANT, "p": prefix + "%"})).scalars())
 
     async def _db_counts(self) -> dict[str, int]:

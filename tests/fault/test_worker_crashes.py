@@ -38,15 +38,14 @@ async def test_a_worker_killed_before_the_tool_request_has_the_step_sent_once_by
     # step was confirmed exactly once
     done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
     assert [a.logical_action for a in done.snapshot.actions] == ["step:0", "step:1", "step:2", "step:3"]
-    assert await scenario.trail(run_id, "step:1") == ["action.prepared", "action.submitted", "action.confirmed"]
+    assert await scenario.trail(run_id, "step:1") == ["action.recorded"]
     ledger = await scenario.ledger(run_id)
     assert {name: row.status for name, row in ledger.items()} == dict.fromkeys(ledger, "CONFIRMED")
     assert ledger["step:1"].external_id == ledger["step:1"].idempotency_key  # the echo answers with the key it got
     assert ledger["step:1"].attempts == 1 and ledger["step:0"].attempts == 1
     # by a newer lease, after exactly one re-wake of the abandoned run
     events = {(e["type"], e["data"].get("logical_action")): e["token"] for e in await scenario.events(run_id)}
-    assert events[("action.submitted", "step:1")] == events[("action.confirmed", "step:1")]
-    assert events[("action.confirmed", "step:1")] > events[("action.confirmed", "step:0")]
+    assert events[("action.recorded", "step:1")] > events[("action.recorded", "step:0")]
     assert await scenario.wakeups(run_id, "lease expired") == 1
     await scenario.finish()
 
@@ -91,7 +90,7 @@ async def test_a_worker_killed_before_the_completion_event_completes_the_run_onc
     done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
     types = [e["type"] for e in await scenario.events(run_id)]
     assert types.count("run.completed") == 1 and types[-1] == "run.completed"
-    assert types.count("action.submitted") == types.count("action.confirmed") == 3
+    assert types.count("action.recorded") == 3 and "action.submitted" not in types
     assert done.snapshot.budget.used.tool_calls == 3
     assert done.snapshot.acceptance is not None and done.snapshot.acceptance.unmet == ()
     assert await scenario.wakeups(run_id, "lease expired") == 1
@@ -120,7 +119,7 @@ async def test_a_relay_killed_between_publishing_and_marking_publishes_again_and
     assert _said_now(worker, f"duplicate {admission} dropped")
     assert await scenario.scalar("SELECT count(*) FROM inbox_worker WHERE message_id = :m", m=admission) == 1
     types = [e["type"] for e in await scenario.events(run_id)]
-    assert types.count("action.confirmed") == 2 and types.count("run.completed") == 1
+    assert types.count("action.recorded") == 2 and types.count("run.completed") == 1
     await scenario.finish()
 
 

@@ -124,8 +124,9 @@ async def test_a_woken_runs_move_to_running_commits_with_its_first_step_and_its_
     # When a worker takes its wakeup and advances it
     await _advance(engine, tmp_path, run_id)
     # Then the move to RUNNING committed in the statement of the first step, each step before the next
-    # call in one of its own, and the last with the completion
-    step = ["action.prepared", "action.submitted", "budget.charged", "action.confirmed", "fact.recorded"]
+    # call in one of its own, and the last with the completion; a pure call and its answer are one
+    # event (prepared, submitted, charged, confirmed, with its receipt)
+    step = ["action.recorded"]
     assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *step], step,
                                              [*step, "run.completed"]]
     # and every step's ledger row with it: three calls, each confirmed once
@@ -199,7 +200,7 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_another_request_is_re
     # Then the step is not recorded (the worker refuses the key, naming both hashes in its log) and
     # the ledger row is untouched
     revision, types, rows = await _seen(engine, run_id)
-    assert "action.prepared" not in types
+    assert "action.prepared" not in types and "action.recorded" not in types
     assert rows == [("step:0", 1, ActionStatus.SUBMITTED.value)]
 
 

@@ -50,7 +50,8 @@ from longrun.workflows import registry
 
 FORMAT = 1
 CRASH_RECOVERY_CAUSE = "submitted before a crash; outcome not recorded"
-_WORKER_EVENTS = (ev.ActionPrepared, ev.ActionSubmitted, ev.BudgetCharged, ev.WaitStarted, ev.RunCompleted)
+_WORKER_EVENTS = (ev.ActionPrepared, ev.ActionRecorded, ev.ActionSubmitted, ev.BudgetCharged, ev.WaitStarted,
+                  ev.RunCompleted)
 _DECIDED_MOVES = frozenset({RunStatus.FAILED, RunStatus.NEEDS_ATTENTION, RunStatus.ACTION_UNKNOWN})
 
 
@@ -156,7 +157,7 @@ def mismatch(kinds: Registry, events: Sequence[ev.RunEvent], point: Point) -> st
 def _tool_call_followed(state: RunSnapshot, d: Mapping[str, Any], first: ev.RunEvent) -> bool:
     name = d["logical_action"]
     record = state.action(name)
-    if isinstance(first, ev.ActionPrepared):
+    if isinstance(first, ev.ActionPrepared | ev.ActionRecorded):  # a first request (recorded with its answer)
         return (record is None and first.logical_action == name and first.tool == d["tool"]
                 and first.approval_id == d["approval_id"]
                 and first.request_hash == request_hash(first.tool, first.tool_version, args=d["args"]))

@@ -39,6 +39,7 @@ from longrun.db.driver import Pool
 from longrun.db.errors import is_transient, is_unique_violation
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
+    RECEIPT_FACT_PREFIX,
     TERMINAL,
     UNRECONCILED,
     ActionStatus,
@@ -274,7 +275,7 @@ class Advancer:
     async def _compensate(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str) -> StoredRun | None:
         """Compensations must be idempotent: a crash mid-way runs this one again."""
         assert tool.compensate is not None
-        receipt = stored.snapshot.fact(f"receipt:{logical_action}")
+        receipt = stored.snapshot.fact(f"{RECEIPT_FACT_PREFIX}{logical_action}")
         result = await tool.compensate(thaw(receipt.value) if receipt else {})
         record = stored.snapshot.action(logical_action)
         assert record is not None
@@ -379,14 +380,20 @@ class Advancer:
     async def _confirm_with_request(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
                                     ledger_row: tuple[Tool, str, str, dict[str, Any]],
                                     result: ToolResult) -> StoredRun:
-        """Prepared, submitted, charged and confirmed in one transaction: the run's next one. The step
-        is written with the decision after it, unless that decision asks the world for more (a call:
-        ``_round`` writes the step first), so a run's last step commits with its completion or wait.
-        Losing a race to another writer (StaleRevision) records nothing: the step is decided again on
-        the new state, and a pure or read call may simply run again."""
-        tool, name, _, _ = ledger_row
+        """Prepared, submitted, charged and confirmed as one event (``action.recorded``, with the
+        receipt) in the run's next transaction. The step is written with the decision after it, unless
+        that decision asks the world for more (a call: ``_round`` writes the step first), so a run's
+        last step commits with its completion or wait. Losing a race to another writer (StaleRevision)
+        records nothing: the step is decided again on the new state, and a pure or read call may
+        simply run again."""
+        prepared = pending[0]
+        assert isinstance(prepared, ev.ActionPrepared)
         receipt, ref, size = await self._receipt(result)
-        events = [*pending, *self._confirmation(stored, tool, name, result, receipt, ref, offset=len(pending) + 1)]
+        events = [self._event(stored, ev.ActionRecorded, logical_action=prepared.logical_action, tool=prepared.tool,
+                              tool_version=prepared.tool_version, effect_kind=prepared.effect_kind,
+                              idempotency_key=prepared.idempotency_key, request_hash=prepared.request_hash,
+                              approval_id=prepared.approval_id, external_id=result.external_id,
+                              receipt_ref=ref, receipt=freeze(receipt))]
         answer = self._answer(result, receipt, ref)
         if ref is None:
             return runs.defer(stored, events,
@@ -416,7 +423,7 @@ class Advancer:
                       receipt: dict[str, Any], ref: str | None, *, offset: int = 1) -> list[ev.RunEvent]:
         return [self._event(stored, ev.ActionConfirmed, offset=offset, logical_action=logical_action,
                             external_id=result.external_id, receipt_ref=ref),
-                self._event(stored, ev.FactRecorded, offset=offset + 1, key=f"receipt:{logical_action}",
+                self._event(stored, ev.FactRecorded, offset=offset + 1, key=f"{RECEIPT_FACT_PREFIX}{logical_action}",
                             value=freeze(receipt), source=f"tool:{tool.name}")]
 
     @staticmethod

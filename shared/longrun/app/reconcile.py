@@ -68,7 +68,7 @@ from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.db.schema import actions, audit_log, quarantine, run_events
 from longrun.db.schema import runs as runs_table
-from longrun.domain import TERMINAL, ActionStatus, EffectKind, RunStatus, evolve, freeze
+from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, evolve, freeze
 from longrun.domain import events as ev
 from longrun.errors import TransientError
 
@@ -342,7 +342,8 @@ async def _record(conn: AsyncConnection, stored: StoredRun, claim_events: Sequen
                                       outcome=verdict.outcome, external_id=found.external_id if found else None,
                                       receipt_ref=receipt.ref if receipt else None, note=verdict.note))
     if receipt is not None:
-        events.append(ev.FactRecorded(seq=stored.seq(len(events) + 1), at=at, key=f"receipt:{logical_action}",
+        events.append(ev.FactRecorded(seq=stored.seq(len(events) + 1), at=at,
+                                      key=f"{RECEIPT_FACT_PREFIX}{logical_action}",
                                       value=freeze(receipt.value), source=f"tool:{tool}"))
     if verdict.outcome is _A.NEEDS_ATTENTION and _status_after(stored, events) is RunStatus.ACTION_UNKNOWN:
         # The escalated action still holds the run; nothing but a person can move it on.

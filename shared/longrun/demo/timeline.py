@@ -37,6 +37,9 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"APPROVAL  {d['approval_id']} {verdict} by {d['decided_by']} (hash {d['approved_hash'][:12]})"
         case "action.prepared":
             return f"ACTION    {d['logical_action']:<14} {d['tool']} key {d['idempotency_key']}"
+        case "action.recorded":
+            return (f"ACTION    {d['logical_action']:<14} {d['tool']} key {d['idempotency_key']} "
+                    f"CONFIRMED with its answer, external id {d.get('external_id')}")
         case "action.submitted":
             return f"ACTION    {d['logical_action']:<14} submitted"
         case "action.confirmed":

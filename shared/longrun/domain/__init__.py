@@ -48,6 +48,7 @@ from longrun.domain.events import (
     ActionFailed,
     ActionPrepared,
     ActionReconciled,
+    ActionRecorded,
     ActionResolved,
     ActionSubmitted,
     ActionUnknown,
@@ -80,6 +81,7 @@ from longrun.domain.retry import RetryPolicy, Rng, next_delay
 from longrun.domain.run import OPEN, RUN_TRANSITIONS, TERMINAL, WAITING, RunStatus, check_run_transition
 from longrun.domain.snapshot import (
     APPROVAL_FACT_PREFIX,
+    RECEIPT_FACT_PREFIX,
     SNAPSHOT_SCHEMA_VERSION,
     SNAPSHOT_UPCASTERS,
     Acceptance,
@@ -100,6 +102,7 @@ __all__ = [
     "IN_DOUBT",
     "LATE_TOLERANT",
     "OPEN",
+    "RECEIPT_FACT_PREFIX",
     "RUN_TRANSITIONS",
     "SETTLED",
     "SNAPSHOT_SCHEMA_VERSION",
@@ -114,6 +117,7 @@ __all__ = [
     "ActionFailed",
     "ActionPrepared",
     "ActionReconciled",
+    "ActionRecorded",
     "ActionRecord",
     "ActionResolved",
     "ActionStatus",

@@ -182,6 +182,26 @@ class ActionPrepared(ActionEvent):
 
 
 @_event
+class ActionRecorded(ActionEvent):
+    """A pure or read call recorded with its answer, in one event: prepared, submitted, charged one
+    tool call and confirmed, its receipt kept as the fact ``receipt:<logical_action>``. Folds as
+    ``action.prepared``, ``action.submitted``, ``budget.charged``, ``action.confirmed`` and
+    ``fact.recorded`` would, in that order; nothing of the call is on record before its answer,
+    because such a call may simply run again."""
+
+    type: ClassVar[str] = "action.recorded"
+    tool: str
+    tool_version: str
+    effect_kind: EffectKind
+    idempotency_key: str
+    request_hash: str
+    approval_id: str | None = None
+    external_id: str | None = None
+    receipt_ref: str | None = None
+    receipt: JsonValue = None
+
+
+@_event
 class ActionSubmitted(ActionEvent):
     type: ClassVar[str] = "action.submitted"
 
@@ -252,7 +272,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
             CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, FactRecorded, QuestionOpened, QuestionResolved,
-            BudgetCharged, ActionPrepared, ActionSubmitted, ActionConfirmed, ActionFailed,
+            BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated,
         )  # fmt: skip

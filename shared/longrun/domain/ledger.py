@@ -28,9 +28,9 @@ from typing import Any
 from longrun.domain import events as ev
 from longrun.domain.action import UNRECONCILED, ActionRecord, ActionStatus, check_action_transition
 from longrun.domain.budget import ensure_room
-from longrun.domain.lifecycle import Handler, move, reject
-from longrun.domain.run import RunStatus
-from longrun.domain.snapshot import APPROVAL_FACT_PREFIX, RunSnapshot
+from longrun.domain.lifecycle import Handler, apply_charge, move, put_fact, reject
+from longrun.domain.run import TERMINAL, RunStatus
+from longrun.domain.snapshot import APPROVAL_FACT_PREFIX, RECEIPT_FACT_PREFIX, Fact, RunSnapshot
 from longrun.errors import IdempotencyKeyReused, IllegalTransition
 
 _S = RunStatus
@@ -64,7 +64,7 @@ def _refuse_while_unreconciled(s: RunSnapshot, e: ev.ActionEvent) -> None:
         reject(s, e, f"no new effect while {', '.join(doubtful)} awaits reconciliation")
 
 
-def _action_prepared(s: RunSnapshot, e: ev.ActionPrepared) -> RunSnapshot:
+def _action_prepared(s: RunSnapshot, e: ev.ActionPrepared | ev.ActionRecorded) -> RunSnapshot:
     if s.status is not _S.RUNNING:
         reject(s, e, f"actions start only while RUNNING; the run is {s.status.value}")
     ensure_room(s.budget, "tool_calls", "cost")
@@ -92,11 +92,20 @@ def _action_prepared(s: RunSnapshot, e: ev.ActionPrepared) -> RunSnapshot:
     return s.replace(actions=(*s.actions, record))
 
 
-def _action_submitted(s: RunSnapshot, e: ev.ActionSubmitted) -> RunSnapshot:
+def _action_submitted(s: RunSnapshot, e: ev.ActionSubmitted | ev.ActionRecorded) -> RunSnapshot:
     if s.status is not _S.RUNNING:
         reject(s, e, f"submissions happen only while RUNNING; the run is {s.status.value}")
     _refuse_while_unreconciled(s, e)
     return _advance(s, e, _A.SUBMITTED, attempts=_record(s, e).attempts + 1)
+
+
+def _action_recorded(s: RunSnapshot, e: ev.ActionRecorded) -> RunSnapshot:
+    """The five moves of a call recorded with its answer, in the order its five events would make them."""
+    charged = apply_charge(_action_submitted(_action_prepared(s, e), e), e.at, tool_calls=1)
+    if charged.status in TERMINAL:
+        return charged  # the charge ended the run: the answer would arrive late, stored and not applied
+    confirmed = _advance(charged, e, _A.CONFIRMED, external_id=e.external_id, receipt_ref=e.receipt_ref)
+    return put_fact(confirmed, Fact(f"{RECEIPT_FACT_PREFIX}{e.logical_action}", e.receipt, f"tool:{e.tool}", e.at))
 
 
 def _compensation_started(s: RunSnapshot, e: ev.CompensationStarted) -> RunSnapshot:
@@ -107,6 +116,7 @@ def _compensation_started(s: RunSnapshot, e: ev.CompensationStarted) -> RunSnaps
 
 HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.ActionPrepared: _action_prepared,
+    ev.ActionRecorded: _action_recorded,
     ev.ActionSubmitted: _action_submitted,
     ev.ActionConfirmed: lambda s, e: _advance(
         s, e, _A.CONFIRMED, external_id=e.external_id, receipt_ref=e.receipt_ref

@@ -135,7 +135,7 @@ def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
         {"approved": e.approved, "approved_hash": e.approved_hash, "decided_by": e.decided_by}
     )
     fact = Fact(APPROVAL_FACT_PREFIX + e.approval_id, decision, f"user:{e.decided_by}", e.at)
-    return _end_wait(_put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))
+    return _end_wait(put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))
 
 
 def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
@@ -164,7 +164,7 @@ def _completed(s: RunSnapshot, e: ev.RunCompleted) -> RunSnapshot:
     return done.replace(acceptance=Acceptance(e.evidence, e.unmet))
 
 
-def _put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
+def put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
     return s.replace(facts=(*(f for f in s.facts if f.key != fact.key), fact))
 
 
@@ -183,14 +183,18 @@ def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
 def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:
     if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0:
         reject(s, e, "charges are non-negative")
-    budget = charge(s.budget, model_calls=e.model_calls, tool_calls=e.tool_calls, cost=e.cost)
-    charged = s.replace(budget=budget)
+    return apply_charge(s, e.at, model_calls=e.model_calls, tool_calls=e.tool_calls, cost=e.cost)
+
+
+def apply_charge(s: RunSnapshot, at: float, *, model_calls: int = 0, tool_calls: int = 0,
+                 cost: float = 0.0) -> RunSnapshot:
+    charged = s.replace(budget=charge(s.budget, model_calls=model_calls, tool_calls=tool_calls, cost=cost))
     over = over_limit(charged.budget)
     if not over:
         return charged
     # Work already in flight overran the budget: the run ends here, wherever it was.
     used, limit = getattr(charged.budget.used, over[0]), getattr(charged.budget.limit, over[0])
-    return move(charged, _S.BUDGET_EXHAUSTED, e.at, reason=BudgetExhausted(over[0], used, limit).message)
+    return move(charged, _S.BUDGET_EXHAUSTED, at, reason=BudgetExhausted(over[0], used, limit).message)
 
 
 HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
@@ -205,7 +209,7 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.RunCompleted: _completed,
     ev.StageChanged: lambda s, e: s.replace(stage=e.stage),
     ev.VersionsMigrated: lambda s, e: s.replace(versions=e.versions),
-    ev.FactRecorded: lambda s, e: _put_fact(s, Fact(e.key, e.value, e.source, e.at)),
+    ev.FactRecorded: lambda s, e: put_fact(s, Fact(e.key, e.value, e.source, e.at)),
     ev.QuestionOpened: _question_opened,
     ev.QuestionResolved: _question_resolved,
     ev.BudgetCharged: _budget_charged,

@@ -34,6 +34,8 @@ SNAPSHOT_SCHEMA_VERSION = 2
 """2 adds ``labels`` (search attributes); 1 is upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
+RECEIPT_FACT_PREFIX = "receipt:"
+"""A confirmed call's receipt is the fact ``receipt:<logical_action>``: what later decisions read."""
 
 
 class WakeReason(str, Enum):

@@ -129,6 +129,7 @@ def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bo
 
 _ACTION_STEP: dict[str, ActionStatus] = {
     ev.ActionSubmitted.type: ActionStatus.SUBMITTED, ev.ActionConfirmed.type: ActionStatus.CONFIRMED,
+    ev.ActionRecorded.type: ActionStatus.CONFIRMED,
     ev.ActionFailed.type: ActionStatus.FAILED, ev.ActionUnknown.type: ActionStatus.UNKNOWN,
     ev.ReconciliationStarted.type: ActionStatus.RECONCILING, ev.CompensationStarted.type: ActionStatus.COMPENSATING,
     ev.ActionCompensated.type: ActionStatus.COMPENSATED,
