@@ -389,10 +389,7 @@ class Advancer:
         prepared = pending[0]
         assert isinstance(prepared, ev.ActionPrepared)
         receipt, ref, size = await self._receipt(result)
-        events = [self._event(stored, ev.ActionRecorded, logical_action=prepared.logical_action, tool=prepared.tool,
-                              tool_version=prepared.tool_version, effect_kind=prepared.effect_kind,
-                              idempotency_key=prepared.idempotency_key, request_hash=prepared.request_hash,
-                              approval_id=prepared.approval_id, external_id=result.external_id,
+        events = [self._event(stored, ev.ActionRecorded, **ev.request_of(prepared), external_id=result.external_id,
                               receipt_ref=ref, receipt=freeze(receipt))]
         answer = self._answer(result, receipt, ref)
         if ref is None:

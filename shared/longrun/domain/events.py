@@ -15,7 +15,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import ClassVar, cast
 
@@ -170,8 +170,9 @@ class ActionEvent(RunEvent):
 
 
 @_event
-class ActionPrepared(ActionEvent):
-    type: ClassVar[str] = "action.prepared"
+class ActionRequest(ActionEvent):
+    """What a call asks for: the fields an action is prepared with."""
+
     tool: str
     tool_version: str
     effect_kind: EffectKind
@@ -182,7 +183,12 @@ class ActionPrepared(ActionEvent):
 
 
 @_event
-class ActionRecorded(ActionEvent):
+class ActionPrepared(ActionRequest):
+    type: ClassVar[str] = "action.prepared"
+
+
+@_event
+class ActionRecorded(ActionRequest):
     """A pure or read call recorded with its answer, in one event: prepared, submitted, charged one
     tool call and confirmed, its receipt kept as the fact ``receipt:<logical_action>``. Folds as
     ``action.prepared``, ``action.submitted``, ``budget.charged``, ``action.confirmed`` and
@@ -190,15 +196,14 @@ class ActionRecorded(ActionEvent):
     because such a call may simply run again."""
 
     type: ClassVar[str] = "action.recorded"
-    tool: str
-    tool_version: str
-    effect_kind: EffectKind
-    idempotency_key: str
-    request_hash: str
-    approval_id: str | None = None
     external_id: str | None = None
     receipt_ref: str | None = None
     receipt: JsonValue = None
+
+
+def request_of(event: ActionRequest) -> dict[str, object]:
+    """The request's fields of ``event`` (not its seq and time), to make another event of the same request."""
+    return {f.name: getattr(event, f.name) for f in fields(ActionRequest) if f.name not in ("seq", "at")}
 
 
 @_event

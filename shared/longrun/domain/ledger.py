@@ -64,7 +64,7 @@ def _refuse_while_unreconciled(s: RunSnapshot, e: ev.ActionEvent) -> None:
         reject(s, e, f"no new effect while {', '.join(doubtful)} awaits reconciliation")
 
 
-def _action_prepared(s: RunSnapshot, e: ev.ActionPrepared | ev.ActionRecorded) -> RunSnapshot:
+def _action_prepared(s: RunSnapshot, e: ev.ActionRequest) -> RunSnapshot:
     if s.status is not _S.RUNNING:
         reject(s, e, f"actions start only while RUNNING; the run is {s.status.value}")
     ensure_room(s.budget, "tool_calls", "cost")
