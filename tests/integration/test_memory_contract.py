@@ -116,6 +116,8 @@ def _plain(value: Any) -> Any:
                 "fencing_token": value.fencing_token, "admitted": value.admitted}
     if isinstance(value, ev.RunEvent):
         return event_to_dict(value)
+    if isinstance(value, timers.DueBatch):  # its ``now`` is each store's own clock
+        return {"timers": _plain(value.timers), "heads": {k: _plain(v) for k, v in value.heads.items()}}
     if isinstance(value, timers.DueTimer):
         return {"timer_key": value.timer_key, "run_id": value.run_id, "kind": value.kind, "payload": value.payload}
     if is_dataclass(value) and not isinstance(value, type):
@@ -247,15 +249,15 @@ async def timers_fire_once_when_due(port: Port, seen: list[Any]) -> None:
     for key, kind, delay in ((f"{run_id}:w:deadline", "wait_deadline", soon), (f"{run_id}:w:wake", "sleep", later)):
         await observe(port, seen, "timers.schedule", timer_key=key, run_id=run_id, kind=kind, delay=delay,
                       payload={"wait_id": "w", "reason": "deadline"})
-    await observe(port, seen, "timers.due", limit=10)
+    await observe(port, seen, "timers.claim_due", limit=10)
     await port.sleep(TTL * 2.5)
-    due = await observe(port, seen, "timers.due", limit=10)
+    due = await observe(port, seen, "timers.claim_due", limit=10)
     # Scheduling the same key again changes nothing; marking fires it for good.
     await observe(port, seen, "timers.schedule", timer_key=f"{run_id}:w:deadline", run_id=run_id,
                   kind="wait_deadline", delay=later, payload={"other": True})
-    await observe(port, seen, "timers.due", limit=10)
-    await observe(port, seen, "timers.mark_fired", [t.timer_key for t in due or []])
-    await observe(port, seen, "timers.due", limit=10)
+    await observe(port, seen, "timers.claim_due", limit=10)
+    await observe(port, seen, "timers.mark_fired", [t.timer_key for t in due.timers] if due else [])
+    await observe(port, seen, "timers.claim_due", limit=10)
 
 
 SCENARIOS: list[Scenario] = [

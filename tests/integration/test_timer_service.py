@@ -24,7 +24,7 @@ from longrun.app import effects
 from longrun.app import timers as firing
 from longrun.app.timers import fire_due
 from longrun.bus import topology
-from longrun.db import runs, timers
+from longrun.db import outbox, runs, timers
 from longrun.db.runs import StoredRun
 from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
@@ -161,6 +161,25 @@ async def test_a_deadline_for_a_wait_that_already_ended_is_stored_late_and_chang
     assert await fire_due(engine, batch=10, clock=time.time) == 0
 
 
+async def test_a_timer_whose_run_another_transaction_holds_is_skipped_not_waited_for(clean, engine) -> None:
+    # Given two runs whose backoff timers are due, one of them locked by a writer that has not committed
+    waits = {run_id: await _park_for_retry(engine, run_id, in_seconds=0.1) for run_id in ("run-held", "run-free")}
+    await asyncio.sleep(0.2)
+    async with engine.connect() as writer:
+        await writer.execute(text("SELECT 1 FROM runs WHERE run_id = 'run-held' FOR UPDATE"))
+        # When a batch fires while the writer holds it
+        fired = await asyncio.wait_for(fire_due(engine, batch=10, clock=time.time), timeout=5)
+        # Then the free run was woken at once and the held one left unfired, without waiting for the writer
+        assert fired == 1
+        assert await _fired_at(engine, f"run-free:{waits['run-free']}:wake") is not None
+        assert await _fired_at(engine, f"run-held:{waits['run-held']}:wake") is None
+        await writer.rollback()
+    # And the next batch, once the writer is gone, wakes it once
+    assert await fire_due(engine, batch=10, clock=time.time) == 1
+    assert [(w.data["wait_id"], w.applied) for w in await _wokens(engine, "run-held")] == [(waits["run-held"], True)]
+    assert await fire_due(engine, batch=10, clock=time.time) == 0
+
+
 async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engine) -> None:
     # Given an open waiting run, a finished run, and a RUNNING run whose worker holds a live lease
     await _park_for_retry(engine, "run-open", in_seconds=3600)
@@ -257,6 +276,40 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
         assert [(o.type, o.exchange, o.routing_key, o.partition, _fresh_ids_dropped(o.payload)) for o in sent] == [
             (m.envelope.type, m.exchange, m.routing_key, m.partition,
              _fresh_ids_dropped(json.loads(m.envelope.model_dump_json()))) for m in messages], run_id
+
+
+async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engine) -> None:
+    # Given a template whose fixed text, and a wake whose own values, hold JSON's and format()'s metacharacters
+    odd = 'a "quoted" 100% \\ %s %1$s \u00e9 value'
+    template = timers.WakeTemplate(
+        event={"type": "run.woken", "seq": 1, "wait_id": "w", "reason": "timer", "note": odd},
+        patch={"status": "READY", "revision": 1, "last_seq": 1, "last_wake": {"wait_id": "w", "reason": "timer"},
+               "note": odd},
+        wakeup=outbox.Plain({"type": "run.wakeup", "note": odd, "event_id": "e", "payload": {"reason": "r"}},
+                            "runs", "p.0", 0),
+        broadcast=outbox.Plain({"type": "run.event", "note": odd, "event_id": "e",
+                                "payload": {"seq": 1, "data": {"from": "f", "stage": "s", "note": odd}}},
+                               "events", "run.status.ready", 0))
+    head = timers.RunHead(run_id=f"run {odd}", tenant_id=odd, partition=3, status="WAITING_EVENT", revision=7,
+                          stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd)
+    wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3")
+    # When PostgreSQL renders the wake
+    async with engine.connect() as conn:
+        rendered = await timers.render_wake(conn, template, wake)
+    # Then every value is the wake's own, or the template's, character for character
+    assert rendered.event == {"type": "run.woken", "seq": 10, "wait_id": odd, "reason": "deadline", "note": odd}
+    assert rendered.patch == {"status": "READY", "revision": 8, "last_seq": 10,
+                              "last_wake": {"wait_id": odd, "reason": "deadline"}, "note": odd}
+    wakeup, broadcast = rendered.messages
+    ids = [wakeup.envelope.pop("event_id"), wakeup.envelope["payload"].pop("wakeup_id"),
+           broadcast.envelope.pop("event_id")]
+    assert len({str(uuid.UUID(i)) for i in ids}) == 3
+    assert wakeup == outbox.Plain({"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                   "expected_state_version": 8, "payload": {"reason": odd}}, "runs", "p.3", 3)
+    assert broadcast == outbox.Plain({"type": "run.event", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                      "payload": {"seq": 10, "data": {"from": "WAITING_EVENT", "stage": odd,
+                                                                      "note": odd}}},
+                                     "events", "run.status.ready", 3)
 
 
 def _fields(wait: Wait) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The timer service's use case: turn due timers into run events, exactly once per timer key.
 
-``fire_due`` claims a batch of due timers (``FOR UPDATE SKIP LOCKED``, so timer replicas
-share the work without blocking each other) and, in the SAME transaction, appends each
-timer's event to its run under the run's row lock, writes the run's wakeup and broadcast
+``fire_due`` claims a batch of due timers with their runs (``FOR UPDATE SKIP LOCKED``, so timer
+replicas share the work without blocking each other, and a run another transaction is
+writing is left to a later batch rather than waited for) and, in the SAME transaction,
+appends each timer's event to its run under the run's row lock, writes the run's wakeup and broadcast
 outbox rows, and marks the timers fired. A crash anywhere before the commit rolls all of
 it back and the timers fire again later; after the commit they are never claimed again.
 
@@ -67,7 +68,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults
@@ -88,6 +88,10 @@ ATTEMPT_TIMERS = frozenset({"start_to_close", "heartbeat"})
 # What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
 _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_wake", "revision", "last_seq",
                         "terminal_reason"})
+# The same sets as plain strings, as the runs' heads hold them (10,000 verdicts at once).
+_TERMINAL = frozenset(s.value for s in TERMINAL)
+_WAITING = frozenset(s.value for s in WAITING)
+_WAKE_REASONS = frozenset({WakeReason.TIMER.value, WakeReason.DEADLINE.value})
 _WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_key", "wait_deadline",
                            "approval_id", "approval_owner", "approved_hash", "snapshot"})
 
@@ -120,19 +124,19 @@ async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float
 async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], float], producer: str,
                       isolate: bool) -> int:
     async with engine.begin() as conn:
-        due = await timers.due(conn, limit=batch)
-        if not due:
+        claimed = await timers.claim_due(conn, limit=batch)
+        if claimed is None:
             return 0
-        # Transaction time: exactly the fired_at that mark_fired stores.
-        fired_at: datetime = (await conn.execute(select(func.now()))).scalar_one()
-        # Runs are locked in run_id order so two replicas whose batches share runs cannot
-        # deadlock; a run's own timers stay in wake_at order (a wake before its deadline).
+        # The transaction's time: leases are judged expired, and lateness logged, by it.
+        due, fired_at = claimed.timers, claimed.now
+        # A run's own timers stay in wake_at order (a wake before its deadline).
         ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
         if isolate:
             outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer)
                         for t in ordered}
         else:
-            outcomes = await _fire_quickly(conn, ordered, at=clock(), now=fired_at, producer=producer)
+            outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
+                                           producer=producer)
         faults.crash_point("timer.after_fire_before_mark")
         marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
         await timers.mark_fired(conn, marked)
@@ -141,10 +145,9 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
     return len(marked)
 
 
-async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                        producer: str) -> dict[str, Outcome]:
+async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
+                        now: datetime, producer: str) -> dict[str, Outcome]:
     """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
-    heads = await timers.lock_heads(conn, [t.run_id for t in ordered])
     per_run = Counter(t.run_id for t in ordered)
     quick: list[tuple[DueTimer, RunHead, bool]] = []
     full: list[DueTimer] = []
@@ -182,12 +185,11 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     if timer.kind not in WAIT_TIMERS:
         return None
     wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
-    if not isinstance(wait_id, str) or reason not in (WakeReason.TIMER.value, WakeReason.DEADLINE.value):
+    if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
         return None
-    status = RunStatus(head.status)
-    if status in TERMINAL or head.wait_id != wait_id:
+    if head.status in _TERMINAL or head.wait_id != wait_id:
         return False
-    if status not in WAITING or (reason == WakeReason.TIMER.value and not head.wait_has_timer):
+    if head.status not in _WAITING or (reason == WakeReason.TIMER.value and not head.wait_has_timer):
         return None  # paused (the wake changes what it resumes to), or a wake the domain refuses
     return True
 

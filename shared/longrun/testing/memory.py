@@ -46,7 +46,7 @@ from longrun.authoring import ToolResult
 from longrun.db.actions import LedgerRow
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import Fence, Planned, StoredRun, plan
-from longrun.db.timers import DueTimer
+from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (
     TERMINAL,
     UNRECONCILED,
@@ -403,11 +403,21 @@ class MemoryStore:
         if timer_key not in self.timers:
             self.timers[timer_key] = TimerRow(timer_key, run_id, kind, self.clock() + delay, dict(payload))
 
-    def due(self, *, limit: int) -> list[DueTimer]:
+    def claim_due(self, *, limit: int) -> DueBatch | None:
         now = self.clock()
         rows = sorted((t for t in self.timers.values() if t.fired_at is None and t.wake_at <= now),
                       key=lambda t: (t.wake_at, t.timer_key))[:limit]
-        return [DueTimer(t.timer_key, t.run_id, t.kind, _ts(t.wake_at), dict(t.payload)) for t in rows]  # type: ignore[arg-type]
+        if not rows:
+            return None
+        due = [DueTimer(t.timer_key, t.run_id, t.kind, _ts(t.wake_at), dict(t.payload)) for t in rows]  # type: ignore[arg-type]
+        return DueBatch(_ts(now), due, {t.run_id: self._head(self.runs[t.run_id]) for t in rows})  # type: ignore[arg-type]
+
+    @staticmethod
+    def _head(row: RunRow) -> RunHead:
+        run = row.snapshot
+        return RunHead(run.run_id, run.tenant_id, row.partition, run.status.value, run.revision, row.stored_seq,
+                       None if run.wait is None else run.wait.wait_id,
+                       run.wait is not None and run.wait.wake_at is not None, run.stage)
 
     def mark_fired(self, timer_keys: Sequence[str]) -> None:
         for key in timer_keys:
@@ -854,7 +864,8 @@ class World:
     # -- the timer service (app/timers.py, wait timers) -------------------------------------------------
     def fire_due_timers(self) -> int:
         with self.store.transaction():
-            due = self.store.due(limit=10_000)
+            claimed = self.store.claim_due(limit=10_000)
+            due = [] if claimed is None else claimed.timers
             marked: list[str] = []
             for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
                 stored = self.store.load(timer.run_id)
