@@ -100,12 +100,17 @@ def _plain_json(messages: Sequence[Plain]) -> str:
     return jsonb.dumps([plain_row(m) for m in messages])
 
 
-# The rows confirmed since the last read are marked in the next read's statement: the marks are
-# not visible to its own SELECT (one snapshot), so it skips them by id.
+_UNPUBLISHED_COLUMNS = "id, event_id, partition, exchange, routing_key, type, payload"
+_UNPUBLISHED_WHERE = "partition = ANY(CAST(:partitions AS smallint[])) AND published_at IS NULL"
 _UNPUBLISHED = driver.Statement(text(
+    f"SELECT {_UNPUBLISHED_COLUMNS} FROM outbox WHERE {_UNPUBLISHED_WHERE} ORDER BY id LIMIT :limit"))
+# The rows confirmed since the last read are marked in the next read's statement: the marks are
+# not visible to its own SELECT (one snapshot), so it skips them by id. Only when there are marks:
+# with none, PostgreSQL plans the UPDATE as a walk of every unpublished index entry (dead ones of
+# rows already published included) looking for ids in an empty list.
+_MARK_AND_READ = driver.Statement(text(
     "WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "
-    "SELECT id, event_id, partition, exchange, routing_key, type, payload FROM outbox "
-    "WHERE partition = ANY(CAST(:partitions AS smallint[])) AND published_at IS NULL "
+    f"SELECT {_UNPUBLISHED_COLUMNS} FROM outbox WHERE {_UNPUBLISHED_WHERE} "
     "AND id <> ALL(CAST(:marked AS bigint[])) ORDER BY id LIMIT :limit"))
 _MARK_PUBLISHED = driver.Statement(
     text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"))
@@ -119,8 +124,11 @@ async def unpublished(conn: driver.Connection, partitions: Collection[int], limi
     if not partitions:
         await mark_published(conn, list(marked))
         return []
-    rows = await driver.rows(conn, _UNPUBLISHED, {"partitions": sorted(partitions), "limit": limit,
-                                                  "marked": list(marked)})
+    params = {"partitions": sorted(partitions), "limit": limit}
+    if marked:
+        rows = await driver.rows(conn, _MARK_AND_READ, {**params, "marked": list(marked)})
+    else:
+        rows = await driver.rows(conn, _UNPUBLISHED, params)
     return [OutboxRow(*row) for row in rows]
 
 
