@@ -21,10 +21,12 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
     """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions).
 
     Within one priority the oldest run scores best, so the best ``limit`` overall are among the
-    ``limit`` oldest of each priority: those are read through ix_runs_queued (its priorities
-    found by skipping from one to the next), and only they are scored. The cost follows the number
-    of priorities in use, not the length of the queue (a score over the whole queue sorted it on
-    every admission and every finished run).
+    ``limit`` oldest of each priority: those are read and locked through ix_runs_queued (its
+    priorities found by skipping from one to the next), and only they are scored. The cost follows
+    the number of priorities in use, not the length of the queue (a score over the whole queue sorted
+    it on every admission and every finished run). The runs are locked where they are read: joined to
+    runs again to lock them, a queue the statistics have not seen yet (a burst of creates) made the
+    planner scan the whole queue once per candidate.
     """
     queued = f"tenant_id = {tenant} AND {QUEUED}"
     return (
@@ -33,13 +35,11 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
         "  UNION ALL"
         f"  SELECT (SELECT priority FROM runs WHERE {queued} AND priority > level.priority ORDER BY priority LIMIT 1)"
         "  FROM level WHERE level.priority IS NOT NULL) "
-        "SELECT r.run_id FROM level, LATERAL ("
-        f"  SELECT run_id FROM runs WHERE {queued} AND priority = level.priority "
-        f"  ORDER BY created_at LIMIT {limit}) AS oldest "
-        "JOIN runs AS r ON r.run_id = oldest.run_id "
-        # Checked again on the row locked: another admitter may have admitted it meanwhile.
-        "WHERE r.admitted_at IS NULL AND r.status = 'READY' "
-        f"ORDER BY {SCORE.format(aging=aging, runs='r')} DESC, r.created_at LIMIT {limit} FOR UPDATE OF r SKIP LOCKED")
+        "SELECT oldest.run_id FROM level, LATERAL ("
+        f"  SELECT run_id, priority, created_at FROM runs WHERE {queued} AND priority = level.priority "
+        # Checked again on each row locked (another admitter may have admitted it meanwhile).
+        f"  ORDER BY created_at LIMIT {limit} FOR UPDATE SKIP LOCKED) AS oldest "
+        f"ORDER BY {SCORE.format(aging=aging, runs='oldest')} DESC, oldest.created_at LIMIT {limit}")
 
 
 # The best queued runs of a tenant, admitted in the statement that picks them.
