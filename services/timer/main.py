@@ -7,7 +7,7 @@ per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by oth
 services are not announced, so the cap bounds how late a freshly scheduled timer fires.
 Once a full batch was due, ``LANES`` batches are in flight at once until the backlog is
 gone: while PostgreSQL writes and commits one, this process prepares the next (SKIP LOCKED
-keeps their timers apart; runs are locked in run_id order, so they cannot deadlock). When
+keeps their timers and their runs apart, so lanes never wait on each other). When
 the round before saw a whole batch coming due by the time it wakes (many timers set for the
 same instant), the lanes start together instead of after a first batch fired alone.
 SIGTERM lets the batches in flight commit, then the process exits.

@@ -255,13 +255,6 @@ _WRITE = text(
     "SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
 
 
-async def lock_heads(conn: AsyncConnection, run_ids: Sequence[str]) -> dict[str, RunHead]:
-    """Lock the runs in run_id order (as ``runs.load_many`` does, so batches cannot deadlock)."""
-    rows = await conn.execute(_LOCK_HEADS, {"run_ids": sorted(set(run_ids))})
-    # Columns in RunHead's field order: plain tuples, not attribute lookups on rows (10,000 at once).
-    return {r[0]: RunHead(*r) for r in rows}
-
-
 async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake) -> Rendered:
     """What ``write_wakes`` would write for ``wake``, without writing it: to check a template against the domain."""
     row = (await conn.execute(_RENDER, _params(template, [wake]))).one()
