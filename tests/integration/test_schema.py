@@ -157,8 +157,9 @@ def test_admission_reads_a_few_queued_runs_even_when_the_planner_has_not_seen_th
             "prompt_version, model_policy_version, tool_schema_version, partition, budget, snapshot, status, "
             "priority, created_at) SELECT 'q' || i, 'acme', 'q' || i, 'h', 'w', '1', '1', '1', '1', 0, '{}', '{}', "
             "'READY', i % 3, now() - make_interval(secs => 1000 - i) FROM generate_series(1, 300) AS i"))
-    # When admission and a finishing run's handover pick the best one with the plan a prepared
-    # statement settles on (sequential scans off: this table is tiny here, a real one is not)
+    # When admission picks the best one (a finishing run's handover picks with the same best_queued)
+    # with the plan a prepared statement settles on (sequential scans off: this table is tiny here,
+    # a real one is not)
     with engine.connect() as conn:
         conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
         conn.execute(text("SET LOCAL enable_seqscan = off"))

@@ -163,8 +163,9 @@ async def test_a_deadline_for_a_wait_that_already_ended_is_stored_late_and_chang
 
 async def test_a_timer_whose_run_another_transaction_holds_is_skipped_not_waited_for(clean, engine) -> None:
     # Given two runs whose backoff timers are due, one of them locked by a writer that has not committed
-    waits = {run_id: await _park_for_retry(engine, run_id, in_seconds=0.1) for run_id in ("run-held", "run-free")}
-    await asyncio.sleep(0.2)
+    waits = {run_id: await _park_for_retry(engine, run_id, in_seconds=3600) for run_id in ("run-held", "run-free")}
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
     async with engine.connect() as writer:
         await writer.execute(text("SELECT 1 FROM runs WHERE run_id = 'run-held' FOR UPDATE"))
         # When a batch fires while the writer holds it
