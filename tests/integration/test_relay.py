@@ -162,3 +162,22 @@ async def _unpublished_is(engine, n: int) -> bool:  # type: ignore[no-untyped-de
 
 async def _duplicates_logged(process, n: int) -> bool:  # type: ignore[no-untyped-def]
     return process.output().count("dropped on longrun.worker") >= n
+
+
+async def test_row_of_is_the_row_enqueue_writes(clean, engine) -> None:
+    # Given a run's wakeup carrying a trace, and a rejection that names no run
+    traced = make("run.wakeup", {"wakeup_id": "w-1", "reason": "probe"}, producer="tests", tenant_id="tenant-a",
+                  run_id="run-row", trace="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    rejected = make("run.rejected", {"idempotency_key": "k", "reason": "input differs", "existing_run_id": "run-x"},
+                    producer="tests", tenant_id="tenant-a")
+    messages = [outbox.Message(traced, "work", "p.1", 1), outbox.Message(rejected, "events", "run.rejected", 0)]
+    # When both are enqueued together
+    async with engine.begin() as conn:
+        await outbox.enqueue_many(conn, messages)
+    # Then each stored row is, column by column, what row_of says it is
+    async with engine.connect() as conn:
+        stored = [dict(r._mapping) for r in await conn.execute(
+            text(f"SELECT {', '.join(outbox.COLUMNS)} FROM outbox ORDER BY id"))]
+    assert stored == [outbox.row_of(m) for m in messages]
+    assert [r["aggregate_id"] for r in stored] == ["run-row", rejected.event_id]
+    assert stored[0]["traceparent"] == traced.trace

@@ -10,7 +10,6 @@ timers table, and the outbox rows the firing wrote.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from datetime import UTC, datetime
@@ -272,11 +271,10 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
             messages.append(effects.wake_message(planned.after, reason=f"timer:{timer.kind}", producer="timer"))
         broadcast = effects.broadcast_message(was.snapshot, planned.after, producer="timer")
         messages += [broadcast] if broadcast is not None else []
-        sent = await _rows(engine, "SELECT type, exchange, routing_key, partition, payload FROM outbox "
-                                   "WHERE aggregate_id = :r ORDER BY id", r=run_id)
-        assert [(o.type, o.exchange, o.routing_key, o.partition, _fresh_ids_dropped(o.payload)) for o in sent] == [
-            (m.envelope.type, m.exchange, m.routing_key, m.partition,
-             _fresh_ids_dropped(json.loads(m.envelope.model_dump_json()))) for m in messages], run_id
+        sent = [dict(o._mapping) for o in await _rows(
+            engine, f"SELECT {', '.join(outbox.COLUMNS)} FROM outbox WHERE aggregate_id = :r ORDER BY id", r=run_id)]
+        assert [_row_ids_dropped(o) for o in sent] == [_row_ids_dropped(outbox.row_of(m)) for m in messages], run_id
+        assert all(o["event_id"] == o["payload"]["event_id"] for o in sent), run_id
 
 
 async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engine) -> None:
@@ -286,11 +284,13 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
         event={"type": "run.woken", "seq": 1, "wait_id": "w", "reason": "timer", "note": odd},
         patch={"status": "READY", "revision": 1, "last_seq": 1, "last_wake": {"wait_id": "w", "reason": "timer"},
                "note": odd},
-        wakeup=outbox.Plain({"type": "run.wakeup", "note": odd, "event_id": "e", "payload": {"reason": "r"}},
-                            "runs", "p.0", 0),
-        broadcast=outbox.Plain({"type": "run.event", "note": odd, "event_id": "e",
-                                "payload": {"seq": 1, "data": {"from": "f", "stage": "s", "note": odd}}},
-                               "events", "run.status.ready", 0))
+        wakeup={"event_id": "e", "aggregate_type": odd, "aggregate_id": "r", "partition": 0, "exchange": "runs",
+                "routing_key": "p.0", "type": "run.wakeup", "traceparent": odd,
+                "payload": {"type": "run.wakeup", "note": odd, "event_id": "e", "payload": {"reason": "r"}}},
+        broadcast={"event_id": "e", "aggregate_type": "run", "aggregate_id": "r", "partition": 0,
+                   "exchange": "events", "routing_key": "run.status.ready", "type": "run.event", "traceparent": None,
+                   "payload": {"type": "run.event", "note": odd, "event_id": "e",
+                               "payload": {"seq": 1, "data": {"from": "f", "stage": "s", "note": odd}}}})
     head = timers.RunHead(run_id=f"run {odd}", tenant_id=odd, partition=3, status="WAITING_EVENT", revision=7,
                           stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd)
     wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3")
@@ -302,19 +302,28 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
     assert rendered.patch == {"status": "READY", "revision": 8, "last_seq": 10,
                               "last_wake": {"wait_id": odd, "reason": "deadline"}, "note": odd}
     wakeup, broadcast = rendered.messages
-    ids = [wakeup.envelope.pop("event_id"), wakeup.envelope["payload"].pop("wakeup_id"),
-           broadcast.envelope.pop("event_id")]
+    # and each message's id is fresh, the same in its row and its envelope
+    ids = [wakeup.pop("event_id"), wakeup["payload"]["payload"].pop("wakeup_id"), broadcast.pop("event_id")]
+    assert [wakeup["payload"].pop("event_id"), broadcast["payload"].pop("event_id")] == [ids[0], ids[2]]
     assert len({str(uuid.UUID(i)) for i in ids}) == 3
-    assert wakeup == outbox.Plain({"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
-                                   "expected_state_version": 8, "payload": {"reason": odd}}, "runs", "p.3", 3)
-    assert broadcast == outbox.Plain({"type": "run.event", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
-                                      "payload": {"seq": 10, "data": {"from": "WAITING_EVENT", "stage": odd,
-                                                                      "note": odd}}},
-                                     "events", "run.status.ready", 3)
+    assert wakeup == {"aggregate_type": odd, "aggregate_id": f"run {odd}", "partition": 3, "exchange": "runs",
+                      "routing_key": "p.3", "type": "run.wakeup", "traceparent": odd,
+                      "payload": {"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                  "expected_state_version": 8, "payload": {"reason": odd}}}
+    assert broadcast == {"aggregate_type": "run", "aggregate_id": f"run {odd}", "partition": 3,
+                         "exchange": "events", "routing_key": "run.status.ready", "type": "run.event",
+                         "traceparent": None,
+                         "payload": {"type": "run.event", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                     "payload": {"seq": 10, "data": {"from": "WAITING_EVENT", "stage": odd,
+                                                                     "note": odd}}}}
 
 
 def _fields(wait: Wait) -> dict[str, Any]:
     return {f: getattr(wait, f) for f in wait.__dataclass_fields__}
+
+
+def _row_ids_dropped(row: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in row.items() if k != "event_id"}, "payload": _fresh_ids_dropped(row["payload"])}
 
 
 def _fresh_ids_dropped(envelope: dict[str, Any]) -> dict[str, Any]:

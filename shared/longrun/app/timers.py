@@ -60,13 +60,13 @@ the batch maximum at INFO.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -223,22 +223,22 @@ async def _learn(conn: AsyncConnection, fired: _Fired, sample: tuple[DueTimer, R
             or any(now[k] is not None for k in cleared) or set(sent) != {"run.wakeup", "run.event"}
             or len(fired.messages[head.run_id]) != 2 or len(planned.rows) != 1):
         return None
-    wakeup, broadcast = (outbox.Plain(json.loads(sent[t].envelope.model_dump_json()), sent[t].exchange,
-                                      sent[t].routing_key, sent[t].partition) for t in ("run.wakeup", "run.event"))
+    wakeup, broadcast = (outbox.row_of(sent[t]) for t in ("run.wakeup", "run.event"))
     template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
     own = await timers.render_wake(conn, template, _wake(timer, head, True))
     if (own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq
-            or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]):
+            or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]
+            or any(m["event_id"] != m["payload"].get("event_id") for m in own.messages)):
         return None
     return template
 
 
-def _without_ids(message: outbox.Plain) -> outbox.Plain:
-    """A message minus what is fresh on every message (its id, and a wakeup's id)."""
-    envelope = {k: v for k, v in message.envelope.items() if k != "event_id"}
+def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
+    """An outbox row minus what is fresh on every message (its id, and a wakeup's id)."""
+    envelope = {k: v for k, v in row["payload"].items() if k != "event_id"}
     if isinstance(envelope.get("payload"), dict):
         envelope["payload"] = {k: v for k, v in envelope["payload"].items() if k != "wakeup_id"}
-    return outbox.Plain(envelope, message.exchange, message.routing_key, message.partition)
+    return {**{k: v for k, v in row.items() if k != "event_id"}, "payload": envelope}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Outbox: messages written in the same transaction as the state change that causes them.
 
 The relay publishes the unpublished rows of the partitions it owns in id order (one read
-for all of them) and marks them sent after the broker confirms (in its next read's statement). A statement-level trigger sends one NOTIFY per insert
-(delivered only at commit) to wake it early; it polls anyway, because NOTIFY is a
-hint with no replay.
+for all of them) and marks them sent after the broker confirms (in its next read's
+statement). A statement-level trigger sends one NOTIFY per insert (delivered only at commit)
+to wake it early; it polls anyway, because NOTIFY is a hint with no replay.
 """
 
 from __future__ import annotations
@@ -54,21 +54,19 @@ async def enqueue_many(conn: AsyncConnection, messages: Sequence[Message]) -> No
         await conn.execute(_INSERT, {"rows": rows_json(messages)})
 
 
-@dataclass(frozen=True, slots=True)
-class Plain:
-    """A message whose envelope is already in its JSON form (as the relay will publish it)."""
+COLUMNS = ("event_id", "aggregate_type", "aggregate_id", "partition", "exchange", "routing_key", "type", "payload",
+           "traceparent")
+"""What a statement gives for each message it writes (``insert_columns_sql``), in this order."""
 
-    envelope: dict[str, Any]
-    exchange: str
-    routing_key: str
-    partition: int
+
+def insert_columns_sql(select: str) -> str:
+    """INSERT of the rows ``select`` yields, ``COLUMNS`` in order, in the order they are to be published."""
+    return f"INSERT INTO outbox ({', '.join(COLUMNS)}) {select}"
 
 
 def insert_sql(rows: str) -> str:
     """INSERT of the rows ``rows`` yields as ``r(row, n)``: each row as ``rows_json`` writes one, in n order."""
-    return (
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
-        "                    payload, traceparent) "
+    return insert_columns_sql(
         "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
         "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
         "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
@@ -86,18 +84,18 @@ _INSERT = text(insert_sql(from_param("rows")))
 
 
 def rows_json(messages: Sequence[Message]) -> str:
-    return _plain_json([Plain(json.loads(m.envelope.model_dump_json()), m.exchange, m.routing_key, m.partition)
-                        for m in messages])
+    return jsonb.dumps([{"envelope": json.loads(m.envelope.model_dump_json()), "exchange": m.exchange,
+                         "routing_key": m.routing_key, "partition": m.partition} for m in messages])
 
 
-def plain_row(message: Plain) -> dict[str, Any]:
-    """A message as ``insert_sql`` reads one row."""
-    return {"envelope": message.envelope, "exchange": message.exchange, "routing_key": message.routing_key,
-            "partition": message.partition}
-
-
-def _plain_json(messages: Sequence[Plain]) -> str:
-    return jsonb.dumps([plain_row(m) for m in messages])
+def row_of(message: Message) -> dict[str, Any]:
+    """The row ``enqueue_many`` writes for ``message``, by column (its payload as the relay will read it)."""
+    envelope = json.loads(message.envelope.model_dump_json())
+    run_id, trace = envelope.get("run_id"), envelope.get("trace")
+    return {"event_id": envelope["event_id"], "aggregate_type": "run",
+            "aggregate_id": envelope["event_id"] if run_id is None else run_id, "partition": message.partition,
+            "exchange": message.exchange, "routing_key": message.routing_key, "type": envelope["type"],
+            "payload": envelope, "traceparent": trace}
 
 
 _UNPUBLISHED_COLUMNS = "id, event_id, partition, exchange, routing_key, type, payload"

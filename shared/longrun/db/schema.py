@@ -32,7 +32,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.run import TERMINAL, RunStatus
@@ -208,7 +208,8 @@ outbox = Table(
     Column("exchange", Text, nullable=False),
     Column("routing_key", Text, nullable=False),
     Column("type", Text, nullable=False),
-    Column("payload", JSONB, nullable=False),
+    # The envelope as the JSON text it was written as: only ever read whole (migration 0009).
+    Column("payload", JSON, nullable=False),
     Column("traceparent", Text),
     _now(),
     Column("published_at", DateTime(timezone=True)),

@@ -142,8 +142,9 @@ class WakeTemplate:
     """The ``RunWoken`` as ``events.event_to_dict`` stores it."""
     patch: dict[str, Any] | None
     """Top-level snapshot keys the wake changed; None when every wake of the batch is late."""
-    wakeup: outbox.Plain | None
-    broadcast: outbox.Plain | None
+    wakeup: dict[str, Any] | None
+    """The wakeup's outbox row, by column (``outbox.row_of``)."""
+    broadcast: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +168,8 @@ class Rendered:
 
     event: dict[str, Any]
     patch: dict[str, Any] | None
-    messages: list[outbox.Plain]
+    messages: list[dict[str, Any]]
+    """Outbox rows, by column."""
 
 
 def _json(column: str) -> str:
@@ -176,22 +178,28 @@ def _json(column: str) -> str:
 
 _UUID = "to_json(CAST(gen_random_uuid() AS text))"
 # Per template, what each wake writes into it: a path in the document -> the wake's value there, as
-# JSON. The rest of each document is the sample's, as the domain wrote it.
+# JSON. The rest of each document is the sample's, as the domain wrote it. A message's id is drawn
+# once per wake (``w``): it is in its envelope and in its outbox row.
 _PER_WAKE: dict[str, dict[tuple[str, ...], str]] = {
     "event": {("seq",): "w.stored + 1", ("wait_id",): _json("w.wait_id"), ("reason",): _json("w.reason")},
     "patch": {("revision",): "w.revision + 1", ("last_seq",): "w.stored + 1",
               ("last_wake", "wait_id"): _json("w.wait_id"), ("last_wake", "reason"): _json("w.reason")},
-    "wakeup": {("routing_key",): _json("w.routing_key"), ("partition",): "w.partition",
-               ("envelope", "tenant_id"): _json("w.tenant_id"), ("envelope", "run_id"): _json("w.run_id"),
-               ("envelope", "event_id"): _UUID, ("envelope", "expected_state_version"): "w.revision + 1",
-               ("envelope", "payload", "wakeup_id"): _UUID,
-               ("envelope", "payload", "reason"): _json("w.wake_reason")},
-    "broadcast": {("partition",): "w.partition", ("envelope", "tenant_id"): _json("w.tenant_id"),
-                  ("envelope", "run_id"): _json("w.run_id"), ("envelope", "event_id"): _UUID,
-                  ("envelope", "payload", "seq"): "w.stored + 1",
-                  ("envelope", "payload", "data", "from"): _json("w.status"),
-                  ("envelope", "payload", "data", "stage"): _json("w.stage")},
+    "wakeup": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"),
+               ("event_id",): "to_json(w.wakeup_event)", ("expected_state_version",): "w.revision + 1",
+               ("payload", "wakeup_id"): _UUID, ("payload", "reason"): _json("w.wake_reason")},
+    "broadcast": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"),
+                  ("event_id",): "to_json(w.broadcast_event)", ("payload", "seq"): "w.stored + 1",
+                  ("payload", "data", "from"): _json("w.status"), ("payload", "data", "stage"): _json("w.stage")},
 }
+# Per message, the outbox columns each wake fills in; its payload is its envelope (``_PER_WAKE``), every
+# other column the sample's row's (``:wakeup_exchange``, ...).
+_PER_ROW: dict[str, dict[str, str]] = {
+    "wakeup": {"event_id": "w.wakeup_event", "aggregate_id": "w.run_id", "partition": "w.partition",
+               "routing_key": "w.routing_key"},
+    "broadcast": {"event_id": "w.broadcast_event", "aggregate_id": "w.run_id", "partition": "w.partition"},
+}
+_SAMPLES = {name: [c for c in outbox.COLUMNS if c not in per_row and c != "payload"]
+            for name, per_row in _PER_ROW.items()}
 
 
 def _format_of(document: dict[str, Any], name: str) -> str:
@@ -217,15 +225,25 @@ def _format_of(document: dict[str, Any], name: str) -> str:
 _INPUTS = (
     "t AS MATERIALIZED (SELECT CAST(:event AS text) AS event, CAST(:event_type AS text) AS event_type, "
     "                          CAST(:patch AS text) AS patch, "
-    "                          CAST(:wakeup AS text) AS wakeup, CAST(:broadcast AS text) AS broadcast), "
-    "w AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
+    "                          CAST(:wakeup AS text) AS wakeup, CAST(:broadcast AS text) AS broadcast, "
+    + ", ".join(f"CAST(:{name}_{c} AS text) AS {name}_{c}" for name, columns in _SAMPLES.items() for c in columns)
+    + "), "
+    "w AS MATERIALIZED (SELECT *, CAST(gen_random_uuid() AS text) AS wakeup_event, "
+    "                          CAST(gen_random_uuid() AS text) AS broadcast_event "
+    "  FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
     "    n bigint, run_id text, tenant_id text, partition smallint, status text, stage text, revision bigint, "
     "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text))")
-# Per wake: what each template becomes for its run.
-_RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS jsonb)"
+# Per wake: what each template becomes for its run. The envelopes are stored as json (checked, not parsed).
+_RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS {'json' if name in _PER_ROW else 'jsonb'})"
              for name, values in _PER_WAKE.items()}
-_RENDER = text(f"WITH {_INPUTS} SELECT " + ", ".join(f"{sql} AS {name}" for name, sql in _RENDERED.items())
-               + " FROM w CROSS JOIN t ORDER BY w.n")
+# Per wake, its messages' outbox rows: ``outbox.COLUMNS`` in order, ``x.k`` their order within the wake.
+_MESSAGE_ROWS = "FROM w CROSS JOIN t CROSS JOIN LATERAL (VALUES " + ", ".join(
+    "(" + ", ".join([str(k), *(_RENDERED[name] if c == "payload" else _PER_ROW[name].get(c, f"t.{name}_{c}")
+                               for c in outbox.COLUMNS)]) + ")"
+    for k, name in enumerate(_PER_ROW, start=1)) + f") AS x(k, {', '.join(outbox.COLUMNS)})"
+_ROW_COLUMNS = ", ".join(f"x.{c}" for c in outbox.COLUMNS)
+_RENDER = text(f"WITH {_INPUTS} SELECT {_RENDERED['event']} AS event, {_RENDERED['patch']} AS patch, {_ROW_COLUMNS} "
+               f"{_MESSAGE_ROWS} ORDER BY w.n, x.k")
 # A wake clears the pending wait, so its projected columns go with it; ``snapshot || patch``
 # replaces exactly the top-level keys the domain changed. Events and messages are written only
 # for runs whose guard (revision and seq, as in ``runs.append``) matched.
@@ -248,18 +266,16 @@ _WRITE = text(
     f"  SELECT w.run_id, w.stored + 1, w.run_id || ':' || (w.stored + 1), t.event_type, {_RENDERED['event']}, "
     "         w.applies, :occurred_at "
     "  FROM w CROSS JOIN t WHERE w.run_id IN (SELECT run_id FROM applied UNION ALL SELECT run_id FROM late)), "
-    "sent AS (" + outbox.insert_sql(
-        "(SELECT x.row, row_number() OVER (ORDER BY w.n, x.k) AS n FROM w CROSS JOIN t CROSS JOIN LATERAL "
-        f"  (VALUES (1, {_RENDERED['wakeup']}), (2, {_RENDERED['broadcast']})) AS x(k, row) "
-        "  WHERE w.run_id IN (SELECT run_id FROM applied)) AS r") + ") "
-    "SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
+    "sent AS (" + outbox.insert_columns_sql(
+        f"SELECT {_ROW_COLUMNS} {_MESSAGE_ROWS} WHERE w.run_id IN (SELECT run_id FROM applied) ORDER BY w.n, x.k")
+    + ") SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
 
 
 async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake) -> Rendered:
     """What ``write_wakes`` would write for ``wake``, without writing it: to check a template against the domain."""
-    row = (await conn.execute(_RENDER, _params(template, [wake]))).one()
-    messages = [outbox.Plain(**m) for m in (row.wakeup, row.broadcast) if m is not None]
-    return Rendered(row.event, row.patch, messages)
+    rows = (await conn.execute(_RENDER, _params(template, [wake]))).all()
+    messages = [dict(zip(outbox.COLUMNS, row[2:], strict=True)) for row in rows]
+    return Rendered(rows[0].event, rows[0].patch, messages)
 
 
 async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake], *, status: str,
@@ -278,12 +294,13 @@ async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequ
 
 
 def _params(template: WakeTemplate, wakes: Sequence[Wake]) -> dict[str, Any]:
-    def plain(message: outbox.Plain | None, name: str) -> str | None:
-        return None if message is None else _format_of(outbox.plain_row(message), name)
-
-    return {"event": _format_of(template.event, "event"), "event_type": template.event["type"],
-            "patch": None if template.patch is None else _format_of(template.patch, "patch"),
-            "wakeup": plain(template.wakeup, "wakeup"), "broadcast": plain(template.broadcast, "broadcast"),
+    params = {"event": _format_of(template.event, "event"), "event_type": template.event["type"],
+              "patch": None if template.patch is None else _format_of(template.patch, "patch")}
+    for name, columns in _SAMPLES.items():
+        row = getattr(template, name)
+        params[name] = None if row is None else _format_of(row["payload"], name)
+        params.update({f"{name}_{c}": None if row is None else row[c] for c in columns})
+    return {**params,
             "wakes": jsonb.dumps([
                 {"n": n, "run_id": w.head.run_id, "tenant_id": w.head.tenant_id, "partition": w.head.partition,
                  "status": w.head.status, "stage": w.head.stage, "revision": w.head.revision,
