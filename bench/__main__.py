@@ -3,7 +3,7 @@
 Knobs (environment): BENCH_QUICK=1 (a ~3-minute smoke run), BENCH_STEPS (K, 3),
 BENCH_INFLIGHT (N, 64), BENCH_RUNS (M), BENCH_WORKERS (2), BENCH_REPLICAS ("1,2,4"),
 BENCH_TIMERS (10000), BENCH_PARKED (10000), BENCH_PHASES (comma list of
-limits,ensemble,dbos,temporal,scale,timers,recovery,waiting), BENCH_LEASE_TTL (5),
+limits,ensemble,bare_after,dbos,temporal,scale,timers,recovery,waiting), BENCH_LEASE_TTL (5),
 BENCH_LOG_LEVEL (WARNING). PostgreSQL and RabbitMQ come from LONGRUN_DATABASE_URL /
 LONGRUN_AMQP_URL or the local defaults; the bench uses its own database and vhost.
 """
@@ -142,6 +142,14 @@ async def _limits(infra: Infra, engine: Any, knobs: Knobs) -> dict[str, Any]:
     return out
 
 
+async def _bare_after(infra: Infra, engine: Any, knobs: Knobs) -> dict[str, Any]:
+    """The one-process bare loop again, right after the ensemble: the ensemble is compared with the
+    mean of both, so a machine that sped up or slowed down between the two does not decide the ratio."""
+    await infra.reset(engine)
+    await limits.seed_runs(infra)
+    return await limits.bare_loop(infra, processes=1, inflight=knobs.inflight, seconds=knobs.limit_seconds)
+
+
 async def _scale(infra: Infra, engine: Any, knobs: Knobs, ens: dict[str, Any] | None) -> list[dict[str, Any]]:
     points = []
     for workers in knobs.replicas:
@@ -170,11 +178,12 @@ async def main_async(args: argparse.Namespace) -> int:
     engine = infra.engine(4)
     results: dict[str, Any] = {"started_at": started.isoformat(timespec="seconds"), "commit": _commit(),
                                "knobs": knobs.as_dict(), "logs": str(logs)}
-    # The ensemble runs right after the limits: the machine's speed drifts by minutes (up to 20 %
-    # between two phases), and its ratio to the bare loop is the tightest target.
+    # The ensemble runs between two one-process bare loops: the machine's speed drifts by minutes
+    # (by a quarter within one run), and its ratio to the bare loop is the tightest target.
     phases = {
         "limits": lambda: _limits(infra, engine, knobs),
         "ensemble": lambda: ensemble.run_phase(infra, engine, knobs, knobs.workers),
+        "bare_after": lambda: _bare_after(infra, engine, knobs),
         "dbos": lambda: peers.dbos(infra, knobs),
         "temporal": lambda: peers.temporal(infra, knobs),
         "scale": lambda: _scale(infra, engine, knobs, results.get("ensemble")),

@@ -92,7 +92,7 @@ class Knobs:
         return asdict(self)
 
 
-ALL_PHASES = ("limits", "ensemble", "dbos", "temporal", "scale", "timers", "recovery", "waiting")
+ALL_PHASES = ("limits", "ensemble", "bare_after", "dbos", "temporal", "scale", "timers", "recovery", "waiting")
 
 
 def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 95, 99)) -> dict[str, float | None]:

@@ -27,10 +27,18 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a is not None and b else None
 
 
+def bare_reference(r: dict[str, Any]) -> float | None:
+    """The ensemble's reference: the mean of the one-process bare loop before and after it (the machine drifts)."""
+    around = [b for b in (dig(r, "limits", "bare_loop", 0, "steps_per_s"), dig(r, "bare_after", "steps_per_s")) if b]
+    return round(sum(around) / len(around), 1) if around else None
+
+
 def ratios(r: dict[str, Any]) -> dict[str, Any]:
     ens = dig(r, "ensemble", "saturate", "steps_per_s")
     bare1 = dig(r, "limits", "bare_loop", 0, "steps_per_s")
     bare2 = dig(r, "limits", "bare_loop", 1, "steps_per_s")
+    after = dig(r, "bare_after", "steps_per_s")
+    bare = bare_reference(r)
     scale = {p["workers"]: p.get("steps_per_s") for p in (r.get("scale") or []) if isinstance(p, dict) and "workers" in p}
     best = max((v or 0 for v in scale.values()), default=None) or None
     return {
@@ -38,8 +46,9 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
         "ensemble_over_dbos_queue": _ratio(ens, dig(r, "dbos", "queue", "steps_per_s")),
         "ensemble_over_dbos_direct": _ratio(ens, dig(r, "dbos", "direct", "steps_per_s")),
         "ensemble_over_temporal": _ratio(ens, dig(r, "temporal", "throughput", "steps_per_s")),
-        "ensemble_over_bare_loop": _ratio(ens, bare1),
-        "best_scale_over_bare_loop": _ratio(best, bare1),
+        "ensemble_over_bare_loop": _ratio(ens, bare),
+        "best_scale_over_bare_loop": _ratio(best, bare),
+        "bare_loop_after_over_before": _ratio(after, bare1),
         # The replica count that does best on this machine (the targets use the ensemble's).
         "best_scale_over_dbos_queue": _ratio(best, dig(r, "dbos", "queue", "steps_per_s")),
         "bare_loop_2_over_1_processes": _ratio(bare2, bare1),
@@ -71,7 +80,8 @@ def targets(r: dict[str, Any], rat: dict[str, Any]) -> list[dict[str, Any]]:
         rec = float("inf")
     return [
         _target("ensemble steps/s >= 2 x DBOS (queue) steps/s", rat["ensemble_over_dbos_queue"], 2.0, ge, "x"),
-        _target("ensemble steps/s >= 0.5 x bare loop", rat["ensemble_over_bare_loop"], 0.5, ge, "x"),
+        _target("ensemble steps/s >= 0.5 x bare loop (mean of the loops before and after it)",
+                rat["ensemble_over_bare_loop"], 0.5, ge, "x"),
         _target("lone 3-step run completes <= 30 ms (p50)", dig(r, "ensemble", "lone", "completed_ms", "p50"),
                 30.0, le, "ms"),
         _target("run.create -> first step p50 <= 50 ms at half the sustained load",
@@ -137,6 +147,11 @@ def table(r: dict[str, Any]) -> str:
             per = ", ".join(f"{p['steps_per_s']:.0f} @ {p['process_cpu_pct']:.0f}% CPU" for p in b["per_process"])
             add(f"  bare loop, {b['processes']} process(es)          {_n(b['steps_per_s'])} steps/s ({per}; "
                 f"{b.get('cpu_ms_per_step')} CPU ms/step in Python)")
+        after = r.get("bare_after")
+        if after:
+            add(f"  bare loop, 1 process, again after the ensemble {_n(after['steps_per_s'])} steps/s "
+                f"({after.get('cpu_ms_per_step')} CPU ms/step in Python); the ensemble's reference: the mean, "
+                f"{_n(bare_reference(r))} steps/s")
         for name, err in (lim.get("errors") or {}).items():
             add(f"  !! {name}: {err}")
 
