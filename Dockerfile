@@ -16,13 +16,15 @@ RUN groupadd --system --gid 10001 longrun \
         --shell /usr/sbin/nologin longrun \
  && install -d -o 10001 -g 10001 /data /data/artifacts
 
-# Exactly what pyproject.toml needs to build: metadata, readme, and the two package roots.
+# Exactly what the two pyproject.toml files need to build: metadata, readmes, and the package
+# roots. The client (the bus contract the core depends on by name) is installed first.
 WORKDIR /build
+COPY clients/python/ clients/python/
 COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY services/ services/
 # Runtime dependencies only (no [dev] extras); the sources are not needed once installed.
-RUN pip install --no-cache-dir . && rm -rf /build
+RUN pip install --no-cache-dir ./clients/python && pip install --no-cache-dir . && rm -rf /build
 
 WORKDIR /data
 USER 10001:10001

@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services migrate topology schemas run test test-unit test-integration clean bench chaos
+.PHONY: install services migrate topology schemas run test node-deps test-unit test-integration clean bench chaos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
 install: $(PY)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e clients/python -e ".[dev]"
 
 services:
 	bash infra/local/ensure-services.sh
@@ -27,11 +27,20 @@ topology: install
 
 schemas: install
 	$(PY) -m longrun.envelope.export schemas
+	$(PY) -m longrun.bus.asyncapi schemas/asyncapi.yaml
 
 run: install migrate
 	$(PY) -m longrun.demo.up
 
-test: install services
+# The Node.js clients' locked dependencies: the amqplib example and the AsyncAPI contract check.
+NODE_DIRS := examples/node tests/contract
+node-deps:
+	set -e; for d in $(NODE_DIRS); do \
+	  if [ -f $$d/package-lock.json ]; then npm ci --prefix $$d --no-audit --no-fund; \
+	  else npm install --prefix $$d --no-audit --no-fund; fi; \
+	done
+
+test: install services node-deps
 	$(PY) -m pytest
 
 test-unit: install

@@ -8,37 +8,15 @@ rejected and, past the queue's delivery limit, the message lands in quarantine.
 
 from __future__ import annotations
 
-from enum import Enum
-
-
-class ErrorCode(str, Enum):
-    CONFIG_INVALID = "config_invalid"
-    DB_UNAVAILABLE = "db_unavailable"
-    BUS_UNAVAILABLE = "bus_unavailable"
-    UNROUTABLE = "unroutable"
-    STALE_REVISION = "stale_revision"
-    LEASE_LOST = "lease_lost"
-    DECODE_ERROR = "decode_error"
-    UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
-    ILLEGAL_TRANSITION = "illegal_transition"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
-    EVENT_REJECTED = "event_rejected"
-    ACTION_OUTCOME_UNKNOWN = "action_outcome_unknown"
-    INFRA_UNREACHABLE = "infra_unreachable"
-    TOOL_REJECTED = "tool_rejected"
-    TOOL_UNAVAILABLE = "tool_unavailable"
-    PROPOSAL_REJECTED = "proposal_rejected"
-
-
-class LongrunError(Exception):
-    """Root of every error longrun raises on purpose."""
-
-    code: ErrorCode
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+# The root, the codes, and what decoding a message raises live with the bus contract in
+# longrun-client, so what its decode raises is what the runtime catches.
+from longrun_client.errors import (
+    DecodeError as DecodeError,
+    ErrorCode as ErrorCode,
+    LongrunError as LongrunError,
+    PoisonMessage as PoisonMessage,
+    UnknownSchemaVersion as UnknownSchemaVersion,
+)
 
 
 class ConfigError(LongrunError):
@@ -112,32 +90,6 @@ class LeaseLost(ConflictError):
         self.run_id = run_id
         self.fencing_token = fencing_token
         super().__init__(f"run {run_id}: fencing token {fencing_token} is no longer current")
-
-
-class PoisonMessage(LongrunError):
-    """Never retried: the message goes to quarantine with this error's reason."""
-
-
-class DecodeError(PoisonMessage):
-    code = ErrorCode.DECODE_ERROR
-
-    def __init__(self, reason: str, raw: bytes) -> None:
-        self.reason = reason
-        self.raw = raw
-        super().__init__(f"malformed message: {reason}")
-
-
-class UnknownSchemaVersion(PoisonMessage):
-    code = ErrorCode.UNKNOWN_SCHEMA_VERSION
-
-    def __init__(self, type_: str, schema_version: int, known: list[int]) -> None:
-        self.type = type_
-        self.schema_version = schema_version
-        self.known = known
-        known_text = ", ".join(map(str, known)) or "none"
-        super().__init__(
-            f"unknown schema_version {schema_version} for type {type_!r} (known: {known_text})"
-        )
 
 
 class DomainError(LongrunError):

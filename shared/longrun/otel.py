@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from longrun_client.registry import traceparent  # noqa: F401 - the envelope's traceparent, defined once
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,13 +33,6 @@ def setup(service: str, exporter: str | SpanExporter) -> None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     _exporting = exporter != "none"
     trace.set_tracer_provider(provider)
-
-
-def traceparent() -> str | None:
-    """The current span's traceparent, for the envelope being made."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent")
 
 
 @contextmanager

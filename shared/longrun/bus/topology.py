@@ -6,8 +6,10 @@
   is a quorum queue with single-active-consumer, an explicit delivery-limit (3.10 has
   no default) and at-least-once dead-lettering into the quarantine.
 - ``longrun.quarantine`` (fanout): poison messages, with their reason in headers.
-- ``longrun.events`` (topic): run events for the outside world, routing key = event
-  type; a stream keeps a replayable log so a publish is never unroutable.
+- ``longrun.events`` (topic): run events for the outside world, routing key
+  ``<tenant>.run.<event>`` (``event_key``), so a consumer binds its own tenant's keys only and
+  RabbitMQ's topic permissions can hold it there; a stream keeps a replayable log so a publish
+  is never unroutable.
 
 ``infra/rabbitmq/definitions.json`` is generated from this module (``make topology``);
 a test fails when the two drift. Changing P is a drain-and-switch migration.
@@ -20,12 +22,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-INGRESS_EXCHANGE = "longrun.ingress"
+# The names producers and consumers outside the runtime use are defined with the public contract.
+from longrun_client.bus import (
+    EVENTS_EXCHANGE as EVENTS_EXCHANGE,
+    EVENTS_LOG_QUEUE as EVENTS_LOG_QUEUE,
+    INGRESS_EXCHANGE as INGRESS_EXCHANGE,
+    TENANT_PATTERN as TENANT_PATTERN,
+    event_key as event_key,
+    status_key as status_key,
+)
+
 SCHEDULER_INGRESS_QUEUE = "longrun.scheduler.ingress"
 QUARANTINE_EXCHANGE = "longrun.quarantine"
 QUARANTINE_QUEUE = "longrun.quarantine"
-EVENTS_EXCHANGE = "longrun.events"
-EVENTS_LOG_QUEUE = "longrun.events.log"
 PARTITIONED_SERVICES = ("scheduler", "worker")
 VHOST = "/"
 

@@ -2,7 +2,7 @@
 
 Starts the forge/CI stand-in and every service as separate processes (logs in
 var/logs/), waits until each reports ready, publishes ``run.create`` on the ingress
-exchange exactly as an external producer would, and prints the run's timeline live —
+exchange with longrun-client exactly as an external producer would, and prints the run's timeline live —
 state changes, actions with idempotency keys and receipts, waits and what woke them —
 acting as the approver when the run asks. It ends when the run reaches a terminal
 state, then checks the forge: the merge request must exist exactly once.
@@ -21,17 +21,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import httpx
+from longrun_client import Client
 from sqlalchemy import text
 
-from longrun.bus import topology
-from longrun.bus.codec import to_message
 from longrun.config import Settings
 from longrun.db.engine import make_engine
 from longrun.demo.timeline import describe
 from longrun.domain import TERMINAL, RunStatus
-from longrun.envelope import make
 
 SERVICES = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-0", "services.worker"),
             ("worker-1", "services.worker"), ("timer", "services.timer"), ("reconciler", "services.reconciler"),
@@ -96,13 +93,8 @@ class Ensemble:
 
 
 async def publish_run_create(settings: Settings, key: str, goal: dict[str, Any]) -> None:
-    envelope = make("run.create", {"workflow": "dependency_upgrade", "idempotency_key": key, "input": goal,
-                                   "priority": 5}, producer="make-run", tenant_id="acme")
-    connection = await aio_pika.connect(settings.amqp_url)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange = await channel.get_exchange(topology.INGRESS_EXCHANGE)
-        await exchange.publish(to_message(envelope), routing_key="run.create")
+    async with await Client.connect(settings.amqp_url, producer="make-run") as client:
+        envelope = await client.create_run("acme", "dependency_upgrade", goal, idempotency_key=key, priority=5)
     print(f"  published run.create {envelope.event_id} (tenant acme, idempotency key {key})")
 
 

@@ -1,105 +1,12 @@
-"""Parse bytes into envelopes by (type, schema_version) — or refuse, never guess.
+"""Bytes -> envelopes by (type, schema_version), and back: defined in ``longrun_client.registry``
+(the public contract) and re-exported here for the runtime.
 
-``decode`` is the only way a message body becomes an envelope. Malformed bytes raise
-``DecodeError``; a known type with an unknown version raises ``UnknownSchemaVersion``;
-both are ``PoisonMessage`` and go to quarantine with their reason. An older version is
-upcast to the newest before validation, so handlers only see current payloads.
+``make`` gives an envelope made inside a span that span's traceparent, through the same global
+propagator ``longrun.otel`` uses, so what a service makes carries the trace it continues.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from longrun_client.registry import ENVELOPES, LATEST, PAYLOADS, decode, encode, known_versions, make
 
-from pydantic import BaseModel, ValidationError, create_model
-
-from longrun import otel
-from longrun.envelope import payloads
-from longrun.envelope.model import Envelope, envelope_fields
-from longrun.envelope.upcast import upcast
-from longrun.errors import DecodeError, UnknownSchemaVersion
-
-# (type, version) -> payload model; every version a producer may still send.
-PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
-    ("run.create", 1): payloads.RunCreateV1,
-    ("run.create", 2): payloads.RunCreateV2,
-    ("run.wakeup", 1): payloads.RunWakeupV1,
-    ("run.event", 1): payloads.RunEventV1,
-    ("run.rejected", 1): payloads.RunRejectedV1,
-}
-
-
-def _envelope_model(type_: str, version: int, payload: type[BaseModel]) -> type[Envelope]:
-    name = "".join(part.title() for part in type_.split(".")) + f"V{version}Envelope"
-    model: type[Envelope] = create_model(  # type: ignore[call-overload]
-        name,
-        __base__=Envelope,
-        type=(Literal[type_], ...),
-        schema_version=(Literal[version], ...),
-        payload=(payload, ...),
-    )
-    return model
-
-
-ENVELOPES: dict[tuple[str, int], type[Envelope]] = {
-    key: _envelope_model(*key, model) for key, model in PAYLOADS.items()
-}
-LATEST: dict[str, int] = {}
-for _type, _version in PAYLOADS:
-    LATEST[_type] = max(_version, LATEST.get(_type, 0))
-
-
-def known_versions(type_: str) -> list[int]:
-    return sorted(v for t, v in PAYLOADS if t == type_)
-
-
-def decode(raw: bytes) -> Envelope:
-    """Bytes -> the newest envelope model for its type; PoisonMessage on anything else."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DecodeError(f"body is not JSON: {e}", raw) from e
-    if not isinstance(data, dict):
-        raise DecodeError("body is not a JSON object", raw)
-    type_, version = data.get("type"), data.get("schema_version")
-    if not isinstance(type_, str) or type_ not in LATEST:
-        raise DecodeError(f"unknown message type {type_!r}", raw)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise DecodeError(f"schema_version must be an integer, got {version!r}", raw)
-    if (type_, version) not in PAYLOADS:
-        raise UnknownSchemaVersion(type_, version, known_versions(type_))
-    try:
-        ENVELOPES[(type_, version)].model_validate(data)
-        latest = LATEST[type_]
-        if version < latest:
-            payload = data.get("payload")
-            data = {**data, "schema_version": latest,
-                    "payload": upcast(type_, version, dict(payload), latest)}
-        return ENVELOPES[(type_, latest)].model_validate(data)
-    except ValidationError as e:
-        raise DecodeError(f"{type_} v{version} failed validation: {_summary(e)}", raw) from e
-
-
-def _summary(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        loc = ".".join(str(p) for p in item["loc"]) or "<root>"
-        parts.append(f"{loc}: {item['msg']}")
-    return "; ".join(parts)
-
-
-def encode(envelope: Envelope) -> bytes:
-    return envelope.model_dump_json().encode()
-
-
-def make(type_: str, payload: BaseModel | dict[str, Any], **meta: Any) -> Envelope:
-    """Build a current-version envelope; ``meta`` sets producer, tenant_id, run_id, ...
-
-    Made inside a span, it carries that span's traceparent unless ``trace`` is given.
-    """
-    meta.setdefault("trace", otel.traceparent())
-    version = LATEST[type_]
-    model = ENVELOPES[(type_, version)]
-    fields = envelope_fields(type=type_, schema_version=version, **meta)
-    body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-    return model.model_validate({**fields, "payload": body})
+__all__ = ["ENVELOPES", "LATEST", "PAYLOADS", "decode", "encode", "known_versions", "make"]

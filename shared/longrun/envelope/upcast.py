@@ -1,32 +1,11 @@
-"""Pure upcasters: payload dict of version n -> version n+1, applied in a loop.
-
-Named ``upcast_<type>_v<n>_v<n+1>`` (dots in the type become underscores). Each has a
-golden test in tests/unit/envelope.
-"""
+"""Pure upcasters, payload dict of version n -> version n+1: defined in ``longrun_client.upcast``
+(the public contract) and re-exported here for the runtime. Each has a golden test in
+tests/unit/envelope."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from longrun_client.upcast import (UPCASTERS, Upcaster, upcast, upcast_run_create_v1_v2, upcast_run_event_v1_v2,
+                                   upcast_run_rejected_v1_v2)
 
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def upcast_run_create_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
-    """v1's single cost ceiling becomes v2's budget; call limits take v2's defaults."""
-    out = {k: v for k, v in payload.items() if k != "budget_usd"}
-    out["budget"] = {"cost_usd": payload.get("budget_usd", 10.0)}
-    return out
-
-
-UPCASTERS: dict[tuple[str, int], Upcaster] = {
-    ("run.create", 1): upcast_run_create_v1_v2,
-}
-
-
-def upcast(type_: str, version: int, payload: dict[str, Any], target: int) -> dict[str, Any]:
-    """Apply the chain from ``version`` to ``target``; a missing link is a KeyError."""
-    while version < target:
-        payload = UPCASTERS[(type_, version)](payload)
-        version += 1
-    return payload
+__all__ = ["UPCASTERS", "Upcaster", "upcast", "upcast_run_create_v1_v2", "upcast_run_event_v1_v2",
+           "upcast_run_rejected_v1_v2"]

@@ -29,7 +29,8 @@ def test_a_message_round_trips() -> None:
     (_wire(schema_version="1"), "schema_version must be an integer"),
     (_wire(extra_field=1), "extra_field: Extra inputs are not permitted"),
     (_wire(payload={"wakeup_id": "w"}), "payload.reason: Field required"),
-    (_wire(tenant_id=""), "tenant_id: String should have at least 1 character"),
+    (_wire(tenant_id=""), "tenant_id: String should match pattern"),
+    (_wire(tenant_id="acme.eu"), "tenant_id: String should match pattern"),
 ])
 def test_malformed_messages_are_poison_with_a_reason(raw: bytes, reason: str) -> None:
     with pytest.raises(DecodeError) as caught:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from longrun.envelope import LATEST, decode
-from longrun.envelope.upcast import UPCASTERS, upcast_run_create_v1_v2
+from longrun.envelope.upcast import UPCASTERS, upcast_run_create_v1_v2, upcast_run_rejected_v1_v2
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 
@@ -32,3 +32,19 @@ def test_upcasters_do_not_mutate_their_input() -> None:
 def test_every_upcaster_has_a_golden_file(key: tuple[str, int]) -> None:
     type_, version = key
     assert (GOLDEN / f"{type_}.v{version}.json").exists()
+
+
+@pytest.mark.parametrize("type_", ["run.event", "run.rejected"])
+def test_v1_broadcasts_upcast_to_v2_exactly_as_recorded(type_: str) -> None:
+    v1 = json.loads((GOLDEN / f"{type_}.v1.json").read_text())
+    expected = json.loads((GOLDEN / f"{type_}.v1-as-v2.json").read_text())
+    decoded = decode(json.dumps(v1).encode())
+    assert decoded.schema_version == LATEST[type_] == 2
+    assert decoded.model_dump(mode="json") == expected
+
+
+def test_a_v1_refusal_gets_the_code_its_hashes_tell() -> None:
+    reused = upcast_run_rejected_v1_v2({"idempotency_key": "k", "reason": "r", "recorded_input_hash": "a",
+                                        "offered_input_hash": "b", "existing_run_id": "run-1"})
+    unknown = upcast_run_rejected_v1_v2({"idempotency_key": "k", "reason": "unknown run kind 'x'"})
+    assert (reused["code"], unknown["code"]) == ("idempotency_key_reused", "unknown_workflow")

@@ -1,0 +1,22 @@
+"""longrun-client: create longrun runs and follow their events over RabbitMQ.
+
+The envelope and payload models here are the bus contract itself: the runtime imports them from
+this package. Importing it loads no database driver and no runtime code.
+"""
+
+from __future__ import annotations
+
+from longrun_client.client import Client
+from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, PublishNotConfirmed, RunRejected,
+                                   UnknownSchemaVersion)
+from longrun_client.model import DataClass, Envelope
+from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunCreateV2, RunEventV2,
+                                     RunOutcome, RunRejectedV2)
+from longrun_client.pending import correlation_id_of
+from longrun_client.registry import decode, encode, make
+from longrun_client.stream import EventStream
+
+__all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
+           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunEventV2",
+           "RunOutcome", "RunRejected", "RunRejectedV2", "UnknownSchemaVersion", "correlation_id_of", "decode",
+           "encode", "make"]

@@ -1,0 +1,34 @@
+"""The public names on the bus: where a producer publishes and where a tenant's events arrive.
+
+The runtime declares these (its topology imports them from here); a producer only publishes to
+the ingress exchange and binds its own queue to its tenant's keys on the events exchange.
+"""
+
+from __future__ import annotations
+
+from longrun_client.model import TENANT_PATTERN
+
+__all__ = ["CREATE_KEY", "EVENTS_EXCHANGE", "EVENTS_LOG_QUEUE", "INGRESS_EXCHANGE", "TENANT_PATTERN",
+           "TERMINAL_STATUSES", "event_key", "status_key", "tenant_pattern"]
+
+INGRESS_EXCHANGE = "longrun.ingress"
+CREATE_KEY = "run.create"
+EVENTS_EXCHANGE = "longrun.events"
+EVENTS_LOG_QUEUE = "longrun.events.log"
+TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "TIMED_OUT", "BUDGET_EXHAUSTED"})
+"""A run.event with one of these statuses is the run's last; it carries the outcome."""
+
+
+def event_key(tenant_id: str, event: str) -> str:
+    """Routing key of a run event on ``EVENTS_EXCHANGE``: ``<tenant>.run.accepted``,
+    ``<tenant>.run.rejected``, ``<tenant>.run.status.<status in lower case>``."""
+    return f"{tenant_id}.run.{event}"
+
+
+def status_key(tenant_id: str, status: str) -> str:
+    return event_key(tenant_id, f"status.{status.lower()}")
+
+
+def tenant_pattern(tenant_id: str) -> str:
+    """The binding that takes every event of one tenant (and only that tenant: ids have no dots)."""
+    return event_key(tenant_id, "#")

@@ -1,0 +1,45 @@
+"""Envelope -> AMQP message.
+
+The body is the whole envelope as JSON (CloudEvents "structured" spirit); the AMQP
+properties and ``cloudEvents:*`` headers mirror the attributes so brokers, tracing and
+non-Python consumers can route and filter without parsing the body.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+
+from longrun_client.model import Envelope
+
+
+def to_message(envelope: Envelope | dict[str, Any]) -> aio_pika.Message:
+    """A persistent message; a dict is an envelope already in its JSON form (as the outbox keeps it)."""
+    data = json.loads(envelope.model_dump_json()) if isinstance(envelope, Envelope) else envelope
+    headers: dict[str, Any] = {
+        "cloudEvents:specversion": "1.0",
+        "cloudEvents:id": data["event_id"],
+        "cloudEvents:type": data["type"],
+        "cloudEvents:source": data["producer"],
+        # The JSON form of occurred_at is RFC 3339 already (UTC written as Z).
+        "cloudEvents:time": data["occurred_at"],
+        "schema_version": data["schema_version"],
+        "tenant_id": data["tenant_id"],
+    }
+    if data.get("run_id"):
+        headers["cloudEvents:subject"] = data["run_id"]
+    if data.get("trace"):
+        headers["traceparent"] = data["trace"]
+    return aio_pika.Message(
+        body=json.dumps(data, separators=(",", ":")).encode(),
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=data["event_id"],
+        correlation_id=data.get("correlation_id"),
+        type=data["type"],
+        timestamp=datetime.fromisoformat(data["occurred_at"]),
+        headers=headers,
+    )

@@ -1,0 +1,148 @@
+"""Payload models, one per (type, schema_version). Published contract: see schemas/.
+
+A new version is a new class plus an upcaster from the previous one (``upcast.py``);
+an old class stays as long as producers may still send it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import Field
+
+from longrun_client.model import Strict
+
+
+class BudgetLimits(Strict):
+    model_calls: int = Field(default=50, ge=0)
+    tool_calls: int = Field(default=200, ge=0)
+    cost_usd: float = Field(default=10.0, ge=0)
+
+
+class RunCreateV1(Strict):
+    """Legacy form: a single cost ceiling."""
+
+    workflow: str = Field(min_length=1)
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict)
+    priority: int = Field(default=5, ge=0, le=9)
+    budget_usd: float = Field(default=10.0, ge=0)
+
+
+class RunCreateV2(Strict):
+    """Ask the scheduler to create a run; the same (tenant, idempotency_key) yields one run."""
+
+    workflow: str = Field(min_length=1, description="Run kind, e.g. dependency_upgrade.")
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict, description="The goal and its parameters.")
+    priority: int = Field(default=5, ge=0, le=9, description="0 lowest, 9 highest; aging lifts waiting runs.")
+    budget: BudgetLimits = Field(default_factory=BudgetLimits)
+    workflow_version: str | None = Field(default=None, description="Pin; the newest registered when absent.")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RunWakeupV1(Strict):
+    """Work message: the run to advance; all state is read from PostgreSQL."""
+
+    wakeup_id: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+
+
+class RunEventV1(Strict):
+    """Version 1 of a run's status broadcast (before labels and outcomes); upcast to v2 on read."""
+
+    seq: int = Field(ge=1)
+    event_type: str
+    status: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class PinnedVersionsV1(Strict):
+    """What a run was pinned to when it was created."""
+
+    workflow: str
+    prompt: str
+    model_policy: str
+    tool_schemas: str
+
+
+class RunAcceptedV1(Strict):
+    """A run.create became (or, repeated, already was) this run. Sent in the creating transaction."""
+
+    run_id: str
+    idempotency_key: str
+    workflow: str
+    versions: PinnedVersionsV1
+    labels: dict[str, str] = Field(default_factory=dict)
+    repeated: bool = Field(default=False, description="True when the key had made this run before.")
+
+
+class Acceptance(Strict):
+    """The acceptance check's verdict and the evidence it passed on."""
+
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    unmet: list[str] = Field(default_factory=list)
+
+
+class PublicReceipt(Strict):
+    """What the outside world may learn of one confirmed action: the far side's id, plus the receipt
+    fields its tool declares public."""
+
+    logical_action: str
+    tool: str
+    external_id: str | None = None
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunOutcome(Strict):
+    """How a run ended: carried by its terminal event."""
+
+    status: str
+    terminal_reason: str | None = None
+    acceptance: Acceptance | None = None
+    receipts: list[PublicReceipt] = Field(default_factory=list)
+
+
+class RunEventV2(Strict):
+    """A run's status change, broadcast on the events exchange for downstream consumers."""
+
+    seq: int = Field(ge=1, description="The run's event sequence number: order a run's events by it.")
+    event_type: str
+    status: str
+    data: dict[str, Any] = Field(default_factory=dict, description="from (the previous status), stage, reason.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    outcome: RunOutcome | None = Field(default=None, description="Set on the terminal event only.")
+
+
+class RejectionCode(str, Enum):
+    """Why a run.create was refused, for machines; ``reason`` says it for people."""
+
+    INVALID_PAYLOAD = "invalid_payload"
+    UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
+    UNKNOWN_WORKFLOW = "unknown_workflow"
+    UNKNOWN_WORKFLOW_VERSION = "unknown_workflow_version"
+    INPUT_TOO_LARGE = "input_too_large"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+
+
+class RunRejectedV1(Strict):
+    """Version 1 of a refusal (no code); upcast to v2 on read."""
+
+    idempotency_key: str
+    reason: str
+    existing_run_id: str | None = None
+    recorded_input_hash: str | None = None
+    offered_input_hash: str | None = None
+
+
+class RunRejectedV2(Strict):
+    """A run.create that was refused: a code, the reason and, for key reuse, both hashes."""
+
+    code: RejectionCode
+    reason: str
+    idempotency_key: str | None = Field(default=None, description="None when the payload could not be read.")
+    refused_event_id: str | None = Field(default=None, description="event_id of the refused run.create.")
+    existing_run_id: str | None = None
+    recorded_input_hash: str | None = None
+    offered_input_hash: str | None = None
