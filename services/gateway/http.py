@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,9 +23,11 @@ from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import runs
 from longrun.db.errors import is_transient
+from longrun.db.schema import run_labels
 from longrun.db.schema import runs as runs_table
 from longrun.domain import event_to_dict
 from longrun.errors import DomainError, LongrunError
+from longrun.workflows import registry
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ def riding_out_database_restarts(handler: Handler) -> Handler:
 
 
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
+    kinds = registry(settings)  # a run terminated here shows its tools' public receipt fields
+
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
         body = await request.body()
@@ -104,6 +108,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                     result = await operate.decide_approval(
                         conn, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
                         approved=action == "approve", actor=actor, reason=reason)
+                elif action == "terminate":
+                    result = await operate.terminate(conn, run_id, actor=actor, reason=reason, kinds=kinds)
                 else:
                     result = await _ACTIONS[action](conn, run_id, actor=actor, reason=reason)
         except operate.RunNotFound as e:
@@ -131,13 +137,21 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
-                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.updated_at)
-        for column in ("tenant_id", "status", "wait_kind", "workflow_version"):
+                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.idempotency_key,
+                       runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
+        for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
             if request.query_params.get(column):
                 query = query.where(runs_table.c[column] == request.query_params[column])
+        for label in request.query_params.getlist("label"):
+            key, equals, value = label.partition("=")
+            if not equals or not key:
+                return JSONResponse({"error": f"label must be key=value, got {label!r}"}, status_code=400)
+            query = query.where(exists().where(run_labels.c.run_id == runs_table.c.run_id,
+                                               run_labels.c.key == key, run_labels.c.value == value))
         async with engine.connect() as conn:
             rows = (await conn.execute(query.order_by(runs_table.c.updated_at.desc()).limit(200))).all()
-        return JSONResponse([{**r._mapping, "updated_at": r.updated_at.isoformat()} for r in rows])
+        return JSONResponse([{**r._mapping, "labels": r.labels or {}, "updated_at": r.updated_at.isoformat()}
+                             for r in rows])
 
     async def quarantined(request: Request) -> Response:
         if operator(request) is None:
@@ -174,5 +188,4 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     ])
 
 
-_ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
-            "terminate": operate.terminate}
+_ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}

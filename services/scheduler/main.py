@@ -70,10 +70,12 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     bus = await open_bus(settings, SERVICE)
     kinds = registry()
     handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions,
-                                slots=settings.tenant_slots, tenant_locked=True)
+                                slots=settings.tenant_slots, max_input_bytes=settings.max_input_bytes,
+                                tenant_locked=True)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
-                            batch=CREATE_BATCH, prelude=admit.lock_tenants_of)
+                            batch=CREATE_BATCH, prelude=admit.lock_tenants_of,
+                            refuser=functools.partial(admit.refuse, partitions=settings.partitions))
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))
     health.ready = True

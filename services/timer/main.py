@@ -24,9 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import service
 from longrun.app import timers
+from longrun.authoring import Registry
 from longrun.bootstrap import open_database
 from longrun.config import Settings
 from longrun.db.errors import is_transient
+from longrun.workflows import registry
 
 SERVICE = "timer"
 MAX_SLEEP = 0.5
@@ -39,16 +41,17 @@ logger = logging.getLogger(__name__)
 
 
 async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
-                    clock: Callable[[], float] = time.time) -> None:
+                    clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> None:
     async def drain() -> None:
         while not stopping.is_set() and await timers.fire_due(
-                engine, batch=batch, clock=clock, producer=SERVICE) == batch:
+                engine, batch=batch, clock=clock, producer=SERVICE, kinds=kinds) == batch:
             pass
 
     burst = False
     while not stopping.is_set():
         try:
-            if burst or await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE) == batch:
+            if burst or await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE,
+                                              kinds=kinds) == batch:
                 # A lane that fails stops; the others finish the backlog, then the first error is handled.
                 failed = [r for r in await asyncio.gather(*(drain() for _ in range(LANES)), return_exceptions=True)
                           if r is not None]
@@ -84,7 +87,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     logger.info("firing timers in batches of %d", settings.timer_batch)
     try:
         await fire_loop(engine, batch=settings.timer_batch, stopping=stopping,
-                        clock=lambda: time.time() + settings.clock_skew)
+                        clock=lambda: time.time() + settings.clock_skew, kinds=registry(settings))
     finally:
         health.ready = False
         await engine.dispose()

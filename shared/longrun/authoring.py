@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -49,6 +50,9 @@ class Tool:
     compensate: Compensate | None = None
     timeout: float = 30.0
     """Attempt (start-to-close) timeout; past it the outcome is UNKNOWN, never FAILED."""
+    public_receipt: tuple[str, ...] = ()
+    """Receipt fields a run's terminal event may show the outside world, beside the external id
+    (always shown). Everything else in a receipt stays inside."""
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -69,16 +73,22 @@ class RunKind:
     """What the model may propose for a given purpose; proposals outside it are refused."""
 
 
+_NONE_PUBLIC: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
 class Registry:
     """Run kinds by (name, workflow version); a run always runs at the version it pinned."""
 
     def __init__(self, kinds: Sequence[RunKind] = ()) -> None:
         self._kinds: dict[tuple[str, str], RunKind] = {}
+        self._public: dict[tuple[str, str], Mapping[str, tuple[str, ...]]] = {}
         for kind in kinds:
             self.add(kind)
 
     def add(self, kind: RunKind) -> None:
         self._kinds[(kind.name, kind.versions.workflow)] = kind
+        self._public[(kind.name, kind.versions.workflow)] = MappingProxyType(
+            {tool.name: tool.public_receipt for tool in kind.tools.values()})
 
     def get(self, name: str, version: str) -> RunKind:
         try:
@@ -91,6 +101,14 @@ class Registry:
         if not versions:
             raise LookupError(f"unknown run kind {name!r}")
         return max(versions, key=lambda k: k.versions.workflow)
+
+    def known(self, name: str) -> bool:
+        return any(n == name for n, _ in self._kinds)
+
+    def public_receipts(self, name: str, version: str) -> Mapping[str, tuple[str, ...]]:
+        """Tool name -> its public receipt fields, for a run of kind ``name`` at ``version``
+        (none when this build does not know that kind)."""
+        return self._public.get((name, version), _NONE_PUBLIC)
 
     def advertised(self) -> list[tuple[str, str]]:
         return sorted(self._kinds)

@@ -19,9 +19,10 @@ def _client(ctx: click.Context) -> httpx.Client:
         "authorization": f"Bearer {opts['token']}", "x-operator": opts["operator"]})
 
 
-def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
+          params: list[tuple[str, str]] | None = None) -> Any:
     with _client(ctx) as http:
-        response = http.request(method, path, json=body)
+        response = http.request(method, path, json=body, params=params)
     data = response.json()
     if response.status_code >= 400:
         raise click.ClickException(f"{response.status_code}: {data.get('error', data)}")
@@ -52,12 +53,15 @@ def run() -> None:
 @click.option("--status")
 @click.option("--wait-kind")
 @click.option("--version", "workflow_version")
+@click.option("--key", "idempotency_key", help="the idempotency key the run was created with")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="repeat to require several")
 @click.pass_context
 def run_list(ctx: click.Context, tenant: str | None, status: str | None, wait_kind: str | None,
-             workflow_version: str | None) -> None:
-    query = {k: v for k, v in {"tenant_id": tenant, "status": status, "wait_kind": wait_kind,
-                               "workflow_version": workflow_version}.items() if v}
-    _print(_call(ctx, "GET", "/runs?" + "&".join(f"{k}={v}" for k, v in query.items())))
+             workflow_version: str | None, idempotency_key: str | None, labels: tuple[str, ...]) -> None:
+    query = [(k, v) for k, v in {"tenant_id": tenant, "status": status, "wait_kind": wait_kind,
+                                 "workflow_version": workflow_version, "idempotency_key": idempotency_key}.items()
+             if v]
+    _print(_call(ctx, "GET", "/runs", params=query + [("label", label) for label in labels]))
 
 
 @run.command("show")

@@ -65,7 +65,8 @@ async def _restore(scenario: Scenario, recorded: dict[str, Any]) -> str:
     return str(recorded["runs"][0]["run_id"])
 
 
-async def test_a_run_parked_for_approval_under_snapshot_schema_1_is_resumed_by_schema_2(scenario: Scenario) -> None:
+async def test_a_run_parked_for_approval_under_snapshot_schema_1_is_resumed_by_this_release(
+        scenario: Scenario) -> None:
     # Given a run that the previous release parked for approval, its snapshot stored as schema 1
     recorded = json.loads(RECORDED.read_text())
     assert recorded["runs"][0]["snapshot"]["schema_version"] == 1 < SNAPSHOT_SCHEMA_VERSION
@@ -87,11 +88,12 @@ async def test_a_run_parked_for_approval_under_snapshot_schema_1_is_resumed_by_s
     done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
     assert done.snapshot.acceptance is not None and done.snapshot.acceptance.unmet == ()
     # with the merge request made once under the approved hash, nothing done before repeated,
-    # and the run's snapshot now stored as schema 2
+    # and the run's snapshot now stored under this release's schema
     assert await scenario.forge_counts() == {"branch": 1, "commit": 2, "ci_run": 2, "merge_request": 1}
     merge = (await scenario.ledger(run_id))["merge_request"]
     assert merge.status == "CONFIRMED" and merge.request_hash == shown["snapshot"]["wait"]["approved_hash"]
-    assert (await scenario.scalar("SELECT snapshot FROM runs WHERE run_id = :r", r=run_id))["schema_version"] == 2
+    rewritten = await scenario.scalar("SELECT snapshot FROM runs WHERE run_id = :r", r=run_id)
+    assert rewritten["schema_version"] == SNAPSHOT_SCHEMA_VERSION
     history = await scenario.events(run_id)
     assert [(e["seq"], e["type"]) for e in history[:len(recorded["run_events"])]] == [
         (e["seq"], e["type"]) for e in recorded["run_events"]]

@@ -168,7 +168,8 @@ async def test_row_of_is_the_row_enqueue_writes(clean, engine) -> None:
     # Given a run's wakeup carrying a trace, and a rejection that names no run
     traced = make("run.wakeup", {"wakeup_id": "w-1", "reason": "probe"}, producer="tests", tenant_id="tenant-a",
                   run_id="run-row", trace="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-    rejected = make("run.rejected", {"idempotency_key": "k", "reason": "input differs", "existing_run_id": "run-x"},
+    rejected = make("run.rejected", {"code": "idempotency_key_reused", "idempotency_key": "k",
+                                     "reason": "input differs", "existing_run_id": "run-x"},
                     producer="tests", tenant_id="tenant-a")
     messages = [outbox.Message(traced, "work", "p.1", 1), outbox.Message(rejected, "events", "run.rejected", 0)]
     # When both are enqueued together

@@ -40,25 +40,28 @@ VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schem
 BULK_RUNS = 10_000
 
 
-def _created(run_id: str, at: float) -> ev.RunCreated:
-    return ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=TENANT, kind="probe", goal=freeze({"n": 1}),
-                         versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0))
+def _created(run_id: str, at: float, tenant: str = TENANT, labels: dict[str, str] | None = None) -> ev.RunCreated:
+    return ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": 1}),
+                         versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0),
+                         labels=freeze(labels or {}), correlation_id=f"corr-{run_id}")
 
 
-async def _running(conn: AsyncConnection, run_id: str) -> StoredRun:
+async def _running(conn: AsyncConnection, run_id: str, tenant: str = TENANT,
+                   labels: dict[str, str] | None = None) -> StoredRun:
     """A run created the way the scheduler creates it, then taken by a worker (READY -> RUNNING)."""
     at = time.time()
-    stored = await runs.create(conn, _created(run_id, at), idempotency_key=run_id, input_hash="h",
+    stored = await runs.create(conn, _created(run_id, at, tenant, labels), idempotency_key=run_id, input_hash="h",
                                partition=topology.partition_of(run_id, PARTITIONS))
     assert stored is not None
     return await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING,
                                                                 reason="taken by test")])
 
 
-async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait) -> StoredRun:
+async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait, tenant: str = TENANT,
+                labels: dict[str, str] | None = None) -> StoredRun:
     """RUNNING -> ``status`` with ``wait``, and its timers, in one transaction like a worker's commit."""
     async with engine.begin() as conn:
-        stored = await _running(conn, run_id)
+        stored = await _running(conn, run_id, tenant, labels)
         at = time.time()
         stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=at, status=status, wait=wait)])
         await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
@@ -225,39 +228,48 @@ _BULK_WAITS = {
 }
 
 
+_BULK_TENANTS = ("tenant-red", "tenant-green", "tenant-blue")
+
+
 @pytest.mark.parametrize("shortcut", [True, False], ids=["shortcut", "domain"])
 async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
         clean, engine, monkeypatch, caplog, shortcut) -> None:
-    # Given runs parked every way a wait timer finds them: an approval and a CI wait reaching their
-    # deadlines, a retry backoff, a wait a webhook already ended, and a run that timed out meanwhile
+    # Given runs of several tenants, each with its own labels and correlation id, parked every way a
+    # wait timer finds them: an approval and a CI wait reaching their deadlines, a retry backoff, a
+    # wait a webhook already ended, and a run that timed out meanwhile
     later = time.time() + 3600
     before: dict[str, StoredRun] = {}
-    for run_id, (status, wait) in _BULK_WAITS.items():
-        moved = {"deadline": later, "wake_at": later} if wait.wake_at is not None else {"deadline": later}
-        before[run_id] = await _park(engine, run_id, status, Wait(**{**_fields(wait), **moved}))
+    for tenant in _BULK_TENANTS:
+        for name, (status, wait) in _BULK_WAITS.items():
+            moved = {"deadline": later, "wake_at": later} if wait.wake_at is not None else {"deadline": later}
+            run_id = f"{name}-{tenant}"
+            before[run_id] = await _park(engine, run_id, status, Wait(**{**_fields(wait), **moved}), tenant,
+                                         {"team": tenant, "ticket": run_id})
     async with engine.begin() as conn:
-        ended, out = before["run-b-ended"], before["run-b-timed-out"]
-        before["run-b-ended"] = await runs.append(conn, ended, [ev.RunWoken(
-            seq=ended.seq(1), at=time.time(), wait_id="e1", reason=WakeReason.EVENT, correlation_key="ci:e")])
-        before["run-b-timed-out"] = await runs.append(conn, out, [ev.RunStatusChanged(
-            seq=out.seq(1), at=time.time(), to=RunStatus.TIMED_OUT, reason="business_deadline: passed")])
+        for tenant in _BULK_TENANTS:
+            ended, out = before[f"run-b-ended-{tenant}"], before[f"run-b-timed-out-{tenant}"]
+            before[f"run-b-ended-{tenant}"] = await runs.append(conn, ended, [ev.RunWoken(
+                seq=ended.seq(1), at=time.time(), wait_id="e1", reason=WakeReason.EVENT, correlation_key="ci:e")])
+            before[f"run-b-timed-out-{tenant}"] = await runs.append(conn, out, [ev.RunStatusChanged(
+                seq=out.seq(1), at=time.time(), to=RunStatus.TIMED_OUT, reason="business_deadline: passed")])
         await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
-        due = {r.run_id: r for r in await conn.execute(text("SELECT run_id, kind, payload FROM timers"))}
+        due = {r.run_id: r for r in await conn.execute(text("SELECT timer_key, run_id, kind, payload FROM timers"))}
     if not shortcut:
         # Any difference from the sample's transition turns the shortcut off for the batch.
         monkeypatch.setattr(firing, "_WAKE_KEYS", frozenset())
     # When they all fire in one batch
     at = time.time()
-    assert await fire_due(engine, batch=10, clock=lambda: at) == len(_BULK_WAITS)
+    assert await fire_due(engine, batch=len(before), clock=lambda: at) == len(before)
     assert ("shortcut disagrees" in caplog.text) is not shortcut
     # Then every run row, event and outbox message is what runs.plan and effects make of the wake
+    woken = 0
     for run_id, was in before.items():
         timer = due[run_id]
         event = ev.RunWoken(seq=was.seq(1), at=at, wait_id=timer.payload["wait_id"],
                             reason=WakeReason(timer.payload["reason"]))
         planned = runs.plan(was, [event])
         applied = planned.after.snapshot.revision != was.snapshot.revision
-        assert applied is (run_id in ("run-b-approval", "run-b-ci", "run-b-retry")), run_id
+        assert applied is run_id.startswith(("run-b-approval", "run-b-ci", "run-b-retry")), run_id
         row = (await _rows(engine, "SELECT * FROM runs WHERE run_id = :r", r=run_id))[0]._mapping
         expected = runs.projection(planned.after.snapshot)
         assert {k: row[k] for k in expected} == expected, run_id
@@ -269,12 +281,25 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
         messages = []
         if applied:
             messages.append(effects.wake_message(planned.after, reason=f"timer:{timer.kind}", producer="timer"))
-        broadcast = effects.broadcast_message(was.snapshot, planned.after, producer="timer")
+        broadcast = effects.broadcast_message(was.snapshot, planned.after, producer="timer",
+                                              cause=f"timer:{timer.timer_key}")
         messages += [broadcast] if broadcast is not None else []
         sent = [dict(o._mapping) for o in await _rows(
             engine, f"SELECT {', '.join(outbox.COLUMNS)} FROM outbox WHERE aggregate_id = :r ORDER BY id", r=run_id)]
         assert [_row_ids_dropped(o) for o in sent] == [_row_ids_dropped(outbox.row_of(m)) for m in messages], run_id
         assert all(o["event_id"] == o["payload"]["event_id"] for o in sent), run_id
+        # and each run's broadcast carries that run's own tenant, route, correlation, cause and labels
+        for o in sent:
+            if o["type"] != "run.event":
+                continue
+            woken += 1
+            tenant = was.snapshot.tenant_id
+            assert o["routing_key"] == f"{tenant}.run.status.ready", run_id
+            assert {k: o["payload"][k] for k in ("tenant_id", "run_id", "correlation_id", "causation_id")} == {
+                "tenant_id": tenant, "run_id": run_id, "correlation_id": f"corr-{run_id}",
+                "causation_id": f"timer:{timer.timer_key}"}, run_id
+            assert o["payload"]["payload"]["labels"] == {"team": tenant, "ticket": run_id}, run_id
+    assert woken == 3 * len(_BULK_TENANTS)
 
 
 async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engine) -> None:
@@ -292,8 +317,10 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
                    "payload": {"type": "run.event", "note": odd, "event_id": "e",
                                "payload": {"seq": 1, "data": {"from": "f", "stage": "s", "note": odd}}}})
     head = timers.RunHead(run_id=f"run {odd}", tenant_id=odd, partition=3, status="WAITING_EVENT", revision=7,
-                          stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd)
-    wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3")
+                          stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd, correlation_id=odd,
+                          labels={odd: odd})
+    wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3",
+                       cause=odd, broadcast_key=odd)
     # When PostgreSQL renders the wake
     async with engine.connect() as conn:
         rendered = await timers.render_wake(conn, template, wake)
@@ -311,11 +338,12 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
                       "payload": {"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
                                   "expected_state_version": 8, "payload": {"reason": odd}}}
     assert broadcast == {"aggregate_type": "run", "aggregate_id": f"run {odd}", "partition": 3,
-                         "exchange": "events", "routing_key": "run.status.ready", "type": "run.event",
+                         "exchange": "events", "routing_key": odd, "type": "run.event",
                          "traceparent": None,
                          "payload": {"type": "run.event", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
-                                     "payload": {"seq": 10, "data": {"from": "WAITING_EVENT", "stage": odd,
-                                                                     "note": odd}}}}
+                                     "correlation_id": odd, "causation_id": odd,
+                                     "payload": {"seq": 10, "labels": {odd: odd},
+                                                 "data": {"from": "WAITING_EVENT", "stage": odd, "note": odd}}}}
 
 
 def _fields(wait: Wait) -> dict[str, Any]:

@@ -19,22 +19,29 @@ is notified only when nobody could take the slot.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
-from longrun.authoring import Registry
+from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
 from longrun.db.schema import QUEUED
 from longrun.domain import Usage, evolve, freeze, request_hash
 from longrun.domain import events as ev
-from longrun.envelope import Envelope, make
+from longrun.envelope import Envelope
+from longrun.envelope.model import TENANT_PATTERN
+from longrun.envelope.payloads import RejectionCode
+from longrun.errors import PoisonMessage, UnknownSchemaVersion
 
 PRODUCER = "scheduler"
 
@@ -47,25 +54,27 @@ def input_hash(payload: Any) -> str:
 
 
 async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
-                     clock: Any = time.time, tenant_locked: bool = False) -> dict[str, Any]:
-    """``tenant_locked``: the transaction holds the tenant's admission lock already (the ingress
-    consumer's prelude, ``lock_tenants_of``), so it is not asked for again: one round trip less."""
+                     max_input_bytes: int, clock: Any = time.time,
+                     tenant_locked: bool = False) -> dict[str, Any]:
+    """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
+    (``run.rejected``). ``tenant_locked``: the transaction holds the tenant's admission lock already
+    (the ingress consumer's prelude, ``lock_tenants_of``), so it is not asked for again: one round
+    trip less."""
     request = envelope.payload
     offered = input_hash(request)
-    try:
-        kind = (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
-                else kinds.newest(request.workflow))
-    except LookupError as e:
+    kind = _kind_for(request, kinds, max_input_bytes)
+    if isinstance(kind, Refusal):
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
-        if found is not None:  # created while its workflow was known: the run stands
+        if found is not None:  # created while it was acceptable: the run stands
             return await _existing(conn, envelope, found, offered, partitions)
-        return await _reject(conn, envelope, partitions, reason=str(e))
+        return await _reject(conn, envelope, partitions, kind)
     run_id = f"run-{uuid.uuid4()}"
     created = ev.RunCreated(
         seq=1, at=clock(), run_id=run_id, tenant_id=envelope.tenant_id, kind=kind.name,
         goal=freeze(request.input), versions=kind.versions, priority=request.priority,
         budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
-                     cost=request.budget.cost_usd))
+                     cost=request.budget.cost_usd),
+        labels=freeze(request.labels), correlation_id=envelope.correlation_id or request.idempotency_key)
     partition = topology.partition_of(run_id, partitions)
     # Admission's lock first: the creating statement's count of the tenant's slots is then the one
     # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
@@ -75,8 +84,11 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
     wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,
                                      revision=evolve(None, created).revision, partition=partition,
                                      reason="admitted", producer=PRODUCER)
+    accepted = effects.accepted_message(envelope, run_id=run_id, partition=partition, workflow=kind.name,
+                                        versions=kind.versions, labels=request.labels, repeated=False,
+                                        producer=PRODUCER)
     stored = await runs.create(conn, created, idempotency_key=request.idempotency_key, input_hash=offered,
-                               partition=partition,
+                               partition=partition, announce=[accepted],
                                at_once=runs.AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
@@ -87,27 +99,94 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
     return {"run_id": run_id, "created": True}
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    code: RejectionCode
+    reason: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | Refusal:
+    """The run kind a create asks for, or why it is refused."""
+    size = len(orjson.dumps(request.input))
+    if size > max_input_bytes:
+        return Refusal(RejectionCode.INPUT_TOO_LARGE,
+                       f"input is {size} bytes of JSON; at most {max_input_bytes} are accepted "
+                       "(put large inputs in the artifact store and pass their reference)")
+    if not kinds.known(request.workflow):
+        return Refusal(RejectionCode.UNKNOWN_WORKFLOW, f"unknown workflow {request.workflow!r}")
+    try:
+        return (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
+                else kinds.newest(request.workflow))
+    except LookupError as e:
+        return Refusal(RejectionCode.UNKNOWN_WORKFLOW_VERSION, str(e))
+
+
 ACTIVE = text(f"SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':t')}")
 
 
-async def _existing(conn: AsyncConnection, envelope: Envelope, found: tuple[str, str], offered: str,
+async def _existing(conn: AsyncConnection, envelope: Envelope, found: runs.Found, offered: str,
                     partitions: int) -> dict[str, Any]:
-    run_id, recorded = found
-    if recorded == offered:
-        return {"run_id": run_id, "created": False}
-    return await _reject(conn, envelope, partitions, reason="idempotency key reused with a different input",
-                         existing_run_id=run_id, recorded_input_hash=recorded, offered_input_hash=offered)
+    """A repeated create: announced again (a new event, the same run), or refused if its input differs."""
+    if found.input_hash != offered:
+        return await _reject(conn, envelope, partitions, Refusal(
+            RejectionCode.IDEMPOTENCY_KEY_REUSED, "idempotency key reused with a different input",
+            {"existing_run_id": found.run_id, "recorded_input_hash": found.input_hash,
+             "offered_input_hash": offered}))
+    await outbox.enqueue_many(conn, [effects.accepted_message(
+        envelope, run_id=found.run_id, partition=found.partition, workflow=found.workflow, versions=found.versions,
+        labels=found.labels, repeated=True, producer=PRODUCER)])
+    return {"run_id": found.run_id, "created": False}
 
 
-async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, *, reason: str,
-                  **details: Any) -> dict[str, Any]:
-    rejected = make("run.rejected", {"idempotency_key": envelope.payload.idempotency_key, "reason": reason,
-                                     **details},
-                    producer=PRODUCER, tenant_id=envelope.tenant_id, causation_id=envelope.event_id,
-                    correlation_id=envelope.correlation_id)
-    await outbox.enqueue(conn, rejected, exchange=topology.EVENTS_EXCHANGE, routing_key="run.rejected",
-                         partition=topology.partition_of(envelope.event_id, partitions))
-    return {"rejected": True, "reason": reason, **details}
+async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, refusal: Refusal) -> dict[str, Any]:
+    await outbox.enqueue_many(conn, [effects.rejected_message(
+        tenant_id=envelope.tenant_id, correlation_id=envelope.correlation_id or envelope.payload.idempotency_key,
+        refused_event_id=envelope.event_id, idempotency_key=envelope.payload.idempotency_key, code=refusal.code,
+        reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)])
+    return {"rejected": True, "code": refusal.code.value, "reason": refusal.reason, **refusal.details}
+
+
+@dataclass(frozen=True, slots=True)
+class Outer:
+    """What a refused run.create's envelope says of its producer, read without its payload's schema."""
+
+    tenant_id: str
+    event_id: str
+    correlation_id: str | None
+    idempotency_key: str | None
+
+
+def readable_outer(body: bytes) -> Outer | None:
+    """The outer fields of a run.create that did not decode, if they name a valid tenant and an id."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or data.get("type") != "run.create":
+        return None
+    tenant, event_id = data.get("tenant_id"), data.get("event_id")
+    if not isinstance(tenant, str) or not re.fullmatch(TENANT_PATTERN, tenant) or not isinstance(event_id, str):
+        return None
+    payload = data.get("payload")
+    key = payload.get("idempotency_key") if isinstance(payload, dict) else None
+    key = key if isinstance(key, str) else None
+    correlation = data.get("correlation_id")
+    return Outer(tenant, event_id, correlation if isinstance(correlation, str) else key, key)
+
+
+async def refuse(conn: AsyncConnection, body: bytes, error: PoisonMessage, *, partitions: int) -> None:
+    """The ingress's answer to a run.create it cannot read: ``run.rejected`` to its producer when
+    its envelope names a tenant (and so a routing key) and an id; nothing otherwise."""
+    outer = readable_outer(body)
+    if outer is None:
+        return
+    code = (RejectionCode.UNKNOWN_SCHEMA_VERSION if isinstance(error, UnknownSchemaVersion)
+            else RejectionCode.INVALID_PAYLOAD)
+    await outbox.enqueue_many(conn, [effects.rejected_message(
+        tenant_id=outer.tenant_id, correlation_id=outer.correlation_id, refused_event_id=outer.event_id,
+        idempotency_key=outer.idempotency_key, code=code, reason=str(error), partitions=partitions,
+        producer=PRODUCER)])
 
 
 QUEUED_TENANTS = text(f"SELECT DISTINCT tenant_id FROM runs WHERE {QUEUED}")

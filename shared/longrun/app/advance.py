@@ -86,6 +86,9 @@ nothing has to be on record before the call. Writes keep the two-phase record.""
 _TAKEN: ContextVar[StoredRun | None] = ContextVar("longrun_taken_run", default=None)
 """The run as ``on_wakeup`` took it, for ``after_ack``: the consumer awaits both in one task, so
 the step loop starts from it instead of reading the run again."""
+_CAUSE: ContextVar[str | None] = ContextVar("longrun_cause", default=None)
+"""The event id of the wakeup a step loop answers (its task's own value): what its broadcasts
+name as their cause."""
 
 
 class Advancer:
@@ -131,10 +134,12 @@ class Advancer:
         fence = Fence(outcome.outcome["owner"], outcome.outcome["token"])
         if taken is not None and (taken.snapshot.run_id != run_id or taken.fencing_token != fence.token):
             taken = None
-        self.start(run_id, fence, trace=outcome.envelope.trace, taken=taken)
+        self.start(run_id, fence, trace=outcome.envelope.trace, taken=taken, cause=outcome.envelope.event_id)
 
-    def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None) -> None:
-        task = asyncio.create_task(self.advance(run_id, fence, trace=trace, taken=taken), name=f"advance {run_id}")
+    def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None,
+              cause: str | None = None) -> None:
+        task = asyncio.create_task(self.advance(run_id, fence, trace=trace, taken=taken, cause=cause),
+                                   name=f"advance {run_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -146,7 +151,8 @@ class Advancer:
 
     # -- the step loop --------------------------------------------------------------------
     async def advance(self, run_id: str, fence: Fence, *, trace: str | None = None,
-                      taken: StoredRun | None = None) -> None:
+                      taken: StoredRun | None = None, cause: str | None = None) -> None:
+        _CAUSE.set(cause)
         # The lease was taken with the wakeup: keep it alive while the run waits for a free slot too.
         heartbeat = asyncio.create_task(self._heartbeat(run_id, fence))
         if self._slots.locked():
@@ -542,11 +548,14 @@ class Advancer:
                 **({} if answer is None else {"status": ActionStatus.CONFIRMED, **answer})}
 
     def _rides(self, stored: StoredRun, planned: runs.Planned) -> runs.Rides:
-        rides = effects.broadcast_rides(stored.snapshot, planned.after, producer=PRODUCER, handover=self.handover)
+        run = stored.snapshot
+        cause, public = _CAUSE.get(), self.kinds.public_receipts(run.kind, run.versions.workflow)
+        rides = effects.broadcast_rides(run, planned.after, producer=PRODUCER, cause=cause, public=public,
+                                        handover=self.handover)
         if stored.written is None:
             return rides
         # A move deferred to this write (READY -> RUNNING) is announced too, first, as if written alone.
-        deferred = effects.broadcast_message(stored.written.snapshot, stored, producer=PRODUCER)
+        deferred = effects.broadcast_message(stored.written.snapshot, stored, producer=PRODUCER, cause=cause)
         return rides if deferred is None else replace(rides, messages=(deferred, *rides.messages))
 
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:

@@ -7,8 +7,10 @@ wakes runs, broadcasts status changes and schedules deadlines the same way.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,8 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.bus import topology
 from longrun.db import outbox, timers
 from longrun.db.runs import Handover, Rides, StoredRun
-from longrun.domain import TERMINAL, RunSnapshot, RunStatus
-from longrun.envelope import DataClass, make
+from longrun.domain import (
+    RECEIPT_FACT_PREFIX,
+    TERMINAL,
+    ActionStatus,
+    PinnedVersions,
+    RunSnapshot,
+    RunStatus,
+    thaw,
+    to_plain,
+)
+from longrun.envelope import DataClass, Envelope, make
+from longrun.envelope.payloads import RejectionCode
 
 ADMISSION_CHANNEL = "longrun_admission"
 
@@ -37,18 +49,78 @@ def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: in
     return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
 
 
-def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str) -> outbox.Message | None:
-    """Status changes go to the events topic for downstream consumers; facts stay private."""
+PublicReceipts = Mapping[str, tuple[str, ...]]
+"""Tool name -> the receipt fields its declaration makes public (``Registry.public_receipts``)."""
+
+
+def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
+                      public: PublicReceipts = MappingProxyType({})) -> outbox.Message | None:
+    """Status changes go to the events topic for downstream consumers, under the run's tenant, with
+    the producer's correlation id and the run's labels; a terminal one carries the run's outcome.
+    Facts stay private. ``cause``: the id of what caused the change (a message's event_id)."""
     run = after.snapshot
     if run.status is before.status:
         return None
     envelope = make("run.event", {"seq": run.last_seq, "event_type": "run.status_changed",
                                   "status": run.status.value,
                                   "data": {"from": before.status.value, "stage": run.stage,
-                                           "reason": run.terminal_reason or ""}},
-                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, data_class=DataClass.INTERNAL)
-    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, f"run.status.{run.status.value.lower()}",
+                                           "reason": run.terminal_reason or ""},
+                                  "labels": thaw(run.labels),
+                                  "outcome": run_outcome(run, public) if run.status in TERMINAL else None},
+                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
+                    causation_id=cause, data_class=DataClass.PUBLIC)
+    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
                           after.partition)
+
+
+def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
+    """How a finished run ended, as far as the outside world may see it: its reason, the evidence
+    its acceptance check passed on, and per confirmed action the external id plus the receipt
+    fields its tool declares public."""
+    receipts = []
+    for action in run.actions:
+        if action.status not in SHOWN_ACTIONS:
+            continue
+        fact = run.fact(f"{RECEIPT_FACT_PREFIX}{action.logical_action}")
+        receipt = fact.value if fact is not None and isinstance(fact.value, Mapping) else {}
+        receipts.append({"logical_action": action.logical_action, "tool": action.tool,
+                         "external_id": action.external_id,
+                         "fields": {k: thaw(receipt[k]) for k in public.get(action.tool, ()) if k in receipt}})
+    acceptance = run.acceptance
+    return {"status": run.status.value, "terminal_reason": run.terminal_reason,
+            "acceptance": None if acceptance is None else {"evidence": thaw(acceptance.evidence),
+                                                            "unmet": list(acceptance.unmet)},
+            "receipts": receipts}
+
+
+SHOWN_ACTIONS = frozenset({ActionStatus.CONFIRMED, ActionStatus.COMPENSATING, ActionStatus.COMPENSATED})
+"""Actions whose effect happened: an outcome lists them."""
+
+
+def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow: str, versions: PinnedVersions,
+                     labels: Mapping[str, str], repeated: bool, producer: str) -> outbox.Message:
+    """The answer to a ``run.create``: the run it made (or, repeated, had made), on the run's partition
+    so it is published before the run's status events."""
+    key = create.payload.idempotency_key
+    envelope = make("run.accepted", {"run_id": run_id, "idempotency_key": key, "workflow": workflow,
+                                     "versions": to_plain(versions), "labels": dict(labels), "repeated": repeated},
+                    producer=producer, tenant_id=create.tenant_id, run_id=run_id,
+                    correlation_id=create.correlation_id or key, causation_id=create.event_id,
+                    data_class=DataClass.PUBLIC)
+    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(create.tenant_id, "accepted"),
+                          partition)
+
+
+def rejected_message(*, tenant_id: str, correlation_id: str | None, refused_event_id: str,
+                     idempotency_key: str | None, code: RejectionCode, reason: str, partitions: int, producer: str,
+                     **details: Any) -> outbox.Message:
+    """The answer to a refused ``run.create``: why, for machines (``code``) and people (``reason``)."""
+    envelope = make("run.rejected", {"code": code, "reason": reason, "idempotency_key": idempotency_key,
+                                     "refused_event_id": refused_event_id, **details},
+                    producer=producer, tenant_id=tenant_id, correlation_id=correlation_id,
+                    causation_id=refused_event_id, data_class=DataClass.PUBLIC)
+    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(tenant_id, "rejected"),
+                          topology.partition_of(refused_event_id, partitions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +133,12 @@ class SlotHandover:
     partitions: int
 
 
-def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str,
-                    handover: SlotHandover | None = None) -> Rides:
+def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
+                    public: PublicReceipts = MappingProxyType({}), handover: SlotHandover | None = None) -> Rides:
     """``broadcast`` as rows riding with the transition's own statement (``runs.write``); with
     ``handover``, a run that finishes gives its slot to the next queued run of its tenant at once
     instead of waking admission."""
-    message = broadcast_message(before, after, producer=producer)
+    message = broadcast_message(before, after, producer=producer, cause=cause, public=public)
     if message is None:
         return Rides()
     run = after.snapshot
@@ -85,8 +157,9 @@ async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, produce
     await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer)])
 
 
-async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun, *, producer: str) -> None:
-    message = broadcast_message(before, after, producer=producer)
+async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun, *, producer: str,
+                    cause: str | None = None, public: PublicReceipts = MappingProxyType({})) -> None:
+    message = broadcast_message(before, after, producer=producer, cause=cause, public=public)
     if message is None:
         return
     await outbox.enqueue_many(conn, [message])

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
+from longrun.authoring import Registry
 from longrun.app.webhooks import audit
 from longrun.db import runs
 from longrun.errors import DomainError, ErrorCode
@@ -46,7 +47,8 @@ class NotPermitted(DomainError):
 
 async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str, reason: str,
                  build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
-                 details: dict[str, Any] | None = None) -> dict[str, Any]:
+                 details: dict[str, Any] | None = None, kinds: Registry | None = None) -> dict[str, Any]:
+    """``kinds``: for a run this ends, whose tools' public receipt fields its outcome shows."""
     stored = await runs.load(conn, run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
@@ -61,7 +63,10 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
     after = await runs.append(conn, stored, [event])
     await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
                 details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
+    run = after.snapshot
+    public = {} if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
+    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
+                            public=public)
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
         await effects.wake(conn, after, reason=action, producer=PRODUCER)
     return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision}
@@ -102,7 +107,7 @@ async def resume(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
 
 
 async def terminate(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
-                    clock: Callable[[], float] = time.time) -> dict[str, Any]:
+                    clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> dict[str, Any]:
     """Immediate and final; cleanup is skipped on purpose (the audit row says who and why)."""
-    return await _apply(conn, run_id, "terminate", actor=actor, reason=reason, clock=clock,
+    return await _apply(conn, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
                         build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))

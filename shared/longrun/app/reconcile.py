@@ -256,7 +256,8 @@ async def _claim(engine: AsyncEngine, registry: Registry, run_id: str, logical_a
             return verdict.outcome
         after = await runs.append(conn, stored, events)
         await ledger.record(conn, row.idempotency_key, _A.RECONCILING, last_error=None)
-        await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
+        await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER,
+                                cause=f"reconciler:{row.idempotency_key}")
         return _Claim(run_id, logical_action, row.idempotency_key, row.request, tool, events[-1].seq)
 
 
@@ -354,7 +355,7 @@ async def _record(conn: AsyncConnection, stored: StoredRun, claim_events: Sequen
     if found is not None and receipt is not None:
         fields.update(external_id=found.external_id, receipt=receipt.value, receipt_ref=receipt.ref)
     await ledger.record(conn, key, verdict.outcome, **fields)
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
+    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER, cause=f"reconciler:{key}")
     # A cancelling run waits for its actions to settle before it can finish: it has work again too.
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
         await effects.wake(conn, after, reason=f"reconciled {logical_action}", producer=PRODUCER)

@@ -72,6 +72,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults
 from longrun.app import effects
+from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
@@ -108,21 +109,26 @@ class Outcome(str, Enum):
 
 
 async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float],
-                   producer: str = "timer") -> int:
-    """Fire up to ``batch`` due timers in one transaction; returns how many were marked fired."""
+                   producer: str = "timer", kinds: Registry | None = None) -> int:
+    """Fire up to ``batch`` due timers in one transaction; returns how many were marked fired.
+
+    ``kinds``: the run kinds whose tools' public receipt fields a run ended here shows (none without)."""
+    kinds = kinds or Registry()
     try:
-        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, isolate=False)
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds,
+                                 isolate=False)
     except Exception as e:
         if is_transient(e):
             raise
         # Savepoints cost two statements per timer, so they are paid only once a batch broke:
         # then the batch runs again timer by timer and only the broken timer waits.
         logger.warning("timer batch failed (%r); firing it again with one savepoint per timer", e)
-        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, isolate=True)
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds,
+                                 isolate=True)
 
 
 async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], float], producer: str,
-                      isolate: bool) -> int:
+                      kinds: Registry, isolate: bool) -> int:
     async with engine.begin() as conn:
         claimed = await timers.claim_due(conn, limit=batch)
         if claimed is None:
@@ -132,11 +138,12 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
         # A run's own timers stay in wake_at order (a wake before its deadline).
         ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
         if isolate:
-            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer)
+            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
+                                                          kinds=kinds)
                         for t in ordered}
         else:
             outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
-                                           producer=producer)
+                                           producer=producer, kinds=kinds)
         faults.crash_point("timer.after_fire_before_mark")
         marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
         await timers.mark_fired(conn, marked)
@@ -146,7 +153,7 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
 
 
 async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
-                        now: datetime, producer: str) -> dict[str, Outcome]:
+                        now: datetime, producer: str, kinds: Registry) -> dict[str, Outcome]:
     """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
     per_run = Counter(t.run_id for t in ordered)
     quick: list[tuple[DueTimer, RunHead, bool]] = []
@@ -158,19 +165,19 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             full.append(timer)
         else:
             quick.append((timer, head, applies))
-    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer)).outcomes
+    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
         template: WakeTemplate | None = _late_only(at)
     else:
-        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer)
+        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer, kinds=kinds)
         template = await _learn(conn, planned, sample)
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
             await _write_together(conn, planned)
             rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], at=at, now=now,
-                                        producer=producer)
+                                        producer=producer, kinds=kinds)
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
         return outcomes
@@ -196,7 +203,13 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
 
 def _wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
     return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
-                routing_key=topology.partition_key(head.partition))
+                routing_key=topology.partition_key(head.partition), cause=_cause(timer),
+                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value))
+
+
+def _cause(timer: DueTimer) -> str:
+    """What a broadcast caused by ``timer`` names as its cause."""
+    return f"timer:{timer.timer_key}"
 
 
 def _late_only(at: float) -> WakeTemplate:
@@ -250,22 +263,22 @@ class _Fired:
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str) -> _Fired:
+                         producer: str, kinds: Registry) -> _Fired:
     """Timers through the domain, in a handful of statements: one locking read, one update, one insert each."""
-    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer)
+    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds)
     await _write_together(conn, fired)
     return fired
 
 
 async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str) -> _Fired:
+                         producer: str, kinds: Registry) -> _Fired:
     if not ordered:
         return _Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
     first = dict(current)
     rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
     released: set[str] = set()
-    woken_by: dict[str, str] = {}
+    woken_by: dict[str, DueTimer] = {}
     outcomes: dict[str, Outcome] = {}
     for timer in ordered:
         stored = current[timer.run_id]
@@ -287,16 +300,20 @@ async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: 
             released.add(timer.run_id)
         applied = planned.after.snapshot.revision != stored.snapshot.revision
         if applied:
-            woken_by[timer.run_id] = timer.kind
+            woken_by[timer.run_id] = timer
         outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
     plans = [runs.Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
     messages: dict[str, list[outbox.Message]] = {}
     for p in plans:
         sent = messages.setdefault(p.after.snapshot.run_id, [])
         if p.after.snapshot.status is RunStatus.READY and p.after.snapshot.revision != p.before.snapshot.revision:
-            reason = f"timer:{woken_by[p.after.snapshot.run_id]}"
+            reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
             sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
-        broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer)
+        cause = woken_by.get(p.after.snapshot.run_id)
+        run = p.after.snapshot
+        broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
+                                              public=kinds.public_receipts(run.kind, run.versions.workflow),
+                                              cause=None if cause is None else _cause(cause))
         if broadcast is not None:
             sent.append(broadcast)
     return _Fired(outcomes, plans, messages)
@@ -316,11 +333,11 @@ async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
 
 
 async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime,
-                         producer: str) -> Outcome:
+                         producer: str, kinds: Registry) -> Outcome:
     """One timer inside a savepoint, so a timer that cannot be handled does not hold up its batch."""
     try:
         async with conn.begin_nested():
-            return await _fire(conn, timer, at=at, now=now, producer=producer)
+            return await _fire(conn, timer, at=at, now=now, producer=producer, kinds=kinds)
     except Exception as e:
         if is_transient(e):
             raise
@@ -328,7 +345,8 @@ async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, n
         return Outcome.FAILED
 
 
-async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime, producer: str) -> Outcome:
+async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime, producer: str,
+                kinds: Registry) -> Outcome:
     stored = await runs.load(conn, timer.run_id, lock=True)
     assert stored is not None, "timers.run_id references runs"
     event = _event(timer, stored, at=at, now=now)
@@ -346,7 +364,9 @@ async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datet
         return Outcome.LATE
     if after.snapshot.status is RunStatus.READY:
         await effects.wake(conn, after, reason=f"timer:{timer.kind}", producer=producer)
-    await effects.broadcast(conn, stored.snapshot, after, producer=producer)
+    run = after.snapshot
+    await effects.broadcast(conn, stored.snapshot, after, producer=producer, cause=_cause(timer),
+                            public=kinds.public_receipts(run.kind, run.versions.workflow))
     return Outcome.APPLIED
 
 

@@ -115,7 +115,8 @@ async def deliver(conn: AsyncConnection, stored: StoredRun, provider: str, event
     await conn.execute(update(webhook_events)
                        .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event.event_id)
                        .values(matched_run_id=stored.snapshot.run_id, matched_at=text("now()")))
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER)
+    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER,
+                            cause=f"webhook:{provider}:{event.event_id}")
     if after.snapshot.status is RunStatus.READY:
         await effects.wake(conn, after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER)
     return after

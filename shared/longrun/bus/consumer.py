@@ -44,6 +44,9 @@ Handler = Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]
 Prelude = Callable[[AsyncConnection, list[Envelope]], Awaitable[None]]
 """Runs first in each transaction of a consumer, with the envelopes it handles (one, or a batch's):
 e.g. to take their locks in one order, before any handler."""
+Refuser = Callable[[AsyncConnection, bytes, PoisonMessage], Awaitable[None]]
+"""Runs in the transaction that quarantines an unreadable message, with its body and why: e.g. to
+answer its producer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +74,14 @@ class QueueConsumer:
 
     def __init__(self, *, bus: Bus, engine: AsyncEngine, service: str, queue: str, handler: Handler | OwnClaim,
                  prefetch: int, max_attempts: int, on_outcome: OutcomeHook | None = None, batch: int = 1,
-                 prelude: Prelude | None = None) -> None:
+                 prelude: Prelude | None = None, refuser: Refuser | None = None) -> None:
         if batch > 1 and isinstance(handler, OwnClaim):
             raise ValueError(f"{queue}: a handler that claims its own inbox rows handles one message at a time "
                              f"(batch=1), got batch={batch}")
         self.bus = bus
         self.batch = batch
         self.prelude = prelude
+        self.refuser = refuser
         self.engine = engine
         self.service = service
         self.queue = queue
@@ -275,6 +279,8 @@ class QueueConsumer:
                         conn, owner=self.service, queue=self.queue, body=message.body,
                         headers=_plain(message.headers), message_id=message.message_id,
                         error_code=code, reason=reason, attempts=attempts)
+                    if self.refuser is not None and isinstance(error, PoisonMessage):
+                        await self.refuser(conn, message.body, error)
                 break
             except Exception as e:
                 if not is_transient(e):

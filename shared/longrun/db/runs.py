@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.db.schema import actions, run_events, runs
-from longrun.domain import RunSnapshot, evolve, is_late
+from longrun.domain import PinnedVersions, RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 
@@ -202,9 +202,10 @@ _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "wor
 
 
 @functools.cache
-def _create(*, at_once: bool) -> driver.Statement:
+def _create(*, at_once: bool, announce: bool, labelled: bool) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
-    ``AtOnce``, its admission too."""
+    ``AtOnce``, its admission too; with ``announce``, messages sent only if the row was new; with
+    ``labelled``, its labels' rows."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
     parts = []
     if at_once:
@@ -217,6 +218,12 @@ def _create(*, at_once: bool) -> driver.Statement:
         "ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING run_id, admitted_at)",
         "first AS (INSERT INTO run_events (run_id, seq, event_id, type, data, applied, occurred_at) "
         "SELECT made.run_id, :e_seq, made.run_id || :e_suffix, :e_type, :e_data, true, :e_occurred_at FROM made)"]
+    if announce:
+        parts.append(f"announced AS ({outbox.insert_sql('made, ' + outbox.from_param('announce'))})")
+    if labelled:
+        parts.append("labelled AS (INSERT INTO run_labels (run_id, tenant_id, key, value) "
+                     "SELECT made.run_id, :tenant_id, l.key, l.value "
+                     "FROM made, jsonb_each_text(CAST(:labels AS jsonb)) AS l)")
     counted = ""
     if at_once:
         wakeup = ("(SELECT r.row, r.n FROM made, jsonb_array_elements(CAST(:wakeup AS jsonb)) WITH ORDINALITY "
@@ -234,10 +241,12 @@ def _create(*, at_once: bool) -> driver.Statement:
 
 
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
-                 partition: int, at_once: AtOnce | None = None) -> StoredRun | None:
-    """Insert a run with its first event; None when (tenant, idempotency_key) exists.
+                 partition: int, at_once: AtOnce | None = None,
+                 announce: Sequence[outbox.Message] = ()) -> StoredRun | None:
+    """Insert a run with its first event and its labels; None when (tenant, idempotency_key) exists.
 
-    With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it."""
+    With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
+    ``announce`` is sent only if the run is new."""
     snapshot = evolve(None, created)
     params: dict[str, Any] = {
         "run_id": created.run_id, "tenant_id": created.tenant_id, "idempotency_key": idempotency_key,
@@ -249,7 +258,12 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
     if at_once is not None:
         params.update(slots=at_once.slots, channel=at_once.channel, wakeup=outbox.rows_json([at_once.wakeup]))
-    row = await driver.one(conn, _create(at_once=at_once is not None), params)
+    if announce:
+        params["announce"] = outbox.rows_json(announce)
+    if created.labels:
+        params["labels"] = jsonb.dumps(dict(created.labels))
+    statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels))
+    row = await driver.one(conn, statement, params)
     if not row.made:
         return None
     return StoredRun(snapshot, created.seq, partition, None, None, 0,
@@ -273,11 +287,32 @@ async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> S
     return None if row is None else _stored(row)
 
 
-async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> tuple[str, str] | None:
-    """(run_id, input_hash) of the run created under this key, if any."""
-    row = (await conn.execute(select(runs.c.run_id, runs.c.input_hash).where(
-        runs.c.tenant_id == tenant_id, runs.c.idempotency_key == idempotency_key))).first()
-    return None if row is None else (row.run_id, row.input_hash)
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A run found by its creating key: what a repeated create is answered with."""
+
+    run_id: str
+    input_hash: str
+    partition: int
+    workflow: str
+    versions: PinnedVersions
+    labels: Mapping[str, str]
+
+
+_FIND = select(runs.c.run_id, runs.c.input_hash, runs.c.partition, runs.c.workflow, runs.c.workflow_version,
+               runs.c.prompt_version, runs.c.model_policy_version, runs.c.tool_schema_version,
+               runs.c.snapshot["labels"].label("labels"))
+
+
+async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> Found | None:
+    """The run created under this key, if any."""
+    row = (await conn.execute(_FIND.where(runs.c.tenant_id == tenant_id,
+                                          runs.c.idempotency_key == idempotency_key))).first()
+    if row is None:
+        return None
+    versions = PinnedVersions(row.workflow_version, row.prompt_version, row.model_policy_version,
+                              row.tool_schema_version)
+    return Found(row.run_id, row.input_hash, row.partition, row.workflow, versions, row.labels or {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,18 @@ is never admitted, and must not stay in the queue's index for admission to skip 
 # Scheduler admission: queued runs by tenant and priority.
 Index("ix_runs_queued", runs.c.tenant_id, runs.c.priority, runs.c.created_at, postgresql_where=text(QUEUED))
 
+# Labels as rows, written once with their run: searchable by key and value through one index,
+# which the run's own updates never touch.
+run_labels = Table(
+    "run_labels", metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("value", Text, nullable=False),
+    PrimaryKeyConstraint("run_id", "key"),
+)
+Index("ix_run_labels_tenant_key_value", run_labels.c.tenant_id, run_labels.c.key, run_labels.c.value)
+
 run_events = Table(
     "run_events", metadata,
     Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),

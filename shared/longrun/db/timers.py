@@ -93,6 +93,8 @@ class RunHead(NamedTuple):
     wait_id: str | None
     wait_has_timer: bool
     stage: str
+    correlation_id: str | None
+    labels: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,8 @@ _CLAIM_DUE = driver.Statement(text(
     "SELECT d.timer_key, d.run_id, d.kind, d.wake_at, CAST(d.payload AS text) AS payload, now() AS now, "
     "       r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.snapshot #>> '{wait,wait_id}' AS wait_id, "
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
-    "       coalesce(r.snapshot ->> 'stage', '') AS stage "
+    "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
+    "       coalesce(r.snapshot -> 'labels', '{}') AS labels "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
 
@@ -160,6 +163,10 @@ class Wake(NamedTuple):
     """The reason its ``run.wakeup`` gives."""
     routing_key: str
     """Where its ``run.wakeup`` goes (its run's partition)."""
+    cause: str
+    """What its broadcast names as its cause (the timer)."""
+    broadcast_key: str
+    """Where its broadcast goes (its tenant's status key)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +195,18 @@ _PER_WAKE: dict[str, dict[tuple[str, ...], str]] = {
                ("event_id",): "to_json(w.wakeup_event)", ("expected_state_version",): "w.revision + 1",
                ("payload", "wakeup_id"): _UUID, ("payload", "reason"): _json("w.wake_reason")},
     "broadcast": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"),
-                  ("event_id",): "to_json(w.broadcast_event)", ("payload", "seq"): "w.stored + 1",
-                  ("payload", "data", "from"): _json("w.status"), ("payload", "data", "stage"): _json("w.stage")},
+                  ("event_id",): "to_json(w.broadcast_event)", ("correlation_id",): _json("w.correlation_id"),
+                  ("causation_id",): _json("w.cause"), ("payload", "seq"): "w.stored + 1",
+                  ("payload", "data", "from"): _json("w.status"), ("payload", "data", "stage"): _json("w.stage"),
+                  ("payload", "labels"): _json("w.labels")},
 }
 # Per message, the outbox columns each wake fills in; its payload is its envelope (``_PER_WAKE``), every
 # other column the sample's row's (``:wakeup_exchange``, ...).
 _PER_ROW: dict[str, dict[str, str]] = {
     "wakeup": {"event_id": "w.wakeup_event", "aggregate_id": "w.run_id", "partition": "w.partition",
                "routing_key": "w.routing_key"},
-    "broadcast": {"event_id": "w.broadcast_event", "aggregate_id": "w.run_id", "partition": "w.partition"},
+    "broadcast": {"event_id": "w.broadcast_event", "aggregate_id": "w.run_id", "partition": "w.partition",
+                  "routing_key": "w.broadcast_key"},
 }
 _SAMPLES = {name: [c for c in outbox.COLUMNS if c not in per_row and c != "payload"]
             for name, per_row in _PER_ROW.items()}
@@ -232,7 +242,8 @@ _INPUTS = (
     "                          CAST(gen_random_uuid() AS text) AS broadcast_event "
     "  FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
     "    n bigint, run_id text, tenant_id text, partition smallint, status text, stage text, revision bigint, "
-    "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text))")
+    "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text, "
+    "    correlation_id text, labels jsonb, cause text, broadcast_key text))")
 # Per wake: what each template becomes for its run. The envelopes are stored as json (checked, not parsed).
 _RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS {'json' if name in _PER_ROW else 'jsonb'})"
              for name, values in _PER_WAKE.items()}
@@ -305,4 +316,6 @@ def _params(template: WakeTemplate, wakes: Sequence[Wake]) -> dict[str, Any]:
                 {"n": n, "run_id": w.head.run_id, "tenant_id": w.head.tenant_id, "partition": w.head.partition,
                  "status": w.head.status, "stage": w.head.stage, "revision": w.head.revision,
                  "stored": w.head.stored_seq, "wait_id": w.wait_id, "reason": w.reason, "applies": w.applies,
-                 "wake_reason": w.wake_reason, "routing_key": w.routing_key} for n, w in enumerate(wakes)])}
+                 "wake_reason": w.wake_reason, "routing_key": w.routing_key,
+                 "correlation_id": w.head.correlation_id, "labels": w.head.labels, "cause": w.cause,
+                 "broadcast_key": w.broadcast_key} for n, w in enumerate(wakes)])}

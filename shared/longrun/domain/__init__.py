@@ -93,6 +93,7 @@ from longrun.domain.snapshot import (
     Wake,
     WakeReason,
     upcast_snapshot_v1_v2,
+    upcast_snapshot_v2_v3,
 )
 
 __all__ = [
@@ -200,6 +201,7 @@ __all__ = [
     "thaw",
     "to_plain",
     "upcast_snapshot_v1_v2",
+    "upcast_snapshot_v2_v3",
     "violations",
     "wait_for",
     "budget_needs",

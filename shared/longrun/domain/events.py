@@ -49,6 +49,9 @@ class RunCreated(RunEvent):
     permissions: tuple[str, ...] = ()
     deadline: float | None = None
     stage: str = ""
+    labels: FrozenMap = FrozenMap()
+    correlation_id: str | None = None
+    """The producer's correlation id (its idempotency key when it gave none): every broadcast carries it."""
 
 
 @_event

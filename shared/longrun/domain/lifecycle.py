@@ -72,7 +72,7 @@ def created(e: ev.RunCreated) -> RunSnapshot:
         run_id=e.run_id, tenant_id=e.tenant_id, kind=e.kind, status=_S.READY, revision=1,
         last_seq=e.seq, created_at=e.at, status_since=e.at, goal=e.goal, versions=e.versions,
         budget=Budget(limit=e.budget), priority=e.priority, permissions=e.permissions,
-        deadline=e.deadline, stage=e.stage,
+        deadline=e.deadline, stage=e.stage, labels=e.labels, correlation_id=e.correlation_id,
     )  # fmt: skip
 
 

@@ -30,8 +30,8 @@ from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 2
-"""2 adds ``labels`` (search attributes); 1 is upcast on read."""
+SNAPSHOT_SCHEMA_VERSION = 3
+"""2 adds ``labels`` (search attributes), 3 ``correlation_id``; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 RECEIPT_FACT_PREFIX = "receipt:"
@@ -144,6 +144,9 @@ class RunSnapshot:
     labels: FrozenMap = FrozenMap()
     """Search attributes (team, cost centre, ticket) operators filter runs by; never read by
     ``decide``. Schema 2; runs stored under schema 1 have none."""
+    correlation_id: str | None = None
+    """What the run's broadcasts carry for their producer to match them by. Schema 3; runs stored
+    under an earlier schema have none."""
 
     def action(self, logical_action: str) -> ActionRecord | None:
         return next((a for a in self.actions if a.logical_action == logical_action), None)
@@ -199,5 +202,15 @@ def upcast_snapshot_v1_v2(data: Mapping[str, object]) -> dict[str, object]:
     return {**data, "schema_version": 2, "labels": {}}
 
 
-SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {1: upcast_snapshot_v1_v2}
+def upcast_snapshot_v2_v3(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 2 -> 3: a run created before correlation ids were kept has none. Pure."""
+    if data.get("schema_version") != 2:
+        raise ValueError(f"upcast_snapshot_v2_v3 takes schema_version 2, got {data.get('schema_version')!r}")
+    if "correlation_id" in data:
+        raise ValueError("a schema-2 snapshot has no correlation_id field")
+    return {**data, "schema_version": 3, "correlation_id": None}
+
+
+SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
+    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

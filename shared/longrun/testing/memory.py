@@ -45,7 +45,7 @@ from longrun.app.webhooks import WAITS
 from longrun.authoring import ToolResult
 from longrun.db.actions import LedgerRow
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import Fence, Planned, StoredRun, plan
+from longrun.db.runs import Fence, Found, Planned, StoredRun, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (
     TERMINAL,
@@ -261,10 +261,11 @@ class MemoryStore:
         row = self.runs.get(run_id)
         return None if row is None else self._stored(row)
 
-    def find(self, tenant_id: str, idempotency_key: str) -> tuple[str, str] | None:
+    def find(self, tenant_id: str, idempotency_key: str) -> Found | None:
         for run_id, row in self.runs.items():
             if row.tenant_id == tenant_id and row.idempotency_key == idempotency_key:
-                return run_id, row.input_hash
+                run = row.snapshot
+                return Found(run_id, row.input_hash, row.partition, run.kind, run.versions, dict(run.labels))
         return None
 
     def admit(self, run_id: str) -> None:
@@ -417,7 +418,8 @@ class MemoryStore:
         run = row.snapshot
         return RunHead(run.run_id, run.tenant_id, row.partition, run.status.value, run.revision, row.stored_seq,
                        None if run.wait is None else run.wait.wait_id,
-                       run.wait is not None and run.wait.wake_at is not None, run.stage)
+                       run.wait is not None and run.wait.wake_at is not None, run.stage, run.correlation_id,
+                       dict(run.labels))
 
     def mark_fired(self, timer_keys: Sequence[str]) -> None:
         for key in timer_keys:
@@ -848,7 +850,7 @@ class World:
 
         found = self.store.find(tenant_id, key)
         if found is not None:
-            return found[0]
+            return found.run_id
         run_id = self.new_id("run")
         created = ev.RunCreated(seq=1, at=self.clock(), run_id=run_id, tenant_id=tenant_id, kind=kind,
                                 goal=freeze(dict(goal)), budget=Usage(model_calls=5, tool_calls=tool_calls, cost=5.0),  # type: ignore[arg-type]

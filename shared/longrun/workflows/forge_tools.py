@@ -77,5 +77,5 @@ def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool
         Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout),
         # Creating a merge request twice opens two: never blind-retried, reconciled by key.
         Tool("forge.create_merge_request", "1", EffectKind.NON_IDEMPOTENT_WRITE, MergeRequestArgs, create_mr,
-             lookup, timeout=timeout),
+             lookup, timeout=timeout, public_receipt=("number", "url")),
     )}

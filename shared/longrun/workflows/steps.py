@@ -39,7 +39,7 @@ async def _echo(args: Mapping[str, Any], idempotency_key: str, fencing_token: in
 
 
 # Pure: nothing exists on a far side to look up or compare, so no lookup (drift checks skip it).
-ECHO = Tool("bench.echo", "1", EffectKind.PURE, EchoArgs, _echo)
+ECHO = Tool("bench.echo", "1", EffectKind.PURE, EchoArgs, _echo, public_receipt=("step",))
 
 
 def _done(state: RunSnapshot, i: int) -> bool:
