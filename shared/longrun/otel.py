@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from longrun_client.registry import traceparent  # noqa: F401 - the envelope's traceparent, defined once
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider

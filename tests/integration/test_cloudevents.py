@@ -37,56 +37,10 @@ def _cloud_event(message: aio_pika.abc.AbstractIncomingMessage) -> Any:
     ))
 
 
-async def _next(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractIncomingMessage:
-    async with asyncio.timeout(10):
-        while (message := await queue.get(fail=False)) is None:
-            await asyncio.sleep(0.02)
-    await message.ack()
-    return message
-
-
-async def test_a_published_run_event_is_a_binary_mode_cloudevent(infra: Infra, bus: Bus) -> None:
-    name = f"tests.cloudevents.{uuid.uuid4().hex[:8]}"
-    connection = await aio_pika.connect(infra.amqp_url)
-    try:
-        channel = await connection.channel()
-        exchange = await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, auto_delete=True)
-        queue = await channel.declare_queue(name, exclusive=True)
-        await queue.bind(exchange, "acme.run.#")  # what a tenant's consumer binds
-
-        event = make("run.event", {
-            "seq": 4, "event_type": "run.status_changed", "status": "COMPLETED",
-            "data": {"from": "RUNNING", "stage": "done", "reason": "acceptance passed"},
-            "labels": {"team": "payments"},
-            "outcome": {"status": "COMPLETED", "terminal_reason": "done", "acceptance": None, "receipts": []}},
-            producer="scheduler", tenant_id="acme", run_id="run-ce-1", correlation_id="key-ce-1",
-            causation_id="evt-cause-1", data_class="public", trace=TRACEPARENT)
-        await bus.publish(name, topology.status_key("acme", "COMPLETED"), to_message(event))
-        message = await _next(queue)
-
-        assert message.routing_key == "acme.run.status.completed"
-        assert "cloudEvents:time" in message.headers, "the SDK would silently default a missing time to now"
-        ce = _cloud_event(message)
-        assert ce.get_specversion() == "1.0"
-        assert ce.get_id() == event.event_id == message.message_id
-        assert ce.get_source() == "scheduler"
-        assert ce.get_type() == "run.event" == message.type
-        assert ce.get_subject() == "run-ce-1"
-        assert ce.get_time() == event.occurred_at
-        assert ce.get_datacontenttype() == "application/json"
-        assert ce.get_data() == json.loads(event.model_dump_json())  # data is the whole envelope
-        assert decode(message.body) == event
-        # The longrun headers and AMQP properties beside the CloudEvents attributes.
-        assert message.headers["schema_version"] == 2
-        assert message.headers["tenant_id"] == "acme"
-        assert message.headers["traceparent"] == TRACEPARENT
-        assert message.correlation_id == "key-ce-1"
-        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
-    finally:
-        await connection.close()
-
-
-async def test_an_event_without_a_run_has_no_subject(infra: Infra, bus: Bus) -> None:
+async def _through_the_broker(infra: Infra, bus: Bus, envelope: Envelope,
+                              routing_key: str) -> aio_pika.abc.AbstractIncomingMessage:
+    """``envelope`` published as the relay publishes it, to a topic exchange of its own, and the
+    delivery a consumer bound ``acme.run.#`` (what a tenant's consumer binds) receives."""
     name = f"tests.cloudevents.{uuid.uuid4().hex[:8]}"
     connection = await aio_pika.connect(infra.amqp_url)
     try:
@@ -94,18 +48,55 @@ async def test_an_event_without_a_run_has_no_subject(infra: Infra, bus: Bus) -> 
         exchange = await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, auto_delete=True)
         queue = await channel.declare_queue(name, exclusive=True)
         await queue.bind(exchange, "acme.run.#")
-
-        rejected: Envelope = make("run.rejected", {
-            "code": "unknown_workflow", "reason": "no workflow 'nope'", "idempotency_key": "key-ce-2",
-            "refused_event_id": "evt-refused-2"},
-            producer="scheduler", tenant_id="acme", correlation_id="key-ce-2", causation_id="evt-refused-2")
-        await bus.publish(name, topology.event_key("acme", "rejected"), to_message(rejected))
-        message = await _next(queue)
-
-        ce = _cloud_event(message)
-        assert "cloudEvents:subject" not in message.headers and ce.get_subject() is None
-        assert (ce.get_id(), ce.get_type(), ce.get_source()) == (rejected.event_id, "run.rejected", "scheduler")
-        assert ce.get_time() == rejected.occurred_at
-        assert ce.get_data() == json.loads(rejected.model_dump_json())
+        await bus.publish(name, routing_key, to_message(envelope))
+        async with queue.iterator() as deliveries:
+            async with asyncio.timeout(10):
+                message = await anext(deliveries)
+            await message.ack()
+        return message
     finally:
         await connection.close()
+
+
+async def test_a_published_run_event_is_a_binary_mode_cloudevent(infra: Infra, bus: Bus) -> None:
+    event = make("run.event", {
+        "seq": 4, "event_type": "run.status_changed", "status": "COMPLETED",
+        "data": {"from": "RUNNING", "stage": "done", "reason": "acceptance passed"},
+        "labels": {"team": "payments"},
+        "outcome": {"status": "COMPLETED", "terminal_reason": "done", "acceptance": None, "receipts": []}},
+        producer="scheduler", tenant_id="acme", run_id="run-ce-1", correlation_id="key-ce-1",
+        causation_id="evt-cause-1", data_class="public", trace=TRACEPARENT)
+    message = await _through_the_broker(infra, bus, event, topology.status_key("acme", "COMPLETED"))
+
+    assert message.routing_key == "acme.run.status.completed"
+    assert "cloudEvents:time" in message.headers, "the SDK would silently default a missing time to now"
+    ce = _cloud_event(message)
+    assert ce.get_specversion() == "1.0"
+    assert ce.get_id() == event.event_id == message.message_id
+    assert ce.get_source() == "scheduler"
+    assert ce.get_type() == "run.event" == message.type
+    assert ce.get_subject() == "run-ce-1"
+    assert ce.get_time() == event.occurred_at
+    assert ce.get_datacontenttype() == "application/json"
+    assert ce.get_data() == json.loads(event.model_dump_json())  # data is the whole envelope
+    assert decode(message.body) == event
+    # The longrun headers and AMQP properties beside the CloudEvents attributes.
+    assert message.headers["schema_version"] == 2
+    assert message.headers["tenant_id"] == "acme"
+    assert message.headers["traceparent"] == TRACEPARENT
+    assert message.correlation_id == "key-ce-1"
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+async def test_an_event_without_a_run_has_no_subject(infra: Infra, bus: Bus) -> None:
+    rejected: Envelope = make("run.rejected", {
+        "code": "unknown_workflow", "reason": "no workflow 'nope'", "idempotency_key": "key-ce-2",
+        "refused_event_id": "evt-refused-2"},
+        producer="scheduler", tenant_id="acme", correlation_id="key-ce-2", causation_id="evt-refused-2")
+    message = await _through_the_broker(infra, bus, rejected, topology.event_key("acme", "rejected"))
+
+    ce = _cloud_event(message)
+    assert "cloudEvents:subject" not in message.headers and ce.get_subject() is None
+    assert (ce.get_id(), ce.get_type(), ce.get_source()) == (rejected.event_id, "run.rejected", "scheduler")
+    assert ce.get_time() == rejected.occurred_at
+    assert ce.get_data() == json.loads(rejected.model_dump_json())

@@ -51,10 +51,12 @@ def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: in
 
 PublicReceipts = Mapping[str, tuple[str, ...]]
 """Tool name -> the receipt fields its declaration makes public (``Registry.public_receipts``)."""
+EXTERNAL_IDS_ONLY: PublicReceipts = MappingProxyType({})
+"""For a writer that does not know the run's kind: its outcome shows external ids alone."""
 
 
 def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
-                      public: PublicReceipts = MappingProxyType({})) -> outbox.Message | None:
+                      public: PublicReceipts = EXTERNAL_IDS_ONLY) -> outbox.Message | None:
     """Status changes go to the events topic for downstream consumers, under the run's tenant, with
     the producer's correlation id and the run's labels; a terminal one carries the run's outcome.
     Facts stay private. ``cause``: the id of what caused the change (a message's event_id)."""
@@ -134,7 +136,7 @@ class SlotHandover:
 
 
 def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
-                    public: PublicReceipts = MappingProxyType({}), handover: SlotHandover | None = None) -> Rides:
+                    public: PublicReceipts = EXTERNAL_IDS_ONLY, handover: SlotHandover | None = None) -> Rides:
     """``broadcast`` as rows riding with the transition's own statement (``runs.write``); with
     ``handover``, a run that finishes gives its slot to the next queued run of its tenant at once
     instead of waking admission."""
@@ -158,7 +160,7 @@ async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, produce
 
 
 async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun, *, producer: str,
-                    cause: str | None = None, public: PublicReceipts = MappingProxyType({})) -> None:
+                    cause: str | None = None, public: PublicReceipts = EXTERNAL_IDS_ONLY) -> None:
     message = broadcast_message(before, after, producer=producer, cause=cause, public=public)
     if message is None:
         return

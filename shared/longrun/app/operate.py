@@ -64,7 +64,7 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
     await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
                 details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
     run = after.snapshot
-    public = {} if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
+    public = effects.EXTERNAL_IDS_ONLY if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
     await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
                             public=public)
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from longrun_client.registry import traceparent
 from opentelemetry.sdk.trace import TracerProvider
 
 from longrun import otel
@@ -24,7 +25,7 @@ def test_without_an_exporter_the_messages_made_in_a_consumer_carry_the_callers_t
     # When it handles a message, and advances a run within that
     with otel.continued("process q", CALLER, **{"messaging.message.id": "m-1"}):
         assert _made() == CALLER
-        with otel.continued("advance run", otel.traceparent()):
+        with otel.continued("advance run", traceparent()):
             assert _made() == CALLER
     # Then what it makes carries the caller's traceparent, unchanged; and a message that came
     # with no trace starts none
