@@ -8,7 +8,6 @@ to wake it early; it polls anyway, because NOTIFY is a hint with no replay.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,13 +83,13 @@ _INSERT = text(insert_sql(from_param("rows")))
 
 
 def rows_json(messages: Sequence[Message]) -> str:
-    return jsonb.dumps([{"envelope": json.loads(m.envelope.model_dump_json()), "exchange": m.exchange,
+    return jsonb.dumps([{"envelope": m.envelope.model_dump(mode="json"), "exchange": m.exchange,
                          "routing_key": m.routing_key, "partition": m.partition} for m in messages])
 
 
 def row_of(message: Message) -> dict[str, Any]:
     """The row ``enqueue_many`` writes for ``message``, by column (its payload as the relay will read it)."""
-    envelope = json.loads(message.envelope.model_dump_json())
+    envelope = message.envelope.model_dump(mode="json")
     run_id, trace = envelope.get("run_id"), envelope.get("trace")
     return {"event_id": envelope["event_id"], "aggregate_type": "run",
             "aggregate_id": envelope["event_id"] if run_id is None else run_id, "partition": message.partition,

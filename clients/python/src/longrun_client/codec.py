@@ -18,7 +18,7 @@ from longrun_client.model import Envelope
 
 def to_message(envelope: Envelope | dict[str, Any]) -> aio_pika.Message:
     """A persistent message; a dict is an envelope already in its JSON form (as the outbox keeps it)."""
-    data = json.loads(envelope.model_dump_json()) if isinstance(envelope, Envelope) else envelope
+    data = envelope.model_dump(mode="json") if isinstance(envelope, Envelope) else envelope
     headers: dict[str, Any] = {
         "cloudEvents:specversion": "1.0",
         "cloudEvents:id": data["event_id"],
