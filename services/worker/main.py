@@ -20,7 +20,7 @@ SERVICE = "worker"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     statements = await open_statements(settings)
-    advancer = Advancer(engine=engine, statements=statements, kinds=registry(settings), model=model_adapter(settings),
+    advancer = Advancer.on_postgres(engine=engine, statements=statements, kinds=registry(settings), model=model_adapter(settings),
                         artifacts=FilesystemArtifactStore(settings.artifact_dir),
                         instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                         concurrency=settings.worker_concurrency,

@@ -1,11 +1,12 @@
-"""The in-memory store keeps the real store's contract: same calls, same answers, same refusals.
+"""The in-memory adapters keep the real ones' contract: same calls, same answers, same refusals.
 
-``longrun.testing.memory.MemoryStore`` stands in for PostgreSQL in the property tests. Each
-scenario here is one sequence of store calls (``db/runs.py``, ``db/actions.py``, ``db/inbox.py``,
-``db/timers.py``), run once against the real store (each call its own transaction) and once
-against the memory store; what every call returned or raised is recorded, normalised (ids,
-clocks) and must be identical. A divergence means the model the property tests trust has
-drifted from the runtime.
+``longrun.testing.memory.MemoryStore`` and the worker's port over it
+(``longrun.testing.workers.MemoryWorkerStore``) stand in for PostgreSQL in the property tests and
+in run kinds' own tests. Each scenario here is one sequence of calls (``db/runs.py``,
+``db/actions.py``, ``db/inbox.py``, ``db/timers.py``, and the worker's ``app.ports.WorkerStore``),
+run once against PostgreSQL (each ``db`` call its own transaction; ``app.worker_store``) and once
+in memory; what every call returned or raised is recorded, normalised (ids, clocks) and must be
+identical. A divergence means the model the tests trust has drifted from the runtime.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun.app import effects
+from longrun.app.ports import LedgerOutcome
+from longrun.app.worker_store import PgWorkerStore
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs, timers
-from longrun.db.runs import Fence, StoredRun
+from longrun.db.driver import Pool
+from longrun.db.runs import Fence, Rides, StoredRun
 from longrun.domain import (
     ActionStatus,
     EffectKind,
@@ -37,7 +43,8 @@ from longrun.domain import (
     freeze,
 )
 from longrun.domain import events as ev
-from longrun.testing.memory import FakeClock, MemoryStore
+from longrun.testing.workers import MemoryWorkerStore
+from longrun.testing.world import World
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +62,11 @@ class Port(Protocol):
 
 
 class Real:
-    """``longrun.db`` over PostgreSQL: every call in its own transaction."""
+    """``longrun.db`` over PostgreSQL: every call in its own transaction; ``worker.*``: the worker's store."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, statements: Pool, artifacts: FilesystemArtifactStore) -> None:
         self.engine = engine
+        self.worker = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=time.time)
         self.prefix = f"pg{uuid.uuid4().hex[:6]}"
 
     def now(self) -> float:
@@ -69,6 +77,8 @@ class Real:
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         module, function = name.split(".")
+        if module == "worker":
+            return await getattr(self.worker, function)(*args, **kwargs)
         target = {"runs": runs, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
@@ -76,8 +86,11 @@ class Real:
 
 class Memory:
     def __init__(self) -> None:
-        self.clock = FakeClock(time.time())
-        self.store = MemoryStore(self.clock)
+        self.world = World()
+        self.clock = self.world.clock
+        self.clock.now = time.time()
+        self.store = self.world.store
+        self.worker = MemoryWorkerStore(self.world)
         self.prefix = f"mem{uuid.uuid4().hex[:6]}"
 
     def now(self) -> float:
@@ -88,6 +101,8 @@ class Memory:
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         module, function = name.split(".")
+        if module == "worker":
+            return await getattr(self.worker, function)(*args, **kwargs)
         if (module, function) == ("runs", "load"):
             kwargs.pop("lock", None)
         with self.store.transaction():
@@ -110,6 +125,8 @@ async def observe(port: Port, seen: list[Any], name: str, *args: Any, **kwargs: 
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, inbox.Handled):  # its row is the statement's own
+        return {"outcome": value.outcome, "duplicate": value.duplicate}
     if isinstance(value, StoredRun):
         return {"snapshot": value.snapshot.to_dict(), "stored_seq": value.stored_seq, "partition": value.partition,
                 "lease_owner": value.lease_owner, "leased": value.lease_until is not None,
@@ -260,6 +277,91 @@ async def timers_fire_once_when_due(port: Port, seen: list[Any]) -> None:
     await observe(port, seen, "timers.claim_due", limit=10)
 
 
+# -- the worker's store (app.ports.WorkerStore) ------------------------------------------------------
+
+
+def _wakeup(port: Port, name: str, run_id: str) -> inbox.Message:
+    return inbox.Message(f"{port.prefix}-{name}", "run.wakeup", run_id)
+
+
+def _request(port: Port, run_id: str, fence: Fence, *, step: int = 0, hash_: str = "a" * 64) -> dict[str, Any]:
+    """``Advancer._request``'s shape: a ledger request under ``fence``."""
+    return {"action_id": f"{port.prefix}-a{step}-{hash_[0]}-{fence.token}", "run_id": run_id,
+            "logical_action": f"step:{step}", "tool": "bench.echo", "tool_version": "1",
+            "effect_kind": EffectKind.PURE.value, "idempotency_key": f"{port.prefix}-k{step}",
+            "request_hash": hash_, "request": {"step": step}, "fencing_token": fence.token}
+
+
+async def _taken(port: Port, seen: list[Any], stored: StoredRun, owner: str) -> Fence:
+    handled, _ = await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, owner, stored.snapshot.run_id),
+                               owner, 30)
+    return Fence(handled.outcome["owner"], handled.outcome["token"])
+
+
+async def a_wakeup_takes_the_lease_once(port: Port, seen: list[Any]) -> None:
+    stored = await new_run(port, seen)
+    run_id = stored.snapshot.run_id
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w1", 30)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w2", 30)  # a repeat
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w2", 30)  # held: not taken
+    fence = Fence("w1", 1)
+    await observe(port, seen, "worker.extend_lease", run_id, fence, 30)
+    await observe(port, seen, "worker.extend_lease", run_id, Fence("w2", 1), 30)
+    await observe(port, seen, "worker.release_lease", run_id, fence)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m3", run_id), "w2", 30)  # token 2
+    await observe(port, seen, "worker.load", run_id)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m4", f"{port.prefix}-ghost"), "w2", 30)
+
+
+async def a_write_carries_its_ledger_row_and_refuses_a_known_key(port: Port, seen: list[Any]) -> None:
+    stored = await new_run(port, seen)
+    run_id = stored.snapshot.run_id
+    fence = await _taken(port, seen, stored, "w1")
+    stored = await observe(port, seen, "worker.load", run_id)
+    request = _request(port, run_id, fence)
+    planned = runs.plan(stored, [ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken")])
+    after = await observe(port, seen, "worker.write", planned, fence, Rides(action=ledger.first_row(**request)))
+    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    await observe(port, seen, "worker.write", planned, fence, Rides())  # the same revision again: stale
+    await observe(port, seen, "worker.write", planned, Fence("w9", 9), Rides())  # not the lease holder
+    charged = runs.plan(after, [ev.BudgetCharged(seq=3, at=1002.0, tool_calls=1)])
+    # The key is on the ledger already: nothing written ...
+    await observe(port, seen, "worker.write", charged, fence, Rides(action=ledger.first_row(**request)))
+    await observe(port, seen, "worker.load", run_id)
+    # ... so the transition goes with one more attempt of the same request, or is refused for another.
+    await observe(port, seen, "worker.write_together", charged, fence, Rides(),
+                  attempt=_request(port, run_id, fence, hash_="b" * 64))
+    await observe(port, seen, "worker.write_together", charged, fence, Rides(), attempt=request)
+    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    await observe(port, seen, "worker.resend", run_id, fence, 30, request)
+    await observe(port, seen, "worker.resend", run_id, Fence("w9", 9), 30, request)  # LeaseLost, nothing recorded
+    await observe(port, seen, "ledger.get", request["idempotency_key"])
+
+
+async def an_outcome_and_a_wait_commit_with_their_transition(port: Port, seen: list[Any]) -> None:
+    stored = await new_run(port, seen)
+    run_id = stored.snapshot.run_id
+    fence = await _taken(port, seen, stored, "w1")
+    stored = await observe(port, seen, "worker.load", run_id)
+    request = _request(port, run_id, fence)
+    now = 1001.0  # the deciding clock: a wait's deadline is scheduled relative to it
+    planned = runs.plan(stored, [ev.RunStatusChanged(seq=2, at=now, to=RunStatus.RUNNING, reason="taken")])
+    after = await observe(port, seen, "worker.write", planned, fence, Rides(action=ledger.first_row(**request)))
+    confirmed = runs.plan(after, [ev.BudgetCharged(seq=3, at=now, tool_calls=1)])
+    after = await observe(port, seen, "worker.write_together", confirmed, fence, Rides(), outcome=LedgerOutcome(
+        request["idempotency_key"], ActionStatus.CONFIRMED, {"external_id": "x-1", "receipt": {"step": 0}}))
+    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    # A wait that parks the run releases the lease and schedules its deadline, a broadcast riding along.
+    wait = Wait(wait_id="w1", kind="ci", deadline=now + TTL, correlation_key=f"ci/{port.prefix}")
+    parked = runs.plan(after, [ev.WaitStarted(seq=4, at=now, status=RunStatus.WAITING_EVENT, wait=wait)],
+                       release_lease=True)
+    rides = effects.broadcast_rides(after.snapshot, parked.after, producer="contract")
+    await observe(port, seen, "worker.write_together", parked, fence, rides, settle_wait=True)
+    await observe(port, seen, "worker.load", run_id)
+    await port.sleep(TTL * 2.5)
+    await observe(port, seen, "timers.claim_due", limit=10)
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -268,6 +370,9 @@ SCENARIOS: list[Scenario] = [
     one_ledger_row_per_idempotency_key,
     inbox_answers_a_repeat_with_the_recorded_outcome,
     timers_fire_once_when_due,
+    a_wakeup_takes_the_lease_once,
+    a_write_carries_its_ledger_row_and_refuses_a_known_key,
+    an_outcome_and_a_wait_commit_with_their_transition,
 ]
 
 
@@ -276,8 +381,9 @@ def _normalised(port: Port, seen: list[Any]) -> Any:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
-async def test_memory_store_answers_like_the_real_store(clean, engine: AsyncEngine, scenario: Scenario) -> None:
-    real, memory = Real(engine), Memory()
+async def test_memory_store_answers_like_the_real_store(clean, engine: AsyncEngine, statements: Pool, tmp_path: Any,
+                                                       scenario: Scenario) -> None:
+    real, memory = Real(engine, statements, FilesystemArtifactStore(tmp_path)), Memory()
     seen_real: list[Any] = []
     seen_memory: list[Any] = []
     await scenario(real, seen_real)
@@ -286,3 +392,4 @@ async def test_memory_store_answers_like_the_real_store(clean, engine: AsyncEngi
     for i, (want, have) in enumerate(zip(expected, got, strict=False)):
         assert have == want, f"call {i} ({want[0]}): the real store answered\n  {want}\nthe memory store\n  {have}"
     assert len(got) == len(expected)
+    memory.world.close()

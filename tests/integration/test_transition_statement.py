@@ -172,7 +172,7 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
     """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
     statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
     await statements.open()
-    worker = Advancer(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
+    worker = Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
     try:

@@ -1,4 +1,5 @@
-"""Named interleavings of the use cases over the in-memory ports, each one a story the random
+"""Named interleavings of the use cases over the in-memory ports (the real ``Advancer`` on the memory
+store, stepped one checkpoint at a time), each one a story the random
 machine (``test_use_cases.py``) can reach but rarely does: the publish request (a non-idempotent
 write) lost at every point of its life, a cancel or a pause landing while a tool call is out,
 a run ended while its request was out and its worker died. Each ends with the same checks as the
@@ -15,15 +16,14 @@ from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.domain import events as ev
 from longrun.testing.invariants import _history, _ledger
-from longrun.testing.memory import (
+from longrun.testing.workers import MemoryWorker, Steps
+from longrun.testing.world import (
     ABANDONED_AFTER,
     APPROVAL_ID,
     ENDED_WHILE_SUBMITTED,
     GATED_KIND,
     PUBLISH,
     FarSide,
-    StepDriver,
-    Steps,
     Webhook,
     World,
     ci_key,
@@ -51,13 +51,14 @@ class Story:
     def publish(self):  # type: ignore[no-untyped-def]
         return self.run.action("publish")
 
-    def worker(self) -> tuple[StepDriver, Steps]:
+    def worker(self) -> tuple[MemoryWorker, Steps]:
         """A fresh worker process takes the next wakeup."""
         self.workers += 1
-        driver = StepDriver(self.world, f"worker-{self.workers}", lease_ttl=TTL)
+        driver = MemoryWorker(self.world, f"worker-{self.workers}", lease_ttl=TTL)
         message = self.world.pending.pop(0)
         outcome, duplicate = driver.on_wakeup(message)
         assert not duplicate and outcome["taken"], outcome
+        assert message.run_id is not None
         return driver, driver.advance(message.run_id, Fence(outcome["owner"], outcome["token"]))
 
     def step_until(self, steps: Steps, stop: Callable[[], bool]) -> bool:
@@ -79,7 +80,7 @@ class Story:
                 seq=seq, at=at, approval_id=APPROVAL_ID, approved=True, approved_hash=hash_ or "",
                 decided_by="owner"))
 
-    def until_publish(self, status: ActionStatus, *, then: str = "committed") -> Steps:
+    def until_publish(self, status: ActionStatus, *, then: str = "tool request") -> Steps:
         """Run it through its steps, the webhook and the approval until the publish action is at
         ``status``; return the worker's steps paused at the first ``then`` checkpoint from there."""
         for _ in range(10):
@@ -110,7 +111,7 @@ class Story:
     def executions(self) -> int:
         record = self.publish()
         assert record is not None
-        return self.world.far_side.executions[(PUBLISH.name, record.idempotency_key)]
+        return self.world.far_side.executions[(PUBLISH, record.idempotency_key)]
 
     def assert_consistent(self, *, settled: bool = True) -> None:
         store = self.world.store
@@ -135,19 +136,19 @@ def test_publish_times_out_after_acting_and_the_reconciler_finds_it_by_key() -> 
     story.assert_consistent()
 
 
-@pytest.mark.parametrize("dies_at", ["committed", "tool answered"])
+@pytest.mark.parametrize("dies_at", ["tool request", "tool answered"])
 def test_worker_dies_around_the_publish_request_and_it_happens_exactly_once(dies_at: str) -> None:
-    # "committed": SUBMITTED is stored, the request never left; "tool answered": the far side acted,
+    # "tool request": SUBMITTED is stored, the request never left; "tool answered": the far side acted,
     # the answer died with the worker. Either way the next worker must not blind-retry it.
     story = Story()
     steps = story.until_publish(A.SUBMITTED, then=dies_at)
-    del steps  # SIGKILL
+    steps.close()  # SIGKILL
     story.world.clock.advance(TTL + 1)
     assert story.world.rewake_expired_leases() == 1
     _, steps = story.worker()
     story.step_until(steps, lambda: False)
     assert story.run.status is S.ACTION_UNKNOWN and story.publish().status is A.UNKNOWN
-    expected = {"committed": {"RETRYABLE": 1}, "tool answered": {"CONFIRMED": 1}}[dies_at]
+    expected = {"tool request": {"RETRYABLE": 1}, "tool answered": {"CONFIRMED": 1}}[dies_at]
     assert story.world.reconcile_unknown() == expected
     story.settle()
     assert story.run.status is S.COMPLETED
@@ -191,13 +192,11 @@ def test_a_pause_while_the_request_is_out_keeps_the_unknown_outcome_for_after_th
 
 
 def test_a_run_terminated_while_its_request_is_out_still_gets_its_action_settled() -> None:
-    story = Story(steps=2)
-    _, steps = story.worker()
-    # The first step is SUBMITTED (committed), its request not yet sent...
-    assert story.step_until(steps, lambda: story.run.action("step:0") is not None
-                            and story.run.action("step:0").status is A.SUBMITTED)
+    story = Story()
+    # The publish is SUBMITTED (committed), its request not yet sent...
+    steps = story.until_publish(A.SUBMITTED)
     story.world.operate(story.run_id, lambda seq, at: ev.RunTerminated(seq=seq, at=at, by="ops", reason="x"))
-    del steps  # ...and the worker dies.
+    steps.close()  # ...and the worker dies.
     story.world.clock.advance(TTL + 1)
     story.world.rewake_expired_leases()
     assert story.run.status is S.TERMINATED
@@ -214,33 +213,40 @@ def test_a_run_terminated_while_its_request_is_out_still_gets_its_action_settled
     story.assert_consistent(settled=True)
 
 
-def test_a_step_resent_after_a_crash_is_not_charged_again_and_the_budget_stops_the_next() -> None:
+def test_a_pure_step_whose_answer_died_with_its_worker_runs_again_charged_once() -> None:
+    # A pure step is recorded with its answer (prepared, submitted, charged, confirmed at once): a
+    # worker that dies between the answer and the record leaves nothing on record, so its successor
+    # simply calls again, and the budget counts the call that was recorded.
     world = World(lease_ttl=TTL)
     run_id = world.create(tenant_id="t", key="k", kind="steps", goal={"steps": 3}, tool_calls=2)
-    driver = StepDriver(world, "w1", lease_ttl=TTL)
+    worker = MemoryWorker(world, "w1", lease_ttl=TTL)
     message = world.pending.pop(0)
-    outcome, _ = driver.on_wakeup(message)
-    steps = driver.advance(run_id, Fence(outcome["owner"], outcome["token"]))
-    for _ in steps:
-        record = world.store.load(run_id).snapshot.action("step:1")  # type: ignore[union-attr]
-        if record is not None and record.status is A.SUBMITTED:
-            break  # the second (and last affordable) step is submitted; the worker dies here
+    outcome, _ = worker.on_wakeup(message)
+    steps = worker.advance(run_id, Fence(outcome["owner"], outcome["token"]))
+    answers = 0
+    for at in steps:
+        answers += at == "tool answered"
+        if answers == 2:
+            break  # the second (and last affordable) step answered; the worker dies before recording it
+    steps.close()
     world.clock.advance(TTL + 1)
     world.rewake_expired_leases()
-    driver = StepDriver(world, "w2", lease_ttl=TTL)
-    outcome, _ = driver.on_wakeup(world.pending.pop(0))
-    for _ in driver.advance(run_id, Fence(outcome["owner"], outcome["token"])):
+    worker = MemoryWorker(world, "w2", lease_ttl=TTL)
+    outcome, _ = worker.on_wakeup(world.pending.pop(0))
+    for _ in worker.advance(run_id, Fence(outcome["owner"], outcome["token"])):
         pass
     stored = world.store.load(run_id)
-    # The successor re-sent the same submission (no second charge) and settled it; the third step
-    # found no budget left and was never prepared
+    # The successor called step 1 again and recorded it (one charge); the third step found no budget
+    # left and was never prepared
     assert stored is not None and stored.snapshot.status is S.BUDGET_EXHAUSTED
     assert stored.snapshot.terminal_reason == "budget tool_calls exhausted"
     assert stored.snapshot.budget.used.tool_calls == 2
     assert [(a.logical_action, a.status) for a in stored.snapshot.actions] == [
         ("step:0", A.CONFIRMED), ("step:1", A.CONFIRMED)]
+    assert sorted(world.far_side.executions.values()) == [1, 2]
     history = world.store.history(run_id)
     assert _ledger(stored, world.store.for_run(run_id), settled=True, history=history) == []
+    world.close()
 
 
 def test_the_same_webhook_three_times_makes_one_transition() -> None:

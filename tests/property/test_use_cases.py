@@ -1,4 +1,5 @@
-"""The use cases under random interleavings, over in-memory ports (``longrun.testing.memory``).
+"""The use cases under random interleavings, over in-memory ports (``longrun.testing``): the workers are
+the real ``Advancer`` on the memory store, stepped one checkpoint at a time.
 
 Where ``tests/unit/domain/test_run_machine.py`` drives ``evolve`` with events, this machine
 drives the USE CASES: wakeups delivered (and delivered again), workers that take a lease and
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+
+import logging
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -32,15 +35,14 @@ from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.domain import events as ev
 from longrun.errors import DomainError
 from longrun.testing.invariants import _history, _ledger
-from longrun.testing.memory import (
+from longrun.testing.workers import MemoryWorker, Steps
+from longrun.testing.world import (
     ABANDONED_AFTER,
     APPROVAL_ID,
     FAULTS,
     GATED_KIND,
     PUBLISH,
     FarSide,
-    StepDriver,
-    Steps,
     Webhook,
     World,
     ci_key,
@@ -61,6 +63,25 @@ class Activation:
     steps: Steps
 
 
+class _Failures(logging.Handler):
+    """What the workers log: a failed step (an error) and a lost lease (a warning)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.errors: list[str] = []
+        self.lost = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.errors.append(f"{record.getMessage()}: {record.exc_info[1] if record.exc_info else ''}")
+        elif "lost" in record.getMessage():
+            self.lost = True
+
+    def take(self) -> list[str]:
+        errors, self.errors, self.lost = self.errors, [], False
+        return errors
+
+
 class UseCases(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -75,9 +96,11 @@ class UseCases(RuleBasedStateMachine):
         self.checked: dict[str, object] = {}
         self.seen: set[str] = set()
         """What this example exercised (reported as hypothesis events: the coverage of the search)."""
+        self.log = _Failures()
+        logging.getLogger("longrun.app.advance").addHandler(self.log)
 
-    def _driver(self, worker: str) -> StepDriver:
-        return StepDriver(self.world, f"{worker}.{self.generation[worker]}", lease_ttl=TTL)
+    def _driver(self, worker: str) -> MemoryWorker:
+        return MemoryWorker(self.world, f"{worker}.{self.generation[worker]}", lease_ttl=TTL)
 
     # -- helpers -----------------------------------------------------------------------------------
     def snapshot(self, run_id: str):  # type: ignore[no-untyped-def]
@@ -103,16 +126,14 @@ class UseCases(RuleBasedStateMachine):
             written = sum(1 for r in store.event_rows(activation.run_id) if r.fencing_token == activation.fence.token)
             try:
                 next(activation.steps)
-            except StopIteration as end:
-                if stale and end.value == "lease lost":
+            except StopIteration:
+                if stale and self.log.lost:
                     self.seen.add("a stale worker was fenced out")
                 self.activations.remove(activation)
                 return
-            except Exception as e:  # noqa: BLE001 - the worker logs and lets the lease expire; we record it
-                self.failures.append(f"{activation.run_id} under {activation.fence}: {e.__class__.__name__}: {e}")
-                self.activations.remove(activation)
-                return
             finally:
+                # The worker logs a failed step and lets the lease expire; we record it.
+                self.failures += self.log.take()
                 if stale:
                     now = sum(1 for r in store.event_rows(activation.run_id)
                               if r.fencing_token == activation.fence.token)
@@ -135,7 +156,7 @@ class UseCases(RuleBasedStateMachine):
         """Live (not stalled) workers renew their leases, as their heartbeat task does every ttl/3."""
         for a in self.activations:
             if a.worker not in self.stalled:
-                self.drivers[a.worker].heartbeat(a.run_id, a.fence)
+                self.world.store.extend_lease(a.run_id, a.fence, TTL)
 
     # -- producers and the bus -----------------------------------------------------------------------
     @precondition(lambda self: len(self.runs) < MAX_RUNS)
@@ -181,6 +202,8 @@ class UseCases(RuleBasedStateMachine):
     def worker_crashes(self, data: st.DataObject) -> None:
         """SIGKILL: every step in flight stops where it is; the leases are left to expire."""
         worker = data.draw(st.sampled_from(sorted({a.worker for a in self.activations})))
+        for killed in [a for a in self.activations if a.worker == worker]:
+            killed.steps.close()
         self.activations = [a for a in self.activations if a.worker != worker]
         self.stalled.discard(worker)
         self.generation[worker] += 1
@@ -297,7 +320,7 @@ class UseCases(RuleBasedStateMachine):
     @invariant()
     def no_request_executed_twice_unless_repeatable(self) -> None:
         for (tool, key), n in self.world.far_side.executions.items():
-            if tool == PUBLISH.name:
+            if tool == PUBLISH:
                 assert n <= 1, f"{PUBLISH.effect.value} {key} executed {n} times"
 
     @invariant()
@@ -319,6 +342,13 @@ class UseCases(RuleBasedStateMachine):
 
     # -- the end: settle everything -------------------------------------------------------------------------
     def teardown(self) -> None:
+        try:
+            self.settle_and_check()
+        finally:
+            logging.getLogger("longrun.app.advance").removeHandler(self.log)
+            self.world.close()
+
+    def settle_and_check(self) -> None:
         if not self.runs:
             return
         self.settle()
@@ -410,16 +440,15 @@ def test_memory_far_side_counts_what_a_stale_worker_would_repeat_without_fencing
         world = World(far_side=FarSide(fencing=fencing), lease_ttl=TTL)
         run_id = world.create(tenant_id="t", key="k", kind=GATED_KIND, goal={"steps": 0})
         hook = Webhook("evt", ci_key(run_id), f"ci_result:{run_id}", {"status": "passed"})
-        old = _run_until(world, StepDriver(world, "old", lease_ttl=TTL), _publish_submitted, hook)
+        old = _run_until(world, MemoryWorker(world, "old", lease_ttl=TTL), _publish_requested, hook)
         # the old worker stalls: its lease expires, the reconciler re-wakes the run for a new worker
         world.clock.advance(TTL + 1)
         world.rewake_expired_leases()
-        new = StepDriver(world, "new", lease_ttl=TTL)
+        new = MemoryWorker(world, "new", lease_ttl=TTL)
         message = world.pending.pop()
         outcome, _ = new.on_wakeup(message)
-        steps = new.advance(run_id, Fence(outcome["owner"], outcome["token"]))
-        for _ in steps:  # SUBMITTED non-idempotent: UNKNOWN, parked for reconciliation
-            pass
+        for _ in new.advance(run_id, Fence(outcome["owner"], outcome["token"])):
+            pass  # SUBMITTED non-idempotent: UNKNOWN, parked for reconciliation
         assert world.reconcile_unknown() == {"RETRYABLE": 1}  # the old request has not arrived yet
         message = world.pending.pop()
         outcome, _ = new.on_wakeup(message)
@@ -427,7 +456,8 @@ def test_memory_far_side_counts_what_a_stale_worker_would_repeat_without_fencing
             pass
         for _ in old:  # the stalled worker wakes up and sends its request
             pass
-        assert world.far_side.executions[(PUBLISH.name, _publish_key(world, run_id))] == expected
+        assert world.far_side.executions[(PUBLISH, _publish_key(world, run_id))] == expected
+        world.close()
 
 
 def _publish_key(world: World, run_id: str) -> str:
@@ -436,19 +466,21 @@ def _publish_key(world: World, run_id: str) -> str:
     return record.idempotency_key
 
 
-def _publish_submitted(world: World, run_id: str) -> bool:
+def _publish_requested(world: World, run_id: str, at: str) -> bool:
+    """The publish is on record as submitted and its worker is about to send it."""
     record = world.store.load(run_id).snapshot.action("publish")  # type: ignore[union-attr]
-    return record is not None and record.status is ActionStatus.SUBMITTED
+    return record is not None and record.status is ActionStatus.SUBMITTED and at == "tool request"
 
 
-def _run_until(world: World, driver: StepDriver, done: Callable[[World, str], bool], hook: Webhook) -> Any:
-    """Drive one run through webhook and approval until ``done``; return the steps generator paused there."""
+def _run_until(world: World, worker: MemoryWorker, done: Callable[[World, str, str], bool], hook: Webhook) -> Steps:
+    """Drive one run through webhook and approval until ``done``; return its steps paused there."""
     while True:
         message = world.pending.pop(0)
-        outcome, _ = driver.on_wakeup(message)
-        steps = driver.advance(message.run_id, Fence(outcome["owner"], outcome["token"]))
-        for _ in steps:
-            if done(world, message.run_id):
+        outcome, _ = worker.on_wakeup(message)
+        assert message.run_id is not None
+        steps = worker.advance(message.run_id, Fence(outcome["owner"], outcome["token"]))
+        for at in steps:
+            if done(world, message.run_id, at):
                 return steps
         run = world.store.load(message.run_id).snapshot  # type: ignore[union-attr]
         if run.status is S.WAITING_EVENT:
@@ -458,4 +490,3 @@ def _run_until(world: World, driver: StepDriver, done: Callable[[World, str], bo
             world.operate(message.run_id, lambda seq, at: ev.ApprovalDecided(
                 seq=seq, at=at, approval_id=APPROVAL_ID, approved=True,
                 approved_hash=run.wait.approved_hash or "", decided_by="owner"))  # type: ignore[union-attr]
-

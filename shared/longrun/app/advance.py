@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
@@ -29,14 +29,16 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, otel
-from longrun.app import effects, webhooks
-from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
+from longrun.app import effects
+from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
+from longrun.app.worker_store import PgWorkerStore
+from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs
 from longrun.db.driver import Pool
-from longrun.db.errors import is_transient, is_unique_violation
+from longrun.db.errors import is_transient
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
     RECEIPT_FACT_PREFIX,
@@ -92,15 +94,15 @@ name as their cause."""
 
 
 class Advancer:
-    def __init__(self, *, engine: AsyncEngine, statements: Pool, kinds: Registry, model: ModelAdapter,
-                 artifacts: ArtifactStore, instance_id: str, lease_ttl: float, concurrency: int = 64,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                 handover: effects.SlotHandover | None = None) -> None:
+    def __init__(self, *, store: WorkerStore, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
+                 instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
+                 crash_points: CrashPoints = faults.crash_point) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that)."""
-        self.engine = engine
-        self.statements = statements
+        self.store = store
         self.artifacts = artifacts
+        self.crash_point = crash_points
         self.kinds = kinds
         self.model = model
         self.instance_id = instance_id
@@ -111,16 +113,21 @@ class Advancer:
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @classmethod
+    def on_postgres(cls, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
+                    clock: Callable[[], float] = time.time, **options: Any) -> Advancer:
+        """The runtime's worker: its store is PostgreSQL (``app.worker_store``)."""
+        store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=clock)
+        return cls(store=store, artifacts=artifacts, clock=clock, **options)
+
     # -- bus side -----------------------------------------------------------------------
     async def on_wakeup(self, envelope: Envelope) -> Outcome:
         """Consumer handler (``OwnClaim``): the wakeup's inbox row and the take of the run's lease in one
         statement; the steps run after the ack, from the run as taken."""
         assert envelope.run_id is not None
         _TAKEN.set(None)
-        async with self.statements.connection() as conn:
-            handled, stored = await runs.take_on_wakeup(conn, inbox.Message(envelope.event_id, envelope.type,
-                                                                            envelope.run_id),
-                                                        self.instance_id, self.lease_ttl)
+        handled, stored = await self.store.take_on_wakeup(
+            inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl)
         _TAKEN.set(stored)
         return Outcome(envelope, handled.outcome, handled.duplicate)
 
@@ -161,11 +168,13 @@ class Advancer:
             async with self._slots:
                 with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
                                                               "longrun.fencing_token": fence.token}):
-                    await self._advance(run_id, fence, taken)
+                    await self.run_steps(run_id, fence, taken)
         finally:
             heartbeat.cancel()
 
-    async def _advance(self, run_id: str, fence: Fence, taken: StoredRun | None = None) -> None:
+    async def run_steps(self, run_id: str, fence: Fence, taken: StoredRun | None = None) -> None:
+        """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
+        is logged and leaves the lease to expire."""
         try:
             stored = taken if taken is not None else await self._load(run_id, fence)
             while stored is not None:
@@ -183,8 +192,7 @@ class Advancer:
                 logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
 
     async def _load(self, run_id: str, fence: Fence) -> StoredRun | None:
-        async with self.statements.connection() as conn:
-            stored = await runs.load(conn, run_id)
+        stored = await self.store.load(run_id)
         if stored is None or stored.lease_owner != fence.owner or stored.fencing_token != fence.token:
             return None
         return stored
@@ -193,9 +201,8 @@ class Advancer:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                async with self.engine.begin() as conn:
-                    if not await runs.extend_lease(conn, run_id, fence, self.lease_ttl):
-                        return
+                if not await self.store.extend_lease(run_id, fence, self.lease_ttl):
+                    return
             except Exception as e:
                 logger.warning("run %s: heartbeat failed (%r)", run_id, e)
 
@@ -240,7 +247,7 @@ class Advancer:
             if unmet:
                 return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                                           reason="acceptance check failed: " + "; ".join(unmet))
-            faults.crash_point("worker.before_completion")
+            self.crash_point("worker.before_completion")
             return await self._finish(stored, fence, ev.RunCompleted, evidence=decision.evidence)
         if isinstance(decision, Fail):
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.FAILED,
@@ -352,7 +359,7 @@ class Advancer:
                 stored = await self._commit(stored, events, fence, ledger_row=ledger_row)
         else:
             await self._resend(stored, fence, ledger_row)
-        faults.crash_point("worker.before_tool_request")
+        self.crash_point("worker.before_tool_request")
         try:
             result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)
         except (ActionOutcomeUnknown, TimeoutError) as e:
@@ -371,7 +378,7 @@ class Advancer:
             stored = await self._submitted(stored, pending, fence, ledger_row)
             return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
                 self._event(s, ev.ActionFailed, logical_action=name, error=str(e))], last_error=str(e))
-        faults.crash_point("worker.after_tool_response_before_record")
+        self.crash_point("worker.after_tool_response_before_record")
         if pending:
             return await self._confirm_with_request(stored, pending, fence, ledger_row, result)
         return await self._confirm(stored, fence, tool, name, key, result)
@@ -402,7 +409,7 @@ class Advancer:
             return runs.defer(stored, events,
                               request=self._request(stored.snapshot.run_id, fence, ledger_row, answer))
         return await self._commit(stored, events, fence, ledger_row=ledger_row, answer=answer,
-                                  artifact=(ref, size))
+                                  artifact=Artifact(ref, size))
 
     async def _confirm(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str, key: str,
                        result: ToolResult) -> StoredRun | None:
@@ -410,7 +417,7 @@ class Advancer:
         return await self._record_outcome(
             stored, fence, key, ActionStatus.CONFIRMED,
             lambda s: self._confirmation(s, tool, logical_action, result, receipt, ref),
-            artifact=(ref, size) if ref else None, **self._answer(result, receipt, ref))
+            artifact=Artifact(ref, size) if ref else None, **self._answer(result, receipt, ref))
 
     async def _receipt(self, result: ToolResult) -> tuple[dict[str, Any], str | None, int]:
         """The receipt the run keeps (inline, or a reference to the uploaded original), its reference and size."""
@@ -445,7 +452,7 @@ class Advancer:
 
     async def _record_outcome(self, stored: StoredRun, fence: Fence, key: str, status: ActionStatus,
                               build: Callable[[StoredRun], list[ev.RunEvent]], *, release: bool = False,
-                              artifact: tuple[str, int] | None = None, **fields: Any) -> StoredRun | None:
+                              artifact: Artifact | None = None, **fields: Any) -> StoredRun | None:
         """Record what the far side answered; a concurrent append only makes us rebuild on the new state,
         because an effect that happened must be recorded, not re-requested."""
         if stored.unwritten_request is not None:
@@ -453,14 +460,10 @@ class Advancer:
         while True:
             events = build(stored)
             parked = release or any(isinstance(e, ev.RunStatusChanged) for e in events)
+            planned = runs.plan(stored, events, release_lease=parked)
             try:
-                async with self.engine.begin() as conn:
-                    if artifact is not None:
-                        await register(conn, self.artifacts, artifact[0], size=artifact[1],
-                                       media_type="application/json", run_id=stored.snapshot.run_id)
-                    planned = runs.plan(stored, events, release_lease=parked)
-                    after = await runs.write(conn, planned, fence=fence, rides=self._rides(stored, planned))
-                    await ledger.record(conn, key, status, **fields)
+                after = await self.store.write_together(planned, fence, self._rides(stored, planned),
+                                                        artifact=artifact, outcome=LedgerOutcome(key, status, fields))
             except StaleRevision:
                 reloaded = await self._load(stored.snapshot.run_id, fence)
                 if reloaded is None:
@@ -473,15 +476,14 @@ class Advancer:
                       release: bool = False,
                       ledger_row: tuple[Tool, str, str, dict[str, Any]] | None = None,
                       answer: dict[str, Any] | None = None,
-                      artifact: tuple[str, int] | None = None) -> StoredRun:
+                      artifact: Artifact | None = None) -> StoredRun:
         """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``.
 
         The common step (events, a first ledger row, a broadcast) is one statement outside any
         transaction; an artifact, a ledger key used before, or a wait to schedule and match make it
         a transaction of several."""
         if not events and not stored.unwritten:
-            async with self.statements.connection() as conn:
-                await runs.release_lease(conn, stored.snapshot.run_id, fence)
+            await self.store.release_lease(stored.snapshot.run_id, fence)
             return stored
         planned = runs.plan(stored, events, release_lease=release)
         rides = self._rides(stored, planned)
@@ -497,44 +499,25 @@ class Advancer:
         waits = release and planned.after.snapshot.wait is not None
         if artifact is None and (request is None or first) and not waits:
             try:
-                async with self.statements.connection() as conn:
-                    after = await runs.write(conn, planned, fence=fence, rides=rides)
-            except Exception as e:
-                if rides.action is None or not is_unique_violation(e):
-                    raise
-                # The key is on the ledger after all (nothing was written): the transaction below
-                # records another attempt of the same request, or refuses it naming both hashes.
-                after = await self._commit_in_transaction(planned, fence, replace(rides, action=None), request,
-                                                          artifact)
+                after = await self.store.write(planned, fence, rides)
+            except LedgerKeyTaken:
+                # The key is on the ledger after all: record another attempt of the same request,
+                # or refuse it naming both hashes.
+                after = await self.store.write_together(planned, fence, replace(rides, action=None), attempt=request,
+                                                        settle_wait=planned.release_lease)
         else:
             # A first ledger row rides in the statement; a key used before is one more attempt.
-            after = await self._commit_in_transaction(planned, fence, rides, None if first else request, artifact)
-        faults.crash_point("worker.after_commit")
-        return after
-
-    async def _commit_in_transaction(self, planned: runs.Planned, fence: Fence, rides: runs.Rides,
-                                     request: Mapping[str, Any] | None,
-                                     artifact: tuple[str, int] | None) -> StoredRun:
-        run_id = planned.before.snapshot.run_id
-        async with self.engine.begin() as conn:
-            if artifact is not None:
-                await register(conn, self.artifacts, artifact[0], size=artifact[1],
-                               media_type="application/json", run_id=run_id)
-            after = await runs.write(conn, planned, fence=fence, rides=rides)
-            if request is not None:
-                await ledger.prepare(conn, **request)
-            if planned.release_lease:
-                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
-                after = await webhooks.match_kept(conn, after, clock=self.clock)
+            after = await self.store.write_together(planned, fence, rides, artifact=artifact,
+                                                    attempt=None if first else request,
+                                                    settle_wait=planned.release_lease)
+        self.crash_point("worker.after_commit")
         return after
 
     async def _resend(self, stored: StoredRun, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> None:
         """The same submission sent again by a new lease holder: one more attempt on the ledger,
         under the new fencing token; no event and no charge (it was charged when first made)."""
-        async with self.engine.begin() as conn:
-            if not await runs.extend_lease(conn, stored.snapshot.run_id, fence, self.lease_ttl):
-                raise LeaseLost(stored.snapshot.run_id, fence.token)
-            await ledger.prepare(conn, **self._request(stored.snapshot.run_id, fence, ledger_row, None))
+        await self.store.resend(stored.snapshot.run_id, fence, self.lease_ttl,
+                                self._request(stored.snapshot.run_id, fence, ledger_row, None))
 
     @staticmethod
     def _request(run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],

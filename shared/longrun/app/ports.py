@@ -1,0 +1,77 @@
+"""What the worker's step loop (``app.advance.Advancer``) asks of the world outside its decisions.
+
+Two adapters keep one contract: PostgreSQL (``longrun.db.worker_store``, the runtime, with its
+one-statement fast paths) and memory (``longrun.testing.memory``, for property tests and run
+kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the same calls against
+both and demands the same answers.
+
+Every write is guarded by the run's expected revision and the worker's fence: ``LeaseLost`` when
+the fence no longer matches the stored lease, ``StaleRevision`` when someone appended meanwhile;
+either way nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from longrun.db.inbox import Handled, Message
+from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.domain import ActionStatus
+
+CrashPoints = Callable[[str], None]
+"""Called with a point's name where a worker may die (``faults.crash_point`` in a process: SIGKILL
+when armed; in memory, an exception the test arms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An uploaded receipt (``ArtifactStore.put``), registered in the transaction that refers to it."""
+
+    ref: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerOutcome:
+    """What the far side answered for the ledger row of ``key``: its status and columns."""
+
+    key: str
+    status: ActionStatus
+    fields: Mapping[str, Any]
+
+
+class WorkerStore(Protocol):
+    async def take_on_wakeup(self, message: Message, owner: str, ttl: float) -> tuple[Handled, StoredRun | None]:
+        """The wakeup's inbox row and the lease, together: the outcome (taken, with owner and token,
+        or why not; a repeat gets the recorded one) and the run as taken."""
+
+    async def load(self, run_id: str) -> StoredRun | None: ...
+
+    async def extend_lease(self, run_id: str, fence: Fence, ttl: float) -> bool:
+        """False when the fence no longer holds the lease."""
+
+    async def release_lease(self, run_id: str, fence: Fence) -> None: ...
+
+    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
+        """The transition and its rides, all or nothing; ``LedgerKeyTaken`` (nothing written) when
+        ``rides.action``'s idempotency key is on the ledger already."""
+
+    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
+                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
+                             settle_wait: bool = False) -> StoredRun:
+        """One transaction: ``artifact`` registered, the transition written, then ``attempt`` (a request's
+        ``ledger.first_row`` arguments: one more attempt of a known key, or refused if its request hash
+        differs) or ``outcome`` recorded; with ``settle_wait``, the timers of the wait the run parked
+        in and any event kept for its key (which ends the wait at once)."""
+
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
+        """The lease extended and one more attempt of a known request on the ledger; ``LeaseLost``
+        if the fence no longer holds."""
+
+
+class LedgerKeyTaken(Exception):
+    """``WorkerStore.write``: the first ledger row riding with the transition names a key the ledger
+    holds already; nothing was written. Never leaves the worker: it writes the transition again
+    with one more attempt of that key (``write_together``)."""

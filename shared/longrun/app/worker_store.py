@@ -1,0 +1,81 @@
+"""The worker's store (``app.ports.WorkerStore``) on PostgreSQL.
+
+The common step is one statement sent on its own (``statements``, no transaction around it);
+whatever needs several statements — an artifact's registration, a ledger key used before, a
+wait's timers and kept events — gets a transaction of the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun.app import effects, webhooks
+from longrun.app.ports import Artifact, LedgerKeyTaken, LedgerOutcome
+from longrun.artifacts import ArtifactStore, register
+from longrun.db import actions as ledger
+from longrun.db import inbox, runs
+from longrun.db.driver import Pool
+from longrun.db.errors import is_unique_violation
+from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.errors import LeaseLost
+
+
+class PgWorkerStore:
+    def __init__(self, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
+                 clock: Callable[[], float]) -> None:
+        self.engine = engine
+        self.statements = statements
+        self.artifacts = artifacts
+        self.clock = clock
+
+    async def take_on_wakeup(self, message: inbox.Message, owner: str,
+                             ttl: float) -> tuple[inbox.Handled, StoredRun | None]:
+        async with self.statements.connection() as conn:
+            return await runs.take_on_wakeup(conn, message, owner, ttl)
+
+    async def load(self, run_id: str) -> StoredRun | None:
+        async with self.statements.connection() as conn:
+            return await runs.load(conn, run_id)
+
+    async def extend_lease(self, run_id: str, fence: Fence, ttl: float) -> bool:
+        async with self.engine.begin() as conn:
+            return await runs.extend_lease(conn, run_id, fence, ttl)
+
+    async def release_lease(self, run_id: str, fence: Fence) -> None:
+        async with self.statements.connection() as conn:
+            await runs.release_lease(conn, run_id, fence)
+
+    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
+        try:
+            async with self.statements.connection() as conn:
+                return await runs.write(conn, planned, fence=fence, rides=rides)
+        except Exception as e:
+            if rides.action is not None and is_unique_violation(e):
+                raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
+            raise
+
+    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
+                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
+                             settle_wait: bool = False) -> StoredRun:
+        async with self.engine.begin() as conn:
+            if artifact is not None:
+                await register(conn, self.artifacts, artifact.ref, size=artifact.size,
+                               media_type="application/json", run_id=planned.before.snapshot.run_id)
+            after = await runs.write(conn, planned, fence=fence, rides=rides)
+            if attempt is not None:
+                await ledger.prepare(conn, **attempt)
+            if outcome is not None:
+                await ledger.record(conn, outcome.key, outcome.status, **outcome.fields)
+            if settle_wait:
+                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
+                after = await webhooks.match_kept(conn, after, clock=self.clock)
+        return after
+
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
+        async with self.engine.begin() as conn:
+            if not await runs.extend_lease(conn, run_id, fence, ttl):
+                raise LeaseLost(run_id, fence.token)
+            await ledger.prepare(conn, **attempt)

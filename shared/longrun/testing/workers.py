@@ -1,0 +1,163 @@
+"""Workers in memory: the real ``Advancer`` over the ``World``'s tables (``MemoryWorkerStore``, the
+``app.ports.WorkerStore`` of memory), its runs stepped one checkpoint at a time.
+
+Each store call first awaits a ``checkpoint``, so a test can stop (or kill) a worker before any of
+its reads and writes. What rides with a transition lands where the relay would take it: wakeups in
+the world's pending deliveries, broadcasts in ``World.broadcasts``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from longrun.app.advance import Advancer
+from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome
+from longrun.db.inbox import Duplicate, Handled, Message
+from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.errors import LeaseLost
+from longrun.envelope import Envelope
+from longrun.model import ModelAdapter, ScriptedModel
+from longrun.testing.checkpoints import Turnstile, checkpoint
+from longrun.testing.memory import UniqueViolation
+from longrun.testing.world import World
+
+WORKER_INBOX = "worker"
+
+
+class MemoryWorkerStore:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.store = world.store
+
+    async def take_on_wakeup(self, message: Message, owner: str, ttl: float) -> tuple[Handled, StoredRun | None]:
+        await checkpoint("take on wakeup")
+        store = self.store
+        with store.transaction():
+            claim = store.claim(WORKER_INBOX, message_id=message.message_id, message_type=message.message_type,
+                                run_id=message.run_id)
+            if isinstance(claim, Duplicate):
+                return Handled(claim.outcome, True, None), None
+            assert message.run_id is not None
+            fence = store.take_lease(message.run_id, owner, ttl)
+            outcome = ({"taken": False, "reason": "another worker holds the lease"} if fence is None
+                       else {"taken": True, "owner": fence.owner, "token": fence.token})
+            store.record_outcome(WORKER_INBOX, message_id=message.message_id, outcome=outcome)
+        return Handled(outcome, False, None), None if fence is None else store.load(message.run_id)
+
+    async def load(self, run_id: str) -> StoredRun | None:
+        await checkpoint("load")
+        return self.store.load(run_id)
+
+    async def extend_lease(self, run_id: str, fence: Fence, ttl: float) -> bool:
+        await checkpoint("extend lease")
+        return self.store.extend_lease(run_id, fence, ttl)
+
+    async def release_lease(self, run_id: str, fence: Fence) -> None:
+        await checkpoint("release lease")
+        self.store.release_lease(run_id, fence)
+
+    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
+        await checkpoint("write")
+        with self.store.transaction():
+            after = self.store.write(planned, fence=fence)
+            self._ride(rides)
+        return after
+
+    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
+                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
+                             settle_wait: bool = False) -> StoredRun:
+        await checkpoint("write together")
+        with self.store.transaction():
+            if artifact is not None:
+                self.world.artifacts[artifact.ref] = artifact.size
+            after = self.store.write(planned, fence=fence)
+            self._ride(rides)
+            if attempt is not None:
+                self.store.prepare(**attempt)
+            if outcome is not None:
+                self.store.record(outcome.key, outcome.status, **outcome.fields)
+            if settle_wait:
+                self.world.schedule_wait_timers(after.snapshot, decided_at=planned.rows[-1][0].at)
+                after = self.world.match_kept(after)
+        return after
+
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
+        await checkpoint("resend")
+        with self.store.transaction():
+            if not self.store.extend_lease(run_id, fence, ttl):
+                raise LeaseLost(run_id, fence.token)
+            self.store.prepare(**attempt)
+
+    def _ride(self, rides: Rides) -> None:
+        if rides.handover is not None:
+            raise ValueError("the memory world keeps no tenant slots: build the Advancer without a handover")
+        if rides.action is not None:
+            try:
+                self.store.insert_first(rides.action)
+            except UniqueViolation as e:
+                raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
+        for message in rides.messages:
+            if message.envelope.type == "run.wakeup":
+                self.world.pending.append(message.envelope)
+            else:
+                self.world.broadcasts.append(message.envelope)
+        # rides.notices wake admission in PostgreSQL; the memory world admits at creation.
+
+
+class MemoryArtifacts:
+    """``ArtifactStore`` in memory: objects by their SHA-256."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    async def put(self, data: bytes) -> str:
+        content_hash = hashlib.sha256(data).hexdigest()
+        self.objects[content_hash] = data
+        return content_hash
+
+    async def get(self, content_hash: str) -> bytes:
+        return self.objects[content_hash]
+
+
+def _no_crash(name: str) -> None:
+    return None
+
+
+class MemoryWorker:
+    """One worker process: the real ``Advancer`` on the world's store, its clock and its run kinds."""
+
+    def __init__(self, world: World, instance_id: str, *, lease_ttl: float, model: ModelAdapter | None = None,
+                 crash_points: CrashPoints = _no_crash) -> None:
+        self.world = world
+        self.advancer = Advancer(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
+                                 artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
+                                 clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+
+    def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:
+        """The wakeup's inbox row and the lease: (outcome, duplicate)."""
+        outcome = self.world.loop.run_until_complete(self.advancer.on_wakeup(message))
+        return outcome.outcome, outcome.duplicate
+
+    def advance(self, run_id: str, fence: Fence) -> Steps:
+        """The step loop under ``fence``, stopped at its first checkpoint; each ``next`` lets it run to
+        the next one (and yields its name) until the run leaves the worker."""
+        return Steps(Turnstile(self.world.loop, self.advancer.run_steps(run_id, fence)))
+
+
+class Steps(Iterator[str]):
+    """A worker's step loop as an iterator over its checkpoints (``close``: SIGKILL it where it waits)."""
+
+    def __init__(self, turnstile: Turnstile) -> None:
+        self.turnstile = turnstile
+
+    def __next__(self) -> str:
+        if not self.turnstile.step():
+            raise StopIteration
+        assert self.turnstile.at is not None
+        return self.turnstile.at
+
+    def close(self) -> None:
+        self.turnstile.kill()

@@ -1,0 +1,481 @@
+"""The ensemble around the workers, in memory, for property tests: the bus (pending and delivered
+wakeups), the scheduler's creation, the timer service, the gateway's webhook intake (inbox dedup,
+kept events matched when a wait starts), the operator API and the reconciler's sweeps (expired
+leases, actions in doubt), with the same rules as ``app/admit.py``, ``app/timers.py``,
+``app/webhooks.py``, ``app/operate.py`` and ``app/reconcile.py``; and ``FarSide``, the external
+system, counting executions per idempotency key, with faults armed per call (unavailable,
+rejected, timeout after acting) and optional fencing by token.
+
+Workers are the real ``Advancer`` over ``longrun.testing.worker_store.MemoryWorkerStore``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+# The runtime's own rules where they are plain values, so the model cannot drift from them.
+from longrun.app import effects, reconcile
+from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
+from longrun.app.webhooks import WAITS
+from longrun.authoring import Registry, RunKind, Tool, ToolResult
+from longrun.db.inbox import Duplicate
+from longrun.db.runs import StoredRun
+from longrun.domain import (
+    TERMINAL,
+    ActionStatus,
+    CallTool,
+    Complete,
+    Decision,
+    DecisionContext,
+    EffectKind,
+    Fail,
+    FrozenMap,
+    PinnedVersions,
+    RunSnapshot,
+    RunStatus,
+    Usage,
+    WaitForEvent,
+    WaitForUser,
+    WakeReason,
+    freeze,
+    is_late,
+    request_hash,
+    thaw,
+)
+from longrun.domain import events as ev
+from longrun.envelope import Envelope
+from longrun.errors import ActionOutcomeUnknown, DomainError, ErrorCode, ToolRejected, ToolUnavailable
+from longrun.testing.memory import FakeClock, MemoryStore
+from longrun.testing.checkpoints import checkpoint
+from longrun.workflows import steps
+
+_S = RunStatus
+_A = ActionStatus
+HELD = frozenset(RunStatus(s) for s in reconcile._HELD)
+"""Open statuses an unreconciled action can hold a run in (``app.reconcile._HELD``)."""
+WAKEABLE = reconcile._WAKEABLE
+"""An expired lease of these gets a wakeup (``app.reconcile._WAKEABLE``)."""
+MATCHABLE = WAITS | {_S.PAUSED}
+"""As ``app.webhooks._match`` (statuses in its SQL): a webhook is delivered at once to a run in
+these waiting on its key."""
+
+
+class NotPending(DomainError):
+    """As ``app.operate.NotPending``: an operator decided something the run no longer asks for."""
+
+    code = ErrorCode.ILLEGAL_TRANSITION
+
+    def __init__(self, run_id: str, what: str) -> None:
+        super().__init__(f"run {run_id}: {what} is not pending")
+
+
+
+# -- the far side -------------------------------------------------------------------------------------
+
+
+FAULTS = ("ok", "unavailable", "rejected", "timeout_after_acting")
+
+
+@dataclass
+class FarSide:
+    """The external system. ``executions`` counts what it did per (tool, idempotency key)."""
+
+    fencing: bool = True
+    """Refuse a request whose fencing token is lower than one already seen for its key."""
+    executions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    highest_token: dict[str, int] = field(default_factory=dict)
+    armed: list[str] = field(default_factory=list)
+
+    def arm(self, fault: str) -> None:
+        assert fault in FAULTS
+        self.armed.append(fault)
+
+    def call(self, tool: str, args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        fault = self.armed.pop(0) if self.armed else "ok"
+        if fault == "unavailable":
+            raise ToolUnavailable(tool, "injected: nothing was done")
+        if fault == "rejected":
+            raise ToolRejected(tool, 422, "injected: refused")
+        if self.fencing and token < self.highest_token.get(key, 0):
+            raise ToolRejected(tool, 409, f"fencing token {token} is stale for {key}")
+        self.highest_token[key] = max(token, self.highest_token.get(key, 0))
+        self.executions[(tool, key)] += 1
+        receipt = {"tool": tool, "key": key, **{k: v for k, v in thaw(args).items()}}  # type: ignore[union-attr]
+        self.objects.setdefault(key, receipt)
+        if fault == "timeout_after_acting":
+            raise ActionOutcomeUnknown(tool, key, "injected: no answer after acting")
+        return ToolResult(key, receipt)
+
+    def lookup(self, key: str) -> ToolResult | None:
+        found = self.objects.get(key)
+        return None if found is None else ToolResult(key, found)
+
+
+# -- workflows for the model ------------------------------------------------------------------------------
+
+ECHO = steps.ECHO.name
+"""The ``steps`` workflow's tool; here it calls the far side (so faults reach it too)."""
+PUBLISH = "probe.publish"
+PUBLISH_VERSION = "1"
+VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="memory-v1")
+GATED_KIND = "gated"
+CI_TIMEOUT = 120.0
+APPROVAL_TIMEOUT = 300.0
+APPROVAL_ID = "release"
+
+
+def ci_key(run_id: str) -> str:
+    return f"ci/{run_id}"
+
+
+def publish_args(state: RunSnapshot) -> dict[str, Any]:
+    return {"run": state.run_id, "what": "release"}
+
+
+def publish_hash(state: RunSnapshot) -> str:
+    return request_hash(PUBLISH, PUBLISH_VERSION, args=publish_args(state))
+
+
+def _confirmed(state: RunSnapshot, logical_action: str) -> bool:
+    record = state.action(logical_action)
+    return record is not None and record.status is _A.CONFIRMED
+
+
+class Gated:
+    """``steps`` behind a webhook and an approval: K echo steps, wait for a CI webhook, wait for
+    the approval of the exact publish request, publish once (a non-idempotent write gated by
+    that approval), complete."""
+
+    kind = GATED_KIND
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        total = int(thaw(state.goal).get("steps", 2))  # type: ignore[union-attr]
+        for i in range(total):
+            if not _confirmed(state, f"step:{i}"):
+                return CallTool(tool=ECHO, logical_action=f"step:{i}", args=freeze({"step": i}))  # type: ignore[arg-type]
+        deadline_passed = state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE
+        if state.fact(f"ci_result:{state.run_id}") is None:
+            if deadline_passed:
+                return Fail(reason="CI did not report before its deadline")
+            return WaitForEvent(kind="ci", correlation_key=ci_key(state.run_id), deadline=ctx.now + CI_TIMEOUT)
+        approved_hash = publish_hash(state)
+        decision = state.fact(f"approval.{APPROVAL_ID}")
+        value = thaw(decision.value) if decision is not None else None
+        if not isinstance(value, dict) or value["approved_hash"] != approved_hash:
+            if deadline_passed and value is None:
+                return Fail(reason="approval was not given before its deadline")
+            return WaitForUser(approval_id=APPROVAL_ID, owner="owner", deadline=ctx.now + APPROVAL_TIMEOUT,
+                               approved_hash=approved_hash, summary="publish the release")
+        if not value["approved"]:
+            return Fail(reason=f"publish denied by {value['decided_by']}")
+        if not _confirmed(state, "publish"):
+            return CallTool(tool=PUBLISH, logical_action="publish", args=freeze(publish_args(state)),  # type: ignore[arg-type]
+                            approval_id=APPROVAL_ID)
+        return Complete(evidence=freeze({"steps": total, "published": True}))  # type: ignore[arg-type]
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        total = int(thaw(evidence)["steps"])  # type: ignore[index]
+        unmet = [f"step:{i}" for i in range(total) if not _confirmed(state, f"step:{i}")]
+        if not _confirmed(state, "publish"):
+            unmet.append("publish")
+        return tuple(unmet)
+
+
+class PublishArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: str
+    what: str
+
+
+def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind, args: type[BaseModel]) -> Tool:
+    """A tool whose call goes to ``far_side``: a test may stop the calling task just before the
+    request and just after the answer (``checkpoint``)."""
+    async def execute(arguments: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        await checkpoint("tool request")
+        try:
+            return far_side.call(name, arguments, key, token)
+        finally:
+            await checkpoint("tool answered")
+
+    # Far above any test's pace: a time-out here would be real time, not the test's clock.
+    return Tool(name, version, effect, args, execute, timeout=3600.0)
+
+
+def registry(far_side: FarSide) -> Registry:
+    """``steps`` and ``gated``, their tools calling ``far_side``."""
+    echo = far_side_tool(far_side, ECHO, steps.ECHO.version, steps.ECHO.effect, steps.EchoArgs)
+    publish = far_side_tool(far_side, PUBLISH, PUBLISH_VERSION, EffectKind.NON_IDEMPOTENT_WRITE, PublishArgs)
+    return Registry([RunKind(steps.KIND, VERSIONS, steps.Steps(), {ECHO: echo}),
+                     RunKind(GATED_KIND, VERSIONS, Gated(), {ECHO: echo, PUBLISH: publish})])
+
+
+# -- the rest of the ensemble ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    event_id: str
+    correlation_key: str
+    fact_key: str
+    fact: Mapping[str, Any]
+
+
+class World:
+    """The ensemble around the workers, in memory: bus, scheduler, timers, gateway, operator, reconciler."""
+
+    def __init__(self, *, far_side: FarSide | None = None, lease_ttl: float = 5.0) -> None:
+        self.clock = FakeClock()
+        self.store = MemoryStore(self.clock)
+        self.far_side = far_side or FarSide()
+        self.kinds = registry(self.far_side)
+        self.lease_ttl = lease_ttl
+        self.pending: list[Envelope] = []
+        """Published wakeups not yet delivered."""
+        self.delivered: list[Envelope] = []
+        """Delivered wakeups; the broker may deliver any of them again."""
+        self.kept: dict[str, tuple[Webhook, str | None]] = {}
+        self.loop = asyncio.new_event_loop()
+        """Where the workers' steps run (``testing.workers``), a checkpoint at a time."""
+        self.broadcasts: list[Envelope] = []
+        """Status broadcasts the workers' transitions carried, in order."""
+        self.artifacts: dict[str, int] = {}
+        """Registered artifacts: reference -> size."""
+        """The gateway's webhook_events: event id -> (event, matched run)."""
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        """Stop every worker task still waiting at a checkpoint, and the loop."""
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.wait(tasks))
+        self.loop.close()
+
+    def new_id(self, prefix: str = "id") -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    # -- effects (app/effects.py) ---------------------------------------------------------------------
+    def wake(self, stored: StoredRun, reason: str) -> None:
+        self.pending.append(effects.wake_message(stored, reason=reason, producer="memory").envelope)
+
+    def schedule_wait_timers(self, run: RunSnapshot, *, decided_at: float) -> None:
+        wait = run.wait
+        if wait is None:
+            return
+        if wait.wake_at is not None:
+            self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:wake", run_id=run.run_id,
+                                kind="retry_backoff" if run.status is _S.RETRY_SCHEDULED else "sleep",
+                                delay=wait.wake_at - decided_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
+        if wait.deadline is not None and wait.deadline != wait.wake_at:
+            self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:deadline", run_id=run.run_id,
+                                kind="wait_deadline", delay=wait.deadline - decided_at,
+                                payload={"wait_id": wait.wait_id, "reason": "deadline"})
+
+    # -- the scheduler (app/admit.py) ------------------------------------------------------------------
+    def create(self, *, tenant_id: str, key: str, kind: str, goal: Mapping[str, Any],
+               tool_calls: int = 50) -> str:
+        found = self.store.find(tenant_id, key)
+        if found is not None:
+            return found.run_id
+        run_id = self.new_id("run")
+        created = ev.RunCreated(seq=1, at=self.clock(), run_id=run_id, tenant_id=tenant_id, kind=kind,
+                                goal=freeze(dict(goal)), budget=Usage(model_calls=5, tool_calls=tool_calls, cost=5.0),  # type: ignore[arg-type]
+                                versions=VERSIONS)
+        with self.store.transaction():
+            stored = self.store.create(created, idempotency_key=key, input_hash="h" * 64, partition=0)
+            assert stored is not None
+            self.store.admit(run_id)
+            self.wake(stored, "admitted")
+        return run_id
+
+    # -- the timer service (app/timers.py, wait timers) -------------------------------------------------
+    def fire_due_timers(self) -> int:
+        with self.store.transaction():
+            claimed = self.store.claim_due(limit=10_000)
+            due = [] if claimed is None else claimed.timers
+            marked: list[str] = []
+            for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
+                stored = self.store.load(timer.run_id)
+                assert stored is not None
+                wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
+                assert isinstance(wait_id, str) and reason in ("timer", "deadline"), timer
+                event = ev.RunWoken(seq=stored.seq(1), at=self.clock(), wait_id=wait_id, reason=WakeReason(reason))
+                try:
+                    after = self.store.append(stored, [event])
+                except DomainError:
+                    marked.append(timer.timer_key)  # refused by the domain: skipped, and never again
+                    continue
+                if after.snapshot.revision != stored.snapshot.revision and after.snapshot.status is _S.READY:
+                    self.wake(after, f"timer:{timer.kind}")
+                marked.append(timer.timer_key)
+            self.store.mark_fired(marked)
+        return len(marked)
+
+    # -- the gateway (app/webhooks.py) -------------------------------------------------------------------
+    def receive_webhook(self, hook: Webhook) -> dict[str, Any]:
+        with self.store.transaction():
+            claim = self.store.claim("gateway", message_id=f"webhook:forge:{hook.event_id}",
+                                     message_type="webhook.forge", run_id=None)
+            if isinstance(claim, Duplicate):
+                return {**claim.outcome, "duplicate": True}
+            self.kept.setdefault(hook.event_id, (hook, None))
+            run_id = self._match(hook)
+            outcome = {"event_id": hook.event_id, "correlation_key": hook.correlation_key, "matched_run_id": run_id}
+            self.store.record_outcome("gateway", message_id=f"webhook:forge:{hook.event_id}", outcome=outcome)
+        return outcome
+
+    def _match(self, hook: Webhook) -> str | None:
+        for run_id, row in self.store.runs.items():
+            wait = row.snapshot.wait
+            if row.snapshot.status in MATCHABLE and wait is not None and wait.correlation_key == hook.correlation_key:
+                stored = self.store.load(run_id)
+                assert stored is not None
+                self._deliver(stored, hook)
+                return run_id
+        return None
+
+    def _deliver(self, stored: StoredRun, hook: Webhook) -> StoredRun:
+        wait = stored.snapshot.wait
+        assert wait is not None
+        now = self.clock()
+        after = self.store.append(stored, [
+            ev.FactRecorded(seq=stored.seq(1), at=now, key=hook.fact_key, value=freeze(dict(hook.fact)),
+                            source="webhook:forge"),
+            ev.RunWoken(seq=stored.seq(2), at=now, wait_id=wait.wait_id, reason=WakeReason.EVENT,
+                        correlation_key=hook.correlation_key)])
+        self.kept[hook.event_id] = (hook, stored.snapshot.run_id)
+        if after.snapshot.status is _S.READY:
+            self.wake(after, f"webhook forge:{hook.event_id}")
+        return after
+
+    def match_kept(self, stored: StoredRun) -> StoredRun:
+        wait = stored.snapshot.wait
+        if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
+            return stored
+        for hook, matched in self.kept.values():
+            if matched is None and hook.correlation_key == wait.correlation_key:
+                return self._deliver(stored, hook)
+        return stored
+
+    def unmatched_for(self, correlation_key: str) -> list[Webhook]:
+        return [hook for hook, matched in self.kept.values()
+                if matched is None and hook.correlation_key == correlation_key]
+
+    # -- the operator (app/operate.py) ---------------------------------------------------------------------
+    def operate(self, run_id: str, build: Callable[[int, float], ev.RunEvent]) -> RunSnapshot:
+        """Lock, append, wake when the run has work; a refused event raises and changes nothing.
+        A decision on something the run no longer asks for is refused (``NotPending``), not stored as late."""
+        with self.store.transaction():
+            stored = self.store.load(run_id)
+            assert stored is not None
+            event = build(stored.seq(), self.clock())
+            if is_late(stored.snapshot, event):
+                raise NotPending(run_id, event.type)
+            after = self.store.append(stored, [event])
+            if after.snapshot.status in (_S.READY, _S.CANCELLING):
+                self.wake(after, "operator")
+        return after.snapshot
+
+    # -- the reconciler (app/reconcile.py) ---------------------------------------------------------------
+    def rewake_expired_leases(self) -> int:
+        woken = 0
+        for run_id in self.store.expired_leases():
+            with self.store.transaction():
+                self.store.clear_lease(run_id)
+                stored = self.store.load(run_id)
+                assert stored is not None
+                if stored.snapshot.status in WAKEABLE:
+                    self.wake(stored, "lease expired")
+                    woken += 1
+        return woken
+
+    def in_doubt(self) -> list[tuple[str, str]]:
+        """As ``app.reconcile._in_doubt``: ledger rows UNKNOWN; held runs listing an UNKNOWN action;
+        and ledger rows still SUBMITTED under a finished run once ``ABANDONED_AFTER`` passed (no
+        worker will ever record what became of them)."""
+        now = self.clock()
+        rows = sorted(self.store.actions.values(), key=lambda a: a.updated)
+        found = [(a.run_id, a.logical_action) for a in rows if a.status == _A.UNKNOWN.value]
+        for run_id, row in self.store.runs.items():
+            if row.snapshot.status in HELD:
+                found += [(run_id, a.logical_action) for a in row.snapshot.actions if a.status is _A.UNKNOWN]
+        found += [(a.run_id, a.logical_action) for a in rows
+                  if a.status == _A.SUBMITTED.value and self.store.runs[a.run_id].snapshot.status in TERMINAL
+                  and a.updated < now - ABANDONED_AFTER]
+        return list(dict.fromkeys(found))
+
+    def reconcile_unknown(self) -> Counter[str]:
+        """Claim (RECONCILING), ask the far side by key, record the verdict; as ``reconcile_unknown``."""
+        tally: Counter[str] = Counter()
+        for run_id, logical_action in self.in_doubt():
+            claimed = self._claim(run_id, logical_action)
+            if claimed is None:
+                continue
+            key, started_seq = claimed
+            tool = self.store.actions[key].tool
+            # steps.ECHO declares no lookup: a pure step re-runs safely, so the verdict is RETRYABLE
+            # (``app.reconcile._without_lookup``) whatever happened.
+            found = None if tool == ECHO else self.far_side.lookup(key)
+            outcome = _A.CONFIRMED if found is not None else _A.RETRYABLE
+            self._settle(run_id, logical_action, key, started_seq, outcome, found)
+            tally[outcome.value] += 1
+        return tally
+
+    def _claim(self, run_id: str, logical_action: str) -> tuple[str, int] | None:
+        with self.store.transaction():
+            stored = self.store.load(run_id)
+            row = next((a for a in self.store.actions.values()
+                        if a.run_id == run_id and a.logical_action == logical_action), None)
+            if stored is None or row is None:
+                return None
+            record = stored.snapshot.action(logical_action)
+            finished = stored.snapshot.status in TERMINAL
+            status = _A(row.status) if finished or record is None else record.status
+            at = self.clock()
+            events: list[ev.RunEvent] = []
+            if status is _A.SUBMITTED and finished and row.updated < at - ABANDONED_AFTER:
+                events.append(ev.ActionUnknown(seq=stored.seq(1), at=at, logical_action=logical_action,
+                                               cause=ENDED_WHILE_SUBMITTED))
+            elif status is not _A.UNKNOWN:
+                return None
+            events.append(ev.ReconciliationStarted(seq=stored.seq(len(events) + 1), at=at,
+                                                   logical_action=logical_action))
+            self.store.append(stored, events)
+            self.store.record(row.idempotency_key, _A.RECONCILING, last_error=None)
+            return row.idempotency_key, events[-1].seq
+
+    def _settle(self, run_id: str, logical_action: str, key: str, started_seq: int, outcome: ActionStatus,
+                found: ToolResult | None) -> None:
+        with self.store.transaction():
+            stored = self.store.load(run_id)
+            assert stored is not None
+            latest = max((r.event.seq for r in self.store.event_rows(run_id)
+                          if isinstance(r.event, ev.ReconciliationStarted)
+                          and r.event.logical_action == logical_action), default=None)
+            if latest != started_seq or self.store.actions[key].status != _A.RECONCILING.value:
+                return
+            at = self.clock()
+            events: list[ev.RunEvent] = [ev.ActionReconciled(
+                seq=stored.seq(1), at=at, logical_action=logical_action, outcome=outcome,
+                external_id=found.external_id if found else None, note="found by idempotency key" if found
+                else "nothing exists under the idempotency key; resubmitting under it is safe")]
+            if found is not None:
+                events.append(ev.FactRecorded(seq=stored.seq(2), at=at, key=f"receipt:{logical_action}",
+                                              value=freeze(dict(found.receipt)), source="tool:reconciled"))
+            after = self.store.append(stored, events)
+            fields: dict[str, Any] = {"last_error": None}
+            if found is not None:
+                fields.update(external_id=found.external_id, receipt=dict(found.receipt))
+            self.store.record(key, outcome, **fields)
+            if after.snapshot.status in (_S.READY, _S.CANCELLING):
+                self.wake(after, f"reconciled {logical_action}")
+
