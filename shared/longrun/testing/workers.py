@@ -20,7 +20,7 @@ from longrun.db.runs import Fence, Planned, Rides, StoredRun
 from longrun.errors import LeaseLost
 from longrun.envelope import Envelope
 from longrun.model import ModelAdapter, ScriptedModel
-from longrun.testing.checkpoints import Turnstile, checkpoint
+from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.memory import UniqueViolation
 from longrun.testing.world import World
 
@@ -161,3 +161,12 @@ class Steps(Iterator[str]):
 
     def close(self) -> None:
         self.turnstile.kill()
+
+    @property
+    def crashed(self) -> str | None:
+        """The crash point the loop died at (``checkpoints.Crashed``), once it ended."""
+        task = self.turnstile.task
+        if not task.done() or task.cancelled():
+            return None
+        error = task.exception()
+        return str(error) if isinstance(error, Crashed) else None

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -83,14 +83,27 @@ class NotPending(DomainError):
 FAULTS = ("ok", "unavailable", "rejected", "timeout_after_acting")
 
 
+Answer = Callable[[Mapping[str, Any], str], ToolResult]
+"""What a tool's far side answers a request (its arguments, its idempotency key)."""
+
+
+def echo_answer(tool: str) -> Answer:
+    """The default answer: a receipt naming the tool and the key, with the arguments."""
+    return lambda args, key: ToolResult(key, {"tool": tool, "key": key, **args})
+
+
 @dataclass
 class FarSide:
-    """The external system. ``executions`` counts what it did per (tool, idempotency key)."""
+    """The external system. ``executions`` counts what it did per (tool, idempotency key); it keeps
+    what it made under each key (an idempotent write asked again gets the same object back) and
+    answers lookups by key."""
 
     fencing: bool = True
     """Refuse a request whose fencing token is lower than one already seen for its key."""
+    answers: dict[str, Answer] = field(default_factory=dict)
+    """Per tool name; a tool without one gets ``echo_answer``."""
     executions: Counter[tuple[str, str]] = field(default_factory=Counter)
-    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    objects: dict[str, ToolResult] = field(default_factory=dict)
     highest_token: dict[str, int] = field(default_factory=dict)
     armed: list[str] = field(default_factory=list)
 
@@ -108,15 +121,14 @@ class FarSide:
             raise ToolRejected(tool, 409, f"fencing token {token} is stale for {key}")
         self.highest_token[key] = max(token, self.highest_token.get(key, 0))
         self.executions[(tool, key)] += 1
-        receipt = {"tool": tool, "key": key, **{k: v for k, v in thaw(args).items()}}  # type: ignore[union-attr]
-        self.objects.setdefault(key, receipt)
+        if key not in self.objects:
+            self.objects[key] = self.answers.get(tool, echo_answer(tool))(dict(thaw(args)), key)  # type: ignore[call-overload]
         if fault == "timeout_after_acting":
             raise ActionOutcomeUnknown(tool, key, "injected: no answer after acting")
-        return ToolResult(key, receipt)
+        return self.objects[key]
 
     def lookup(self, key: str) -> ToolResult | None:
-        found = self.objects.get(key)
-        return None if found is None else ToolResult(key, found)
+        return self.objects.get(key)
 
 
 # -- workflows for the model ------------------------------------------------------------------------------
@@ -195,9 +207,10 @@ class PublishArgs(BaseModel):
     what: str
 
 
-def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind, args: type[BaseModel]) -> Tool:
-    """A tool whose call goes to ``far_side``: a test may stop the calling task just before the
-    request and just after the answer (``checkpoint``)."""
+def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind, args: type[BaseModel], *,
+                  lookup: bool) -> Tool:
+    """A tool whose calls (and, with ``lookup``, lookups by key) go to ``far_side``: a test may stop
+    the calling task just before the request and just after the answer (``checkpoint``)."""
     async def execute(arguments: Mapping[str, Any], key: str, token: int) -> ToolResult:
         await checkpoint("tool request")
         try:
@@ -205,14 +218,28 @@ def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind
         finally:
             await checkpoint("tool answered")
 
+    async def find(key: str) -> ToolResult | None:
+        return far_side.lookup(key)
+
     # Far above any test's pace: a time-out here would be real time, not the test's clock.
-    return Tool(name, version, effect, args, execute, timeout=3600.0)
+    return Tool(name, version, effect, args, execute, find if lookup else None, timeout=3600.0)
+
+
+def on_far_side(kind: RunKind, far_side: FarSide) -> RunKind:
+    """``kind`` with every tool's calls (and lookups, where it declares them) going to ``far_side``;
+    names, versions, effect kinds, argument schemas and public receipt fields unchanged."""
+    tools = {}
+    for name, tool in kind.tools.items():
+        called = far_side_tool(far_side, name, tool.version, tool.effect, tool.args, lookup=tool.lookup is not None)
+        tools[name] = replace(tool, execute=called.execute, lookup=called.lookup, timeout=called.timeout)
+    return replace(kind, tools=tools)
 
 
 def registry(far_side: FarSide) -> Registry:
     """``steps`` and ``gated``, their tools calling ``far_side``."""
-    echo = far_side_tool(far_side, ECHO, steps.ECHO.version, steps.ECHO.effect, steps.EchoArgs)
-    publish = far_side_tool(far_side, PUBLISH, PUBLISH_VERSION, EffectKind.NON_IDEMPOTENT_WRITE, PublishArgs)
+    echo = far_side_tool(far_side, ECHO, steps.ECHO.version, steps.ECHO.effect, steps.EchoArgs, lookup=False)
+    publish = far_side_tool(far_side, PUBLISH, PUBLISH_VERSION, EffectKind.NON_IDEMPOTENT_WRITE, PublishArgs,
+                            lookup=True)
     return Registry([RunKind(steps.KIND, VERSIONS, steps.Steps(), {ECHO: echo}),
                      RunKind(GATED_KIND, VERSIONS, Gated(), {ECHO: echo, PUBLISH: publish})])
 
@@ -231,11 +258,13 @@ class Webhook:
 class World:
     """The ensemble around the workers, in memory: bus, scheduler, timers, gateway, operator, reconciler."""
 
-    def __init__(self, *, far_side: FarSide | None = None, lease_ttl: float = 5.0) -> None:
+    def __init__(self, *, far_side: FarSide | None = None, kinds: Registry | None = None,
+                 lease_ttl: float = 5.0) -> None:
+        """``kinds``: run kinds whose tools call ``far_side`` (``on_far_side``); by default ``registry``'s."""
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.far_side = far_side or FarSide()
-        self.kinds = registry(self.far_side)
+        self.kinds = kinds or registry(self.far_side)
         self.lease_ttl = lease_ttl
         self.pending: list[Envelope] = []
         """Published wakeups not yet delivered."""
@@ -289,7 +318,7 @@ class World:
         run_id = self.new_id("run")
         created = ev.RunCreated(seq=1, at=self.clock(), run_id=run_id, tenant_id=tenant_id, kind=kind,
                                 goal=freeze(dict(goal)), budget=Usage(model_calls=5, tool_calls=tool_calls, cost=5.0),  # type: ignore[arg-type]
-                                versions=VERSIONS)
+                                versions=self.kinds.newest(kind).versions)
         with self.store.transaction():
             stored = self.store.create(created, idempotency_key=key, input_hash="h" * 64, partition=0)
             assert stored is not None
@@ -421,10 +450,11 @@ class World:
             if claimed is None:
                 continue
             key, started_seq = claimed
-            tool = self.store.actions[key].tool
-            # steps.ECHO declares no lookup: a pure step re-runs safely, so the verdict is RETRYABLE
+            run = self.store.runs[run_id].snapshot
+            tool = self.kinds.get(run.kind, run.versions.workflow).tools[self.store.actions[key].tool]
+            # A tool without a lookup (a pure step) re-runs safely: the verdict is RETRYABLE
             # (``app.reconcile._without_lookup``) whatever happened.
-            found = None if tool == ECHO else self.far_side.lookup(key)
+            found = None if tool.lookup is None else self.far_side.lookup(key)
             outcome = _A.CONFIRMED if found is not None else _A.RETRYABLE
             self._settle(run_id, logical_action, key, started_seq, outcome, found)
             tally[outcome.value] += 1

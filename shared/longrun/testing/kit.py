@@ -1,0 +1,230 @@
+"""An author's testing kit: a run kind through the real engine, in memory, in milliseconds.
+
+    kit = Kit(kind, answers={"forge.create_branch": lambda args, key: ToolResult(...)}, model=model)
+    run_id = kit.start({"repo": "acme/app"})
+    kit.settle(people=answer_ci_and_approve)   # workers step, timers fire, people answer
+    assert kit.status(run_id) is RunStatus.COMPLETED and kit.check() == []
+
+The workers are the runtime's own ``Advancer`` over the memory store (``testing.workers``); the
+rest of the ensemble (creation, timers, webhooks, operators, the reconciler) is ``testing.world``.
+Each tool of the kind keeps its name, version, effect kind and argument schema; its calls go to the
+kit's far side, which answers with the test's ``answers`` (or a receipt echoing the arguments),
+keeps one object per idempotency key, counts executions, answers lookups and can be told to fail the
+next call (``FarSide.arm``: unavailable, rejected, or a time-out after acting). Time is the kit's
+clock: timers fire as ``settle`` or ``advance`` moves it. ``every_crash`` runs a scenario once to
+learn each crash point it passes, then once per point with the worker killed there, and returns
+each outcome: a successor takes the run over once the dead worker's lease expired.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.app import advance
+from longrun.authoring import Registry, RunKind
+from longrun.db.runs import Fence
+from longrun.domain import TERMINAL, EffectKind, RunSnapshot, RunStatus, violations
+from longrun.domain import events as ev
+from longrun.model import ModelAdapter
+from longrun.testing.checkpoints import CrashAt
+from longrun.testing.invariants import _history, _ledger
+from longrun.testing.workers import MemoryWorker, Steps
+from longrun.testing.world import Answer, FarSide, Webhook, World, on_far_side
+
+People = Callable[["Kit", RunSnapshot], bool]
+"""Answers what a run waits for (a webhook, an approval); True if it did something."""
+SETTLED = TERMINAL | {RunStatus.NEEDS_ATTENTION}
+
+
+class Kit:
+    def __init__(self, kind: RunKind, *, answers: Mapping[str, Answer] | None = None,
+                 model: ModelAdapter | None = None, lease_ttl: float = 30.0, crash: CrashAt | None = None,
+                 duplicate_deliveries: bool = False) -> None:
+        """``crash``: the first worker's crash points (later workers never crash);
+        ``duplicate_deliveries``: every wakeup is delivered twice (the second must change nothing)."""
+        self.far_side = FarSide(answers=dict(answers or {}))
+        self.world = World(far_side=self.far_side, kinds=Registry([on_far_side(kind, self.far_side)]),
+                           lease_ttl=lease_ttl)
+        self.kind = kind
+        self.model = model
+        self.lease_ttl = lease_ttl
+        self.duplicate_deliveries = duplicate_deliveries
+        self.crashes: list[str] = []
+        """The crash points workers died at."""
+        self.failures: list[str] = []
+        """Steps that failed (the worker logged them and left the lease to expire): ``check`` reports them."""
+        self._generation = 0
+        self._worker = self._new_worker(crash)
+        self._keys = 0
+
+    def _new_worker(self, crash: CrashAt | None = None) -> MemoryWorker:
+        self._generation += 1
+        return MemoryWorker(self.world, f"worker-{self._generation}", lease_ttl=self.lease_ttl, model=self.model,
+                            crash_points=crash or CrashAt())
+
+    def __enter__(self) -> Kit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.world.close()
+
+    # -- what a test does -----------------------------------------------------------------------------
+    def start(self, goal: Mapping[str, Any], *, tenant: str = "t", key: str | None = None,
+              tool_calls: int = 50) -> str:
+        self._keys += 1
+        return self.world.create(tenant_id=tenant, key=key or f"key-{self._keys}", kind=self.kind.name, goal=goal,
+                                 tool_calls=tool_calls)
+
+    def event(self, correlation_key: str, fact_key: str, fact: Mapping[str, Any], *,
+              event_id: str | None = None) -> dict[str, Any]:
+        """A webhook: recorded as ``fact_key`` on the run waiting for ``correlation_key`` (now or when it
+        starts waiting); the same ``event_id`` again changes nothing."""
+        return self.world.receive_webhook(Webhook(event_id or f"evt-{fact_key}", correlation_key, fact_key, fact))
+
+    def decide(self, run_id: str, *, approved: bool = True, by: str = "owner") -> None:
+        """The run's owner answers the approval it waits for, bound to the request it asks about."""
+        wait = self.snapshot(run_id).wait
+        if wait is None or wait.approval_id is None:
+            raise ValueError(f"run {run_id} waits for no approval")
+        self.world.operate(run_id, lambda seq, at: ev.ApprovalDecided(
+            seq=seq, at=at, approval_id=wait.approval_id or "", approved=approved,
+            approved_hash=wait.approved_hash or "", decided_by=by))
+
+    def advance(self, seconds: float) -> int:
+        """Time passes: the timers that come due fire; how many did."""
+        self.world.clock.advance(seconds)
+        return self.world.fire_due_timers()
+
+    def settle(self, *, people: People | None = None, timers: bool = True, rounds: int = 500) -> None:
+        """Until nothing moves: wakeups delivered and stepped through, people answer, the reconciler
+        settles actions in doubt, dead workers' leases expire, and (``timers``) time runs on to the
+        next timer while a run still waits for one."""
+        for _ in range(rounds):
+            if self.world.pending:
+                self._deliver()
+            elif people is not None and any(people(self, self.snapshot(r)) for r in self.run_ids()
+                                             if self.snapshot(r).status not in SETTLED):
+                continue
+            elif self.world.in_doubt():
+                self.world.reconcile_unknown()
+            elif any(row.lease_owner is not None for row in self.world.store.runs.values()):
+                self.world.clock.advance(self.lease_ttl + 1)
+                self.world.rewake_expired_leases()
+            elif not timers or not self._next_timer():
+                return
+        raise AssertionError(f"still moving after {rounds} rounds")
+
+    # -- what a test reads -----------------------------------------------------------------------------
+    def run_ids(self) -> list[str]:
+        return list(self.world.store.runs)
+
+    def snapshot(self, run_id: str) -> RunSnapshot:
+        stored = self.world.store.load(run_id)
+        if stored is None:
+            raise KeyError(run_id)
+        return stored.snapshot
+
+    def status(self, run_id: str) -> RunStatus:
+        return self.snapshot(run_id).status
+
+    def history(self, run_id: str) -> list[ev.RunEvent]:
+        return self.world.store.history(run_id)
+
+    def executions(self, tool: str) -> int:
+        """How many times the far side acted for ``tool`` (every key)."""
+        return sum(n for (name, _), n in self.far_side.executions.items() if name == tool)
+
+    def check(self, *, settled: bool = True) -> list[str]:
+        """The invariant checker over every run: snapshots that obey the domain's invariants and are
+        the fold of their histories, a ledger that agrees with each run and (``settled``) explains
+        every action, no non-idempotent request executed twice, and no worker step failed."""
+        problems = [f"a worker step failed: {failure}" for failure in self.failures]
+        store = self.world.store
+        for run_id in self.run_ids():
+            stored = store.load(run_id)
+            assert stored is not None
+            history = store.history(run_id)
+            problems += [f"{run_id}: {v}" for v in violations(stored.snapshot)]
+            problems += _history(run_id, history, stored)
+            problems += _ledger(stored, store.for_run(run_id), settled=settled, history=history)
+        once = {name for name, tool in self.kind.tools.items() if tool.effect is EffectKind.NON_IDEMPOTENT_WRITE}
+        problems += [f"{tool} under {key} executed {n} times"
+                     for (tool, key), n in self.far_side.executions.items() if tool in once and n > 1]
+        return problems
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def _deliver(self) -> None:
+        message = self.world.pending.pop(0)
+        self.world.delivered.append(message)
+        outcome, _ = self._worker.on_wakeup(message)
+        if self.duplicate_deliveries:
+            before = self.world.store.tables()
+            again, duplicate = self._worker.on_wakeup(message)
+            assert duplicate and again == outcome and self.world.store.tables() == before, \
+                f"delivering {message.event_id} again changed something"
+        if outcome.get("taken"):
+            assert message.run_id is not None
+            self._run(self._worker.advance(message.run_id, Fence(outcome["owner"], outcome["token"])))
+
+    def _run(self, steps: Steps) -> None:
+        errors = _Errors()
+        worker_log = logging.getLogger(advance.__name__)
+        worker_log.addHandler(errors)
+        try:
+            for _ in steps:
+                pass
+        finally:
+            worker_log.removeHandler(errors)
+        self.failures += errors.messages
+        crashed = steps.crashed
+        if crashed is not None:  # the process died there: a new one replaces it
+            self.crashes.append(crashed)
+            self._worker = self._new_worker()
+
+    def _next_timer(self) -> bool:
+        next_at = self.world.store.next_wake_at()
+        if next_at is None or all(self.status(r) in SETTLED for r in self.run_ids()):
+            return False
+        self.world.clock.advance(max(0.0, next_at - self.world.clock()) + 0.001)
+        self.world.fire_due_timers()
+        return True
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        self.messages.append(record.getMessage() + (f": {error!r}" if error else ""))
+
+
+@dataclass(frozen=True, slots=True)
+class CrashOutcome:
+    """One scenario run with its first worker killed at ``point`` (its ``nth`` passage)."""
+
+    point: str
+    nth: int
+    kit: Kit
+
+
+def every_crash(kind: RunKind, scenario: Callable[[Kit], None], **options: Any) -> list[CrashOutcome]:
+    """Run ``scenario`` (it builds its runs and settles them) on a fresh ``Kit(kind, **options)``
+    once to learn the crash points its first worker passes, then once more per passage, that worker
+    killed there. The caller checks each outcome (``kit.check()``, statuses, executions)."""
+    probe = CrashAt()
+    with Kit(kind, crash=probe, **options) as kit:
+        scenario(kit)
+    passages: dict[str, int] = {}
+    outcomes = []
+    for point in probe.reached:
+        passages[point] = passages.get(point, 0) + 1
+        with Kit(kind, crash=CrashAt(point, passages[point]), **options) as kit:
+            scenario(kit)
+        assert kit.crashes == [point], f"{point} #{passages[point]}: the worker died at {kit.crashes}"
+        outcomes.append(CrashOutcome(point, passages[point], kit))
+    return outcomes
