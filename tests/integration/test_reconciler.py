@@ -24,18 +24,11 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app.reconcile import (
-    DRIFT_ALERT,
-    FOUND_NOTE,
-    METRICS,
-    REWAKES_AFTER_DEAD_LETTER,
-    SILENT_ALERT,
-    check_drift,
-    flag_silent_runs,
-    ingest_quarantine_queue,
-    reconcile_unknown,
-    rewake_expired_leases,
-)
+from longrun.app.reconcile import FOUND_NOTE, reconcile_unknown
+from longrun.app.reconcile_alerts import DRIFT_ALERT, SILENT_ALERT, check_drift, flag_silent_runs
+from longrun.app.reconcile_common import METRICS
+from longrun.app.reconcile_dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
+from longrun.app.reconcile_leases import rewake_expired_leases
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology

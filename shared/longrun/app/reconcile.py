@@ -1,4 +1,4 @@
-"""The reconciler's use cases: settle actions in doubt, re-wake abandoned runs, raise alerts, keep dead letters.
+"""Settling actions in doubt, and the reconciler's entry: the service runs every sweep from this module.
 
 Responsibility:
 - ``reconcile_unknown``: ask the far side, by idempotency key, what became of each action
@@ -7,11 +7,10 @@ Responsibility:
   be asked, fails, or contradicts the request). An action still SUBMITTED under a run that
   ended (terminated, timed out, out of budget) with no outcome recorded is in doubt too: once
   ``abandoned_after`` passed it is marked UNKNOWN (a late event) and settled the same way.
-- ``rewake_expired_leases``: a run whose worker stopped renewing its lease gets one wakeup.
-- ``flag_silent_runs``: a run parked in a status longer than its limit raises one alert.
-- ``check_drift``: a confirmed action whose far-side object vanished or changed identity
-  raises one alert; the run is never changed.
-- ``ingest_quarantine_queue``: messages the broker dead-lettered are kept in ``quarantine``.
+- The other sweeps live in modules of their own and are imported here for the service:
+  expired leases in ``reconcile_leases``, alerts on silent runs and on drift in
+  ``reconcile_alerts``, dead letters in ``reconcile_dead_letters``; the producer name and the
+  counters they all share in ``reconcile_common``.
 
 Invariants:
 - No database transaction or row lock is held across a call to the far side. A claim
@@ -30,76 +29,62 @@ Invariants:
   ACTION_UNKNOWN; the reconciler then moves the run to NEEDS_ATTENTION itself. When the
   last action in doubt settles otherwise, the domain readies the run and it is woken (a
   CANCELLING run is woken too: it finishes cancelling once its actions are settled).
-- Several replicas may run every use case at once: claims lock the run with SKIP LOCKED;
-  alerts are deduplicated per episode under an advisory lock; a lease is cleared in the
-  transaction that enqueues its wakeup; dead letters are deduplicated by the inbox.
-- Alerts (audit_log rows by actor "reconciler") never change a run.
+- Several replicas may run every sweep at once; each sweep's module says how. Here claims
+  lock the run with SKIP LOCKED.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from decimal import Decimal
+from datetime import timedelta
 from typing import Any
 
-import aio_pika
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from sqlalchemy import Float, and_, exists, func, or_, select, text, update
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
-from longrun.app.webhooks import audit
+from longrun.app.reconcile_alerts import check_drift, flag_silent_runs
+from longrun.app.reconcile_common import METRICS, PRODUCER
+from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
+from longrun.app.reconcile_leases import rewake_expired_leases, seconds_until_a_lease_expires
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
 from longrun.authoring import Registry, Tool, ToolResult
-from longrun.bus.connection import Bus
-from longrun.bus.topology import QUARANTINE_QUEUE
 from longrun.db import actions as ledger
-from longrun.db import inbox, outbox, runs
-from longrun.db import quarantine as quarantine_rows
+from longrun.db import runs
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
-from longrun.db.schema import actions, audit_log, quarantine, run_events
+from longrun.db.schema import actions, run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, evolve, freeze
 from longrun.domain import events as ev
 from longrun.errors import TransientError
 
+__all__ = [
+    # Settling actions in doubt (this module).
+    "ABANDONED_AFTER", "ENDED_WHILE_SUBMITTED", "FOUND_NOTE", "Verdict", "contradictions", "look_up",
+    "reconcile_unknown",
+    # The other sweeps and the counters, as the reconciler service runs and reports them.
+    "METRICS", "check_drift", "flag_silent_runs", "ingest_quarantine_queue", "rewake_expired_leases",
+    "seconds_until_a_lease_expires",
+]
+
 logger = logging.getLogger(__name__)
 
-PRODUCER = "reconciler"
 ABANDONED_AFTER = 60.0
 """Seconds after which a RECONCILING action with no outcome is claimed again (longer than any lookup)."""
 FOUND_NOTE = "found by idempotency key"
 ENDED_WHILE_SUBMITTED = "the run ended while this was submitted; no worker recorded its outcome"
-SILENT_ALERT = "alert.silent_run"
-DRIFT_ALERT = "alert.drift"
-QUARANTINE_PREFETCH = 20
-INGEST_RETRY_DELAY = 1.0
-
-METRICS: Counter[str] = Counter()
-"""Process-wide counters (outcomes, re-wakes, alerts, dead letters kept); the service logs them."""
 
 _A = ActionStatus
 # Re-running these is safe by their effect kind, so a tool without a lookup needs no person.
 _REPEATABLE = frozenset({EffectKind.PURE, EffectKind.READ, EffectKind.IDEMPOTENT_WRITE})
 # Open statuses an unreconciled action can leave a run in: parked for it, or paused or cancelled on top.
 _HELD = (RunStatus.ACTION_UNKNOWN.value, RunStatus.PAUSED.value, RunStatus.CANCELLING.value)
-# A worker has something to do for these once the lease is free; the rest are parked or finished.
-_WAKEABLE = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLING})
-REWAKES_AFTER_DEAD_LETTER = 3
-_ALERT_LOCK_NAMESPACE = 0x6C72_6C74
-"""First key of the two-key advisory lock that serialises alerts for one target."""
-
-
-# -- unknown actions -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,391 +353,6 @@ def _status_after(stored: StoredRun, events: Sequence[ev.RunEvent]) -> RunStatus
     for event in events:
         snapshot = evolve(snapshot, event)
     return snapshot.status
-
-
-# -- expired leases --------------------------------------------------------------------------------
-
-
-_EXPIRED = "lease_owner IS NOT NULL AND lease_until < now()"
-_CLEAR_EXPIRED = text(
-    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
-    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
-    "      ORDER BY lease_until LIMIT :limit FOR UPDATE SKIP LOCKED) AS e "
-    "WHERE r.run_id = e.run_id "
-    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
-_CLEAR_ONE_EXPIRED = text(
-    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
-    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
-    "        AND run_id <> ALL(CAST(:failed AS text[])) "
-    "      ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED) AS e "
-    "WHERE r.run_id = e.run_id "
-    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
-
-
-_NEXT_EXPIRY = text("SELECT extract(epoch FROM min(lease_until) - now()) FROM runs WHERE lease_owner IS NOT NULL")
-
-
-async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
-    """Seconds (database clock) until the earliest held lease runs out; <= 0 when one has, None when none is held."""
-    async with engine.connect() as conn:
-        seconds = (await conn.execute(_NEXT_EXPIRY)).scalar()
-    return None if seconds is None else float(seconds)
-
-
-async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
-    """Clear up to ``limit`` expired leases, waking each run a worker has work for; returns the wakeups.
-
-    The lease is cleared in the transaction that enqueues the wakeup, so each expiry wakes
-    the run once and the next sweep no longer sees it. Clearing is safe: the old holder's
-    writes and renewals need its owner and fencing token, which no longer match, and the
-    next ``take_lease`` bumps the token. Expired leases of finished or parked runs are
-    cleared without a wakeup.
-
-    A dead worker leaves many leases expiring together, and every one of them delays its run,
-    so they are cleared in one statement and woken with one outbox insert; only if that
-    transaction fails for another reason than the database being away is the sweep redone run
-    by run, so one run that cannot be woken does not hold up the others.
-    """
-    try:
-        async with engine.begin() as conn:
-            expired = (await conn.execute(_CLEAR_EXPIRED, {"limit": limit})).all()
-            if not expired:
-                return 0
-            stored = await runs.load_many(conn, [row.run_id for row in expired])
-            woken = [stored[row.run_id] for row in expired if stored[row.run_id].snapshot.status in _WAKEABLE]
-            await outbox.enqueue_many(conn, [effects.wake_message(s, reason="lease expired", producer=PRODUCER)
-                                             for s in woken])
-    except Exception as e:
-        if is_transient(e):
-            raise
-        logger.warning("re-waking expired leases together failed (%r); run by run", e)
-        return await _rewake_one_by_one(engine, limit=limit)
-    for row in expired:
-        _count_expiry(row, stored[row.run_id], wake=stored[row.run_id].snapshot.status in _WAKEABLE)
-    return len(woken)
-
-
-async def _rewake_one_by_one(engine: AsyncEngine, *, limit: int) -> int:
-    woken = 0
-    failed: set[str] = set()
-    for _ in range(limit):
-        current: str | None = None
-        try:
-            async with engine.begin() as conn:
-                row = (await conn.execute(_CLEAR_ONE_EXPIRED, {"failed": sorted(failed)})).first()
-                if row is None:
-                    break
-                current = row.run_id
-                stored = await runs.load(conn, row.run_id)
-                assert stored is not None
-                wake = stored.snapshot.status in _WAKEABLE
-                if wake:
-                    await effects.wake(conn, stored, reason="lease expired", producer=PRODUCER)
-        except Exception as e:
-            if is_transient(e) or current is None:
-                raise
-            logger.exception("run %s: could not re-wake after its lease expired; skipped this sweep", current)
-            failed.add(current)
-            continue
-        _count_expiry(row, stored, wake=wake)
-        woken += wake
-    return woken
-
-
-def _count_expiry(row: Any, stored: StoredRun, *, wake: bool) -> None:
-    METRICS["lease.expired"] += 1
-    if wake:
-        METRICS["lease.rewoken"] += 1
-    logger.info("run %s: lease %d of %s expired (%s)%s", row.run_id, row.fencing_token, row.lease_owner,
-                stored.snapshot.status.value, "; woken" if wake else "")
-
-
-# -- silent runs -----------------------------------------------------------------------------------
-
-
-async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, float], limit: int = 200) -> int:
-    """One alert per run and status episode past its limit; returns the alerts raised.
-
-    An episode is (status, ``status_since``): entering the status again starts a new one.
-    A run whose worker holds a live lease is being worked on, so it is not silent.
-    """
-    if not limits:
-        return 0
-    since = runs_table.c.snapshot["status_since"].astext
-    episode = runs_table.c.status + "@" + since
-    now = func.date_part("epoch", func.now())
-    late = [and_(runs_table.c.status == RunStatus(status).value, since.cast(Float) < now - seconds)
-            for status, seconds in limits.items()]
-    async with engine.connect() as conn:
-        rows = (await conn.execute(
-            select(runs_table.c.run_id, runs_table.c.status, since.label("since"), episode.label("episode"),
-                   (now - since.cast(Float)).label("silent_for"))
-            .where(or_(*late),
-                   or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
-                   ~exists().where(audit_log.c.action == SILENT_ALERT, audit_log.c.target == runs_table.c.run_id,
-                                   audit_log.c.details["episode"].astext == episode))
-            .order_by(since.cast(Float)).limit(limit))).all()
-    raised = 0
-    for row in rows:
-        status = RunStatus(row.status)
-        reason = (f"{status.value} for {float(row.silent_for):.0f}s with no worker on it "
-                  f"(limit {limits[status]:.0f}s)")
-        async with engine.begin() as conn:
-            if not await _alert_once(conn, SILENT_ALERT, row.run_id, row.episode, reason,
-                                     {"status": status.value, "since": float(row.since),
-                                      "limit_seconds": limits[status]}):
-                continue
-        raised += 1
-        METRICS[f"{SILENT_ALERT}.{status.value}"] += 1
-        logger.warning("run %s is silent: %s", row.run_id, reason)
-    return raised
-
-
-async def _alert_once(conn: AsyncConnection, action: str, target: str, episode: str, reason: str,
-                      details: Mapping[str, Any]) -> bool:
-    """Write the alert unless this episode already has one; False when it had."""
-    # Held to commit: a replica raising the same alert waits, then sees this row and stops.
-    await conn.execute(text("SELECT pg_advisory_xact_lock(CAST(:ns AS integer), hashtext(:key))"),
-                       {"ns": _ALERT_LOCK_NAMESPACE, "key": f"{action}:{target}"})
-    raised = (await conn.execute(
-        select(audit_log.c.id).where(audit_log.c.action == action, audit_log.c.target == target,
-                                     audit_log.c.details["episode"].astext == episode).limit(1))).first()
-    if raised is not None:
-        return False
-    await audit(conn, actor=PRODUCER, action=action, target=target, reason=reason,
-                details={"episode": episode, **details})
-    return True
-
-
-# -- drift -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DriftSweep:
-    checked: int
-    drifted: int
-    next_after: str
-    """The action id the next sweep continues after; "" once the last confirmed action was reached."""
-
-
-async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, after: str = "") -> DriftSweep:
-    """Compare up to ``limit`` confirmed actions (ids after ``after``) with the far side.
-
-    Drift is identity, not content: far-side objects legitimately change (a branch head
-    moves, a merge request is merged), so only a missing object or another external id for
-    the same key is reported, once per action and problem. A lookup that fails is skipped.
-    """
-    async with engine.connect() as conn:
-        rows = (await conn.execute(
-            select(actions.c.action_id, actions.c.run_id, actions.c.logical_action, actions.c.tool,
-                   actions.c.idempotency_key, actions.c.external_id, runs_table.c.workflow,
-                   runs_table.c.workflow_version)
-            .join_from(actions, runs_table, actions.c.run_id == runs_table.c.run_id)
-            .where(actions.c.status == _A.CONFIRMED.value, actions.c.action_id > after)
-            .order_by(actions.c.action_id).limit(limit))).all()
-    checks = []
-    for row in rows:
-        try:
-            tool = registry.get(row.workflow, row.workflow_version).tools.get(row.tool)
-        except LookupError:
-            continue
-        if tool is not None and tool.lookup is not None:
-            checks.append((row, tool))
-    problems = await asyncio.gather(*(_drift(tool, row.idempotency_key, row.external_id) for row, tool in checks))
-    drifted = 0
-    for (row, tool), problem in zip(checks, problems, strict=True):
-        if problem is None:
-            continue
-        reason = f"{row.logical_action} ({tool.name}, key {row.idempotency_key}): {problem}"
-        async with engine.begin() as conn:
-            if not await _alert_once(conn, DRIFT_ALERT, row.run_id, f"{row.logical_action}: {problem}", reason,
-                                     {"logical_action": row.logical_action, "tool": tool.name,
-                                      "idempotency_key": row.idempotency_key,
-                                      "recorded_external_id": row.external_id}):
-                continue
-        drifted += 1
-        METRICS[DRIFT_ALERT] += 1
-        logger.warning("run %s drifted: %s", row.run_id, reason)
-    return DriftSweep(len(checks), drifted, rows[-1].action_id if len(rows) == limit else "")
-
-
-async def _drift(tool: Tool, key: str, recorded_id: str | None) -> str | None:
-    assert tool.lookup is not None
-    try:
-        found = await asyncio.wait_for(tool.lookup(key), timeout=tool.timeout)
-    except Exception as e:
-        logger.info("drift check of %s skipped: lookup failed (%s: %s)", key, e.__class__.__name__, e)
-        return None
-    if found is None:
-        return "missing: the far side has nothing under the idempotency key"
-    if recorded_id is not None and found.external_id != recorded_id:
-        return f"different id: recorded {recorded_id}, the far side has {found.external_id}"
-    return None
-
-
-# -- dead letters ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Death:
-    """What the broker's ``x-death`` / ``x-first-death-*`` headers say about a dead letter."""
-
-    reason: str
-    queue: str
-    count: int
-    first: datetime | None
-    last: datetime | None
-
-
-async def ingest_quarantine_queue(bus: Bus, engine: AsyncEngine, *, delivery_limit: int | None = None,
-                                  prefetch: int = QUARANTINE_PREFETCH) -> None:
-    """Consume ``longrun.quarantine`` until cancelled; a message is acked only after its row committed.
-
-    ``delivery_limit`` (the work queues' limit) turns a delivery-limit death into an attempt
-    count. After a lost connection the consumer reconnects and resumes; a redelivered
-    message is recognised by the inbox and acked without a second row.
-    """
-    while True:
-        await bus.ensure_connected()
-        lost = asyncio.ensure_future(bus.lost.wait())
-        channel: AbstractChannel | None = None
-        try:
-            channel = await bus.channel(prefetch=prefetch)
-            deliveries: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-            await (await channel.get_queue(QUARANTINE_QUEUE, ensure=False)).consume(deliveries.put)
-            while True:
-                next_delivery = asyncio.ensure_future(deliveries.get())
-                await asyncio.wait({next_delivery, lost}, return_when=asyncio.FIRST_COMPLETED)
-                if not next_delivery.done():
-                    next_delivery.cancel()
-                    break
-                await _ingest(engine, next_delivery.result(), delivery_limit)
-        except (aiormq.exceptions.AMQPError, aio_pika.exceptions.ChannelInvalidStateError, ConnectionError) as e:
-            logger.warning("quarantine consumer lost its channel (%r); reconnecting", e)
-            bus.lost.set()
-        finally:
-            lost.cancel()
-            # Closing hands every unacked delivery back to the queue at once, not at disconnect.
-            if channel is not None and not channel.is_closed:
-                try:
-                    await asyncio.shield(channel.close())
-                except Exception as e:
-                    logger.debug("closing the quarantine channel: %r", e)
-
-
-async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, delivery_limit: int | None) -> None:
-    headers = dict(message.headers or {})
-    death = _read_death(headers)
-    body_id = message.message_id or hashlib.sha256(message.body).hexdigest()
-    last = death.last.isoformat() if death.last else "-"
-    inbox_id = f"quarantine:{death.queue}:{body_id}:{last}:{death.count}"
-    attempts = death.count * (delivery_limit + 1) if delivery_limit and death.reason == "delivery_limit" \
-        else death.count
-    reason = f"dead-lettered by the broker from {death.queue}: {death.reason}"
-    if death.reason == "delivery_limit":
-        reason += " (delivered past the queue's limit without an ack: its consumer kept failing on it)"
-    while True:
-        try:
-            async with engine.begin() as conn:
-                claim = await inbox.claim(conn, PRODUCER, message_id=inbox_id, message_type=message.type or "unknown",
-                                          run_id=_text(headers.get("cloudEvents:subject")))
-                if isinstance(claim, inbox.Claimed):
-                    entry = await quarantine_rows.put(
-                        conn, owner=_owner(death.queue), queue=death.queue, body=message.body,
-                        headers=_json_safe(headers), message_id=message.message_id, error_code=death.reason,
-                        reason=reason, attempts=attempts, first_failure_at=death.first)
-                    if death.last is not None:
-                        await conn.execute(update(quarantine).where(quarantine.c.id == entry)
-                                           .values(last_failure_at=death.last))
-                    if message.type == "run.wakeup" and death.reason == "delivery_limit":
-                        await _rewake_dead_lettered(conn, _text(headers.get("cloudEvents:subject")))
-                    await inbox.record_outcome(conn, PRODUCER, message_id=inbox_id, outcome={"quarantine_id": entry})
-            break
-        except Exception as e:
-            if not is_transient(e):
-                # Never drop a dead letter: hand it back to the queue and try again later.
-                logger.exception("could not keep dead letter %s; returned to %s", body_id, QUARANTINE_QUEUE)
-                await asyncio.sleep(INGEST_RETRY_DELAY)
-                await message.nack(requeue=True)
-                return
-            logger.warning("database unavailable keeping dead letter %s (%r); retrying", body_id, e)
-            await asyncio.sleep(INGEST_RETRY_DELAY)
-    if isinstance(claim, inbox.Claimed):
-        METRICS["quarantine.kept"] += 1
-        logger.error("dead letter %s from %s kept in quarantine: %s", body_id, death.queue, death.reason)
-    try:
-        await message.ack()
-    except Exception as e:
-        # The channel is gone: the broker redelivers, and the inbox absorbs the copy.
-        logger.warning("ack of dead letter %s failed (%r); the redelivery will be deduplicated", body_id, e)
-
-
-async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> None:
-    """Wake a run again whose wakeup hit the delivery limit, a few times at most.
-
-    A wakeup names its run and carries no state, and a worker killed or cut off with it
-    prefetched counts as a delivery: under repeated worker deaths a valid wakeup is
-    dead-lettered and its run, unleased, would wait forever. A fresh wakeup starts its count
-    anew. One that itself kills every worker keeps coming back, so after
-    ``REWAKES_AFTER_DEAD_LETTER`` of them the run is left to an operator (the quarantine list).
-    """
-    if run_id is None:
-        return
-    stored = await runs.load(conn, run_id)
-    if stored is None or stored.snapshot.status not in _WAKEABLE or stored.lease_owner is not None:
-        return  # ended, parked (its own wake condition holds), or leased (the lease sweep wakes it)
-    dead = (await conn.execute(
-        select(func.count()).select_from(quarantine)
-        .where(quarantine.c.message_type == "run.wakeup",
-               quarantine.c.headers["cloudEvents:subject"].astext == run_id))).scalar_one()
-    if dead > REWAKES_AFTER_DEAD_LETTER:
-        logger.error("run %s: %d wakeups dead-lettered; left to an operator", run_id, dead)
-        return
-    await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER)
-    METRICS["quarantine.rewoken"] += 1
-    logger.warning("run %s: its wakeup was dead-lettered (%d so far); woken again", run_id, dead)
-
-
-def _read_death(headers: Mapping[str, Any]) -> _Death:
-    deaths = [d for d in headers.get("x-death") or () if isinstance(d, Mapping)]
-    latest = deaths[0] if deaths else {}
-    times = [d["time"] for d in deaths if isinstance(d.get("time"), datetime)]
-    return _Death(
-        reason=_text(headers.get("x-first-death-reason")) or _text(latest.get("reason")) or "unknown",
-        queue=_text(headers.get("x-first-death-queue")) or _text(latest.get("queue")) or "unknown",
-        count=sum(int(d.get("count") or 1) for d in deaths) or 1,
-        first=min(times) if times else None,
-        last=max(times) if times else None,
-    )
-
-
-def _owner(queue: str) -> str:
-    """The service whose queue it was: ``longrun.<service>.<lane>``."""
-    parts = queue.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] == "longrun" else queue
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value if isinstance(value, str) else None
-
-
-def _json_safe(value: Any) -> Any:
-    """AMQP header values (nested tables, bytes, timestamps, decimals) as JSON values."""
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
 
 
 async def _isolated(work: Any, what: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import effects, reconcile
+from longrun.app import effects, reconcile, reconcile_leases
 from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
 from longrun.app.webhooks import WAITS
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
@@ -60,8 +60,8 @@ _S = RunStatus
 _A = ActionStatus
 HELD = frozenset(RunStatus(s) for s in reconcile._HELD)
 """Open statuses an unreconciled action can hold a run in (``app.reconcile._HELD``)."""
-WAKEABLE = reconcile._WAKEABLE
-"""An expired lease of these gets a wakeup (``app.reconcile._WAKEABLE``)."""
+WAKEABLE = reconcile_leases._WAKEABLE
+"""An expired lease of these gets a wakeup (``app.reconcile_leases._WAKEABLE``)."""
 MATCHABLE = WAITS | {_S.PAUSED}
 """As ``app.webhooks._match`` (statuses in its SQL): a webhook is delivered at once to a run in
 these waiting on its key."""

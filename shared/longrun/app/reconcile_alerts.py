@@ -1,0 +1,160 @@
+"""The reconciler's alerts: runs silent past their limit, and confirmed actions that drifted on the far side.
+
+Responsibility:
+- ``flag_silent_runs``: a run parked in a status longer than its limit raises one alert.
+- ``check_drift``: a confirmed action whose far-side object vanished or changed identity
+  raises one alert; the run is never changed.
+
+Invariants:
+- Alerts (audit_log rows by actor "reconciler") never change a run.
+- Alerts are deduplicated per episode under an advisory lock (``_alert_once``), so several
+  replicas may raise them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Float, and_, exists, func, or_, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun.app.reconcile_common import METRICS, PRODUCER
+from longrun.app.webhooks import audit
+from longrun.authoring import Registry, Tool
+from longrun.db.schema import actions, audit_log
+from longrun.db.schema import runs as runs_table
+from longrun.domain import ActionStatus, RunStatus
+
+logger = logging.getLogger(__name__)
+
+SILENT_ALERT = "alert.silent_run"
+DRIFT_ALERT = "alert.drift"
+_ALERT_LOCK_NAMESPACE = 0x6C72_6C74
+"""First key of the two-key advisory lock that serialises alerts for one target."""
+
+
+# -- silent runs -----------------------------------------------------------------------------------
+
+
+async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, float], limit: int = 200) -> int:
+    """One alert per run and status episode past its limit; returns the alerts raised.
+
+    An episode is (status, ``status_since``): entering the status again starts a new one.
+    A run whose worker holds a live lease is being worked on, so it is not silent.
+    """
+    if not limits:
+        return 0
+    since = runs_table.c.snapshot["status_since"].astext
+    episode = runs_table.c.status + "@" + since
+    now = func.date_part("epoch", func.now())
+    late = [and_(runs_table.c.status == RunStatus(status).value, since.cast(Float) < now - seconds)
+            for status, seconds in limits.items()]
+    async with engine.connect() as conn:
+        rows = (await conn.execute(
+            select(runs_table.c.run_id, runs_table.c.status, since.label("since"), episode.label("episode"),
+                   (now - since.cast(Float)).label("silent_for"))
+            .where(or_(*late),
+                   or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
+                   ~exists().where(audit_log.c.action == SILENT_ALERT, audit_log.c.target == runs_table.c.run_id,
+                                   audit_log.c.details["episode"].astext == episode))
+            .order_by(since.cast(Float)).limit(limit))).all()
+    raised = 0
+    for row in rows:
+        status = RunStatus(row.status)
+        reason = (f"{status.value} for {float(row.silent_for):.0f}s with no worker on it "
+                  f"(limit {limits[status]:.0f}s)")
+        async with engine.begin() as conn:
+            if not await _alert_once(conn, SILENT_ALERT, row.run_id, row.episode, reason,
+                                     {"status": status.value, "since": float(row.since),
+                                      "limit_seconds": limits[status]}):
+                continue
+        raised += 1
+        METRICS[f"{SILENT_ALERT}.{status.value}"] += 1
+        logger.warning("run %s is silent: %s", row.run_id, reason)
+    return raised
+
+
+async def _alert_once(conn: AsyncConnection, action: str, target: str, episode: str, reason: str,
+                      details: Mapping[str, Any]) -> bool:
+    """Write the alert unless this episode already has one; False when it had."""
+    # Held to commit: a replica raising the same alert waits, then sees this row and stops.
+    await conn.execute(text("SELECT pg_advisory_xact_lock(CAST(:ns AS integer), hashtext(:key))"),
+                       {"ns": _ALERT_LOCK_NAMESPACE, "key": f"{action}:{target}"})
+    raised = (await conn.execute(
+        select(audit_log.c.id).where(audit_log.c.action == action, audit_log.c.target == target,
+                                     audit_log.c.details["episode"].astext == episode).limit(1))).first()
+    if raised is not None:
+        return False
+    await audit(conn, actor=PRODUCER, action=action, target=target, reason=reason,
+                details={"episode": episode, **details})
+    return True
+
+
+# -- drift -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DriftSweep:
+    checked: int
+    drifted: int
+    next_after: str
+    """The action id the next sweep continues after; "" once the last confirmed action was reached."""
+
+
+async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, after: str = "") -> DriftSweep:
+    """Compare up to ``limit`` confirmed actions (ids after ``after``) with the far side.
+
+    Drift is identity, not content: far-side objects legitimately change (a branch head
+    moves, a merge request is merged), so only a missing object or another external id for
+    the same key is reported, once per action and problem. A lookup that fails is skipped.
+    """
+    async with engine.connect() as conn:
+        rows = (await conn.execute(
+            select(actions.c.action_id, actions.c.run_id, actions.c.logical_action, actions.c.tool,
+                   actions.c.idempotency_key, actions.c.external_id, runs_table.c.workflow,
+                   runs_table.c.workflow_version)
+            .join_from(actions, runs_table, actions.c.run_id == runs_table.c.run_id)
+            .where(actions.c.status == ActionStatus.CONFIRMED.value, actions.c.action_id > after)
+            .order_by(actions.c.action_id).limit(limit))).all()
+    checks = []
+    for row in rows:
+        try:
+            tool = registry.get(row.workflow, row.workflow_version).tools.get(row.tool)
+        except LookupError:
+            continue
+        if tool is not None and tool.lookup is not None:
+            checks.append((row, tool))
+    problems = await asyncio.gather(*(_drift(tool, row.idempotency_key, row.external_id) for row, tool in checks))
+    drifted = 0
+    for (row, tool), problem in zip(checks, problems, strict=True):
+        if problem is None:
+            continue
+        reason = f"{row.logical_action} ({tool.name}, key {row.idempotency_key}): {problem}"
+        async with engine.begin() as conn:
+            if not await _alert_once(conn, DRIFT_ALERT, row.run_id, f"{row.logical_action}: {problem}", reason,
+                                     {"logical_action": row.logical_action, "tool": tool.name,
+                                      "idempotency_key": row.idempotency_key,
+                                      "recorded_external_id": row.external_id}):
+                continue
+        drifted += 1
+        METRICS[DRIFT_ALERT] += 1
+        logger.warning("run %s drifted: %s", row.run_id, reason)
+    return DriftSweep(len(checks), drifted, rows[-1].action_id if len(rows) == limit else "")
+
+
+async def _drift(tool: Tool, key: str, recorded_id: str | None) -> str | None:
+    assert tool.lookup is not None
+    try:
+        found = await asyncio.wait_for(tool.lookup(key), timeout=tool.timeout)
+    except Exception as e:
+        logger.info("drift check of %s skipped: lookup failed (%s: %s)", key, e.__class__.__name__, e)
+        return None
+    if found is None:
+        return "missing: the far side has nothing under the idempotency key"
+    if recorded_id is not None and found.external_id != recorded_id:
+        return f"different id: recorded {recorded_id}, the far side has {found.external_id}"
+    return None
