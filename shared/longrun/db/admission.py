@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from longrun.db.schema import HOLDS_SLOT, QUEUED
 
@@ -42,8 +42,12 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
         f"ORDER BY {SCORE.format(aging=aging, runs='oldest')} DESC, oldest.created_at LIMIT {limit}")
 
 
-# The best queued runs of a tenant, admitted in the statement that picks them.
-ADMIT_BEST = text(
-    f"UPDATE runs SET admitted_at = now() WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
-    "RETURNING run_id, tenant_id, partition, revision, created_at, "
-    f"{SCORE.format(aging=':aging', runs='runs')} AS score")
+def admit_best() -> TextClause:
+    """The best queued runs of a tenant (``:t``), at most ``:n``, admitted in the statement that picks them."""
+    return text(
+        f"UPDATE runs SET admitted_at = now() WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
+        "RETURNING run_id, tenant_id, partition, revision, created_at, "
+        f"{SCORE.format(aging=':aging', runs='runs')} AS score")
+
+
+ADMIT_BEST = admit_best()

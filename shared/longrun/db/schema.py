@@ -53,9 +53,22 @@ TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_
                "start_to_close", "heartbeat", "sleep")
 
 
+def sql_name(value: str | Enum) -> str:
+    """A name (a status, a kind) as an SQL string literal: ``'READY'``. Statuses in SQL text are
+    rendered from the domain's enums and sets, never retyped."""
+    name = value.value if isinstance(value, Enum) else value
+    if not isinstance(name, str) or "'" in name or "\\" in name:
+        raise ValueError(f"not a plain name: {name!r}")
+    return f"'{name}'"
+
+
+def sql_names(values: Iterable[str | Enum]) -> str:
+    """Names as an SQL list of literals, in the order given: ``'WAITING_EVENT', 'WAITING_USER'``."""
+    return ", ".join(sql_name(v) for v in values)
+
+
 def _one_of(column: str, values: Iterable[str | Enum]) -> str:
-    names = ", ".join(f"'{v.value if isinstance(v, Enum) else v}'" for v in values)
-    return f"{column} IN ({names})"
+    return f"{column} IN ({sql_names(values)})"
 
 
 def _now() -> Column[object]:
@@ -99,12 +112,12 @@ runs = Table(
     # A half-set lease would be invisible to both takeover and renewal.
     CheckConstraint("(lease_owner IS NULL) = (lease_until IS NULL)", name="lease_whole"),
     # A waiting run that nobody can wake, or that waits forever, is a lost run.
-    CheckConstraint("status NOT IN ('WAITING_EVENT', 'WAITING_USER') OR wait_deadline IS NOT NULL",
-                    name="wait_has_deadline"),
-    CheckConstraint("status <> 'WAITING_EVENT' OR wait_correlation_key IS NOT NULL OR wait_kind IS NOT DISTINCT FROM 'timer'",
-                    name="wait_has_wake_condition"),
-    CheckConstraint("status <> 'WAITING_USER' OR (approval_id IS NOT NULL AND approval_owner IS NOT NULL"
-                    " AND approved_hash IS NOT NULL)", name="approval_named"),
+    CheckConstraint(f"status NOT IN ({sql_names((RunStatus.WAITING_EVENT, RunStatus.WAITING_USER))}) "
+                    "OR wait_deadline IS NOT NULL", name="wait_has_deadline"),
+    CheckConstraint(f"status <> {sql_name(RunStatus.WAITING_EVENT)} OR wait_correlation_key IS NOT NULL "
+                    "OR wait_kind IS NOT DISTINCT FROM 'timer'", name="wait_has_wake_condition"),
+    CheckConstraint(f"status <> {sql_name(RunStatus.WAITING_USER)} OR (approval_id IS NOT NULL "
+                    "AND approval_owner IS NOT NULL AND approved_hash IS NOT NULL)", name="approval_named"),
 )
 # Operator search: tenant + status.
 Index("ix_runs_tenant_status", runs.c.tenant_id, runs.c.status)
@@ -113,7 +126,7 @@ Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
       postgresql_where=runs.c.wait_correlation_key.isnot(None))
 # Reconciler: leases that may have expired.
 Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
-OPEN_RUN = f"status NOT IN ({', '.join(repr(s.value) for s in sorted(TERMINAL))})"
+OPEN_RUN = f"status NOT IN ({sql_names(sorted(TERMINAL))})"
 """A run that has not finished, as SQL."""
 HOLDS_SLOT = f"admitted_at IS NOT NULL AND {OPEN_RUN}"
 """An admitted run that has not finished: it holds one of its tenant's slots. Queries counting
@@ -121,7 +134,9 @@ them use exactly this text, so the planner matches it with the predicate of the 
 # Admission counts a tenant's runs holding a slot on every create, admission and finished run:
 # neither its finished runs (most of the table in time) nor its queue are read.
 Index("ix_runs_holding_slots", runs.c.tenant_id, postgresql_where=text(HOLDS_SLOT))
-QUEUED = "admitted_at IS NULL AND status = 'READY'"
+QUEUED_STATUS = RunStatus.READY
+"""The status of a run waiting for a slot (while not admitted)."""
+QUEUED = f"admitted_at IS NULL AND status = {sql_name(QUEUED_STATUS)}"
 """A run waiting for a slot. Not every unadmitted run: one cancelled or terminated while queued
 is never admitted, and must not stay in the queue's index for admission to skip every time."""
 # Scheduler admission: queued runs by tenant and priority.
@@ -182,7 +197,7 @@ actions = Table(
 )
 # Reconciler: actions whose outcome is unknown.
 Index("ix_actions_unresolved", actions.c.status, actions.c.updated_at,
-      postgresql_where=actions.c.status.in_(["UNKNOWN", "RECONCILING"]))
+      postgresql_where=actions.c.status.in_([ActionStatus.UNKNOWN.value, ActionStatus.RECONCILING.value]))
 
 timers = Table(
     "timers", metadata,

@@ -1,0 +1,312 @@
+"""Admission's candidate query against the domain: seeded random tenants (admitted runs in every
+open status and finished ones, queued runs of random priority and age, paused, cancelling and
+finished runs never admitted) put through ONE admission round (``admit.admit``: ``ADMIT_BEST`` per
+tenant) and then one creation per tenant admitted at once when its tenant has room
+(``runs.create`` with ``AtOnce``: ``TENANT_SLOTS``), all in one transaction. Compared column by column
+with a pure model: slots held by admitted runs whose status is not in the domain's ``TERMINAL``, the
+queue as the runs in ``READY`` not admitted, the best by priority plus age over ``aging``, and the
+wakeups from ``effects.wake_message_of``.
+
+The mutants change a status set (the domain's, or the one the SQL is rendered from) and expect the
+differential check to report mismatches.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun.app import admit, effects
+from longrun.bus import topology
+from longrun.db import admission, runs
+from longrun.db.runs import StoredRun
+from longrun.db.schema import sql_names
+from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, evolve, freeze
+from longrun.domain import events as ev
+from longrun.domain import run as domain_run
+from tests.fixtures import PARTITIONS
+from tests.integration import differential as diff
+
+pytestmark = pytest.mark.integration
+
+PRODUCER = admit.PRODUCER
+VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schemas="1")
+TENANTS = ("a-red", "a-green", "a-blue", "a-amber", "a-grey")
+NEW_TENANT = "a-new"
+SLOTS = 3
+AGING = 7.3
+"""Seconds per priority point. Ages are whole seconds below 73 apart, so no two scores tie or nearly tie."""
+QUEUED_STATUS = RunStatus.READY
+"""A created run's status (``lifecycle.created``): not admitted, it waits in the queue."""
+_S = RunStatus
+HOLDING = ("ready", "running", "waiting", "needs_attention", "paused")
+"""How an admitted run may hold its slot."""
+FINISHED = ("failed", "timed_out", "terminated", "completed", "cancelled", "budget_exhausted")
+ASIDE = ("paused", "timed_out", "terminated", "cancelling")
+"""How a run never admitted may be out of the queue."""
+
+
+def _events(kind: str, stored: StoredRun, at: float) -> list[ev.RunEvent]:
+    """The events that take a READY run to ``kind``."""
+    seq = stored.seq
+
+    def running(*then: ev.RunEvent) -> list[ev.RunEvent]:
+        return [ev.RunStatusChanged(seq=seq(1), at=at, to=_S.RUNNING, reason="taken"), *then]
+    match kind:
+        case "ready":
+            return []
+        case "running":
+            return running()
+        case "waiting":
+            return running(ev.WaitStarted(seq=seq(2), at=at, status=_S.WAITING_EVENT, wait=Wait(
+                f"w-{stored.snapshot.run_id}", "ci", at + 3600, correlation_key=f"ci:{stored.snapshot.run_id}")))
+        case "needs_attention":
+            return running(ev.RunStatusChanged(seq=seq(2), at=at, to=_S.NEEDS_ATTENTION, reason="stuck"))
+        case "failed":
+            return running(ev.RunStatusChanged(seq=seq(2), at=at, to=_S.FAILED, reason="gave up"))
+        case "completed":
+            return running(ev.RunCompleted(seq=seq(2), at=at, evidence=freeze({"ok": True})))
+        case "budget_exhausted":
+            return running(ev.BudgetCharged(seq=seq(2), at=at, model_calls=11))
+        case "cancelled":
+            return [ev.CancelRequested(seq=seq(1), at=at, by="user", reason="no longer needed"),
+                    ev.RunStatusChanged(seq=seq(2), at=at, to=_S.CANCELLED, reason="cancelled")]
+        case "cancelling":
+            return [ev.CancelRequested(seq=seq(1), at=at, by="user", reason="no longer needed")]
+        case "paused":
+            return [ev.RunPaused(seq=seq(1), at=at, by="operator", reason="hold")]
+        case "timed_out":
+            return [ev.RunStatusChanged(seq=seq(1), at=at, to=_S.TIMED_OUT, reason="schedule_to_start: late")]
+        case "terminated":
+            return [ev.RunTerminated(seq=seq(1), at=at, by="operator", reason="incident")]
+    raise AssertionError(kind)
+
+
+def _created(rng: random.Random, tenant: str, n: int, *, priority: int, at: float) -> ev.RunCreated:
+    run_id = f"run-{rng.getrandbits(32):08x}-{tenant}-{n:02d}"
+    return ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": n}),
+                         versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0), priority=priority,
+                         labels=freeze({"team": tenant}), correlation_id=f"corr-{run_id}")
+
+
+async def _create(conn: AsyncConnection, created: ev.RunCreated, **kwargs: Any) -> StoredRun | None:
+    return await runs.create(conn, created, idempotency_key=created.run_id, input_hash="h",
+                             partition=topology.partition_of(created.run_id, PARTITIONS), **kwargs)
+
+
+async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
+    """Per tenant: admitted runs holding their slot or finished, then queued runs and runs kept out of
+    the queue, each with its own age. The first tenant always holds two slots of three (RUNNING and
+    NEEDS_ATTENTION) next to an admitted run that finished (TIMED_OUT), with four queued runs and a
+    paused one that would score best if it were queued."""
+    at, ages = time.time(), {}
+    async with engine.begin() as conn:
+        for t, tenant in enumerate(TENANTS):
+            first = t == 0
+            kinds = (["running", "needs_attention", "timed_out"] if first else
+                     [rng.choice(HOLDING) for _ in range(rng.randint(0, SLOTS + 1))]
+                     + rng.sample(FINISHED, rng.randint(0, 2)))
+            admitted = []
+            for n, _ in enumerate(kinds):
+                stored = await _create(conn, _created(rng, tenant, n, priority=rng.randrange(4), at=at))
+                assert stored is not None
+                admitted.append(stored)
+            await admit.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
+            for stored, kind in zip(admitted, kinds):
+                await runs.append(conn, stored, _events(kind, stored, at))
+            queued = []
+            for n in range(4 if first else rng.randint(0, 6)):
+                stored = await _create(conn, _created(rng, tenant, 20 + n, priority=rng.randrange(4), at=at))
+                assert stored is not None
+                queued.append(stored)
+            aside = ["paused"] if first else rng.sample(ASIDE, rng.randint(0, 2))
+            top = max([q.snapshot.priority for q in queued], default=0) + 2
+            for n, kind in enumerate(aside):
+                stored = await _create(conn, _created(rng, tenant, 40 + n, priority=top, at=at))
+                assert stored is not None
+                await runs.append(conn, stored, _events(kind, stored, at))
+                ages[stored.snapshot.run_id] = 72  # the oldest: it would be the best if it were queued
+            spare = rng.sample(range(1, 72), 71)
+            for stored in [*admitted, *queued]:
+                ages[stored.snapshot.run_id] = spare.pop()
+        # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
+        await conn.execute(text(
+            "UPDATE runs SET created_at = now() - make_interval(secs => a.age) "
+            "FROM jsonb_to_recordset(CAST(:ages AS jsonb)) AS a(run_id text, age int) WHERE runs.run_id = a.run_id"),
+            {"ages": orjson.dumps([{"run_id": r, "age": a} for r, a in ages.items()]).decode()})
+
+
+@dataclass
+class Row:
+    """What the pure model keeps of a run."""
+
+    tenant: str
+    status: RunStatus
+    admitted: bool
+    priority: int
+    created_at: datetime
+    revision: int
+    partition: int
+
+
+def _holds_slot(row: Row) -> bool:
+    return row.admitted and row.status not in domain_run.TERMINAL
+
+
+def _queued(row: Row) -> bool:
+    return not row.admitted and row.status is QUEUED_STATUS
+
+
+def _score(row: Row, now: datetime) -> float:
+    return row.priority + (now - row.created_at).total_seconds() / AGING
+
+
+async def admission_mismatches(engine: AsyncEngine, *, seed: int,
+                               mutate: Callable[[], None] | None = None) -> list[str]:
+    """Seeded random tenants through one admission round and a creation each, in one transaction;
+    what PostgreSQL stored that the domain's model would not have. ``mutate``: applied once the cases
+    are stored."""
+    rng = random.Random(seed)
+    await _make_cases(engine, rng)
+    async with engine.connect() as conn:
+        ids = list((await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars())
+        before = await runs.load_many(conn, ids)
+    if mutate is not None:
+        mutate()
+    at = time.time()
+    fresh = [_created(rng, tenant, 60, priority=rng.randrange(4), at=at) for tenant in (*TENANTS, NEW_TENANT)]
+    # The SQL path: one admission round, then a creation per tenant admitted at once if it has room.
+    async with engine.begin() as conn:
+        now = (await conn.execute(text("SELECT now()"))).scalar_one()
+        mark = await diff.outbox_mark(conn)
+        model = {r.run_id: Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
+                               r.partition)
+                 for r in await conn.execute(text(
+                     "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
+                     "revision, partition FROM runs"))}
+        admitted = await admit.admit(conn, slots=SLOTS, aging_seconds=AGING)
+        made: dict[str, StoredRun | None] = {}
+        for created in fresh:
+            partition = topology.partition_of(created.run_id, PARTITIONS)
+            wakeup = effects.wake_message_of(tenant_id=created.tenant_id, run_id=created.run_id,
+                                             revision=evolve(None, created).revision, partition=partition,
+                                             reason="admitted", producer=PRODUCER)
+            made[created.run_id] = await _create(conn, created, at_once=runs.AtOnce(SLOTS, wakeup,
+                                                                                    effects.ADMISSION_CHANNEL))
+    # The domain's path: each tenant with a queue gets its free slots' worth of its best queued runs.
+    expected_runs = dict(before)
+    expected_messages: dict[str, list[Any]] = {}
+    chosen: list[str] = []
+    for tenant in sorted({row.tenant for row in model.values() if _queued(row)}):
+        free = SLOTS - sum(1 for row in model.values() if row.tenant == tenant and _holds_slot(row))
+        queue = [r for r, row in model.items() if row.tenant == tenant and _queued(row)]
+        best = sorted(queue, key=lambda r: (-_score(model[r], now), model[r].created_at))[:max(free, 0)]
+        for run_id in best:
+            row = model[run_id] = replace(model[run_id], admitted=True)
+            expected_runs[run_id] = replace(expected_runs[run_id], admitted=True)
+            expected_messages[run_id] = [effects.wake_message_of(
+                tenant_id=tenant, run_id=run_id, revision=row.revision, partition=row.partition,
+                reason="admitted", producer=PRODUCER)]
+        chosen += best
+    # and a run created into a tenant with a free slot and nobody queued is admitted at once.
+    expected_events: dict[str, list[dict[str, Any]]] = {r: [] for r in before}
+    for created in fresh:
+        tenant, run_id = created.tenant_id, created.run_id
+        rows = [row for row in model.values() if row.tenant == tenant]
+        at_once = sum(map(_holds_slot, rows)) < SLOTS and not any(map(_queued, rows))
+        snapshot = evolve(None, created)
+        partition = topology.partition_of(run_id, PARTITIONS)
+        model[run_id] = Row(tenant, snapshot.status, at_once, snapshot.priority, now, snapshot.revision, partition)
+        expected_runs[run_id] = StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=at_once)
+        expected_events[run_id] = [diff.event_row(run_id, created, True)]
+        if at_once:
+            expected_messages[run_id] = [effects.wake_message_of(
+                tenant_id=tenant, run_id=run_id, revision=snapshot.revision, partition=partition,
+                reason="admitted", producer=PRODUCER)]
+    found = [] if admitted == chosen else [f"admission: admitted {admitted}, the domain {chosen}"]
+    found += [f"run {r}: created {made[r] is not None}, admitted at once "
+              f"{made[r] is not None and made[r].admitted}; the domain: {expected_runs[r].admitted}"
+              for r in made if made[r] is None or made[r].admitted != expected_runs[r].admitted]
+    async with engine.connect() as conn:
+        stored_rows = await diff.stored_runs(conn, expected_runs)
+        events = await diff.stored_events(conn, {r: s.stored_seq for r, s in before.items()} | dict.fromkeys(made, 0))
+        sent = await diff.stored_messages(conn, mark)
+    messages_of = diff.by_aggregate(sent)
+    if [r["aggregate_id"] for r in sent] != [r for r in [*chosen, *made] if r in expected_messages]:
+        found.append(f"outbox: wakeups in order {[r['aggregate_id'] for r in sent]}, the domain's "
+                     f"{[r for r in [*chosen, *made] if r in expected_messages]}")
+    for run_id, expected in sorted(expected_runs.items()):
+        where = f"run {run_id}"
+        row = stored_rows.get(run_id)
+        if row is None:
+            found.append(f"{where}: not stored")
+            continue
+        found += diff.compare(where, {c: row[c] for c in diff.RUN_COLUMNS}, diff.run_row(expected))
+        if (run_id in chosen or run_id in made) and row["admitted"] and row["admitted_at"] != now:
+            found.append(f"{where}: admitted_at {row['admitted_at']} is not the round's {now}")
+        found += diff.compare_events(run_id, events[run_id], expected_events[run_id])
+        found += diff.compare_messages(where, messages_of.pop(run_id, []), expected_messages.get(run_id, []))
+    found += [f"outbox: message(s) for {run_id} the domain never sent" for run_id in messages_of]
+    return found + diff.distinct_ids(sent)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_admission_stores_what_the_domain_makes_of_every_tenant(clean, engine, seed) -> None:
+    started = time.monotonic()
+    assert await admission_mismatches(engine, seed=seed) == []
+    assert time.monotonic() - started < 20
+
+
+def _timed_out_holds_a_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(domain_run, "TERMINAL", domain_run.TERMINAL - {_S.TIMED_OUT})
+
+
+def _needs_attention_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(domain_run, "TERMINAL", domain_run.TERMINAL | {_S.NEEDS_ATTENTION})
+
+
+def _sql_counts_timed_out_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
+    retyped = sql_names(sorted(domain_run.TERMINAL - {_S.TIMED_OUT}))
+    monkeypatch.setattr(admit, "ACTIVE", text(
+        f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
+
+
+def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "QUEUED",
+                        f"admitted_at IS NULL AND status IN ({sql_names((_S.READY, _S.PAUSED))})")
+    monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
+
+
+MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
+    # The domain's status set: TIMED_OUT no longer finishes a run; the SQL still counts it as finished.
+    "domain-terminal-set-without-timed-out": (_timed_out_holds_a_slot, "admitted: sql True != domain False"),
+    # The domain's status set: NEEDS_ATTENTION finishes a run; the SQL still counts it as holding a slot.
+    "domain-terminal-set-with-needs-attention": (_needs_attention_frees_its_slot,
+                                                 "admitted: sql False != domain True"),
+    # The status set the SQL is rendered from, retyped without TIMED_OUT: such runs hold their slot.
+    "sql-terminal-set-without-timed-out": (_sql_counts_timed_out_as_holding, "admitted: sql False != domain True"),
+    # The queue's status set the SQL is rendered from, retyped with PAUSED.
+    "sql-queued-set-with-paused": (_sql_queue_takes_paused, "admitted: sql True != domain False"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+async def test_a_mutant_of_the_domain_or_the_candidate_query_is_caught(clean, engine, monkeypatch,
+                                                                       mutant) -> None:
+    mutate, symptom = MUTANTS[mutant]
+    try:
+        mismatches = await admission_mismatches(engine, seed=1, mutate=lambda: mutate(monkeypatch))
+    finally:
+        monkeypatch.undo()
+        await diff.wipe(engine)
+    assert mismatches, f"mutant {mutant} survived"
+    assert any(symptom in m for m in mismatches), mismatches[:10]

@@ -1,0 +1,336 @@
+"""The handover against the domain: seeded random tenants (slots, admitted runs holding them or
+finished, queued runs of random priority and age, paused and finished runs that are not queued) whose
+admitted runs finish one after another in ONE transaction, each finishing write carrying its
+``runs.Handover`` (``effects.broadcast_rides``), so PostgreSQL picks and admits the tenant's best
+queued run and renders its wakeup from the template. Compared column by column with a pure model:
+the finishing transitions through ``runs.plan`` (``evolve``), slots held by admitted runs whose
+status is not in the domain's ``TERMINAL``, the queue as the runs in ``READY`` not admitted, the best
+by priority plus age over ``aging``, and the wakeup from ``effects.wake_message_of``.
+
+The mutants change a status set (the domain's, or the one the SQL is rendered from) or an envelope
+field the wakeup builder sets, and expect the differential check to report mismatches.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun.app import admit, effects
+from longrun.bus import topology
+from longrun.db import admission, runs
+from longrun.db.runs import Fence, StoredRun
+from longrun.db.schema import sql_names
+from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
+from longrun.domain import events as ev
+from longrun.domain import run as domain_run
+from tests.fixtures import PARTITIONS
+from tests.integration import differential as diff
+
+pytestmark = pytest.mark.integration
+
+PRODUCER = "worker"
+VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schemas="1")
+TENANTS = ("h-red", "h-green", "h-blue", "h-amber", "h-grey", "h-teal")
+AGING = 7.3
+"""Seconds per priority point. Ages are whole seconds below 73 apart, so no two scores tie or nearly tie."""
+QUEUED_STATUS = RunStatus.READY
+"""A created run's status (``lifecycle.created``): not admitted, it waits in the queue."""
+_S = RunStatus
+_FINISHES = ("failed", "timed_out", "terminated", "completed")
+
+
+@dataclass
+class Case:
+    """A tenant's runs as the setup made them."""
+
+    tenant: str
+    slots: int
+    finishing: list[str]
+    """Run ids finishing in the batch, in order."""
+
+
+def _event(kind: str, stored: StoredRun, at: float) -> ev.RunEvent:
+    seq = stored.seq(1)
+    if kind == "failed":
+        return ev.RunStatusChanged(seq=seq, at=at, to=_S.FAILED, reason="gave up")
+    if kind == "timed_out":
+        return ev.RunStatusChanged(seq=seq, at=at, to=_S.TIMED_OUT, reason="business_deadline: passed")
+    if kind == "terminated":
+        return ev.RunTerminated(seq=seq, at=at, by="operator", reason="incident")
+    if kind == "completed":
+        return ev.RunCompleted(seq=seq, at=at, evidence=freeze({"ok": True}))
+    if kind == "running":
+        return ev.RunStatusChanged(seq=seq, at=at, to=_S.RUNNING, reason="taken")
+    if kind == "needs_attention":
+        return ev.RunStatusChanged(seq=seq, at=at, to=_S.NEEDS_ATTENTION, reason="stuck")
+    if kind == "paused":
+        return ev.RunPaused(seq=seq, at=at, by="operator", reason="hold")
+    assert kind == "waiting"
+    return ev.WaitStarted(seq=seq, at=at, status=_S.WAITING_EVENT,
+                          wait=Wait(f"w-{stored.snapshot.run_id}", "ci", at + 3600, correlation_key=f"ci:{seq}"))
+
+
+async def _create(conn: AsyncConnection, rng: random.Random, tenant: str, n: int, *, priority: int,
+                  at: float) -> StoredRun:
+    run_id = f"run-{rng.getrandbits(32):08x}-{tenant}-{n:02d}"
+    created = ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": n}),
+                            versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0),
+                            priority=priority, stage=rng.choice(("", "review")),
+                            labels=freeze({"team": tenant}), correlation_id=rng.choice((None, f"corr-{run_id}")))
+    stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h",
+                               partition=topology.partition_of(run_id, PARTITIONS))
+    assert stored is not None
+    return stored
+
+
+async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Case], dict[str, Fence]]:
+    """Per tenant: admitted runs (running, to finish; holding their slot; finished already), then queued
+    runs and runs that are neither (paused, finished while queued, one finishing in the batch). The
+    first tenant always has two runs finishing into a queue behind a run that finished before
+    (TIMED_OUT), with a paused unadmitted run that would score best if it were queued."""
+    cases, fences, ages = [], {}, {}
+    at = time.time()
+    async with engine.begin() as conn:
+        for t, tenant in enumerate(TENANTS):
+            first = t == 0
+            slots = 2 if first else rng.randint(1, 3)
+            running = 2 if first else rng.randint(1, slots + 2)
+            holding = [] if first else rng.sample(("needs_attention", "waiting", "running"), rng.randint(0, 1))
+            done = ["timed_out"] if first else rng.sample(_FINISHES, rng.randint(0, 2))
+            admitted = [await _create(conn, rng, tenant, n, priority=rng.randrange(4), at=at)
+                        for n in range(running + len(holding) + len(done))]
+            await admit.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
+            finishing = []
+            for n, stored in enumerate(admitted):
+                stored = await runs.append(conn, stored, [_event("running", stored, at)])
+                if n < running:
+                    finishing.append(stored.snapshot.run_id)
+                    if rng.random() < 0.6:  # a worker's write, fenced, releasing its lease
+                        fence = await runs.take_lease(conn, stored.snapshot.run_id, f"w-{n}", ttl=60)
+                        assert fence is not None
+                        fences[stored.snapshot.run_id] = fence
+                    continue
+                kind = [*holding, *done][n - running]
+                if kind != "running":  # a running run that does not finish in the batch holds its slot as it is
+                    await runs.append(conn, stored, [_event(kind, stored, at)])
+            queued = [await _create(conn, rng, tenant, 20 + n, priority=rng.randrange(4), at=at)
+                      for n in range(4 if first else rng.randint(0, 6))]
+            others = ["paused"] if first else rng.sample(("paused", "timed_out", "finishing"), rng.randint(0, 3))
+            rest = []
+            for n, kind in enumerate(others):
+                top = max([q.snapshot.priority for q in queued], default=0) + 2
+                stored = await _create(conn, rng, tenant, 40 + n, priority=top if kind == "paused" else 1, at=at)
+                rest.append(stored)
+                if kind == "finishing":  # a queued run timing out (schedule-to-start): it frees no slot
+                    finishing.insert(rng.randrange(len(finishing) + 1), stored.snapshot.run_id)
+                else:
+                    await runs.append(conn, stored, [_event(kind, stored, at)])
+                if kind == "paused" and first:
+                    ages[stored.snapshot.run_id] = 72  # the oldest: it would be the best if it were queued
+            if not first:
+                rng.shuffle(finishing)
+            spare = rng.sample(range(1, 72), 71)
+            for stored in [*admitted, *queued, *rest]:
+                ages.setdefault(stored.snapshot.run_id, spare.pop())
+            cases.append(Case(tenant, slots, finishing))
+        # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
+        await conn.execute(text(
+            "UPDATE runs SET created_at = now() - make_interval(secs => a.age) "
+            "FROM jsonb_to_recordset(CAST(:ages AS jsonb)) AS a(run_id text, age int) WHERE runs.run_id = a.run_id"),
+            {"ages": orjson.dumps([{"run_id": r, "age": a} for r, a in ages.items()]).decode()})
+    return cases, fences
+
+
+@dataclass
+class Row:
+    """What the pure model keeps of a run."""
+
+    tenant: str
+    status: RunStatus
+    admitted: bool
+    priority: int
+    created_at: datetime
+    revision: int
+    partition: int
+
+
+def _holds_slot(row: Row) -> bool:
+    return row.admitted and row.status not in domain_run.TERMINAL
+
+
+def _queued(row: Row) -> bool:
+    return not row.admitted and row.status is QUEUED_STATUS
+
+
+def _score(row: Row, now: datetime) -> float:
+    return row.priority + (now - row.created_at).total_seconds() / AGING
+
+
+def _interleaved(rng: random.Random, cases: list[Case]) -> list[str]:
+    """Every tenant's finishing runs in its own order, tenants interleaved at random."""
+    pending = [list(c.finishing) for c in cases if c.finishing]
+    order = []
+    while pending:
+        lane = rng.choice(pending)
+        order.append(lane.pop(0))
+        if not lane:
+            pending.remove(lane)
+    return order
+
+
+async def handover_mismatches(engine: AsyncEngine, *, seed: int,
+                              mutate: Callable[[], None] | None = None) -> list[str]:
+    """Seeded random tenants whose runs finish in one transaction with their handovers; what PostgreSQL
+    stored that the domain's model would not have. ``mutate``: applied once the cases are stored."""
+    rng = random.Random(seed)
+    cases, fences = await _make_cases(engine, rng)
+    slots = {c.tenant: c.slots for c in cases}
+    order = _interleaved(rng, cases)
+    async with engine.connect() as conn:
+        ids = list((await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars())
+        before = await runs.load_many(conn, ids)
+    if mutate is not None:
+        mutate()
+    at = time.time()
+    planned: dict[str, runs.Planned] = {}
+    # The SQL path: every finishing write with its handover, one transaction.
+    async with engine.begin() as conn:
+        now = (await conn.execute(text("SELECT now()"))).scalar_one()
+        mark = await diff.outbox_mark(conn)
+        model = {r.run_id: Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
+                               r.partition)
+                 for r in await conn.execute(text(
+                     "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
+                     "revision, partition FROM runs"))}
+        for n, run_id in enumerate(order):
+            stored, fence = before[run_id], fences.get(run_id)
+            kind = rng.choice(_FINISHES) if stored.admitted else "timed_out"
+            planned[run_id] = runs.plan(stored, [_event(kind, stored, at)], release_lease=fence is not None)
+            rides = effects.broadcast_rides(stored.snapshot, planned[run_id].after, producer=PRODUCER,
+                                            cause=f"step-{n}", handover=effects.SlotHandover(
+                                                slots[stored.snapshot.tenant_id], AGING, PARTITIONS))
+            await runs.write(conn, planned[run_id], fence=fence, rides=rides)
+    # The domain's path: the same transitions, each handing its slot on in the model.
+    expected_runs = dict(before)
+    expected_events: dict[str, list[dict[str, Any]]] = {r: [] for r in before}
+    expected_messages: dict[str, list[Any]] = {}
+    handed: set[str] = set()
+    for n, run_id in enumerate(order):
+        stored, after = before[run_id], planned[run_id].after
+        tenant = stored.snapshot.tenant_id
+        # The statement's snapshot: the finishing run still counts; later writes see earlier ones.
+        held = sum(1 for row in model.values() if row.tenant == tenant and _holds_slot(row))
+        queue = sorted((row.created_at, r) for r, row in model.items() if row.tenant == tenant and _queued(row))
+        model[run_id] = replace(model[run_id], status=after.snapshot.status, revision=after.snapshot.revision)
+        expected_runs[run_id] = after
+        token = None if run_id not in fences else fences[run_id].token
+        expected_events[run_id] = [diff.event_row(run_id, e, a, token) for e, a in planned[run_id].rows]
+        broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"step-{n}")
+        expected_messages[run_id] = [broadcast] if broadcast is not None else []
+        finished = after.snapshot.status in domain_run.TERMINAL
+        if not (finished and stored.admitted and queue and held <= slots[tenant]):
+            continue
+        best = min((r for _, r in queue), key=lambda r: (-_score(model[r], now), model[r].created_at))
+        model[best] = replace(model[best], admitted=True)
+        expected_runs[best] = replace(expected_runs[best], admitted=True)
+        handed.add(best)
+        row = model[best]
+        expected_messages[best] = [effects.wake_message_of(tenant_id=tenant, run_id=best, revision=row.revision,
+                                                           partition=row.partition, reason="admitted",
+                                                           producer=PRODUCER)]
+    found: list[str] = []
+    async with engine.connect() as conn:
+        stored_rows = await diff.stored_runs(conn, before)
+        events = await diff.stored_events(conn, {r: s.stored_seq for r, s in before.items()})
+        sent = await diff.stored_messages(conn, mark)
+    messages_of = diff.by_aggregate(sent)
+    for run_id, expected in sorted(expected_runs.items()):
+        where = f"run {run_id}"
+        row = stored_rows[run_id]
+        found += diff.compare(where, {c: row[c] for c in diff.RUN_COLUMNS}, diff.run_row(expected))
+        if run_id in handed and row["admitted_at"] != now:
+            found.append(f"{where}: admitted_at {row['admitted_at']} is not the finishing statement's {now}")
+        found += diff.compare_events(run_id, events[run_id], expected_events[run_id])
+        found += diff.compare_messages(where, messages_of.pop(run_id, []), expected_messages.get(run_id, []))
+    found += [f"outbox: message(s) for {run_id} the domain never sent" for run_id in messages_of]
+    return found + diff.distinct_ids(sent)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_handover_stores_what_the_domain_makes_of_every_finishing_run(clean, engine, seed) -> None:
+    started = time.monotonic()
+    assert await handover_mismatches(engine, seed=seed) == []
+    assert time.monotonic() - started < 20
+
+
+@contextmanager
+def _statements_rebuilt() -> Iterator[None]:
+    """The transition statements built again from what the mutant changed, and again after it."""
+    runs._write.cache_clear()
+    try:
+        yield
+    finally:
+        runs._write.cache_clear()
+
+
+def _timed_out_holds_a_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(domain_run, "TERMINAL", domain_run.TERMINAL - {_S.TIMED_OUT})
+
+
+def _sql_counts_timed_out_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
+    retyped = sql_names(sorted(domain_run.TERMINAL - {_S.TIMED_OUT}))
+    monkeypatch.setattr(admission, "ADMITTED_OPEN",
+                        f"tenant_id = {{tenant}} AND admitted_at IS NOT NULL AND status NOT IN ({retyped})")
+
+
+def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "QUEUED",
+                        f"admitted_at IS NULL AND status IN ({sql_names((_S.READY, _S.PAUSED))})")
+
+
+def _wakeup_correlated_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = effects.wake_message_of
+
+    @functools.wraps(real)
+    def mutated(**kwargs: Any) -> Any:
+        message = real(**kwargs)
+        return replace(message, envelope=message.envelope.model_copy(update={"correlation_id": kwargs["run_id"]}))
+    monkeypatch.setattr(effects, "wake_message_of", mutated)
+
+
+MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
+    # The domain's status set: TIMED_OUT no longer finishes a run; the SQL still counts it as finished.
+    "domain-terminal-set-without-timed-out": (_timed_out_holds_a_slot, "admitted: sql True != domain False"),
+    # The status set the SQL is rendered from, retyped without TIMED_OUT: such runs hold their slot.
+    "sql-terminal-set-without-timed-out": (_sql_counts_timed_out_as_holding, "admitted: sql False != domain True"),
+    # The queue's status set the SQL is rendered from, retyped with PAUSED.
+    "sql-queued-set-with-paused": (_sql_queue_takes_paused, "admitted: sql True != domain False"),
+    # An envelope field the wakeup builder sets per run, which the SQL copies from the template.
+    "envelope-wakeup-correlation-per-run": (_wakeup_correlated_by_run, "run.wakeup: payload.correlation_id"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+async def test_a_mutant_of_the_domain_or_the_handover_is_caught(clean, engine, monkeypatch, mutant) -> None:
+    mutate, symptom = MUTANTS[mutant]
+    try:
+        with _statements_rebuilt():
+            mismatches = await handover_mismatches(engine, seed=1, mutate=lambda: mutate(monkeypatch))
+            monkeypatch.undo()
+    finally:
+        monkeypatch.undo()
+        await diff.wipe(engine)
+    assert mismatches, f"mutant {mutant} survived"
+    assert any(symptom in m for m in mismatches), mismatches[:10]

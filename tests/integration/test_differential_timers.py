@@ -1,0 +1,250 @@
+"""The timer's bulk wake against the domain: seeded random batches of due wait timers (many runs,
+several tenants, each with its own labels, stage and correlation) fired in ONE batch by ``fire_due``,
+whose wakes go the short way (``timers.write_wakes``: one statement rendering every row from a
+template learnt from one sample), compared column by column with what ``runs.plan`` (``evolve``) and
+the envelope builders (``effects.wake_message``, ``effects.broadcast_message``) make of each timer.
+
+The mutants change a transition table, the fast path's status set, or an envelope field the
+builders set, and expect the differential check to report mismatches.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun.app import effects
+from longrun.app import timers as firing
+from longrun.bus import topology
+from longrun.db import runs
+from longrun.db import timers as timer_store
+from longrun.db.runs import StoredRun
+from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, freeze
+from longrun.domain import events as ev
+from longrun.domain import run as domain_run
+from longrun.errors import DomainError
+from tests.fixtures import PARTITIONS
+from tests.integration import differential as diff
+
+pytestmark = pytest.mark.integration
+
+PRODUCER = "timer"
+VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schemas="1")
+TENANTS = ("t-red", "t-green", "t-blue", "t-amber")
+FAST = ("retry", "sleep", "ci", "approval", "ended", "finished")
+"""Shapes whose single due timer the bulk wake handles (applies, or late)."""
+SLOW = ("paused", "two_timers", "no_timer")
+"""Shapes the domain handles: a wake while paused, two timers of one run, a wake the domain refuses."""
+_S = RunStatus
+
+
+def _wait_of(rng: random.Random, base: str, run_id: str, at: float) -> tuple[RunStatus, Wait]:
+    deadline = at + rng.uniform(300, 900)
+    wait_id = f"w-{rng.getrandbits(32):08x}"
+    if base == "retry":
+        return _S.RETRY_SCHEDULED, Wait(wait_id, "timer", deadline, wake_at=deadline, subject="deploy")
+    if base == "sleep":
+        return _S.WAITING_EVENT, Wait(wait_id, "timer", deadline, wake_at=deadline)
+    if base == "ci":
+        return _S.WAITING_EVENT, Wait(wait_id, "ci", deadline, correlation_key=f"ci:{run_id}")
+    if base == "approval":
+        return _S.WAITING_USER, Wait(wait_id, "approval", deadline, approval_id=f"ap-{run_id}", owner="alice",
+                                     approved_hash=f"h-{rng.getrandbits(16)}", subject="merge")
+    assert base == "two_timers"
+    return _S.RETRY_SCHEDULED, Wait(wait_id, "timer", deadline, wake_at=deadline - rng.uniform(10, 200))
+
+
+async def _make_cases(engine: AsyncEngine, rng: random.Random, *, extra: int) -> dict[str, tuple[str, StoredRun]]:
+    """One run of every shape per tenant plus ``extra`` random ones, parked with their timers (by
+    ``effects.schedule_wait_timers``, as a worker does), all due now; by run id: (shape, state)."""
+    shapes = [(tenant, shape) for tenant in TENANTS for shape in (*FAST, *SLOW)]
+    shapes += [(rng.choice(TENANTS), rng.choice((*FAST, *SLOW))) for _ in range(extra)]
+    cases: dict[str, tuple[str, StoredRun]] = {}
+    at = time.time()
+    async with engine.begin() as conn:
+        for n, (tenant, shape) in enumerate(shapes):
+            # A random prefix: which run is the batch's sample (the first in run id order) varies by seed.
+            run_id = f"run-{rng.getrandbits(32):08x}-{n:03d}-{shape}"
+            labels = {"team": tenant, **({"ticket": run_id} if rng.random() < 0.7 else {}),
+                      **({"odd": 'a "quoted" 100% \\ %s'} if rng.random() < 0.2 else {})}
+            created = ev.RunCreated(
+                seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": n}),
+                versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0),
+                priority=rng.randrange(4), stage=rng.choice(("", "build", "review", "deploy")),
+                labels=freeze(labels), correlation_id=rng.choice((None, f"corr-{run_id}")))
+            stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h",
+                                       partition=topology.partition_of(run_id, PARTITIONS))
+            assert stored is not None
+            base = {"ended": "ci", "no_timer": "ci", "finished": rng.choice(("retry", "ci", "approval")),
+                    "paused": rng.choice(("retry", "sleep", "ci", "approval"))}.get(shape, shape)
+            status, wait = _wait_of(rng, base, run_id, at)
+            stored = await runs.append(conn, stored, [
+                ev.RunStatusChanged(seq=stored.seq(1), at=at, to=_S.RUNNING, reason="taken"),
+                ev.WaitStarted(seq=stored.seq(2), at=at, status=status, wait=wait)])
+            await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
+            then: list[ev.RunEvent] = []
+            if shape == "ended":
+                then = [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id, reason=WakeReason.EVENT,
+                                    correlation_key=wait.correlation_key)]
+            elif shape == "finished":
+                then = [ev.RunStatusChanged(seq=stored.seq(1), at=at, to=_S.TIMED_OUT,
+                                            reason="business_deadline: passed")]
+            elif shape == "paused":
+                then = [ev.RunPaused(seq=stored.seq(1), at=at, by="operator", reason="maintenance")]
+            elif shape == "no_timer":  # a timer wake for a wait that has no timer: the domain refuses it
+                await timer_store.schedule(conn, timer_key=f"{run_id}:{wait.wait_id}:stray", run_id=run_id,
+                                           kind="sleep", delay=0, payload={"wait_id": wait.wait_id, "reason": "timer"})
+            if then:
+                stored = await runs.append(conn, stored, then)
+            cases[run_id] = (shape, stored)
+        # Due now, each run's timers still in their order.
+        await conn.execute(text("UPDATE timers SET wake_at = wake_at - interval '1 day'"))
+    return cases
+
+
+async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
+                           mutate: Callable[[], None] | None = None) -> list[str]:
+    """Seeded random cases fired in one batch by ``fire_due``; what it stored that the domain would not
+    have. ``mutate``: applied once the cases are stored, before the batch fires."""
+    rng = random.Random(seed)
+    cases = await _make_cases(engine, rng, extra=extra)
+    if mutate is not None:
+        mutate()
+    async with engine.connect() as conn:
+        due = list(await conn.execute(text("SELECT timer_key, run_id, kind, wake_at, payload FROM timers")))
+        mark = await diff.outbox_mark(conn)
+    # The SQL path: fire_due, noting which wakes it wrote the short way.
+    short: dict[str, bool] = {}
+    real_write = timer_store.write_wakes
+
+    async def noted(conn: Any, template: Any, wakes: Any, **kwargs: Any) -> None:
+        short.update((w.head.run_id, w.applies) for w in wakes)
+        await real_write(conn, template, wakes, **kwargs)
+
+    fire_at = time.time()
+    timer_store.write_wakes = noted  # type: ignore[assignment]
+    try:
+        fired = await firing.fire_due(engine, batch=len(due) + 10, clock=lambda: fire_at, producer=PRODUCER)
+    finally:
+        timer_store.write_wakes = real_write  # type: ignore[assignment]
+    found = [] if fired == len(due) else [f"batch: {fired} timer(s) marked fired of {len(due)}"]
+    # The domain's path: each run's timers in wake order, through runs.plan (evolve) and the builders.
+    per_run: dict[str, list[Any]] = {}
+    for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
+        per_run.setdefault(timer.run_id, []).append(timer)
+    expected: dict[str, tuple[StoredRun, list[dict[str, Any]], list[Any]]] = {}
+    verdicts: dict[str, bool | str] = {}
+    for run_id, (shape, before) in cases.items():
+        current, rows, woken_by = before, [], None
+        for timer in per_run.get(run_id, []):
+            event = ev.RunWoken(seq=current.seq(1), at=fire_at, wait_id=timer.payload["wait_id"],
+                                reason=WakeReason(timer.payload["reason"]))
+            try:
+                planned = runs.plan(current, [event])
+            except DomainError:
+                verdicts[run_id] = "refused"
+                continue
+            applied = planned.after.snapshot.revision != current.snapshot.revision
+            verdicts[run_id] = applied
+            woken_by = timer if applied else woken_by
+            rows += [diff.event_row(run_id, e, a) for e, a in planned.rows]
+            current = planned.after
+        messages = []
+        if current.snapshot.status is _S.READY and woken_by is not None:
+            messages.append(effects.wake_message(current, reason=f"timer:{woken_by.kind}", producer=PRODUCER))
+        broadcast = effects.broadcast_message(before.snapshot, current, producer=PRODUCER,
+                                              cause=None if woken_by is None else f"timer:{woken_by.timer_key}")
+        messages += [broadcast] if broadcast is not None else []
+        expected[run_id] = (current, rows, messages)
+    # Every single wake of a fast shape went the short way, with the domain's verdict; no other did.
+    meant = {run_id: verdicts[run_id] for run_id, (shape, _) in cases.items() if shape in FAST}
+    found += [f"run {run_id} ({cases[run_id][0]}): short way {short.get(run_id, '<not taken>')!r}, "
+              f"the domain's verdict {meant.get(run_id, '<domain path>')!r}"
+              for run_id in sorted(set(meant) | set(short)) if short.get(run_id, _NOT) != meant.get(run_id, _NOT)]
+    async with engine.connect() as conn:
+        stored = await diff.stored_runs(conn, cases)
+        events = await diff.stored_events(conn, {r: before.stored_seq for r, (_, before) in cases.items()})
+        sent = await diff.stored_messages(conn, mark)
+        unfired = (await conn.execute(text("SELECT count(*) FROM timers WHERE fired_at IS NULL"))).scalar_one()
+    found += [f"timers: {unfired} left unfired"] if unfired else []
+    messages_of = diff.by_aggregate(sent)
+    for run_id, (after, rows, messages) in sorted(expected.items()):
+        where = f"run {run_id} ({cases[run_id][0]})"
+        found += diff.compare(where, {c: stored[run_id][c] for c in diff.RUN_COLUMNS}, diff.run_row(after))
+        found += diff.compare_events(run_id, events[run_id], rows)
+        found += diff.compare_messages(where, messages_of.pop(run_id, []), messages)
+    found += [f"outbox: message(s) for {run_id} the domain never sent" for run_id in messages_of]
+    return found + diff.distinct_ids(sent)
+
+
+_NOT = object()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_bulk_wake_stores_what_the_domain_makes_of_every_timer(clean, engine, seed) -> None:
+    started = time.monotonic()
+    assert await timer_mismatches(engine, seed=seed) == []
+    assert time.monotonic() - started < 20
+
+
+def _without_wake_from_waiting_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = dict(domain_run.RUN_TRANSITIONS)
+    table[_S.WAITING_EVENT] = table[_S.WAITING_EVENT] - {_S.READY}
+    monkeypatch.setattr(domain_run, "RUN_TRANSITIONS", MappingProxyType(table))
+
+
+def _paused_counted_as_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(firing, "_WAITING", firing._WAITING | {_S.PAUSED.value})
+
+
+def _wakeup_correlated_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = effects.wake_message_of
+
+    def mutated(**kwargs: Any) -> Any:
+        message = real(**kwargs)
+        return replace(message, envelope=message.envelope.model_copy(update={"correlation_id": kwargs["run_id"]}))
+    monkeypatch.setattr(effects, "wake_message_of", mutated)
+
+
+def _broadcast_correlated_by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = effects.broadcast_message
+
+    def mutated(before: Any, after: StoredRun, **kwargs: Any) -> Any:
+        message = real(before, after, **kwargs)
+        return None if message is None else replace(message, envelope=message.envelope.model_copy(
+            update={"correlation_id": after.snapshot.tenant_id}))
+    monkeypatch.setattr(effects, "broadcast_message", mutated)
+
+
+MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]] = {
+    # A transition table entry: the domain no longer wakes WAITING_EVENT to READY; the bulk wake still
+    # does (or, when the batch's sample is such a run, the batch falls back to the domain).
+    "transition-waiting-event-to-ready-removed": (_without_wake_from_waiting_event, ("'refused'",)),
+    # The fast path's status set: a paused run's wake taken for a waiting run's.
+    "status-set-paused-as-waiting": (_paused_counted_as_waiting, ("(paused): status", "short way")),
+    # An envelope field the builder sets per run, which the template would copy from its sample.
+    "envelope-wakeup-correlation-per-run": (_wakeup_correlated_by_run, ("run.wakeup: payload.correlation_id",)),
+    # An envelope field the SQL sets per run (from the run's snapshot), which the builder now sets otherwise.
+    "envelope-broadcast-correlation-per-tenant": (_broadcast_correlated_by_tenant,
+                                                  ("run.event: payload.correlation_id", "short way")),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+async def test_a_mutant_of_the_domain_or_the_fast_path_is_caught(clean, engine, monkeypatch, mutant) -> None:
+    mutate, symptoms = MUTANTS[mutant]
+    try:
+        mismatches = await timer_mismatches(engine, seed=1, mutate=lambda: mutate(monkeypatch))
+    finally:
+        monkeypatch.undo()
+        await diff.wipe(engine)
+    assert mismatches, f"mutant {mutant} survived"
+    assert any(symptom in m for m in mismatches for symptom in symptoms), mismatches[:10]
