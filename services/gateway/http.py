@@ -19,6 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
+from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import runs
@@ -81,7 +82,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         try:
             payload = webhooks.parse(body)
             async with engine.begin() as conn:
-                outcome = await webhooks.receive(conn, provider, payload)
+                outcome = await webhooks.receive(PgTransaction(conn), provider, payload)
         except (ValueError, KeyError, json.JSONDecodeError) as e:
             return JSONResponse({"error": f"malformed event: {e}"}, status_code=400)
         return JSONResponse(outcome, status_code=202)
@@ -106,12 +107,12 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             async with engine.begin() as conn:
                 if action in ("approve", "deny"):
                     result = await operate.decide_approval(
-                        conn, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
+                        PgTransaction(conn), run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
                         approved=action == "approve", actor=actor, reason=reason)
                 elif action == "terminate":
-                    result = await operate.terminate(conn, run_id, actor=actor, reason=reason, kinds=kinds)
+                    result = await operate.terminate(PgTransaction(conn), run_id, actor=actor, reason=reason, kinds=kinds)
                 else:
-                    result = await _ACTIONS[action](conn, run_id, actor=actor, reason=reason)
+                    result = await _ACTIONS[action](PgTransaction(conn), run_id, actor=actor, reason=reason)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:

@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from longrun.app import operate
 from longrun.app.advance import Advancer
+from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import runs
 from longrun.domain import RunStatus
@@ -87,7 +88,7 @@ async def test_tenant_slots_cap_active_runs_and_other_tenants_are_not_held_back(
         first = (await conn.execute(text("SELECT run_id FROM runs WHERE tenant_id = 'tenant-a' "
                                          "AND admitted_at IS NOT NULL LIMIT 1"))).scalar()
     async with engine.begin() as conn:
-        await operate.terminate(conn, first, actor="tests", reason="free a slot")
+        await operate.terminate(PgTransaction(conn), first, actor="tests", reason="free a slot")
     await eventually(lambda: _admitted_total(engine, "tenant-a", 3), timeout=5, what="the next run admitted")
     assert await _admitted(engine, "tenant-a") == 2
 
@@ -106,7 +107,7 @@ async def test_a_run_with_a_free_slot_is_admitted_in_the_transaction_that_create
     assert await _admission(engine, second) == "waiting"
     # and once the slot frees, the admission round admits the second, later than it was created
     async with engine.begin() as conn:
-        await operate.terminate(conn, first, actor="tests", reason="free the slot")
+        await operate.terminate(PgTransaction(conn), first, actor="tests", reason="free the slot")
     await eventually(lambda: _is_admitted(engine, second), timeout=5, what="the second run admitted")
     assert await _admission(engine, second) == "later"
 

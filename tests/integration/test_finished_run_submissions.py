@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from longrun.app import operate
 from longrun.app.reconcile import ENDED_WHILE_SUBMITTED, reconcile_unknown
+from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.db import actions as ledger
@@ -99,7 +100,7 @@ async def _terminated_while_submitted(engine: Any) -> tuple[str, str]:
                              idempotency_key=key, request_hash=request_hash(TOOL, "1", args=REQUEST),
                              request=dict(REQUEST), fencing_token=1)
     async with engine.begin() as conn:
-        await operate.terminate(conn, run_id, actor="ops", reason="incident")
+        await operate.terminate(PgTransaction(conn), run_id, actor="ops", reason="incident")
     return run_id, key
 
 

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import webhooks
+from longrun.app.transaction import PgTransaction
 from longrun.db import runs
 from longrun.demo.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble
@@ -78,7 +79,7 @@ async def test_an_event_that_arrives_before_its_wait_is_kept_and_matched_when_th
     assert response.status_code == 202 and response.json()["matched_run_id"] is None
     stored = await waiting_for_event(engine, "ci/acme/payments/9")
     async with engine.begin() as conn:
-        after = await webhooks.match_kept(conn, stored)
+        after = await webhooks.match_kept(PgTransaction(conn), stored)
     assert after.snapshot.status.value == "READY"
     assert after.snapshot.fact("ci_result:9") is not None
     assert await count(engine, "SELECT count(*) FROM webhook_events WHERE matched_run_id IS NOT NULL") == 1

@@ -75,10 +75,7 @@ class Story:
                                                {"status": "passed"}))
         elif run.status is S.WAITING_USER:
             assert run.wait is not None
-            hash_ = run.wait.approved_hash
-            self.world.operate(self.run_id, lambda seq, at: ev.ApprovalDecided(
-                seq=seq, at=at, approval_id=APPROVAL_ID, approved=True, approved_hash=hash_ or "",
-                decided_by="owner"))
+            self.world.decide(self.run_id, approval_id=APPROVAL_ID, approved_hash=run.wait.approved_hash or "")
 
     def until_publish(self, status: ActionStatus, *, then: str = "tool request") -> Steps:
         """Run it through its steps, the webhook and the approval until the publish action is at
@@ -161,7 +158,7 @@ def test_a_cancel_while_the_request_is_out_waits_for_the_reconciler_then_cancels
     # which CANCELLING does not allow; before the fix the worker's step failed and recorded nothing.
     story = Story()
     steps = story.until_publish(A.SUBMITTED)
-    story.world.operate(story.run_id, lambda seq, at: ev.CancelRequested(seq=seq, at=at, by="ops", reason="stop"))
+    story.world.operate(story.run_id, "cancel", reason="stop")
     story.world.far_side.arm("timeout_after_acting")
     assert not story.step_until(steps, lambda: False)
     assert story.run.status is S.CANCELLING and story.publish().status is A.UNKNOWN
@@ -176,11 +173,11 @@ def test_a_cancel_while_the_request_is_out_waits_for_the_reconciler_then_cancels
 def test_a_pause_while_the_request_is_out_keeps_the_unknown_outcome_for_after_the_resume() -> None:
     story = Story()
     steps = story.until_publish(A.SUBMITTED)
-    story.world.operate(story.run_id, lambda seq, at: ev.RunPaused(seq=seq, at=at, by="ops", reason="hold"))
+    story.world.operate(story.run_id, "pause", reason="hold")
     story.world.far_side.arm("timeout_after_acting")
     assert not story.step_until(steps, lambda: False)
     assert story.run.status is S.PAUSED and story.publish().status is A.UNKNOWN
-    story.world.operate(story.run_id, lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="go"))
+    story.world.operate(story.run_id, "resume", reason="go")
     _, steps = story.worker()
     story.step_until(steps, lambda: False)
     # The resumed run does not decide while an outcome is unknown: it parks for the reconciler.
@@ -195,7 +192,7 @@ def test_a_run_terminated_while_its_request_is_out_still_gets_its_action_settled
     story = Story()
     # The publish is SUBMITTED (committed), its request not yet sent...
     steps = story.until_publish(A.SUBMITTED)
-    story.world.operate(story.run_id, lambda seq, at: ev.RunTerminated(seq=seq, at=at, by="ops", reason="x"))
+    story.world.operate(story.run_id, "terminate", reason="x")
     steps.close()  # ...and the worker dies.
     story.world.clock.advance(TTL + 1)
     story.world.rewake_expired_leases()
@@ -268,12 +265,12 @@ def test_a_webhook_that_arrives_while_the_run_is_paused_takes_effect_on_resume()
     story = Story(steps=0)
     _, steps = story.worker()
     story.step_until(steps, lambda: False)
-    story.world.operate(story.run_id, lambda seq, at: ev.RunPaused(seq=seq, at=at, by="ops", reason="hold"))
+    story.world.operate(story.run_id, "pause", reason="hold")
     story.people_answer()  # nothing: paused
     story.world.receive_webhook(Webhook("evt-1", ci_key(story.run_id), f"ci_result:{story.run_id}",
                                         {"status": "passed"}))
     assert story.run.status is S.PAUSED and story.run.paused_from is S.READY
-    story.world.operate(story.run_id, lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="go"))
+    story.world.operate(story.run_id, "resume", reason="go")
     assert story.run.status is S.READY
     story.settle()
     assert story.run.status is S.COMPLETED

@@ -32,7 +32,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
-from longrun.domain import events as ev
 from longrun.errors import DomainError
 from longrun.testing.invariants import _history, _ledger
 from longrun.testing.workers import MemoryWorker, Steps
@@ -139,13 +138,13 @@ class UseCases(RuleBasedStateMachine):
                               if r.fencing_token == activation.fence.token)
                     assert now == written, f"a stale worker {activation.fence} wrote to {activation.run_id}"
 
-    def operate(self, run_id: str, build: Callable[[int, float], ev.RunEvent], expect: bool | None) -> None:
+    def operate(self, run_id: str, act: Callable[[], object], what: str, expect: bool | None) -> None:
         """An operator action; ``expect`` True/False: it must be accepted/refused (None: either)."""
         before = self.world.store.tables()
         try:
-            self.world.operate(run_id, build)
+            act()
             if not self.settling:
-                self.seen.add(f"operator {build(0, 0).type} accepted")
+                self.seen.add(f"operator {what} accepted")
         except DomainError as e:
             assert expect is not True, f"refused: {e}"
             assert self.world.store.tables() == before, "a refused operator action changed something"
@@ -282,23 +281,16 @@ class UseCases(RuleBasedStateMachine):
         approved_hash = (wait.approved_hash if pending and right_hash else "0" * 64)  # type: ignore[union-attr]
         # Refused: a decision on another hash, and any decision the run does not ask for (NotPending).
         expect = right_hash if pending else False
-        self.operate(run_id, lambda seq, at: ev.ApprovalDecided(
-            seq=seq, at=at, approval_id=APPROVAL_ID, approved=approved, approved_hash=approved_hash,
-            decided_by="owner"), expect)
+        self.operate(run_id, lambda: self.world.decide(run_id, approval_id=APPROVAL_ID, approved_hash=approved_hash,
+                                                       approved=approved), "approve" if approved else "deny", expect)
 
     @precondition(lambda self: self.runs)
     @rule(data=st.data(), what=st.sampled_from(["cancel", "pause", "resume", "terminate"]))
     def operator_acts(self, data: st.DataObject, what: str) -> None:
         run_id = data.draw(st.sampled_from(self.runs))
         status = self.snapshot(run_id).status
-        builders: dict[str, Callable[[int, float], ev.RunEvent]] = {
-            "cancel": lambda seq, at: ev.CancelRequested(seq=seq, at=at, by="ops", reason="not needed"),
-            "pause": lambda seq, at: ev.RunPaused(seq=seq, at=at, by="ops", reason="hold"),
-            "resume": lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="go"),
-            "terminate": lambda seq, at: ev.RunTerminated(seq=seq, at=at, by="ops", reason="incident"),
-        }
         expect = False if status in TERMINAL else None
-        self.operate(run_id, builders[what], expect)
+        self.operate(run_id, lambda: self.world.operate(run_id, what), what, expect)
 
     # -- invariants ---------------------------------------------------------------------------------------
     @invariant()
@@ -411,13 +403,12 @@ class UseCases(RuleBasedStateMachine):
         for run_id in self.runs:
             run = self.snapshot(run_id)
             if run.status is S.PAUSED and resume:
-                self.operate(run_id, lambda seq, at: ev.RunResumed(seq=seq, at=at, by="ops", reason="settle"), True)
+                self.operate(run_id, lambda: self.world.operate(run_id, "resume"), "resume", True)
                 return True
             wait = run.wait
             if run.status is S.WAITING_USER and wait is not None:
-                self.operate(run_id, lambda seq, at: ev.ApprovalDecided(
-                    seq=seq, at=at, approval_id=APPROVAL_ID, approved=True, approved_hash=wait.approved_hash or "",
-                    decided_by="owner"), True)
+                self.operate(run_id, lambda: self.world.decide(run_id, approval_id=APPROVAL_ID,
+                                                               approved_hash=wait.approved_hash or ""), "approve", True)
                 return True
             if run.status is S.WAITING_EVENT and wait is not None and wait.correlation_key:
                 hook = Webhook(f"evt-settle-{run_id}", wait.correlation_key, f"ci_result:{run_id}", {"status": "passed"})
@@ -487,6 +478,4 @@ def _run_until(world: World, worker: MemoryWorker, done: Callable[[World, str, s
             world.receive_webhook(hook)
         elif run.status is S.WAITING_USER:
             assert run.wait is not None
-            world.operate(message.run_id, lambda seq, at: ev.ApprovalDecided(
-                seq=seq, at=at, approval_id=APPROVAL_ID, approved=True,
-                approved_hash=run.wait.approved_hash or "", decided_by="owner"))  # type: ignore[union-attr]
+            world.decide(message.run_id, approval_id=APPROVAL_ID, approved_hash=run.wait.approved_hash or "")

@@ -1,8 +1,9 @@
 """Operator actions on runs: approve, deny, cancel, pause, resume, terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
-audit row (who, what, why) in the same transaction, and wakes a worker when the run
-has something to do. The gateway's operator API and the CLI both call these.
+audit row (who, what, why) in the same transaction (a ``RunTransaction``: PostgreSQL's in the
+runtime, the memory store's in tests), and wakes a worker when the run has something to do.
+The gateway's operator API and the CLI both call these.
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from longrun.app import effects
+from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
-from longrun.app.webhooks import audit
-from longrun.db import runs
 from longrun.errors import DomainError, ErrorCode
 from longrun.domain import RunStatus, is_late
 from longrun.domain import events as ev
@@ -45,11 +43,11 @@ class NotPermitted(DomainError):
         super().__init__(f"run {run_id}: only {owner} may decide this approval, not {actor}")
 
 
-async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str, reason: str,
+async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, reason: str,
                  build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
                  details: dict[str, Any] | None = None, kinds: Registry | None = None) -> dict[str, Any]:
     """``kinds``: for a run this ends, whose tools' public receipt fields its outcome shows."""
-    stored = await runs.load(conn, run_id, lock=True)
+    stored = await tx.load(run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
     event = build(stored.seq(), clock())
@@ -60,54 +58,55 @@ async def _apply(conn: AsyncConnection, run_id: str, action: str, *, actor: str,
         pending = (f"it waits for approval {wait.approval_id} of hash {wait.approved_hash}"
                    if wait is not None and wait.approval_id else f"it is {stored.snapshot.status.value}")
         raise NotPending(run_id, action, pending)
-    after = await runs.append(conn, stored, [event])
-    await audit(conn, actor=actor, action=action, target=run_id, reason=reason,
-                details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
+    after = await tx.append(stored, [event])
+    await tx.audit(actor=actor, action=action, target=run_id, reason=reason,
+                   details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
     run = after.snapshot
     public = effects.EXTERNAL_IDS_ONLY if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
-                            public=public)
-    if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
-        await effects.wake(conn, after, reason=action, producer=PRODUCER)
-    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision}
+    broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
+                                          public=public)
+    wakeup = (effects.wake_message(after, reason=action, producer=PRODUCER)
+              if run.status in (RunStatus.READY, RunStatus.CANCELLING) else None)
+    await tx.send([m for m in (broadcast, wakeup) if m is not None])
+    return {"run_id": run_id, "status": run.status.value, "revision": run.revision}
 
 
-async def decide_approval(conn: AsyncConnection, run_id: str, *, approval_id: str, approved_hash: str,
+async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, approved_hash: str,
                           approved: bool, actor: str, reason: str,
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The decision names the hash it covers; a decision for any other hash, or by anyone but the
     owner the request names, is refused."""
-    stored = await runs.load(conn, run_id)
+    stored = await tx.load(run_id)
     wait = stored.snapshot.wait if stored is not None else None
     if wait is not None and wait.approval_id == approval_id and wait.owner not in (None, actor):
         raise NotPermitted(run_id, actor, wait.owner)
     return await _apply(
-        conn, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
+        tx, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
         details={"approval_id": approval_id, "approved_hash": approved_hash},
         build=lambda seq, at: ev.ApprovalDecided(seq=seq, at=at, approval_id=approval_id, approved=approved,
                                                  approved_hash=approved_hash, decided_by=actor))
 
 
-async def cancel(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+async def cancel(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    return await _apply(conn, run_id, "cancel", actor=actor, reason=reason, clock=clock,
+    return await _apply(tx, run_id, "cancel", actor=actor, reason=reason, clock=clock,
                         build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason))
 
 
-async def pause(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+async def pause(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    return await _apply(conn, run_id, "pause", actor=actor, reason=reason, clock=clock,
+    return await _apply(tx, run_id, "pause", actor=actor, reason=reason, clock=clock,
                         build=lambda seq, at: ev.RunPaused(seq=seq, at=at, by=actor, reason=reason))
 
 
-async def resume(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+async def resume(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    return await _apply(conn, run_id, "resume", actor=actor, reason=reason, clock=clock,
+    return await _apply(tx, run_id, "resume", actor=actor, reason=reason, clock=clock,
                         build=lambda seq, at: ev.RunResumed(seq=seq, at=at, by=actor, reason=reason))
 
 
-async def terminate(conn: AsyncConnection, run_id: str, *, actor: str, reason: str,
+async def terminate(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                     clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> dict[str, Any]:
     """Immediate and final; cleanup is skipped on purpose (the audit row says who and why)."""
-    return await _apply(conn, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
+    return await _apply(tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
                         build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))

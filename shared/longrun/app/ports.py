@@ -1,8 +1,9 @@
-"""What the worker's step loop (``app.advance.Advancer``) asks of the world outside its decisions.
+"""What the use cases ask of storage: the worker's step loop (``app.advance.Advancer``) a
+``WorkerStore``, the operator's and the gateway's a ``RunTransaction``.
 
-Two adapters keep one contract: PostgreSQL (``longrun.db.worker_store``, the runtime, with its
-one-statement fast paths) and memory (``longrun.testing.memory``, for property tests and run
-kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the same calls against
+Two adapters keep each contract: PostgreSQL (``app.worker_store``, ``app.transaction``: the
+runtime, with its one-statement fast paths) and memory (``longrun.testing.workers``,
+``longrun.testing.transaction``: for property tests and run kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the same calls against
 both and demands the same answers.
 
 Every write is guarded by the run's expected revision and the worker's fence: ``LeaseLost`` when
@@ -12,13 +13,18 @@ either way nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from longrun.db.inbox import Handled, Message
+from longrun.db import outbox
+from longrun.db.inbox import Claimed, Duplicate, Handled, Message
 from longrun.db.runs import Fence, Planned, Rides, StoredRun
 from longrun.domain import ActionStatus
+from longrun.domain.events import RunEvent
+
+if TYPE_CHECKING:
+    from longrun.app.webhooks import Translated
 
 CrashPoints = Callable[[str], None]
 """Called with a point's name where a worker may die (``faults.crash_point`` in a process: SIGKILL
@@ -75,3 +81,36 @@ class LedgerKeyTaken(Exception):
     """``WorkerStore.write``: the first ledger row riding with the transition names a key the ledger
     holds already; nothing was written. Never leaves the worker: it writes the transition again
     with one more attempt of that key (``write_together``)."""
+
+
+class RunTransaction(Protocol):
+    """What the operator's and the gateway's use cases (``app.operate``, ``app.webhooks``) do inside
+    one transaction: all of it commits together or none of it does."""
+
+    async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
+        """``lock``: held until the transaction ends (another writer of the run waits)."""
+
+    async def append(self, stored: StoredRun, events: Sequence[RunEvent]) -> StoredRun:
+        """The events, guarded by the run's revision (``StaleRevision``); refused by the domain
+        (``DomainError``) changes nothing."""
+
+    async def send(self, messages: Sequence[outbox.Message]) -> None:
+        """Published once the transaction commits (the outbox)."""
+
+    async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None: ...
+
+    async def claim(self, service: str, message_id: str, message_type: str) -> Claimed | Duplicate:
+        """The service's inbox row for the message: a repeat gets the outcome recorded for the first."""
+
+    async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None: ...
+
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
+        """A verified webhook event, kept (once per provider and id) until a run's wait matches it."""
+
+    async def waiting_on(self, correlation_key: str) -> str | None:
+        """A run whose wait (or paused wait) an event for this key ends."""
+
+    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
+        """The oldest kept, unmatched event for this key, locked: (provider, event)."""
+
+    async def matched(self, provider: str, event_id: str, run_id: str) -> None: ...

@@ -12,20 +12,21 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, text, update
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
-from longrun.db import inbox, runs
+from longrun.db import inbox
 from longrun.db.runs import StoredRun
-from longrun.db.schema import audit_log, webhook_events
+from longrun.db.schema import audit_log
 from longrun.domain import RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
+
+if TYPE_CHECKING:
+    from longrun.app.ports import RunTransaction
 
 PRODUCER = "gateway"
 WAITS = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER})
@@ -68,72 +69,68 @@ async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, 
                                                  details=details or {}))
 
 
-async def receive(conn: AsyncConnection, provider: str, payload: dict[str, Any], *,
+async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *,
                   clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
-    event = PROVIDERS[provider](payload)
-    claim = await inbox.claim(conn, "gateway", message_id=f"webhook:{provider}:{event.event_id}",
-                              message_type=f"webhook.{provider}", run_id=None)
+    return await intake(tx, provider, PROVIDERS[provider](payload), payload, clock=clock)
+
+
+async def intake(tx: RunTransaction, provider: str, event: Translated, payload: Mapping[str, Any], *,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """``receive`` of an event already translated."""
+    message_id = f"webhook:{provider}:{event.event_id}"
+    claim = await tx.claim("gateway", message_id, f"webhook.{provider}")
     if isinstance(claim, inbox.Duplicate):
         return {**claim.outcome, "duplicate": True}
-    await conn.execute(insert(webhook_events).values(
-        provider=provider, event_id=event.event_id, correlation_key=event.correlation_key,
-        payload=payload).on_conflict_do_nothing())
-    run_id = await _match(conn, provider, event, clock)
-    outcome = {"event_id": event.event_id, "correlation_key": event.correlation_key,
-               "matched_run_id": run_id}
-    await inbox.record_outcome(conn, "gateway", message_id=f"webhook:{provider}:{event.event_id}",
-                               outcome=outcome)
+    await tx.keep(provider, event, payload)
+    run_id = await _match(tx, provider, event, clock)
+    outcome = {"event_id": event.event_id, "correlation_key": event.correlation_key, "matched_run_id": run_id}
+    await tx.record_outcome("gateway", message_id, outcome)
     return outcome
 
 
-async def _match(conn: AsyncConnection, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
-    run_id = (await conn.execute(text(
-        "SELECT run_id FROM runs WHERE wait_correlation_key = :k "
-        "AND status IN ('WAITING_EVENT', 'WAITING_USER', 'PAUSED') LIMIT 1"), {"k": event.correlation_key})).scalar()
+async def _match(tx: RunTransaction, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
+    run_id = await tx.waiting_on(event.correlation_key)
     if run_id is None:
         return None
-    stored = await runs.load(conn, run_id, lock=True)
+    stored = await tx.load(run_id, lock=True)
     if stored is None or stored.snapshot.wait is None or stored.snapshot.wait.correlation_key != event.correlation_key:
         return None
-    await deliver(conn, stored, provider, event, clock)
+    await deliver(tx, stored, provider, event, clock)
     return run_id
 
 
-async def deliver(conn: AsyncConnection, stored: StoredRun, provider: str, event: Translated,
+async def deliver(tx: RunTransaction, stored: StoredRun, provider: str, event: Translated,
                   clock: Callable[[], float]) -> StoredRun:
     """Append the event's fact and the wake, mark the event matched, and wake a worker."""
     wait = stored.snapshot.wait
     assert wait is not None
     now = clock()
-    after = await runs.append(conn, stored, [
+    after = await tx.append(stored, [
         ev.FactRecorded(seq=stored.seq(1), at=now, key=event.fact_key, value=freeze(event.fact),
                         source=f"webhook:{provider}"),
         ev.RunWoken(seq=stored.seq(2), at=now, wait_id=wait.wait_id, reason=WakeReason.EVENT,
                     correlation_key=event.correlation_key),
     ])
-    await conn.execute(update(webhook_events)
-                       .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event.event_id)
-                       .values(matched_run_id=stored.snapshot.run_id, matched_at=text("now()")))
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER,
-                            cause=f"webhook:{provider}:{event.event_id}")
-    if after.snapshot.status is RunStatus.READY:
-        await effects.wake(conn, after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER)
+    await tx.matched(provider, event.event_id, stored.snapshot.run_id)
+    broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER,
+                                          cause=f"webhook:{provider}:{event.event_id}")
+    wakeup = (effects.wake_message(after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER)
+              if after.snapshot.status is RunStatus.READY else None)
+    await tx.send([m for m in (broadcast, wakeup) if m is not None])
     return after
 
 
-async def match_kept(conn: AsyncConnection, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
+async def match_kept(tx: RunTransaction, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
     """Called when a wait starts: an event for its key that arrived earlier ends it now."""
     wait = stored.snapshot.wait
     if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
         return stored
-    row = (await conn.execute(
-        select(webhook_events.c.provider, webhook_events.c.payload)
-        .where(webhook_events.c.correlation_key == wait.correlation_key, webhook_events.c.matched_run_id.is_(None))
-        .order_by(webhook_events.c.received_at).limit(1).with_for_update(skip_locked=True))).first()
-    if row is None:
+    kept = await tx.kept_for(wait.correlation_key)
+    if kept is None:
         return stored
-    return await deliver(conn, stored, row.provider, PROVIDERS[row.provider](row.payload), clock)
+    provider, event = kept
+    return await deliver(tx, stored, provider, event, clock)
 
 
 def parse(body: bytes) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects, webhooks
 from longrun.app.ports import Artifact, LedgerKeyTaken, LedgerOutcome
+from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs
@@ -71,7 +72,7 @@ class PgWorkerStore:
                 await ledger.record(conn, outcome.key, outcome.status, **outcome.fields)
             if settle_wait:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
-                after = await webhooks.match_kept(conn, after, clock=self.clock)
+                after = await webhooks.match_kept(PgTransaction(conn), after, clock=self.clock)
         return after
 
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:

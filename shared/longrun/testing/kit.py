@@ -84,14 +84,14 @@ class Kit:
         starts waiting); the same ``event_id`` again changes nothing."""
         return self.world.receive_webhook(Webhook(event_id or f"evt-{fact_key}", correlation_key, fact_key, fact))
 
-    def decide(self, run_id: str, *, approved: bool = True, by: str = "owner") -> None:
-        """The run's owner answers the approval it waits for, bound to the request it asks about."""
+    def decide(self, run_id: str, *, approved: bool = True, by: str | None = None) -> None:
+        """The approval the run waits for is answered, bound to the request it asks about, by ``by``
+        (default: the owner it names; anyone else is refused, ``operate.NotPermitted``)."""
         wait = self.snapshot(run_id).wait
         if wait is None or wait.approval_id is None:
             raise ValueError(f"run {run_id} waits for no approval")
-        self.world.operate(run_id, lambda seq, at: ev.ApprovalDecided(
-            seq=seq, at=at, approval_id=wait.approval_id or "", approved=approved,
-            approved_hash=wait.approved_hash or "", decided_by=by))
+        self.world.decide(run_id, approval_id=wait.approval_id, approved_hash=wait.approved_hash or "",
+                          approved=approved, actor=by or wait.owner or "operator")
 
     def advance(self, seconds: float) -> int:
         """Time passes: the timers that come due fire; how many did."""

@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from longrun.app import webhooks
 from longrun.app.advance import Advancer
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome
 from longrun.db.inbox import Duplicate, Handled, Message
@@ -22,6 +23,7 @@ from longrun.envelope import Envelope
 from longrun.model import ModelAdapter, ScriptedModel
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.memory import UniqueViolation
+from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.world import World
 
 WORKER_INBOX = "worker"
@@ -81,7 +83,7 @@ class MemoryWorkerStore:
                 self.store.record(outcome.key, outcome.status, **outcome.fields)
             if settle_wait:
                 self.world.schedule_wait_timers(after.snapshot, decided_at=planned.rows[-1][0].at)
-                after = self.world.match_kept(after)
+                after = await webhooks.match_kept(MemoryTransaction(self.world), after, clock=self.world.clock)
         return after
 
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
@@ -99,11 +101,7 @@ class MemoryWorkerStore:
                 self.store.insert_first(rides.action)
             except UniqueViolation as e:
                 raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
-        for message in rides.messages:
-            if message.envelope.type == "run.wakeup":
-                self.world.pending.append(message.envelope)
-            else:
-                self.world.broadcasts.append(message.envelope)
+        self.world.send(rides.messages)
         # rides.notices wake admission in PostgreSQL; the memory world admits at creation.
 
 

@@ -14,18 +14,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import effects, reconcile, reconcile_leases
+from longrun.app import effects, operate, reconcile, reconcile_leases, webhooks
 from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
-from longrun.app.webhooks import WAITS
+from longrun.app.webhooks import Translated
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
-from longrun.db.inbox import Duplicate
 from longrun.db.runs import StoredRun
 from longrun.domain import (
     TERMINAL,
@@ -45,15 +44,16 @@ from longrun.domain import (
     WaitForUser,
     WakeReason,
     freeze,
-    is_late,
     request_hash,
     thaw,
 )
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
-from longrun.errors import ActionOutcomeUnknown, DomainError, ErrorCode, ToolRejected, ToolUnavailable
-from longrun.testing.memory import FakeClock, MemoryStore
+from longrun.errors import ActionOutcomeUnknown, DomainError, ToolRejected, ToolUnavailable
+from longrun.db import outbox
 from longrun.testing.checkpoints import checkpoint
+from longrun.testing.memory import FakeClock, MemoryStore
+from longrun.testing.transaction import MemoryTransaction
 from longrun.workflows import steps
 
 _S = RunStatus
@@ -62,19 +62,7 @@ HELD = frozenset(RunStatus(s) for s in reconcile._HELD)
 """Open statuses an unreconciled action can hold a run in (``app.reconcile._HELD``)."""
 WAKEABLE = reconcile_leases._WAKEABLE
 """An expired lease of these gets a wakeup (``app.reconcile_leases._WAKEABLE``)."""
-MATCHABLE = WAITS | {_S.PAUSED}
-"""As ``app.webhooks._match`` (statuses in its SQL): a webhook is delivered at once to a run in
-these waiting on its key."""
-
-
-class NotPending(DomainError):
-    """As ``app.operate.NotPending``: an operator decided something the run no longer asks for."""
-
-    code = ErrorCode.ILLEGAL_TRANSITION
-
-    def __init__(self, run_id: str, what: str) -> None:
-        super().__init__(f"run {run_id}: {what} is not pending")
-
+T = TypeVar("T")
 
 
 # -- the far side -------------------------------------------------------------------------------------
@@ -247,12 +235,9 @@ def registry(far_side: FarSide) -> Registry:
 # -- the rest of the ensemble ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Webhook:
-    event_id: str
-    correlation_key: str
-    fact_key: str
-    fact: Mapping[str, Any]
+Webhook = Translated
+"""A provider's event as longrun reads it: its id, the wait it answers and the fact it proves."""
+PROVIDER = "forge"
 
 
 class World:
@@ -270,7 +255,10 @@ class World:
         """Published wakeups not yet delivered."""
         self.delivered: list[Envelope] = []
         """Delivered wakeups; the broker may deliver any of them again."""
-        self.kept: dict[str, tuple[Webhook, str | None]] = {}
+        self.kept: dict[tuple[str, str], tuple[Webhook, str | None]] = {}
+        """The gateway's webhook_events: (provider, event id) -> (event, matched run)."""
+        self.audit_log: list[dict[str, Any]] = []
+        """The operators' audit rows."""
         self.loop = asyncio.new_event_loop()
         """Where the workers' steps run (``testing.workers``), a checkpoint at a time."""
         self.broadcasts: list[Envelope] = []
@@ -349,70 +337,46 @@ class World:
             self.store.mark_fired(marked)
         return len(marked)
 
+    # -- one transaction of the runtime's use cases ---------------------------------------------------
+    def in_transaction(self, use_case: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        """Run an operator's or the gateway's use case (``app.operate``, ``app.webhooks``) all or nothing."""
+        kept, sent, audited = dict(self.kept), (list(self.pending), list(self.broadcasts)), list(self.audit_log)
+        try:
+            with self.store.transaction():
+                return self.loop.run_until_complete(use_case(MemoryTransaction(self)))
+        except BaseException:
+            self.kept, self.audit_log = kept, audited
+            self.pending[:], self.broadcasts[:] = sent
+            raise
+
+    def send(self, messages: Sequence[outbox.Message]) -> None:
+        """What the relay would publish: wakeups to the workers' pending deliveries, the rest broadcast."""
+        for message in messages:
+            (self.pending if message.envelope.type == "run.wakeup" else self.broadcasts).append(message.envelope)
+
     # -- the gateway (app/webhooks.py) -------------------------------------------------------------------
     def receive_webhook(self, hook: Webhook) -> dict[str, Any]:
-        with self.store.transaction():
-            claim = self.store.claim("gateway", message_id=f"webhook:forge:{hook.event_id}",
-                                     message_type="webhook.forge", run_id=None)
-            if isinstance(claim, Duplicate):
-                return {**claim.outcome, "duplicate": True}
-            self.kept.setdefault(hook.event_id, (hook, None))
-            run_id = self._match(hook)
-            outcome = {"event_id": hook.event_id, "correlation_key": hook.correlation_key, "matched_run_id": run_id}
-            self.store.record_outcome("gateway", message_id=f"webhook:forge:{hook.event_id}", outcome=outcome)
-        return outcome
-
-    def _match(self, hook: Webhook) -> str | None:
-        for run_id, row in self.store.runs.items():
-            wait = row.snapshot.wait
-            if row.snapshot.status in MATCHABLE and wait is not None and wait.correlation_key == hook.correlation_key:
-                stored = self.store.load(run_id)
-                assert stored is not None
-                self._deliver(stored, hook)
-                return run_id
-        return None
-
-    def _deliver(self, stored: StoredRun, hook: Webhook) -> StoredRun:
-        wait = stored.snapshot.wait
-        assert wait is not None
-        now = self.clock()
-        after = self.store.append(stored, [
-            ev.FactRecorded(seq=stored.seq(1), at=now, key=hook.fact_key, value=freeze(dict(hook.fact)),
-                            source="webhook:forge"),
-            ev.RunWoken(seq=stored.seq(2), at=now, wait_id=wait.wait_id, reason=WakeReason.EVENT,
-                        correlation_key=hook.correlation_key)])
-        self.kept[hook.event_id] = (hook, stored.snapshot.run_id)
-        if after.snapshot.status is _S.READY:
-            self.wake(after, f"webhook forge:{hook.event_id}")
-        return after
-
-    def match_kept(self, stored: StoredRun) -> StoredRun:
-        wait = stored.snapshot.wait
-        if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
-            return stored
-        for hook, matched in self.kept.values():
-            if matched is None and hook.correlation_key == wait.correlation_key:
-                return self._deliver(stored, hook)
-        return stored
+        return self.in_transaction(lambda tx: webhooks.intake(tx, PROVIDER, hook, {}, clock=self.clock))
 
     def unmatched_for(self, correlation_key: str) -> list[Webhook]:
         return [hook for hook, matched in self.kept.values()
                 if matched is None and hook.correlation_key == correlation_key]
 
     # -- the operator (app/operate.py) ---------------------------------------------------------------------
-    def operate(self, run_id: str, build: Callable[[int, float], ev.RunEvent]) -> RunSnapshot:
-        """Lock, append, wake when the run has work; a refused event raises and changes nothing.
-        A decision on something the run no longer asks for is refused (``NotPending``), not stored as late."""
-        with self.store.transaction():
-            stored = self.store.load(run_id)
-            assert stored is not None
-            event = build(stored.seq(), self.clock())
-            if is_late(stored.snapshot, event):
-                raise NotPending(run_id, event.type)
-            after = self.store.append(stored, [event])
-            if after.snapshot.status in (_S.READY, _S.CANCELLING):
-                self.wake(after, "operator")
-        return after.snapshot
+    def operate(self, run_id: str, action: str, *, actor: str = "ops", reason: str = "test") -> dict[str, Any]:
+        """An operator's cancel, pause, resume or terminate; refused (``DomainError``) changes nothing."""
+        if action == "terminate":
+            return self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
+                                                                    clock=self.clock, kinds=self.kinds))
+        use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}[action]
+        return self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
+
+    def decide(self, run_id: str, *, approval_id: str, approved_hash: str, approved: bool = True,
+               actor: str = "owner") -> dict[str, Any]:
+        """The approver's decision on the request of ``approved_hash``."""
+        return self.in_transaction(lambda tx: operate.decide_approval(
+            tx, run_id, approval_id=approval_id, approved_hash=approved_hash, approved=approved, actor=actor,
+            reason="decided", clock=self.clock))
 
     # -- the reconciler (app/reconcile.py) ---------------------------------------------------------------
     def rewake_expired_leases(self) -> int:

@@ -1,0 +1,67 @@
+"""The operator's and the gateway's transaction (``app.ports.RunTransaction``) on PostgreSQL: one
+connection inside ``engine.begin()``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.app import webhooks
+from longrun.app.webhooks import PROVIDERS, Translated
+from longrun.db import inbox, outbox, runs
+from longrun.db.runs import StoredRun
+from longrun.db.schema import webhook_events
+from longrun.domain import RunStatus
+from longrun.domain import events as ev
+
+_MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
+
+
+class PgTransaction:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
+        return await runs.load(self.conn, run_id, lock=lock)
+
+    async def append(self, stored: StoredRun, events: Sequence[ev.RunEvent]) -> StoredRun:
+        return await runs.append(self.conn, stored, events)
+
+    async def send(self, messages: Sequence[outbox.Message]) -> None:
+        await outbox.enqueue_many(self.conn, messages)
+
+    async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        await webhooks.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
+                             details=dict(details))
+
+    async def claim(self, service: str, message_id: str, message_type: str) -> inbox.Claimed | inbox.Duplicate:
+        return await inbox.claim(self.conn, service, message_id=message_id, message_type=message_type, run_id=None)
+
+    async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None:
+        await inbox.record_outcome(self.conn, service, message_id=message_id, outcome=dict(outcome))
+
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
+        await self.conn.execute(insert(webhook_events).values(
+            provider=provider, event_id=event.event_id, correlation_key=event.correlation_key,
+            payload=dict(payload)).on_conflict_do_nothing())
+
+    async def waiting_on(self, correlation_key: str) -> str | None:
+        return (await self.conn.execute(
+            text("SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = ANY(:statuses) LIMIT 1"),
+            {"k": correlation_key, "statuses": list(_MATCHED_BY)})).scalar()
+
+    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
+        row = (await self.conn.execute(
+            select(webhook_events.c.provider, webhook_events.c.payload)
+            .where(webhook_events.c.correlation_key == correlation_key, webhook_events.c.matched_run_id.is_(None))
+            .order_by(webhook_events.c.received_at).limit(1).with_for_update(skip_locked=True))).first()
+        return None if row is None else (row.provider, PROVIDERS[row.provider](row.payload))
+
+    async def matched(self, provider: str, event_id: str, run_id: str) -> None:
+        await self.conn.execute(update(webhook_events)
+                                .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event_id)
+                                .values(matched_run_id=run_id, matched_at=text("now()")))

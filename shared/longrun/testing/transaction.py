@@ -1,0 +1,65 @@
+"""The operator's and the gateway's transaction (``app.ports.RunTransaction``) in memory: the
+``World``'s tables, inside ``World.in_transaction`` (all or nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from longrun.app.webhooks import Translated
+from longrun.db import outbox
+from longrun.db.inbox import Claimed, Duplicate
+from longrun.db.runs import StoredRun
+from longrun.domain import RunStatus
+from longrun.domain import events as ev
+
+if TYPE_CHECKING:
+    from longrun.testing.world import World
+
+MATCHED_BY = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED})
+"""As ``app.transaction.PgTransaction.waiting_on``: a webhook ends the wait of a run in these."""
+
+
+class MemoryTransaction:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.store = world.store
+
+    async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
+        return self.store.load(run_id)
+
+    async def append(self, stored: StoredRun, events: Sequence[ev.RunEvent]) -> StoredRun:
+        return self.store.append(stored, events)
+
+    async def send(self, messages: Sequence[outbox.Message]) -> None:
+        self.world.send(messages)
+
+    async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        self.world.audit_log.append({"actor": actor, "action": action, "target": target, "reason": reason,
+                                     "details": dict(details)})
+
+    async def claim(self, service: str, message_id: str, message_type: str) -> Claimed | Duplicate:
+        return self.store.claim(service, message_id=message_id, message_type=message_type, run_id=None)
+
+    async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None:
+        self.store.record_outcome(service, message_id=message_id, outcome=dict(outcome))
+
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
+        self.world.kept.setdefault((provider, event.event_id), (event, None))
+
+    async def waiting_on(self, correlation_key: str) -> str | None:
+        for run_id, row in self.store.runs.items():
+            wait = row.snapshot.wait
+            if row.snapshot.status in MATCHED_BY and wait is not None and wait.correlation_key == correlation_key:
+                return run_id
+        return None
+
+    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
+        for (provider, _), (event, matched) in self.world.kept.items():
+            if matched is None and event.correlation_key == correlation_key:
+                return provider, event
+        return None
+
+    async def matched(self, provider: str, event_id: str, run_id: str) -> None:
+        event, _ = self.world.kept[(provider, event_id)]
+        self.world.kept[(provider, event_id)] = (event, run_id)
