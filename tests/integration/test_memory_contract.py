@@ -23,8 +23,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects
+from longrun.app import effects, operate, webhooks
 from longrun.app.ports import LedgerOutcome
+from longrun.app.transaction import PgTransaction
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import actions as ledger
@@ -43,11 +44,14 @@ from longrun.domain import (
     freeze,
 )
 from longrun.domain import events as ev
+from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.workers import MemoryWorkerStore
 from longrun.testing.world import World
 
 pytestmark = pytest.mark.integration
 
+USE_CASES = {"operate": operate, "webhooks": webhooks}
+"""Called with a ``RunTransaction`` of the port's store, each call a transaction of its own."""
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="contract-v1")
 TTL = 0.4
 """Lease seconds: short, because the real store's clock is PostgreSQL's and the test sleeps for real."""
@@ -79,6 +83,9 @@ class Real:
         module, function = name.split(".")
         if module == "worker":
             return await getattr(self.worker, function)(*args, **kwargs)
+        if module in USE_CASES:
+            async with self.engine.begin() as conn:
+                return await getattr(USE_CASES[module], function)(PgTransaction(conn), *args, **kwargs)
         target = {"runs": runs, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
@@ -103,6 +110,9 @@ class Memory:
         module, function = name.split(".")
         if module == "worker":
             return await getattr(self.worker, function)(*args, **kwargs)
+        if module in USE_CASES:
+            with self.store.transaction():
+                return await getattr(USE_CASES[module], function)(MemoryTransaction(self.world), *args, **kwargs)
         if (module, function) == ("runs", "load"):
             kwargs.pop("lock", None)
         with self.store.transaction():
@@ -362,6 +372,58 @@ async def an_outcome_and_a_wait_commit_with_their_transition(port: Port, seen: l
     await observe(port, seen, "timers.claim_due", limit=10)
 
 
+# -- the operator's and the gateway's use cases over a RunTransaction ---------------------------------
+
+
+def _at(seconds: float) -> Any:
+    return lambda: seconds
+
+
+async def _parked(port: Port, seen: list[Any], wait: Wait, status: RunStatus) -> StoredRun:
+    stored = await new_run(port, seen)
+    return await observe(port, seen, "runs.append", stored, [
+        ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+        ev.WaitStarted(seq=3, at=1001.0, status=status, wait=wait)], release_lease=True)
+
+
+async def operators_decide_only_what_is_asked_by_whom_it_names(port: Port, seen: list[Any]) -> None:
+    wait = Wait(wait_id="w1", kind="approval", deadline=9000.0, approval_id="merge", owner="alice",
+                approved_hash="a" * 64)
+    stored = await _parked(port, seen, wait, RunStatus.WAITING_USER)
+    run_id = stored.snapshot.run_id
+    decide = {"approval_id": "merge", "approved": True, "reason": "ok", "clock": _at(1002.0)}
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, actor="bob", **decide)
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="b" * 64, actor="alice", **decide)
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, actor="alice", **decide)
+    await observe(port, seen, "operate.pause", run_id, actor="ops", reason="hold", clock=_at(1003.0))
+    await observe(port, seen, "operate.resume", run_id, actor="ops", reason="go", clock=_at(1004.0))
+    await observe(port, seen, "operate.cancel", run_id, actor="ops", reason="stop", clock=_at(1005.0))
+    await observe(port, seen, "operate.terminate", run_id, actor="ops", reason="now", clock=_at(1006.0))
+    await observe(port, seen, "operate.cancel", run_id, actor="ops", reason="again", clock=_at(1007.0))
+    await observe(port, seen, "operate.cancel", f"{port.prefix}-ghost", actor="ops", reason="none")
+    await observe(port, seen, "runs.history", run_id)
+
+
+async def webhooks_match_a_waiting_run_now_or_when_it_waits(port: Port, seen: list[Any]) -> None:
+    def ci_finished(event_id: str, status: str) -> dict[str, Any]:
+        return {"type": "ci.finished", "id": f"{port.prefix}-{event_id}", "repo": port.prefix, "ci_run_id": 7,
+                "status": status, "sha": "abc123"}
+
+    early, late = ci_finished("e1", "passed"), ci_finished("e2", "failed")
+    clock = {"clock": _at(1002.0)}
+    # Before any run waits for it: kept. The same event again: the first outcome, nothing new.
+    await observe(port, seen, "webhooks.receive", "forge", early, **clock)
+    await observe(port, seen, "webhooks.receive", "forge", early, **clock)
+    wait = Wait(wait_id="w1", kind="ci", deadline=9000.0, correlation_key=f"ci/{port.prefix}/7")
+    waiting = await _parked(port, seen, wait, RunStatus.WAITING_EVENT)
+    # The wait starts: the kept event ends it at once.
+    await observe(port, seen, "webhooks.match_kept", waiting, **clock)
+    await observe(port, seen, "runs.load", waiting.snapshot.run_id)
+    # A later event for a key no run waits on any more is kept, unmatched.
+    await observe(port, seen, "webhooks.receive", "forge", late, **clock)
+    await observe(port, seen, "runs.history", waiting.snapshot.run_id)
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -373,6 +435,8 @@ SCENARIOS: list[Scenario] = [
     a_wakeup_takes_the_lease_once,
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
     an_outcome_and_a_wait_commit_with_their_transition,
+    operators_decide_only_what_is_asked_by_whom_it_names,
+    webhooks_match_a_waiting_run_now_or_when_it_waits,
 ]
 
 
