@@ -69,9 +69,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     kinds = registry()
-    handler = functools.partial(admit.create_run, kinds=kinds, partitions=settings.partitions,
-                                slots=settings.tenant_slots, max_input_bytes=settings.max_input_bytes,
-                                tenant_locked=True)
+    handler = admit.ingress_handler(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
+                                    max_input_bytes=settings.max_input_bytes)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
                             batch=CREATE_BATCH, prelude=admit.lock_tenants_of,

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import admit, effects
+from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
@@ -35,25 +36,25 @@ async def test_a_repeated_request_returns_its_run_even_once_its_workflow_is_no_l
         clean, engine) -> None:
     # Given a run created under a key while its workflow was registered
     async with engine.begin() as conn:
-        first = await admit.create_run(conn, _request("k-1"), kinds=registry(), partitions=8, slots=4,
+        first = await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=registry(), partitions=8, slots=4,
                                      max_input_bytes=MAX_INPUT)
     assert first["created"] is True
     # When the same request comes again to a scheduler that no longer knows that workflow
     async with engine.begin() as conn:
-        again = await admit.create_run(conn, _request("k-1"), kinds=Registry(), partitions=8, slots=4,
+        again = await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=Registry(), partitions=8, slots=4,
                                      max_input_bytes=MAX_INPUT)
     # Then it answers with the run that exists, not with a rejection
     assert again == {"run_id": first["run_id"], "created": False}
     # and a new key for that workflow is rejected with the reason
     async with engine.begin() as conn:
-        unknown = await admit.create_run(conn, _request("k-2"), kinds=Registry(), partitions=8, slots=4,
+        unknown = await admit.create_run(PgTransaction(conn), _request("k-2"), kinds=Registry(), partitions=8, slots=4,
                                      max_input_bytes=MAX_INPUT)
     assert unknown["rejected"] is True and "steps" in unknown["reason"]
 
 
 async def _create(engine, key: str, *, slots: int) -> dict:  # type: ignore[no-untyped-def,type-arg]
     async with engine.begin() as conn:
-        return await admit.create_run(conn, _request(key), kinds=registry(), partitions=8, slots=slots,
+        return await admit.create_run(PgTransaction(conn), _request(key), kinds=registry(), partitions=8, slots=slots,
                                      max_input_bytes=MAX_INPUT)
 
 
@@ -107,7 +108,7 @@ async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, en
                                           "input": {"steps": 1}, "priority": rng.randint(0, 9)},
                            producer="tests", tenant_id=tenant)
             async with engine.begin() as conn:
-                await admit.create_run(conn, request, kinds=registry(), partitions=8, slots=0,
+                await admit.create_run(PgTransaction(conn), request, kinds=registry(), partitions=8, slots=0,
                                      max_input_bytes=MAX_INPUT)
     async with engine.begin() as conn:
         for run_id in (await conn.execute(text("SELECT run_id FROM runs"))).scalars().all():
@@ -181,8 +182,8 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
 def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
     """The scheduler's ingress consumer, wired as the service wires it."""
     return QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
-                         handler=functools.partial(admit.create_run, kinds=registry(), partitions=8, slots=4,
-                                                   max_input_bytes=MAX_INPUT, tenant_locked=True),
+                         handler=admit.ingress_handler(kinds=registry(), partitions=8, slots=4,
+                                                       max_input_bytes=MAX_INPUT),
                          prefetch=10, max_attempts=3, batch=16, prelude=admit.lock_tenants_of,
                          refuser=functools.partial(admit.refuse, partitions=8))
 

@@ -23,11 +23,12 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects, operate, webhooks
+from longrun.app import admit, effects, operate, webhooks
 from longrun.app.ports import LedgerOutcome
 from longrun.app.transaction import PgTransaction
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
+from longrun.authoring import Registry, RunKind
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs, timers
 from longrun.db.driver import Pool
@@ -44,13 +45,15 @@ from longrun.domain import (
     freeze,
 )
 from longrun.domain import events as ev
+from longrun.envelope import make
+from longrun.workflows.steps import Steps
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.workers import MemoryWorkerStore
 from longrun.testing.world import World
 
 pytestmark = pytest.mark.integration
 
-USE_CASES = {"operate": operate, "webhooks": webhooks}
+USE_CASES = {"admit": admit, "operate": operate, "webhooks": webhooks}
 """Called with a ``RunTransaction`` of the port's store, each call a transaction of its own."""
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="contract-v1")
 TTL = 0.4
@@ -424,6 +427,26 @@ async def webhooks_match_a_waiting_run_now_or_when_it_waits(port: Port, seen: li
     await observe(port, seen, "runs.history", waiting.snapshot.run_id)
 
 
+async def creates_are_admitted_at_once_while_their_tenant_has_room(port: Port, seen: list[Any]) -> None:
+    ids = iter(range(1, 100))
+    registry = Registry([RunKind("steps", VERSIONS, Steps(), {})])
+
+    async def create(key: str, input_: dict[str, Any], workflow: str = "steps") -> None:
+        request = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": input_},
+                       producer="contract", tenant_id=port.prefix)
+        await observe(port, seen, "admit.create_run", request, kinds=registry, partitions=1, slots=1,
+                      max_input_bytes=1000, clock=_at(1000.0), new_id=lambda: f"{port.prefix}-r{next(ids)}")
+
+    await create("k1", {"steps": 1})  # admitted: the tenant's one slot
+    await create("k1", {"steps": 1})  # the same request: the same run, announced again
+    await create("k1", {"steps": 2})  # the key with another input: refused
+    await create("k2", {"steps": 1})  # no slot left: queued
+    await create("k3", {"steps": 1}, workflow="nothing")  # unknown: refused
+    await create("k4", {"blob": "x" * 2000})  # too large: refused
+    for name in ("r1", "r2"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -437,6 +460,7 @@ SCENARIOS: list[Scenario] = [
     an_outcome_and_a_wait_commit_with_their_transition,
     operators_decide_only_what_is_asked_by_whom_it_names,
     webhooks_match_a_waiting_run_now_or_when_it_waits,
+    creates_are_admitted_at_once_while_their_tenant_has_room,
 ]
 
 

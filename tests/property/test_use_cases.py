@@ -166,7 +166,8 @@ class UseCases(RuleBasedStateMachine):
         run_id = self.world.create(tenant_id="t", key=key, kind=kind, goal={"steps": steps}, tool_calls=tool_calls)
         if again:  # the same request again: the same run, nothing new
             before = self.world.store.tables()
-            assert self.world.create(tenant_id="t", key=key, kind=kind, goal={"steps": steps}) == run_id
+            assert self.world.create(tenant_id="t", key=key, kind=kind, goal={"steps": steps},
+                                     tool_calls=tool_calls) == run_id
             assert self.world.store.tables() == before
         self.runs.append(run_id)
 

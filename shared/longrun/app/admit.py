@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
+from longrun.app.ports import RunTransaction
+from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
@@ -53,9 +55,13 @@ def input_hash(payload: Any) -> str:
         "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()})
 
 
-async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
-                     max_input_bytes: int, clock: Any = time.time,
-                     tenant_locked: bool = False) -> dict[str, Any]:
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4()}"
+
+
+async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
+                     max_input_bytes: int, clock: Any = time.time, tenant_locked: bool = False,
+                     new_id: Callable[[], str] = new_run_id) -> dict[str, Any]:
     """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
     (``run.rejected``). ``tenant_locked``: the transaction holds the tenant's admission lock already
     (the ingress consumer's prelude, ``lock_tenants_of``), so it is not asked for again: one round
@@ -64,11 +70,11 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
     offered = input_hash(request)
     kind = _kind_for(request, kinds, max_input_bytes)
     if isinstance(kind, Refusal):
-        found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
+        found = await tx.find(envelope.tenant_id, request.idempotency_key)
         if found is not None:  # created while it was acceptable: the run stands
-            return await _existing(conn, envelope, found, offered, partitions)
-        return await _reject(conn, envelope, partitions, kind)
-    run_id = f"run-{uuid.uuid4()}"
+            return await _existing(tx, envelope, found, offered, partitions)
+        return await _reject(tx, envelope, partitions, kind)
+    run_id = new_id()
     created = ev.RunCreated(
         seq=1, at=clock(), run_id=run_id, tenant_id=envelope.tenant_id, kind=kind.name,
         goal=freeze(request.input), versions=kind.versions, priority=request.priority,
@@ -80,23 +86,33 @@ async def create_run(conn: AsyncConnection, envelope: Envelope, *, kinds: Regist
     # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
     # between the create and the worker's wakeup).
     if not tenant_locked:
-        await _lock_tenant(conn, envelope.tenant_id)
+        await tx.lock_tenant(envelope.tenant_id)
     wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,
                                      revision=evolve(None, created).revision, partition=partition,
                                      reason="admitted", producer=PRODUCER)
     accepted = effects.accepted_message(envelope, run_id=run_id, partition=partition, workflow=kind.name,
                                         versions=kind.versions, labels=request.labels, repeated=False,
                                         producer=PRODUCER)
-    stored = await runs.create(conn, created, idempotency_key=request.idempotency_key, input_hash=offered,
-                               partition=partition, announce=[accepted],
-                               at_once=runs.AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
+    stored = await tx.create(created, idempotency_key=request.idempotency_key, input_hash=offered,
+                             partition=partition, announce=[accepted],
+                             at_once=runs.AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
-        found = await runs.find(conn, envelope.tenant_id, request.idempotency_key)
+        found = await tx.find(envelope.tenant_id, request.idempotency_key)
         assert found is not None
-        return await _existing(conn, envelope, found, offered, partitions)
+        return await _existing(tx, envelope, found, offered, partitions)
     if stored.admitted:
         return {"run_id": run_id, "created": True, "admitted": True}
     return {"run_id": run_id, "created": True}
+
+
+def ingress_handler(*, kinds: Registry, partitions: int, slots: int,
+                    max_input_bytes: int) -> Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]:
+    """The scheduler's ingress consumer's handler: ``create_run`` in the consumer's transaction, whose
+    prelude (``lock_tenants_of``) took the tenants' admission locks."""
+    async def handle(conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
+        return await create_run(PgTransaction(conn), envelope, kinds=kinds, partitions=partitions, slots=slots,
+                                max_input_bytes=max_input_bytes, tenant_locked=True)
+    return handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,22 +141,22 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
 ACTIVE = text(f"SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':t')}")
 
 
-async def _existing(conn: AsyncConnection, envelope: Envelope, found: runs.Found, offered: str,
+async def _existing(tx: RunTransaction, envelope: Envelope, found: runs.Found, offered: str,
                     partitions: int) -> dict[str, Any]:
     """A repeated create: announced again (a new event, the same run), or refused if its input differs."""
     if found.input_hash != offered:
-        return await _reject(conn, envelope, partitions, Refusal(
+        return await _reject(tx, envelope, partitions, Refusal(
             RejectionCode.IDEMPOTENCY_KEY_REUSED, "idempotency key reused with a different input",
             {"existing_run_id": found.run_id, "recorded_input_hash": found.input_hash,
              "offered_input_hash": offered}))
-    await outbox.enqueue_many(conn, [effects.accepted_message(
+    await tx.send([effects.accepted_message(
         envelope, run_id=found.run_id, partition=found.partition, workflow=found.workflow, versions=found.versions,
         labels=found.labels, repeated=True, producer=PRODUCER)])
     return {"run_id": found.run_id, "created": False}
 
 
-async def _reject(conn: AsyncConnection, envelope: Envelope, partitions: int, refusal: Refusal) -> dict[str, Any]:
-    await outbox.enqueue_many(conn, [effects.rejected_message(
+async def _reject(tx: RunTransaction, envelope: Envelope, partitions: int, refusal: Refusal) -> dict[str, Any]:
+    await tx.send([effects.rejected_message(
         tenant_id=envelope.tenant_id, correlation_id=envelope.correlation_id or envelope.payload.idempotency_key,
         refused_event_id=envelope.event_id, idempotency_key=envelope.payload.idempotency_key, code=refusal.code,
         reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)])
@@ -226,7 +242,7 @@ async def lock_tenants_of(conn: AsyncConnection, envelopes: list[Envelope]) -> N
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
-    await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"), {"t": tenant})
+    await conn.execute(admission.LOCK_TENANT, {"t": tenant})
 
 
 async def _active(conn: AsyncConnection, tenant: str) -> int:

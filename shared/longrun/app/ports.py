@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
-from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.db.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
 from longrun.domain import ActionStatus
-from longrun.domain.events import RunEvent
+from longrun.domain.events import RunCreated, RunEvent
 
 if TYPE_CHECKING:
     from longrun.app.webhooks import Translated
@@ -84,8 +84,8 @@ class LedgerKeyTaken(Exception):
 
 
 class RunTransaction(Protocol):
-    """What the operator's and the gateway's use cases (``app.operate``, ``app.webhooks``) do inside
-    one transaction: all of it commits together or none of it does."""
+    """What the scheduler's, the operator's and the gateway's use cases (``app.admit``, ``app.operate``,
+    ``app.webhooks``) do inside one transaction: all of it commits together or none of it does."""
 
     async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
         """``lock``: held until the transaction ends (another writer of the run waits)."""
@@ -114,3 +114,14 @@ class RunTransaction(Protocol):
         """The oldest kept, unmatched event for this key, locked: (provider, event)."""
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None: ...
+
+    async def lock_tenant(self, tenant_id: str) -> None:
+        """The tenant's admission lock, held until the transaction ends: creates and admissions of one
+        tenant count its slots one after another."""
+
+    async def find(self, tenant_id: str, idempotency_key: str) -> Found | None: ...
+
+    async def create(self, created: RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
+                     at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+        """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
+        its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""

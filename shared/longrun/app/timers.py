@@ -218,7 +218,7 @@ def _late_only(at: float) -> WakeTemplate:
                         None, None, None)
 
 
-async def _learn(conn: AsyncConnection, fired: _Fired, sample: tuple[DueTimer, RunHead, bool]) -> WakeTemplate | None:
+async def _learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, RunHead, bool]) -> WakeTemplate | None:
     """The sample's rows (planned, not written) as the template, or None unless PostgreSQL, filling the
     template in for the sample, renders exactly what the domain planned for it."""
     timer, head, _ = sample
@@ -255,7 +255,7 @@ def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Fired:
+class Fired:
     outcomes: dict[str, Outcome]
     plans: list[runs.Planned]
     messages: dict[str, list[outbox.Message]]
@@ -263,7 +263,7 @@ class _Fired:
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry) -> _Fired:
+                         producer: str, kinds: Registry) -> Fired:
     """Timers through the domain, in a handful of statements: one locking read, one update, one insert each."""
     fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds)
     await _write_together(conn, fired)
@@ -271,10 +271,18 @@ async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: 
 
 
 async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry) -> _Fired:
+                         producer: str, kinds: Registry) -> Fired:
     if not ordered:
-        return _Fired({}, [], {})
+        return Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
+    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds)
+
+
+def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, now: datetime, producer: str,
+               kinds: Registry) -> Fired:
+    """What firing ``ordered`` (their runs as ``current``, locked) writes, through the domain: each
+    run's events in one plan, its wakeup and broadcast, and each timer's outcome. Pure."""
+    current = dict(current)
     first = dict(current)
     rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
     released: set[str] = set()
@@ -316,10 +324,10 @@ async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: 
                                               cause=None if cause is None else _cause(cause))
         if broadcast is not None:
             sent.append(broadcast)
-    return _Fired(outcomes, plans, messages)
+    return Fired(outcomes, plans, messages)
 
 
-async def _write_together(conn: AsyncConnection, fired: _Fired) -> None:
+async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
     await runs.write_many(conn, fired.plans)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
     await effects.notify_admission(conn, [p.after.snapshot.tenant_id for p in fired.plans

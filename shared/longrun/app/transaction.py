@@ -1,5 +1,5 @@
-"""The operator's and the gateway's transaction (``app.ports.RunTransaction``) on PostgreSQL: one
-connection inside ``engine.begin()``."""
+"""The scheduler's, the operator's and the gateway's transaction (``app.ports.RunTransaction``) on
+PostgreSQL: one connection inside a transaction (``engine.begin()``, or a consumer's)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
 from longrun.app.webhooks import PROVIDERS, Translated
-from longrun.db import inbox, outbox, runs
+from longrun.db import admission, inbox, outbox, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import webhook_events
 from longrun.domain import RunStatus
@@ -65,3 +65,14 @@ class PgTransaction:
         await self.conn.execute(update(webhook_events)
                                 .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event_id)
                                 .values(matched_run_id=run_id, matched_at=text("now()")))
+
+    async def lock_tenant(self, tenant_id: str) -> None:
+        await self.conn.execute(admission.LOCK_TENANT, {"t": tenant_id})
+
+    async def find(self, tenant_id: str, idempotency_key: str) -> runs.Found | None:
+        return await runs.find(self.conn, tenant_id, idempotency_key)
+
+    async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
+                     at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+        return await runs.create(self.conn, created, idempotency_key=idempotency_key, input_hash=input_hash,
+                                 partition=partition, at_once=at_once, announce=announce)

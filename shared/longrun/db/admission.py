@@ -51,3 +51,7 @@ def admit_best() -> TextClause:
 
 
 ADMIT_BEST = admit_best()
+
+LOCK_TENANT = text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))")
+"""A tenant's admission lock (``:t``), held to the end of the transaction: creates and admissions of
+one tenant count its slots one after another."""

@@ -1,16 +1,18 @@
-"""The operator's and the gateway's transaction (``app.ports.RunTransaction``) in memory: the
-``World``'s tables, inside ``World.in_transaction`` (all or nothing)."""
+"""The scheduler's, the operator's and the gateway's transaction (``app.ports.RunTransaction``) in
+memory: the ``World``'s tables, inside ``World.in_transaction`` (all or nothing)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from longrun.app.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import StoredRun
-from longrun.domain import RunStatus
+from longrun.db.runs import AtOnce, Found, StoredRun
+from longrun.db.schema import QUEUED_STATUS
+from longrun.domain import TERMINAL, RunStatus
 from longrun.domain import events as ev
 
 if TYPE_CHECKING:
@@ -63,3 +65,30 @@ class MemoryTransaction:
     async def matched(self, provider: str, event_id: str, run_id: str) -> None:
         event, _ = self.world.kept[(provider, event_id)]
         self.world.kept[(provider, event_id)] = (event, run_id)
+
+    async def lock_tenant(self, tenant_id: str) -> None:
+        """Nothing to wait for: the memory world runs one transaction at a time."""
+
+    async def find(self, tenant_id: str, idempotency_key: str) -> Found | None:
+        return self.store.find(tenant_id, idempotency_key)
+
+    async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
+                     at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+        room = self._has_room(created.tenant_id, at_once.slots)  # counted before the run exists, as one statement
+        stored = self.store.create(created, idempotency_key=idempotency_key, input_hash=input_hash,
+                                   partition=partition)
+        if stored is None:
+            return None
+        self.world.send(announce)
+        if not room:
+            return stored
+        self.store.admit(created.run_id)
+        self.world.send([at_once.wakeup])
+        return replace(stored, admitted=True)
+
+    def _has_room(self, tenant_id: str, slots: int) -> bool:
+        """As ``db.admission.TENANT_SLOTS``: fewer admitted open runs than slots, and none queued."""
+        rows = [r for r in self.store.runs.values() if r.tenant_id == tenant_id]
+        active = sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL)
+        queued = any(not r.admitted and r.snapshot.status is QUEUED_STATUS for r in rows)
+        return active < slots and not queued

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import effects, operate, reconcile, reconcile_leases, webhooks
+from longrun.app import admit, effects, operate, reconcile, reconcile_leases, timers, webhooks
 from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
 from longrun.app.webhooks import Translated
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
@@ -39,7 +39,6 @@ from longrun.domain import (
     PinnedVersions,
     RunSnapshot,
     RunStatus,
-    Usage,
     WaitForEvent,
     WaitForUser,
     WakeReason,
@@ -48,8 +47,8 @@ from longrun.domain import (
     thaw,
 )
 from longrun.domain import events as ev
-from longrun.envelope import Envelope
-from longrun.errors import ActionOutcomeUnknown, DomainError, ToolRejected, ToolUnavailable
+from longrun.envelope import Envelope, make
+from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
 from longrun.db import outbox
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
@@ -63,6 +62,9 @@ HELD = frozenset(RunStatus(s) for s in reconcile._HELD)
 WAKEABLE = reconcile_leases._WAKEABLE
 """An expired lease of these gets a wakeup (``app.reconcile_leases._WAKEABLE``)."""
 T = TypeVar("T")
+SLOTS = 1_000
+"""Every tenant's slots: the memory world admits every run at creation (it runs no admission loop)."""
+MAX_INPUT_BYTES = 262_144
 
 
 # -- the far side -------------------------------------------------------------------------------------
@@ -300,42 +302,34 @@ class World:
     # -- the scheduler (app/admit.py) ------------------------------------------------------------------
     def create(self, *, tenant_id: str, key: str, kind: str, goal: Mapping[str, Any],
                tool_calls: int = 50) -> str:
-        found = self.store.find(tenant_id, key)
-        if found is not None:
-            return found.run_id
-        run_id = self.new_id("run")
-        created = ev.RunCreated(seq=1, at=self.clock(), run_id=run_id, tenant_id=tenant_id, kind=kind,
-                                goal=freeze(dict(goal)), budget=Usage(model_calls=5, tool_calls=tool_calls, cost=5.0),  # type: ignore[arg-type]
-                                versions=self.kinds.newest(kind).versions)
-        with self.store.transaction():
-            stored = self.store.create(created, idempotency_key=key, input_hash="h" * 64, partition=0)
-            assert stored is not None
-            self.store.admit(run_id)
-            self.wake(stored, "admitted")
-        return run_id
+        """The scheduler's create (``app.admit.create_run``): the run (or the one made under ``key``),
+        announced and admitted at once; its id."""
+        request = make("run.create", {"workflow": kind, "idempotency_key": key, "input": dict(goal),
+                                      "budget": {"model_calls": 5, "tool_calls": tool_calls, "cost_usd": 5.0}},
+                       producer="memory", tenant_id=tenant_id)
+        answer = self.in_transaction(lambda tx: admit.create_run(
+            tx, request, kinds=self.kinds, partitions=1, slots=SLOTS, max_input_bytes=MAX_INPUT_BYTES,
+            clock=self.clock, new_id=lambda: self.new_id("run")))
+        if "run_id" not in answer:
+            raise ValueError(f"create refused: {answer}")
+        return str(answer["run_id"])
 
     # -- the timer service (app/timers.py, wait timers) -------------------------------------------------
     def fire_due_timers(self) -> int:
+        """The timer service's batch through the domain (``app.timers.plan_batch``; the bulk SQL path
+        is held to it by tests/integration/test_differential_timers.py): how many timers fired."""
         with self.store.transaction():
             claimed = self.store.claim_due(limit=10_000)
-            due = [] if claimed is None else claimed.timers
-            marked: list[str] = []
-            for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
-                stored = self.store.load(timer.run_id)
-                assert stored is not None
-                wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
-                assert isinstance(wait_id, str) and reason in ("timer", "deadline"), timer
-                event = ev.RunWoken(seq=stored.seq(1), at=self.clock(), wait_id=wait_id, reason=WakeReason(reason))
-                try:
-                    after = self.store.append(stored, [event])
-                except DomainError:
-                    marked.append(timer.timer_key)  # refused by the domain: skipped, and never again
-                    continue
-                if after.snapshot.revision != stored.snapshot.revision and after.snapshot.status is _S.READY:
-                    self.wake(after, f"timer:{timer.kind}")
-                marked.append(timer.timer_key)
-            self.store.mark_fired(marked)
-        return len(marked)
+            if claimed is None:
+                return 0
+            ordered = sorted(claimed.timers, key=lambda t: (t.run_id, t.wake_at))
+            current = {t.run_id: self.store.load(t.run_id) for t in ordered}
+            fired = timers.plan_batch(ordered, current, at=self.clock(), now=claimed.now,  # type: ignore[arg-type]
+                                      producer="timer", kinds=self.kinds)
+            self.store.write_many(fired.plans)
+            self.send([m for sent in fired.messages.values() for m in sent])
+            self.store.mark_fired(list(fired.outcomes))
+        return len(fired.outcomes)
 
     # -- one transaction of the runtime's use cases ---------------------------------------------------
     def in_transaction(self, use_case: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
