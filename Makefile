@@ -28,6 +28,7 @@ topology: install
 schemas: install
 	$(PY) -m longrun.envelope.export schemas
 	$(PY) -m longrun.bus.asyncapi schemas/asyncapi.yaml
+	$(PY) -m longrun.config_reference docs/configuration.md
 
 run: install migrate
 	$(PY) -m longrun.demo.up

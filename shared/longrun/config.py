@@ -156,6 +156,7 @@ class Settings:
     statements, its commit, one wake through the domain); 500 fired 10,000 due at once 20-30 %
     faster than 200 (docs/cost-model.md), and holds its runs' locks for tens of milliseconds."""
     log_level: str
+    """Lowest level of the log records the process writes to stderr."""
     otel_exporter: str
     """Where spans go: "none" (propagate traceparents only) or "console"."""
     startup_patience: float
@@ -163,6 +164,7 @@ class Settings:
     health_port: int
     """Port for /healthz and /readyz; 0 turns the probe server off."""
     gateway_port: int
+    """Port the gateway's HTTP server (webhooks and the operator API) listens on."""
     webhook_secret: str
     """HMAC secret shared with webhook senders."""
     operator_tokens: tuple[str, ...]
@@ -183,8 +185,11 @@ class Settings:
     model: str
     """Model adapter: "scripted" (deterministic demo script) or "openai" (an OpenAI-compatible server)."""
     model_url: str
+    """Base URL of the OpenAI-compatible API the worker calls when ``LONGRUN_MODEL`` is openai."""
     model_name: str
+    """Model the worker asks for at that API."""
     model_api_key: str
+    """API key for that API; keep it in a secret."""
     crash_points: tuple[str, ...]
     """Fault tests only: named crash points to arm (see longrun.faults); empty in production."""
     clock_skew: float
