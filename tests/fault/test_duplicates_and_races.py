@@ -57,8 +57,9 @@ async def test_two_workers_woken_for_one_run_at_once_only_the_lease_holder_write
 FROZEN_TRANSACTION_LIMIT = "3s"
 """A process frozen inside a transaction (SIGSTOP, a VM pause) holds the run's row lock, and every
 other writer of that run (the successor's lease take, the reconciler, webhooks, operators) waits
-on it, whatever the lease says. Only the database can break such a lock: deployments must set
-``idle_in_transaction_session_timeout`` (longrun itself does not; see docs/fault-matrix.md)."""
+on it, whatever the lease says. Only the database can break such a lock: its
+``idle_in_transaction_session_timeout``, which longrun sets on its connections from
+``LONGRUN_IDLE_TRANSACTION_TIMEOUT`` (docs/configuration.md)."""
 
 
 async def _two_workers_on_one_run(scenario: Scenario) -> None:
