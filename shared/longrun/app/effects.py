@@ -175,20 +175,28 @@ async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> Non
         await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": ADMISSION_CHANNEL, "t": tenant})
 
 
-async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
-    """A parked run's deadline and, for retries and sleeps, its wake-up time, as durable timers.
+def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
+    """The durable timers a parked run's wait needs (``timers.schedule``'s arguments): its deadline
+    and, for retries and sleeps, its wake-up time. Pure.
 
     The wait's times were computed from the deciding process's clock at ``decided_at``; only the
-    delays are kept, counted from the database's clock (a worker minutes fast must not delay a retry).
+    delays are kept, counted from the store's clock (a worker minutes fast must not delay a retry).
     """
     wait = run.wait
     if wait is None:
-        return
+        return []
+    due = []
     if wait.wake_at is not None:
-        await timers.schedule(conn, timer_key=f"{run.run_id}:{wait.wait_id}:wake", run_id=run.run_id,
-                              kind="retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
-                              delay=wait.wake_at - decided_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
+        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:wake", "run_id": run.run_id,
+                    "kind": "retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
+                    "delay": wait.wake_at - decided_at, "payload": {"wait_id": wait.wait_id, "reason": "timer"}})
     if wait.deadline is not None and wait.deadline != wait.wake_at:
-        await timers.schedule(conn, timer_key=f"{run.run_id}:{wait.wait_id}:deadline", run_id=run.run_id,
-                              kind="wait_deadline", delay=wait.deadline - decided_at,
-                              payload={"wait_id": wait.wait_id, "reason": "deadline"})
+        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:deadline", "run_id": run.run_id,
+                    "kind": "wait_deadline", "delay": wait.deadline - decided_at,
+                    "payload": {"wait_id": wait.wait_id, "reason": "deadline"}})
+    return due
+
+
+async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
+    for timer in wait_timers(run, decided_at=decided_at):
+        await timers.schedule(conn, **timer)

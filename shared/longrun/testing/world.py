@@ -287,17 +287,8 @@ class World:
         self.pending.append(effects.wake_message(stored, reason=reason, producer="memory").envelope)
 
     def schedule_wait_timers(self, run: RunSnapshot, *, decided_at: float) -> None:
-        wait = run.wait
-        if wait is None:
-            return
-        if wait.wake_at is not None:
-            self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:wake", run_id=run.run_id,
-                                kind="retry_backoff" if run.status is _S.RETRY_SCHEDULED else "sleep",
-                                delay=wait.wake_at - decided_at, payload={"wait_id": wait.wait_id, "reason": "timer"})
-        if wait.deadline is not None and wait.deadline != wait.wake_at:
-            self.store.schedule(timer_key=f"{run.run_id}:{wait.wait_id}:deadline", run_id=run.run_id,
-                                kind="wait_deadline", delay=wait.deadline - decided_at,
-                                payload={"wait_id": wait.wait_id, "reason": "deadline"})
+        for timer in effects.wait_timers(run, decided_at=decided_at):
+            self.store.schedule(**timer)
 
     # -- the scheduler (app/admit.py) ------------------------------------------------------------------
     def create(self, *, tenant_id: str, key: str, kind: str, goal: Mapping[str, Any],
