@@ -15,20 +15,22 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, is_dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import asdict, is_dataclass, replace
 from typing import Any, Protocol
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import admit, effects, operate, webhooks
+from longrun.app import admit, effects, operate, reconcile, reconcile_leases, webhooks
 from longrun.app.ports import LedgerOutcome
+from longrun.app.reconcile_store import PgReconcileStore
 from longrun.app.transaction import PgTransaction
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.authoring import Registry, RunKind
+from longrun.authoring import Registry, RunKind, ToolResult
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs, timers
 from longrun.db.driver import Pool
@@ -46,7 +48,9 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.envelope import make
-from longrun.workflows.steps import Steps
+from longrun.errors import ToolUnavailable
+from longrun.workflows.steps import ECHO, Steps
+from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.workers import MemoryWorkerStore
 from longrun.testing.world import World
@@ -55,9 +59,17 @@ pytestmark = pytest.mark.integration
 
 USE_CASES = {"admit": admit, "operate": operate, "webhooks": webhooks}
 """Called with a ``RunTransaction`` of the port's store, each call a transaction of its own."""
+SWEEPS = {"reconcile": reconcile, "reconcile_leases": reconcile_leases}
+"""Called with a ``ReconcileStore`` of the port's store: each sweep runs its transactions itself."""
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="contract-v1")
 TTL = 0.4
 """Lease seconds: short, because the real store's clock is PostgreSQL's and the test sleeps for real."""
+
+
+def _sent(envelopes: Iterable[Mapping[str, Any]], prefix: str) -> list[tuple[str, str, Any]]:
+    """Messages sent about the port's runs, in an order both stores agree on: type, run, reason or status."""
+    return sorted((e["type"], e["run_id"], e["payload"].get("reason", e["payload"].get("status")))
+                  for e in envelopes if str(e["run_id"]).startswith(prefix))
 
 
 class Port(Protocol):
@@ -89,6 +101,11 @@ class Real:
         if module in USE_CASES:
             async with self.engine.begin() as conn:
                 return await getattr(USE_CASES[module], function)(PgTransaction(conn), *args, **kwargs)
+        if module in SWEEPS:
+            return await getattr(SWEEPS[module], function)(PgReconcileStore(self.engine), *args, **kwargs)
+        if name == "outbox.sent":
+            async with self.engine.connect() as conn:
+                return _sent((await conn.execute(text("SELECT payload FROM outbox"))).scalars(), self.prefix)
         target = {"runs": runs, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
@@ -116,6 +133,11 @@ class Memory:
         if module in USE_CASES:
             with self.store.transaction():
                 return await getattr(USE_CASES[module], function)(MemoryTransaction(self.world), *args, **kwargs)
+        if module in SWEEPS:
+            return await getattr(SWEEPS[module], function)(MemoryReconcileStore(self.world), *args, **kwargs)
+        if name == "outbox.sent":
+            sent = (*self.world.pending, *self.world.broadcasts)
+            return _sent((e.model_dump(mode="json") for e in sent), self.prefix)
         if (module, function) == ("runs", "load"):
             kwargs.pop("lock", None)
         with self.store.transaction():
@@ -447,6 +469,98 @@ async def creates_are_admitted_at_once_while_their_tenant_has_room(port: Port, s
         await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
 
 
+# -- the reconciler's sweeps over a ReconcileStore -------------------------------------------------------
+
+LOOKED_UP, PURE_STEP, BLIND = "probe.open_pr", "probe.echo", "probe.post"
+EFFECTS = {LOOKED_UP: EffectKind.NON_IDEMPOTENT_WRITE, PURE_STEP: EffectKind.PURE,
+           BLIND: EffectKind.NON_IDEMPOTENT_WRITE}
+REQUEST = {"repo": "acme/payments", "title": "Upgrade payment-sdk"}
+FOUND = ToolResult("42", {"id": 42, **REQUEST})
+
+
+def _far_side(answers: Mapping[str, list[Any]]) -> Registry:
+    """``steps`` whose ``LOOKED_UP`` looks keys up in ``answers`` (in turn, the last again and again; an
+    exception is raised), ``PURE_STEP`` and ``BLIND`` without lookup; all keep ``ECHO``'s (never run)."""
+    async def lookup(key: str) -> ToolResult | None:
+        queue = answers.get(key, [None])
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    tools = {name: replace(ECHO, name=name, effect=effect, lookup=lookup if name == LOOKED_UP else None)
+             for name, effect in EFFECTS.items()}
+    return Registry([RunKind("steps", VERSIONS, Steps(), tools)])
+
+
+async def _submitted(port: Port, seen: list[Any], name: str, tool: str, *, unknown: bool) -> tuple[str, str]:
+    """A run whose worker submitted ``pr`` with ``tool``; ``unknown``: and then got no answer (the run
+    parked in ACTION_UNKNOWN, the ledger row UNKNOWN), else the row stays SUBMITTED. (run id, key)."""
+    stored = await new_run(port, seen, name)
+    run_id, key, digest, effect = stored.snapshot.run_id, f"{port.prefix}-{name}-pr", "d" * 64, EFFECTS[tool]
+    events: list[ev.RunEvent] = [
+        ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+        ev.ActionPrepared(seq=3, at=1001.0, logical_action="pr", tool=tool, tool_version="1", effect_kind=effect,
+                          idempotency_key=key, request_hash=digest),
+        ev.ActionSubmitted(seq=4, at=1001.0, logical_action="pr")]
+    if unknown:
+        events += [ev.ActionUnknown(seq=5, at=1002.0, logical_action="pr", cause="no answer"),
+                   ev.RunStatusChanged(seq=6, at=1002.0, to=RunStatus.ACTION_UNKNOWN, reason="pr: unknown")]
+    await observe(port, seen, "runs.append", stored, events, release_lease=True)
+    await observe(port, seen, "ledger.prepare", action_id=f"{port.prefix}-{name}-a", run_id=run_id,
+                  logical_action="pr", tool=tool, tool_version="1", effect_kind=effect.value, idempotency_key=key,
+                  request_hash=digest, request=dict(REQUEST), fencing_token=1)
+    if unknown:
+        await observe(port, seen, "ledger.record", key, ActionStatus.UNKNOWN)
+    return run_id, key
+
+
+async def actions_in_doubt_are_settled_by_what_the_far_side_answers(port: Port, seen: list[Any]) -> None:
+    # Found, contradicted, nothing, no lookup (pure; not to repeat), no answer yet; still out: ended run, live run.
+    cases = {"found": (LOOKED_UP, [FOUND]), "nothing": (LOOKED_UP, [None]), "pure": (PURE_STEP, []),
+             "clash": (LOOKED_UP, [ToolResult("43", {**REQUEST, "repo": "other"})]), "blind": (BLIND, []),
+             "flaky": (LOOKED_UP, [ToolUnavailable(LOOKED_UP, "down"), FOUND]), "ended": (LOOKED_UP, [FOUND]),
+             "live": (LOOKED_UP, [FOUND])}
+    kinds = _far_side({f"{port.prefix}-{name}-pr": answer for name, (_, answer) in cases.items()})
+    settled = [await _submitted(port, seen, name, tool, unknown=name not in ("ended", "live"))
+               for name, (tool, _) in cases.items()]
+    await observe(port, seen, "operate.terminate", settled[-2][0], actor="ops", reason="incident", clock=_at(1003.0))
+    # Once abandoned, the deferred claim and the terminated run's request are taken; a live run's never is.
+    for pause in (0.0, TTL * 2.5):
+        await port.sleep(pause)
+        await observe(port, seen, "reconcile.in_doubt", limit=50, abandoned_after=TTL)
+        for _ in range(2):  # the second sweep finds nothing left
+            await observe(port, seen, "reconcile.settle_in_doubt", kinds, limit=50, clock=_at(2000.0),
+                          abandoned_after=TTL)
+    for run_id, key in settled:
+        for name, arg in (("runs.load", run_id), ("runs.history", run_id), ("ledger.get", key)):
+            await observe(port, seen, name, arg)
+    await observe(port, seen, "outbox.sent")
+
+
+async def expired_leases_are_cleared_and_runs_with_work_woken(port: Port, seen: list[Any]) -> None:
+    wait = Wait(wait_id="w1", kind="ci", deadline=9000.0, correlation_key=f"ci/{port.prefix}")
+    after_taking: dict[str, list[ev.RunEvent]] = {
+        "running": [], "alive": [],
+        "failed": [ev.RunStatusChanged(seq=3, at=1002.0, to=RunStatus.FAILED, reason="gave up")],
+        "waiting": [ev.WaitStarted(seq=3, at=1002.0, status=RunStatus.WAITING_EVENT, wait=wait)]}
+    run_ids = []
+    for name, events in after_taking.items():
+        stored = await new_run(port, seen, name)
+        run_ids.append(stored.snapshot.run_id)
+        fence = await observe(port, seen, "runs.take_lease", run_ids[-1], name, 30 if name == "alive" else TTL)
+        await observe(port, seen, "runs.append", stored, [
+            ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"), *events], fence=fence)
+    await observe(port, seen, "reconcile_leases.rewake_expired", limit=10)
+    await port.sleep(TTL * 2.5)
+    # Every expired lease is cleared; only the run a worker has work for is woken, once.
+    for _ in range(2):
+        await observe(port, seen, "reconcile_leases.rewake_expired", limit=10)
+    for run_id in run_ids:
+        await observe(port, seen, "runs.load", run_id)
+    await observe(port, seen, "outbox.sent")
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -461,6 +575,8 @@ SCENARIOS: list[Scenario] = [
     operators_decide_only_what_is_asked_by_whom_it_names,
     webhooks_match_a_waiting_run_now_or_when_it_waits,
     creates_are_admitted_at_once_while_their_tenant_has_room,
+    actions_in_doubt_are_settled_by_what_the_far_side_answers,
+    expired_leases_are_cleared_and_runs_with_work_woken,
 ]
 
 

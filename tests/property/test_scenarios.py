@@ -12,15 +12,14 @@ from collections.abc import Callable
 
 import pytest
 
+from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
 from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.domain import events as ev
 from longrun.testing.invariants import _history, _ledger
 from longrun.testing.workers import MemoryWorker, Steps
 from longrun.testing.world import (
-    ABANDONED_AFTER,
     APPROVAL_ID,
-    ENDED_WHILE_SUBMITTED,
     GATED_KIND,
     PUBLISH,
     FarSide,

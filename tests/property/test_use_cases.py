@@ -30,13 +30,13 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from longrun.app.reconcile import ABANDONED_AFTER
 from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.errors import DomainError
 from longrun.testing.invariants import _history, _ledger
 from longrun.testing.workers import MemoryWorker, Steps
 from longrun.testing.world import (
-    ABANDONED_AFTER,
     APPROVAL_ID,
     FAULTS,
     GATED_KIND,

@@ -1,10 +1,12 @@
 """What the use cases ask of storage: the worker's step loop (``app.advance.Advancer``) a
-``WorkerStore``, the operator's and the gateway's a ``RunTransaction``.
+``WorkerStore``, the operator's and the gateway's a ``RunTransaction``, the reconciler's sweeps that
+move runs (actions in doubt, expired leases) a ``ReconcileStore``.
 
-Two adapters keep each contract: PostgreSQL (``app.worker_store``, ``app.transaction``: the
-runtime, with its one-statement fast paths) and memory (``longrun.testing.workers``,
-``longrun.testing.transaction``: for property tests and run kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the same calls against
-both and demands the same answers.
+Two adapters keep each contract: PostgreSQL (``app.worker_store``, ``app.transaction``,
+``app.reconcile_store``: the runtime, with its one-statement fast paths) and memory
+(``longrun.testing.workers``, ``longrun.testing.transaction``, ``longrun.testing.reconcile_store``:
+for property tests and run kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the
+same calls against both and demands the same answers.
 
 Every write is guarded by the run's expected revision and the worker's fence: ``LeaseLost`` when
 the fence no longer matches the stored lease, ``StaleRevision`` when someone appended meanwhile;
@@ -13,14 +15,15 @@ either way nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
 from longrun.db.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
-from longrun.domain import ActionStatus
+from longrun.domain import ActionStatus, RunStatus
 from longrun.domain.events import RunCreated, RunEvent
 
 if TYPE_CHECKING:
@@ -125,3 +128,81 @@ class RunTransaction(Protocol):
                      at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
         """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
         its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class Doubtful:
+    """An action's ledger row as a reconciler claims it: what to ask the far side and how to judge
+    the answer, and ``stale``: last written more than ``abandoned_after`` ago by the store's clock."""
+
+    idempotency_key: str
+    tool: str
+    effect_kind: str
+    request: Mapping[str, Any]
+    status: str
+    last_error: str | None
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    """A lease the reconciler cleared, as it was: whose it was and under which fencing token."""
+
+    run_id: str
+    lease_owner: str
+    fencing_token: int
+
+
+class ReconcileTransaction(Protocol):
+    """What the reconciler's run-moving sweeps (``app.reconcile``, ``app.reconcile_leases``) do inside one
+    transaction: all of it commits together or none of it does."""
+
+    async def lock_run(self, run_id: str) -> StoredRun | None:
+        """The run, locked until the transaction ends; None when it does not exist or another
+        transaction holds it (skipped, not waited for: left for the next sweep)."""
+
+    async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
+        """``lock``: held until the transaction ends (another writer of the run waits)."""
+
+    async def load_many(self, run_ids: Sequence[str]) -> dict[str, StoredRun]: ...
+
+    async def doubtful(self, run_id: str, logical_action: str, *, abandoned_after: float) -> Doubtful | None:
+        """The action's ledger row, locked until the transaction ends."""
+
+    async def latest_claim(self, run_id: str, logical_action: str) -> int | None:
+        """Seq of the action's latest ``action.reconciliation_started``."""
+
+    async def ledger_status(self, idempotency_key: str) -> str | None: ...
+
+    async def append(self, stored: StoredRun, events: Sequence[RunEvent]) -> StoredRun:
+        """As ``RunTransaction.append``."""
+
+    async def record(self, outcome: LedgerOutcome) -> None:
+        """The ledger row's status and columns; restarts its staleness."""
+
+    async def send(self, messages: Sequence[outbox.Message]) -> None:
+        """Published once the transaction commits (the outbox)."""
+
+    async def register(self, artifact: Artifact, run_id: str) -> None:
+        """An uploaded receipt, referenced from the run."""
+
+    async def clear_expired(self, limit: int) -> list[ExpiredLease]:
+        """Up to ``limit`` expired leases, earliest expiry first, cleared (their runs locked;
+        those another transaction holds are skipped)."""
+
+    async def clear_one_expired(self, skipping: Collection[str]) -> ExpiredLease | None:
+        """As ``clear_expired`` for the earliest one outside ``skipping``."""
+
+
+class ReconcileStore(Protocol):
+    """The reconciler's storage: a read of candidates, and one transaction per claim, settlement or sweep,
+    so no transaction is held while the far side is asked."""
+
+    async def in_doubt(self, *, limit: int, abandoned_after: float,
+                       held: Collection[RunStatus]) -> list[tuple[str, str]]:
+        """(run_id, logical_action) of up to ``limit`` actions from each of three sources, each oldest
+        first, one source after the other (a pair may repeat): ledger rows UNKNOWN, or RECONCILING
+        and stale; runs in ``held`` whose snapshot lists an UNKNOWN action; ledger rows SUBMITTED
+        and stale under a finished run. Staleness is ``abandoned_after`` by the store's clock."""
+
+    def transaction(self) -> AbstractAsyncContextManager[ReconcileTransaction]: ...

@@ -1,12 +1,13 @@
 """Settling actions in doubt, and the reconciler's entry: the service runs every sweep from this module.
 
 Responsibility:
-- ``reconcile_unknown``: ask the far side, by idempotency key, what became of each action
-  whose outcome is UNKNOWN, and record CONFIRMED, RETRYABLE or NEEDS_ATTENTION (seed 004
-  section 5: deterministic queries per tool, no model; a person only when the far side cannot
-  be asked, fails, or contradicts the request). An action still SUBMITTED under a run that
-  ended (terminated, timed out, out of budget) with no outcome recorded is in doubt too: once
-  ``abandoned_after`` passed it is marked UNKNOWN (a late event) and settled the same way.
+- ``settle_in_doubt`` (``reconcile_unknown`` on PostgreSQL): ask the far side, by idempotency
+  key, what became of each action whose outcome is UNKNOWN, and record CONFIRMED, RETRYABLE or
+  NEEDS_ATTENTION (seed 004 section 5: deterministic queries per tool, no model; a person only
+  when the far side cannot be asked, fails, or contradicts the request). An action still
+  SUBMITTED under a run that ended (terminated, timed out, out of budget) with no outcome
+  recorded is in doubt too: once ``abandoned_after`` passed it is marked UNKNOWN (a late event)
+  and settled the same way.
 - The other sweeps live in modules of their own and are imported here for the service:
   expired leases in ``reconcile_leases``, alerts on silent runs and on drift in
   ``reconcile_alerts``, dead letters in ``reconcile_dead_letters``; the producer name and the
@@ -31,6 +32,9 @@ Invariants:
   CANCELLING run is woken too: it finishes cancelling once its actions are settled).
 - Several replicas may run every sweep at once; each sweep's module says how. Here claims
   lock the run with SKIP LOCKED.
+- The decisions are written once, against ``app.ports.ReconcileStore``: PostgreSQL in
+  ``app.reconcile_store`` (``reconcile_unknown``, the service's entry), memory in
+  ``longrun.testing.reconcile_store`` (the property tests' world).
 """
 
 from __future__ import annotations
@@ -41,36 +45,32 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
+from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
 from longrun.app.reconcile_alerts import check_drift, flag_silent_runs
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
-from longrun.app.reconcile_leases import rewake_expired_leases, seconds_until_a_lease_expires
-from longrun.artifacts import INLINE_LIMIT, ArtifactStore, register
+from longrun.app.reconcile_leases import rewake_expired, rewake_expired_leases, seconds_until_a_lease_expires
+from longrun.app.reconcile_store import PgReconcileStore
+from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
-from longrun.db import actions as ledger
-from longrun.db import runs
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
-from longrun.db.schema import actions, run_events
-from longrun.db.schema import runs as runs_table
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, evolve, freeze
 from longrun.domain import events as ev
 from longrun.errors import TransientError
 
 __all__ = [
     # Settling actions in doubt (this module).
-    "ABANDONED_AFTER", "ENDED_WHILE_SUBMITTED", "FOUND_NOTE", "Verdict", "contradictions", "look_up",
-    "reconcile_unknown",
+    "ABANDONED_AFTER", "ENDED_WHILE_SUBMITTED", "FOUND_NOTE", "Verdict", "contradictions", "in_doubt", "look_up",
+    "reconcile_unknown", "settle_in_doubt",
     # The other sweeps and the counters, as the reconciler service runs and reports them.
-    "METRICS", "check_drift", "flag_silent_runs", "ingest_quarantine_queue", "rewake_expired_leases",
-    "seconds_until_a_lease_expires",
+    "METRICS", "check_drift", "flag_silent_runs", "ingest_quarantine_queue", "rewake_expired",
+    "rewake_expired_leases", "seconds_until_a_lease_expires",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ _A = ActionStatus
 # Re-running these is safe by their effect kind, so a tool without a lookup needs no person.
 _REPEATABLE = frozenset({EffectKind.PURE, EffectKind.READ, EffectKind.IDEMPOTENT_WRITE})
 # Open statuses an unreconciled action can leave a run in: parked for it, or paused or cancelled on top.
-_HELD = (RunStatus.ACTION_UNKNOWN.value, RunStatus.PAUSED.value, RunStatus.CANCELLING.value)
+_HELD = (RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.CANCELLING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +110,23 @@ class _Claim:
 async def reconcile_unknown(engine: AsyncEngine, registry: Registry, *, limit: int, clock: Callable[[], float],
                             artifacts: ArtifactStore | None = None,
                             abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
+    """``settle_in_doubt`` on PostgreSQL: the reconciler service's sweep."""
+    return await settle_in_doubt(PgReconcileStore(engine, artifacts), registry, limit=limit, clock=clock,
+                                 artifacts=artifacts, abandoned_after=abandoned_after)
+
+
+async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: int, clock: Callable[[], float],
+                          artifacts: ArtifactStore | None = None,
+                          abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
     """Settle up to ``limit`` actions in doubt; returns how many ended each way (outcome name,
     ``deferred`` when the far side could not answer, ``superseded`` when another claim won).
 
     Without ``artifacts`` every receipt is kept inline, whatever its size.
     """
-    async with engine.connect() as conn:
-        candidates = await _in_doubt(conn, limit=limit, abandoned_after=abandoned_after)
     claims: list[_Claim] = []
     tally: Counter[str] = Counter()
-    for run_id, logical_action in candidates:
-        claimed = await _isolated(_claim(engine, registry, run_id, logical_action, clock=clock,
+    for run_id, logical_action in await in_doubt(store, limit=limit, abandoned_after=abandoned_after):
+        claimed = await _isolated(_claim(store, registry, run_id, logical_action, clock=clock,
                                          abandoned_after=abandoned_after), f"claim {run_id}/{logical_action}")
         if isinstance(claimed, _Claim):
             claims.append(claimed)
@@ -128,7 +134,7 @@ async def reconcile_unknown(engine: AsyncEngine, registry: Registry, *, limit: i
             tally[claimed.value] += 1
     verdicts = await asyncio.gather(*(look_up(c.tool, c.idempotency_key, c.request) for c in claims))
     for claim, verdict in zip(claims, verdicts, strict=True):
-        settled = await _isolated(_settle(engine, claim, verdict, clock=clock, artifacts=artifacts),
+        settled = await _isolated(_settle(store, claim, verdict, clock=clock, artifacts=artifacts),
                                   f"settle {claim.run_id}/{claim.logical_action}")
         if isinstance(settled, str):
             tally[settled] += 1
@@ -166,8 +172,9 @@ def contradictions(request: Mapping[str, Any], found: Mapping[str, Any]) -> list
     return sorted(name for name, value in request.items() if name in found and found[name] != value)
 
 
-async def _in_doubt(conn: AsyncConnection, *, limit: int, abandoned_after: float) -> list[tuple[str, str]]:
-    """(run_id, logical_action) of actions to claim, oldest first.
+async def in_doubt(store: ReconcileStore, *, limit: int,
+                   abandoned_after: float = ABANDONED_AFTER) -> list[tuple[str, str]]:
+    """(run_id, logical_action) of up to ``limit`` actions to claim, oldest first.
 
     Three sources, because none alone sees them all: ledger rows UNKNOWN (or RECONCILING and
     abandoned); held runs whose snapshot lists an UNKNOWN action (the snapshot is the
@@ -176,74 +183,55 @@ async def _in_doubt(conn: AsyncConnection, *, limit: int, abandoned_after: float
     timed out, out of budget) while the request was out and the worker never recorded what
     became of it, and no worker will come back for a finished run.
     """
-    stale = func.now() - timedelta(seconds=abandoned_after)
-    rows = await conn.execute(
-        select(actions.c.run_id, actions.c.logical_action)
-        .where(or_(actions.c.status == _A.UNKNOWN.value,
-                   and_(actions.c.status == _A.RECONCILING.value, actions.c.updated_at < stale)))
-        .order_by(actions.c.updated_at).limit(limit))
-    found = [(r.run_id, r.logical_action) for r in rows]
-    held = await conn.execute(
-        select(runs_table.c.run_id, runs_table.c.snapshot["actions"].label("actions"))
-        .where(runs_table.c.status.in_(_HELD),
-               runs_table.c.snapshot["actions"].contains([{"status": _A.UNKNOWN.value}]))
-        .order_by(runs_table.c.updated_at).limit(limit))
-    for row in held:
-        found += [(row.run_id, a["logical_action"]) for a in row.actions if a["status"] == _A.UNKNOWN.value]
-    orphans = await conn.execute(
-        select(actions.c.run_id, actions.c.logical_action)
-        .join(runs_table, runs_table.c.run_id == actions.c.run_id)
-        .where(actions.c.status == _A.SUBMITTED.value, actions.c.updated_at < stale,
-               runs_table.c.status.in_([s.value for s in TERMINAL]))
-        .order_by(actions.c.updated_at).limit(limit))
-    found += [(r.run_id, r.logical_action) for r in orphans]
+    found = await store.in_doubt(limit=limit, abandoned_after=abandoned_after, held=_HELD)
     return list(dict.fromkeys(found))[:limit]
 
 
-async def _claim(engine: AsyncEngine, registry: Registry, run_id: str, logical_action: str, *,
+async def _claim(store: ReconcileStore, registry: Registry, run_id: str, logical_action: str, *,
                  clock: Callable[[], float], abandoned_after: float) -> _Claim | ActionStatus | None:
     """Commit RECONCILING; settle at once when no lookup exists. None when there is nothing to claim."""
-    async with engine.begin() as conn:
-        # SKIP LOCKED: a run another replica (or a worker) is writing is left for the next sweep.
-        if (await conn.execute(select(runs_table.c.run_id).where(runs_table.c.run_id == run_id)
-                               .with_for_update(skip_locked=True))).first() is None:
-            return None
-        stored = await runs.load(conn, run_id)
-        row = (await conn.execute(
-            select(actions, (actions.c.updated_at < func.now() - timedelta(seconds=abandoned_after)).label("stale"))
-            .where(actions.c.run_id == run_id, actions.c.logical_action == logical_action)
-            .with_for_update())).first()
+    async with store.transaction() as tx:
+        # A run another replica (or a worker) is writing is left for the next sweep.
+        stored = await tx.lock_run(run_id)
+        row = None if stored is None else await tx.doubtful(run_id, logical_action, abandoned_after=abandoned_after)
         if stored is None or row is None:
             return None
-        record = stored.snapshot.action(logical_action)
-        # Events for a finished run are stored, not applied: its ledger row is what moves on.
-        status = ActionStatus(row.status) if stored.snapshot.status in TERMINAL or record is None else record.status
         at = clock()
-        if status is _A.UNKNOWN:
-            events: list[ev.RunEvent] = []
-        elif status is _A.SUBMITTED and stored.snapshot.status in TERMINAL and row.stale:
-            # Stored as late events (the run is finished); the ledger row is what moves on.
-            events = [ev.ActionUnknown(seq=stored.seq(1), at=at, logical_action=logical_action,
-                                       cause=ENDED_WHILE_SUBMITTED)]
-        elif status is _A.RECONCILING and (row.stale or row.status != _A.RECONCILING.value):
-            note = f"the previous reconciliation did not finish ({row.last_error or 'the reconciler stopped'})"
-            events = [ev.ActionReconciled(seq=stored.seq(1), at=at, logical_action=logical_action,
-                                          outcome=_A.UNKNOWN, note=note)]
-        else:
+        events = _claim_events(stored, row, logical_action, at=at)
+        if events is None:
             return None
-        events.append(ev.ReconciliationStarted(seq=stored.seq(len(events) + 1), at=at,
-                                               logical_action=logical_action))
         tool = _tool(registry, stored, row.tool)
         if tool is None or tool.lookup is None:
             verdict = _without_lookup(row.tool, EffectKind(row.effect_kind), known=tool is not None)
-            await _record(conn, stored, events, logical_action, row.idempotency_key, row.tool, verdict, at=at)
+            await _record(tx, stored, events, logical_action, row.idempotency_key, row.tool, verdict, at=at)
             assert verdict.outcome is not None
             return verdict.outcome
-        after = await runs.append(conn, stored, events)
-        await ledger.record(conn, row.idempotency_key, _A.RECONCILING, last_error=None)
-        await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER,
-                                cause=f"reconciler:{row.idempotency_key}")
+        after = await tx.append(stored, events)
+        await tx.record(LedgerOutcome(row.idempotency_key, _A.RECONCILING, {"last_error": None}))
+        await _broadcast(tx, stored, after, row.idempotency_key)
         return _Claim(run_id, logical_action, row.idempotency_key, row.request, tool, events[-1].seq)
+
+
+def _claim_events(stored: StoredRun, row: Doubtful, logical_action: str, *, at: float) -> list[ev.RunEvent] | None:
+    """A claim's events, ending with ``action.reconciliation_started``; None when the action is not in doubt."""
+    record = stored.snapshot.action(logical_action)
+    finished = stored.snapshot.status in TERMINAL
+    # Events for a finished run are stored, not applied: its ledger row is what moves on.
+    status = ActionStatus(row.status) if finished or record is None else record.status
+    events: list[ev.RunEvent]
+    if status is _A.UNKNOWN:
+        events = []
+    elif status is _A.SUBMITTED and finished and row.stale:
+        events = [ev.ActionUnknown(seq=stored.seq(1), at=at, logical_action=logical_action,
+                                   cause=ENDED_WHILE_SUBMITTED)]
+    elif status is _A.RECONCILING and (row.stale or row.status != _A.RECONCILING.value):
+        note = f"the previous reconciliation did not finish ({row.last_error or 'the reconciler stopped'})"
+        events = [ev.ActionReconciled(seq=stored.seq(1), at=at, logical_action=logical_action,
+                                      outcome=_A.UNKNOWN, note=note)]
+    else:
+        return None
+    events.append(ev.ReconciliationStarted(seq=stored.seq(len(events) + 1), at=at, logical_action=logical_action))
+    return events
 
 
 def _tool(registry: Registry, stored: StoredRun, name: str) -> Tool | None:
@@ -283,20 +271,16 @@ async def _keep(found: ToolResult, artifacts: ArtifactStore | None) -> _Receipt:
     return _Receipt({"artifact": ref, "size": len(body), "external_id": found.external_id}, ref, len(body))
 
 
-async def _settle(engine: AsyncEngine, claim: _Claim, verdict: Verdict, *, clock: Callable[[], float],
+async def _settle(store: ReconcileStore, claim: _Claim, verdict: Verdict, *, clock: Callable[[], float],
                   artifacts: ArtifactStore | None) -> str:
     receipt = None
     if verdict.outcome is _A.CONFIRMED and verdict.found is not None:
         receipt = await _keep(verdict.found, artifacts)
-    async with engine.begin() as conn:
-        stored = await runs.load(conn, claim.run_id, lock=True)
+    async with store.transaction() as tx:
+        stored = await tx.load(claim.run_id, lock=True)
         assert stored is not None, "a claimed action's run exists"
-        latest = (await conn.execute(
-            select(func.max(run_events.c.seq))
-            .where(run_events.c.run_id == claim.run_id, run_events.c.type == ev.ReconciliationStarted.type,
-                   run_events.c.data["logical_action"].astext == claim.logical_action))).scalar()
-        status = (await conn.execute(select(actions.c.status)
-                                     .where(actions.c.idempotency_key == claim.idempotency_key))).scalar()
+        latest = await tx.latest_claim(claim.run_id, claim.logical_action)
+        status = await tx.ledger_status(claim.idempotency_key)
         # Another claim started since, or an operator settled the action meanwhile: theirs stands.
         if latest != claim.started_seq or status != _A.RECONCILING.value:
             logger.info("run %s: the claim of %s at seq %d was superseded (latest claim %s, action %s); "
@@ -305,19 +289,17 @@ async def _settle(engine: AsyncEngine, claim: _Claim, verdict: Verdict, *, clock
             return "superseded"
         if verdict.outcome is None:
             # Touching the row restarts the abandonment clock: the next attempt waits abandoned_after.
-            await ledger.record(conn, claim.idempotency_key, _A.RECONCILING, last_error=verdict.note)
+            await tx.record(LedgerOutcome(claim.idempotency_key, _A.RECONCILING, {"last_error": verdict.note}))
             logger.warning("run %s: %s stays RECONCILING: %s", claim.run_id, claim.logical_action, verdict.note)
             return "deferred"
         if receipt is not None and receipt.ref is not None:
-            assert artifacts is not None
-            await register(conn, artifacts, receipt.ref, size=receipt.size, media_type="application/json",
-                           run_id=claim.run_id)
-        await _record(conn, stored, [], claim.logical_action, claim.idempotency_key, claim.tool.name, verdict,
+            await tx.register(Artifact(receipt.ref, receipt.size), claim.run_id)
+        await _record(tx, stored, [], claim.logical_action, claim.idempotency_key, claim.tool.name, verdict,
                       at=clock(), receipt=receipt)
         return verdict.outcome.value
 
 
-async def _record(conn: AsyncConnection, stored: StoredRun, claim_events: Sequence[ev.RunEvent],
+async def _record(tx: ReconcileTransaction, stored: StoredRun, claim_events: Sequence[ev.RunEvent],
                   logical_action: str, key: str, tool: str, verdict: Verdict, *, at: float,
                   receipt: _Receipt | None = None) -> None:
     """Append the claim's events (if any) and the verdict's; update the ledger; broadcast; wake if there is work."""
@@ -335,17 +317,25 @@ async def _record(conn: AsyncConnection, stored: StoredRun, claim_events: Sequen
         # The escalated action still holds the run; nothing but a person can move it on.
         events.append(ev.RunStatusChanged(seq=stored.seq(len(events) + 1), at=at, to=RunStatus.NEEDS_ATTENTION,
                                           reason=f"{logical_action}: {verdict.note}"))
-    after = await runs.append(conn, stored, events)
+    after = await tx.append(stored, events)
     fields: dict[str, Any] = {"last_error": verdict.note if verdict.outcome is _A.NEEDS_ATTENTION else None}
     if found is not None and receipt is not None:
         fields.update(external_id=found.external_id, receipt=receipt.value, receipt_ref=receipt.ref)
-    await ledger.record(conn, key, verdict.outcome, **fields)
-    await effects.broadcast(conn, stored.snapshot, after, producer=PRODUCER, cause=f"reconciler:{key}")
+    await tx.record(LedgerOutcome(key, verdict.outcome, fields))
+    await _broadcast(tx, stored, after, key)
     # A cancelling run waits for its actions to settle before it can finish: it has work again too.
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
-        await effects.wake(conn, after, reason=f"reconciled {logical_action}", producer=PRODUCER)
+        await tx.send([effects.wake_message(after, reason=f"reconciled {logical_action}", producer=PRODUCER)])
     logger.info("run %s: %s reconciled %s (%s)", stored.snapshot.run_id, logical_action, verdict.outcome.value,
                 verdict.note)
+
+
+async def _broadcast(tx: ReconcileTransaction, before: StoredRun, after: StoredRun, key: str) -> None:
+    """The status change, for downstream consumers. Reconciling never finishes a run (a finished run's
+    events are stored, not applied), so no tenant slot is freed here."""
+    message = effects.broadcast_message(before.snapshot, after, producer=PRODUCER, cause=f"reconciler:{key}")
+    if message is not None:
+        await tx.send([message])
 
 
 def _status_after(stored: StoredRun, events: Sequence[ev.RunEvent]) -> RunStatus:

@@ -1,7 +1,9 @@
 """The reconciler's sweep of expired leases: a run whose worker stopped renewing its lease gets one wakeup.
 
 Responsibility:
-- ``rewake_expired_leases``: clear expired leases, waking each run a worker has work for.
+- ``rewake_expired`` (``rewake_expired_leases`` on PostgreSQL): clear expired leases, waking each
+  run a worker has work for; written against ``app.ports.ReconcileStore`` (PostgreSQL:
+  ``app.reconcile_store``, memory: ``longrun.testing.reconcile_store``).
 - ``seconds_until_a_lease_expires``: how long the service may sleep before the next lease runs out.
 
 Invariants:
@@ -14,14 +16,14 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
+from longrun.app.ports import ExpiredLease, ReconcileStore
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.db import outbox, runs
+from longrun.app.reconcile_store import PgReconcileStore
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.domain import RunStatus
@@ -30,22 +32,6 @@ logger = logging.getLogger(__name__)
 
 # A worker has something to do for these once the lease is free; the rest are parked or finished.
 _WAKEABLE = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLING})
-
-_EXPIRED = "lease_owner IS NOT NULL AND lease_until < now()"
-_CLEAR_EXPIRED = text(
-    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
-    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
-    "      ORDER BY lease_until LIMIT :limit FOR UPDATE SKIP LOCKED) AS e "
-    "WHERE r.run_id = e.run_id "
-    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
-_CLEAR_ONE_EXPIRED = text(
-    "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
-    f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "
-    "        AND run_id <> ALL(CAST(:failed AS text[])) "
-    "      ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED) AS e "
-    "WHERE r.run_id = e.run_id "
-    "RETURNING r.run_id, e.lease_owner, e.fencing_token")
-
 
 _NEXT_EXPIRY = text("SELECT extract(epoch FROM min(lease_until) - now()) FROM runs WHERE lease_owner IS NOT NULL")
 
@@ -58,6 +44,11 @@ async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
 
 
 async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
+    """``rewake_expired`` on PostgreSQL: the reconciler service's sweep."""
+    return await rewake_expired(PgReconcileStore(engine), limit=limit)
+
+
+async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
     """Clear up to ``limit`` expired leases, waking each run a worker has work for; returns the wakeups.
 
     The lease is cleared in the transaction that enqueues the wakeup, so each expiry wakes
@@ -72,54 +63,53 @@ async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
     by run, so one run that cannot be woken does not hold up the others.
     """
     try:
-        async with engine.begin() as conn:
-            expired = (await conn.execute(_CLEAR_EXPIRED, {"limit": limit})).all()
+        async with store.transaction() as tx:
+            expired = await tx.clear_expired(limit)
             if not expired:
                 return 0
-            stored = await runs.load_many(conn, [row.run_id for row in expired])
-            woken = [stored[row.run_id] for row in expired if stored[row.run_id].snapshot.status in _WAKEABLE]
-            await outbox.enqueue_many(conn, [effects.wake_message(s, reason="lease expired", producer=PRODUCER)
-                                             for s in woken])
+            stored = await tx.load_many([lease.run_id for lease in expired])
+            woken = [stored[lease.run_id] for lease in expired if stored[lease.run_id].snapshot.status in _WAKEABLE]
+            await tx.send([effects.wake_message(s, reason="lease expired", producer=PRODUCER) for s in woken])
     except Exception as e:
         if is_transient(e):
             raise
         logger.warning("re-waking expired leases together failed (%r); run by run", e)
-        return await _rewake_one_by_one(engine, limit=limit)
-    for row in expired:
-        _count_expiry(row, stored[row.run_id], wake=stored[row.run_id].snapshot.status in _WAKEABLE)
+        return await _rewake_one_by_one(store, limit=limit)
+    for lease in expired:
+        _count_expiry(lease, stored[lease.run_id], wake=stored[lease.run_id].snapshot.status in _WAKEABLE)
     return len(woken)
 
 
-async def _rewake_one_by_one(engine: AsyncEngine, *, limit: int) -> int:
+async def _rewake_one_by_one(store: ReconcileStore, *, limit: int) -> int:
     woken = 0
     failed: set[str] = set()
     for _ in range(limit):
         current: str | None = None
         try:
-            async with engine.begin() as conn:
-                row = (await conn.execute(_CLEAR_ONE_EXPIRED, {"failed": sorted(failed)})).first()
-                if row is None:
+            async with store.transaction() as tx:
+                lease = await tx.clear_one_expired(failed)
+                if lease is None:
                     break
-                current = row.run_id
-                stored = await runs.load(conn, row.run_id)
+                current = lease.run_id
+                stored = await tx.load(lease.run_id)
                 assert stored is not None
                 wake = stored.snapshot.status in _WAKEABLE
                 if wake:
-                    await effects.wake(conn, stored, reason="lease expired", producer=PRODUCER)
+                    await tx.send([effects.wake_message(stored, reason="lease expired", producer=PRODUCER)])
         except Exception as e:
             if is_transient(e) or current is None:
                 raise
             logger.exception("run %s: could not re-wake after its lease expired; skipped this sweep", current)
             failed.add(current)
             continue
-        _count_expiry(row, stored, wake=wake)
+        _count_expiry(lease, stored, wake=wake)
         woken += wake
     return woken
 
 
-def _count_expiry(row: Any, stored: StoredRun, *, wake: bool) -> None:
+def _count_expiry(lease: ExpiredLease, stored: StoredRun, *, wake: bool) -> None:
     METRICS["lease.expired"] += 1
     if wake:
         METRICS["lease.rewoken"] += 1
-    logger.info("run %s: lease %d of %s expired (%s)%s", row.run_id, row.fencing_token, row.lease_owner,
+    logger.info("run %s: lease %d of %s expired (%s)%s", lease.run_id, lease.fencing_token, lease.lease_owner,
                 stored.snapshot.status.value, "; woken" if wake else "")

@@ -1,12 +1,14 @@
-"""The ensemble around the workers, in memory, for property tests: the bus (pending and delivered
-wakeups), the scheduler's creation, the timer service, the gateway's webhook intake (inbox dedup,
-kept events matched when a wait starts), the operator API and the reconciler's sweeps (expired
-leases, actions in doubt), with the same rules as ``app/admit.py``, ``app/timers.py``,
-``app/webhooks.py``, ``app/operate.py`` and ``app/reconcile.py``; and ``FarSide``, the external
-system, counting executions per idempotency key, with faults armed per call (unavailable,
-rejected, timeout after acting) and optional fencing by token.
+"""The ensemble around the workers, in memory: the bus (pending and delivered messages), the
+scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
+reconciler's sweeps — each the runtime's own use case (``app.admit``, ``app.timers.plan_batch``,
+``app.webhooks``, ``app.operate``, ``app.reconcile``) over the in-memory adapters
+(``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
+real ``Advancer`` over ``testing.workers.MemoryWorkerStore``.
 
-Workers are the real ``Advancer`` over ``longrun.testing.worker_store.MemoryWorkerStore``.
+Beside them, what tests drive the engine with: ``FarSide``, the external system (it counts
+executions per idempotency key, keeps one object per key, answers lookups, fails calls on request
+and checks fencing tokens), and two run kinds, ``steps`` and ``gated`` (steps behind a webhook and
+an approval, then a non-idempotent publish).
 """
 
 from __future__ import annotations
@@ -21,13 +23,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import admit, effects, operate, reconcile, reconcile_leases, timers, webhooks
-from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
+from longrun.app import admit, effects, operate, timers, webhooks
 from longrun.app.webhooks import Translated
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.db.runs import StoredRun
 from longrun.domain import (
-    TERMINAL,
     ActionStatus,
     CallTool,
     Complete,
@@ -38,7 +38,6 @@ from longrun.domain import (
     FrozenMap,
     PinnedVersions,
     RunSnapshot,
-    RunStatus,
     WaitForEvent,
     WaitForUser,
     WakeReason,
@@ -46,21 +45,16 @@ from longrun.domain import (
     request_hash,
     thaw,
 )
-from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
 from longrun.db import outbox
 from longrun.testing.checkpoints import checkpoint
+from longrun.testing import reconcile_store
 from longrun.testing.memory import FakeClock, MemoryStore
 from longrun.testing.transaction import MemoryTransaction
 from longrun.workflows import steps
 
-_S = RunStatus
 _A = ActionStatus
-HELD = frozenset(RunStatus(s) for s in reconcile._HELD)
-"""Open statuses an unreconciled action can hold a run in (``app.reconcile._HELD``)."""
-WAKEABLE = reconcile_leases._WAKEABLE
-"""An expired lease of these gets a wakeup (``app.reconcile_leases._WAKEABLE``)."""
 T = TypeVar("T")
 SLOTS = 1_000
 """Every tenant's slots: the memory world admits every run at creation (it runs no admission loop)."""
@@ -363,98 +357,12 @@ class World:
             tx, run_id, approval_id=approval_id, approved_hash=approved_hash, approved=approved, actor=actor,
             reason="decided", clock=self.clock))
 
-    # -- the reconciler (app/reconcile.py) ---------------------------------------------------------------
+    # -- the reconciler (app/reconcile.py, app/reconcile_leases.py) ------------------------------------
     def rewake_expired_leases(self) -> int:
-        woken = 0
-        for run_id in self.store.expired_leases():
-            with self.store.transaction():
-                self.store.clear_lease(run_id)
-                stored = self.store.load(run_id)
-                assert stored is not None
-                if stored.snapshot.status in WAKEABLE:
-                    self.wake(stored, "lease expired")
-                    woken += 1
-        return woken
+        return reconcile_store.rewake_expired_leases(self)
 
     def in_doubt(self) -> list[tuple[str, str]]:
-        """As ``app.reconcile._in_doubt``: ledger rows UNKNOWN; held runs listing an UNKNOWN action;
-        and ledger rows still SUBMITTED under a finished run once ``ABANDONED_AFTER`` passed (no
-        worker will ever record what became of them)."""
-        now = self.clock()
-        rows = sorted(self.store.actions.values(), key=lambda a: a.updated)
-        found = [(a.run_id, a.logical_action) for a in rows if a.status == _A.UNKNOWN.value]
-        for run_id, row in self.store.runs.items():
-            if row.snapshot.status in HELD:
-                found += [(run_id, a.logical_action) for a in row.snapshot.actions if a.status is _A.UNKNOWN]
-        found += [(a.run_id, a.logical_action) for a in rows
-                  if a.status == _A.SUBMITTED.value and self.store.runs[a.run_id].snapshot.status in TERMINAL
-                  and a.updated < now - ABANDONED_AFTER]
-        return list(dict.fromkeys(found))
+        return reconcile_store.in_doubt(self)
 
     def reconcile_unknown(self) -> Counter[str]:
-        """Claim (RECONCILING), ask the far side by key, record the verdict; as ``reconcile_unknown``."""
-        tally: Counter[str] = Counter()
-        for run_id, logical_action in self.in_doubt():
-            claimed = self._claim(run_id, logical_action)
-            if claimed is None:
-                continue
-            key, started_seq = claimed
-            run = self.store.runs[run_id].snapshot
-            tool = self.kinds.get(run.kind, run.versions.workflow).tools[self.store.actions[key].tool]
-            # A tool without a lookup (a pure step) re-runs safely: the verdict is RETRYABLE
-            # (``app.reconcile._without_lookup``) whatever happened.
-            found = None if tool.lookup is None else self.far_side.lookup(key)
-            outcome = _A.CONFIRMED if found is not None else _A.RETRYABLE
-            self._settle(run_id, logical_action, key, started_seq, outcome, found)
-            tally[outcome.value] += 1
-        return tally
-
-    def _claim(self, run_id: str, logical_action: str) -> tuple[str, int] | None:
-        with self.store.transaction():
-            stored = self.store.load(run_id)
-            row = next((a for a in self.store.actions.values()
-                        if a.run_id == run_id and a.logical_action == logical_action), None)
-            if stored is None or row is None:
-                return None
-            record = stored.snapshot.action(logical_action)
-            finished = stored.snapshot.status in TERMINAL
-            status = _A(row.status) if finished or record is None else record.status
-            at = self.clock()
-            events: list[ev.RunEvent] = []
-            if status is _A.SUBMITTED and finished and row.updated < at - ABANDONED_AFTER:
-                events.append(ev.ActionUnknown(seq=stored.seq(1), at=at, logical_action=logical_action,
-                                               cause=ENDED_WHILE_SUBMITTED))
-            elif status is not _A.UNKNOWN:
-                return None
-            events.append(ev.ReconciliationStarted(seq=stored.seq(len(events) + 1), at=at,
-                                                   logical_action=logical_action))
-            self.store.append(stored, events)
-            self.store.record(row.idempotency_key, _A.RECONCILING, last_error=None)
-            return row.idempotency_key, events[-1].seq
-
-    def _settle(self, run_id: str, logical_action: str, key: str, started_seq: int, outcome: ActionStatus,
-                found: ToolResult | None) -> None:
-        with self.store.transaction():
-            stored = self.store.load(run_id)
-            assert stored is not None
-            latest = max((r.event.seq for r in self.store.event_rows(run_id)
-                          if isinstance(r.event, ev.ReconciliationStarted)
-                          and r.event.logical_action == logical_action), default=None)
-            if latest != started_seq or self.store.actions[key].status != _A.RECONCILING.value:
-                return
-            at = self.clock()
-            events: list[ev.RunEvent] = [ev.ActionReconciled(
-                seq=stored.seq(1), at=at, logical_action=logical_action, outcome=outcome,
-                external_id=found.external_id if found else None, note="found by idempotency key" if found
-                else "nothing exists under the idempotency key; resubmitting under it is safe")]
-            if found is not None:
-                events.append(ev.FactRecorded(seq=stored.seq(2), at=at, key=f"receipt:{logical_action}",
-                                              value=freeze(dict(found.receipt)), source="tool:reconciled"))
-            after = self.store.append(stored, events)
-            fields: dict[str, Any] = {"last_error": None}
-            if found is not None:
-                fields.update(external_id=found.external_id, receipt=dict(found.receipt))
-            self.store.record(key, outcome, **fields)
-            if after.snapshot.status in (_S.READY, _S.CANCELLING):
-                self.wake(after, f"reconciled {logical_action}")
-
+        return reconcile_store.reconcile_unknown(self)
