@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from longrun import run_kinds
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app.transaction import PgTransaction
@@ -28,7 +29,6 @@ from longrun.db.schema import run_labels
 from longrun.db.schema import runs as runs_table
 from longrun.domain import event_to_dict
 from longrun.errors import DomainError, LongrunError
-from longrun.workflows import registry
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def riding_out_database_restarts(handler: Handler) -> Handler:
 
 
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
-    kinds = registry(settings)  # a run terminated here shows its tools' public receipt fields
+    kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
@@ -105,14 +105,15 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         run_id, action = request.path_params["run_id"], request.path_params["action"]
         try:
             async with engine.begin() as conn:
+                tx = PgTransaction(conn)
                 if action in ("approve", "deny"):
                     result = await operate.decide_approval(
-                        PgTransaction(conn), run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
+                        tx, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
                         approved=action == "approve", actor=actor, reason=reason)
                 elif action == "terminate":
-                    result = await operate.terminate(PgTransaction(conn), run_id, actor=actor, reason=reason, kinds=kinds)
+                    result = await operate.terminate(tx, run_id, actor=actor, reason=reason, kinds=kinds)
                 else:
-                    result = await _ACTIONS[action](PgTransaction(conn), run_id, actor=actor, reason=reason)
+                    result = await _ACTIONS[action](tx, run_id, actor=actor, reason=reason)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:

@@ -27,14 +27,13 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import service
+from longrun import run_kinds, service
 from longrun.app import reconcile
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.authoring import Registry
 from longrun.bootstrap import open_bus, open_database
 from longrun.config import Settings
 from longrun.db.errors import is_transient
-from longrun.workflows import registry
 
 SERVICE = "reconciler"
 RECONCILE_BATCH = 50
@@ -117,7 +116,7 @@ class Sweeper:
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
-    sweeper = Sweeper(engine, registry(settings), FilesystemArtifactStore(settings.artifact_dir), settings)
+    sweeper = Sweeper(engine, run_kinds.load(settings), FilesystemArtifactStore(settings.artifact_dir), settings)
     ingester = asyncio.create_task(
         reconcile.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),
         name="quarantine ingester")

@@ -9,14 +9,13 @@ import logging
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import service
+from longrun import run_kinds, service
 from longrun.app import admit, effects
 from longrun.bootstrap import open_bus, open_database
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
 from longrun.db.engine import autocommit, psycopg_dsn
-from longrun.workflows import registry
 
 SERVICE = "scheduler"
 CREATE_BATCH = 16
@@ -68,7 +67,7 @@ async def _listen(database_url: str, wake: asyncio.Event, stopping: asyncio.Even
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
-    kinds = registry()
+    kinds = run_kinds.load(settings)
     handler = admit.ingress_handler(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
                                     max_input_bytes=settings.max_input_bytes)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,

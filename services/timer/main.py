@@ -22,13 +22,12 @@ from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import service
+from longrun import run_kinds, service
 from longrun.app import timers
 from longrun.authoring import Registry
 from longrun.bootstrap import open_database
 from longrun.config import Settings
 from longrun.db.errors import is_transient
-from longrun.workflows import registry
 
 SERVICE = "timer"
 MAX_SLEEP = 0.5
@@ -87,7 +86,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     logger.info("firing timers in batches of %d", settings.timer_batch)
     try:
         await fire_loop(engine, batch=settings.timer_batch, stopping=stopping,
-                        clock=lambda: time.time() + settings.clock_skew, kinds=registry(settings))
+                        clock=lambda: time.time() + settings.clock_skew, kinds=run_kinds.load(settings))
     finally:
         health.ready = False
         await engine.dispose()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
 from longrun.domain import EffectKind, PinnedVersions, RunSnapshot, Workflow
@@ -86,6 +87,11 @@ class Registry:
             self.add(kind)
 
     def add(self, kind: RunKind) -> None:
+        try:
+            Version(kind.versions.workflow)
+        except InvalidVersion:
+            raise ValueError(f"run kind {kind.name!r}: workflow version {kind.versions.workflow!r} is not a version "
+                             "(expected e.g. 1, 2.1 or 3.0rc1: versions are ordered, and the newest is pinned)") from None
         self._kinds[(kind.name, kind.versions.workflow)] = kind
         self._public[(kind.name, kind.versions.workflow)] = MappingProxyType(
             {tool.name: tool.public_receipt for tool in kind.tools.values()})
@@ -100,7 +106,7 @@ class Registry:
         versions = [k for (n, _), k in self._kinds.items() if n == name]
         if not versions:
             raise LookupError(f"unknown run kind {name!r}")
-        return max(versions, key=lambda k: k.versions.workflow)
+        return max(versions, key=lambda k: Version(k.versions.workflow))
 
     def known(self, name: str) -> bool:
         return any(n == name for n, _ in self._kinds)

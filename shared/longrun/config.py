@@ -171,6 +171,10 @@ class Settings:
     """Bearer tokens accepted by the operator API, comma separated."""
     forge_url: str
     """Base URL of the forge/CI service the demo workflow talks to."""
+    run_kinds: tuple[str, ...]
+    """Where the run kinds come from: ``package.module:attribute`` references, comma-separated, each a
+    ``RunKind``, a sequence of them or a function of the Settings returning either; installed
+    distributions' ``longrun.run_kinds`` entry points are loaded too (``longrun.run_kinds``)."""
     artifact_dir: str
     """Root of the filesystem artifact store."""
     tenant_slots: int
@@ -258,6 +262,8 @@ _SPEC: dict[str, _Var] = {
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
     "forge_url": _var("LONGRUN_FORGE_URL", _text, "an http(s) URL", "http://127.0.0.1:8090"),
+    "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
+                      "longrun.workflows:builtin"),
     "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
     "tenant_slots": _var("LONGRUN_TENANT_SLOTS", _positive_int, "an integer >= 1", "4"),
     "max_input_bytes": _var("LONGRUN_MAX_INPUT_BYTES", _positive_int, "bytes, an integer >= 1", "262144"),

@@ -15,16 +15,21 @@ DEPENDENCY_UPGRADE_VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", 
 STEPS_VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="bench-v1")
 
 
-def registry(settings: Settings | None = None) -> Registry:
-    """Every run kind at every version this build can run (workers advertise these)."""
-    settings = settings or Settings.from_env()
+def builtin(settings: Settings) -> list[RunKind]:
+    """The run kinds that ship with longrun (``LONGRUN_RUN_KINDS``' default): the dependency-upgrade
+    agent and the benchmark's ``steps``."""
     tools = forge_tools(ForgeClient(settings.forge_url, timeout=settings.tool_timeout),
                         timeout=settings.tool_timeout)
-    return Registry([
+    return [
         RunKind(dependency_upgrade.KIND, DEPENDENCY_UPGRADE_VERSIONS, dependency_upgrade.DependencyUpgrade(), tools,
                 dependency_upgrade.allowed_actions),
         RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {steps.ECHO.name: steps.ECHO}),
-    ])
+    ]
+
+
+def registry(settings: Settings | None = None) -> Registry:
+    """The built-in run kinds, for tests and tools that do not read ``LONGRUN_RUN_KINDS``."""
+    return Registry(builtin(settings or Settings.from_env()))
 
 
 def model_adapter(settings: Settings) -> ModelAdapter:

@@ -1,0 +1,38 @@
+"""Workflow versions are ordered as versions, not as strings: the scheduler pins the newest."""
+
+from __future__ import annotations
+
+import pytest
+
+from longrun.authoring import Registry, RunKind
+from longrun.domain import PinnedVersions
+from longrun.workflows.steps import Steps
+
+
+def kind(version: str) -> RunKind:
+    return RunKind("steps", PinnedVersions(workflow=version, prompt="none", model_policy="none",
+                                           tool_schemas="s1"), Steps(), {})
+
+
+@pytest.mark.parametrize(("versions", "newest"), [
+    (["9", "10"], "10"),  # as strings, "9" > "10"
+    (["1.9", "1.10"], "1.10"),
+    (["2.0rc1", "1.5"], "2.0rc1"),
+    (["2.0", "2.0rc1"], "2.0"),  # a release is newer than its candidates
+    (["2.0.dev1", "2.0a1"], "2.0a1"),
+])
+def test_the_newest_workflow_version_is_ordered_as_a_version(versions: list[str], newest: str) -> None:
+    for ordering in (versions, list(reversed(versions))):
+        assert Registry([kind(v) for v in ordering]).newest("steps").versions.workflow == newest
+
+
+def test_a_pinned_version_is_found_by_its_own_spelling() -> None:
+    registry = Registry([kind("1"), kind("10")])
+    assert registry.get("steps", "10").versions.workflow == "10"
+    with pytest.raises(LookupError, match="no run kind 'steps' at workflow version '1.0'"):
+        registry.get("steps", "1.0")
+
+
+def test_a_workflow_version_that_is_no_version_is_refused_naming_the_kind() -> None:
+    with pytest.raises(ValueError, match="run kind 'steps': workflow version 'memory-v1' is not a version"):
+        Registry([kind("memory-v1")])
