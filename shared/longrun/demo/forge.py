@@ -249,6 +249,7 @@ class _Forge:
         fault = self._take_fault(endpoint)
         if fault and fault["mode"] == "fail_before_commit":
             raise _Reject(503, "unavailable", "injected fault: nothing was created")
+        self._fence(key, request.headers.get("Fencing-Token"))
         request_hash = hashlib.sha256(_canonical([request.method, request.url.path, body])).hexdigest()
         headers = {}
         # No await from this lookup to the insert below: check-and-create is atomic on this loop.
@@ -268,6 +269,22 @@ class _Forge:
         if fault and fault["mode"] == "error_500_after_commit":
             raise _Reject(500, "internal", "injected fault after the object was committed")
         return JSONResponse(response, status_code=201, headers=headers)
+
+    def _fence(self, key: str, header: str | None) -> None:
+        """The tool side of fencing: a write under ``key`` whose token is older than the newest one seen
+        for it comes from a worker that lost its lease since (its successor wrote already): refused."""
+        if header is None:
+            return
+        try:
+            token = int(header)
+        except ValueError:
+            raise _Reject(400, "bad_fencing_token", f"Fencing-Token must be an integer, got {header!r}") from None
+        newest = self.store.setting(f"fence:{key}", 0)
+        if token < newest:
+            raise _Reject(409, "stale_fencing_token",
+                          f"fencing token {token} is older than {newest}, already seen for key {key!r}",
+                          idempotency_key=key, fencing_token=token, newest_fencing_token=newest)
+        self.store.put_setting(f"fence:{key}", token)
 
     def _create(self, created: _Created, key: str, request_hash: str) -> dict[str, Any]:
         self.store.create(created, key, request_hash)

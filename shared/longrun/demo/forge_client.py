@@ -91,32 +91,36 @@ class ForgeClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def create_branch(self, repo: str, *, name: str, from_ref: str, idempotency_key: str) -> Branch:
+    async def create_branch(self, repo: str, *, name: str, from_ref: str, idempotency_key: str,
+                            fencing_token: int | None = None) -> Branch:
         body = {"name": name, "from": from_ref}
         return cast(Branch, await self._write("forge.create_branch", f"/repos/{repo}/branches",
-                                              body, idempotency_key))
+                                              body, idempotency_key, fencing_token))
 
     async def create_commit(
-        self, repo: str, *, branch: str, files: dict[str, str], message: str, idempotency_key: str
+        self, repo: str, *, branch: str, files: dict[str, str], message: str, idempotency_key: str,
+        fencing_token: int | None = None,
     ) -> Commit:
         body = {"branch": branch, "files": files, "message": message}
         return cast(Commit, await self._write("forge.create_commit", f"/repos/{repo}/commits",
-                                              body, idempotency_key))
+                                              body, idempotency_key, fencing_token))
 
-    async def start_ci_run(self, repo: str, *, sha: str, idempotency_key: str) -> CiRun:
+    async def start_ci_run(self, repo: str, *, sha: str, idempotency_key: str,
+                           fencing_token: int | None = None) -> CiRun:
         return cast(CiRun, await self._write("forge.start_ci_run", f"/repos/{repo}/ci/runs",
-                                             {"sha": sha}, idempotency_key))
+                                             {"sha": sha}, idempotency_key, fencing_token))
 
     async def get_ci_run(self, repo: str, run_id: int) -> CiRun:
         return cast(CiRun, await self._read("forge.get_ci_run", f"/repos/{repo}/ci/runs/{run_id}"))
 
     async def create_merge_request(
         self, repo: str, *, source_branch: str, title: str, description: str, sha: str,
-        idempotency_key: str,
+        idempotency_key: str, fencing_token: int | None = None,
     ) -> MergeRequest:
         body = {"source_branch": source_branch, "title": title, "description": description, "sha": sha}
         return cast(MergeRequest, await self._write("forge.create_merge_request",
-                                                    f"/repos/{repo}/merge_requests", body, idempotency_key))
+                                                    f"/repos/{repo}/merge_requests", body, idempotency_key,
+                                                    fencing_token))
 
     async def lookup(self, idempotency_key: str) -> LookupResult | None:
         """What ``idempotency_key`` created, or None: the reconciler's query."""
@@ -150,9 +154,14 @@ class ForgeClient:
     async def reset(self) -> None:
         await self._control("/_control/reset", {})
 
-    async def _write(self, tool: str, path: str, body: dict[str, Any], idempotency_key: str) -> Any:
+    async def _write(self, tool: str, path: str, body: dict[str, Any], idempotency_key: str,
+                     fencing_token: int | None) -> Any:
+        """``fencing_token``: the caller's lease, sent so the forge refuses a write older than one it saw."""
+        headers = {"Idempotency-Key": idempotency_key}
+        if fencing_token is not None:
+            headers["Fencing-Token"] = str(fencing_token)
         try:
-            response = await self._http.post(path, json=body, headers={"Idempotency-Key": idempotency_key})
+            response = await self._http.post(path, json=body, headers=headers)
         except _NOT_SENT as exc:
             raise ToolUnavailable(tool, f"request never reached the forge: {exc!r}") from exc
         except httpx.TransportError as exc:

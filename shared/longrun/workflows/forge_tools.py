@@ -45,22 +45,23 @@ class MergeRequestArgs(_Args):
 def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool]:
     async def create_branch(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
         branch = await client.create_branch(args["repo"], name=args["name"], from_ref=args["from_ref"],
-                                            idempotency_key=key)
+                                            idempotency_key=key, fencing_token=token)
         return ToolResult(branch["name"], {"name": branch["name"], "head_sha": branch["head_sha"]})
 
     async def create_commit(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
         commit = await client.create_commit(args["repo"], branch=args["branch"], files=dict(args["files"]),
-                                            message=args["message"], idempotency_key=key)
+                                            message=args["message"], idempotency_key=key,
+                                            fencing_token=token)
         return ToolResult(commit["sha"], {"sha": commit["sha"], "branch": commit["branch"]})
 
     async def start_ci(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
-        run = await client.start_ci_run(args["repo"], sha=args["sha"], idempotency_key=key)
+        run = await client.start_ci_run(args["repo"], sha=args["sha"], idempotency_key=key, fencing_token=token)
         return ToolResult(str(run["id"]), {"id": run["id"], "sha": run["sha"]})
 
     async def create_mr(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
         mr = await client.create_merge_request(
             args["repo"], source_branch=args["source_branch"], title=args["title"],
-            description=args["description"], sha=args["sha"], idempotency_key=key)
+            description=args["description"], sha=args["sha"], idempotency_key=key, fencing_token=token)
         return ToolResult(str(mr["id"]), {"id": mr["id"], "number": mr["number"], "url": mr["url"]})
 
     async def lookup(key: str) -> ToolResult | None:
