@@ -20,6 +20,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from longrun import run_kinds
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
+from longrun.app import versions
 from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
@@ -155,6 +156,12 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         return JSONResponse([{**r._mapping, "labels": r.labels or {}, "updated_at": r.updated_at.isoformat()}
                              for r in rows])
 
+    async def versions_in_use(request: Request) -> Response:
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        async with engine.connect() as conn:
+            return JSONResponse(await versions.report(conn))
+
     async def quarantined(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
@@ -184,6 +191,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/runs", ride(search), methods=["GET"]),
         Route("/runs/{run_id}", ride(show), methods=["GET"]),
         Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
+        Route("/versions", ride(versions_in_use), methods=["GET"]),
         Route("/quarantine", ride(quarantined), methods=["GET"]),
         Route("/quarantine/{entry_id:int}/replay", ride(replay), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -20,7 +20,8 @@ SERVICE = "worker"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     statements = await open_statements(settings)
-    advancer = Advancer.on_postgres(engine=engine, statements=statements, kinds=run_kinds.load(settings),
+    kinds = run_kinds.load(settings)
+    advancer = Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings),
                                     artifacts=FilesystemArtifactStore(settings.artifact_dir),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
@@ -30,7 +31,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                                                   settings.partitions))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(advancer.on_wakeup),
-                                 stopping=stopping, health=health, on_outcome=advancer.after_ack)
+                                 stopping=stopping, health=health, on_outcome=advancer.after_ack,
+                                 advertised=kinds.pins())
     finally:
         await advancer.drain()
         await statements.close()

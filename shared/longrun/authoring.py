@@ -118,3 +118,9 @@ class Registry:
 
     def advertised(self) -> list[tuple[str, str]]:
         return sorted(self._kinds)
+
+    def pins(self) -> list[dict[str, str]]:
+        """Every kind with all its pinned versions: what a worker advertises in its membership row."""
+        return [{"kind": name, "workflow": kind.versions.workflow, "prompt": kind.versions.prompt,
+                 "model_policy": kind.versions.model_policy, "tool_schemas": kind.versions.tool_schemas}
+                for (name, _), kind in sorted(self._kinds.items())]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
@@ -54,8 +55,10 @@ async def _patiently(attempt_once, what: str, patience: float) -> None:  # type:
 
 
 async def consume_partitions(settings: Settings, *, service: str, handler: Handler | OwnClaim,
-                             stopping: asyncio.Event, health: Health, on_outcome: OutcomeHook | None = None) -> None:
-    """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues."""
+                             stopping: asyncio.Event, health: Health, on_outcome: OutcomeHook | None = None,
+                             advertised: Sequence[Mapping[str, str]] = ()) -> None:
+    """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues.
+    ``advertised``: what this replica can run, kept in its membership row."""
     engine = await open_database(settings)
     bus = await open_bus(settings, service)
     consumer = PartitionedConsumer(
@@ -65,7 +68,7 @@ async def consume_partitions(settings: Settings, *, service: str, handler: Handl
     ownership = PartitionOwnership(engine, service=service, instance_id=settings.instance_id,
                                    partitions=settings.partitions, ttl=settings.partition_lease_ttl,
                                    on_acquire=consumer.acquire, on_release=consumer.release,
-                                   reconcile=consumer.reconcile)
+                                   reconcile=consumer.reconcile, advertised=advertised)
     tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(consumer.supervise())]
     health.ready = True
     await stopping.wait()

@@ -100,6 +100,13 @@ def run_approve(ctx: click.Context, run_id: str, approval_id: str, approved_hash
                  {"approval_id": approval_id, "approved_hash": approved_hash, "reason": reason}))
 
 
+@main.command("versions")
+@click.pass_context
+def versions(ctx: click.Context) -> None:
+    """Per run kind and pinned versions: open runs by status, the oldest wait, the live workers serving it."""
+    _print(_call(ctx, "GET", "/versions"))
+
+
 @main.group()
 def dlq() -> None:
     """Quarantined messages: list them, replay one after re-validation."""

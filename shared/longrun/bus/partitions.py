@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -33,7 +33,8 @@ Reconcile = Callable[[set[int]], Awaitable[None]]
 class PartitionOwnership:
     def __init__(self, engine: AsyncEngine, *, service: str, instance_id: str, partitions: int,
                  ttl: float, on_acquire: Callback, on_release: Callback,
-                 reconcile: Reconcile | None = None) -> None:
+                 reconcile: Reconcile | None = None, advertised: Sequence[Mapping[str, str]] = ()) -> None:
+        """``advertised``: what this replica can run, written into its membership row."""
         self.engine = engine
         self.service = service
         self.instance_id = instance_id
@@ -42,6 +43,7 @@ class PartitionOwnership:
         self.on_acquire = on_acquire
         self.on_release = on_release
         self.reconcile = reconcile
+        self.advertised = advertised
         self.owned: set[int] = set()
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
@@ -62,7 +64,7 @@ class PartitionOwnership:
 
     async def rebalance(self) -> None:
         async with self.engine.begin() as conn:
-            members = await membership.heartbeat(conn, self.service, self.instance_id, self.ttl)
+            members = await membership.heartbeat(conn, self.service, self.instance_id, self.ttl, self.advertised)
         share = membership.assign(members, self.partitions).get(self.instance_id, set())
         await self._drop(self.owned - share)
         async with self.engine.begin() as conn:

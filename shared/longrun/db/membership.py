@@ -8,6 +8,7 @@ replicas cannot both hold: taking it requires it to be free, ours, or expired.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from sqlalchemy import delete, func, select, text, update
@@ -27,12 +28,15 @@ def assign(members: list[str], partitions: int) -> dict[str, set[int]]:
     return shares
 
 
-async def heartbeat(conn: AsyncConnection, service: str, instance_id: str, ttl: float) -> list[str]:
-    """Renew our membership; return the live members (ourselves included)."""
+async def heartbeat(conn: AsyncConnection, service: str, instance_id: str, ttl: float,
+                    advertised: Sequence[Mapping[str, str]] = ()) -> list[str]:
+    """Renew our membership (with what we can run); return the live members (ourselves included)."""
     until = func.now() + timedelta(seconds=ttl)
     await conn.execute(
-        insert(service_members).values(service=service, instance_id=instance_id, alive_until=until)
-        .on_conflict_do_update(index_elements=["service", "instance_id"], set_={"alive_until": until})
+        insert(service_members).values(service=service, instance_id=instance_id, alive_until=until,
+                                       advertised=list(advertised))
+        .on_conflict_do_update(index_elements=["service", "instance_id"],
+                               set_={"alive_until": until, "advertised": list(advertised)})
     )
     rows = await conn.execute(
         select(service_members.c.instance_id)

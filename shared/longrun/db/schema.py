@@ -307,6 +307,8 @@ service_members = Table(
     Column("instance_id", Text, nullable=False),
     Column("alive_until", DateTime(timezone=True), nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # What the member can run: its run kinds with every pinned version (``Registry.pins``).
+    Column("advertised", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     PrimaryKeyConstraint("service", "instance_id"),
 )
 

@@ -1,0 +1,45 @@
+"""What an operator reads before retiring old code: per run kind and pinned versions, the runs
+still open by status, the oldest of them waiting, and which live workers advertise those versions
+(``service_members.advertised``: a version no live worker serves cannot move on)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.db.schema import runs, service_members
+from longrun.domain import TERMINAL, WAITING
+
+_PINS = (runs.c.workflow, runs.c.workflow_version, runs.c.prompt_version, runs.c.model_policy_version,
+         runs.c.tool_schema_version)
+_OPEN = runs.c.status.notin_([s.value for s in TERMINAL])
+_IN_FLIGHT = (select(*_PINS, runs.c.status, func.count().label("runs"),
+                     func.min(runs.c.updated_at).filter(runs.c.status.in_([s.value for s in WAITING]))
+                     .label("oldest_wait"))
+              .where(_OPEN).group_by(*_PINS, runs.c.status))
+_LIVE = select(service_members.c.instance_id, service_members.c.advertised).where(
+    service_members.c.service == "worker", service_members.c.alive_until > func.now())
+
+
+async def report(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """One entry per (kind, pins) with open runs or a live worker serving it, oldest version first."""
+    entries: dict[tuple[str, ...], dict[str, Any]] = {}
+    for row in await conn.execute(_IN_FLIGHT):
+        entry = entries.setdefault(tuple(row[:5]), _entry(*row[:5]))
+        entry["open_runs"][row.status] = row.runs
+        if row.oldest_wait is not None and (entry["oldest_wait"] is None or row.oldest_wait < entry["oldest_wait"]):
+            entry["oldest_wait"] = row.oldest_wait
+    for member in await conn.execute(_LIVE):
+        for pin in member.advertised:
+            key = (pin["kind"], pin["workflow"], pin["prompt"], pin["model_policy"], pin["tool_schemas"])
+            entries.setdefault(key, _entry(*key))["served_by"].append(member.instance_id)
+    return [{**e, "oldest_wait": e["oldest_wait"] and e["oldest_wait"].isoformat(),
+             "served_by": sorted(e["served_by"])} for _, e in sorted(entries.items())]
+
+
+def _entry(kind: str, workflow: str, prompt: str, model_policy: str, tool_schemas: str) -> dict[str, Any]:
+    return {"kind": kind, "versions": {"workflow": workflow, "prompt": prompt, "model_policy": model_policy,
+                                       "tool_schemas": tool_schemas},
+            "open_runs": {}, "oldest_wait": None, "served_by": []}
