@@ -10,6 +10,7 @@ document is compared key by key: ``payload.payload.labels.team``), so the differ
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.db import outbox, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import metadata
+from longrun.domain import RunStatus
 from longrun.domain import events as ev
+from longrun.domain import run as domain_run
 
 _MISSING = object()
 
@@ -177,3 +180,44 @@ def _is_uuid(value: Any) -> bool:
 
 def _json_list(values: Iterable[str]) -> str:
     return orjson.dumps(list(values)).decode()
+
+
+# -- the slot model admission and the handover are compared with --------------------------------------
+
+QUEUED_STATUS = RunStatus.READY
+"""The model's own: not ``db.schema.QUEUED_STATUS``, which the SQL under test is built from."""
+
+
+@dataclass
+class Row:
+    """What the pure model keeps of a run."""
+
+    tenant: str
+    status: RunStatus
+    admitted: bool
+    priority: int
+    created_at: datetime
+    revision: int
+    partition: int
+
+
+def holds_slot(row: Row) -> bool:
+    # Read at call time: the mutants patch the domain's TERMINAL.
+    return row.admitted and row.status not in domain_run.TERMINAL
+
+
+def queued(row: Row) -> bool:
+    return not row.admitted and row.status is QUEUED_STATUS
+
+
+def score(row: Row, now: datetime, aging: float) -> float:
+    return row.priority + (now - row.created_at).total_seconds() / aging
+
+
+async def set_ages(conn: AsyncConnection, ages: Mapping[str, int]) -> None:
+    """Runs created ``ages[run_id]`` whole seconds ago: distinct ages leave the queue's order by score,
+    then age, no near ties."""
+    await conn.execute(text(
+        "UPDATE runs SET created_at = now() - make_interval(secs => a.age) "
+        "FROM jsonb_to_recordset(CAST(:ages AS jsonb)) AS a(run_id text, age int) WHERE runs.run_id = a.run_id"),
+        {"ages": orjson.dumps([{"run_id": r, "age": a} for r, a in ages.items()]).decode()})

@@ -16,11 +16,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from typing import Any
 
-import orjson
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -45,7 +43,6 @@ NEW_TENANT = "a-new"
 SLOTS = 3
 AGING = 7.3
 """Seconds per priority point. Ages are whole seconds below 73 apart, so no two scores tie or nearly tie."""
-QUEUED_STATUS = RunStatus.READY
 """A created run's status (``lifecycle.created``): not admitted, it waits in the queue."""
 _S = RunStatus
 HOLDING = ("ready", "running", "waiting", "needs_attention", "paused")
@@ -139,35 +136,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
             for stored in [*admitted, *queued]:
                 ages[stored.snapshot.run_id] = spare.pop()
         # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
-        await conn.execute(text(
-            "UPDATE runs SET created_at = now() - make_interval(secs => a.age) "
-            "FROM jsonb_to_recordset(CAST(:ages AS jsonb)) AS a(run_id text, age int) WHERE runs.run_id = a.run_id"),
-            {"ages": orjson.dumps([{"run_id": r, "age": a} for r, a in ages.items()]).decode()})
-
-
-@dataclass
-class Row:
-    """What the pure model keeps of a run."""
-
-    tenant: str
-    status: RunStatus
-    admitted: bool
-    priority: int
-    created_at: datetime
-    revision: int
-    partition: int
-
-
-def _holds_slot(row: Row) -> bool:
-    return row.admitted and row.status not in domain_run.TERMINAL
-
-
-def _queued(row: Row) -> bool:
-    return not row.admitted and row.status is QUEUED_STATUS
-
-
-def _score(row: Row, now: datetime) -> float:
-    return row.priority + (now - row.created_at).total_seconds() / AGING
+        await diff.set_ages(conn, ages)
 
 
 async def admission_mismatches(engine: AsyncEngine, *, seed: int,
@@ -188,7 +157,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     async with engine.begin() as conn:
         now = (await conn.execute(text("SELECT now()"))).scalar_one()
         mark = await diff.outbox_mark(conn)
-        model = {r.run_id: Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
+        model = {r.run_id: diff.Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
                                r.partition)
                  for r in await conn.execute(text(
                      "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
@@ -206,10 +175,10 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     expected_runs = dict(before)
     expected_messages: dict[str, list[Any]] = {}
     chosen: list[str] = []
-    for tenant in sorted({row.tenant for row in model.values() if _queued(row)}):
-        free = SLOTS - sum(1 for row in model.values() if row.tenant == tenant and _holds_slot(row))
-        queue = [r for r, row in model.items() if row.tenant == tenant and _queued(row)]
-        best = sorted(queue, key=lambda r: (-_score(model[r], now), model[r].created_at))[:max(free, 0)]
+    for tenant in sorted({row.tenant for row in model.values() if diff.queued(row)}):
+        free = SLOTS - sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
+        queue = [r for r, row in model.items() if row.tenant == tenant and diff.queued(row)]
+        best = sorted(queue, key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))[:max(free, 0)]
         for run_id in best:
             row = model[run_id] = replace(model[run_id], admitted=True)
             expected_runs[run_id] = replace(expected_runs[run_id], admitted=True)
@@ -222,10 +191,10 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     for created in fresh:
         tenant, run_id = created.tenant_id, created.run_id
         rows = [row for row in model.values() if row.tenant == tenant]
-        at_once = sum(map(_holds_slot, rows)) < SLOTS and not any(map(_queued, rows))
+        at_once = sum(map(diff.holds_slot, rows)) < SLOTS and not any(map(diff.queued, rows))
         snapshot = evolve(None, created)
         partition = topology.partition_of(run_id, PARTITIONS)
-        model[run_id] = Row(tenant, snapshot.status, at_once, snapshot.priority, now, snapshot.revision, partition)
+        model[run_id] = diff.Row(tenant, snapshot.status, at_once, snapshot.priority, now, snapshot.revision, partition)
         expected_runs[run_id] = StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=at_once)
         expected_events[run_id] = [diff.event_row(run_id, created, True)]
         if at_once:

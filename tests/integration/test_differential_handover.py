@@ -19,10 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
-import orjson
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -45,7 +43,6 @@ VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schem
 TENANTS = ("h-red", "h-green", "h-blue", "h-amber", "h-grey", "h-teal")
 AGING = 7.3
 """Seconds per priority point. Ages are whole seconds below 73 apart, so no two scores tie or nearly tie."""
-QUEUED_STATUS = RunStatus.READY
 """A created run's status (``lifecycle.created``): not admitted, it waits in the queue."""
 _S = RunStatus
 _FINISHES = ("failed", "timed_out", "terminated", "completed")
@@ -146,36 +143,8 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
                 ages.setdefault(stored.snapshot.run_id, spare.pop())
             cases.append(Case(tenant, slots, finishing))
         # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
-        await conn.execute(text(
-            "UPDATE runs SET created_at = now() - make_interval(secs => a.age) "
-            "FROM jsonb_to_recordset(CAST(:ages AS jsonb)) AS a(run_id text, age int) WHERE runs.run_id = a.run_id"),
-            {"ages": orjson.dumps([{"run_id": r, "age": a} for r, a in ages.items()]).decode()})
+        await diff.set_ages(conn, ages)
     return cases, fences
-
-
-@dataclass
-class Row:
-    """What the pure model keeps of a run."""
-
-    tenant: str
-    status: RunStatus
-    admitted: bool
-    priority: int
-    created_at: datetime
-    revision: int
-    partition: int
-
-
-def _holds_slot(row: Row) -> bool:
-    return row.admitted and row.status not in domain_run.TERMINAL
-
-
-def _queued(row: Row) -> bool:
-    return not row.admitted and row.status is QUEUED_STATUS
-
-
-def _score(row: Row, now: datetime) -> float:
-    return row.priority + (now - row.created_at).total_seconds() / AGING
 
 
 def _interleaved(rng: random.Random, cases: list[Case]) -> list[str]:
@@ -209,7 +178,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
     async with engine.begin() as conn:
         now = (await conn.execute(text("SELECT now()"))).scalar_one()
         mark = await diff.outbox_mark(conn)
-        model = {r.run_id: Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
+        model = {r.run_id: diff.Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
                                r.partition)
                  for r in await conn.execute(text(
                      "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
@@ -231,8 +200,8 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         stored, after = before[run_id], planned[run_id].after
         tenant = stored.snapshot.tenant_id
         # The statement's snapshot: the finishing run still counts; later writes see earlier ones.
-        held = sum(1 for row in model.values() if row.tenant == tenant and _holds_slot(row))
-        queue = sorted((row.created_at, r) for r, row in model.items() if row.tenant == tenant and _queued(row))
+        held = sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
+        queue = sorted((row.created_at, r) for r, row in model.items() if row.tenant == tenant and diff.queued(row))
         model[run_id] = replace(model[run_id], status=after.snapshot.status, revision=after.snapshot.revision)
         expected_runs[run_id] = after
         token = None if run_id not in fences else fences[run_id].token
@@ -242,7 +211,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         finished = after.snapshot.status in domain_run.TERMINAL
         if not (finished and stored.admitted and queue and held <= slots[tenant]):
             continue
-        best = min((r for _, r in queue), key=lambda r: (-_score(model[r], now), model[r].created_at))
+        best = min((r for _, r in queue), key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))
         model[best] = replace(model[best], admitted=True)
         expected_runs[best] = replace(expected_runs[best], admitted=True)
         handed.add(best)
