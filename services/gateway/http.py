@@ -113,6 +113,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                         approved=action == "approve", actor=actor, reason=reason)
                 elif action == "terminate":
                     result = await operate.terminate(tx, run_id, actor=actor, reason=reason, kinds=kinds)
+                elif action == "migrate":
+                    result = await operate.migrate(tx, run_id, to_version=str(body["to_version"]), actor=actor,
+                                                   reason=reason, kinds=kinds)
                 else:
                     result = await _ACTIONS[action](tx, run_id, actor=actor, reason=reason)
         except operate.RunNotFound as e:

@@ -11,7 +11,7 @@ retries, leases, timers and recovery.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -72,6 +72,14 @@ class RunKind:
     tools: Mapping[str, Tool]
     allowed_actions: Callable[[RunSnapshot, str], Sequence[str]] = field(default=lambda state, purpose: ())
     """What the model may propose for a given purpose; proposals outside it are refused."""
+    migrates_from: Mapping[str, Collection[str]] = field(default_factory=dict)
+    """Runs this version can take over: workflow version -> the stages (``RunSnapshot.stage``; ``*``
+    for any) a run of that version may be in. An operator's migration to this version is refused
+    for any other run."""
+
+    def takes_over(self, run: RunSnapshot) -> bool:
+        stages = self.migrates_from.get(run.versions.workflow, ())
+        return "*" in stages or run.stage in stages
 
 
 _NONE_PUBLIC: Mapping[str, tuple[str, ...]] = MappingProxyType({})

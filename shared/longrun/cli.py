@@ -86,6 +86,16 @@ for _action in ("cancel", "pause", "resume", "terminate"):
     run.add_command(_steer(_action))
 
 
+@run.command("migrate")
+@click.argument("run_id")
+@click.option("--to", "to_version", required=True, help="the workflow version to move the run to")
+@click.option("--reason", required=True)
+@click.pass_context
+def run_migrate(ctx: click.Context, run_id: str, to_version: str, reason: str) -> None:
+    """Move a run to another workflow version of its kind (refused unless that version takes it over)."""
+    _print(_call(ctx, "POST", f"/runs/{run_id}/migrate", {"to_version": to_version, "reason": reason}))
+
+
 @run.command("approve")
 @click.argument("run_id")
 @click.option("--approval-id", required=True)

@@ -106,3 +106,17 @@ async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean,
     async with engine.connect() as conn:
         audit = (await conn.execute(text("SELECT actor, action, target, reason FROM audit_log"))).all()
     assert [tuple(a) for a in audit] == [("user_42", "approve", run_id, "reviewed")]
+
+
+async def test_a_migration_to_a_version_this_deployment_lacks_is_refused_naming_it(clean, engine, gateway) -> None:
+    stored = await waiting_for_user(engine, approval_id="merge:1", approved_hash="a" * 64)
+    run_id = stored.snapshot.run_id
+    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops"}
+    missing = await gateway.post(f"/runs/{run_id}/migrate", json={"reason": "release 2"}, headers=auth)
+    assert missing.status_code == 400 and "to_version" in missing.json()["error"]
+    refused = await gateway.post(f"/runs/{run_id}/migrate", json={"to_version": "2", "reason": "release 2"},
+                                 headers=auth)
+    assert refused.status_code == 409
+    assert "no run kind 'dependency_upgrade' at workflow version '2'" in refused.json()["error"]
+    async with engine.connect() as conn:
+        assert await runs.load(conn, run_id) == stored

@@ -561,6 +561,25 @@ async def expired_leases_are_cleared_and_runs_with_work_woken(port: Port, seen: 
     await observe(port, seen, "outbox.sent")
 
 
+async def operators_migrate_a_run_only_to_a_version_that_takes_it_over(port: Port, seen: list[Any]) -> None:
+    def version(workflow: str, **migrates_from: Any) -> RunKind:
+        return RunKind("steps", replace(VERSIONS, workflow=workflow), Steps(), {},
+                       migrates_from={k.removeprefix("v"): v for k, v in migrates_from.items()})
+
+    kinds = Registry([version("1"), version("2", v1={"*"}), version("3", v1={"review"})])
+    wait = Wait(wait_id="w1", kind="approval", deadline=9000.0, approval_id="merge", owner="alice",
+                approved_hash="a" * 64)
+    run_id = (await _parked(port, seen, wait, RunStatus.WAITING_USER)).snapshot.run_id
+    move = {"actor": "ops", "reason": "release 2", "kinds": kinds, "clock": _at(1002.0)}
+    await observe(port, seen, "operate.migrate", run_id, to_version="9", **move)  # not deployed
+    await observe(port, seen, "operate.migrate", run_id, to_version="3", **move)  # not at its stage
+    await observe(port, seen, "operate.migrate", run_id, to_version="2", **move)
+    await observe(port, seen, "runs.find", port.prefix, "key-r1")  # the version columns follow
+    await observe(port, seen, "operate.terminate", run_id, actor="ops", reason="done", clock=_at(1003.0))
+    await observe(port, seen, "operate.migrate", run_id, to_version="2", **move)  # finished: refused
+    await observe(port, seen, "runs.history", run_id)
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -573,6 +592,7 @@ SCENARIOS: list[Scenario] = [
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
     an_outcome_and_a_wait_commit_with_their_transition,
     operators_decide_only_what_is_asked_by_whom_it_names,
+    operators_migrate_a_run_only_to_a_version_that_takes_it_over,
     webhooks_match_a_waiting_run_now_or_when_it_waits,
     creates_are_admitted_at_once_while_their_tenant_has_room,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,

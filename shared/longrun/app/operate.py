@@ -16,7 +16,7 @@ from longrun.app import effects
 from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
 from longrun.errors import DomainError, ErrorCode
-from longrun.domain import RunStatus, is_late
+from longrun.domain import RunStatus, is_late, to_plain
 from longrun.domain import events as ev
 
 PRODUCER = "operator"
@@ -34,6 +34,15 @@ class NotPending(DomainError):
 
     def __init__(self, run_id: str, what: str, pending: str) -> None:
         super().__init__(f"run {run_id}: {what} is not pending ({pending})")
+
+
+class NotMigratable(DomainError):
+    """The target version does not exist here, or does not declare it can take this run over."""
+
+    code = ErrorCode.ILLEGAL_TRANSITION
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(f"run {run_id} cannot be migrated: {why}")
 
 
 class NotPermitted(DomainError):
@@ -110,3 +119,27 @@ async def terminate(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
     """Immediate and final; cleanup is skipped on purpose (the audit row says who and why)."""
     return await _apply(tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
                         build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))
+
+
+async def migrate(tx: RunTransaction, run_id: str, *, to_version: str, actor: str, reason: str, kinds: Registry,
+                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Move a run to another workflow version of its kind, on purpose: refused unless that version is
+    deployed and declares it can take over the run where it stands (``RunKind.migrates_from``). The
+    history records the old and new pins and who moved it."""
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    run = stored.snapshot
+    try:
+        target = kinds.get(run.kind, to_version)
+    except LookupError as e:
+        raise NotMigratable(run_id, str(e)) from None
+    if not target.takes_over(run):
+        raise NotMigratable(run_id, f"{run.kind}@{to_version} does not declare it takes over runs of version "
+                                    f"{run.versions.workflow} at stage {run.stage!r}")
+    result = await _apply(tx, run_id, "migrate", actor=actor, reason=reason, clock=clock, kinds=kinds,
+                          details={"from_versions": to_plain(run.versions), "to_versions": to_plain(target.versions)},
+                          build=lambda seq, at: ev.VersionsMigrated(seq=seq, at=at, versions=target.versions,
+                                                                    by=actor, reason=reason))
+    await tx.repin(run_id, target.versions)
+    return {**result, "versions": to_plain(target.versions)}

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
 from longrun.db.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
-from longrun.domain import ActionStatus, RunStatus
+from longrun.domain import ActionStatus, PinnedVersions, RunStatus
 from longrun.domain.events import RunCreated, RunEvent
 
 if TYPE_CHECKING:
@@ -117,6 +117,10 @@ class RunTransaction(Protocol):
         """The oldest kept, unmatched event for this key, locked: (provider, event)."""
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None: ...
+
+    async def repin(self, run_id: str, versions: PinnedVersions) -> None:
+        """The run's version columns (what searches and the versions report read) follow a migration
+        its snapshot recorded."""
 
     async def lock_tenant(self, tenant_id: str) -> None:
         """The tenant's admission lock, held until the transaction ends: creates and admissions of one

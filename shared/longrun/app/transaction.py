@@ -14,8 +14,9 @@ from longrun.app import webhooks
 from longrun.app.webhooks import PROVIDERS, Translated
 from longrun.db import admission, inbox, outbox, runs
 from longrun.db.runs import StoredRun
+from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
-from longrun.domain import RunStatus
+from longrun.domain import PinnedVersions, RunStatus
 from longrun.domain import events as ev
 
 _MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
@@ -65,6 +66,11 @@ class PgTransaction:
         await self.conn.execute(update(webhook_events)
                                 .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event_id)
                                 .values(matched_run_id=run_id, matched_at=text("now()")))
+
+    async def repin(self, run_id: str, versions: PinnedVersions) -> None:
+        await self.conn.execute(update(runs_table).where(runs_table.c.run_id == run_id).values(
+            workflow_version=versions.workflow, prompt_version=versions.prompt,
+            model_policy_version=versions.model_policy, tool_schema_version=versions.tool_schemas))
 
     async def lock_tenant(self, tenant_id: str) -> None:
         await self.conn.execute(admission.LOCK_TENANT, {"t": tenant_id})

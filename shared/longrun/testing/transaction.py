@@ -12,7 +12,7 @@ from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import AtOnce, Found, StoredRun
 from longrun.db.schema import QUEUED_STATUS
-from longrun.domain import TERMINAL, RunStatus
+from longrun.domain import TERMINAL, PinnedVersions, RunStatus
 from longrun.domain import events as ev
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class MemoryTransaction:
     async def matched(self, provider: str, event_id: str, run_id: str) -> None:
         event, _ = self.world.kept[(provider, event_id)]
         self.world.kept[(provider, event_id)] = (event, run_id)
+
+    async def repin(self, run_id: str, versions: PinnedVersions) -> None:
+        """Nothing to do: the memory store reads a run's pins from its snapshot."""
 
     async def lock_tenant(self, tenant_id: str) -> None:
         """Nothing to wait for: the memory world runs one transaction at a time."""
