@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -143,6 +143,27 @@ def compare_messages(where: str, stored: Sequence[Mapping[str, Any]],
             if domain_has and not (isinstance(inner, Mapping) and _is_uuid(inner.get(name))):
                 found.append(f"{at}: payload.payload.{name} is no fresh id: {inner!r}")
     return found
+
+
+def compare_stored(expected_runs: Mapping[str, StoredRun], expected_events: Mapping[str, Sequence[Mapping[str, Any]]],
+                   expected_messages: Mapping[str, Sequence[outbox.Message]], stored: Mapping[str, Mapping[str, Any]],
+                   events: Mapping[str, Sequence[Mapping[str, Any]]], sent: Sequence[Mapping[str, Any]], *,
+                   label: Callable[[str], str] = lambda run_id: f"run {run_id}") -> list[str]:
+    """Each run's stored row, new events and outbox messages against what the domain made of it; then
+    messages for runs the domain sent nothing to, and ids used twice."""
+    found: list[str] = []
+    messages_of = by_aggregate(sent)
+    for run_id, after in sorted(expected_runs.items()):
+        where = label(run_id)
+        row = stored.get(run_id)
+        if row is None:
+            found.append(f"{where}: not stored")
+            continue
+        found += compare(where, {c: row[c] for c in RUN_COLUMNS}, run_row(after))
+        found += compare_events(run_id, events[run_id], expected_events[run_id])
+        found += compare_messages(where, messages_of.pop(run_id, []), expected_messages.get(run_id, []))
+    found += [f"outbox: message(s) for {run_id} the domain never sent" for run_id in messages_of]
+    return found + distinct_ids(sent)
 
 
 def distinct_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:

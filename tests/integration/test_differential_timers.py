@@ -175,14 +175,9 @@ async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
         sent = await diff.stored_messages(conn, mark)
         unfired = (await conn.execute(text("SELECT count(*) FROM timers WHERE fired_at IS NULL"))).scalar_one()
     found += [f"timers: {unfired} left unfired"] if unfired else []
-    messages_of = diff.by_aggregate(sent)
-    for run_id, (after, rows, messages) in sorted(expected.items()):
-        where = f"run {run_id} ({cases[run_id][0]})"
-        found += diff.compare(where, {c: stored[run_id][c] for c in diff.RUN_COLUMNS}, diff.run_row(after))
-        found += diff.compare_events(run_id, events[run_id], rows)
-        found += diff.compare_messages(where, messages_of.pop(run_id, []), messages)
-    found += [f"outbox: message(s) for {run_id} the domain never sent" for run_id in messages_of]
-    return found + diff.distinct_ids(sent)
+    return found + diff.compare_stored({r: e[0] for r, e in expected.items()}, {r: e[1] for r, e in expected.items()},
+                                       {r: e[2] for r, e in expected.items()}, stored, events, sent,
+                                       label=lambda run_id: f"run {run_id} ({cases[run_id][0]})")
 
 
 _NOT = object()

@@ -27,7 +27,6 @@ from longrun.app import advance
 from longrun.authoring import Registry, RunKind
 from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, EffectKind, RunSnapshot, RunStatus, violations
-from longrun.domain import events as ev
 from longrun.model import ModelAdapter
 from longrun.testing.checkpoints import CrashAt
 from longrun.testing.invariants import _history, _ledger
@@ -129,9 +128,6 @@ class Kit:
 
     def status(self, run_id: str) -> RunStatus:
         return self.snapshot(run_id).status
-
-    def history(self, run_id: str) -> list[ev.RunEvent]:
-        return self.world.store.history(run_id)
 
     def executions(self, tool: str) -> int:
         """How many times the far side acted for ``tool`` (every key)."""

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict
 from longrun.app import admit, effects, operate, timers, webhooks
 from longrun.app.webhooks import Translated
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
-from longrun.db.runs import StoredRun
 from longrun.domain import (
     ActionStatus,
     CallTool,
@@ -277,9 +276,6 @@ class World:
         return f"{prefix}-{next(self._ids)}"
 
     # -- effects (app/effects.py) ---------------------------------------------------------------------
-    def wake(self, stored: StoredRun, reason: str) -> None:
-        self.pending.append(effects.wake_message(stored, reason=reason, producer="memory").envelope)
-
     def schedule_wait_timers(self, run: RunSnapshot, *, decided_at: float) -> None:
         for timer in effects.wait_timers(run, decided_at=decided_at):
             self.store.schedule(**timer)
