@@ -136,14 +136,18 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             if stored is None:
                 return JSONResponse({"error": "no such run"}, status_code=404)
             history = await runs.history(conn, stored.snapshot.run_id)
+            needs = (await conn.execute(select(runs_table.c.awaiting_worker).where(
+                runs_table.c.run_id == stored.snapshot.run_id))).scalar()
         return JSONResponse({"snapshot": stored.snapshot.to_dict(),
+                             "waiting_for": f"a compatible worker: {needs}" if needs else None,
                              "events": [event_to_dict(e) for e in history]})
 
     async def search(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
-                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.idempotency_key,
+                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.awaiting_worker,
+                       runs_table.c.idempotency_key,
                        runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
         for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
             if request.query_params.get(column):

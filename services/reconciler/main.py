@@ -64,6 +64,7 @@ class Sweeper:
             self.engine, self.kinds, limit=RECONCILE_BATCH, clock=self.clock, artifacts=self.artifacts))
         await self._step("silence", lambda: reconcile.flag_silent_runs(
             self.engine, limits=self.settings.silence_limits))
+        await self._step("without worker", lambda: reconcile.flag_runs_without_worker(self.engine))
         if time.monotonic() >= self._drift_due:
             await self._step("drift", self._drift)
         self._report()

@@ -1,8 +1,10 @@
-"""worker service: partition leases pick the wakeup queues; each wakeup takes a run's lease and advances it."""
+"""worker service: partition leases pick the wakeup queues; each wakeup takes a run's lease and advances
+it. A run of a version this worker does not run waits for a worker that does (``Advancer.adopt_waiting``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from longrun import run_kinds, service
@@ -15,6 +17,10 @@ from longrun.config import Settings
 from longrun.workflows import model_adapter
 
 SERVICE = "worker"
+ADOPT_INTERVAL = 1.0
+"""Seconds between looks for runs waiting for a worker like this one (an indexed read of the few
+runs waiting, if any)."""
+logger = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
@@ -29,14 +35,31 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     clock=lambda: time.time() + settings.clock_skew,
                                     handover=effects.SlotHandover(settings.tenant_slots, settings.priority_aging,
                                                                   settings.partitions))
+    adopting = asyncio.create_task(_adopt_waiting(advancer, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(advancer.on_wakeup),
                                  stopping=stopping, health=health, on_outcome=advancer.after_ack,
                                  advertised=kinds.pins())
     finally:
+        adopting.cancel()
         await advancer.drain()
         await statements.close()
         await engine.dispose()
+
+
+async def _adopt_waiting(advancer: Advancer, stopping: asyncio.Event) -> None:
+    """Runs whose wakeup reached a worker that cannot run them wait for one that can: take them
+    over when this is one (a worker that just joined, or one serving the version they were migrated to)."""
+    while not stopping.is_set():
+        try:
+            while await advancer.adopt_waiting():
+                pass
+        except Exception as e:
+            logger.warning("taking over waiting runs failed (%r); trying again", e)
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=ADOPT_INTERVAL)
+        except TimeoutError:
+            pass
 
 
 def main() -> None:

@@ -84,6 +84,17 @@ class RunKind:
 
 _NONE_PUBLIC: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
+PIN_SEPARATOR = "\x1f"
+"""Joins a run's kind and four pins into one key (``pins_key``); no name contains it."""
+
+
+def pins_key(kind: str, versions: PinnedVersions) -> str:
+    """What a worker must serve to run a run: its kind and every pin, compared for equality (a
+    worker with the same workflow version but another prompt does not run it). ``db.runs`` builds
+    the same key from a run's columns."""
+    return PIN_SEPARATOR.join((kind, versions.workflow, versions.prompt, versions.model_policy,
+                               versions.tool_schemas))
+
 
 class Registry:
     """Run kinds by (name, workflow version); a run always runs at the version it pinned."""
@@ -100,6 +111,8 @@ class Registry:
         except InvalidVersion:
             raise ValueError(f"run kind {kind.name!r}: workflow version {kind.versions.workflow!r} is not a version "
                              "(expected e.g. 1, 2.1 or 3.0rc1: versions are ordered, and the newest is pinned)") from None
+        if pins_key(kind.name, kind.versions).count(PIN_SEPARATOR) != 4:
+            raise ValueError(f"run kind {kind.name!r}: a name or pin contains the control character \\x1f")
         self._kinds[(kind.name, kind.versions.workflow)] = kind
         self._public[(kind.name, kind.versions.workflow)] = MappingProxyType(
             {tool.name: tool.public_receipt for tool in kind.tools.values()})
@@ -126,6 +139,10 @@ class Registry:
 
     def advertised(self) -> list[tuple[str, str]]:
         return sorted(self._kinds)
+
+    def serves(self) -> list[str]:
+        """The ``pins_key`` of every run kind and version here: the runs a worker with it may take."""
+        return sorted(pins_key(name, kind.versions) for (name, _), kind in self._kinds.items())
 
     def pins(self) -> list[dict[str, str]]:
         """Every kind with all its pinned versions: what a worker advertises in its membership row."""

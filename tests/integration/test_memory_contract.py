@@ -30,7 +30,7 @@ from longrun.app.reconcile_store import PgReconcileStore
 from longrun.app.transaction import PgTransaction
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.authoring import Registry, RunKind, ToolResult
+from longrun.authoring import Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs, timers
 from longrun.db.driver import Pool
@@ -62,6 +62,8 @@ USE_CASES = {"admit": admit, "operate": operate, "webhooks": webhooks}
 SWEEPS = {"reconcile": reconcile, "reconcile_leases": reconcile_leases}
 """Called with a ``ReconcileStore`` of the port's store: each sweep runs its transactions itself."""
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="contract-v1")
+SERVED = frozenset({pins_key("steps", VERSIONS)})
+"""What the scenarios' workers run: the runs they create."""
 TTL = 0.4
 """Lease seconds: short, because the real store's clock is PostgreSQL's and the test sleeps for real."""
 
@@ -329,23 +331,38 @@ def _request(port: Port, run_id: str, fence: Fence, *, step: int = 0, hash_: str
 
 async def _taken(port: Port, seen: list[Any], stored: StoredRun, owner: str) -> Fence:
     handled, _ = await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, owner, stored.snapshot.run_id),
-                               owner, 30)
+                               owner, 30, SERVED)
     return Fence(handled.outcome["owner"], handled.outcome["token"])
 
 
 async def a_wakeup_takes_the_lease_once(port: Port, seen: list[Any]) -> None:
     stored = await new_run(port, seen)
     run_id = stored.snapshot.run_id
-    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w1", 30)
-    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w2", 30)  # a repeat
-    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w2", 30)  # held: not taken
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w1", 30, SERVED)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w2", 30, SERVED)  # a repeat
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w2", 30, SERVED)  # held: not taken
     fence = Fence("w1", 1)
     await observe(port, seen, "worker.extend_lease", run_id, fence, 30)
     await observe(port, seen, "worker.extend_lease", run_id, Fence("w2", 1), 30)
     await observe(port, seen, "worker.release_lease", run_id, fence)
-    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m3", run_id), "w2", 30)  # token 2
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m3", run_id), "w2", 30, SERVED)  # token 2
     await observe(port, seen, "worker.load", run_id)
-    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m4", f"{port.prefix}-ghost"), "w2", 30)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m4", f"{port.prefix}-ghost"), "w2", 30, SERVED)
+
+
+async def a_run_not_served_waits_for_a_worker_that_runs_it(port: Port, seen: list[Any]) -> None:
+    run_id = (await new_run(port, seen)).snapshot.run_id
+    version_2 = frozenset({pins_key("steps", replace(VERSIONS, workflow="2"))})
+    await observe(port, seen, "worker.adopt", "w1", 30, SERVED, 10)  # nothing waits
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w2", 30, version_2)  # declined
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w2", 30, version_2)  # again
+    await observe(port, seen, "worker.adopt", "w2", 30, version_2, 10)  # not by a worker that cannot run it
+    adopted = await observe(port, seen, "worker.adopt", "w1", 30, SERVED, 10)  # taken over once
+    await observe(port, seen, "worker.adopt", "w3", 30, SERVED, 10)
+    await observe(port, seen, "worker.hand_over", run_id, Fence("w1", adopted[0].fencing_token))
+    await observe(port, seen, "worker.load", run_id)  # released
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m3", run_id), "w3", 30, SERVED)  # and taken
+    await observe(port, seen, "worker.adopt", "w1", 30, SERVED, 10)  # it waits no more
 
 
 async def a_write_carries_its_ledger_row_and_refuses_a_known_key(port: Port, seen: list[Any]) -> None:
@@ -589,6 +606,7 @@ SCENARIOS: list[Scenario] = [
     inbox_answers_a_repeat_with_the_recorded_outcome,
     timers_fire_once_when_due,
     a_wakeup_takes_the_lease_once,
+    a_run_not_served_waits_for_a_worker_that_runs_it,
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
     an_outcome_and_a_wait_commit_with_their_transition,
     operators_decide_only_what_is_asked_by_whom_it_names,

@@ -33,7 +33,7 @@ from longrun.app import effects
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
-from longrun.authoring import Registry, RunKind, Tool, ToolResult
+from longrun.authoring import Registry, RunKind, Tool, ToolResult, pins_key
 from longrun.bus.consumer import Outcome
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs
@@ -79,6 +79,7 @@ PRODUCER = "worker"
 PARKED = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.RETRY_SCHEDULED,
                     RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
 UNAVAILABLE_RETRY_DELAY = 2.0
+ADOPT_BATCH = 32
 MODEL_CONTEXT_ITEMS = 40
 RECORDED_WITH_THE_ANSWER = frozenset({EffectKind.PURE, EffectKind.READ})
 """Effect kinds whose first call is recorded (prepared, submitted, charged, confirmed) in one
@@ -110,6 +111,7 @@ class Advancer:
         self.clock = clock
         self.rng = rng or random.Random()
         self.handover = handover
+        self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -127,7 +129,8 @@ class Advancer:
         assert envelope.run_id is not None
         _TAKEN.set(None)
         handled, stored = await self.store.take_on_wakeup(
-            inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl)
+            inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl,
+            self.served)
         _TAKEN.set(stored)
         return Outcome(envelope, handled.outcome, handled.duplicate)
 
@@ -142,6 +145,16 @@ class Advancer:
         if taken is not None and (taken.snapshot.run_id != run_id or taken.fencing_token != fence.token):
             taken = None
         self.start(run_id, fence, trace=outcome.envelope.trace, taken=taken, cause=outcome.envelope.event_id)
+
+    async def adopt_waiting(self, limit: int = ADOPT_BATCH) -> int:
+        """Take over runs waiting for a worker that runs them, if this is one, and advance them: their
+        wakeup reached a worker that could not. Returns how many."""
+        adopted = await self.store.adopt(self.instance_id, self.lease_ttl, self.served, limit)
+        for stored in adopted:
+            run = stored.snapshot
+            logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
+            self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
+        return len(adopted)
 
     def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None,
               cause: str | None = None) -> None:
@@ -211,6 +224,11 @@ class Advancer:
         run = stored.snapshot
         if run.status in TERMINAL or run.status in PARKED:
             await self._commit(stored, [], fence, release=True)
+            return None
+        if pins_key(run.kind, run.versions) not in self.served:
+            # Migrated since it was taken, to a version this worker lacks: a worker that runs it takes it.
+            logger.warning("run %s: %s@%s is not run here; handed over", run.run_id, run.kind, run.versions.workflow)
+            await self.store.hand_over(run.run_id, fence)
             return None
         if run.status is RunStatus.READY:
             # Written with the round's own transition: one statement (and snapshot written) per run less.

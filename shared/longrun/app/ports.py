@@ -52,9 +52,19 @@ class LedgerOutcome:
 
 
 class WorkerStore(Protocol):
-    async def take_on_wakeup(self, message: Message, owner: str, ttl: float) -> tuple[Handled, StoredRun | None]:
+    async def take_on_wakeup(self, message: Message, owner: str, ttl: float,
+                             served: Collection[str]) -> tuple[Handled, StoredRun | None]:
         """The wakeup's inbox row and the lease, together: the outcome (taken, with owner and token,
-        or why not; a repeat gets the recorded one) and the run as taken."""
+        or why not; a repeat gets the recorded one) and the run as taken. A run whose pins
+        (``authoring.pins_key``) are not ``served`` is not taken but marked as waiting for a worker
+        that runs it, if a worker has work for it."""
+
+    async def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
+        """The lease of up to ``limit`` runs marked as waiting for a worker that runs them, if their
+        pins are ``served``; the mark cleared."""
+
+    async def hand_over(self, run_id: str, fence: Fence) -> None:
+        """The lease released and the run marked as waiting for a worker that runs it."""
 
     async def load(self, run_id: str) -> StoredRun | None: ...
 

@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
 from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
-from longrun.app.reconcile_alerts import check_drift, flag_silent_runs
+from longrun.app.reconcile_alerts import check_drift, flag_runs_without_worker, flag_silent_runs
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
 from longrun.app.reconcile_leases import rewake_expired, rewake_expired_leases, seconds_until_a_lease_expires
@@ -69,8 +69,8 @@ __all__ = [
     "ABANDONED_AFTER", "ENDED_WHILE_SUBMITTED", "FOUND_NOTE", "Verdict", "contradictions", "in_doubt", "look_up",
     "reconcile_unknown", "settle_in_doubt",
     # The other sweeps and the counters, as the reconciler service runs and reports them.
-    "METRICS", "check_drift", "flag_silent_runs", "ingest_quarantine_queue", "rewake_expired",
-    "rewake_expired_leases", "seconds_until_a_lease_expires",
+    "METRICS", "check_drift", "flag_runs_without_worker", "flag_silent_runs", "ingest_quarantine_queue",
+    "rewake_expired", "rewake_expired_leases", "seconds_until_a_lease_expires",
 ]
 
 logger = logging.getLogger(__name__)

@@ -2,6 +2,8 @@
 
 Responsibility:
 - ``flag_silent_runs``: a run parked in a status longer than its limit raises one alert.
+- ``flag_runs_without_worker``: a run waiting for a worker of its version while no live worker
+  runs it raises one alert.
 - ``check_drift``: a confirmed action whose far-side object vanished or changed identity
   raises one alert; the run is never changed.
 
@@ -25,14 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.webhooks import audit
 from longrun.authoring import Registry, Tool
-from longrun.db.schema import actions, audit_log
+from longrun.db.schema import actions, audit_log, sql_names
 from longrun.db.schema import runs as runs_table
-from longrun.domain import ActionStatus, RunStatus
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus
 
 logger = logging.getLogger(__name__)
 
 SILENT_ALERT = "alert.silent_run"
 DRIFT_ALERT = "alert.drift"
+NO_WORKER_ALERT = "alert.no_compatible_worker"
 _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 """First key of the two-key advisory lock that serialises alerts for one target."""
 
@@ -59,6 +62,8 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
                    (now - since.cast(Float)).label("silent_for"))
             .where(or_(*late),
                    or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
+                   # Waiting for a worker that runs its version: that alert says why.
+                   runs_table.c.awaiting_worker.is_(None),
                    ~exists().where(audit_log.c.action == SILENT_ALERT, audit_log.c.target == runs_table.c.run_id,
                                    audit_log.c.details["episode"].astext == episode))
             .order_by(since.cast(Float)).limit(limit))).all()
@@ -75,6 +80,38 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
         raised += 1
         METRICS[f"{SILENT_ALERT}.{status.value}"] += 1
         logger.warning("run %s is silent: %s", row.run_id, reason)
+    return raised
+
+
+# -- runs no live worker can run ------------------------------------------------------------------
+
+_WITHOUT_WORKER = text(
+    "SELECT r.run_id, r.awaiting_worker, r.awaiting_worker || '#' || r.revision AS episode FROM runs r "
+    f"WHERE r.awaiting_worker IS NOT NULL AND r.status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
+    "AND NOT EXISTS (SELECT 1 FROM service_members m WHERE m.service = 'worker' AND m.alive_until > now() "
+    "AND m.advertised @> jsonb_build_array(jsonb_build_object('kind', r.workflow, 'workflow', r.workflow_version, "
+    "'prompt', r.prompt_version, 'model_policy', r.model_policy_version, 'tool_schemas', r.tool_schema_version))) "
+    "AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.action = :action AND a.target = r.run_id "
+    "AND a.details->>'episode' = r.awaiting_worker || '#' || r.revision) "
+    "ORDER BY r.updated_at LIMIT :limit")
+
+
+async def flag_runs_without_worker(engine: AsyncEngine, *, limit: int = 200) -> int:
+    """One alert per run and wait while no live worker advertises its pins (``service_members``): it
+    cannot move until one joins (it then resumes by itself) or an operator migrates it. A wait is
+    (what it waits for, revision): the run moving on and waiting again is another."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_WITHOUT_WORKER, {"action": NO_WORKER_ALERT, "limit": limit})).all()
+    raised = 0
+    for row in rows:
+        reason = f"waiting for a compatible worker: {row.awaiting_worker} (no live worker runs it)"
+        async with engine.begin() as conn:
+            if not await _alert_once(conn, NO_WORKER_ALERT, row.run_id, row.episode, reason,
+                                     {"needs": row.awaiting_worker}):
+                continue
+        raised += 1
+        METRICS[NO_WORKER_ALERT] += 1
+        logger.warning("run %s is %s", row.run_id, reason)
     return raised
 
 

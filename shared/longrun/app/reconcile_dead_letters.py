@@ -32,13 +32,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.reconcile_leases import _WAKEABLE
 from longrun.bus.connection import Bus
 from longrun.bus.topology import QUARANTINE_QUEUE
 from longrun.db import inbox, runs
 from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
 from longrun.db.schema import quarantine
+from longrun.domain import WORKER_HAS_WORK
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> No
     if run_id is None:
         return
     stored = await runs.load(conn, run_id)
-    if stored is None or stored.snapshot.status not in _WAKEABLE or stored.lease_owner is not None:
+    if stored is None or stored.snapshot.status not in WORKER_HAS_WORK or stored.lease_owner is not None:
         return  # ended, parked (its own wake condition holds), or leased (the lease sweep wakes it)
     dead = (await conn.execute(
         select(func.count()).select_from(quarantine)

@@ -9,7 +9,7 @@ Responsibility:
 Invariants:
 - A lease is cleared in the transaction that enqueues its wakeup, so each expiry wakes its run
   once, however many replicas sweep at once.
-- ``_WAKEABLE`` (what a worker has work for once the lease is free) is also the rule by which
+- ``WORKER_HAS_WORK`` (what a worker has work for once the lease is free) is also the rule by which
   ``reconcile_dead_letters`` wakes a run again whose wakeup was dead-lettered.
 """
 
@@ -26,12 +26,10 @@ from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_store import PgReconcileStore
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
-from longrun.domain import RunStatus
+from longrun.domain import WORKER_HAS_WORK
 
 logger = logging.getLogger(__name__)
 
-# A worker has something to do for these once the lease is free; the rest are parked or finished.
-_WAKEABLE = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.CANCELLING})
 
 _NEXT_EXPIRY = text("SELECT extract(epoch FROM min(lease_until) - now()) FROM runs WHERE lease_owner IS NOT NULL")
 
@@ -68,7 +66,8 @@ async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
             if not expired:
                 return 0
             stored = await tx.load_many([lease.run_id for lease in expired])
-            woken = [stored[lease.run_id] for lease in expired if stored[lease.run_id].snapshot.status in _WAKEABLE]
+            woken = [stored[lease.run_id] for lease in expired
+                     if stored[lease.run_id].snapshot.status in WORKER_HAS_WORK]
             await tx.send([effects.wake_message(s, reason="lease expired", producer=PRODUCER) for s in woken])
     except Exception as e:
         if is_transient(e):
@@ -76,7 +75,7 @@ async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
         logger.warning("re-waking expired leases together failed (%r); run by run", e)
         return await _rewake_one_by_one(store, limit=limit)
     for lease in expired:
-        _count_expiry(lease, stored[lease.run_id], wake=stored[lease.run_id].snapshot.status in _WAKEABLE)
+        _count_expiry(lease, stored[lease.run_id], wake=stored[lease.run_id].snapshot.status in WORKER_HAS_WORK)
     return len(woken)
 
 
@@ -93,7 +92,7 @@ async def _rewake_one_by_one(store: ReconcileStore, *, limit: int) -> int:
                 current = lease.run_id
                 stored = await tx.load(lease.run_id)
                 assert stored is not None
-                wake = stored.snapshot.status in _WAKEABLE
+                wake = stored.snapshot.status in WORKER_HAS_WORK
                 if wake:
                     await tx.send([effects.wake_message(stored, reason="lease expired", producer=PRODUCER)])
         except Exception as e:

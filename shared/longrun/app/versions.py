@@ -1,6 +1,7 @@
 """What an operator reads before retiring old code: per run kind and pinned versions, the runs
 still open by status, the oldest of them waiting, and which live workers advertise those versions
-(``service_members.advertised``: a version no live worker serves cannot move on)."""
+(``service_members.advertised``: a version no live worker serves cannot move on), and how many runs
+wait for one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ _PINS = (runs.c.workflow, runs.c.workflow_version, runs.c.prompt_version, runs.c
 _OPEN = runs.c.status.notin_([s.value for s in TERMINAL])
 _IN_FLIGHT = (select(*_PINS, runs.c.status, func.count().label("runs"),
                      func.min(runs.c.updated_at).filter(runs.c.status.in_([s.value for s in WAITING]))
-                     .label("oldest_wait"))
+                     .label("oldest_wait"),
+                     func.count().filter(runs.c.awaiting_worker.isnot(None)).label("awaiting_worker"))
               .where(_OPEN).group_by(*_PINS, runs.c.status))
 _LIVE = select(service_members.c.instance_id, service_members.c.advertised).where(
     service_members.c.service == "worker", service_members.c.alive_until > func.now())
@@ -29,6 +31,7 @@ async def report(conn: AsyncConnection) -> list[dict[str, Any]]:
     for row in await conn.execute(_IN_FLIGHT):
         entry = entries.setdefault(tuple(row[:5]), _entry(*row[:5]))
         entry["open_runs"][row.status] = row.runs
+        entry["waiting_for_a_worker"] += row.awaiting_worker
         if row.oldest_wait is not None and (entry["oldest_wait"] is None or row.oldest_wait < entry["oldest_wait"]):
             entry["oldest_wait"] = row.oldest_wait
     for member in await conn.execute(_LIVE):
@@ -42,4 +45,4 @@ async def report(conn: AsyncConnection) -> list[dict[str, Any]]:
 def _entry(kind: str, workflow: str, prompt: str, model_policy: str, tool_schemas: str) -> dict[str, Any]:
     return {"kind": kind, "versions": {"workflow": workflow, "prompt": prompt, "model_policy": model_policy,
                                        "tool_schemas": tool_schemas},
-            "open_runs": {}, "oldest_wait": None, "served_by": []}
+            "open_runs": {}, "oldest_wait": None, "waiting_for_a_worker": 0, "served_by": []}

@@ -7,7 +7,7 @@ wait's timers and kept events — gets a transaction of the engine's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -32,10 +32,18 @@ class PgWorkerStore:
         self.artifacts = artifacts
         self.clock = clock
 
-    async def take_on_wakeup(self, message: inbox.Message, owner: str,
-                             ttl: float) -> tuple[inbox.Handled, StoredRun | None]:
+    async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
+                             served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
         async with self.statements.connection() as conn:
-            return await runs.take_on_wakeup(conn, message, owner, ttl)
+            return await runs.take_on_wakeup(conn, message, owner, ttl, served)
+
+    async def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
+        async with self.statements.connection() as conn:
+            return await runs.adopt(conn, owner, ttl, served, limit)
+
+    async def hand_over(self, run_id: str, fence: Fence) -> None:
+        async with self.statements.connection() as conn:
+            await runs.hand_over(conn, run_id, fence)
 
     async def load(self, run_id: str) -> StoredRun | None:
         async with self.statements.connection() as conn:

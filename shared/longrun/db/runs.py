@@ -19,7 +19,7 @@ the snapshot's ``last_seq`` is the highest *applied* one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,8 +28,9 @@ from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import admission, driver, inbox, jsonb, outbox
-from longrun.db.schema import actions, run_events, runs
-from longrun.domain import PinnedVersions, RunSnapshot, evolve, is_late
+from longrun.authoring import PIN_SEPARATOR
+from longrun.db.schema import actions, run_events, runs, sql_names
+from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, evolve, is_late
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 
@@ -478,27 +479,66 @@ async def take_lease(conn: driver.Connection, run_id: str, owner: str, ttl: floa
     return None if row is None else Fence(owner, row.fencing_token)
 
 
+PINS_KEY = (f"concat_ws(chr({ord(PIN_SEPARATOR)}), workflow, workflow_version, prompt_version, "
+            "model_policy_version, tool_schema_version)")
+"""A run's ``authoring.pins_key`` from its columns: what a worker must serve to run it."""
+NEEDS_WORKER = "workflow || '@' || workflow_version"
+"""What ``awaiting_worker`` shows: the kind and workflow version the run waits for a worker of."""
+_SERVED = f"{PINS_KEY} = ANY(CAST(:served AS text[]))"
+_LEASE_FREE = "(lease_owner IS NULL OR lease_until < now())"
+_COLUMN_NAMES = ", ".join(c.name for c in _COLUMNS)
+
 _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
     "worker",
     change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
-            "fencing_token = fencing_token + 1 WHERE run_id = :b_run_id "
-            "AND (lease_owner IS NULL OR lease_until < now()) AND NOT EXISTS (SELECT 1 FROM seen) "
-            f"RETURNING {', '.join(c.name for c in _COLUMNS)})"],
+            "fencing_token = fencing_token + 1, awaiting_worker = NULL WHERE run_id = :b_run_id "
+            f"AND {_LEASE_FREE} AND {_SERVED} AND NOT EXISTS (SELECT 1 FROM seen) RETURNING {_COLUMN_NAMES})",
+            # A run this worker cannot run is not taken: it waits, named, for a worker that can.
+            f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
+            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
+            "AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)"],
     outcome="COALESCE((SELECT jsonb_build_object('taken', true, 'owner', lease_owner, 'token', fencing_token) "
-            "FROM taken), CAST(:not_taken AS jsonb))",
+            "FROM taken), (SELECT jsonb_build_object('taken', false, 'reason', "
+            "'this worker does not run ' || awaiting_worker) FROM declined), CAST(:not_taken AS jsonb))",
     result="taken.* FROM (VALUES (1)) AS one(x) LEFT JOIN taken ON true")).bindparams(_TTL))
 
 
-async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str,
-                         ttl: float) -> tuple[inbox.Handled, StoredRun | None]:
+async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str, ttl: float,
+                         served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
     """``take_lease`` with the worker's inbox row for the wakeup that asks for it, in one statement
     sent on its own: the outcome recorded (taken, with owner and token, or why not) and the run as
-    taken (no second read)."""
+    taken (no second read). A run whose pins are not among ``served`` (``Registry.serves``) is not
+    taken: it is marked as waiting for a worker that runs it (``adopt``)."""
     handled = await inbox.handle(conn, _TAKE_ON_WAKEUP, message, {
-        "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl),
+        "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
         "not_taken": jsonb.dumps({"taken": False, "reason": "another worker holds the lease"})})
     taken = handled.row.snapshot is not None and not handled.duplicate
     return handled, _stored(handled.row) if taken else None
+
+
+_ADOPT = driver.Statement(text(
+    "WITH waiting AS (SELECT run_id FROM runs WHERE awaiting_worker IS NOT NULL "
+    f"AND {_SERVED} AND {_LEASE_FREE} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED) "
+    "UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
+    f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_COLUMN_NAMES}"
+).bindparams(_TTL))
+_HAND_OVER = driver.Statement(text(
+    f"UPDATE runs SET lease_owner = NULL, lease_until = NULL, awaiting_worker = {NEEDS_WORKER} "
+    "WHERE run_id = :b_run_id AND lease_owner = :owner AND fencing_token = :token"))
+
+
+async def adopt(conn: driver.Connection, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
+    """Take the lease of up to ``limit`` runs waiting for a worker that runs them, if this is one:
+    a wakeup reached a worker that could not run them (or one that lost them to a migration)."""
+    rows = await driver.rows(conn, _ADOPT, {"owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
+                                            "limit": limit})
+    return [_stored(row) for row in rows]
+
+
+async def hand_over(conn: driver.Connection, run_id: str, fence: Fence) -> None:
+    """Give up a run this worker cannot run (it was migrated to a version the worker lacks): the
+    lease released and the run marked as waiting for a worker that can, in one statement."""
+    await driver.execute(conn, _HAND_OVER, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})
 
 
 async def extend_lease(conn: driver.Connection, run_id: str, fence: Fence, ttl: float) -> bool:

@@ -106,6 +106,8 @@ runs = Table(
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("admitted_at", DateTime(timezone=True)),
+    # "kind@version" while no worker that took its wakeup could run it: handed over to one that can.
+    Column("awaiting_worker", Text),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),
     CheckConstraint("revision >= 0 AND last_seq >= 0 AND fencing_token >= 0", name="counters"),
@@ -126,6 +128,8 @@ Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
       postgresql_where=runs.c.wait_correlation_key.isnot(None))
 # Reconciler: leases that may have expired.
 Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
+# Workers' hand-over sweep: runs waiting for a worker that can run them.
+Index("ix_runs_awaiting_worker", runs.c.awaiting_worker, postgresql_where=runs.c.awaiting_worker.isnot(None))
 OPEN_RUN = f"status NOT IN ({sql_names(sorted(TERMINAL))})"
 """A run that has not finished, as SQL."""
 HOLDS_SLOT = f"admitted_at IS NOT NULL AND {OPEN_RUN}"

@@ -78,7 +78,15 @@ from longrun.domain.evolve import LATE_TOLERANT, evolve, fold, is_late
 from longrun.domain.invariants import violations
 from longrun.domain.lease import Lease, can_take, is_stale, release, renew, takeover
 from longrun.domain.retry import RetryPolicy, Rng, next_delay
-from longrun.domain.run import OPEN, RUN_TRANSITIONS, TERMINAL, WAITING, RunStatus, check_run_transition
+from longrun.domain.run import (
+    OPEN,
+    RUN_TRANSITIONS,
+    TERMINAL,
+    WAITING,
+    WORKER_HAS_WORK,
+    RunStatus,
+    check_run_transition,
+)
 from longrun.domain.snapshot import (
     APPROVAL_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
@@ -111,6 +119,7 @@ __all__ = [
     "TERMINAL",
     "UNRECONCILED",
     "WAITING",
+    "WORKER_HAS_WORK",
     "Acceptance",
     "ActionCompensated",
     "ActionConfirmed",

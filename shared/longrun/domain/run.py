@@ -53,6 +53,8 @@ TERMINAL: frozenset[RunStatus] = frozenset(
     {_S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TERMINATED, _S.TIMED_OUT, _S.BUDGET_EXHAUSTED}
 )
 OPEN: frozenset[RunStatus] = frozenset(RunStatus) - TERMINAL
+WORKER_HAS_WORK: frozenset[RunStatus] = frozenset({_S.READY, _S.RUNNING, _S.CANCELLING})
+"""A worker has something to do for these once the lease is free; the rest are parked or finished."""
 
 WAITING: frozenset[RunStatus] = frozenset({_S.WAITING_EVENT, _S.WAITING_USER, _S.RETRY_SCHEDULED})
 """Statuses parked until a wake condition fires; each holds a ``Wait`` with a deadline.

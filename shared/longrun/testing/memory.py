@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import Fence, Found, Planned, StoredRun, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
-from longrun.domain import ActionStatus, RunSnapshot, evolve, freeze
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunSnapshot, evolve, freeze
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 
@@ -63,6 +64,7 @@ class RunRow:
     tenant_id: str
     idempotency_key: str
     input_hash: str
+    awaiting_worker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,14 +249,42 @@ class MemoryStore:
 
     def take_lease(self, run_id: str, owner: str, ttl: float) -> Fence | None:
         row = self.runs.get(run_id)
-        if row is None:
-            return None
-        now = self.clock()
-        if not (row.lease_owner is None or (row.lease_until is not None and row.lease_until < now)):
+        if row is None or not self._lease_free(row):
             return None
         token = row.fencing_token + 1
-        self.runs[run_id] = replace(row, lease_owner=owner, lease_until=now + ttl, fencing_token=token)
+        self.runs[run_id] = replace(row, lease_owner=owner, lease_until=self.clock() + ttl, fencing_token=token,
+                                    awaiting_worker=None)
         return Fence(owner, token)
+
+    def _lease_free(self, row: RunRow) -> bool:
+        return row.lease_owner is None or (row.lease_until is not None and row.lease_until < self.clock())
+
+    @staticmethod
+    def served(row: RunRow, served: Collection[str]) -> bool:
+        return pins_key(row.snapshot.kind, row.snapshot.versions) in served
+
+    def decline(self, run_id: str) -> str | None:
+        """``db.runs.take_on_wakeup`` for a run the worker does not serve: marked as waiting for a
+        worker that does, if one has work for it; what it waits for."""
+        row = self.runs.get(run_id)
+        if row is None or not self._lease_free(row) or row.snapshot.status not in WORKER_HAS_WORK:
+            return None
+        needs = f"{row.snapshot.kind}@{row.snapshot.versions.workflow}"
+        self.runs[run_id] = replace(row, awaiting_worker=needs)
+        return needs
+
+    def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[str]:
+        """``db.runs.adopt``: the runs taken."""
+        waiting = [run_id for run_id, row in self.runs.items()
+                   if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)]
+        return [run_id for run_id in waiting[:limit] if self.take_lease(run_id, owner, ttl) is not None]
+
+    def hand_over(self, run_id: str, fence: Fence) -> None:
+        """``db.runs.hand_over``."""
+        row = self.runs.get(run_id)
+        if row is not None and row.lease_owner == fence.owner and row.fencing_token == fence.token:
+            self.runs[run_id] = replace(row, lease_owner=None, lease_until=None,
+                                        awaiting_worker=f"{row.snapshot.kind}@{row.snapshot.versions.workflow}")
 
     def extend_lease(self, run_id: str, fence: Fence, ttl: float) -> bool:
         row = self.runs.get(run_id)

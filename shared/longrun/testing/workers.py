@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from longrun.app import webhooks
@@ -34,7 +34,8 @@ class MemoryWorkerStore:
         self.world = world
         self.store = world.store
 
-    async def take_on_wakeup(self, message: Message, owner: str, ttl: float) -> tuple[Handled, StoredRun | None]:
+    async def take_on_wakeup(self, message: Message, owner: str, ttl: float,
+                             served: Collection[str]) -> tuple[Handled, StoredRun | None]:
         await checkpoint("take on wakeup")
         store = self.store
         with store.transaction():
@@ -43,11 +44,26 @@ class MemoryWorkerStore:
             if isinstance(claim, Duplicate):
                 return Handled(claim.outcome, True, None), None
             assert message.run_id is not None
-            fence = store.take_lease(message.run_id, owner, ttl)
-            outcome = ({"taken": False, "reason": "another worker holds the lease"} if fence is None
-                       else {"taken": True, "owner": fence.owner, "token": fence.token})
+            row = store.runs.get(message.run_id)
+            fence, needs = None, None
+            if row is not None and not store.served(row, served):
+                needs = store.decline(message.run_id)
+            else:
+                fence = store.take_lease(message.run_id, owner, ttl)
+            outcome = ({"taken": True, "owner": fence.owner, "token": fence.token} if fence is not None
+                       else {"taken": False, "reason": f"this worker does not run {needs}"} if needs is not None
+                       else {"taken": False, "reason": "another worker holds the lease"})
             store.record_outcome(WORKER_INBOX, message_id=message.message_id, outcome=outcome)
         return Handled(outcome, False, None), None if fence is None else store.load(message.run_id)
+
+    async def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
+        await checkpoint("adopt")
+        return [stored for run_id in self.store.adopt(owner, ttl, served, limit)
+                if (stored := self.store.load(run_id)) is not None]
+
+    async def hand_over(self, run_id: str, fence: Fence) -> None:
+        await checkpoint("hand over")
+        self.store.hand_over(run_id, fence)
 
     async def load(self, run_id: str) -> StoredRun | None:
         await checkpoint("load")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from longrun.authoring import Registry, RunKind
+from longrun.authoring import Registry, RunKind, pins_key
 from longrun.domain import PinnedVersions
 from longrun.workflows.steps import Steps
 
@@ -36,3 +36,19 @@ def test_a_pinned_version_is_found_by_its_own_spelling() -> None:
 def test_a_workflow_version_that_is_no_version_is_refused_naming_the_kind() -> None:
     with pytest.raises(ValueError, match="run kind 'steps': workflow version 'memory-v1' is not a version"):
         Registry([kind("memory-v1")])
+
+
+def test_a_worker_serves_exactly_the_pins_it_has() -> None:
+    # The same workflow version with another prompt is another build: compared for equality
+    registry = Registry([kind("1"), kind("2")])
+    other_prompt = PinnedVersions(workflow="1", prompt="p2", model_policy="none", tool_schemas="s1")
+    assert pins_key("steps", kind("1").versions) in registry.serves()
+    assert pins_key("steps", other_prompt) not in registry.serves()
+    assert len(registry.serves()) == 2
+
+
+def test_a_pin_holding_the_key_separator_is_refused() -> None:
+    bad = RunKind("steps", PinnedVersions(workflow="1", prompt="a\x1fb", model_policy="none", tool_schemas="s1"),
+                  Steps(), {})
+    with pytest.raises(ValueError, match="control character"):
+        Registry([bad])
