@@ -12,6 +12,7 @@ identical. A divergence means the model the tests trust has drifted from the run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -25,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects, operate, reconcile, reconcile_leases, webhooks
+from longrun.app.advance import Advancer
 from longrun.app.ports import LedgerOutcome
 from longrun.app.reconcile_store import PgReconcileStore
 from longrun.app.transaction import PgTransaction
@@ -49,11 +51,14 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
+from longrun.model import ScriptedModel
 from longrun.workflows.steps import ECHO, Steps
+from longrun.testing.checkpoints import CrashAt, Crashed
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
-from longrun.testing.workers import MemoryWorkerStore
+from longrun.testing.workers import MemoryArtifacts, MemoryWorkerStore
 from longrun.testing.world import World
+from tests import ci_gate
 
 pytestmark = pytest.mark.integration
 
@@ -597,6 +602,35 @@ async def operators_migrate_a_run_only_to_a_version_that_takes_it_over(port: Por
     await observe(port, seen, "runs.history", run_id)
 
 
+async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen: list[Any]) -> None:
+    # ``tests.ci_gate`` on the real worker: its retry after a failed CI run takes the patch; that worker
+    # dies right after writing it (its second commit), and a successor finishes the run.
+    created = ev.RunCreated(seq=1, at=1000.0, run_id=f"{port.prefix}-ci", tenant_id=port.prefix, kind=ci_gate.KIND,
+                            goal=freeze(ci_gate.GOAL), versions=ci_gate.VERSIONS,
+                            budget=Usage(model_calls=1, tool_calls=5, cost=1.0))
+    run_id = (await observe(port, seen, "runs.create", created, idempotency_key="key-ci", input_hash="h" * 64,
+                            partition=3)).snapshot.run_id
+    for owner, crash in (("w1", CrashAt("worker.after_commit", 2)), ("w2", CrashAt())):
+        # The receipts are small: nothing is uploaded to the artifact store.
+        worker = Advancer(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
+                          artifacts=MemoryArtifacts(), instance_id=owner, lease_ttl=TTL, clock=port.now,
+                          crash_points=crash)
+        taken = (await worker.on_wakeup(make("run.wakeup", {"wakeup_id": owner, "reason": "test"}, producer="tests",
+                                              tenant_id=port.prefix, run_id=run_id))).outcome
+        with contextlib.suppress(Crashed):
+            await worker.run_steps(run_id, Fence(taken["owner"], taken["token"]))
+        seen.append((owner, crash.reached, [e.type for e in await port.call("runs.history", run_id)]))
+        await port.sleep(TTL * 2.5)  # the dead worker's lease expires
+    history = await port.call("runs.history", run_id)
+    seen.append(("history", [(e.type, getattr(e, "logical_action", None), getattr(e, "patch", None),
+                              getattr(e, "workflow_version", None)) for e in history]))
+    markers = [i for i, e in enumerate(history) if isinstance(e, ev.PatchTaken)]
+    assert len(markers) == 1 and history[markers[0] + 1].type == "action.prepared"
+    run = (await port.call("runs.load", run_id)).snapshot
+    seen.append(("run", run.status.value, run.patches))
+    await observe(port, seen, "outbox.sent")
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -615,6 +649,7 @@ SCENARIOS: list[Scenario] = [
     creates_are_admitted_at_once_while_their_tenant_has_room,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
+    a_patch_is_written_once_with_the_decision_it_changed,
 ]
 
 

@@ -28,6 +28,7 @@ from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
 from longrun.workflows import STEPS_VERSIONS, registry, steps
+from tests import ci_gate
 from tests.fixtures import PARTITIONS
 from tests.integration import runs_factory
 from tests.integration.bus_helpers import wakeup
@@ -309,3 +310,17 @@ async def test_a_first_call_with_a_receipt_too_large_to_inline_is_on_the_ledger_
         registered = (await conn.execute(text("SELECT count(*) FROM artifacts WHERE content_hash = :h"),
                                          {"h": ref})).scalar()
     assert ref is not None and registered == 1
+
+
+async def test_a_patch_taken_is_written_in_the_statement_of_the_decision_it_changed(clean, engine, tmp_path) -> None:
+    # Given a ci_gate run (tests.ci_gate), whose fix retries a failed CI run under a patch
+    run_id = (await runs_factory.created(engine, kind=ci_gate.KIND, goal=ci_gate.GOAL,
+                                         versions=ci_gate.VERSIONS)).snapshot.run_id
+    # When a worker advances it: CI fails twice, then passes
+    await _advance(engine, tmp_path, run_id, kinds=Registry([ci_gate.kind()]))
+    # Then the patch is written once, with the first retry and ahead of its events; the second retry,
+    # which took the patch too, writes none
+    ci = ["action.prepared", "action.submitted", "budget.charged"]
+    answer = ["action.confirmed", "fact.recorded"]
+    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *ci], answer,
+                                             ["run.patch_taken", *ci], answer, ci, answer, ["run.completed"]]

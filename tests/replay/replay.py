@@ -11,13 +11,17 @@ flight or in doubt, and what follows is the work of a decision), the pinned work
 as ``now``, and what it returns must match what actually followed (the action prepared, the
 wait started with its key, approval and hash, the completion and its evidence...). Replaying
 repeats the same calls under the code of today and must get the same decisions.
+
+A patch point (``ctx.patched``) is taken where the history took it: the patches folded so far,
+and those recorded (``run.patch_taken``) with the decision itself, ahead of its own events. A
+history recorded before a patch existed replays through the old branch.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,20 +76,33 @@ def decision_to_plain(decision: Decision) -> dict[str, Any]:
     return {"type": type(decision).__name__, **to_plain(decision)}  # type: ignore[dict-item]
 
 
-def decide(kinds: Registry, state: RunSnapshot, now: float) -> Decision:
-    """The pinned workflow's decision, with ``now`` as the clock, ids and randomness fixed."""
+def decide(kinds: Registry, state: RunSnapshot, now: float, taken: frozenset[str] = frozenset()) -> Decision:
+    """The pinned workflow's decision, with ``now`` as the clock, ids and randomness fixed, and the
+    patches the run had taken there (``taken``: those recorded with this decision)."""
     counter = itertools.count(1)
-    ctx = DecisionContext(now=now, new_id=lambda: f"replay-{next(counter)}", rng=random.Random(0))
+    ctx = DecisionContext(now=now, new_id=lambda: f"replay-{next(counter)}", rng=random.Random(0),
+                          patches=frozenset(state.patches) | taken)
     return kinds.get(state.kind, state.versions.workflow).workflow.decide(state, ctx)
+
+
+def patches_ahead(following: Iterable[ev.RunEvent]) -> tuple[frozenset[str], ev.RunEvent | None]:
+    """The patches recorded at the head of ``following`` (with the decision they changed), and the
+    first event after them: the decision's own."""
+    taken = []
+    for event in following:
+        if not isinstance(event, ev.PatchTaken):
+            return frozenset(taken), event
+        taken.append(event.patch)
+    return frozenset(taken), None
 
 
 def _mid_commit(previous: ev.RunEvent | None) -> bool:
     """``previous`` is not the last event of the worker's commit, or a call is out after it.
 
     A decision commits together: prepared + submitted + charged (then the tool call is out, and
-    what follows is its outcome), or charged + the model's proposal.
+    what follows is its outcome), or charged + the model's proposal; the patches it took come first.
     """
-    return isinstance(previous, ev.ActionPrepared | ev.ActionSubmitted | ev.BudgetCharged)
+    return isinstance(previous, ev.ActionPrepared | ev.ActionSubmitted | ev.BudgetCharged | ev.PatchTaken)
 
 
 def _decides(state: RunSnapshot | None, previous: ev.RunEvent | None, following: ev.RunEvent) -> bool:
@@ -113,10 +130,11 @@ def derive(kinds: Registry, events: Sequence[ev.RunEvent]) -> list[Point]:
     points: list[Point] = []
     state: RunSnapshot | None = None
     previous: ev.RunEvent | None = None
-    for event in events:
-        if _decides(state, previous, event):
+    for i, event in enumerate(events):
+        taken, following = patches_ahead(itertools.islice(events, i, None))
+        if following is not None and _decides(state, previous, following):
             assert state is not None and previous is not None
-            points.append(Point(previous.seq, event.at, decision_to_plain(decide(kinds, state, event.at))))
+            points.append(Point(previous.seq, event.at, decision_to_plain(decide(kinds, state, event.at, taken))))
         state = evolve(state, event)
         previous = event
     return points
@@ -130,7 +148,8 @@ def mismatch(kinds: Registry, events: Sequence[ev.RunEvent], point: Point) -> st
             break
         state = evolve(state, event)
     assert state is not None
-    nxt = [e for e in events if e.seq > point.after_seq]
+    nxt = list(itertools.dropwhile(lambda e: isinstance(e, ev.PatchTaken),
+                                   (e for e in events if e.seq > point.after_seq)))
     first, second = nxt[0], (nxt[1] if len(nxt) > 1 else None)
     d = point.decision
     kind = d["type"]
@@ -260,5 +279,6 @@ def replayed(kinds: Registry, history: History) -> list[dict[str, Any]]:
             state = evolve(state, events[position])
             position += 1
         assert state is not None
-        decisions.append(decision_to_plain(decide(kinds, state, point.now)))
+        taken, _ = patches_ahead(events[position:])
+        decisions.append(decision_to_plain(decide(kinds, state, point.now, taken)))
     return decisions

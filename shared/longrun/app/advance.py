@@ -253,6 +253,7 @@ class Advancer:
         if isinstance(decision, (AskModel, CallTool)) and stored.unwritten_request is not None:
             # The step before is on record before anything more is asked of the world.
             stored = await self._commit(stored, [], fence)
+        stored = self._with_patches(stored, ctx.taken)
         if isinstance(decision, AskModel):
             return await self._ask_model(stored, fence, kind, decision)
         if isinstance(decision, CallTool):
@@ -321,6 +322,18 @@ class Advancer:
 
     def _context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)
+
+    def _with_patches(self, stored: StoredRun, patches: Sequence[str]) -> StoredRun:
+        """A ``run.patch_taken`` for each of ``patches`` the run had not taken, deferred: written with
+        what the decision writes next, before its events, and never without them, so a replay takes
+        the patched branch exactly where the run took it."""
+        run = stored.snapshot
+        new = [patch for patch in patches if patch not in run.patches]
+        if not new:
+            return stored
+        return runs.defer(stored, [self._event(stored, ev.PatchTaken, offset=i, patch=patch,
+                                               workflow_version=run.versions.workflow)
+                                   for i, patch in enumerate(new, 1)])
 
     async def _ask_model(self, stored: StoredRun, fence: Fence, kind: RunKind, decision: AskModel) -> StoredRun:
         run = stored.snapshot

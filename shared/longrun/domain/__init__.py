@@ -57,6 +57,7 @@ from longrun.domain.events import (
     CancelRequested,
     CompensationStarted,
     FactRecorded,
+    PatchTaken,
     QuestionOpened,
     QuestionResolved,
     ReconciliationStarted,
@@ -102,6 +103,7 @@ from longrun.domain.snapshot import (
     WakeReason,
     upcast_snapshot_v1_v2,
     upcast_snapshot_v2_v3,
+    upcast_snapshot_v3_v4,
 )
 
 __all__ = [
@@ -150,6 +152,7 @@ __all__ = [
     "FrozenMap",
     "JsonValue",
     "Lease",
+    "PatchTaken",
     "PinnedVersions",
     "Question",
     "QuestionOpened",
@@ -211,6 +214,7 @@ __all__ = [
     "to_plain",
     "upcast_snapshot_v1_v2",
     "upcast_snapshot_v2_v3",
+    "upcast_snapshot_v3_v4",
     "violations",
     "wait_for",
     "budget_needs",

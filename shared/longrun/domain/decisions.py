@@ -5,8 +5,10 @@ one of these values and never calls a port; the worker carries it out (through t
 ledger, the model adapter, the timer table) and records the resulting events.
 
 Invariants:
-- ``decide`` is pure: time, ids and randomness reach it only through ``DecisionContext``,
-  so replaying a history under the same pinned versions reproduces its decisions.
+- ``decide`` is pure: time, ids, randomness and patch points reach it only through
+  ``DecisionContext``, so replaying a history under the same pinned versions reproduces its
+  decisions. A patch point (``ctx.patched``) is taken live and recorded by the worker; a replay
+  takes it only where the history recorded it, so old histories keep their old decisions.
 - Every wait a decision asks for has a wake condition and a deadline by construction
   (``wait_for``); a retry waits on a timer whose deadline is its fire time.
 - ``Complete`` carries evidence; the workflow's ``accept`` judges it deterministically,
@@ -16,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
 from longrun.domain.action import ActionStatus
@@ -98,6 +100,19 @@ class DecisionContext:
     """Epoch seconds, from the worker's clock port."""
     new_id: Callable[[], str]
     rng: Rng
+    patches: frozenset[str] | None = None
+    """The patches a replayed history had taken at this decision; None live, where every patch is taken."""
+    taken: list[str] = field(default_factory=list, init=False, compare=False)
+    """The patches ``decide`` took, in the order it asked: the worker records those the run had not."""
+
+    def patched(self, patch: str) -> bool:
+        """Whether to take the patched branch at patch point ``patch``. Live, always: the worker records
+        ``run.patch_taken`` with the first decision that takes it. Replaying, only where the history
+        recorded it, so a history recorded before the patch existed replays through the old branch."""
+        taken = self.patches is None or patch in self.patches
+        if taken and patch not in self.taken:
+            self.taken.append(patch)
+        return taken
 
 
 class Workflow(Protocol):

@@ -139,6 +139,18 @@ class VersionsMigrated(RunEvent):
 
 
 @_event
+class PatchTaken(RunEvent):
+    """The run's ``decide`` took a patch point (``ctx.patched``) for the first time; its later
+    decisions take it too. Written with the first decision it changed, before that decision's events,
+    so a replay of the history answers ``patched`` as the run did."""
+
+    type: ClassVar[str] = "run.patch_taken"
+    patch: str
+    workflow_version: str
+    """The workflow version the run was pinned to when it took the patch."""
+
+
+@_event
 class FactRecorded(RunEvent):
     type: ClassVar[str] = "fact.recorded"
     key: str
@@ -279,7 +291,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
         for cls in (
             RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
             CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
-            StageChanged, VersionsMigrated, FactRecorded, QuestionOpened, QuestionResolved,
+            StageChanged, VersionsMigrated, PatchTaken, FactRecorded, QuestionOpened, QuestionResolved,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated,

@@ -18,7 +18,7 @@ Invariants checked (each message names the rule):
 - ACTION_UNKNOWN only while an action awaits reconciliation (someone must wake the run);
 - budget limits and usage are non-negative, and usage is within the limits unless
   BUDGET_EXHAUSTED;
-- logical actions, idempotency keys, fact keys and question ids are unique.
+- logical actions, idempotency keys, fact keys, question ids and patches taken are unique.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def _check(s: RunSnapshot) -> Iterator[str]:
         ("idempotency key", (a.idempotency_key for a in s.actions)),
         ("fact key", (f.key for f in s.facts)),
         ("question id", (q.question_id for q in s.open_questions)),
+        ("patch", s.patches),
     ):
         yield from (f"duplicate {what} {key!r}" for key in _duplicates(keys))
 

@@ -164,6 +164,12 @@ def _completed(s: RunSnapshot, e: ev.RunCompleted) -> RunSnapshot:
     return done.replace(acceptance=Acceptance(e.evidence, e.unmet))
 
 
+def _patch_taken(s: RunSnapshot, e: ev.PatchTaken) -> RunSnapshot:
+    if s.status is not _S.RUNNING:
+        reject(s, e, f"only a worker's decision takes a patch; the run is {s.status.value}")
+    return s.replace(patches=(*s.patches, e.patch))
+
+
 def put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
     return s.replace(facts=(*(f for f in s.facts if f.key != fact.key), fact))
 
@@ -209,6 +215,7 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.RunCompleted: _completed,
     ev.StageChanged: lambda s, e: s.replace(stage=e.stage),
     ev.VersionsMigrated: lambda s, e: s.replace(versions=e.versions),
+    ev.PatchTaken: _patch_taken,
     ev.FactRecorded: lambda s, e: put_fact(s, Fact(e.key, e.value, e.source, e.at)),
     ev.QuestionOpened: _question_opened,
     ev.QuestionResolved: _question_resolved,

@@ -30,8 +30,8 @@ from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 3
-"""2 adds ``labels`` (search attributes), 3 ``correlation_id``; older ones are upcast on read."""
+SNAPSHOT_SCHEMA_VERSION = 4
+"""2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 RECEIPT_FACT_PREFIX = "receipt:"
@@ -147,6 +147,10 @@ class RunSnapshot:
     correlation_id: str | None = None
     """What the run's broadcasts carry for their producer to match them by. Schema 3; runs stored
     under an earlier schema have none."""
+    patches: tuple[str, ...] = ()
+    """The patch points the run has taken (``run.patch_taken``), in the order it took them: what
+    ``ctx.patched`` answers from when its history is replayed. Schema 4; runs stored under an earlier
+    schema have taken none."""
 
     def action(self, logical_action: str) -> ActionRecord | None:
         return next((a for a in self.actions if a.logical_action == logical_action), None)
@@ -156,7 +160,7 @@ class RunSnapshot:
 
     def replace(self, **changes: object) -> RunSnapshot:
         """``dataclasses.replace`` for the snapshot, at less than half its cost: every event's
-        ``evolve`` makes two or three, and a frozen dataclass's ``__init__`` sets each of the 26
+        ``evolve`` makes two or three, and a frozen dataclass's ``__init__`` sets each of the 27
         fields through ``object.__setattr__``. Here the slots are filled directly; a name that is
         not a field is refused with TypeError, as ``dataclasses.replace`` does."""
         copy = object.__new__(RunSnapshot)
@@ -211,6 +215,15 @@ def upcast_snapshot_v2_v3(data: Mapping[str, object]) -> dict[str, object]:
     return {**data, "schema_version": 3, "correlation_id": None}
 
 
+def upcast_snapshot_v3_v4(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 3 -> 4: a run stored before patch points existed has taken none. Pure."""
+    if data.get("schema_version") != 3:
+        raise ValueError(f"upcast_snapshot_v3_v4 takes schema_version 3, got {data.get('schema_version')!r}")
+    if "patches" in data:
+        raise ValueError("a schema-3 snapshot has no patches field")
+    return {**data, "schema_version": 4, "patches": []}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
-    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3}
+    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""
