@@ -16,15 +16,19 @@ RUN groupadd --system --gid 10001 longrun \
         --shell /usr/sbin/nologin longrun \
  && install -d -o 10001 -g 10001 /data /data/artifacts
 
-# Exactly what the two pyproject.toml files need to build: metadata, readmes, and the package
-# roots. The client (the bus contract the core depends on by name) is installed first.
+# Exactly what the pyproject.toml files need to build: metadata, readmes, and the package roots.
+# The client (the bus contract the core depends on by name) is installed first, the example agent
+# last (its run kind and webhook provider reach every service by entry points; an image of your own
+# installs your run kinds' packages instead).
 WORKDIR /build
 COPY clients/python/ clients/python/
 COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY services/ services/
+COPY examples/dependency_upgrade/ examples/dependency_upgrade/
 # Runtime dependencies only (no [dev] extras); the sources are not needed once installed.
-RUN pip install --no-cache-dir ./clients/python && pip install --no-cache-dir . && rm -rf /build
+RUN pip install --no-cache-dir ./clients/python && pip install --no-cache-dir . \
+ && pip install --no-cache-dir ./examples/dependency_upgrade && rm -rf /build
 
 WORKDIR /data
 USER 10001:10001
@@ -36,4 +40,4 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8081/healthz', timeout=2)"]
 
 # No default service: every compose service / Deployment sets its own command.
-CMD ["python", "-c", "raise SystemExit('longrun image: run one of\\n  python -m services.{scheduler,worker,timer,reconciler,outbox_relay,gateway}\\n  python -m longrun.db.migrate upgrade\\n  python -m longrun.demo.forge --host 0.0.0.0 --port 8090')"]
+CMD ["python", "-c", "raise SystemExit('longrun image: run one of\\n  python -m services.{scheduler,worker,timer,reconciler,outbox_relay,gateway}\\n  python -m longrun.db.migrate upgrade\\n  python -m longrun_dependency_upgrade.forge --host 0.0.0.0 --port 8090')"]

@@ -12,7 +12,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 install: $(PY)
-	$(PY) -m pip install --quiet -e clients/python -e ".[dev]"
+	$(PY) -m pip install --quiet -e clients/python -e ".[dev]" -e examples/dependency_upgrade
 
 services:
 	bash infra/local/ensure-services.sh
@@ -31,7 +31,7 @@ schemas: install
 	$(PY) -m longrun.config_reference docs/configuration.md
 
 run: install migrate
-	$(PY) -m longrun.demo.up
+	$(PY) -m longrun_dependency_upgrade.demo
 
 # The Node.js clients' locked dependencies: the amqplib example and the AsyncAPI contract check.
 NODE_DIRS := examples/node tests/contract

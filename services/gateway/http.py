@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from longrun import run_kinds
+from longrun import run_kinds, webhook_providers
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
@@ -67,11 +67,12 @@ def riding_out_database_restarts(handler: Handler) -> Handler:
 
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
+    providers = webhook_providers.load(settings)
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
         body = await request.body()
-        if provider not in webhooks.PROVIDERS:
+        if provider not in providers:
             return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
         if not webhooks.signature_ok(settings.webhook_secret, body, request.headers.get("x-forge-signature")):
             async with engine.begin() as conn:
@@ -83,7 +84,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         try:
             payload = webhooks.parse(body)
             async with engine.begin() as conn:
-                outcome = await webhooks.receive(PgTransaction(conn), provider, payload)
+                outcome = await webhooks.receive(PgTransaction(conn), provider, payload, providers=providers)
         except (ValueError, KeyError, json.JSONDecodeError) as e:
             return JSONResponse({"error": f"malformed event: {e}"}, status_code=400)
         return JSONResponse(outcome, status_code=202)

@@ -28,7 +28,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
     advancer = Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds,
-                                    model=model_adapter(settings),
+                                    model=model_adapter(settings, kinds),
                                     artifacts=FilesystemArtifactStore(settings.artifact_dir),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                                     concurrency=settings.worker_concurrency,

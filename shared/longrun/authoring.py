@@ -77,6 +77,10 @@ class RunKind:
     for any) a run of that version may be in. An operator's migration to this version is refused
     for any other run."""
 
+    model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks
+    about: the n-th entry for its n-th ask. For demos and tests without a model endpoint."""
+
     def takes_over(self, run: RunSnapshot) -> bool:
         stages = self.migrates_from.get(run.versions.workflow, ())
         return "*" in stages or run.stage in stages
@@ -136,6 +140,14 @@ class Registry:
         """Tool name -> its public receipt fields, for a run of kind ``name`` at ``version``
         (none when this build does not know that kind)."""
         return self._public.get((name, version), _NONE_PUBLIC)
+
+    def model_script(self) -> dict[str, list[Mapping[str, Any]]]:
+        """The scripted model's answers for every purpose any kind here brings a script for."""
+        script: dict[str, list[Mapping[str, Any]]] = {}
+        for kind in self._kinds.values():
+            for purpose, entries in kind.model_script.items():
+                script.setdefault(purpose, list(entries))
+        return script
 
     def advertised(self) -> list[tuple[str, str]]:
         return sorted(self._kinds)

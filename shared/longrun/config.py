@@ -103,6 +103,16 @@ def _name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
 
+def _named_references(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in _name_list(raw):
+        name, equals, reference = (part.strip() for part in item.partition("="))
+        if not equals or not name or not reference:
+            raise ValueError
+        pairs.append((name, reference))
+    return tuple(pairs)
+
+
 def _token_list(raw: str) -> tuple[str, ...]:
     tokens = tuple(t.strip() for t in raw.split(",") if t.strip())
     if not tokens:
@@ -169,12 +179,14 @@ class Settings:
     """HMAC secret shared with webhook senders."""
     operator_tokens: tuple[str, ...]
     """Bearer tokens accepted by the operator API, comma separated."""
-    forge_url: str
-    """Base URL of the forge/CI service the demo workflow talks to."""
     run_kinds: tuple[str, ...]
     """Where the run kinds come from: ``package.module:attribute`` references, comma-separated, each a
     ``RunKind``, a sequence of them or a function of the Settings returning either; installed
     distributions' ``longrun.run_kinds`` entry points are loaded too (``longrun.run_kinds``)."""
+    webhook_providers: tuple[tuple[str, str], ...]
+    """Webhook providers by name (``POST /webhooks/<name>``): ``name=package.module:attribute``,
+    comma-separated, each a function from the verified payload to a ``Translated``; installed
+    distributions' ``longrun.webhook_providers`` entry points are loaded too."""
     artifact_dir: str
     """Root of the filesystem artifact store."""
     tenant_slots: int
@@ -199,7 +211,7 @@ class Settings:
     clock_skew: float
     """Fault tests only: seconds added to this process's wall clock (may be negative); 0 in production."""
     tool_timeout: float
-    """Attempt (start-to-close) timeout of the forge tools; past it an outcome is UNKNOWN, never FAILED."""
+    """Default attempt (start-to-close) timeout of tool calls; past it an outcome is UNKNOWN, never FAILED."""
     reconcile_interval: float
     """Seconds between the reconciler's sweeps (unknown actions, expired leases, silent runs)."""
     drift_interval: float
@@ -261,9 +273,10 @@ _SPEC: dict[str, _Var] = {
                            "dev-webhook-secret"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
-    "forge_url": _var("LONGRUN_FORGE_URL", _text, "an http(s) URL", "http://127.0.0.1:8090"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
                       "longrun.workflows:builtin"),
+    "webhook_providers": _var("LONGRUN_WEBHOOK_PROVIDERS", _named_references,
+                              "comma-separated name=package.module:attribute", ""),
     "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
     "tenant_slots": _var("LONGRUN_TENANT_SLOTS", _positive_int, "an integer >= 1", "4"),
     "max_input_bytes": _var("LONGRUN_MAX_INPUT_BYTES", _positive_int, "bytes, an integer >= 1", "262144"),

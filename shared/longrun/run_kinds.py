@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -28,21 +29,40 @@ def load(settings: Settings) -> Registry:
     """Every run kind the configuration names, at every version; ``ConfigError`` when none is named."""
     registry = Registry()
     for reference in settings.run_kinds:
-        _add(registry, _import(reference, VARIABLE), reference, VARIABLE, settings)
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        where = f"entry point {point.name} ({ENTRY_POINT_GROUP}) of {point.dist.name if point.dist else '?'}"
-        try:
-            target = point.load()
-        except Exception as e:
-            raise ConfigError([(where, f"{point.value!r} cannot be loaded: {e!r}")]) from e
-        _add(registry, target, point.value, where, settings)
+        _add(registry, import_reference(reference, VARIABLE), reference, VARIABLE, settings)
+    for installed in installed_entry_points(ENTRY_POINT_GROUP):
+        _add(registry, installed.target, installed.reference, installed.where, settings)
     if not registry.advertised():
         raise ConfigError([(VARIABLE, f"no run kinds: name at least one (package.module:attribute) here or "
                                       f"install a distribution with a {ENTRY_POINT_GROUP} entry point")])
     return registry
 
 
-def _import(reference: str, where: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class Installed:
+    name: str
+    reference: str
+    where: str
+    """The entry point and its distribution, for errors."""
+    target: Any
+
+
+def installed_entry_points(group: str) -> list[Installed]:
+    """What the installed distributions' entry points of ``group`` name, loaded; ``ConfigError`` naming
+    the entry point and its distribution when one cannot be."""
+    loaded = []
+    for point in entry_points(group=group):
+        where = f"entry point {point.name} ({group}) of {point.dist.name if point.dist else '?'}"
+        try:
+            target = point.load()
+        except Exception as e:
+            raise ConfigError([(where, f"{point.value!r} cannot be loaded: {e!r}")]) from e
+        loaded.append(Installed(point.name, point.value, where, target))
+    return loaded
+
+
+def import_reference(reference: str, where: str) -> Any:
+    """The object ``package.module:attribute`` names; ``ConfigError`` naming ``where`` and why not."""
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError([(where, f"{reference!r} is not package.module:attribute")])

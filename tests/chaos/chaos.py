@@ -42,7 +42,7 @@ from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.bus.connection import CONNECTION_ERRORS, Bus
 from longrun.db.errors import is_transient
-from longrun.demo.forge import sign_payload
+from longrun_dependency_upgrade.forge import sign_payload
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import make
 from longrun.errors import BusUnavailable

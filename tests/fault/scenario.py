@@ -39,7 +39,7 @@ from longrun.errors import BusUnavailable
 from longrun.testing.invariants import Report, check
 from tests.harness import Process, Services
 from tests.infra import Infra, ctl
-from longrun.demo.forge import sign_payload
+from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble, goal
 
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class Scenario:
                  **env: str) -> dict[str, Process]:
         """Start the forge (configured) and the named services; the gateway is waited for."""
         if forge:
-            self.services.start("forge", "longrun.demo.forge", argv_extra=[
+            self.services.start("forge", "longrun_dependency_upgrade.forge", argv_extra=[
                 "--port", str(self.ensemble.forge_port), "--state", str(self.tmp / "forge.sqlite"),
                 "--ci-delay", str(ci_delay)])
         started = {name: self.start(name, **env) for name in names}

@@ -11,7 +11,7 @@ import pytest
 from longrun.db import runs
 from longrun.domain import RunStatus, freeze
 from longrun.domain import events as ev
-from longrun.workflows import dependency_upgrade
+from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
 from tests.integration.ensemble import free_port
 
@@ -31,7 +31,7 @@ async def test_a_context_compacted_for_the_model_keeps_the_goal_and_the_run_cont
     script.write_text(json.dumps([
         {"message": {"role": "assistant", "content": json.dumps(entry)}}
         for entry in (dependency_upgrade.model_script()["plan"][0], dependency_upgrade.model_script()["fix"][0])]))
-    scenario.services.start("llm", "longrun.demo.fake_llm", argv_extra=["--port", str(port), "--script", str(script)])
+    scenario.services.start("llm", "longrun_dependency_upgrade.fake_llm", argv_extra=["--port", str(port), "--script", str(script)])
     await scenario.up("gateway", "scheduler", "relay", "timer", "reconciler")
     run_id = await scenario.create()
     await scenario.poll(lambda: _admitted(scenario, run_id), timeout=20, what="the run admitted")

@@ -12,7 +12,7 @@ import pytest
 from longrun.bus import topology
 from longrun.domain import RunStatus
 from longrun.envelope import make
-from longrun.workflows import dependency_upgrade
+from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
 from tests.infra import close_connections_named
 from tests.integration.ensemble import free_port
@@ -156,7 +156,7 @@ def _fake_model(scenario: Scenario, replies: list[tuple[str, float]]) -> str:
     script.write_text(json.dumps([
         {"message": {"role": "assistant", "content": json.dumps(dependency_upgrade.model_script()[stage][0])},
          "delay_seconds": delay} for stage, delay in replies]))
-    scenario.services.start("llm", "longrun.demo.fake_llm", argv_extra=["--port", str(port), "--script", str(script)])
+    scenario.services.start("llm", "longrun_dependency_upgrade.fake_llm", argv_extra=["--port", str(port), "--script", str(script)])
     return f"http://127.0.0.1:{port}"
 
 

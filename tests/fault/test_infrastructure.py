@@ -18,7 +18,7 @@ import pytest
 from longrun.domain import RunStatus
 from tests.fault.scenario import EVERYTHING, Scenario
 from tests.infra import broker_stopped, close_all_connections, database_stopped, terminate_backends
-from longrun.demo.forge import sign_payload
+from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET
 from tests.integration.runs_factory import waiting_for_event
 

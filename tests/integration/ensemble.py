@@ -42,7 +42,7 @@ class Ensemble:
                     "LONGRUN_RUN_LEASE_TTL": "5"}
 
     def start_forge(self) -> Process:
-        return self.services.start("forge", "longrun.demo.forge", argv_extra=[
+        return self.services.start("forge", "longrun_dependency_upgrade.forge", argv_extra=[
             "--port", str(self.forge_port), "--state", str(self.tmp / "forge.sqlite"), "--ci-delay", "0.2"])
 
     def start(self, name: str, module: str, **env: str) -> Process:

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from longrun.demo.forge import sign_payload
-from longrun.demo.forge_client import ForgeClient
+from longrun_dependency_upgrade.forge import sign_payload
+from longrun_dependency_upgrade.forge_client import ForgeClient
 from tests.fixtures import eventually
 from tests.integration.ensemble import (
     OPERATOR_TOKEN,

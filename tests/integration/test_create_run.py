@@ -19,7 +19,7 @@ from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.db.engine import psycopg_dsn
 from longrun.envelope import Envelope, decode, make
-from longrun.workflows import registry
+from tests.kinds import registry
 from tests.fixtures import eventually
 from tests.integration.ensemble import publish_create
 

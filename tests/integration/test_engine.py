@@ -16,7 +16,8 @@ from longrun.domain import RunStatus
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost
 from longrun.model import ScriptedModel
-from longrun.workflows import dependency_upgrade, registry
+from longrun_dependency_upgrade import workflow as dependency_upgrade
+from tests.kinds import registry
 from tests.fixtures import eventually
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for

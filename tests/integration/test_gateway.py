@@ -11,7 +11,7 @@ from sqlalchemy import text
 from longrun.app import webhooks
 from longrun.app.transaction import PgTransaction
 from longrun.db import runs
-from longrun.demo.forge import sign_payload
+from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 

@@ -34,7 +34,7 @@ def test_the_main_job_completes_with_exactly_one_merge_request(clean, infra, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("LONGRUN_")}
     env.update(LONGRUN_DATABASE_URL=infra.database_url, LONGRUN_AMQP_URL=infra.amqp_url,
                LONGRUN_ARTIFACT_DIR=str(tmp_path / "artifacts"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "longrun.demo.up", "--timeout", "120",
+    done = subprocess.run([sys.executable, "-m", "longrun_dependency_upgrade.demo", "--timeout", "120",
                            "--port-base", str(_free_base())],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout

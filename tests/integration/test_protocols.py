@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.db import runs
-from longrun.demo.forge import sign_payload
+from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble
 from tests.integration.runs_factory import waiting_for_event
 

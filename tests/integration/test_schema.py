@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -200,3 +201,36 @@ def _plan_nodes(node: dict) -> Iterator[dict]:  # type: ignore[type-arg]
     yield node
     for child in node.get("Plans", []):
         yield from _plan_nodes(child)
+
+
+def test_kept_webhook_events_waiting_for_a_run_keep_their_meaning_across_the_upgrade(scratch_url: str) -> None:
+    # Given events kept by a release that stored only the payload: one waiting for a run, one matched
+    migrate.upgrade(scratch_url, "0012")
+    engine = create_engine(scratch_url)
+    ci = {"type": "ci.finished", "id": "e1", "repo": "acme/payments", "ci_run_id": 3, "status": "passed", "sha": "s1"}
+    insert = text("INSERT INTO webhook_events (provider, event_id, correlation_key, payload, matched_run_id) "
+                  "VALUES (:p, :e, 'ci/acme/payments/3', CAST(:payload AS jsonb), :m)")
+    with engine.begin() as conn:
+        conn.execute(insert, {"p": "forge", "e": "e1", "payload": json.dumps(ci), "m": None})
+        conn.execute(insert, {"p": "forge", "e": "e0", "payload": json.dumps({**ci, "id": "e0"}), "m": "r0"})
+    # When the database is upgraded with the forge provider installed (the example's entry point)
+    migrate.upgrade(scratch_url)
+    # Then the waiting event holds what the provider makes of it; the matched one is left as it was
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT event_id, jsonb_build_array(fact_key, fact) FROM webhook_events"))
+                    .all())
+    engine.dispose()
+    assert rows == {"e1": ["ci_result:3", {"status": "passed", "sha": "s1", "log_excerpt": ""}], "e0": [None, None]}
+
+
+def test_an_upgrade_stops_rather_than_lose_a_waiting_event_of_a_provider_not_installed(scratch_url: str) -> None:
+    migrate.upgrade(scratch_url, "0012")
+    engine = create_engine(scratch_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO webhook_events (provider, event_id, correlation_key, payload) "
+                          "VALUES ('tracker', 't1', 'issue/1', '{}')"))
+    with pytest.raises(RuntimeError, match="provider 'tracker' waits to be matched"):
+        migrate.upgrade(scratch_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM webhook_events")).scalar() == 1
+    engine.dispose()

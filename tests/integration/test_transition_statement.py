@@ -27,7 +27,8 @@ from longrun.domain import events as ev
 from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
-from longrun.workflows import STEPS_VERSIONS, registry, steps
+from longrun.workflows import STEPS_VERSIONS, steps
+from tests.kinds import registry
 from tests import ci_gate
 from tests.fixtures import PARTITIONS
 from tests.integration import runs_factory

@@ -66,12 +66,21 @@ async def _stored(engine: AsyncEngine, run_id: str) -> tuple[list[tuple[dict[str
     return [(dict(r.data), bool(r.applied)) for r in rows], dict(snapshot)
 
 
+WORKFLOW_PATHS = ("examples/dependency_upgrade/longrun_dependency_upgrade/workflow.py",
+                  "shared/longrun/workflows/dependency_upgrade.py")
+"""Where the upgrade workflow lived, newest first."""
+
+
+def _exists_at(rev: str, path: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=ROOT, capture_output=True).returncode == 0
+
+
 def _kinds_at(rev: str | None) -> Registry:
     """Today's run kinds, or the upgrade workflow's ``decide`` as it was at git revision ``rev``."""
     kinds = replay.kinds()
     if rev is None:
         return kinds
-    path = "shared/longrun/workflows/dependency_upgrade.py"
+    path = next(p for p in WORKFLOW_PATHS if _exists_at(rev, p))
     source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout
     with tempfile.TemporaryDirectory() as tmp:

@@ -50,7 +50,7 @@ from longrun.domain import (
     to_plain,
 )
 from longrun.domain import events as ev
-from longrun.workflows import registry
+from tests.kinds import registry
 
 FORMAT = 1
 CRASH_RECOVERY_CAUSE = "submitted before a crash; outcome not recorded"

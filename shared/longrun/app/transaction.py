@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
-from longrun.app.webhooks import PROVIDERS, Translated
+from longrun.app.webhooks import Translated
 from longrun.db import admission, inbox, outbox, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
@@ -48,7 +48,7 @@ class PgTransaction:
     async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
         await self.conn.execute(insert(webhook_events).values(
             provider=provider, event_id=event.event_id, correlation_key=event.correlation_key,
-            payload=dict(payload)).on_conflict_do_nothing())
+            payload=dict(payload), fact_key=event.fact_key, fact=dict(event.fact)).on_conflict_do_nothing())
 
     async def waiting_on(self, correlation_key: str) -> str | None:
         return (await self.conn.execute(
@@ -57,10 +57,13 @@ class PgTransaction:
 
     async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
         row = (await self.conn.execute(
-            select(webhook_events.c.provider, webhook_events.c.payload)
+            select(webhook_events.c.provider, webhook_events.c.event_id, webhook_events.c.fact_key,
+                   webhook_events.c.fact)
             .where(webhook_events.c.correlation_key == correlation_key, webhook_events.c.matched_run_id.is_(None))
             .order_by(webhook_events.c.received_at).limit(1).with_for_update(skip_locked=True))).first()
-        return None if row is None else (row.provider, PROVIDERS[row.provider](row.payload))
+        if row is None:
+            return None
+        return row.provider, Translated(row.event_id, correlation_key, row.fact_key, row.fact)
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None:
         await self.conn.execute(update(webhook_events)

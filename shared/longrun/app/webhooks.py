@@ -42,20 +42,9 @@ class Translated:
     fact: dict[str, Any]
 
 
-def forge_event(payload: dict[str, Any]) -> Translated:
-    if payload.get("type") == "branch.pushed":
-        # Someone else moved the branch: any approval of the old head is void.
-        return Translated(str(payload["id"]), f"branch/{payload['repo']}/{payload['branch']}",
-                          f"head:{payload['branch']}", {"sha": payload["sha"], "pusher": payload.get("pusher", "")})
-    if payload.get("type") != "ci.finished":
-        raise ValueError(f"unsupported forge event type {payload.get('type')!r}")
-    ci_id = payload["ci_run_id"]
-    return Translated(str(payload["id"]), f"ci/{payload['repo']}/{ci_id}", f"ci_result:{ci_id}",
-                      {"status": payload["status"], "sha": payload["sha"],
-                       "log_excerpt": payload.get("log_excerpt", "")})
-
-
-PROVIDERS: dict[str, Callable[[dict[str, Any]], Translated]] = {"forge": forge_event}
+Provider = Callable[[dict[str, Any]], Translated]
+"""A webhook provider: its verified payload to what it means to longrun (``ValueError`` when it
+means nothing longrun knows). Loaded by ``longrun.webhook_providers``."""
 
 
 def signature_ok(secret: str, body: bytes, header: str | None) -> bool:
@@ -69,10 +58,10 @@ async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, 
                                                  details=details or {}))
 
 
-async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *,
+async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],
                   clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
-    return await intake(tx, provider, PROVIDERS[provider](payload), payload, clock=clock)
+    return await intake(tx, provider, providers[provider](payload), payload, clock=clock)
 
 
 async def intake(tx: RunTransaction, provider: str, event: Translated, payload: Mapping[str, Any], *,

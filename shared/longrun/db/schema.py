@@ -322,6 +322,9 @@ webhook_events = Table(
     Column("event_id", Text, nullable=False),
     Column("correlation_key", Text, nullable=False),
     Column("payload", JSONB, nullable=False),
+    # What the provider made of it, kept with it: whoever matches it later need not know the provider.
+    Column("fact_key", Text),
+    Column("fact", JSONB),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("matched_run_id", Text),
     Column("matched_at", DateTime(timezone=True)),

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from longrun.config import Settings
+from longrun_dependency_upgrade import FORGE_URL
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "infra/k8s"
@@ -34,7 +35,8 @@ IMAGE = "ghcr.io/longrun/longrun"
 SERVICES = {"scheduler": "scheduler", "worker": "worker", "timer": "timer",
             "reconciler": "reconciler", "outbox-relay": "outbox_relay", "gateway": "gateway"}
 CRD_KINDS = {"ScaledObject", "TriggerAuthentication"}  # KEDA: no bundled schema, only warned
-KNOWN = set(Settings.variables())
+KNOWN = {*Settings.variables(), FORGE_URL}
+"""Every setting of the core, and the example agent's forge (the image installs it)."""
 LONGRUN_NAME = re.compile(r"\bLONGRUN_[A-Z0-9_]+\b")
 
 
@@ -83,9 +85,11 @@ def runnable(command: list[str]) -> str | None:
             return None if (package / "__main__.py").is_file() else f"{package} has no __main__.py"
         targets = {v.split(":")[0] for v in scripts.values()}
         return None if f"{module}.main" in targets else f"{module} exists neither on disk nor in scripts"
-    path = ROOT / "shared" / module.replace(".", "/")
-    if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
-        return None
+    # The core, and the example distributions the image installs beside it.
+    for root in (ROOT / "shared", *(ROOT / "examples").iterdir()):
+        path = root / module.replace(".", "/")
+        if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
+            return None
     return f"no module {module}"
 
 
@@ -197,6 +201,15 @@ def test_dockerfile_copies_everything_pyproject_needs_to_build() -> None:
                if p.strip() and not p.startswith("#")]
     for path in needed:
         assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), f".dockerignore drops {path}"
+
+
+def test_the_image_installs_the_example_agent_the_compose_demo_runs() -> None:
+    # The compose file's forge and the demo's run kind come from examples/dependency_upgrade
+    steps = dockerfile()
+    copied = {src.rstrip("/") for op, args in steps if op == "COPY" for src in args.split()[:-1]}
+    assert "examples/dependency_upgrade" in copied
+    assert any(op == "RUN" and "pip install --no-cache-dir ./examples/dependency_upgrade" in args
+               for op, args in steps)
 
 
 def test_dockerfile_installs_runtime_only_and_runs_as_a_numeric_non_root_user() -> None:

@@ -11,12 +11,13 @@ import pytest
 
 from longrun.app import advance
 from longrun.authoring import RunKind, ToolResult
-from longrun.demo.forge_client import ForgeClient
+from longrun_dependency_upgrade.forge_client import ForgeClient
 from longrun.domain import ActionStatus, RecoveryPolicy, RunSnapshot, RunStatus
 from longrun.model import ScriptedModel
 from longrun.testing.kit import Kit, every_crash
-from longrun.workflows import DEPENDENCY_UPGRADE_VERSIONS, dependency_upgrade
-from longrun.workflows.forge_tools import forge_tools
+from longrun_dependency_upgrade import VERSIONS as DEPENDENCY_UPGRADE_VERSIONS
+from longrun_dependency_upgrade import workflow as dependency_upgrade
+from longrun_dependency_upgrade.tools import forge_tools
 
 GOAL = {"repo": "acme/payments", "branch": "upgrade-payment-sdk", "package": "payment-sdk", "to": "5.0.0",
         "owner": "alice"}

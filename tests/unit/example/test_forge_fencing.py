@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from longrun.demo.forge import create_app
-from longrun.demo.forge_client import ForgeClient
+from longrun_dependency_upgrade.forge import create_app
+from longrun_dependency_upgrade.forge_client import ForgeClient
 from longrun.errors import ToolRejected
 
 REPO = "acme/payments"

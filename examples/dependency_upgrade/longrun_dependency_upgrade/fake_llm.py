@@ -7,7 +7,7 @@ script entry is ``{"message": <assistant message>}`` (content or ``tool_calls``)
 is used up it proposes the first allowed action named in the system prompt. Every
 request body is recorded for ``GET /_requests``; ``POST /_script`` replaces the script.
 
-Run it with ``python -m longrun.demo.fake_llm --port 8082 [--script replies.json]``.
+Run it with ``python -m longrun_dependency_upgrade.fake_llm --port 8082 [--script replies.json]``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def create_app(replies: Sequence[Mapping[str, Any]] = ()) -> Starlette:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m longrun.demo.fake_llm", description=__doc__.splitlines()[0]
+        prog="python -m longrun_dependency_upgrade.fake_llm", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8082)

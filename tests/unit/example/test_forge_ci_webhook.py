@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from longrun.demo.forge import create_app
-from longrun.demo.forge_client import CiRun, ForgeClient
+from longrun_dependency_upgrade.forge import create_app
+from longrun_dependency_upgrade.forge_client import CiRun, ForgeClient
 
 REPO = "acme/payments"
 BRANCH = "deps/payments-sdk-3"

@@ -10,7 +10,7 @@ webhook that may be delivered several times. State lives in SQLite, so a restart
 forge still knows what it created, and ``/_control/effects`` counts the objects each
 idempotency key created so a checker can assert that none was created twice.
 
-Run it with ``python -m longrun.demo.forge --port 8081 --state /tmp/forge.sqlite``.
+Run it with ``python -m longrun_dependency_upgrade.forge --port 8081 --state /tmp/forge.sqlite``.
 """
 
 from __future__ import annotations
@@ -495,7 +495,7 @@ def create_app(state_path: str | None = None, *, ci_delay: float = 0.2) -> Starl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m longrun.demo.forge", description=__doc__.splitlines()[0]
+        prog="python -m longrun_dependency_upgrade.forge", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)

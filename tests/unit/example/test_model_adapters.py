@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from longrun.demo.fake_llm import content_reply, create_app, error_reply, tool_call_reply
+from longrun_dependency_upgrade.fake_llm import content_reply, create_app, error_reply, tool_call_reply
 from longrun.errors import ToolRejected, ToolUnavailable
 from longrun.model import (
     ALLOWED_ACTIONS_MARKER,

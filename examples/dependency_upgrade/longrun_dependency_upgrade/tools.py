@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from longrun.authoring import Tool, ToolResult
-from longrun.demo.forge_client import ForgeClient
 from longrun.domain import EffectKind
+from longrun_dependency_upgrade.forge_client import ForgeClient
 
 
 class _Args(BaseModel):

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from longrun.demo.forge import create_app
-from longrun.demo.forge_client import ForgeClient
+from longrun_dependency_upgrade.forge import create_app
+from longrun_dependency_upgrade.forge_client import ForgeClient
 from longrun.errors import ActionOutcomeUnknown, IdempotencyKeyReused, ToolRejected, ToolUnavailable
 
 REPO = "acme/payments"

@@ -1,0 +1,117 @@
+"""Every longrun service as a process on this machine, for demos and local runs: started with logs
+in ``var/logs/``, waited for until each reports ready, stopped together; and a run's timeline
+printed live from its stored events (``longrun.timeline``) until it ends.
+
+The dependency-upgrade example's ``make run`` (``longrun_dependency_upgrade.demo``) is built on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+
+from longrun.config import Settings
+from longrun.db.engine import make_engine
+from longrun.domain import TERMINAL, RunStatus
+from longrun.timeline import describe
+
+SERVICES = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-0", "services.worker"),
+            ("worker-1", "services.worker"), ("timer", "services.timer"), ("reconciler", "services.reconciler"),
+            ("outbox-relay", "services.outbox_relay")]
+"""One of each service, and two workers."""
+
+OnEvent = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+"""Called with (run id, event type, event data) for each event as it is printed."""
+
+
+class Launcher:
+    def __init__(self, root: Path, *, gateway_port: int, health_base: int, env: dict[str, str]) -> None:
+        """Health probes on ``health_base`` and up, one port per service; ``env`` for every process."""
+        self.logs = root / "var" / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.gateway_port = gateway_port
+        self.health_base = health_base
+        self.base_env = {"LONGRUN_GATEWAY_PORT": str(gateway_port), **env}
+        self.procs: list[tuple[str, subprocess.Popen[bytes], str]] = []
+
+    def start(self, name: str, argv: list[str], ready_url: str, **env: str) -> None:
+        """A process whose ``ready_url`` answers 200 once it is ready."""
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(argv, env={**os.environ, **self.base_env, "LONGRUN_INSTANCE_ID": name, **env},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((name, proc, ready_url))
+
+    def start_services(self) -> None:
+        for i, (name, module) in enumerate(SERVICES):
+            port = self.health_base + i
+            self.start(name, [sys.executable, "-m", module], f"http://127.0.0.1:{port}/readyz",
+                       LONGRUN_HEALTH_PORT=str(port))
+
+    async def ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=1) as http:
+            for name, proc, url in self.procs:
+                while True:
+                    if proc.poll() is not None:
+                        raise SystemExit(f"{name} exited with {proc.returncode}; see {self.logs / name}.log")
+                    try:
+                        if (await http.get(url)).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"{name} not ready after {timeout:.0f}s; see {self.logs / name}.log")
+                    await asyncio.sleep(0.2)
+                print(f"  up   {name:<13} pid {proc.pid}")
+
+    def stop(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def follow(settings: Settings, tenant: str, key: str, deadline: float, on_event: OnEvent) -> str:
+    """Print every event of the run (tenant, idempotency key) as it is stored, until it ends or the
+    deadline passes; return its last status."""
+    engine = make_engine(settings.database_url, pool_size=2)
+    seen, run_id, status = 0, None, ""
+    try:
+        while time.monotonic() < deadline:
+            async with engine.connect() as conn:
+                if run_id is None:
+                    run_id = (await conn.execute(text(
+                        "SELECT run_id FROM runs WHERE tenant_id = :t AND idempotency_key = :k"),
+                        {"t": tenant, "k": key})).scalar()
+                    if run_id:
+                        print(f"  run {run_id}\n")
+                rows = [] if run_id is None else (await conn.execute(text(
+                    "SELECT seq, type, data, applied, occurred_at FROM run_events WHERE run_id = :r AND seq > :s "
+                    "ORDER BY seq"), {"r": run_id, "s": seen})).all()
+                status = (await conn.execute(text("SELECT status FROM runs WHERE run_id = :r"),
+                                             {"r": run_id})).scalar() or ""
+            for row in rows:
+                print(describe(row.seq, row.type, row.data, row.applied, row.occurred_at))
+                seen = row.seq
+                assert run_id is not None
+                await on_event(run_id, row.type, row.data)
+            if status and RunStatus(status) in TERMINAL and not rows:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await engine.dispose()
+    return status

@@ -1,0 +1,38 @@
+"""The webhook providers a deployment accepts (``POST /webhooks/<provider>``), loaded from
+configuration, so a run kind's package brings the providers of the far sides it waits on.
+
+Two sources: ``LONGRUN_WEBHOOK_PROVIDERS`` (``name=package.module:attribute``, comma-separated) and
+the ``longrun.webhook_providers`` entry points of the installed distributions (the entry point's
+name is the provider's). A provider turns a verified payload into a ``Translated``
+(``app.webhooks.Provider``). A reference that cannot be loaded, or one name given twice, stops the
+process with a ``ConfigError`` naming where it came from, the reference and why.
+"""
+
+from __future__ import annotations
+
+from longrun.app.webhooks import Provider
+from longrun.config import Settings
+from longrun.errors import ConfigError
+from longrun.run_kinds import import_reference, installed_entry_points
+
+VARIABLE = "LONGRUN_WEBHOOK_PROVIDERS"
+ENTRY_POINT_GROUP = "longrun.webhook_providers"
+
+
+def load(settings: Settings) -> dict[str, Provider]:
+    """Every provider the configuration names, by name (none is fine: no webhooks are accepted)."""
+    providers: dict[str, Provider] = {}
+    for name, reference in settings.webhook_providers:
+        _add(providers, name, import_reference(reference, VARIABLE), reference, VARIABLE)
+    for installed in installed_entry_points(ENTRY_POINT_GROUP):
+        _add(providers, installed.name, installed.target, installed.reference, installed.where)
+    return providers
+
+
+def _add(providers: dict[str, Provider], name: str, target: object, reference: str, where: str) -> None:
+    if not callable(target):
+        raise ConfigError([(where, f"{reference!r} is not a provider (a function of the payload): "
+                                   f"got {type(target).__name__}")])
+    if name in providers and providers[name] is not target:
+        raise ConfigError([(where, f"provider {name!r} is named twice, here as {reference!r}")])
+    providers[name] = target  # type: ignore[assignment]
