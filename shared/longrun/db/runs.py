@@ -496,7 +496,8 @@ _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
             # A run this worker cannot run is not taken: it waits, named, for a worker that can.
             f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
             f"AND {_LEASE_FREE} AND NOT {_SERVED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
-            "AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)"],
+            # Tested first, once: a taken run (the common case) is not looked up again.
+            "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)"],
     outcome="COALESCE((SELECT jsonb_build_object('taken', true, 'owner', lease_owner, 'token', fencing_token) "
             "FROM taken), (SELECT jsonb_build_object('taken', false, 'reason', "
             "'this worker does not run ' || awaiting_worker) FROM declined), CAST(:not_taken AS jsonb))",
