@@ -80,6 +80,9 @@ def _add(registry: Registry, target: Any, reference: str, where: str, settings: 
     if callable(target) and not isinstance(target, RunKind):
         try:
             target = target(settings)
+        except ConfigError as e:  # a setting of the package's own, named as it named it
+            raise ConfigError([(variable, f"{why} (read by {reference!r}, {where})")
+                               for variable, why in e.problems]) from e
         except Exception as e:
             raise ConfigError([(where, f"{reference!r} failed to build its run kinds: {e!r}")]) from e
     kinds = [target] if isinstance(target, RunKind) else target

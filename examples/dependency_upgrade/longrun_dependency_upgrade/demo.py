@@ -1,17 +1,16 @@
 """``make run``: bring the whole ensemble up on this machine and run one dependency upgrade end to end.
 
-Starts the forge/CI stand-in and every service as separate processes (``longrun.launcher``; logs in
-var/logs/), waits until each reports ready, publishes ``run.create`` on the ingress exchange with
-longrun-client exactly as an external producer would, and prints the run's timeline live — state
-changes, actions with idempotency keys and receipts, waits and what woke them — acting as the
-approver when the run asks. It ends when the run reaches a terminal state, then checks the forge:
-the merge request must exist exactly once.
+Migrates the database, starts the forge/CI stand-in and every service as separate processes
+(``longrun.launcher``; logs in var/logs/), waits until each reports ready, publishes ``run.create``
+on the ingress exchange with longrun-client exactly as an external producer would, and prints the
+run's timeline live — state changes, actions with idempotency keys and receipts, waits and what
+woke them — acting as the approver when the run asks. It ends when the run reaches a terminal
+state, then checks the forge: the merge request must exist exactly once.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
@@ -23,7 +22,7 @@ from longrun_client import Client
 
 from longrun.config import Settings
 from longrun.domain import RunStatus
-from longrun.launcher import Launcher, follow
+from longrun.launcher import Launcher, follow, run_stoppable
 from longrun_dependency_upgrade import FORGE_URL
 
 TENANT = "acme"
@@ -52,6 +51,7 @@ async def main_async(args: argparse.Namespace) -> int:
     launcher = Launcher(root, gateway_port=gateway_port, health_base=args.port_base + 100,
                         env={FORGE_URL: forge_url, "LONGRUN_TOOL_TIMEOUT": "3"})
     print("longrun: starting the ensemble")
+    launcher.migrate()
     (launcher.logs.parent / "forge.sqlite").unlink(missing_ok=True)
     launcher.start("forge", [sys.executable, "-m", "longrun_dependency_upgrade.forge", "--port", str(forge_port),
                              "--state", str(launcher.logs.parent / "forge.sqlite"), "--ci-delay", "0.5"],
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     parser.add_argument("--port-base", type=int, default=8280,
                         help="gateway on this port, forge on +10, health probes from +100")
-    raise SystemExit(asyncio.run(main_async(parser.parse_args())))
+    run_stoppable(main_async(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ their own, reached only through configuration (``longrun.run_kinds``, ``longrun.
 
 Every module is parsed with ``ast``; any import of an example's package, of a module under
 ``examples/``, or of the demo code that lived in the core before, fails the test, naming it.
+Relative imports are resolved first, so ``from .demo import forge`` is seen as ``longrun.demo``.
 """
 
 from __future__ import annotations
@@ -19,26 +20,35 @@ EXAMPLE_PACKAGES = sorted(p.parent.name for p in (ROOT / "examples").glob("*/*/_
 FORBIDDEN = (*EXAMPLE_PACKAGES, "examples", "longrun.demo", "longrun.workflows.dependency_upgrade")
 
 
-def imported(source: str) -> list[str]:
+def package_of(path: Path) -> str:
+    """The package a core file's relative imports start from: ``longrun.app`` for shared/longrun/app/x.py."""
+    relative = path.parent.relative_to(ROOT / "shared" if path.is_relative_to(ROOT / "shared") else ROOT)
+    return ".".join(relative.parts)
+
+
+def imported(source: str, package: str = "") -> list[str]:
     """Every module an import names, ``from a import b`` as both ``a`` and ``a.b`` (b may be one)."""
     names: list[str] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*parts, *([node.module] if node.module else [])])
+            names.append(module)
+            names.extend(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
-def example_imports(source: str) -> list[str]:
-    return [name for name in imported(source)
+def example_imports(source: str, package: str = "") -> list[str]:
+    return [name for name in imported(source, package)
             if any(name == f or name.startswith(f"{f}.") for f in FORBIDDEN)]
 
 
 @pytest.mark.parametrize("path", CORE, ids=[str(p.relative_to(ROOT)) for p in CORE])
 def test_core_module_imports_no_example(path: Path) -> None:
-    assert example_imports(path.read_text(encoding="utf-8")) == [], f"{path.relative_to(ROOT)} imports an example"
+    found = example_imports(path.read_text(encoding="utf-8"), package_of(path))
+    assert found == [], f"{path.relative_to(ROOT)} imports an example"
 
 
 def test_the_walk_sees_the_core_and_the_examples() -> None:
@@ -55,3 +65,12 @@ def test_the_check_catches_an_example_import() -> None:
         "longrun.demo.forge_client", "longrun.demo.forge_client.ForgeClient", "longrun.workflows.dependency_upgrade",
         "longrun_dependency_upgrade.tools"]
     assert example_imports("from longrun.domain import RunStatus\n") == []
+
+
+def test_a_relative_import_is_resolved_before_it_is_checked() -> None:
+    package = package_of(ROOT / "shared" / "longrun" / "workflows" / "__init__.py")
+    assert package == "longrun.workflows"
+    assert example_imports("from . import dependency_upgrade\n", package) == ["longrun.workflows.dependency_upgrade"]
+    assert example_imports("from ..demo.forge_client import ForgeClient\n", package) == [
+        "longrun.demo.forge_client", "longrun.demo.forge_client.ForgeClient"]
+    assert example_imports("from . import steps\n", package) == []
