@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import admit, effects, retention
+from longrun.app import quarantine as quarantine_ops
 from longrun.app.transaction import PgTransaction
 from longrun.app.webhooks import Translated, audit
 from longrun.artifacts import FilesystemArtifactStore
@@ -29,6 +30,7 @@ from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
 from longrun.db.runs import StoredRun
+from longrun.db.schema import actions as actions_table
 from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
@@ -43,7 +45,7 @@ pytestmark = pytest.mark.integration
 FINISHED = 10_000
 OPEN = 50
 HORIZON = "4s"
-LANES = 4
+LANES = 8
 CHUNK = 125
 SHORT = {"LONGRUN_RETAIN_OUTBOX": HORIZON, "LONGRUN_RETAIN_INBOX": HORIZON,
          "LONGRUN_QUARANTINE_REPLAY_WINDOW": "3s", "LONGRUN_RETAIN_TIMERS": HORIZON,
@@ -81,9 +83,9 @@ def _request(stored: StoredRun) -> tuple[str, str]:
     return idempotency_key(run_id, "step:0", attempt_scope=1), request_hash(steps.ECHO.name, "1", args=ECHO)
 
 
-async def _finish(conn: AsyncConnection, stored: StoredRun) -> StoredRun:
-    """READY -> RUNNING, its one step recorded with its answer, COMPLETED: the worker's last write, with
-    its ledger row and its status broadcast riding in the statement."""
+def _finished(stored: StoredRun) -> tuple[runs.Planned, outbox.Message, dict[str, Any]]:
+    """READY -> RUNNING, its one step recorded with its answer, COMPLETED: the worker's last transition,
+    its status broadcast and its ledger row."""
     at, (key, hashed) = time.time(), _request(stored)
     planned = runs.plan(stored, [
         ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
@@ -91,11 +93,21 @@ async def _finish(conn: AsyncConnection, stored: StoredRun) -> StoredRun:
                           effect_kind=EffectKind.PURE, idempotency_key=key, request_hash=hashed,
                           receipt=freeze(ECHO)),
         ev.RunCompleted(seq=stored.seq(3), at=at, evidence=freeze({"steps": 1}))])
-    rides = replace(effects.broadcast_rides(stored.snapshot, planned.after, producer="worker"), action=ledger.first_row(
+    broadcast = effects.broadcast_message(stored.snapshot, planned.after, producer="worker")
+    assert broadcast is not None
+    return planned, broadcast, ledger.first_row(
         action_id=str(uuid.uuid4()), run_id=stored.snapshot.run_id, logical_action="step:0", tool=steps.ECHO.name,
         tool_version="1", effect_kind=EffectKind.PURE.value, idempotency_key=key, request_hash=hashed, request=ECHO,
-        fencing_token=0, status=ActionStatus.CONFIRMED, receipt=ECHO))
-    return await runs.write(conn, planned, rides=rides)
+        fencing_token=0, status=ActionStatus.CONFIRMED, receipt=ECHO)
+
+
+async def _finish(conn: AsyncConnection, created: list[StoredRun]) -> None:
+    """The runs' last transitions as the timer writes a batch (``runs.write_many``), with their broadcasts
+    and ledger rows."""
+    done = [_finished(stored) for stored in created]
+    await runs.write_many(conn, [planned for planned, _, _ in done])
+    await outbox.enqueue_many(conn, [message for _, message, _ in done])
+    await conn.execute(insert(actions_table), [row for _, _, row in done])
 
 
 async def _calling(conn: AsyncConnection, stored: StoredRun) -> StoredRun:
@@ -158,10 +170,12 @@ async def _load(engine: AsyncEngine, tag: str, count: int, lane: int, *, finish:
         async with engine.begin() as conn:
             envelopes = [_create_envelope(f"{tag}-t{lane}", f"{tag}-{lane}-{i}", i)
                          for i in range(start, min(start + CHUNK, count))]
-            chunk = []
-            for envelope in envelopes:
-                stored = await _created(conn, envelope)
-                chunk.append(await (_finish(conn, stored) if finish else _calling(conn, stored)))
+            chunk = [await _created(conn, envelope) for envelope in envelopes]
+            if finish:
+                await runs.load_many(conn, [s.snapshot.run_id for s in chunk], lock=True)
+                await _finish(conn, chunk)
+            else:
+                chunk = [await _calling(conn, stored) for stored in chunk]
             await inbox.claim_many(conn, "scheduler", [
                 inbox.Message(e.event_id, "run.create", None) for e in envelopes])
             await inbox.claim_many(conn, "worker", [
@@ -241,8 +255,11 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     open_before = await _open_state(engine, [*open_runs, unsettled.snapshot.run_id])
     before = await _counts(engine)
 
-    # When a retention pass runs with those horizons
+    # and an artifact stored long ago that no row references (its transaction never committed)
     store = FilesystemArtifactStore(tmp_path / "artifacts")
+    orphan = await _orphan(store)
+
+    # When a retention pass runs with those horizons
     settings = Settings.from_env(SHORT)
     pass_started = time.monotonic()
     pruned = await retention.run_pass(engine, store, horizons(settings), batch=500, archive_batch=500,
@@ -285,6 +302,7 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
             text("SELECT run_id, archive, snapshot, idempotency_key, input_hash FROM runs "
                  "WHERE archived_at IS NOT NULL"))).all()}
     assert registered == set(pruned.archives)
+    assert pruned.orphans == 1 and not await _stored(store, orphan)
     for run_id, records in list(archived.items())[::97]:
         kinds = [r["record"] for r in records]
         assert kinds == ["run", "event", "event", "event", "event", "action"]
@@ -297,12 +315,25 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     # When a pruned run's create is repeated, through admission as the scheduler handles it
     run_id, key = finished[1234]
     lane = 1234 // (FINISHED // LANES)
+    assert lane == 0
     async with engine.begin() as conn:
         outcome = await admit.create_run(PgTransaction(conn), _create_envelope(f"old-t{lane}", key, 1234 % (
             FINISHED // LANES)), kinds=registry(), partitions=PARTITIONS, slots=10, max_input_bytes=262144)
     # Then it returns that run, which stays archived
     assert outcome == {"run_id": run_id, "created": False}
     assert (await _counts(engine))["runs"] == after["runs"]
+    # and the same key with another input is still refused as reused
+    async with engine.begin() as conn:
+        reused = await admit.create_run(PgTransaction(conn), _create_envelope("old-t0", key, -1), kinds=registry(),
+                                        partitions=PARTITIONS, slots=10, max_input_bytes=262144)
+    assert (reused["code"], reused["existing_run_id"]) == ("idempotency_key_reused", run_id)
+
+    # And a replayed wakeup older than the replay window would not be sent to a pruned run, and would
+    # be to an open one
+    async with engine.connect() as conn:
+        assert await quarantine_ops.already_applied(conn, _wakeup(run_id)) == (
+            f"run {run_id} already finished (COMPLETED)")
+        assert await quarantine_ops.already_applied(conn, _wakeup(open_runs[0])) is None
 
     # and the pass recorded what it pruned
     async with engine.connect() as conn:
@@ -313,8 +344,26 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
           f"{pruned.summary()['deleted']}")
 
 
+async def _orphan(store: FilesystemArtifactStore) -> str:
+    """An uploaded object whose registering transaction never committed, stored an hour ago."""
+    orphan = await store.put(f"orphan {uuid.uuid4()}".encode())
+    hour_ago = time.time() - 3600
+    os.utime(store.root / orphan[:2] / orphan[2:4] / orphan, (hour_ago, hour_ago))
+    return orphan
+
+
+async def _stored(store: FilesystemArtifactStore, content_hash: str) -> bool:
+    return content_hash in await store.stored_before(time.time() + 1)
+
+
 def _request_key(run_id: str) -> str:
     return idempotency_key(run_id, "step:0", attempt_scope=1)
+
+
+def _wakeup(run_id: str) -> Envelope:
+    return effects.wake_message_of(tenant_id="acme", run_id=run_id, revision=1,
+                                   partition=topology.partition_of(run_id, PARTITIONS), reason="admitted",
+                                   producer="scheduler").envelope
 
 
 async def _quarantined(engine: AsyncEngine, envelope: Envelope, queue: str) -> int:
@@ -326,8 +375,10 @@ async def _quarantined(engine: AsyncEngine, envelope: Envelope, queue: str) -> i
 
 async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, engine, bus, services,
                                                                         tmp_path: Path) -> None:
-    # Given the ensemble with short horizons (the reconciler prunes every second), and a run it
-    # created, ran and finished
+    # Given the ensemble with short horizons (the reconciler prunes every second), an orphaned
+    # artifact in its store, and a run it created, ran and finished
+    store = FilesystemArtifactStore(services.logs / "artifacts")
+    orphan = await _orphan(store)
     ensemble = Ensemble(services, tmp_path)
     env = {**SHORT, "LONGRUN_RETENTION_INTERVAL": "1"}
     for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
@@ -343,15 +394,14 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
                                             {"r": run_id})).scalar()
     assert ledger_before == 1
     # and a copy of its create and of a wakeup, each quarantined after its consumer failed on it
-    wakeup = effects.wake_message_of(tenant_id="acme", run_id=run_id, revision=1,
-                                     partition=topology.partition_of(run_id, PARTITIONS), reason="admitted",
-                                     producer="scheduler").envelope
+    wakeup = _wakeup(run_id)
     entries = [await _quarantined(engine, create, topology.SCHEDULER_INGRESS_QUEUE),
                await _quarantined(engine, wakeup, topology.partition_queue(
                    "worker", topology.partition_of(run_id, PARTITIONS)))]
     # When the horizons pass: the run is archived and the inbox rows of what it handled are gone
     await eventually(lambda: _archived(engine, run_id), timeout=30, what="the run archived")
     await eventually(lambda: _inbox_empty(engine), timeout=30, what="the inboxes pruned")
+    assert not await _stored(store, orphan)  # swept on the reconciler's schedule
     # and an operator replays both
     headers = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops-oncall"}
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=headers) as gateway:
@@ -378,7 +428,6 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     assert shown["snapshot"]["status"] == "COMPLETED" and shown["events"] == []
     assert shown["archived"]["location"].startswith("file://") and shown["archived"]["archive"] in shown[
         "archived"]["location"]
-    store = FilesystemArtifactStore(services.logs / "artifacts")
     lines = [json.loads(line) for line in (await store.get(shown["archived"]["archive"])).decode().splitlines()]
     mine = [r for r in lines if r["run_id"] == run_id]
     assert [r["record"] for r in mine].count("action") == ledger_before
