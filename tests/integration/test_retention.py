@@ -368,8 +368,9 @@ def _wakeup(run_id: str) -> Envelope:
 
 async def _quarantined(engine: AsyncEngine, envelope: Envelope, queue: str) -> int:
     async with engine.begin() as conn:
-        return await quarantine.put(conn, owner=queue.split(".")[1], queue=queue, body=envelope.model_dump_json().encode(),
-                                    headers={}, message_id=envelope.event_id, error_code="handler_error",
+        return await quarantine.put(conn, owner=queue.split(".")[1], queue=queue,
+                                    body=envelope.model_dump_json().encode(), headers={},
+                                    message_id=envelope.event_id, error_code="handler_error",
                                     reason="a bug since fixed", attempts=5)
 
 
