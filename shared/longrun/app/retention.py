@@ -19,7 +19,6 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -73,8 +72,6 @@ def block_ranges(blocks: int, span: int = BLOCK_SPAN) -> Iterator[tuple[int, int
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
     raise TypeError(f"cannot archive a {type(value).__name__}")
 
 
