@@ -69,15 +69,9 @@ def block_ranges(blocks: int, span: int = BLOCK_SPAN) -> Iterator[tuple[int, int
         yield first, min(first + span, blocks)
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"cannot archive a {type(value).__name__}")
-
-
 def archive_lines(records: Sequence[Mapping[str, Any]]) -> bytes:
     """JSON Lines: one record per line (``db.retention.archived_rows``), times in ISO 8601."""
-    return b"".join(orjson.dumps(record, default=_plain) + b"\n" for record in records)
+    return b"".join(orjson.dumps(record) + b"\n" for record in records)
 
 
 @dataclass(slots=True)
