@@ -229,6 +229,8 @@ async def _open_state(engine: AsyncEngine, run_ids: list[str]) -> list[Any]:
             "FROM runs r WHERE r.run_id = ANY(:ids) ORDER BY r.run_id"), {"ids": run_ids})).all()]
 
 
+# About 30 s on a quiet machine; the bound leaves room for a loaded one.
+@pytest.mark.timeout(240)
 async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_horizon_keeps(
         clean, engine, tmp_path) -> None:
     started = time.monotonic()
