@@ -80,6 +80,8 @@ class Services:
             "LONGRUN_PARTITION_LEASE_TTL": "3",
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",
             "LONGRUN_LOG_LEVEL": "INFO",
+            # The test's own store: a reconciler's orphan sweep must never reach another session's files.
+            "LONGRUN_ARTIFACT_DIR": str(self.logs / "artifacts"),
             # The tree under test first (a copy of the repository, for mutation runs, included).
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")]),
         })

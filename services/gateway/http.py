@@ -24,7 +24,8 @@ from longrun.app import versions
 from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import runs
+from longrun.app.retention import ARCHIVE_MEDIA_TYPE
+from longrun.db import retention, runs
 from longrun.db.errors import is_transient
 from longrun.db.schema import run_labels
 from longrun.db.schema import runs as runs_table
@@ -139,8 +140,13 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             history = await runs.history(conn, stored.snapshot.run_id)
             needs = (await conn.execute(select(runs_table.c.awaiting_worker).where(
                 runs_table.c.run_id == stored.snapshot.run_id))).scalar()
+            archived = await retention.archive_of(conn, stored.snapshot.run_id)
+        # An archived run's events and actions were pruned: the answer says where they went.
         return JSONResponse({"snapshot": stored.snapshot.to_dict(),
                              "waiting_for": f"a compatible worker: {needs}" if needs else None,
+                             "archived": None if archived is None else {
+                                 "at": archived.at.isoformat(), "archive": archived.archive,
+                                 "location": archived.location, "media_type": ARCHIVE_MEDIA_TYPE},
                              "events": [event_to_dict(e) for e in history]})
 
     async def search(request: Request) -> Response:
@@ -185,7 +191,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
         try:
             result = await quarantine_ops.replay(engine, bus, int(request.path_params["entry_id"]), actor=actor,
-                                                 reason=body["reason"])
+                                                 reason=body["reason"],
+                                                 replay_window=settings.quarantine_replay_window)
         except quarantine_ops.NotReplayable as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(result)

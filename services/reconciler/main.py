@@ -11,7 +11,9 @@ Runs whose lease expired are re-woken by their own loop, which sleeps until the 
 lease runs out (never longer than the interval): a dead worker's runs wait out its lease, not
 the lease and then the rest of a round.
 
-The quarantine ingester is its own consumer task on ``longrun.quarantine``.
+The quarantine ingester is its own consumer task on ``longrun.quarantine``, and retention its own
+loop: every ``LONGRUN_RETENTION_INTERVAL`` a pass prunes what the horizons no longer keep, archives
+finished runs and sweeps orphaned artifacts (``longrun.app.retention``).
 
 SIGTERM: the round in flight finishes (its lookups are bounded by the tools' timeouts),
 then the ingester is cancelled (a message not yet acked goes back to the queue, and the
@@ -28,12 +30,13 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import reconcile
+from longrun.app import reconcile, retention
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.authoring import Registry
 from longrun.bootstrap import open_bus, open_database
 from longrun.config import Settings
 from longrun.db.errors import is_transient
+from longrun.db.schema import CONSUMING_SERVICES
 
 SERVICE = "reconciler"
 RECONCILE_BATCH = 50
@@ -114,10 +117,41 @@ class Sweeper:
             self._reported.update(moved)
 
 
+def horizons(settings: Settings) -> retention.Horizons:
+    """The retention horizons the settings give, by rule."""
+    return retention.Horizons({
+        "outbox": settings.retain_outbox, **{f"inbox_{s}": settings.retain_inbox for s in CONSUMING_SERVICES},
+        "timers": settings.retain_timers, "webhook_events": settings.retain_webhook_events,
+        "delivery_failures": settings.retain_delivery_failures, "quarantine": settings.retain_replayed_quarantine,
+        "service_members": settings.retain_dead_members, "audit_log": settings.retain_audit,
+    }, settings.retain_finished_runs)
+
+
+async def keep_horizons(engine: AsyncEngine, store: ArtifactStore, settings: Settings,
+                        stopping: asyncio.Event) -> None:
+    """A retention pass now and every ``retention_interval``; a failed pass is logged and the next retries."""
+    kept = horizons(settings)
+    while not stopping.is_set():
+        try:
+            await retention.run_pass(engine, store, kept, batch=settings.retention_batch,
+                                     archive_batch=settings.archive_batch,
+                                     orphan_grace=settings.artifact_orphan_grace)
+        except Exception as e:
+            if is_transient(e):
+                logger.warning("retention pass: database unavailable (%r); next pass retries", e)
+            else:
+                logger.exception("retention pass failed; next pass retries")
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=settings.retention_interval)
+        except TimeoutError:
+            pass
+
+
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
-    sweeper = Sweeper(engine, run_kinds.load(settings), FilesystemArtifactStore(settings.artifact_dir), settings)
+    store = FilesystemArtifactStore(settings.artifact_dir)
+    sweeper = Sweeper(engine, run_kinds.load(settings), store, settings)
     ingester = asyncio.create_task(
         reconcile.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),
         name="quarantine ingester")
@@ -130,6 +164,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
 
     ingester.add_done_callback(ingester_ended)
     leases = asyncio.create_task(sweeper.sweep_leases(stopping), name="expired leases")
+    pruning = asyncio.create_task(keep_horizons(engine, store, settings, stopping), name="retention")
     health.ready = True
     logger.info("sweeping every %.1fs; silence limits %s", settings.reconcile_interval,
                 {s.value: v for s, v in settings.silence_limits.items()})
@@ -143,7 +178,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     finally:
         health.ready = False
         ingester.cancel()
-        await asyncio.gather(ingester, leases, return_exceptions=True)
+        # A pass stops between or inside its transactions: each is whole or rolled back, and an archive
+        # stored but never registered is an orphan the next sweep removes.
+        pruning.cancel()
+        await asyncio.gather(ingester, leases, pruning, return_exceptions=True)
         await bus.close()
         await engine.dispose()
 

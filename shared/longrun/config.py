@@ -68,6 +68,19 @@ def _text(raw: str) -> str:
     return raw
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(raw: str) -> float:
+    """Seconds, or a number with a unit: ``90s``, ``15m``, ``12h``, ``30d``."""
+    text = raw.strip()
+    unit = _UNITS.get(text[-1:].lower()) if text else None
+    value = float(text[:-1] if unit else text) * (unit or 1)
+    if not 0 < value < float("inf"):
+        raise ValueError
+    return value
+
+
 def _model_kind(raw: str) -> str:
     if raw not in ("scripted", "openai"):
         raise ValueError
@@ -218,6 +231,40 @@ class Settings:
     """Seconds between the reconciler's drift checks of confirmed actions against the far side."""
     silence_limits: Mapping[RunStatus, float]
     """How long a run may stay in a status (without a live lease) before the reconciler alerts."""
+    retention_interval: float
+    """Seconds between the reconciler's retention passes (pruning by the horizons below, archiving
+    finished runs, the artifact orphan sweep)."""
+    retention_batch: int
+    """Rows one retention statement deletes at most: each delete is short and locks only its rows."""
+    archive_batch: int
+    """Finished runs archived (and their events and actions pruned) per transaction."""
+    retain_outbox: float
+    """How long a published outbox row is kept after it was published."""
+    retain_inbox: float
+    """How long an inbox row (a handled message's id and outcome) is kept after handling; it must be
+    longer than ``LONGRUN_QUARANTINE_REPLAY_WINDOW``, so a replay within the window meets its inbox row."""
+    quarantine_replay_window: float
+    """How old a quarantined message may be (since it was sent) for its replay to rely on the inbox;
+    an older one is checked first against what outlives the inbox (the run's creating key, the run's
+    state) and is not sent again when its effect is already there."""
+    retain_timers: float
+    """How long a fired timer is kept after it fired (an unfired timer of an archived run goes with it)."""
+    retain_webhook_events: float
+    """How long a webhook event matched to a run is kept after it was matched (unmatched ones stay)."""
+    retain_delivery_failures: float
+    """How long a message's count of failed deliveries is kept after its last failure."""
+    retain_replayed_quarantine: float
+    """How long a quarantine entry is kept after it was replayed (unreplayed entries stay)."""
+    retain_dead_members: float
+    """How long a service member's row is kept after its last heartbeat ran out."""
+    retain_audit: float
+    """How long an audit row is kept."""
+    retain_finished_runs: float
+    """How long a finished run keeps its events and actions after its last change; then they are
+    archived (JSON Lines in the artifact store) and pruned, and the run row stays as a tombstone."""
+    artifact_orphan_grace: float
+    """Age after which a stored artifact that no row references is deleted by the orphan sweep: longer
+    than any transaction that uploads an artifact and then registers it."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -235,6 +282,8 @@ class Settings:
                 values[field.name] = spec.parse(raw)
             except ValueError:
                 problems.append((spec.env, f"got {raw!r}; expected {spec.expected}"))
+        if not problems:
+            problems += _inconsistencies(values)
         if problems:
             raise ConfigError(problems)
         return cls(**values)
@@ -244,6 +293,17 @@ class Settings:
         """Every variable with what it expects (for docs and manifests)."""
         return {spec.env: spec.expected for spec in _SPEC.values()}
 
+
+def _inconsistencies(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems between variables that are each valid on their own."""
+    if values["retain_inbox"] <= values["quarantine_replay_window"]:
+        return [("LONGRUN_RETAIN_INBOX", f"got {values['retain_inbox']:.15g} s; expected more than "
+                 f"LONGRUN_QUARANTINE_REPLAY_WINDOW ({values['quarantine_replay_window']:.15g} s): a replay within the "
+                 "window must still find the inbox row of a message handled before")]
+    return []
+
+
+_DURATION = "a duration: seconds, or a number with a unit s, m, h or d (e.g. 30d)"
 
 _SPEC: dict[str, _Var] = {
     "database_url": _var("LONGRUN_DATABASE_URL", _database_url,
@@ -295,4 +355,18 @@ _SPEC: dict[str, _Var] = {
     "silence_limits": _var("LONGRUN_SILENCE_LIMITS", _silence_limits,
                            "comma-separated STATUS=seconds for open run statuses",
                            "RUNNING=300,READY=600,ACTION_UNKNOWN=3600"),
+    "retention_interval": _var("LONGRUN_RETENTION_INTERVAL", _positive_float, "seconds, a number > 0", "600"),
+    "retention_batch": _var("LONGRUN_RETENTION_BATCH", _positive_int, "an integer >= 1", "1000"),
+    "archive_batch": _var("LONGRUN_ARCHIVE_BATCH", _positive_int, "an integer >= 1", "100"),
+    "retain_outbox": _var("LONGRUN_RETAIN_OUTBOX", _duration, _DURATION, "7d"),
+    "retain_inbox": _var("LONGRUN_RETAIN_INBOX", _duration, _DURATION, "30d"),
+    "quarantine_replay_window": _var("LONGRUN_QUARANTINE_REPLAY_WINDOW", _duration, _DURATION, "14d"),
+    "retain_timers": _var("LONGRUN_RETAIN_TIMERS", _duration, _DURATION, "7d"),
+    "retain_webhook_events": _var("LONGRUN_RETAIN_WEBHOOK_EVENTS", _duration, _DURATION, "30d"),
+    "retain_delivery_failures": _var("LONGRUN_RETAIN_DELIVERY_FAILURES", _duration, _DURATION, "30d"),
+    "retain_replayed_quarantine": _var("LONGRUN_RETAIN_REPLAYED_QUARANTINE", _duration, _DURATION, "30d"),
+    "retain_dead_members": _var("LONGRUN_RETAIN_DEAD_MEMBERS", _duration, _DURATION, "1d"),
+    "retain_audit": _var("LONGRUN_RETAIN_AUDIT", _duration, _DURATION, "365d"),
+    "retain_finished_runs": _var("LONGRUN_RETAIN_FINISHED_RUNS", _duration, _DURATION, "30d"),
+    "artifact_orphan_grace": _var("LONGRUN_ARTIFACT_ORPHAN_GRACE", _duration, _DURATION, "1h"),
 }

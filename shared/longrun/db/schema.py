@@ -108,6 +108,11 @@ runs = Table(
     Column("admitted_at", DateTime(timezone=True)),
     # "kind@version" while no worker that took its wakeup could run it: handed over to one that can.
     Column("awaiting_worker", Text),
+    # A finished run whose events and actions were archived and pruned: the row stays as a tombstone
+    # (its creating key and input hash answer a repeated create); ``archive`` names the artifact.
+    Column("archived_at", DateTime(timezone=True)),
+    Column("archive", Text),
+    CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),
     CheckConstraint("revision >= 0 AND last_seq >= 0 AND fencing_token >= 0", name="counters"),
@@ -145,6 +150,11 @@ QUEUED = f"admitted_at IS NULL AND status = {sql_name(QUEUED_STATUS)}"
 is never admitted, and must not stay in the queue's index for admission to skip every time."""
 # Scheduler admission: queued runs by tenant and priority.
 Index("ix_runs_queued", runs.c.tenant_id, runs.c.priority, runs.c.created_at, postgresql_where=text(QUEUED))
+TO_ARCHIVE = f"status IN ({sql_names(sorted(TERMINAL))}) AND archived_at IS NULL"
+"""A finished run whose events and actions are still in their tables."""
+# Retention: finished runs not archived yet, oldest first. Keyed on columns a run's writes never
+# change, so the runs' updates stay as cheap as before; an open run is not in it.
+Index("ix_runs_to_archive", runs.c.created_at, runs.c.run_id, postgresql_where=text(TO_ARCHIVE))
 
 # Labels as rows, written once with their run: searchable by key and value through one index,
 # which the run's own updates never touch.
