@@ -95,12 +95,18 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
         assert late.status_code == 409 and "alice answered it already" in late.json()["error"]
 
 
-async def test_longrunctl_answers_a_question(asking, engine) -> None:  # type: ignore[no-untyped-def]
+async def test_longrunctl_answers_a_question(asking, engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ensemble, start = asking
     run_id = await start()
-    # When the owner answers from a terminal, first with an answer the schema refuses
-    refused = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module", "--json", '{"module": ""}')
-    assert refused.returncode != 0 and "422" in refused.stderr and "should be non-empty" in refused.stderr
+    stored = await _stored(engine, run_id)
+    # When the owner answers from a terminal, first without an answer, then with one the schema refuses
+    unsaid = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module")
+    assert unsaid.returncode == 2 and "exactly one of --json and --answer-file" in unsaid.stderr
+    (tmp_path / "answer.json").write_text('{"module": ""}')
+    refused = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module",
+                                "--answer-file", str(tmp_path / "answer.json"))
+    assert refused.returncode == 1 and "422" in refused.stderr and "should be non-empty" in refused.stderr
+    assert await _stored(engine, run_id) == stored
     answered = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module", "--json",
                                  '{"module": "ledger"}', "--reason", "the ledger team owns retries")
     assert answered.returncode == 0, answered.stderr
