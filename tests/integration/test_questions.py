@@ -63,6 +63,8 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
         assert (shown["wait"]["kind"], shown["wait"]["question_id"], shown["wait"]["owner"]) == \
             ("question", "module", "alice")
         assert shown["wait"]["deadline"] > shown["status_since"]
+        listed = (await http.get("/runs", params={"wait_kind": "question"}, headers=operator("alice"))).json()
+        assert [r["run_id"] for r in listed] == [run_id]
         stored = await _stored(engine, run_id)
         # When an answer breaks the schema, it is refused with 422 naming the violation, and nothing is stored
         bad = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json={
