@@ -113,6 +113,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                     result = await operate.decide_approval(
                         tx, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
                         approved=action == "approve", actor=actor, reason=reason)
+                elif action == "answer":
+                    result = await operate.answer(tx, run_id, question_id=str(body["question_id"]),
+                                                  answer=body["answer"], actor=actor, reason=reason)
                 elif action == "terminate":
                     result = await operate.terminate(tx, run_id, actor=actor, reason=reason, kinds=kinds)
                 elif action == "migrate":
@@ -124,6 +127,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:
             return JSONResponse({"error": str(e)}, status_code=403)
+        except operate.AnswerRefused as e:
+            return JSONResponse({"error": str(e), "problems": e.problems}, status_code=422)
         except (DomainError, LongrunError) as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         except KeyError as e:

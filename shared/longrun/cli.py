@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import IO, Any
 
 import click
 import httpx
@@ -108,6 +108,28 @@ def run_approve(ctx: click.Context, run_id: str, approval_id: str, approved_hash
     """Approve (or --deny) exactly the request with this hash."""
     _print(_call(ctx, "POST", f"/runs/{run_id}/{'deny' if deny else 'approve'}",
                  {"approval_id": approval_id, "approved_hash": approved_hash, "reason": reason}))
+
+
+@run.command("answer")
+@click.argument("run_id")
+@click.argument("question_id")
+@click.option("--json", "answer_json", metavar="JSON", help="the answer, as JSON")
+@click.option("--answer-file", type=click.File("r"), help="a file holding the answer as JSON ('-': stdin)")
+@click.option("--reason", default="answered the run's question", show_default=True)
+@click.pass_context
+def run_answer(ctx: click.Context, run_id: str, question_id: str, answer_json: str | None,
+               answer_file: IO[str] | None, reason: str) -> None:
+    """Answer the question a run asks (its text and answer schema: `run show`); an answer that does
+    not satisfy the schema is refused with every violation, and nothing is recorded."""
+    if (answer_json is None) == (answer_file is None):
+        raise click.UsageError("give the answer with exactly one of --json and --answer-file")
+    source = answer_json if answer_file is None else answer_file.read()
+    try:
+        answer = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--json / --answer-file") from None
+    _print(_call(ctx, "POST", f"/runs/{run_id}/answer", {"question_id": question_id, "answer": answer,
+                                                         "reason": reason}))
 
 
 @main.command("versions")

@@ -41,8 +41,9 @@ VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schem
 TENANTS = ("t-red", "t-green", "t-blue", "t-amber")
 FAST = ("retry", "sleep", "ci", "approval", "ended", "finished")
 """Shapes whose single due timer the bulk wake handles (applies, or late)."""
-SLOW = ("paused", "two_timers", "no_timer")
-"""Shapes the domain handles: a wake while paused, two timers of one run, a wake the domain refuses."""
+SLOW = ("paused", "two_timers", "no_timer", "question")
+"""Shapes the domain handles: a wake while paused, two timers of one run, a wake the domain refuses,
+a question's deadline (which closes the question too)."""
 _S = RunStatus
 
 
@@ -58,6 +59,8 @@ def _wait_of(rng: random.Random, base: str, run_id: str, at: float) -> tuple[Run
     if base == "approval":
         return _S.WAITING_USER, Wait(wait_id, "approval", deadline, approval_id=f"ap-{run_id}", owner="alice",
                                      approved_hash=f"h-{rng.getrandbits(16)}", subject="merge")
+    if base == "question":
+        return _S.WAITING_USER, Wait(wait_id, "question", deadline, question_id=f"q-{run_id}")
     assert base == "two_timers"
     return _S.RETRY_SCHEDULED, Wait(wait_id, "timer", deadline, wake_at=deadline - rng.uniform(10, 200))
 
@@ -86,9 +89,12 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random, *, extra: int) ->
             base = {"ended": "ci", "no_timer": "ci", "finished": rng.choice(("retry", "ci", "approval")),
                     "paused": rng.choice(("retry", "sleep", "ci", "approval"))}.get(shape, shape)
             status, wait = _wait_of(rng, base, run_id, at)
+            asked = [] if wait.question_id is None else [ev.QuestionOpened(
+                seq=stored.seq(2), at=at, question_id=wait.question_id, text="which?",
+                answer_schema=freeze({"type": "string"}))]
             stored = await runs.append(conn, stored, [
-                ev.RunStatusChanged(seq=stored.seq(1), at=at, to=_S.RUNNING, reason="taken"),
-                ev.WaitStarted(seq=stored.seq(2), at=at, status=status, wait=wait)])
+                ev.RunStatusChanged(seq=stored.seq(1), at=at, to=_S.RUNNING, reason="taken"), *asked,
+                ev.WaitStarted(seq=stored.seq(2 + len(asked)), at=at, status=status, wait=wait)])
             await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
             then: list[ev.RunEvent] = []
             if shape == "ended":
@@ -219,6 +225,14 @@ def _broadcast_correlated_by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(effects, "broadcast_message", mutated)
 
 
+def _question_deadline_taken_the_short_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = firing._quick_verdict
+
+    def mutated(timer: Any, head: Any) -> Any:
+        return real(timer._replace(payload={k: v for k, v in timer.payload.items() if k != "question_id"}), head)
+    monkeypatch.setattr(firing, "_quick_verdict", mutated)
+
+
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]] = {
     # A transition table entry: the domain no longer wakes WAITING_EVENT to READY; the bulk wake still
     # does (or, when the batch's sample is such a run, the batch falls back to the domain).
@@ -230,14 +244,20 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]]
     # An envelope field the SQL sets per run (from the run's snapshot), which the builder now sets otherwise.
     "envelope-broadcast-correlation-per-tenant": (_broadcast_correlated_by_tenant,
                                                   ("run.event: payload.correlation_id", "short way")),
+    # A question's deadline woken the short way: the template does not close the question.
+    "question-deadline-taken-the-short-way": (_question_deadline_taken_the_short_way,
+                                              ("(question): snapshot.open_questions",)),
 }
+SEEDS = {"question-deadline-taken-the-short-way": 2}
+"""Mutants shown on another seed than 1: one whose batch sample is not a question's run, so the
+template learnt from it is applied to the question's runs."""
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 async def test_a_mutant_of_the_domain_or_the_fast_path_is_caught(clean, engine, monkeypatch, mutant) -> None:
     mutate, symptoms = MUTANTS[mutant]
     try:
-        mismatches = await timer_mismatches(engine, seed=1, mutate=lambda: mutate(monkeypatch))
+        mismatches = await timer_mismatches(engine, seed=SEEDS.get(mutant, 1), mutate=lambda: mutate(monkeypatch))
     finally:
         monkeypatch.undo()
         await diff.wipe(engine)

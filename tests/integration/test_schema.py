@@ -109,6 +109,22 @@ def test_constraints_refuse_what_the_invariants_forbid(scratch_url: str) -> None
     engine.dispose()
 
 
+def test_a_run_waits_for_a_person_only_naming_the_approval_or_the_question(scratch_url: str) -> None:
+    migrate.upgrade(scratch_url)
+    engine = create_engine(scratch_url)
+    insert = text("INSERT INTO runs (run_id, tenant_id, idempotency_key, input_hash, workflow, workflow_version, "
+                  "prompt_version, model_policy_version, tool_schema_version, status, partition, budget, snapshot, "
+                  "wait_kind, wait_deadline) VALUES (:r, 't', :r, 'h', 'w', '1', '1', '1', '1', 'WAITING_USER', 0, "
+                  "'{}', CAST(:snapshot AS jsonb), :kind, '2030-01-01')")
+    for kind, snapshot in (("question", '{"wait": {"question_id": null}}'),  # a question wait names its question
+                           ("approval", '{"wait": {"question_id": "q"}}')):  # an approval wait, its approval
+        with engine.connect() as conn, pytest.raises(IntegrityError, match="user_wait_named"):
+            conn.execute(insert, {"r": f"r-{kind}", "kind": kind, "snapshot": snapshot})
+    with engine.begin() as conn:
+        conn.execute(insert, {"r": "r-asks", "kind": "question", "snapshot": '{"wait": {"question_id": "q"}}'})
+    engine.dispose()
+
+
 @pytest.mark.parametrize("query", [admission.TENANT_SLOTS.format(tenant=":t"), admit.ACTIVE.text],
                          ids=["tenant slots", "active"])
 def test_admission_counts_read_only_the_runs_holding_slots(scratch_url: str, query: str) -> None:

@@ -11,10 +11,11 @@ the run kind's ``decide`` from the git revision that was deployed when the run w
 ``python -m tests.replay.record rederive --name NAME [--workflow-at REV]`` derives the decisions
 of a recorded history again, from its events, when the derivation rules below improve.
 
-``python -m tests.replay.record live`` starts the ensemble (forge, gateway, scheduler, workers,
-timer, reconciler, relay) in a database and vhost of its own, plays the stories below through
-it like production would (run.create on the bus, approvals through the operator API, a forge
-that times out, a worker that dies at a crash point) and records each finished run.
+``python -m tests.replay.record live [--stories engine|questions ...]`` starts the ensemble
+(forge, gateway, scheduler, workers, timer, reconciler, relay) in a database and vhost of its own,
+plays the stories below through it like production would (run.create on the bus, approvals and
+answers through the operator API, a forge that times out, a worker that dies at a crash point, a
+question left unanswered past its deadline) and records each finished run.
 
 Every derived decision is checked against what followed it in the history before the file is
 written (``replay.record``).
@@ -138,7 +139,7 @@ async def live(args: argparse.Namespace) -> None:
     from tests.fixtures import test_topology
     from tests.harness import Services
     from tests.infra import find_infra
-    from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, goal, publish_create, run_id_for
+    from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, run_id_for
 
     found = find_infra()
     if isinstance(found, str):
@@ -153,7 +154,8 @@ async def live(args: argparse.Namespace) -> None:
         await bus.connect()
         ensemble = Ensemble(services, tmp)
         common = {"LONGRUN_TOOL_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
-                  "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+                  "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
+                  "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:ASKING"}
         try:
             ensemble.start_forge()
             await ensemble.configure_forge(deliver_times=2)
@@ -165,7 +167,10 @@ async def live(args: argparse.Namespace) -> None:
                                       LONGRUN_CRASH_POINTS="worker.after_tool_response_before_record:2")
             await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
 
-            async def finished(key: str, *, answer: str = "approve", timeout: float = 120) -> str:
+            async def finished(key: str, *, answer: str = "approve", reply: object = None,
+                               timeout: float = 120) -> str:
+                """Waits for the run made under ``key`` to finish, deciding its approvals (``answer``)
+                and answering its question with ``reply`` (None: nobody answers)."""
                 run_id = None
                 deadline = time.monotonic() + timeout
                 async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as gateway:
@@ -177,9 +182,17 @@ async def live(args: argparse.Namespace) -> None:
                         if run_id is not None:
                             async with engine.connect() as conn:
                                 row = (await conn.execute(text(
-                                    "SELECT status, approval_id, approved_hash, approval_owner FROM runs "
+                                    "SELECT status, wait_kind, snapshot #>> '{wait,question_id}' AS question_id, "
+                                    "approval_id, approved_hash, approval_owner FROM runs "
                                     "WHERE run_id = :r"), {"r": run_id})).one()
-                            if row.status == "WAITING_USER":
+                            if row.status == "WAITING_USER" and row.wait_kind == "question":
+                                if reply is not None:
+                                    (await gateway.post(f"/runs/{run_id}/answer", json={
+                                        "question_id": row.question_id, "answer": reply,
+                                        "reason": "recorder: answer"},
+                                        headers={"authorization": f"Bearer {OPERATOR_TOKEN}",
+                                                 "x-operator": row.approval_owner})).raise_for_status()
+                            elif row.status == "WAITING_USER":
                                 (await gateway.post(f"/runs/{run_id}/{answer}", json={
                                     "approval_id": row.approval_id, "approved_hash": row.approved_hash,
                                     "reason": f"recorder: {answer}"},
@@ -192,31 +205,10 @@ async def live(args: argparse.Namespace) -> None:
                 raise SystemExit(f"run {key} did not finish; logs in {tmp / 'logs'}:\n{services.dump()}")
 
             stories: list[tuple[str, str, str]] = []
-            # 1. steps: the worker dies after the second step's answer, before recording it.
-            key = f"steps-{uuid.uuid4().hex[:6]}"
-            await publish_create(bus, tenant="acme", key=key, input_={"steps": 3}, workflow="steps")
-            stories.append(("steps-worker-killed-after-tool-response", await finished(key),
-                            "Three pure steps; the worker is killed (crash point) after step 1's answer came back "
-                            "and before it was recorded. A new worker takes the run once the lease expires and "
-                            "re-runs step 1 under the same idempotency key (a pure tool re-runs), then completes."))
-            # 2. the upgrade, with a merge request that times out after the forge created it.
-            async with httpx.AsyncClient(base_url=ensemble.forge_url) as forge:
-                (await forge.post("/_control/faults", json={"endpoint": "merge_requests",
-                                                            "mode": "timeout_after_commit", "times": 1,
-                                                            "hold_seconds": 4})).raise_for_status()
-            key = f"upgrade-{uuid.uuid4().hex[:6]}"
-            await publish_create(bus, tenant="acme", key=key, input_=goal(key[-6:]))
-            stories.append(("upgrade-mr-timeout-reconciled", await finished(key),
-                            "The dependency upgrade end to end: plan, branch, commit, CI fails (webhook twice), "
-                            "fix, commit, CI passes, approval of the exact merge request hash, the merge request "
-                            "times out after the forge created it (UNKNOWN), the reconciler finds it by key, "
-                            "the run completes on the recorded evidence."))
-            # 3. the upgrade, denied by its approver.
-            key = f"denied-{uuid.uuid4().hex[:6]}"
-            await publish_create(bus, tenant="acme", key=key, input_=goal(key[-6:]))
-            stories.append(("upgrade-denied", await finished(key, answer="deny"),
-                            "The dependency upgrade until the approval, which its owner denies: the run fails "
-                            "with the reason, no merge request is requested."))
+            if "engine" in args.stories:
+                stories += await engine_stories(bus, ensemble, finished)
+            if "questions" in args.stories:
+                stories += await question_stories(bus, finished)
             for name, run_id, story in stories:
                 rows, snapshot = await _stored(engine, run_id)
                 source = {"how": "played live through the ensemble by tests/replay/record.py live",
@@ -227,6 +219,59 @@ async def live(args: argparse.Namespace) -> None:
             services.stop_all()
             await bus.close()
             await engine.dispose()
+
+
+async def engine_stories(bus: Any, ensemble: Any, finished: Any) -> list[tuple[str, str, str]]:
+    """The steps and the dependency upgrade: a worker crash, an unknown outcome, a denial."""
+    from tests.integration.ensemble import goal, publish_create
+
+    stories: list[tuple[str, str, str]] = []
+    # 1. steps: the worker dies after the second step's answer, before recording it.
+    key = f"steps-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, input_={"steps": 3}, workflow="steps")
+    stories.append(("steps-worker-killed-after-tool-response", await finished(key),
+                    "Three pure steps; the worker is killed (crash point) after step 1's answer came back "
+                    "and before it was recorded. A new worker takes the run once the lease expires and "
+                    "re-runs step 1 under the same idempotency key (a pure tool re-runs), then completes."))
+    # 2. the upgrade, with a merge request that times out after the forge created it.
+    async with httpx.AsyncClient(base_url=ensemble.forge_url) as forge:
+        (await forge.post("/_control/faults", json={"endpoint": "merge_requests",
+                                                    "mode": "timeout_after_commit", "times": 1,
+                                                    "hold_seconds": 4})).raise_for_status()
+    key = f"upgrade-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, input_=goal(key[-6:]))
+    stories.append(("upgrade-mr-timeout-reconciled", await finished(key),
+                    "The dependency upgrade end to end: plan, branch, commit, CI fails (webhook twice), "
+                    "fix, commit, CI passes, approval of the exact merge request hash, the merge request "
+                    "times out after the forge created it (UNKNOWN), the reconciler finds it by key, "
+                    "the run completes on the recorded evidence."))
+    # 3. the upgrade, denied by its approver.
+    key = f"denied-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, input_=goal(key[-6:]))
+    stories.append(("upgrade-denied", await finished(key, answer="deny"),
+                    "The dependency upgrade until the approval, which its owner denies: the run fails "
+                    "with the reason, no merge request is requested."))
+    return stories
+
+
+async def question_stories(bus: Any, finished: Any) -> list[tuple[str, str, str]]:
+    """The test-only ``asking`` kind (``tests.kinds``): a question answered, and one left unanswered."""
+    from tests.integration.ensemble import publish_create
+
+    key = f"asked-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, workflow="asking",
+                         input_={"task": "retry storms", "owner": "alice"})
+    answered = ("asking-answered", await finished(key, reply={"module": "billing"}),
+                "A run asks its owner which module its task is about and waits in WAITING_USER; the owner "
+                "answers through the operator API, the answer is checked against the question's schema and "
+                "recorded as the fact answer:module, and the run completes with it as evidence.")
+    key = f"unanswered-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, workflow="asking",
+                         input_={"task": "retry storms", "owner": "alice", "answer_within": 2})
+    unanswered = ("asking-unanswered", await finished(key),
+                  "A run asks its owner a question that nobody answers: at its deadline the timer wakes the "
+                  "run (reason deadline), the question closes unanswered, and the run fails saying so.")
+    return [answered, unanswered]
 
 
 def main() -> None:
@@ -240,7 +285,8 @@ def main() -> None:
     db.add_argument("--note")
     db.add_argument("--workflow-at", help="git revision whose dependency_upgrade decide() recorded the run")
     db.add_argument("--why", help="with --workflow-at: why today's decide differs from that build's")
-    sub.add_parser("live", help="play the stories through the ensemble and record them")
+    played = sub.add_parser("live", help="play the stories through the ensemble and record them")
+    played.add_argument("--stories", nargs="+", choices=("engine", "questions"), default=["engine", "questions"])
     again = sub.add_parser("rederive", help="derive the decisions of a recorded history again")
     again.add_argument("--name", required=True)
     again.add_argument("--workflow-at")

@@ -9,8 +9,9 @@ recorded: at every point where a worker called ``decide`` (the run is RUNNING, n
 flight or in doubt, and what follows is the work of a decision), the pinned workflow's
 ``decide`` is called on the fold of the events so far, with the time of the event that followed
 as ``now``, and what it returns must match what actually followed (the action prepared, the
-wait started with its key, approval and hash, the completion and its evidence...). Replaying
-repeats the same calls under the code of today and must get the same decisions.
+wait started with its key, approval and hash, the question asked, the completion and its
+evidence...). Replaying repeats the same calls under the code of today and must get the same
+decisions.
 
 A patch point (``ctx.patched``) is taken where the history took it: the patches folded so far,
 and those recorded (``run.patch_taken``) with the decision itself, ahead of its own events. A
@@ -31,6 +32,7 @@ from longrun.domain import (
     TERMINAL,
     UNRECONCILED,
     AskModel,
+    AskUser,
     CallTool,
     Complete,
     Decision,
@@ -50,12 +52,12 @@ from longrun.domain import (
     to_plain,
 )
 from longrun.domain import events as ev
-from tests.kinds import registry
+from tests.kinds import ASKING, registry
 
 FORMAT = 1
 CRASH_RECOVERY_CAUSE = "submitted before a crash; outcome not recorded"
 _WORKER_EVENTS = (ev.ActionPrepared, ev.ActionRecorded, ev.ActionSubmitted, ev.BudgetCharged, ev.WaitStarted,
-                  ev.RunCompleted)
+                  ev.QuestionOpened, ev.RunCompleted)
 _DECIDED_MOVES = frozenset({RunStatus.FAILED, RunStatus.NEEDS_ATTENTION, RunStatus.ACTION_UNKNOWN})
 
 
@@ -69,7 +71,10 @@ class Point:
 
 
 def kinds() -> Registry:
-    return registry(Settings.from_env({}))
+    """The default run kinds, and the test-only ``asking`` (questions)."""
+    found = registry(Settings.from_env({}))
+    found.add(ASKING)
+    return found
 
 
 def decision_to_plain(decision: Decision) -> dict[str, Any]:
@@ -100,9 +105,11 @@ def _mid_commit(previous: ev.RunEvent | None) -> bool:
     """``previous`` is not the last event of the worker's commit, or a call is out after it.
 
     A decision commits together: prepared + submitted + charged (then the tool call is out, and
-    what follows is its outcome), or charged + the model's proposal; the patches it took come first.
+    what follows is its outcome), charged + the model's proposal, or a question + the wait for its
+    answer; the patches it took come first.
     """
-    return isinstance(previous, ev.ActionPrepared | ev.ActionSubmitted | ev.BudgetCharged | ev.PatchTaken)
+    return isinstance(previous, ev.ActionPrepared | ev.ActionSubmitted | ev.BudgetCharged | ev.PatchTaken
+                      | ev.QuestionOpened)
 
 
 def _decides(state: RunSnapshot | None, previous: ev.RunEvent | None, following: ev.RunEvent) -> bool:
@@ -158,6 +165,11 @@ def mismatch(kinds: Registry, events: Sequence[ev.RunEvent], point: Point) -> st
               and second.key.startswith(f"proposal:{d['purpose']}:"))
     elif kind == CallTool.__name__:
         ok = _tool_call_followed(state, d, first)
+    elif kind == AskUser.__name__:
+        ok = (isinstance(first, ev.QuestionOpened) and first.question_id == d["question_id"]
+              and first.text == d["text"] and thaw(first.answer_schema) == d["answer_schema"]
+              and isinstance(second, ev.WaitStarted) and second.status is RunStatus.WAITING_USER
+              and second.wait.question_id == d["question_id"] and second.wait.owner == d["owner"])
     elif kind in (WaitForEvent.__name__, WaitForUser.__name__, ScheduleRetry.__name__):
         ok = isinstance(first, ev.WaitStarted) and _wait_matches(d, first)
     elif kind == Complete.__name__:

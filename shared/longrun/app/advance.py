@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, otel
-from longrun.app import effects
+from longrun.app import effects, questions
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
@@ -41,11 +41,13 @@ from longrun.db.driver import Pool
 from longrun.db.errors import is_transient
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
+    ANSWER_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     TERMINAL,
     UNRECONCILED,
     ActionStatus,
     AskModel,
+    AskUser,
     CallTool,
     Complete,
     DecisionContext,
@@ -261,6 +263,8 @@ class Advancer:
         if isinstance(decision, (WaitForEvent, WaitForUser, ScheduleRetry)):
             status, wait = wait_for(decision, ctx)
             return await self._finish(stored, fence, ev.WaitStarted, status=status, wait=wait)
+        if isinstance(decision, AskUser):
+            return await self._ask_user(stored, fence, decision, ctx)
         if isinstance(decision, Complete):
             unmet = kind.workflow.accept(run, decision.evidence)
             if unmet:
@@ -315,6 +319,24 @@ class Advancer:
             self._event(s, ev.ActionCompensated, logical_action=logical_action),
             self._event(s, ev.FactRecorded, offset=2, key=f"compensation:{logical_action}",
                         value=freeze(dict(result.receipt)), source=f"tool:{tool.name}")])
+
+    async def _ask_user(self, stored: StoredRun, fence: Fence, decision: AskUser, ctx: DecisionContext) -> None:
+        """The question and the wait for its answer, in one commit; a question that cannot be asked
+        (its schema is not one, or its id was answered before) goes to a person instead."""
+        name = decision.question_id
+        problem = questions.schema_problem(decision.answer_schema)
+        if problem is not None:
+            reason = f"question {name!r}: its answer schema is not a JSON Schema (draft 2020-12): {problem}"
+        elif stored.snapshot.fact(ANSWER_FACT_PREFIX + name) is not None:
+            reason = f"decide asked question {name!r} again, answered already"
+        else:
+            status, wait = wait_for(decision, ctx)
+            await self._commit(stored, [
+                self._event(stored, ev.QuestionOpened, question_id=name, text=decision.text,
+                            answer_schema=decision.answer_schema),
+                self._event(stored, ev.WaitStarted, offset=2, status=status, wait=wait)], fence, release=True)
+            return None
+        return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION, reason=reason)
 
     async def _finish(self, stored: StoredRun, fence: Fence, cls: type[ev.RunEvent], **fields: Any) -> None:
         """Append one event that takes the run out of this worker, and release the lease with it."""

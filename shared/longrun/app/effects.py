@@ -177,7 +177,7 @@ async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> Non
 
 def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
     """The durable timers a parked run's wait needs (``timers.schedule``'s arguments): its deadline
-    and, for retries and sleeps, its wake-up time. Pure.
+    (naming the question, for a question's) and, for retries and sleeps, its wake-up time. Pure.
 
     The wait's times were computed from the deciding process's clock at ``decided_at``; only the
     delays are kept, counted from the store's clock (a worker minutes fast must not delay a retry).
@@ -191,9 +191,11 @@ def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
                     "kind": "retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
                     "delay": wait.wake_at - decided_at, "payload": {"wait_id": wait.wait_id, "reason": "timer"}})
     if wait.deadline is not None and wait.deadline != wait.wake_at:
+        # A question's deadline closes the question too: the timer service leaves it to the domain.
+        question = {} if wait.question_id is None else {"question_id": wait.question_id}
         due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:deadline", "run_id": run.run_id,
                     "kind": "wait_deadline", "delay": wait.deadline - decided_at,
-                    "payload": {"wait_id": wait.wait_id, "reason": "deadline"}})
+                    "payload": {"wait_id": wait.wait_id, "reason": "deadline", **question}})
     return due
 
 

@@ -1,4 +1,4 @@
-"""Operator actions on runs: approve, deny, cancel, pause, resume, terminate — each audited.
+"""Operator actions on runs: approve, deny, answer, cancel, pause, resume, terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
 audit row (who, what, why) in the same transaction (a ``RunTransaction``: PostgreSQL's in the
@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from longrun.app import effects
+from longrun.app import effects, questions
 from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
 from longrun.errors import DomainError, ErrorCode
-from longrun.domain import RunStatus, is_late, to_plain
+from longrun.domain import ANSWER_FACT_PREFIX, RunSnapshot, RunStatus, freeze, is_late, to_plain
 from longrun.domain import events as ev
 
 PRODUCER = "operator"
@@ -48,8 +48,19 @@ class NotMigratable(DomainError):
 class NotPermitted(DomainError):
     code = ErrorCode.ILLEGAL_TRANSITION
 
-    def __init__(self, run_id: str, actor: str, owner: str) -> None:
-        super().__init__(f"run {run_id}: only {owner} may decide this approval, not {actor}")
+    def __init__(self, run_id: str, actor: str, owner: str, what: str = "decide this approval") -> None:
+        super().__init__(f"run {run_id}: only {owner} may {what}, not {actor}")
+
+
+class AnswerRefused(DomainError):
+    """An answer that does not satisfy its question's schema; nothing was recorded."""
+
+    code = ErrorCode.EVENT_REJECTED
+
+    def __init__(self, run_id: str, question_id: str, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"run {run_id}: the answer to question {question_id!r} does not satisfy its schema: "
+                         + "; ".join(problems))
 
 
 async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, reason: str,
@@ -94,6 +105,50 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
         details={"approval_id": approval_id, "approved_hash": approved_hash},
         build=lambda seq, at: ev.ApprovalDecided(seq=seq, at=at, approval_id=approval_id, approved=approved,
                                                  approved_hash=approved_hash, decided_by=actor))
+
+
+async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: object, actor: str, reason: str,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """A person's answer to the question the run waits on: checked against the question's schema
+    (``AnswerRefused`` names every violation, and nothing is written), recorded as
+    ``question.resolved`` (the fact ``answer:<question_id>``, by ``actor``) and the run woken. Only
+    the owner the question names, if it names one, may answer. The same answer again changes nothing
+    and says so (``repeated``); any other answer to a question that is not open is refused, naming
+    why."""
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    run = stored.snapshot
+    what = f"an answer to question {question_id!r}"
+    given = run.fact(ANSWER_FACT_PREFIX + question_id)
+    if given is not None:
+        if given.value == freeze(answer):
+            return {"run_id": run_id, "status": run.status.value, "revision": run.revision, "repeated": True}
+        raise NotPending(run_id, what, f"{given.source.removeprefix('user:')} answered it already")
+    wait = run.wait
+    question = next((q for q in run.open_questions if q.question_id == question_id), None)
+    if question is None or wait is None or wait.question_id != question_id:
+        raise NotPending(run_id, what, _asked(run))
+    if wait.owner not in (None, actor):
+        raise NotPermitted(run_id, actor, wait.owner, "answer this question")
+    problems = questions.answer_problems(question.answer_schema, answer)
+    if problems:
+        raise AnswerRefused(run_id, question_id, problems)
+    result = await _apply(
+        tx, run_id, "answer", actor=actor, reason=reason, clock=clock, details={"question_id": question_id},
+        build=lambda seq, at: ev.QuestionResolved(seq=seq, at=at, question_id=question_id, answer=freeze(answer),
+                                                  answered_by=actor))
+    return {**result, "repeated": False}
+
+
+def _asked(run: RunSnapshot) -> str:
+    """What the run asks a person for now, for a refusal."""
+    wait = run.wait
+    if wait is not None and wait.question_id is not None:
+        return f"it waits for the answer to question {wait.question_id!r}"
+    if wait is not None and wait.approval_id is not None:
+        return f"it waits for approval {wait.approval_id}, not an answer"
+    return f"it is {run.status.value} and waits for no answer"
 
 
 async def cancel(tx: RunTransaction, run_id: str, *, actor: str, reason: str,

@@ -12,7 +12,8 @@ What each timer kind does (the kind names the timer; the payload identifies what
 - ``retry_backoff``, ``sleep``, ``wait_deadline`` (payload ``{"wait_id", "reason"}``, written
   by ``effects.schedule_wait_timers``): ``RunWoken(wait_id, reason=TIMER | DEADLINE)``. The
   pending wait ends, the run becomes READY and a worker is woken; its ``decide`` reads
-  ``state.last_wake.reason`` to tell a deadline from an answer. While PAUSED the wake only
+  ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
+  (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
   changes what the run resumes to, so no worker is woken.
 - ``business_deadline`` (payload ``{}``): an open run ends TIMED_OUT through
   ``RunStatusChanged``; its lease, if a worker holds one, is released so that worker's next
@@ -50,9 +51,8 @@ rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, 
 goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff, event and
 outbox rows are the template for the others, and if PostgreSQL, filling the template in for
 the sample, does not render exactly those rows (the domain changed), the batch falls back to
-the domain for every timer. Everything else (run
-timeouts, paused runs, timers the domain refuses, several timers of one run in a batch)
-always takes the domain path.
+the domain for every timer. Everything else (run timeouts, paused runs, timers the domain
+refuses, several timers of one run in a batch, questions' deadlines) always takes the domain path.
 
 Lateness (``fired_at - wake_at``, both database time) is logged per timer at DEBUG and as
 the batch maximum at INFO.
@@ -198,6 +198,8 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
         return False
     if head.status not in _WAITING or (reason == WakeReason.TIMER.value and not head.wait_has_timer):
         return None  # paused (the wake changes what it resumes to), or a wake the domain refuses
+    if "question_id" in timer.payload:
+        return None  # a question's deadline also closes the question, which the template does not write
     return True
 
 

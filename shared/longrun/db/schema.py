@@ -2,7 +2,8 @@
 
 Constraints are the last line of defence for the invariants a database can hold:
 a lease is fully set or fully unset; a waiting run has a deadline and a wake
-condition; an approval wait names what is approved; an idempotency key is used once;
+condition; an approval wait names what is approved, a question wait its question; an
+idempotency key is used once;
 event sequence numbers are unique per run. Status CHECKs are derived from the domain
 enums, never retyped. Alembic migrations in ``migrations/`` must produce exactly this.
 """
@@ -36,6 +37,7 @@ from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.run import TERMINAL, RunStatus
+from longrun.domain.snapshot import QUESTION_WAIT
 
 metadata = MetaData(
     naming_convention={
@@ -124,7 +126,9 @@ runs = Table(
     CheckConstraint(f"status <> {sql_name(RunStatus.WAITING_EVENT)} OR wait_correlation_key IS NOT NULL "
                     "OR wait_kind IS NOT DISTINCT FROM 'timer'", name="wait_has_wake_condition"),
     CheckConstraint(f"status <> {sql_name(RunStatus.WAITING_USER)} OR (approval_id IS NOT NULL "
-                    "AND approval_owner IS NOT NULL AND approved_hash IS NOT NULL)", name="approval_named"),
+                    "AND approval_owner IS NOT NULL AND approved_hash IS NOT NULL) "
+                    f"OR (wait_kind = {sql_name(QUESTION_WAIT)} AND (snapshot #>> '{{wait,question_id}}') IS NOT NULL)",
+                    name="user_wait_named"),
 )
 # Operator search: tenant + status.
 Index("ix_runs_tenant_status", runs.c.tenant_id, runs.c.status)

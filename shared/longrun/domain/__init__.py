@@ -27,6 +27,7 @@ from longrun.domain.codec import FrozenMap, JsonValue, freeze, from_plain, thaw,
 from longrun.domain.context import ResumeContext, allowed_next_steps, build_resume_context, compact
 from longrun.domain.decisions import (
     AskModel,
+    AskUser,
     CallTool,
     Complete,
     Decision,
@@ -89,6 +90,7 @@ from longrun.domain.run import (
     check_run_transition,
 )
 from longrun.domain.snapshot import (
+    ANSWER_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     SNAPSHOT_SCHEMA_VERSION,
@@ -96,6 +98,7 @@ from longrun.domain.snapshot import (
     Acceptance,
     Fact,
     PinnedVersions,
+    QUESTION_WAIT,
     Question,
     RunSnapshot,
     Wait,
@@ -104,15 +107,18 @@ from longrun.domain.snapshot import (
     upcast_snapshot_v1_v2,
     upcast_snapshot_v2_v3,
     upcast_snapshot_v3_v4,
+    upcast_snapshot_v4_v5,
 )
 
 __all__ = [
     "ACTION_TRANSITIONS",
+    "ANSWER_FACT_PREFIX",
     "APPROVAL_FACT_PREFIX",
     "EVENT_TYPES",
     "IN_DOUBT",
     "LATE_TOLERANT",
     "OPEN",
+    "QUESTION_WAIT",
     "RECEIPT_FACT_PREFIX",
     "RUN_TRANSITIONS",
     "SETTLED",
@@ -137,6 +143,7 @@ __all__ = [
     "ActionUnknown",
     "ApprovalDecided",
     "AskModel",
+    "AskUser",
     "Budget",
     "BudgetCharged",
     "CallTool",
@@ -215,6 +222,7 @@ __all__ = [
     "upcast_snapshot_v1_v2",
     "upcast_snapshot_v2_v3",
     "upcast_snapshot_v3_v4",
+    "upcast_snapshot_v4_v5",
     "violations",
     "wait_for",
     "budget_needs",

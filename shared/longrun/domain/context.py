@@ -7,7 +7,7 @@ the snapshot only, never from chat memory, and shrink it when it grows too long.
 Invariants:
 - The context is a pure function of the snapshot; nothing the model said earlier leaks in.
 - ``compact`` never drops or changes the goal, the permissions, pending (unsettled)
-  actions, open questions or approval decisions. It may drop the oldest facts first,
+  actions, open questions, approval decisions or people's answers. It may drop the oldest facts first,
   then the oldest settled receipts, and says how many items it left out.
 - Allowed next steps are empty when the model must not be asked at all: the run is
   finished or being cancelled. While an action awaits reconciliation, only reconciling it
@@ -22,7 +22,7 @@ from longrun.domain.action import SETTLED, UNRECONCILED, ActionRecord, ActionSta
 from longrun.domain.budget import Usage, remaining
 from longrun.domain.codec import FrozenMap
 from longrun.domain.run import TERMINAL, RunStatus
-from longrun.domain.snapshot import APPROVAL_FACT_PREFIX, Fact, Question, RunSnapshot
+from longrun.domain.snapshot import ANSWER_FACT_PREFIX, APPROVAL_FACT_PREFIX, Fact, Question, RunSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,10 @@ def build_resume_context(snapshot: RunSnapshot) -> ResumeContext:
     )
 
 
+KEPT_FACT_PREFIXES = (APPROVAL_FACT_PREFIX, ANSWER_FACT_PREFIX)
+"""What people decided and answered: compaction never drops those facts."""
+
+
 def compact(ctx: ResumeContext, max_items: int) -> ResumeContext:
     """Keep at most ``max_items`` droppable items (plain facts, settled receipts), newest first.
 
@@ -85,7 +89,7 @@ def compact(ctx: ResumeContext, max_items: int) -> ResumeContext:
     """
     if max_items < 0:
         raise ValueError(f"max_items must be >= 0, got {max_items}")
-    plain_facts = [f for f in ctx.facts if not f.key.startswith(APPROVAL_FACT_PREFIX)]
+    plain_facts = [f for f in ctx.facts if not f.key.startswith(KEPT_FACT_PREFIXES)]
     receipts = [a for a in ctx.actions if a.status in SETTLED]
     excess = max(0, len(plain_facts) + len(receipts) - max_items)
     dropped_facts = {f.key for f in plain_facts[:excess]}

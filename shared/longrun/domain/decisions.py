@@ -10,7 +10,8 @@ Invariants:
   decisions. A patch point (``ctx.patched``) is taken live and recorded by the worker; a replay
   takes it only where the history recorded it, so old histories keep their old decisions.
 - Every wait a decision asks for has a wake condition and a deadline by construction
-  (``wait_for``); a retry waits on a timer whose deadline is its fire time.
+  (``wait_for``); a retry waits on a timer whose deadline is its fire time, a question on
+  its answer.
 - ``Complete`` carries evidence; the workflow's ``accept`` judges it deterministically,
   and only an empty list of unmet conditions lets the run complete.
 """
@@ -25,7 +26,7 @@ from longrun.domain.action import ActionStatus
 from longrun.domain.codec import FrozenMap
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
-from longrun.domain.snapshot import RunSnapshot, Wait
+from longrun.domain.snapshot import QUESTION_WAIT, RunSnapshot, Wait
 
 _decision = dataclass(frozen=True, slots=True, kw_only=True)
 
@@ -66,6 +67,23 @@ class WaitForUser:
 
 
 @_decision
+class AskUser:
+    """Ask a person for information and wait for the answer: the operator API and ``longrunctl run
+    answer`` take it, refuse one that breaks ``answer_schema``, and record the one that does not as
+    the fact ``answer:<question_id>`` (``state.last_wake.reason`` is ANSWER). Unanswered by
+    ``deadline``, the question closes and the run wakes with reason DEADLINE."""
+
+    question_id: str
+    """Names the question in the run; an id that was answered once cannot be asked again."""
+    text: str
+    answer_schema: FrozenMap
+    """A JSON Schema (draft 2020-12); the worker refuses a schema that is not one."""
+    deadline: float
+    owner: str | None = None
+    """The operator who may answer; None lets any operator answer."""
+
+
+@_decision
 class ScheduleRetry:
     logical_action: str
     delay: float
@@ -88,7 +106,7 @@ class Reconcile:
 
 
 Decision: TypeAlias = (
-    CallTool | AskModel | WaitForEvent | WaitForUser | ScheduleRetry | Complete | Fail | Reconcile
+    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | ScheduleRetry | Complete | Fail | Reconcile
 )
 
 
@@ -142,7 +160,7 @@ def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
 
 
 def wait_for(
-    decision: WaitForEvent | WaitForUser | ScheduleRetry, ctx: DecisionContext
+    decision: WaitForEvent | WaitForUser | AskUser | ScheduleRetry, ctx: DecisionContext
 ) -> tuple[RunStatus, Wait]:
     """The waiting status and ``Wait`` to record for a waiting decision."""
     wait_id = ctx.new_id()
@@ -158,6 +176,10 @@ def wait_for(
             owner=decision.owner, approved_hash=decision.approved_hash, subject=decision.summary,
             correlation_key=decision.invalidated_by,
         )  # fmt: skip
+        return RunStatus.WAITING_USER, wait
+    if isinstance(decision, AskUser):
+        wait = Wait(wait_id=wait_id, kind=QUESTION_WAIT, deadline=decision.deadline, owner=decision.owner,
+                    question_id=decision.question_id)
         return RunStatus.WAITING_USER, wait
     wake_at = ctx.now + decision.delay
     wait = Wait(

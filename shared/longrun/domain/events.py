@@ -160,15 +160,24 @@ class FactRecorded(RunEvent):
 
 @_event
 class QuestionOpened(RunEvent):
+    """A worker's step asks a person (``AskUser``); the run's wait for the answer follows in the same step."""
+
     type: ClassVar[str] = "question.opened"
     question_id: str
     text: str
+    answer_schema: FrozenMap
+    """The JSON Schema (draft 2020-12) an answer must satisfy."""
 
 
 @_event
 class QuestionResolved(RunEvent):
+    """A person answered the open question the run waits for: the answer, checked against the
+    question's schema before it was written, becomes the fact ``answer:<question_id>`` and ends the wait."""
+
     type: ClassVar[str] = "question.resolved"
     question_id: str
+    answer: JsonValue
+    answered_by: str
 
 
 @_event

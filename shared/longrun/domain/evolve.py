@@ -16,8 +16,8 @@ Invariants:
   not applied) or refused with ``IllegalTransition``.
 - The late-event rule (``is_late``): an event is late when the run has moved past what
   it reports. That is (1) a report from the outside world (wake, approval, fact, charge,
-  action outcome) arriving after the run ended, or (2) a wake or approval for a wait
-  that is no longer pending (a deadline timer racing the webhook, a duplicate wake).
+  action outcome) arriving after the run ended, or (2) a wake, approval or answer for a
+  wait that is no longer pending (a deadline timer racing the webhook, a duplicate wake).
   Storage keeps late events in ``run_events`` with their seq; ``evolve`` returns the
   snapshot unchanged (same revision and last_seq), so ``fold`` over the stored history
   still reproduces the snapshot.
@@ -37,8 +37,8 @@ from longrun.errors import EventRejected, IllegalTransition
 LATE_TOLERANT: frozenset[str] = frozenset(
     cls.type
     for cls in (
-        ev.RunWoken, ev.ApprovalDecided, ev.FactRecorded, ev.BudgetCharged, ev.ActionConfirmed,
-        ev.ActionFailed, ev.ActionUnknown, ev.ReconciliationStarted, ev.ActionReconciled,
+        ev.RunWoken, ev.ApprovalDecided, ev.QuestionResolved, ev.FactRecorded, ev.BudgetCharged,
+        ev.ActionConfirmed, ev.ActionFailed, ev.ActionUnknown, ev.ReconciliationStarted, ev.ActionReconciled,
         ev.ActionResolved, ev.ActionCompensated,
     )  # fmt: skip
 )
@@ -57,6 +57,8 @@ def is_late(state: RunSnapshot | None, event: ev.RunEvent) -> bool:
         return state.wait is None or state.wait.wait_id != event.wait_id
     if isinstance(event, ev.ApprovalDecided):
         return state.wait is None or state.wait.approval_id != event.approval_id
+    if isinstance(event, ev.QuestionResolved):
+        return state.wait is None or state.wait.question_id != event.question_id
     return False
 
 

@@ -11,11 +11,13 @@ Invariants checked (each message names the rule):
   doubt; CANCELLED only with no action in doubt (running actions finish first);
 - a wait is pending exactly when the run waits (or is paused while waiting), and:
   WAITING_EVENT has a wake condition (correlation key or timer) and a deadline;
-  WAITING_USER names approval id, owner, approved hash and deadline;
+  WAITING_USER names approval id, owner, approved hash and deadline, or, waiting for an
+  answer, the open question it waits on and a deadline;
   RETRY_SCHEDULED has a timer and a deadline; a timer never fires after the deadline;
 - PAUSED exactly when ``paused_from`` is set, and it names a pausable status;
 - cancel requested means CANCELLING or terminal; CANCELLING/CANCELLED mean it was requested;
 - ACTION_UNKNOWN only while an action awaits reconciliation (someone must wake the run);
+- outside a worker's step (RUNNING), the only open question is the one the run waits for;
 - budget limits and usage are non-negative, and usage is within the limits unless
   BUDGET_EXHAUSTED;
 - logical actions, idempotency keys, fact keys, question ids and patches taken are unique.
@@ -28,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from longrun.domain.action import IN_DOUBT, UNRECONCILED
 from longrun.domain.budget import DIMENSIONS, over_limit
 from longrun.domain.run import TERMINAL, WAITING, RunStatus
-from longrun.domain.snapshot import RunSnapshot, Wait
+from longrun.domain.snapshot import QUESTION_WAIT, RunSnapshot, Wait
 
 _S = RunStatus
 
@@ -73,6 +75,11 @@ def _outcome(s: RunSnapshot) -> Iterator[str]:
 
 def _wait(s: RunSnapshot) -> Iterator[str]:
     parked = s.paused_from if s.status is _S.PAUSED else s.status
+    if s.open_questions and s.status is not _S.RUNNING:
+        waited = s.wait.question_id if s.wait is not None else None
+        stray = [q.question_id for q in s.open_questions if q.question_id != waited]
+        if stray:
+            yield f"{s.status.value}: question {', '.join(stray)} is open but the run does not wait for its answer"
     if parked not in WAITING:
         if s.wait is not None:
             yield f"{s.status.value}: a wait is pending but the run is not waiting"
@@ -81,6 +88,9 @@ def _wait(s: RunSnapshot) -> Iterator[str]:
         yield f"{parked.value} without a pending wait"
         return
     yield from (f"{parked.value}: {problem}" for problem in _wait_problems(parked, s.wait))
+    question = s.wait.question_id
+    if question is not None and not any(q.question_id == question for q in s.open_questions):
+        yield f"{parked.value}: the wait is for an answer to question {question!r}, which is not open"
 
 
 def _wait_problems(status: RunStatus, wait: Wait) -> Iterator[str]:
@@ -90,7 +100,11 @@ def _wait_problems(status: RunStatus, wait: Wait) -> Iterator[str]:
         yield f"timer at {wait.wake_at} fires after the deadline {wait.deadline}"
     if status is _S.WAITING_EVENT and wait.correlation_key is None and wait.wake_at is None:
         yield "no wake condition (correlation key or timer)"
-    if status is _S.WAITING_USER:
+    if (wait.kind == QUESTION_WAIT) != (wait.question_id is not None):
+        yield "a question wait names its question, and only a question wait does"
+    elif wait.question_id is not None and status is not _S.WAITING_USER:
+        yield "an answer is waited for in WAITING_USER only"
+    if status is _S.WAITING_USER and wait.question_id is None:
         missing = [n for n in ("approval_id", "owner", "approved_hash") if getattr(wait, n) is None]
         if missing:
             yield f"approval wait does not name {', '.join(missing)}"

@@ -9,7 +9,10 @@ Invariants:
   leaving a status drops its wait and pause bookkeeping.
 - Statuses that need data (waits, pause, cancel, completion, termination) are entered
   only through their own event (``OWN_EVENT``), never through ``run.status_changed``.
-- A wait ends only by a wake, an approval, or a move imposed from outside the step.
+- A wait ends only by a wake, an approval, an answer, or a move imposed from outside the step.
+- A question is open only while the run waits for its answer (a worker's step opens it just
+  before that wait): however the wait ends (answer, deadline, cancel...), the question closes
+  with it; a pause keeps both.
 - A pause remembers what it paused; a wake while paused changes what the run resumes to,
   not the pause itself.
 """
@@ -24,6 +27,7 @@ from longrun.domain.budget import Budget, charge, over_limit
 from longrun.domain.codec import FrozenMap
 from longrun.domain.run import OPEN, TERMINAL, WAITING, RunStatus, check_run_transition
 from longrun.domain.snapshot import (
+    ANSWER_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
     Acceptance,
     Fact,
@@ -58,13 +62,22 @@ def reject(state: RunSnapshot, event: ev.RunEvent, reason: str) -> NoReturn:
 def move(state: RunSnapshot, to: RunStatus, at: float, *, reason: str | None = None) -> RunSnapshot:
     """A checked status move; leaving a status drops its wait and pause bookkeeping."""
     check_run_transition(state.status, to)
-    return state.replace(
+    moved = state.replace(
         status=to,
         status_since=at,
         wait=None,
         paused_from=None,
         terminal_reason=reason if to in TERMINAL else None,
     )
+    if state.wait is not None and state.wait.question_id is not None:
+        return moved.replace(open_questions=_still_open(state))
+    return moved
+
+
+def _still_open(s: RunSnapshot) -> tuple[Question, ...]:
+    """The open questions once the pending wait ends: all but the one it waited on."""
+    waited = s.wait.question_id if s.wait is not None else None
+    return tuple(q for q in s.open_questions if q.question_id != waited)
 
 
 def created(e: ev.RunCreated) -> RunSnapshot:
@@ -109,7 +122,7 @@ def _end_wait(s: RunSnapshot, at: float, wake: Wake) -> RunSnapshot:
     """A wake readies the run; while paused it readies what the run will resume to."""
     if s.status is _S.PAUSED:
         check_run_transition(_parked(s), _S.READY)
-        return s.replace(paused_from=_S.READY, wait=None, last_wake=wake)
+        return s.replace(paused_from=_S.READY, wait=None, last_wake=wake, open_questions=_still_open(s))
     return move(s, _S.READY, at).replace(last_wake=wake)
 
 
@@ -143,7 +156,7 @@ def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
 
 
 def _paused(s: RunSnapshot, e: ev.RunPaused) -> RunSnapshot:
-    return move(s, _S.PAUSED, e.at).replace(paused_from=s.status, wait=s.wait)
+    return move(s, _S.PAUSED, e.at).replace(paused_from=s.status, wait=s.wait, open_questions=s.open_questions)
 
 
 def _resumed(s: RunSnapshot, e: ev.RunResumed) -> RunSnapshot:
@@ -152,7 +165,7 @@ def _resumed(s: RunSnapshot, e: ev.RunResumed) -> RunSnapshot:
     # The worker that was running the run lost it to the revision bump: schedule it again.
     target = _S.READY if _parked(s) is _S.RUNNING else _parked(s)
     resumed = move(s, target, e.at)
-    return resumed.replace(wait=s.wait) if target in WAITING else resumed
+    return resumed.replace(wait=s.wait, open_questions=s.open_questions) if target in WAITING else resumed
 
 
 def _terminated(s: RunSnapshot, e: ev.RunTerminated) -> RunSnapshot:
@@ -175,15 +188,21 @@ def put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
 
 
 def _question_opened(s: RunSnapshot, e: ev.QuestionOpened) -> RunSnapshot:
-    if any(q.question_id == e.question_id for q in s.open_questions):
-        reject(s, e, f"question {e.question_id!r} is already open")
-    return s.replace(open_questions=(*s.open_questions, Question(e.question_id, e.text)))
+    if s.status is not _S.RUNNING:
+        reject(s, e, f"only a worker step asks a question; the run is {s.status.value}")
+    if s.open_questions:
+        reject(s, e, f"question {s.open_questions[0].question_id!r} is already open")
+    if s.fact(ANSWER_FACT_PREFIX + e.question_id) is not None:
+        reject(s, e, f"question {e.question_id!r} was answered before: a new question needs a new id")
+    return s.replace(open_questions=(Question(e.question_id, e.text, e.answer_schema),))
 
 
 def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
-    if not any(q.question_id == e.question_id for q in s.open_questions):
-        reject(s, e, f"question {e.question_id!r} is not open")
-    return s.replace(open_questions=tuple(q for q in s.open_questions if q.question_id != e.question_id))
+    wait = _pending_wait(s, e)
+    if wait.question_id != e.question_id:
+        reject(s, e, f"the run does not wait for an answer to question {e.question_id!r}")
+    answer = Fact(ANSWER_FACT_PREFIX + e.question_id, e.answer, f"user:{e.answered_by}", e.at)
+    return _end_wait(put_fact(s, answer), e.at, Wake(WakeReason.ANSWER, wait.wait_id, e.at))
 
 
 def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:

@@ -30,12 +30,15 @@ from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 4
-"""2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``; older ones are upcast on read."""
+SNAPSHOT_SCHEMA_VERSION = 5
+"""2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
+``Question.answer_schema``); older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 RECEIPT_FACT_PREFIX = "receipt:"
 """A confirmed call's receipt is the fact ``receipt:<logical_action>``: what later decisions read."""
+ANSWER_FACT_PREFIX = "answer:"
+"""A person's answer to a question is the fact ``answer:<question_id>``; compaction keeps it."""
 
 
 class WakeReason(str, Enum):
@@ -43,6 +46,7 @@ class WakeReason(str, Enum):
     TIMER = "timer"
     DEADLINE = "deadline"
     APPROVAL = "approval"
+    ANSWER = "answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,9 @@ class Wait:
     """Hash of the exact request being approved; an approval for any other hash is refused."""
     subject: str | None = None
     """What the wait is about: the summary shown to the approver, or the action a retry re-attempts."""
+    question_id: str | None = None
+    """The open question whose answer ends this wait (kind "question"); its text and answer schema
+    are in ``RunSnapshot.open_questions``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +101,19 @@ class Fact:
     recorded_at: float
 
 
+QUESTION_WAIT = "question"
+"""The ``Wait.kind`` of a run waiting for a person's answer to a question."""
+
+
 @dataclass(frozen=True, slots=True)
 class Question:
+    """What a run asked a person and is waiting on (``AskUser``): open until answered, or until its
+    wait ends another way (its deadline, a cancel)."""
+
     question_id: str
     text: str
+    answer_schema: FrozenMap
+    """The JSON Schema (draft 2020-12) an answer must satisfy to be accepted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +154,8 @@ class RunSnapshot:
     actions: tuple[ActionRecord, ...] = ()
     """One record per logical action, in the order they were prepared."""
     open_questions: tuple[Question, ...] = ()
+    """Asked and not answered yet; each closes with its wait (answer, deadline, cancel...), so outside
+    a worker's step the only open question is the one the run waits for."""
     last_wake: Wake | None = None
     acceptance: Acceptance | None = None
     terminal_reason: str | None = None
@@ -224,6 +242,21 @@ def upcast_snapshot_v3_v4(data: Mapping[str, object]) -> dict[str, object]:
     return {**data, "schema_version": 4, "patches": []}
 
 
+def upcast_snapshot_v4_v5(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 4 -> 5: a pending wait of a run stored before questions existed waits on no question, and
+    an open question (none was ever opened then) accepts any answer (the empty schema). Pure."""
+    if data.get("schema_version") != 4:
+        raise ValueError(f"upcast_snapshot_v4_v5 takes schema_version 4, got {data.get('schema_version')!r}")
+    wait, questions = data.get("wait"), data.get("open_questions", [])
+    if isinstance(wait, Mapping) and "question_id" in wait:
+        raise ValueError("a schema-4 wait has no question_id field")
+    if not isinstance(questions, list) or any(not isinstance(q, Mapping) or "answer_schema" in q for q in questions):
+        raise ValueError("schema-4 open questions are a list of objects without answer_schema")
+    return {**data, "schema_version": 5,
+            "wait": {**wait, "question_id": None} if isinstance(wait, Mapping) else wait,
+            "open_questions": [{**q, "answer_schema": {}} for q in questions]}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
-    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4}
+    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

@@ -3,6 +3,7 @@
     kit = Kit(kind, answers={"forge.create_branch": lambda args, key: ToolResult(...)}, model=model)
     run_id = kit.start({"repo": "acme/app"})
     kit.settle(people=answer_ci_and_approve)   # workers step, timers fire, people answer
+    kit.answer(run_id, {"module": "billing"})  # the question the run asks, checked against its schema
     assert kit.status(run_id) is RunStatus.COMPLETED and kit.check() == []
 
 The workers are the runtime's own ``Advancer`` over the memory store (``testing.workers``); the
@@ -26,7 +27,7 @@ from typing import Any
 from longrun.app import advance
 from longrun.authoring import Registry, RunKind
 from longrun.db.runs import Fence
-from longrun.domain import TERMINAL, EffectKind, RunSnapshot, RunStatus, violations
+from longrun.domain import TERMINAL, EffectKind, Question, RunSnapshot, RunStatus, violations
 from longrun.model import ModelAdapter
 from longrun.testing.checkpoints import CrashAt
 from longrun.testing.invariants import _history, _ledger
@@ -34,7 +35,7 @@ from longrun.testing.workers import MemoryWorker, Steps
 from longrun.testing.world import Answer, FarSide, Webhook, World, on_far_side
 
 People = Callable[["Kit", RunSnapshot], bool]
-"""Answers what a run waits for (a webhook, an approval); True if it did something."""
+"""Answers what a run waits for (a webhook, an approval, a question); True if it did something."""
 SETTLED = TERMINAL | {RunStatus.NEEDS_ATTENTION}
 
 
@@ -91,6 +92,22 @@ class Kit:
             raise ValueError(f"run {run_id} waits for no approval")
         self.world.decide(run_id, approval_id=wait.approval_id, approved_hash=wait.approved_hash or "",
                           approved=approved, actor=by or wait.owner or "operator")
+
+    def question(self, run_id: str) -> Question | None:
+        """The question the run waits for an answer to (its text and answer schema), if any."""
+        run = self.snapshot(run_id)
+        waited = run.wait.question_id if run.wait is not None else None
+        return next((q for q in run.open_questions if q.question_id == waited), None)
+
+    def answer(self, run_id: str, answer: Any, *, by: str | None = None) -> dict[str, Any]:
+        """A person answers the question the run waits on, as through the operator API: checked against
+        its schema (``operate.AnswerRefused`` lists the violations, and nothing is recorded), by ``by``
+        (default: the owner it names, else "operator"; anyone else is refused, ``operate.NotPermitted``)."""
+        question, wait = self.question(run_id), self.snapshot(run_id).wait
+        if question is None or wait is None:
+            raise ValueError(f"run {run_id} waits for no answer")
+        return self.world.answer(run_id, question_id=question.question_id, answer=answer,
+                                 actor=by or wait.owner or "operator")
 
     def advance(self, seconds: float) -> int:
         """Time passes: the timers that come due fire; how many did."""

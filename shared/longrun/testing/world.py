@@ -353,6 +353,11 @@ class World:
             tx, run_id, approval_id=approval_id, approved_hash=approved_hash, approved=approved, actor=actor,
             reason="decided", clock=self.clock))
 
+    def answer(self, run_id: str, *, question_id: str, answer: object, actor: str = "operator") -> dict[str, Any]:
+        """A person's answer to question ``question_id``, as the operator API takes it (``operate.answer``)."""
+        return self.in_transaction(lambda tx: operate.answer(
+            tx, run_id, question_id=question_id, answer=answer, actor=actor, reason="answered", clock=self.clock))
+
     # -- the reconciler (app/reconcile.py, app/reconcile_leases.py) ------------------------------------
     def rewake_expired_leases(self) -> int:
         return reconcile_store.rewake_expired_leases(self)

@@ -15,7 +15,9 @@ from longrun.domain import (
     CancelRequested,
     EffectKind,
     FactRecorded,
+    FrozenMap,
     QuestionOpened,
+    QuestionResolved,
     ResumeContext,
     RunStatus,
     RunStatusChanged,
@@ -30,12 +32,18 @@ from .support import History
 
 
 def busy_run(facts: int, confirmed: int) -> History:
-    """A run with old facts, confirmed receipts, an approval, a question and pending actions."""
+    """A run with old facts, confirmed receipts, an approval, an answered question, an open question
+    and pending actions."""
     h = History(budget=Usage(10, 10, 10.0))
     h.apply(RunStatusChanged, to=RunStatus.RUNNING, reason="leased")
     wait = Wait(wait_id="w", kind="approval", deadline=1e9, approval_id="ap", owner="u", approved_hash="h-pr")
     h.apply(WaitStarted, status=RunStatus.WAITING_USER, wait=wait)
     h.apply(ApprovalDecided, approval_id="ap", approved=True, approved_hash="h-pr", decided_by="u")
+    h.apply(RunStatusChanged, to=RunStatus.RUNNING, reason="leased")
+    h.apply(QuestionOpened, question_id="scope", text="which packages?", answer_schema=FrozenMap({"type": "array"}))
+    h.apply(WaitStarted, status=RunStatus.WAITING_USER,
+            wait=Wait(wait_id="wq", kind="question", deadline=1e9, question_id="scope"))
+    h.apply(QuestionResolved, question_id="scope", answer=("payment-sdk",), answered_by="u")
     h.apply(RunStatusChanged, to=RunStatus.RUNNING, reason="leased")
     for i in range(facts):
         h.apply(FactRecorded, key=f"fact-{i}", value=i, source="tool:ci")
@@ -48,7 +56,8 @@ def busy_run(facts: int, confirmed: int) -> History:
         h.apply(ActionConfirmed, logical_action=name, receipt_ref=f"artifact://{name}")
     h.apply(ActionSubmitted, logical_action="in-doubt")
     h.apply(ActionUnknown, logical_action="in-doubt", cause="timeout")
-    h.apply(QuestionOpened, question_id="q", text="which module owns the retry?")
+    h.apply(QuestionOpened, question_id="q", text="which module owns the retry?",
+            answer_schema=FrozenMap({"type": "string"}))
     return h
 
 
@@ -77,7 +86,7 @@ def protected(ctx: ResumeContext) -> tuple[object, ...]:
         ctx.permissions,
         tuple(a for a in ctx.actions if a.status not in SETTLED),
         ctx.open_questions,
-        tuple(f for f in ctx.facts if f.key.startswith("approval.")),
+        tuple(f for f in ctx.facts if f.key.startswith(("approval.", "answer:"))),
         ctx.remaining,
         ctx.allowed_next_steps,
     )
@@ -85,7 +94,7 @@ def protected(ctx: ResumeContext) -> tuple[object, ...]:
 
 @settings(max_examples=30, deadline=None, database=None)
 @given(facts=st.integers(0, 6), confirmed=st.integers(0, 4), max_items=st.integers(0, 12))
-def test_compaction_never_drops_goal_permissions_or_pending_actions(
+def test_compaction_never_drops_goal_permissions_pending_actions_or_what_people_said(
     facts: int, confirmed: int, max_items: int
 ) -> None:
     ctx = build_resume_context(busy_run(facts, confirmed).snapshot)
@@ -100,7 +109,7 @@ def test_compaction_never_drops_goal_permissions_or_pending_actions(
 def test_compaction_drops_the_oldest_facts_before_any_receipt() -> None:
     ctx = build_resume_context(busy_run(facts=3, confirmed=2).snapshot)
     small = compact(ctx, max_items=3)
-    assert [f.key for f in small.facts] == ["approval.ap", "fact-2"]
+    assert [f.key for f in small.facts] == ["approval.ap", "answer:scope", "fact-2"]
     assert [a.logical_action for a in small.actions] == ["done-0", "done-1", "pending", "in-doubt"]
     smaller = compact(small, max_items=1)
     assert [a.logical_action for a in smaller.actions] == ["done-1", "pending", "in-doubt"]

@@ -27,7 +27,6 @@ from longrun.domain import (
     FactRecorded,
     FrozenMap,
     QuestionOpened,
-    QuestionResolved,
     ReconciliationStarted,
     RunCompleted,
     RunCreated,
@@ -374,21 +373,15 @@ def test_a_finished_run_records_late_reports_and_refuses_commands() -> None:
         (h.event(RunStatusChanged, to=S.READY, reason="reopen"), "READY"),
         (h.event(RunResumed, by="ops", reason="go"), "run.resumed"),
         (h.event(CancelRequested, by="ops", reason="stop"), "CANCELLING"),
-        (h.event(QuestionOpened, question_id="q", text="?"), "question.opened"),
+        (h.event(QuestionOpened, question_id="q", text="?", answer_schema=FrozenMap()), "question.opened"),
     ):
         with pytest.raises(IllegalTransition, match=f"TERMINATED -> {target}"):
             evolve(done, command)
 
 
-def test_facts_are_replaced_by_key_and_questions_open_and_close_once() -> None:
+def test_facts_are_replaced_by_key() -> None:
     h = running()
     h.apply(FactRecorded, key="ci", value="red", source="webhook")
     h.apply(FactRecorded, key="sha", value="abc", source="tool:git")
     h.apply(FactRecorded, key="ci", value="green", source="webhook")
     assert [(f.key, f.value) for f in h.snapshot.facts] == [("sha", "abc"), ("ci", "green")]
-    h.apply(QuestionOpened, question_id="q1", text="which module?")
-    with pytest.raises(EventRejected, match="already open"):
-        h.apply(QuestionOpened, question_id="q1", text="again")
-    h.apply(QuestionResolved, question_id="q1")
-    with pytest.raises(EventRejected, match="not open"):
-        h.apply(QuestionResolved, question_id="q1")
