@@ -121,3 +121,24 @@ async def test_fifty_runs_wait_out_a_forge_outage_within_the_breaker_s_call_boun
     used = sum([(await scenario.stored(r)).snapshot.budget.used.tool_calls for r in run_ids])
     assert used == sum(e["count"] for e in effects) + outage["calls"]
     await scenario.finish()
+
+
+async def test_a_lone_run_probes_a_long_outage_without_using_up_its_attempts(scenario: Scenario) -> None:
+    # Given a breaker with a short cool-down and a retry policy of three attempts, and a forge down for
+    # long enough to fail many more probes than that
+    env = {**ENV, "LONGRUN_BREAKER_THRESHOLD": "1", "LONGRUN_BREAKER_COOL_DOWN": "1",
+           "LONGRUN_RETRY_MAXIMUM_ATTEMPTS": "3"}
+    await scenario.up(*EVERYTHING, **env)
+    await forge(scenario, "POST", "/_control/unavailable", seconds=8)
+    # When one upgrade starts: it is the only run waiting, so it carries every probe
+    run_id = await scenario.create()
+    # Then each probe that found the forge down was charged to it, and none used up its attempts:
+    # it completes once the forge is back
+    done = await scenario.to_the_end(run_id, timeout=90)
+    assert done.snapshot.status is RunStatus.COMPLETED, done.snapshot.terminal_reason
+    refused = (await forge(scenario, "GET", "/_control/unavailable"))["calls"]
+    branch = done.snapshot.action("branch")
+    assert branch is not None and branch.attempts == refused + 1 > 3
+    assert refused <= 1 + 2 * CONCURRENCY + math.ceil(8 / 1) + 1
+    assert await scenario.forge_counts() == {"branch": 1, "commit": 2, "ci_run": 2, "merge_request": 1}
+    await scenario.finish()

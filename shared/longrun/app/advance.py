@@ -101,6 +101,11 @@ _CAUSE: ContextVar[str | None] = ContextVar("longrun_cause", default=None)
 name as their cause."""
 
 
+def _type_names(error: Exception) -> list[str]:
+    """The names of ``error``'s class and its bases: what ``RetryPolicy.non_retryable_error_types`` lists."""
+    return [cls.__name__ for cls in type(error).__mro__]
+
+
 class Advancer:
     def __init__(self, *, store: WorkerStore, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
                  instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
@@ -390,7 +395,7 @@ class Advancer:
     def _retry_delay(self, policy: RetryPolicy, attempts: int, error: Exception) -> tuple[float | None, str]:
         """Seconds until the next attempt after ``attempts`` failed, the last with ``error``; or None, and
         why not, when the policy does not retry it."""
-        if not retryable(policy, [cls.__name__ for cls in type(error).__mro__]):
+        if not retryable(policy, _type_names(error)):
             return None, f"{type(error).__name__} is not retried: {error}"
         return next_delay(policy, attempts, rng=self.rng), f"retries exhausted after {attempts} attempts: {error}"
 
@@ -451,7 +456,7 @@ class Advancer:
                 *self._park_for_reconciliation(s, f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
             stored = await self._submitted(stored, pending, fence, ledger_row)
-            return await self._unavailable(stored, fence, tool, name, key, e)
+            return await self._unavailable(stored, fence, tool, name, key, e, probe=probe)
         except ToolRejected as e:
             rejection = str(e)
             stored = await self._submitted(stored, pending, fence, ledger_row)
@@ -477,31 +482,38 @@ class Advancer:
             await self.breakers.succeeded(tool.health_key, probe=probe)
 
     async def _unavailable(self, stored: StoredRun, fence: Fence, tool: Tool, name: str, key: str,
-                           error: ToolUnavailable) -> StoredRun | None:
+                           error: ToolUnavailable, *, probe: bool) -> StoredRun | None:
         """Definitely not applied: the action is RETRYABLE, and its next attempt (charged) waits on a
         durable timer for the retry policy's delay, or, while the far side's breaker is open, until it
         is healthy again. Past the policy's attempts, or for an error it does not retry, the action
-        FAILED, which the run kind's ``decide`` sees."""
+        FAILED, which the run kind's ``decide`` sees; a failed probe waits for the next one instead."""
         breaker = await self.breakers.failed(tool.health_key) if self.breakers is not None else None
+        waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
         record = stored.snapshot.action(name)
         assert record is not None
-        delay, failure = self._retry_delay(tool.retry or self.retry, record.attempts, error)
-        logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, error,
-                    failure if delay is None else f"attempt {record.attempts + 1} in {delay:.1f}s")
-        if delay is None:
+        policy = tool.retry or self.retry
+        delay, failure = self._retry_delay(policy, record.attempts, error)
+        # A probe tried the far side for every run waiting on it: its failure is charged to this run,
+        # but does not use up its attempts; the breaker says when it goes again.
+        probed = probe and waits_for_health and retryable(policy, _type_names(error))
+        if delay is None and not probed:
+            logger.info("run %s: %s unavailable: %s", stored.snapshot.run_id, tool.name, failure)
             return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
                 self._event(s, ev.ActionFailed, logical_action=name, error=failure)], last_error=failure)
-        waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
+        logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, error,
+                    "waits for it to be healthy" if waits_for_health else f"attempt {record.attempts + 1} in {delay}s")
 
         def unavailable(s: StoredRun) -> list[ev.RunEvent]:
             events = [self._event(s, ev.ActionUnavailable, logical_action=name, cause=str(error))]
-            if s.snapshot.status is RunStatus.RUNNING:  # an operator's pause or cancel keeps the run where it is
-                ctx = self._context()
-                wait = (health_wait(wait_id=ctx.new_id(), far_side=tool.health_key, logical_action=name,
-                                    now=ctx.now, max_wait=self.health_max_wait) if waits_for_health
-                        else wait_for(ScheduleRetry(logical_action=name, delay=delay), ctx)[1])
-                events.append(self._event(s, ev.WaitStarted, offset=2, status=RunStatus.RETRY_SCHEDULED, wait=wait))
-            return events
+            if s.snapshot.status is not RunStatus.RUNNING:  # an operator's pause or cancel keeps the run there
+                return events
+            ctx = self._context()
+            if waits_for_health or delay is None:
+                wait = health_wait(wait_id=ctx.new_id(), far_side=tool.health_key, logical_action=name, now=ctx.now,
+                                   max_wait=self.health_max_wait)
+            else:
+                wait = wait_for(ScheduleRetry(logical_action=name, delay=delay), ctx)[1]
+            return [*events, self._event(s, ev.WaitStarted, offset=2, status=RunStatus.RETRY_SCHEDULED, wait=wait)]
 
         return await self._record_outcome(stored, fence, key, ActionStatus.RETRYABLE, unavailable,
                                           last_error=str(error))
