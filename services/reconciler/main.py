@@ -1,7 +1,8 @@
 """reconciler service: the sweeps that keep runs moving when nothing else would, plus the dead-letter keeper.
 
 Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round runs, in order: settle actions in
-doubt (``reconcile_unknown``), flag silent runs; every
+doubt (``reconcile_unknown``), flag silent runs, wake runs waiting for a far side that is
+healthy again or whose probe is due (``tool_health.wake_for_health``); every
 ``LONGRUN_DRIFT_INTERVAL`` it also compares a batch of confirmed actions with the far side,
 walking through them round after round. All their work lives in PostgreSQL, so any number
 of replicas may run side by side (see ``longrun.app.reconcile``). One sweep failing is
@@ -30,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import reconcile, retention
+from longrun.app import reconcile, retention, tool_health
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.authoring import Registry
 from longrun.bootstrap import open_bus, open_database
@@ -44,6 +45,7 @@ LEASE_BATCH = 200
 LEASE_EXPIRY_MARGIN = 0.02
 """Seconds past the earliest lease's end before it is swept (an expired lease ends before now())."""
 DRIFT_BATCH = 20
+HEALTH_BATCH = 200
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class Sweeper:
         await self._step("silence", lambda: reconcile.flag_silent_runs(
             self.engine, limits=self.settings.silence_limits))
         await self._step("without worker", lambda: reconcile.flag_runs_without_worker(self.engine))
+        await self._step("tool health", lambda: tool_health.wake_for_health(
+            self.engine, self.settings.breaker(), limit=HEALTH_BATCH, clock=self.clock))
         if time.monotonic() >= self._drift_due:
             await self._step("drift", self._drift)
         self._report()

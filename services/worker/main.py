@@ -10,6 +10,7 @@ import time
 from longrun import run_kinds, service
 from longrun.app import effects
 from longrun.app.advance import Advancer
+from longrun.app.tool_health import Breakers
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
@@ -34,7 +35,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     concurrency=settings.worker_concurrency,
                                     clock=lambda: time.time() + settings.clock_skew,
                                     handover=effects.SlotHandover(settings.tenant_slots, settings.priority_aging,
-                                                                  settings.partitions))
+                                                                  settings.partitions),
+                                    retry=settings.retry_policy(),
+                                    breakers=Breakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
+                                    health_max_wait=settings.breaker_max_wait)
     adopting = asyncio.create_task(_adopt_waiting(advancer, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(advancer.on_wakeup),

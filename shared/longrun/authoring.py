@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
-from longrun.domain import EffectKind, PinnedVersions, RunSnapshot, Workflow
+from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, Workflow
 from longrun.errors import ToolRejected
 
 
@@ -54,6 +54,17 @@ class Tool:
     public_receipt: tuple[str, ...] = ()
     """Receipt fields a run's terminal event may show the outside world, beside the external id
     (always shown). Everything else in a receipt stays inside."""
+    retry: RetryPolicy | None = None
+    """How an unavailable answer (``ToolUnavailable``) is retried: each attempt charged, each delay a
+    durable timer, exhaustion the action FAILED. None: the worker's default (``LONGRUN_RETRY_*``)."""
+    far_side: str = ""
+    """The downstream service this tool calls: tools naming the same one share its health (circuit
+    breaker). Empty: the tool's own name."""
+
+    @property
+    def health_key(self) -> str:
+        """The circuit breaker this tool's calls count in and wait for."""
+        return self.far_side or self.name
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -76,6 +87,10 @@ class RunKind:
     """Runs this version can take over: workflow version -> the stages (``RunSnapshot.stage``; ``*``
     for any) a run of that version may be in. An operator's migration to this version is refused
     for any other run."""
+
+    model_retry: RetryPolicy | None = None
+    """How a model that answers unavailable is asked again (as a tool's ``retry``). None: the
+    worker's default (``LONGRUN_RETRY_*``)."""
 
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks

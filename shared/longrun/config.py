@@ -15,6 +15,8 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
+from longrun.domain.breaker import BreakerSettings
+from longrun.domain.retry import RetryPolicy
 from longrun.domain.run import TERMINAL, RunStatus
 from longrun.errors import ConfigError
 
@@ -97,6 +99,13 @@ def _silence_limits(raw: str) -> Mapping[RunStatus, float]:
             raise ValueError
         limits[status] = _positive_float(seconds)
     return MappingProxyType(limits)
+
+
+def _at_least_one_float(raw: str) -> float:
+    value = float(raw)
+    if not 1 <= value < float("inf"):
+        raise ValueError
+    return value
 
 
 def _float(raw: str) -> float:
@@ -265,6 +274,37 @@ class Settings:
     artifact_orphan_grace: float
     """Age after which a stored artifact that no row references is deleted by the orphan sweep: longer
     than any transaction that uploads an artifact and then registers it."""
+    retry_initial_interval: float
+    """Default retry policy of tool and model calls answered unavailable: seconds before the second attempt."""
+    retry_backoff_coefficient: float
+    """Default retry policy: each further delay is the previous one times this (1 keeps it constant)."""
+    retry_maximum_interval: float
+    """Default retry policy: cap on any one delay, in seconds (at least the initial interval)."""
+    retry_maximum_attempts: int
+    """Default retry policy: attempts in total, the first included; then the call is a recorded failure."""
+    breaker_threshold: int
+    """Unavailable answers from one far side within ``LONGRUN_BREAKER_WINDOW`` that open its circuit breaker."""
+    breaker_window: float
+    """Seconds over which a far side's unavailable answers are counted."""
+    breaker_cool_down: float
+    """Seconds an open breaker lets no call through; then one probe call goes (at most one per cool-down)."""
+    breaker_cache: float
+    """Seconds a worker trusts its copy of the breakers before reading them again (its own failures
+    and probes update it at once)."""
+    breaker_max_wait: float
+    """Seconds a run waiting for a far side to be healthy waits at most before it looks again by itself."""
+
+    def retry_policy(self) -> RetryPolicy:
+        """The default retry policy of tool and model calls."""
+        return RetryPolicy(initial_interval=self.retry_initial_interval,
+                           backoff_coefficient=self.retry_backoff_coefficient,
+                           maximum_interval=self.retry_maximum_interval,
+                           maximum_attempts=self.retry_maximum_attempts)
+
+    def breaker(self) -> BreakerSettings:
+        """The circuit breakers' settings (every far side's)."""
+        return BreakerSettings(threshold=self.breaker_threshold, window=self.breaker_window,
+                               cool_down=self.breaker_cool_down)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -296,11 +336,16 @@ class Settings:
 
 def _inconsistencies(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Problems between variables that are each valid on their own."""
+    problems = []
     if values["retain_inbox"] <= values["quarantine_replay_window"]:
-        return [("LONGRUN_RETAIN_INBOX", f"got {values['retain_inbox']:.15g} s; expected more than "
-                 f"LONGRUN_QUARANTINE_REPLAY_WINDOW ({values['quarantine_replay_window']:.15g} s): a replay within the "
-                 "window must still find the inbox row of a message handled before")]
-    return []
+        problems.append(("LONGRUN_RETAIN_INBOX", f"got {values['retain_inbox']:.15g} s; expected more than "
+                         f"LONGRUN_QUARANTINE_REPLAY_WINDOW ({values['quarantine_replay_window']:.15g} s): a replay "
+                         "within the window must still find the inbox row of a message handled before"))
+    if values["retry_maximum_interval"] < values["retry_initial_interval"]:
+        problems.append((_SPEC["retry_maximum_interval"].env,
+                         f"got {values['retry_maximum_interval']}; expected at least "
+                         f"{_SPEC['retry_initial_interval'].env} ({values['retry_initial_interval']})"))
+    return problems
 
 
 _DURATION = "a duration: seconds, or a number with a unit s, m, h or d (e.g. 30d)"
@@ -369,4 +414,15 @@ _SPEC: dict[str, _Var] = {
     "retain_audit": _var("LONGRUN_RETAIN_AUDIT", _duration, _DURATION, "365d"),
     "retain_finished_runs": _var("LONGRUN_RETAIN_FINISHED_RUNS", _duration, _DURATION, "30d"),
     "artifact_orphan_grace": _var("LONGRUN_ARTIFACT_ORPHAN_GRACE", _duration, _DURATION, "1h"),
+    "retry_initial_interval": _var("LONGRUN_RETRY_INITIAL_INTERVAL", _positive_float, "seconds, a number > 0", "1"),
+    "retry_backoff_coefficient": _var("LONGRUN_RETRY_BACKOFF_COEFFICIENT", _at_least_one_float,
+                                      "a number >= 1", "2"),
+    "retry_maximum_interval": _var("LONGRUN_RETRY_MAXIMUM_INTERVAL", _positive_float, "seconds, a number > 0",
+                                   "300"),
+    "retry_maximum_attempts": _var("LONGRUN_RETRY_MAXIMUM_ATTEMPTS", _positive_int, "an integer >= 1", "5"),
+    "breaker_threshold": _var("LONGRUN_BREAKER_THRESHOLD", _positive_int, "an integer >= 1", "5"),
+    "breaker_window": _var("LONGRUN_BREAKER_WINDOW", _positive_float, "seconds, a number > 0", "30"),
+    "breaker_cool_down": _var("LONGRUN_BREAKER_COOL_DOWN", _positive_float, "seconds, a number > 0", "15"),
+    "breaker_cache": _var("LONGRUN_BREAKER_CACHE", _positive_float, "seconds, a number > 0", "1"),
+    "breaker_max_wait": _var("LONGRUN_BREAKER_MAX_WAIT", _positive_float, "seconds, a number > 0", "600"),
 }

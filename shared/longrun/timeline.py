@@ -44,6 +44,8 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"ACTION    {d['logical_action']:<14} submitted"
         case "action.confirmed":
             return f"ACTION    {d['logical_action']:<14} CONFIRMED external id {d.get('external_id')}"
+        case "action.unavailable":
+            return f"ACTION    {d['logical_action']:<14} RETRYABLE, unavailable: {_short(d['cause'])}"
         case "action.unknown":
             return f"ACTION    {d['logical_action']:<14} UNKNOWN: {_short(d['cause'])}"
         case "action.reconciliation_started":

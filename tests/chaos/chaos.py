@@ -3,7 +3,7 @@
 Everything random comes from the seed, one stream per role so that timing cannot reorder
 the draws: which service dies, how (SIGKILL, SIGTERM, or SIGSTOP for a while, the "stuck
 process" whose lease runs out), how long it stays down, when the forge misbehaves once (times out or fails after acting, or refuses
-before acting), which runs are upgrades, which run.create messages are sent twice, which
+before acting) or is down for a few seconds (every call answered 503), which runs are upgrades, which run.create messages are sent twice, which
 approvals are denied or first tried with a wrong hash (a function of the seed and the run's
 key). The processes' own timing is not replayable, but the script of faults is:
 ``CHAOS_SEED=<seed>`` replays it.
@@ -56,6 +56,10 @@ LEASE_TTL = 5.0
 TENANTS = 8
 FORGE_ENDPOINTS = ("branches", "commits", "ci_runs", "merge_requests")
 FORGE_FAULTS = ("timeout_after_commit", "error_500_after_commit", "fail_before_commit")
+FORGE_OUTAGE_SHARE = 0.25
+"""Of the forge's misbehaviours, the share that is an outage (every call answered 503 for a few
+seconds: the circuit breakers' case) rather than one faulty answer."""
+FORGE_OUTAGE_SECONDS = (2.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,14 @@ class Chaos:
             self._later(self._restart(slot, down))
 
     async def _forge_fault(self) -> None:
-        """The far side misbehaves once: times out after acting, fails after acting, or refuses before acting."""
+        """The far side misbehaves once: times out after acting, fails after acting, or refuses before acting;
+        or it is down for a few seconds."""
+        if self.monkey_rng.random() < FORGE_OUTAGE_SHARE:
+            seconds = self.monkey_rng.uniform(*FORGE_OUTAGE_SECONDS)
+            async with httpx.AsyncClient(base_url=self.ensemble.forge_url, timeout=5) as forge:
+                (await forge.post("/_control/unavailable", json={"seconds": seconds})).raise_for_status()
+            self.figures.forge_faults["outage"] += 1
+            return
         endpoint = self.monkey_rng.choice(FORGE_ENDPOINTS)
         mode = self.monkey_rng.choice(FORGE_FAULTS)
         async with httpx.AsyncClient(base_url=self.ensemble.forge_url, timeout=5) as forge:

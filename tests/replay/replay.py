@@ -51,7 +51,9 @@ from longrun.domain import (
     thaw,
     to_plain,
 )
+from longrun.app.advance import MODEL_RETRY_FACT_PREFIX
 from longrun.domain import events as ev
+from longrun.domain.breaker import TOOL_HEALTHY_WAIT
 from tests.kinds import ASKING, registry
 
 FORMAT = 1
@@ -106,10 +108,13 @@ def _mid_commit(previous: ev.RunEvent | None) -> bool:
 
     A decision commits together: prepared + submitted + charged (then the tool call is out, and
     what follows is its outcome), charged + the model's proposal, or a question + the wait for its
-    answer; the patches it took come first.
+    answer; the patches it took come first. An unavailable answer commits with the wait for its retry;
+    a model's unavailable answer is charged and counted (``model_retry:``) with its wait, or with the
+    move to NEEDS_ATTENTION.
     """
     return isinstance(previous, ev.ActionPrepared | ev.ActionSubmitted | ev.BudgetCharged | ev.PatchTaken
-                      | ev.QuestionOpened)
+                      | ev.QuestionOpened | ev.ActionUnavailable) or (
+        isinstance(previous, ev.FactRecorded) and previous.key.startswith(MODEL_RETRY_FACT_PREFIX))
 
 
 def _decides(state: RunSnapshot | None, previous: ev.RunEvent | None, following: ev.RunEvent) -> bool:
@@ -162,7 +167,7 @@ def mismatch(kinds: Registry, events: Sequence[ev.RunEvent], point: Point) -> st
     kind = d["type"]
     if kind == AskModel.__name__:
         ok = (isinstance(first, ev.BudgetCharged) and first.model_calls == 1 and isinstance(second, ev.FactRecorded)
-              and second.key.startswith(f"proposal:{d['purpose']}:"))
+              and second.key.startswith((f"proposal:{d['purpose']}:", f"{MODEL_RETRY_FACT_PREFIX}{d['purpose']}:")))
     elif kind == CallTool.__name__:
         ok = _tool_call_followed(state, d, first)
     elif kind == AskUser.__name__:
@@ -200,6 +205,9 @@ def _tool_call_followed(state: RunSnapshot, d: Mapping[str, Any], first: ev.RunE
         return first.logical_action == name and record is not None and record.status.value == "SUBMITTED"
     if isinstance(first, ev.RunStatusChanged):  # asked again for an action that already ended
         return first.to is RunStatus.NEEDS_ATTENTION and name in first.reason
+    if isinstance(first, ev.WaitStarted):  # not worth calling now: its far side's breaker is open
+        return (first.status is RunStatus.RETRY_SCHEDULED and first.wait.kind == TOOL_HEALTHY_WAIT
+                and first.wait.subject == name)
     return False
 
 

@@ -4,7 +4,9 @@ Every mutating endpoint honours ``Idempotency-Key``: the same key and body get t
 recorded response and create nothing new; the same key with another body is refused
 with 422 naming both request hashes. Faults can be injected before the object is
 committed (503, nothing created) or after it (held response, or 500), which is exactly
-the "timed out after the far side acted" case the reconciler must survive. CI runs
+the "timed out after the far side acted" case the reconciler must survive. An outage is a
+time-based fault: for its window every call to a repository endpoint is answered 503 and
+counted (``/_control/unavailable``, or ``--unavailable-for`` from the start). CI runs
 finish after a delay with a scripted outcome and are announced by an HMAC-signed
 webhook that may be delivered several times. State lives in SQLite, so a restarted
 forge still knows what it created, and ``/_control/effects`` counts the objects each
@@ -227,6 +229,25 @@ async def _hold(request: Request, seconds: float) -> None:
 _Build = Callable[[Request, str, dict[str, Any]], _Created]
 
 
+class _Outage:
+    """A window during which the forge answers 503 to every repository call, counting them."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.calls = 0
+
+    def start(self, seconds: float) -> None:
+        self.until, self.calls = time.monotonic() + seconds, 0
+
+    def refuse(self) -> None:
+        if time.monotonic() < self.until:
+            self.calls += 1
+            raise _Reject(503, "unavailable", "the forge is down for maintenance: nothing was done")
+
+    def report(self) -> dict[str, Any]:
+        return {"remaining_seconds": max(0.0, self.until - time.monotonic()), "calls": self.calls}
+
+
 class _Forge:
     """The endpoints, over one store; CI runs finish in tasks on the server's loop."""
 
@@ -234,9 +255,11 @@ class _Forge:
         self.store = store
         self.ci_delay = ci_delay
         self.tasks: set[asyncio.Task[None]] = set()
+        self.outage = _Outage()
 
     def mutating(self, endpoint: str, build: _Build) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def handler(request: Request) -> JSONResponse:
+            self.outage.refuse()
             return await self._mutate(request, endpoint, build)
 
         return handler
@@ -363,6 +386,7 @@ class _Forge:
         return _Created("merge_request", str(number), mr)
 
     async def get_ci_run(self, request: Request) -> JSONResponse:
+        self.outage.refuse()
         run_id = request.path_params["run_id"]
         run = self.store.get("ci_run", request.path_params["repo"], str(run_id))
         if run is None:
@@ -370,6 +394,7 @@ class _Forge:
         return JSONResponse(_public(run))
 
     async def lookup(self, request: Request) -> JSONResponse:
+        self.outage.refuse()
         found = self.store.by_key(request.query_params.get("idempotency_key", ""))
         if found is None:
             raise _Reject(404, "not_found", "nothing was created with that idempotency key")
@@ -384,6 +409,16 @@ class _Forge:
         fault = {"mode": mode, "times": times, "hold_seconds": float(hold)}
         self.store.put_setting(f"fault:{endpoint}", fault)
         return JSONResponse({"endpoint": endpoint, **fault})
+
+    async def unavailable(self, request: Request) -> JSONResponse:
+        """POST ``{"seconds": s}`` starts an outage of ``s`` seconds (its count from zero); GET reports the
+        seconds left and the calls refused since it started."""
+        if request.method == "POST":
+            seconds = _field(await _json_object(request), "seconds", (int, float))
+            if seconds < 0:
+                raise _Reject(400, "bad_request", f"seconds must be >= 0, got {seconds}")
+            self.outage.start(float(seconds))
+        return JSONResponse(self.outage.report())
 
     async def set_webhook(self, request: Request) -> JSONResponse:
         body = await _json_object(request)
@@ -459,10 +494,12 @@ class _Forge:
                                 hook["url"], exc)
 
 
-def create_app(state_path: str | None = None, *, ci_delay: float = 0.2) -> Starlette:
-    """The forge app; ``state_path`` defaults to ``$LONGRUN_FORGE_STATE``, else in-memory."""
+def create_app(state_path: str | None = None, *, ci_delay: float = 0.2, unavailable_for: float = 0.0) -> Starlette:
+    """The forge app; ``state_path`` defaults to ``$LONGRUN_FORGE_STATE``, else in-memory;
+    ``unavailable_for``: seconds of outage from the start."""
     store = _Store(state_path or os.environ.get("LONGRUN_FORGE_STATE", ":memory:"))
     forge = _Forge(store, ci_delay)
+    forge.outage.start(unavailable_for)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -482,6 +519,7 @@ def create_app(state_path: str | None = None, *, ci_delay: float = 0.2) -> Starl
                   methods=["POST"]),
             Route("/lookup", forge.lookup, methods=["GET"]),
             Route("/_control/faults", forge.set_fault, methods=["POST"]),
+            Route("/_control/unavailable", forge.unavailable, methods=["GET", "POST"]),
             Route("/_control/webhook", forge.set_webhook, methods=["POST"]),
             Route("/_control/ci_script", forge.set_ci_script, methods=["POST"]),
             Route("/_control/effects", forge.effects, methods=["GET"]),
@@ -502,9 +540,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", default=os.environ.get("LONGRUN_FORGE_STATE", ":memory:"),
                         help="SQLite file that keeps the forge's objects across restarts")
     parser.add_argument("--ci-delay", type=float, default=0.2, help="seconds until a CI run finishes")
+    parser.add_argument("--unavailable-for", type=float, default=0.0,
+                        help="seconds from the start during which every repository call is answered 503")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    uvicorn.run(create_app(args.state, ci_delay=args.ci_delay), host=args.host, port=args.port,
+    uvicorn.run(create_app(args.state, ci_delay=args.ci_delay, unavailable_for=args.unavailable_for),
+                host=args.host, port=args.port,
                 timeout_graceful_shutdown=5)
 
 

@@ -140,6 +140,14 @@ class ForgeClient:
         body = {"endpoint": endpoint, "mode": mode, "times": times, "hold_seconds": hold_seconds}
         await self._control("/_control/faults", body)
 
+    async def set_unavailable(self, seconds: float) -> None:
+        """Every repository call is answered 503 for ``seconds`` from now (counted: ``unavailable``)."""
+        await self._control("/_control/unavailable", {"seconds": seconds})
+
+    async def unavailable(self) -> dict[str, Any]:
+        """The outage's seconds left and the calls it refused."""
+        return cast(dict[str, Any], await self._read("forge.control", "/_control/unavailable"))
+
     async def set_webhook(self, url: str, secret: str, *, deliver_times: int = 1) -> None:
         body = {"url": url, "secret": secret, "deliver_times": deliver_times}
         await self._control("/_control/webhook", body)

@@ -12,6 +12,10 @@ from longrun.domain import EffectKind
 from longrun_dependency_upgrade.forge_client import ForgeClient
 
 
+FORGE = "forge"
+"""The far side every forge tool calls (their shared circuit breaker)."""
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,11 +76,12 @@ def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool
         return ToolResult(str(obj.get("id") or obj.get("sha") or obj.get("name")), obj)
 
     write = EffectKind.IDEMPOTENT_WRITE
+    # One far side: when the forge is down, every one of its tools waits for it to be healthy again.
     return {tool.name: tool for tool in (
-        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, timeout=timeout),
-        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, timeout=timeout),
-        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout),
+        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, timeout=timeout, far_side=FORGE),
+        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, timeout=timeout, far_side=FORGE),
+        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout, far_side=FORGE),
         # Creating a merge request twice opens two: never blind-retried, reconciled by key.
         Tool("forge.create_merge_request", "1", EffectKind.NON_IDEMPOTENT_WRITE, MergeRequestArgs, create_mr,
-             lookup, timeout=timeout, public_receipt=("number", "url")),
+             lookup, timeout=timeout, public_receipt=("number", "url"), far_side=FORGE),
     )}

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun import faults, otel
 from longrun.app import effects, questions
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
+from longrun.app.tool_health import Breakers
 from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult, pins_key
@@ -55,6 +56,7 @@ from longrun.domain import (
     Fail,
     RecoveryPolicy,
     Reconcile,
+    RetryPolicy,
     RunStatus,
     ScheduleRetry,
     WaitForEvent,
@@ -65,13 +67,16 @@ from longrun.domain import (
     exhausted,
     freeze,
     idempotency_key,
+    next_delay,
     recovery_policy,
     request_hash,
+    retryable,
     thaw,
     to_plain,
     wait_for,
 )
 from longrun.domain import events as ev
+from longrun.domain.breaker import Admission, BreakerState, health_wait
 from longrun.envelope import Envelope
 from longrun.errors import ActionOutcomeUnknown, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
 from longrun.model import ModelAdapter, validate_proposal
@@ -80,7 +85,9 @@ logger = logging.getLogger(__name__)
 PRODUCER = "worker"
 PARKED = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.RETRY_SCHEDULED,
                     RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
-UNAVAILABLE_RETRY_DELAY = 2.0
+MODEL_RETRY_FACT_PREFIX = "model_retry:"
+"""The model answered unavailable for the n-th ask of a purpose: the fact ``model_retry:<purpose>:<n>``
+counts its attempts (what the retry policy reads, whichever worker asks next)."""
 ADOPT_BATCH = 32
 MODEL_CONTEXT_ITEMS = 40
 RECORDED_WITH_THE_ANSWER = frozenset({EffectKind.PURE, EffectKind.READ})
@@ -96,13 +103,22 @@ _CAUSE: ContextVar[str | None] = ContextVar("longrun_cause", default=None)
 name as their cause."""
 
 
+def _type_names(error: Exception) -> list[str]:
+    """The names of ``error``'s class and its bases: what ``RetryPolicy.non_retryable_error_types`` lists."""
+    return [cls.__name__ for cls in type(error).__mro__]
+
+
 class Advancer:
     def __init__(self, *, store: WorkerStore, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
                  instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
-                 crash_points: CrashPoints = faults.crash_point) -> None:
+                 crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
+                 breakers: Breakers | None = None, health_max_wait: float = 600.0) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
-        the same statement (without it, admission is notified and does that)."""
+        the same statement (without it, admission is notified and does that). ``retry``: the policy
+        of tools and models that declare none. ``breakers``: the far sides' health (without them,
+        every far side is called whatever it answered before); a run waiting for one to be healthy
+        looks again by itself after ``health_max_wait`` seconds."""
         self.store = store
         self.artifacts = artifacts
         self.crash_point = crash_points
@@ -113,6 +129,9 @@ class Advancer:
         self.clock = clock
         self.rng = rng or random.Random()
         self.handover = handover
+        self.retry = retry
+        self.breakers = breakers
+        self.health_max_wait = health_max_wait
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -363,7 +382,11 @@ class Advancer:
         context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
         context["run_stage"], context["stage"] = context.get("stage"), decision.purpose
         context["stage_attempt"] = sum(1 for f in run.facts if f.key.startswith(f"proposal:{decision.purpose}:"))
-        proposal = validate_proposal(await self.model.propose(context=context, allowed_actions=allowed), allowed)
+        try:
+            answer = await self.model.propose(context=context, allowed_actions=allowed)
+        except ToolUnavailable as e:
+            return await self._model_unavailable(stored, fence, kind, decision.purpose, context["stage_attempt"] + 1, e)
+        proposal = validate_proposal(answer, allowed)
         key = f"proposal:{decision.purpose}:{context['stage_attempt'] + 1}"
         return await self._commit(stored, [
             self._event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
@@ -371,6 +394,32 @@ class Advancer:
                         value=freeze({"action": proposal.action, "args": dict(proposal.args),
                                       "rationale": proposal.rationale})),
         ], fence)
+
+    async def _model_unavailable(self, stored: StoredRun, fence: Fence, kind: RunKind, purpose: str, ask: int,
+                                 error: ToolUnavailable) -> None:
+        """The model did not answer: the attempt is charged and counted (a fact, so any worker reads the
+        count), and the run waits for the retry policy's delay; past its attempts, NEEDS_ATTENTION."""
+        fact_key = f"{MODEL_RETRY_FACT_PREFIX}{purpose}:{ask}"
+        previous = stored.snapshot.fact(fact_key)
+        attempts = (thaw(previous.value)["attempts"] if previous is not None else 0) + 1  # type: ignore[index]
+        delay, failure = self._retry_delay(kind.model_retry or self.retry, attempts, error)
+        events = [self._event(stored, ev.BudgetCharged, model_calls=1),
+                  self._event(stored, ev.FactRecorded, offset=2, key=fact_key, source="runtime",
+                              value=freeze({"attempts": attempts, "error": str(error)}))]
+        if delay is None:
+            events.append(self._event(stored, ev.RunStatusChanged, offset=3, to=RunStatus.NEEDS_ATTENTION,
+                                      reason=f"model for {purpose!r}: {failure}"))
+        else:
+            status, wait = wait_for(ScheduleRetry(logical_action=f"model:{purpose}", delay=delay), self._context())
+            events.append(self._event(stored, ev.WaitStarted, offset=3, status=status, wait=wait))
+        await self._commit(stored, events, fence, release=True)
+
+    def _retry_delay(self, policy: RetryPolicy, attempts: int, error: Exception) -> tuple[float | None, str]:
+        """Seconds until the next attempt after ``attempts`` failed, the last with ``error``; or None, and
+        why not, when the policy does not retry it."""
+        if not retryable(policy, _type_names(error)):
+            return None, f"{type(error).__name__} is not retried: {error}"
+        return next_delay(policy, attempts, rng=self.rng), f"retries exhausted after {attempts} attempts: {error}"
 
     async def _call_tool(self, stored: StoredRun, fence: Fence, kind: RunKind,
                          decision: CallTool) -> StoredRun | None:
@@ -399,6 +448,12 @@ class Advancer:
         elif record.status is not ActionStatus.SUBMITTED and record.status is not ActionStatus.RETRYABLE:
             return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                                       reason=f"decide asked again for {name}, already {record.status.value}")
+        probe = False
+        if self.breakers is not None:
+            admission = await self.breakers.admit(tool.health_key, run.run_id)
+            if admission is Admission.WAIT:
+                return await self._wait_for_health(stored, fence, tool.health_key, name)
+            probe = admission is Admission.PROBE
         # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash: the
         # same submission, charged when it was first made.
         ledger_row = (tool, name, key, args)
@@ -422,19 +477,68 @@ class Advancer:
                 self._event(s, ev.ActionUnknown, logical_action=name, cause=cause),
                 *self._park_for_reconciliation(s, f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
-            # Definitely not applied: retry the same submission later through a timer.
             stored = await self._submitted(stored, pending, fence, ledger_row)
-            logger.info("run %s: %s unavailable (%s); retry scheduled", run.run_id, tool.name, e)
-            status, wait = wait_for(ScheduleRetry(logical_action=name, delay=UNAVAILABLE_RETRY_DELAY), self._context())
-            return await self._finish(stored, fence, ev.WaitStarted, status=status, wait=wait)
+            return await self._unavailable(stored, fence, tool, name, key, e, probe=probe)
         except ToolRejected as e:
+            rejection = str(e)
             stored = await self._submitted(stored, pending, fence, ledger_row)
+            await self._healthy(tool, probe=probe)
             return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
-                self._event(s, ev.ActionFailed, logical_action=name, error=str(e))], last_error=str(e))
+                self._event(s, ev.ActionFailed, logical_action=name, error=rejection)], last_error=rejection)
         self.crash_point("worker.after_tool_response_before_record")
+        await self._healthy(tool, probe=probe)
         if pending:
             return await self._confirm_with_request(stored, pending, fence, ledger_row, result)
         return await self._confirm(stored, fence, tool, name, key, result)
+
+    async def _wait_for_health(self, stored: StoredRun, fence: Fence, far_side: str, logical_action: str) -> None:
+        """Not worth calling now: wait, uncharged, until ``far_side`` is healthy (or its probe is this run's)."""
+        ctx = self._context()
+        wait = health_wait(wait_id=ctx.new_id(), far_side=far_side, logical_action=logical_action, now=ctx.now,
+                           max_wait=self.health_max_wait)
+        await self._finish(stored, fence, ev.WaitStarted, status=RunStatus.RETRY_SCHEDULED, wait=wait)
+
+    async def _healthy(self, tool: Tool, *, probe: bool) -> None:
+        """The far side answered: its breaker closes (written only for a probe, or if anything was counted)."""
+        if self.breakers is not None:
+            await self.breakers.succeeded(tool.health_key, probe=probe)
+
+    async def _unavailable(self, stored: StoredRun, fence: Fence, tool: Tool, name: str, key: str,
+                           error: ToolUnavailable, *, probe: bool) -> StoredRun | None:
+        """Definitely not applied: the action is RETRYABLE, and its next attempt (charged) waits on a
+        durable timer for the retry policy's delay, or, while the far side's breaker is open, until it
+        is healthy again. Past the policy's attempts, or for an error it does not retry, the action
+        FAILED, which the run kind's ``decide`` sees; a failed probe waits for the next one instead."""
+        breaker = await self.breakers.failed(tool.health_key) if self.breakers is not None else None
+        waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
+        record = stored.snapshot.action(name)
+        assert record is not None
+        policy = tool.retry or self.retry
+        delay, failure = self._retry_delay(policy, record.attempts, error)
+        # A probe tried the far side for every run waiting on it: its failure is charged to this run,
+        # but does not use up its attempts; the breaker says when it goes again.
+        probed = probe and waits_for_health and retryable(policy, _type_names(error))
+        if delay is None and not probed:
+            logger.info("run %s: %s unavailable: %s", stored.snapshot.run_id, tool.name, failure)
+            return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
+                self._event(s, ev.ActionFailed, logical_action=name, error=failure)], last_error=failure)
+        logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, error,
+                    "waits for it to be healthy" if waits_for_health else f"attempt {record.attempts + 1} in {delay}s")
+
+        def unavailable(s: StoredRun) -> list[ev.RunEvent]:
+            events = [self._event(s, ev.ActionUnavailable, logical_action=name, cause=str(error))]
+            if s.snapshot.status is not RunStatus.RUNNING:  # an operator's pause or cancel keeps the run there
+                return events
+            ctx = self._context()
+            if waits_for_health or delay is None:
+                wait = health_wait(wait_id=ctx.new_id(), far_side=tool.health_key, logical_action=name, now=ctx.now,
+                                   max_wait=self.health_max_wait)
+            else:
+                wait = wait_for(ScheduleRetry(logical_action=name, delay=delay), ctx)[1]
+            return [*events, self._event(s, ev.WaitStarted, offset=2, status=RunStatus.RETRY_SCHEDULED, wait=wait)]
+
+        return await self._record_outcome(stored, fence, key, ActionStatus.RETRYABLE, unavailable,
+                                          last_error=str(error))
 
     async def _submitted(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
                          ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> StoredRun:
@@ -512,11 +616,12 @@ class Advancer:
             stored = await self._commit(stored, [], fence)  # the call before this one goes on record first
         while True:
             events = build(stored)
-            parked = release or any(isinstance(e, ev.RunStatusChanged) for e in events)
+            parked = release or any(isinstance(e, ev.RunStatusChanged | ev.WaitStarted) for e in events)
             planned = runs.plan(stored, events, release_lease=parked)
             try:
                 after = await self.store.write_together(planned, fence, self._rides(stored, planned),
-                                                        artifact=artifact, outcome=LedgerOutcome(key, status, fields))
+                                                        artifact=artifact, outcome=LedgerOutcome(key, status, fields),
+                                                        settle_wait=parked and planned.after.snapshot.wait is not None)
             except StaleRevision:
                 reloaded = await self._load(stored.snapshot.run_id, fence)
                 if reloaded is None:

@@ -36,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from longrun.domain.action import ActionStatus, EffectKind
+from longrun.domain.breaker import BreakerState
 from longrun.domain.run import TERMINAL, RunStatus
 from longrun.domain.snapshot import QUESTION_WAIT
 
@@ -347,6 +348,22 @@ webhook_events = Table(
 # A wait that starts after its webhook arrived looks here for it.
 Index("ix_webhook_events_unmatched", webhook_events.c.correlation_key,
       postgresql_where=webhook_events.c.matched_run_id.is_(None))
+
+tool_health = Table(
+    "tool_health", metadata,
+    # One circuit breaker per far side (``domain.breaker``), shared by every worker; rows exist only
+    # for far sides that have answered unavailable at least once.
+    Column("far_side", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("window_start", DateTime(timezone=True)),
+    Column("reopen_at", DateTime(timezone=True)),
+    Column("probe_by", Text),
+    Column("probe_until", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(_one_of("state", BreakerState), name="state"),
+    CheckConstraint("state = 'CLOSED' OR reopen_at IS NOT NULL OR probe_until IS NOT NULL", name="open_until"),
+)
 
 audit_log = Table(
     "audit_log", metadata,

@@ -52,6 +52,7 @@ from longrun.domain.events import (
     ActionRecorded,
     ActionResolved,
     ActionSubmitted,
+    ActionUnavailable,
     ActionUnknown,
     ApprovalDecided,
     BudgetCharged,
@@ -79,7 +80,7 @@ from longrun.domain.events import (
 from longrun.domain.evolve import LATE_TOLERANT, evolve, fold, is_late
 from longrun.domain.invariants import violations
 from longrun.domain.lease import Lease, can_take, is_stale, release, renew, takeover
-from longrun.domain.retry import RetryPolicy, Rng, next_delay
+from longrun.domain.retry import RetryPolicy, Rng, next_delay, retryable
 from longrun.domain.run import (
     OPEN,
     RUN_TRANSITIONS,
@@ -140,6 +141,7 @@ __all__ = [
     "ActionResolved",
     "ActionStatus",
     "ActionSubmitted",
+    "ActionUnavailable",
     "ActionUnknown",
     "ApprovalDecided",
     "AskModel",
@@ -210,6 +212,7 @@ __all__ = [
     "is_late",
     "is_stale",
     "next_delay",
+    "retryable",
     "over_limit",
     "recovery_policy",
     "release",

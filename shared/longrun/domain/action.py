@@ -47,11 +47,13 @@ _A = ActionStatus
 ACTION_TRANSITIONS: Mapping[ActionStatus, frozenset[ActionStatus]] = MappingProxyType(
     {
         _A.PREPARED: frozenset({_A.SUBMITTED}),
-        _A.SUBMITTED: frozenset({_A.CONFIRMED, _A.FAILED, _A.UNKNOWN}),
+        # SUBMITTED -> RETRYABLE: the far side answered that it did not act (unavailable).
+        _A.SUBMITTED: frozenset({_A.CONFIRMED, _A.FAILED, _A.UNKNOWN, _A.RETRYABLE}),
         _A.UNKNOWN: frozenset({_A.RECONCILING}),
         # RECONCILING -> UNKNOWN: the far side could not tell yet; try again later.
         _A.RECONCILING: frozenset({_A.CONFIRMED, _A.RETRYABLE, _A.NEEDS_ATTENTION, _A.UNKNOWN}),
-        # RETRYABLE means reconciliation proved nothing happened: resubmitting the same key is safe.
+        # RETRYABLE means nothing happened (reconciliation proved it, or the far side said it was
+    # unavailable): resubmitting the same key is safe.
         _A.RETRYABLE: frozenset({_A.SUBMITTED}),
         _A.NEEDS_ATTENTION: frozenset({_A.CONFIRMED, _A.RETRYABLE}),
         _A.CONFIRMED: frozenset({_A.COMPENSATING}),

@@ -251,6 +251,16 @@ class ActionFailed(ActionEvent):
 
 
 @_event
+class ActionUnavailable(ActionEvent):
+    """The far side answered that it is unavailable and did not act: the action is RETRYABLE, and its
+    next attempt (a new submission, charged) waits for the retry policy's delay or for the far side
+    to be healthy again."""
+
+    type: ClassVar[str] = "action.unavailable"
+    cause: str
+
+
+@_event
 class ActionUnknown(ActionEvent):
     type: ClassVar[str] = "action.unknown"
     cause: str
@@ -302,7 +312,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, FactRecorded, QuestionOpened, QuestionResolved,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
-            ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
+            ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated,
         )  # fmt: skip
     }

@@ -38,7 +38,8 @@ LATE_TOLERANT: frozenset[str] = frozenset(
     cls.type
     for cls in (
         ev.RunWoken, ev.ApprovalDecided, ev.QuestionResolved, ev.FactRecorded, ev.BudgetCharged,
-        ev.ActionConfirmed, ev.ActionFailed, ev.ActionUnknown, ev.ReconciliationStarted, ev.ActionReconciled,
+        ev.ActionConfirmed, ev.ActionFailed, ev.ActionUnavailable, ev.ActionUnknown, ev.ReconciliationStarted,
+        ev.ActionReconciled,
         ev.ActionResolved, ev.ActionCompensated,
     )  # fmt: skip
 )

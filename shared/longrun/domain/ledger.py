@@ -122,6 +122,7 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
         s, e, _A.CONFIRMED, external_id=e.external_id, receipt_ref=e.receipt_ref
     ),
     ev.ActionFailed: lambda s, e: _advance(s, e, _A.FAILED, detail=e.error),
+    ev.ActionUnavailable: lambda s, e: _advance(s, e, _A.RETRYABLE, detail=e.cause),
     ev.ActionUnknown: lambda s, e: _advance(s, e, _A.UNKNOWN, detail=e.cause),
     ev.ReconciliationStarted: lambda s, e: _advance(s, e, _A.RECONCILING),
     ev.ActionReconciled: lambda s, e: _advance(

@@ -8,13 +8,15 @@ Invariants:
 - Before jitter, delays grow by ``backoff_coefficient`` and are capped at
   ``maximum_interval``; jitter only shortens a delay (by at most ``jitter`` of it), so
   the cap holds after jitter too.
-- After ``maximum_attempts`` attempts there is no next delay.
+- After ``maximum_attempts`` attempts there is no next delay; an error whose type is named in
+  ``non_retryable_error_types`` is not retried at all (``retryable``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Protocol
 
 
@@ -37,6 +39,9 @@ class RetryPolicy:
     jitter: float = 0.2
     """Fraction of each delay that may be randomly removed, so runs that failed together
     do not all wake in the same second."""
+    non_retryable_error_types: tuple[str, ...] = ()
+    """Names of error types (a class or any of its bases, e.g. a tool's own ``ToolUnavailable``
+    subclass) that end the call at once instead of being retried."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -68,3 +73,9 @@ def next_delay(policy: RetryPolicy, attempt: int, *, rng: Rng) -> float | None:
     else:
         base = policy.maximum_interval
     return base * (1.0 - policy.jitter * rng.random())
+
+
+
+def retryable(policy: RetryPolicy, error_types: Collection[str]) -> bool:
+    """Whether an error whose class and bases are named ``error_types`` is retried at all."""
+    return not any(name in policy.non_retryable_error_types for name in error_types)

@@ -131,6 +131,7 @@ _ACTION_STEP: dict[str, ActionStatus] = {
     ev.ActionSubmitted.type: ActionStatus.SUBMITTED, ev.ActionConfirmed.type: ActionStatus.CONFIRMED,
     ev.ActionRecorded.type: ActionStatus.CONFIRMED,
     ev.ActionFailed.type: ActionStatus.FAILED, ev.ActionUnknown.type: ActionStatus.UNKNOWN,
+    ev.ActionUnavailable.type: ActionStatus.RETRYABLE,
     ev.ReconciliationStarted.type: ActionStatus.RECONCILING, ev.CompensationStarted.type: ActionStatus.COMPENSATING,
     ev.ActionCompensated.type: ActionStatus.COMPENSATED,
 }

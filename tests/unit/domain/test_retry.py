@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longrun.domain import RetryPolicy, next_delay
+from longrun.domain import RetryPolicy, next_delay, retryable
 
 
 class Fixed:
@@ -98,3 +98,10 @@ def test_the_same_seed_gives_the_same_delays() -> None:
 def test_nonsense_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="invalid RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_an_error_type_named_non_retryable_is_not_retried_by_class_or_base() -> None:
+    policy = RetryPolicy(non_retryable_error_types=("QuotaExceeded",))
+    assert retryable(policy, ["ToolUnavailable", "TransientError", "LongrunError", "Exception"])
+    assert not retryable(policy, ["QuotaExceeded", "ToolUnavailable", "Exception"])
+    assert retryable(RetryPolicy(), ["QuotaExceeded"])

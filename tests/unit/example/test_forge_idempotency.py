@@ -195,3 +195,21 @@ async def test_state_survives_a_restart(serve, poll, tmp_path: Path) -> None:
 
         # The run was still going when the forge stopped; it finishes after the restart.
         assert (await poll(finished))["status"] == "failed"
+
+
+async def test_an_outage_answers_503_to_every_call_for_its_window_and_counts_them(client: ForgeClient) -> None:
+    # Given a forge down for one second from now
+    await client.set_unavailable(1.0)
+    # When the runtime's client calls it, reads and writes alike
+    with pytest.raises(ToolUnavailable, match="503"):
+        await client.create_branch(REPO, name="outage", from_ref="main", idempotency_key="outage:branch")
+    with pytest.raises(ToolUnavailable, match="503"):
+        await client.lookup("outage:branch")
+    # Then each call was refused, counted, and nothing was created; after the window it acts again
+    report = await client.unavailable()
+    assert report["calls"] == 2 and 0 < report["remaining_seconds"] <= 1.0
+    assert await client.effects() == []
+    await asyncio.sleep(1.05)
+    await client.create_branch(REPO, name="outage", from_ref="main", idempotency_key="outage:branch")
+    assert [e["count"] for e in await client.effects()] == [1]
+    assert (await client.unavailable())["calls"] == 2

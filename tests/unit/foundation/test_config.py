@@ -47,3 +47,24 @@ def test_every_variable_is_documented() -> None:
     names = Settings.variables()
     assert all(name.startswith("LONGRUN_") for name in names)
     assert len(names) == len(Settings.__dataclass_fields__)
+
+
+def test_the_default_retry_policy_and_breaker_come_from_their_variables() -> None:
+    settings = Settings.from_env({"LONGRUN_RETRY_INITIAL_INTERVAL": "0.5", "LONGRUN_RETRY_BACKOFF_COEFFICIENT": "3",
+                                  "LONGRUN_RETRY_MAXIMUM_INTERVAL": "60", "LONGRUN_RETRY_MAXIMUM_ATTEMPTS": "7",
+                                  "LONGRUN_BREAKER_THRESHOLD": "2", "LONGRUN_BREAKER_WINDOW": "20",
+                                  "LONGRUN_BREAKER_COOL_DOWN": "4"})
+    policy = settings.retry_policy()
+    assert (policy.initial_interval, policy.backoff_coefficient, policy.maximum_interval,
+            policy.maximum_attempts) == (0.5, 3.0, 60.0, 7)
+    breaker = settings.breaker()
+    assert (breaker.threshold, breaker.window, breaker.cool_down) == (2, 20.0, 4.0)
+
+
+def test_a_retry_cap_below_the_first_delay_is_refused_naming_both_variables() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"LONGRUN_RETRY_INITIAL_INTERVAL": "10", "LONGRUN_RETRY_MAXIMUM_INTERVAL": "5"})
+    assert refused.value.problems == [("LONGRUN_RETRY_MAXIMUM_INTERVAL",
+                                       "got 5.0; expected at least LONGRUN_RETRY_INITIAL_INTERVAL (10.0)")]
+    with pytest.raises(ConfigError, match="LONGRUN_RETRY_BACKOFF_COEFFICIENT: got '0.5'; expected a number >= 1"):
+        Settings.from_env({"LONGRUN_RETRY_BACKOFF_COEFFICIENT": "0.5"})
