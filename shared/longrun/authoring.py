@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
-from longrun.domain import EffectKind, PinnedVersions, RunSnapshot, Workflow
+from longrun.domain import EffectKind, PinnedVersions, RunSnapshot, Scope, Workflow
 from longrun.errors import ToolRejected
 
 
@@ -54,12 +54,24 @@ class Tool:
     public_receipt: tuple[str, ...] = ()
     """Receipt fields a run's terminal event may show the outside world, beside the external id
     (always shown). Everything else in a receipt stays inside."""
+    resource: Callable[[Mapping[str, Any]], str] | None = None
+    """What a call acts on, read from its validated arguments (e.g. ``lambda a: f"repo:{a['repo']}"``):
+    the run's scope must allow it as well as the tool. None: the tool's calls are checked by name only."""
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         try:
             return self.args.model_validate(dict(args)).model_dump(mode="json")
         except ValidationError as e:
             raise ToolRejected(self.name, 400, f"arguments do not match the schema: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeApproval:
+    """Who may let a run make one call outside its scope, and how long the run waits for them."""
+
+    owner: str
+    timeout: float
+    """Seconds; past them the wait ends by its deadline and ``decide`` sees ``WakeReason.DEADLINE``."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,13 @@ class RunKind:
     """Runs this version can take over: workflow version -> the stages (``RunSnapshot.stage``; ``*``
     for any) a run of that version may be in. An operator's migration to this version is refused
     for any other run."""
+
+    scope: Scope = Scope()
+    """The most a run of this kind may do (tools, resources); its tenant's policy and its producer
+    narrow it, never widen it. By default every tool on every resource."""
+    scope_approval: ScopeApproval | None = None
+    """What a call outside the run's scope does: with this, it asks a person to approve exactly that
+    request; without, the run goes to NEEDS_ATTENTION."""
 
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks

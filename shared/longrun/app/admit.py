@@ -38,21 +38,35 @@ from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
 from longrun.db import admission, outbox, runs
 from longrun.db.schema import QUEUED
-from longrun.domain import Usage, evolve, freeze, request_hash
+from longrun.domain import Scope, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
-from longrun.envelope.payloads import RejectionCode
+from longrun.envelope.payloads import RejectionCode, RunScope
 from longrun.errors import PoisonMessage, UnknownSchemaVersion
 
 PRODUCER = "scheduler"
 
 
 def input_hash(payload: Any) -> str:
-    """What makes two run.create requests "the same": workflow, pin, input, priority and budget."""
-    return request_hash("run.create", "2", args={
-        "workflow": payload.workflow, "workflow_version": payload.workflow_version,
-        "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()})
+    """What makes two run.create requests "the same": workflow, pin, input, priority, budget and, when
+    asked for, scope and deadline (a request without them hashes as it did before they existed)."""
+    args = {"workflow": payload.workflow, "workflow_version": payload.workflow_version,
+            "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()}
+    if payload.scope is not None:
+        args["scope"] = payload.scope.model_dump()
+    if payload.deadline is not None:
+        args["deadline"] = payload.deadline.timestamp()
+    return request_hash("run.create", "2", args=args)
+
+
+def requested_scope(scope: RunScope | None) -> Scope | None:
+    """The producer's narrowing as a ``Scope``; a dimension it leaves out is not narrowed."""
+    if scope is None:
+        return None
+    everything = Scope()
+    return Scope(tuple(scope.tools) if scope.tools is not None else everything.tools,
+                 tuple(scope.resources) if scope.resources is not None else everything.resources)
 
 
 def new_run_id() -> str:
@@ -75,11 +89,14 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
             return await _existing(tx, envelope, found, offered, partitions)
         return await _reject(tx, envelope, partitions, kind)
     run_id = new_id()
+    # The run's scope: what its kind allows, narrowed by its tenant's policy and by the producer.
+    permissions = narrow(kind.scope, await tx.tenant_policy(envelope.tenant_id), requested_scope(request.scope))
     created = ev.RunCreated(
         seq=1, at=clock(), run_id=run_id, tenant_id=envelope.tenant_id, kind=kind.name,
         goal=freeze(request.input), versions=kind.versions, priority=request.priority,
         budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
                      cost=request.budget.cost_usd),
+        permissions=permissions, deadline=request.deadline.timestamp() if request.deadline is not None else None,
         labels=freeze(request.labels), correlation_id=envelope.correlation_id or request.idempotency_key)
     partition = topology.partition_of(run_id, partitions)
     # Admission's lock first: the creating statement's count of the tenant's slots is then the one

@@ -12,11 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
 from longrun.app.webhooks import Translated
-from longrun.db import admission, inbox, outbox, runs
+from longrun.db import admission, inbox, outbox, policies, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
-from longrun.domain import PinnedVersions, RunStatus
+from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
 
 _MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
@@ -80,6 +80,9 @@ class PgTransaction:
 
     async def find(self, tenant_id: str, idempotency_key: str) -> runs.Found | None:
         return await runs.find(self.conn, tenant_id, idempotency_key)
+
+    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
+        return await policies.load(self.conn, tenant_id)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:

@@ -12,7 +12,7 @@ from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import AtOnce, Found, StoredRun
 from longrun.db.schema import QUEUED_STATUS
-from longrun.domain import TERMINAL, PinnedVersions, RunStatus
+from longrun.domain import TERMINAL, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ class MemoryTransaction:
 
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None:
         return self.store.find(tenant_id, idempotency_key)
+
+    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
+        return self.world.policies.get(tenant_id)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
