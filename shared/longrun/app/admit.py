@@ -2,10 +2,10 @@
 
 Creation is keyed on (tenant, idempotency_key): the same key again returns the same
 run; the same key with a different input is refused with a ``run.rejected`` event that
-names both input hashes. A run is created with its scope (its kind's maximum narrowed by its
-tenant's policy and by the request, ``domain.scope.narrow``) and, if the request has a deadline, its
-``business_deadline`` timer, in the creating statement. Admission gives each tenant at most ``slots`` admitted,
-unfinished runs, and picks within a tenant by priority plus age (one priority point per
+names both input hashes. A run is created with its scope (its kind's maximum narrowed by
+its tenant's policy and by the request, ``domain.scope.narrow``) and, if the request has a
+deadline, its ``business_deadline`` timer, in the creating statement. Admission gives each
+tenant at most ``slots`` admitted, unfinished runs, and picks within a tenant by priority plus age (one priority point per
 ``aging_seconds`` waited), so a low-priority run is never starved. A per-tenant
 advisory lock keeps several scheduler replicas from over-admitting; a transaction that takes
 several tenants' locks (a batch of creates, an admission round) takes them in tenant order, so
