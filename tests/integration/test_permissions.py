@@ -18,6 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from longrun import timeline
 from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.envelope import make
@@ -103,15 +104,17 @@ async def test_a_tool_outside_the_scope_is_never_called_and_a_producer_cannot_wi
     # and the timeline names the refused tool and the scope, then NEEDS_ATTENTION with the same reason
     for run_id, tool, verb, scope in ((wide_run, "notes.delete", "delete:1", "['notes.read', 'notes.write']"),
                                       (narrow_run, "notes.write", "write:0", "['notes.read']")):
-        timeline = [(kind, data) for kind, data in await event_types(engine, run_id)
+        recorded = [(kind, data) for kind, data in await event_types(engine, run_id)
                     if kind in ("run.permission_denied", "run.status_changed", "action.prepared")]
-        denied = [data for kind, data in timeline if kind == "run.permission_denied"]
+        denied = [data for kind, data in recorded if kind == "run.permission_denied"]
         assert [(d["tool"], d["logical_action"], d["resource"]) for d in denied] == [
             (tool, verb, f"doc:{'public/a' if run_id == wide_run else 'public/b'}")]
         assert f"tool {tool!r} is outside the run's scope (tools {scope}" in denied[0]["reason"]
-        assert timeline[-1][0] == "run.status_changed" and timeline[-1][1]["to"] == "NEEDS_ATTENTION"
-        assert timeline[-1][1]["reason"] == f"permission denied: {denied[0]['reason']}"
-        assert not any(kind == "action.prepared" and data["tool"] == tool for kind, data in timeline)
+        shown = timeline.describe(2, "run.permission_denied", denied[0], True, datetime.now(UTC))
+        assert f"DENIED    {verb:<14} tool {tool!r} is outside" in shown
+        assert recorded[-1][0] == "run.status_changed" and recorded[-1][1]["to"] == "NEEDS_ATTENTION"
+        assert recorded[-1][1]["reason"] == f"permission denied: {denied[0]['reason']}"
+        assert not any(kind == "action.prepared" and data["tool"] == tool for kind, data in recorded)
 
 
 async def test_a_tenant_policy_narrows_new_runs_and_a_change_voids_an_approval_on_resume(

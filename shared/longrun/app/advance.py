@@ -441,22 +441,24 @@ class Advancer:
         assert scope is not None
         why = refusal(scope, tool.name, resource)
         exception = SCOPE_APPROVAL_PREFIX + name
-        if why is not None and kind.scope_approval is not None and _approves(run, exception, requested):
-            approval_id = exception
-        elif why is not None:
+        excepted = why is not None and kind.scope_approval is not None and _approves(run, exception, requested)
+        if why is not None and not excepted:
             return why, None
-        if approval_id is None:
+        if approval_id is None and not excepted:
             return None, None
+        # The ledger binds the call to decide's own approval; a scope exception is checked here.
+        approval_id = approval_id if approval_id is not None else exception
         policy = await self.store.tenant_policy(run.tenant_id)
         current = revalidated(scope, policy)
         if current is scope:
             return None, approval_id
         assert policy is not None
-        again = why if approval_id == exception else refusal(current, tool.name, resource)
+        again = why if excepted else refusal(current, tool.name, resource)
         if again is None:
             return None, approval_id
-        return (f"approval {approval_id!r} no longer holds: the tenant policy changed from "
-                f"v{scope.policy_version} to v{policy.version}; {again}"), None
+        voided = exception if excepted else approval_id
+        return (f"approval {voided!r} no longer holds: the tenant policy changed from v{scope.policy_version} "
+                f"to v{policy.version}; {again}"), None
 
     async def _refuse(self, stored: StoredRun, fence: Fence, kind: RunKind, tool: Tool, name: str,
                       resource: str | None, requested: str, why: str) -> None:
