@@ -23,7 +23,8 @@ from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.envelope import make
 from tests.fixtures import eventually
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, event_types, new_key, run_id_for, status_of
+from tests.integration.ensemble import (OPERATOR_TOKEN, Ensemble, event_types, goal, new_key, publish_create,
+                                        run_id_for, status_of)
 
 pytestmark = pytest.mark.integration
 
@@ -205,3 +206,26 @@ async def test_a_v3_deadline_ends_the_run_timed_out_through_the_timer_service(
         timer = (await conn.execute(text("SELECT kind, fired_at IS NOT NULL AS fired FROM timers "
                                          "WHERE run_id = :r AND kind = 'business_deadline'"), {"r": run_id})).one()
     assert timer.fired and _far_side(calls) == []
+
+
+async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given the dependency-upgrade agent (forge.* on any repo) and tenant acme3 limited to acme/web
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start_forge()
+    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
+                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
+        ensemble.start(name, module)
+    await ensemble.configure_forge()
+    policy = await _operator(ensemble, "PUT", "/tenants/acme3/policy",
+                             {"tools": ["forge.*"], "resources": ["repo:acme/web"], "reason": "web team only"})
+    assert policy.status_code == 200, policy.text
+    # When a run of it is asked to upgrade acme/payments
+    key = new_key()
+    await publish_create(bus, tenant="acme3", key=key, input_=goal("scoped"))
+    run_id = await _run_in(engine, "acme3", key, "NEEDS_ATTENTION")
+    # Then the forge was never called, and the refusal names the repository and the scope
+    assert await ensemble.forge_effects() == []
+    denied = (await _events(engine, run_id, "run.permission_denied"))[0]
+    assert (denied["tool"], denied["resource"]) == ("forge.create_branch", "repo:acme/payments")
+    assert "resources ['repo:acme/web'], tenant policy v1" in denied["reason"]

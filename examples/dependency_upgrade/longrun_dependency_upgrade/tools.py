@@ -42,6 +42,11 @@ class MergeRequestArgs(_Args):
     sha: str
 
 
+def repository(args: Mapping[str, Any]) -> str:
+    """What every forge call acts on, for a run's scope: ``repo:<owner>/<name>``."""
+    return f"repo:{args['repo']}"
+
+
 def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool]:
     async def create_branch(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
         branch = await client.create_branch(args["repo"], name=args["name"], from_ref=args["from_ref"],
@@ -73,10 +78,12 @@ def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool
 
     write = EffectKind.IDEMPOTENT_WRITE
     return {tool.name: tool for tool in (
-        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, timeout=timeout),
-        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, timeout=timeout),
-        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout),
+        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, timeout=timeout,
+             resource=repository),
+        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, timeout=timeout,
+             resource=repository),
+        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout, resource=repository),
         # Creating a merge request twice opens two: never blind-retried, reconciled by key.
         Tool("forge.create_merge_request", "1", EffectKind.NON_IDEMPOTENT_WRITE, MergeRequestArgs, create_mr,
-             lookup, timeout=timeout, public_receipt=("number", "url")),
+             lookup, timeout=timeout, public_receipt=("number", "url"), resource=repository),
     )}
