@@ -8,6 +8,7 @@ call that reached it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -16,9 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import text
 
-from longrun import timeline
+from longrun import cli, timeline
 from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.envelope import make
@@ -217,9 +219,12 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
                          ("worker", "services.worker"), ("relay", "services.outbox_relay")):
         ensemble.start(name, module)
     await ensemble.configure_forge()
-    policy = await _operator(ensemble, "PUT", "/tenants/acme3/policy",
-                             {"tools": ["forge.*"], "resources": ["repo:acme/web"], "reason": "web team only"})
-    assert policy.status_code == 200, policy.text
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    set_it = await _longrunctl(ensemble, "tenant", "policy", "acme3", "--tool", "forge.*", "--resource",
+                               "repo:acme/web", "--reason", "web team only")
+    shown = await _longrunctl(ensemble, "tenant", "policy", "acme3")
+    assert set_it == shown == {"tenant_id": "acme3", "version": 1, "tools": ["forge.*"],
+                               "resources": ["repo:acme/web"]}
     # When a run of it is asked to upgrade acme/payments
     key = new_key()
     await publish_create(bus, tenant="acme3", key=key, input_=goal("scoped"))
@@ -229,3 +234,11 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
     denied = (await _events(engine, run_id, "run.permission_denied"))[0]
     assert (denied["tool"], denied["resource"]) == ("forge.create_branch", "repo:acme/payments")
     assert "resources ['repo:acme/web'], tenant policy v1" in denied["reason"]
+
+
+async def _longrunctl(ensemble: Ensemble, *args: str) -> Any:
+    """The operator's CLI against the gateway; its JSON answer."""
+    result = await asyncio.to_thread(CliRunner().invoke, cli.main, ["--url", ensemble.gateway_url, "--token",
+                                                                   OPERATOR_TOKEN, "--operator", "user_42", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
