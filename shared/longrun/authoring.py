@@ -71,7 +71,7 @@ class ScopeApproval:
 
     owner: str
     timeout: float
-    """Seconds; past them the wait ends by its deadline and ``decide`` sees ``WakeReason.DEADLINE``."""
+    """Seconds; unanswered past them, the run goes to NEEDS_ATTENTION (a refused call asks once)."""
 
 
 @dataclass(frozen=True)
