@@ -7,8 +7,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from longrun.domain import Scope, TenantPolicy, narrow, refusal, revalidated
+from longrun.domain import (
+    DENIED_FACT_PREFIX,
+    PermissionDenied,
+    RunCreated,
+    RunStatus,
+    RunStatusChanged,
+    Scope,
+    TenantPolicy,
+    event_from_dict,
+    event_to_dict,
+    fold,
+    narrow,
+    refusal,
+    revalidated,
+)
 from longrun.domain.scope import allowed, covers, intersect
+from longrun.errors import EventRejected
+
+from .support import History
 
 names = st.from_regex(r"[ab.]{1,4}", fullmatch=True)
 patterns = st.one_of(names, names.map(lambda n: n + "*"), st.just("*"))
@@ -71,3 +88,23 @@ def test_a_changed_policy_narrows_the_scope_it_is_revalidated_under_and_never_wi
     assert narrower == Scope(("notes.write",), ("*",), policy_version=2)
     wider = revalidated(scope, TenantPolicy("acme", 3, Scope(("*",))))
     assert wider.tools == ("notes.*",)
+
+
+def test_a_refusal_is_recorded_as_a_fact_of_a_running_run_and_folds_like_any_event() -> None:
+    h = History()
+    with pytest.raises(EventRejected, match="only a worker's step is refused a call"):
+        h.apply(PermissionDenied, logical_action="rm:1", tool="forge.delete_repo", resource="repo:payments",
+                request_hash="h1", reason="tool 'forge.delete_repo' is outside the run's scope")
+    h.apply(RunStatusChanged, to=RunStatus.RUNNING, reason="leased")
+    h.apply(PermissionDenied, logical_action="rm:1", tool="forge.delete_repo", resource="repo:payments",
+            request_hash="h1", reason="tool 'forge.delete_repo' is outside the run's scope")
+    refused = h.snapshot.fact(DENIED_FACT_PREFIX + "rm:1")
+    assert refused is not None and refused.source == "runtime" and refused.value["resource"] == "repo:payments"
+    assert h.snapshot.actions == () and fold(event_from_dict(event_to_dict(e)) for e in h.events) == h.snapshot
+    assert h.snapshot.permissions == Scope(("forge.*",), ("repo:payments",))
+
+
+def test_a_run_created_before_scopes_has_none_and_is_not_restricted() -> None:
+    created = event_to_dict(History().events[0]) | {"permissions": []}
+    legacy = event_from_dict(created)
+    assert isinstance(legacy, RunCreated) and legacy.permissions is None
