@@ -135,14 +135,12 @@ class RunTransaction(Protocol):
         """The run's version columns (what searches and the versions report read) follow a migration
         its snapshot recorded."""
 
-    async def lock_tenant(self, tenant_id: str) -> None:
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's admission lock, held until the transaction ends: creates and admissions of one
-        tenant count its slots one after another."""
+        tenant count its slots one after another. Returns the tenant's policy, read with it (None when
+        it set none)."""
 
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None: ...
-
-    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
-        """What the tenant lets its runs do now; None when it set no policy."""
 
     async def create(self, created: RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
 from longrun.app.webhooks import Translated
-from longrun.db import admission, inbox, outbox, policies, runs
+from longrun.db import inbox, outbox, policies, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
@@ -75,14 +75,11 @@ class PgTransaction:
             workflow_version=versions.workflow, prompt_version=versions.prompt,
             model_policy_version=versions.model_policy, tool_schema_version=versions.tool_schemas))
 
-    async def lock_tenant(self, tenant_id: str) -> None:
-        await self.conn.execute(admission.LOCK_TENANT, {"t": tenant_id})
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
+        return await policies.lock_and_load(self.conn, tenant_id)
 
     async def find(self, tenant_id: str, idempotency_key: str) -> runs.Found | None:
         return await runs.find(self.conn, tenant_id, idempotency_key)
-
-    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
-        return await policies.load(self.conn, tenant_id)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:

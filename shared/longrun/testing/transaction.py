@@ -69,14 +69,12 @@ class MemoryTransaction:
     async def repin(self, run_id: str, versions: PinnedVersions) -> None:
         """Nothing to do: the memory store reads a run's pins from its snapshot."""
 
-    async def lock_tenant(self, tenant_id: str) -> None:
-        """Nothing to wait for: the memory world runs one transaction at a time."""
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
+        """Nothing to wait for (the memory world runs one transaction at a time); the tenant's policy."""
+        return self.world.policies.get(tenant_id)
 
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None:
         return self.store.find(tenant_id, idempotency_key)
-
-    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
-        return self.world.policies.get(tenant_id)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
