@@ -25,11 +25,11 @@ from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
-from longrun.db import retention, runs
+from longrun.db import policies, retention, runs
 from longrun.db.errors import is_transient
 from longrun.db.schema import run_labels
 from longrun.db.schema import runs as runs_table
-from longrun.domain import event_to_dict
+from longrun.domain import Scope, TenantPolicy, event_to_dict
 from longrun.errors import DomainError, LongrunError
 
 logger = logging.getLogger(__name__)
@@ -202,6 +202,39 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(result)
 
+    async def tenant_policy(request: Request) -> Response:
+        """GET: the tenant's policy; PUT ``{"tools": [...], "resources": [...], "reason"}``: replace it
+        (audited), under the next version. Runs created from then on are narrowed by it; approved calls
+        of runs created before are re-validated under it."""
+        actor = operator(request)
+        if actor is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        tenant = request.path_params["tenant_id"]
+        if request.method == "GET":
+            async with engine.connect() as conn:
+                policy = await policies.load(conn, tenant)
+            if policy is None:
+                return JSONResponse({"error": f"tenant {tenant!r} has no policy: its runs may do what their "
+                                              "kind allows"}, status_code=404)
+            return JSONResponse(_policy_json(policy))
+        body: dict[str, Any] = await request.json() if await request.body() else {}
+        if not body.get("reason"):
+            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
+        try:
+            lists = {k: body[k] for k in ("tools", "resources")}
+            if not all(isinstance(v, list) and all(isinstance(p, str) for p in v) for v in lists.values()):
+                raise ValueError("tools and resources must be lists of patterns (strings)")
+            scope = Scope(tuple(lists["tools"]), tuple(lists["resources"]))
+        except KeyError as e:
+            return JSONResponse({"error": f"missing field {e}"}, status_code=400)
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        async with engine.begin() as conn:
+            policy = await policies.put(conn, tenant, scope, by=actor)
+            await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body["reason"],
+                                 details=_policy_json(policy))
+        return JSONResponse(_policy_json(policy))
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
@@ -214,8 +247,14 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/versions", ride(versions_in_use), methods=["GET"]),
         Route("/quarantine", ride(quarantined), methods=["GET"]),
         Route("/quarantine/{entry_id:int}/replay", ride(replay), methods=["POST"]),
+        Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
+
+
+def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
+    return {"tenant_id": policy.tenant_id, "version": policy.version, "tools": list(policy.scope.tools),
+            "resources": list(policy.scope.resources)}
 
 
 _ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}

@@ -68,11 +68,11 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     kinds = run_kinds.load(settings)
-    handler = admit.ingress_handler(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
-                                    max_input_bytes=settings.max_input_bytes)
+    creates = admit.Ingress(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
+                            max_input_bytes=settings.max_input_bytes)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
-                            handler=handler, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
-                            batch=CREATE_BATCH, prelude=admit.lock_tenants_of,
+                            handler=creates.handle, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
+                            batch=CREATE_BATCH, prelude=creates.prelude,
                             refuser=functools.partial(admit.refuse, partitions=settings.partitions))
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
-from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, Workflow
+from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, Scope, Workflow
 from longrun.errors import ToolRejected
 
 
@@ -61,6 +61,10 @@ class Tool:
     """The downstream service this tool calls: tools naming the same one share its health (circuit
     breaker). Empty: the tool's own name."""
 
+    resource: Callable[[Mapping[str, Any]], str] | None = None
+    """What a call acts on, read from its validated arguments (e.g. ``lambda a: f"repo:{a['repo']}"``):
+    the run's scope must allow it as well as the tool. None: the tool's calls are checked by name only."""
+
     @property
     def health_key(self) -> str:
         """The circuit breaker this tool's calls count in and wait for."""
@@ -71,6 +75,15 @@ class Tool:
             return self.args.model_validate(dict(args)).model_dump(mode="json")
         except ValidationError as e:
             raise ToolRejected(self.name, 400, f"arguments do not match the schema: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeApproval:
+    """Who may let a run make one call outside its scope, and how long the run waits for them."""
+
+    owner: str
+    timeout: float
+    """Seconds; unanswered past them, the run goes to NEEDS_ATTENTION (a refused call asks once)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,12 @@ class RunKind:
     model_retry: RetryPolicy | None = None
     """How a model that answers unavailable is asked again (as a tool's ``retry``). None: the
     worker's default (``LONGRUN_RETRY_*``)."""
+    scope: Scope = Scope()
+    """The most a run of this kind may do (tools, resources); its tenant's policy and its producer
+    narrow it, never widen it. By default every tool on every resource."""
+    scope_approval: ScopeApproval | None = None
+    """What a call outside the run's scope does: with this, it asks a person to approve exactly that
+    request; without, the run goes to NEEDS_ATTENTION."""
 
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks

@@ -132,6 +132,32 @@ def run_answer(ctx: click.Context, run_id: str, question_id: str, answer_json: s
                                                          "reason": reason}))
 
 
+@main.group()
+def tenant() -> None:
+    """Tenants' policies: what their runs may do, whatever their kind allows."""
+
+
+@tenant.command("policy")
+@click.argument("tenant_id")
+@click.option("--tool", "tools", multiple=True, metavar="PATTERN",
+              help="a tool name or a prefix ending in '*'; repeat for several (with --resource: replaces the policy)")
+@click.option("--resource", "resources", multiple=True, metavar="PATTERN",
+              help="what tools act on (e.g. 'repo:acme/*'); repeat for several")
+@click.option("--reason", help="required to change the policy")
+@click.pass_context
+def tenant_policy(ctx: click.Context, tenant_id: str, tools: tuple[str, ...], resources: tuple[str, ...],
+                  reason: str | None) -> None:
+    """Show the tenant's policy or, given --tool/--resource and --reason, replace it under a new version.
+    Runs created later are narrowed by it; approved calls of open runs are re-validated under it."""
+    if not tools and not resources:
+        _print(_call(ctx, "GET", f"/tenants/{tenant_id}/policy"))
+        return
+    if not reason:
+        raise click.UsageError("--reason is required to change a policy")
+    _print(_call(ctx, "PUT", f"/tenants/{tenant_id}/policy",
+                 {"tools": list(tools), "resources": list(resources), "reason": reason}))
+
+
 @main.command("versions")
 @click.pass_context
 def versions(ctx: click.Context) -> None:

@@ -58,6 +58,8 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"ACTION    {d['logical_action']:<14} FAILED: {_short(d['error'])}"
         case "action.reconciled" | "action.resolved":
             return f"ACTION    {d['logical_action']:<14} {d['outcome']} after {type_.split('.')[1]}: {d.get('note') or d.get('reason', '')}"
+        case "run.permission_denied":
+            return f"DENIED    {d['logical_action']:<14} {_short(d['reason'], 100)}"
         case "fact.recorded":
             return f"FACT      {d['key']} from {d['source']}: {_short(d['value'], 60)}"
         case "budget.charged":

@@ -181,10 +181,9 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
 
 def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
     """The scheduler's ingress consumer, wired as the service wires it."""
+    creates = admit.Ingress(kinds=registry(), partitions=8, slots=4, max_input_bytes=MAX_INPUT)
     return QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
-                         handler=admit.ingress_handler(kinds=registry(), partitions=8, slots=4,
-                                                       max_input_bytes=MAX_INPUT),
-                         prefetch=10, max_attempts=3, batch=16, prelude=admit.lock_tenants_of,
+                         handler=creates.handle, prefetch=10, max_attempts=3, batch=16, prelude=creates.prelude,
                          refuser=functools.partial(admit.refuse, partitions=8))
 
 

@@ -71,10 +71,13 @@ def test_an_older_snapshot_is_upcast_to_the_current_schema(history: History) -> 
         pytest.skip("recorded under the current schema")
     assert recorded["schema_version"] < SNAPSHOT_SCHEMA_VERSION
     upcast = RunSnapshot.from_dict(recorded)
-    # Everything the older schema knew is kept; what it did not know takes its default.
+    # Everything the older schema knew is kept; what it did not know takes its default. The one field
+    # reshaped, ``permissions`` (schema 5: a list nothing ever set became the run's scope), is None.
     as_now = upcast.to_dict()
-    assert {k: v for k, v in as_now.items() if k in recorded and k != "schema_version"} == {
-        k: v for k, v in recorded.items() if k != "schema_version"}
+    reshaped = ("schema_version", "permissions")
+    assert {k: v for k, v in as_now.items() if k in recorded and k not in reshaped} == {
+        k: v for k, v in recorded.items() if k not in reshaped}
+    assert (recorded["permissions"], as_now["permissions"]) == ([], None)
 
 
 def test_the_recorded_decisions_are_where_the_worker_decided_and_what_followed(history: History) -> None:

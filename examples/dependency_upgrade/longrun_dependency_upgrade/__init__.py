@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 from longrun.authoring import RunKind
 from longrun.config import Settings
-from longrun.domain import PinnedVersions
+from longrun.domain import PinnedVersions, Scope
 from longrun.errors import ConfigError
 from longrun_dependency_upgrade import workflow
 from longrun_dependency_upgrade.forge_client import ForgeClient
@@ -23,6 +23,11 @@ FORGE_URL = "LONGRUN_FORGE_URL"
 DEFAULT_FORGE_URL = "http://127.0.0.1:8090"
 VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scripted-or-openai-v1",
                           tool_schemas="forge-v1")
+
+
+SCOPE = Scope(tools=("forge.*",), resources=("repo:*",))
+"""The most a run may do: the forge's operations on any repository. A tenant's policy (e.g. only
+``repo:acme/*``) and the producer's ``scope`` narrow it per run."""
 
 
 def forge_url() -> str:
@@ -38,4 +43,4 @@ def run_kinds(settings: Settings) -> list[RunKind]:
     """The agent at version 1, its forge tools calling ``LONGRUN_FORGE_URL``."""
     tools = forge_tools(ForgeClient(forge_url(), timeout=settings.tool_timeout), timeout=settings.tool_timeout)
     return [RunKind(workflow.KIND, VERSIONS, workflow.DependencyUpgrade(), tools, workflow.allowed_actions,
-                    model_script=workflow.model_script())]
+                    model_script=workflow.model_script(), scope=SCOPE)]

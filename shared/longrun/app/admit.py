@@ -2,8 +2,10 @@
 
 Creation is keyed on (tenant, idempotency_key): the same key again returns the same
 run; the same key with a different input is refused with a ``run.rejected`` event that
-names both input hashes. Admission gives each tenant at most ``slots`` admitted,
-unfinished runs, and picks within a tenant by priority plus age (one priority point per
+names both input hashes. A run is created with its scope (its kind's maximum narrowed by
+its tenant's policy and by the request, ``domain.scope.narrow``) and, if the request has a
+deadline, its ``business_deadline`` timer, in the creating statement. Admission gives each
+tenant at most ``slots`` admitted, unfinished runs, and picks within a tenant by priority plus age (one priority point per
 ``aging_seconds`` waited), so a low-priority run is never starved. A per-tenant
 advisory lock keeps several scheduler replicas from over-admitting; a transaction that takes
 several tenants' locks (a batch of creates, an admission round) takes them in tenant order, so
@@ -22,8 +24,9 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 from typing import Any
 
 import orjson
@@ -36,36 +39,57 @@ from longrun.app.ports import RunTransaction
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
-from longrun.db import admission, outbox, runs
+from longrun.db import admission, outbox, policies, runs
 from longrun.db.schema import QUEUED
-from longrun.domain import Usage, evolve, freeze, request_hash
+from longrun.domain import Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
-from longrun.envelope.payloads import RejectionCode
+from longrun.envelope.payloads import RejectionCode, RunScope
 from longrun.errors import PoisonMessage, UnknownSchemaVersion
 
 PRODUCER = "scheduler"
 
 
 def input_hash(payload: Any) -> str:
-    """What makes two run.create requests "the same": workflow, pin, input, priority and budget."""
-    return request_hash("run.create", "2", args={
-        "workflow": payload.workflow, "workflow_version": payload.workflow_version,
-        "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()})
+    """What makes two run.create requests "the same": workflow, pin, input, priority, budget and, when
+    asked for, scope and deadline (a request without them hashes as it did before they existed)."""
+    args = {"workflow": payload.workflow, "workflow_version": payload.workflow_version,
+            "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()}
+    if payload.scope is not None:
+        args["scope"] = payload.scope.model_dump()
+    if payload.deadline is not None:
+        args["deadline"] = payload.deadline.timestamp()
+    return request_hash("run.create", "2", args=args)
+
+
+def requested_scope(scope: RunScope | None) -> Scope | None:
+    """The producer's narrowing as a ``Scope``; a dimension it leaves out is not narrowed."""
+    if scope is None:
+        return None
+    everything = Scope()
+    return Scope(tuple(scope.tools) if scope.tools is not None else everything.tools,
+                 tuple(scope.resources) if scope.resources is not None else everything.resources)
 
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4()}"
 
 
+@dataclass(frozen=True, slots=True)
+class Locked:
+    """The transaction holds the tenant's admission lock already, and read its policy with it."""
+
+    policy: TenantPolicy | None
+
+
 async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
-                     max_input_bytes: int, clock: Any = time.time, tenant_locked: bool = False,
+                     max_input_bytes: int, clock: Any = time.time, locked: Locked | None = None,
                      new_id: Callable[[], str] = new_run_id) -> dict[str, Any]:
     """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
-    (``run.rejected``). ``tenant_locked``: the transaction holds the tenant's admission lock already
-    (the ingress consumer's prelude, ``lock_tenants_of``), so it is not asked for again: one round
-    trip less."""
+    (``run.rejected``). ``locked``: the transaction holds the tenant's admission lock already and
+    read its policy with it (the ingress consumer's prelude, ``Ingress.prelude``), so neither is
+    asked for again: one round trip less."""
     request = envelope.payload
     offered = input_hash(request)
     kind = _kind_for(request, kinds, max_input_bytes)
@@ -74,19 +98,22 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         if found is not None:  # created while it was acceptable: the run stands
             return await _existing(tx, envelope, found, offered, partitions)
         return await _reject(tx, envelope, partitions, kind)
+    # Admission's lock first: the creating statement's count of the tenant's slots is then the one
+    # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
+    # between the create and the worker's wakeup). The tenant's policy comes with it.
+    if locked is None:
+        locked = Locked(await tx.lock_tenant(envelope.tenant_id))
     run_id = new_id()
+    # The run's scope: what its kind allows, narrowed by its tenant's policy and by the producer.
+    permissions = narrow(kind.scope, locked.policy, requested_scope(request.scope))
     created = ev.RunCreated(
         seq=1, at=clock(), run_id=run_id, tenant_id=envelope.tenant_id, kind=kind.name,
         goal=freeze(request.input), versions=kind.versions, priority=request.priority,
         budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
                      cost=request.budget.cost_usd),
+        permissions=permissions, deadline=request.deadline.timestamp() if request.deadline is not None else None,
         labels=freeze(request.labels), correlation_id=envelope.correlation_id or request.idempotency_key)
     partition = topology.partition_of(run_id, partitions)
-    # Admission's lock first: the creating statement's count of the tenant's slots is then the one
-    # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
-    # between the create and the worker's wakeup).
-    if not tenant_locked:
-        await tx.lock_tenant(envelope.tenant_id)
     wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,
                                      revision=evolve(None, created).revision, partition=partition,
                                      reason="admitted", producer=PRODUCER)
@@ -105,14 +132,24 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
     return {"run_id": run_id, "created": True}
 
 
-def ingress_handler(*, kinds: Registry, partitions: int, slots: int,
-                    max_input_bytes: int) -> Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]:
-    """The scheduler's ingress consumer's handler: ``create_run`` in the consumer's transaction, whose
-    prelude (``lock_tenants_of``) took the tenants' admission locks."""
-    async def handle(conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
-        return await create_run(PgTransaction(conn), envelope, kinds=kinds, partitions=partitions, slots=slots,
-                                max_input_bytes=max_input_bytes, tenant_locked=True)
-    return handle
+class Ingress:
+    """The scheduler's ingress consumer: its ``prelude`` and its ``handle`` share one transaction per
+    batch of creates, and what the prelude read."""
+
+    def __init__(self, *, kinds: Registry, partitions: int, slots: int, max_input_bytes: int) -> None:
+        self.options = {"kinds": kinds, "partitions": partitions, "slots": slots, "max_input_bytes": max_input_bytes}
+        self._read: WeakKeyDictionary[AsyncConnection, dict[str, TenantPolicy | None]] = WeakKeyDictionary()
+
+    async def prelude(self, conn: AsyncConnection, envelopes: list[Envelope]) -> None:
+        """Before any create, the batch takes its tenants' admission locks in tenant order, so two
+        batches cannot deadlock, each with the tenant's policy in the same statement."""
+        self._read[conn] = {tenant: await policies.lock_and_load(conn, tenant)
+                            for tenant in sorted({e.tenant_id for e in envelopes})}
+
+    async def handle(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
+        """``create_run`` in the consumer's transaction, under the lock and policy the prelude read."""
+        return await create_run(PgTransaction(conn), envelope, **self.options,
+                                locked=Locked(self._read[conn][envelope.tenant_id]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,13 +269,6 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
             producer=PRODUCER) for r in chosen])
         admitted += [r.run_id for r in chosen]
     return admitted
-
-
-async def lock_tenants_of(conn: AsyncConnection, envelopes: list[Envelope]) -> None:
-    """The ingress consumer's prelude: a transaction of creates takes its tenants' admission locks
-    first, in tenant order, so two batches cannot deadlock."""
-    for tenant in sorted({e.tenant_id for e in envelopes}):
-        await _lock_tenant(conn, tenant)
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:

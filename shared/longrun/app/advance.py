@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
@@ -43,6 +43,8 @@ from longrun.db.errors import is_transient
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
+    APPROVAL_FACT_PREFIX,
+    DENIED_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     TERMINAL,
     UNRECONCILED,
@@ -57,6 +59,7 @@ from longrun.domain import (
     RecoveryPolicy,
     Reconcile,
     RetryPolicy,
+    RunSnapshot,
     RunStatus,
     ScheduleRetry,
     WaitForEvent,
@@ -65,6 +68,8 @@ from longrun.domain import (
     compact,
     budget_needs,
     exhausted,
+    refusal,
+    revalidated,
     freeze,
     idempotency_key,
     next_delay,
@@ -94,6 +99,9 @@ RECORDED_WITH_THE_ANSWER = frozenset({EffectKind.PURE, EffectKind.READ})
 """Effect kinds whose first call is recorded (prepared, submitted, charged, confirmed) in one
 transaction after it answered: calling them again after a crash is harmless by definition, so
 nothing has to be on record before the call. Writes keep the two-phase record."""
+
+SCOPE_APPROVAL_PREFIX = "scope:"
+"""The approval a call outside the run's scope waits for is ``scope:<logical_action>``."""
 
 _TAKEN: ContextVar[StoredRun | None] = ContextVar("longrun_taken_run", default=None)
 """The run as ``on_wakeup`` took it, for ``after_ack``: the consumer awaits both in one task, so
@@ -435,10 +443,18 @@ class Advancer:
         key = record.idempotency_key if record else idempotency_key(run.run_id, name, attempt_scope=1)
         events: list[ev.RunEvent] = []
         if record is None:
+            requested = request_hash(tool.name, tool.version, args=args)
+            approval_id = decision.approval_id
+            if run.permissions is not None:
+                # Before anything is prepared: a call outside the scope is refused, never retried.
+                resource = tool.resource(args) if tool.resource is not None else None
+                why, approval_id = await self._scope_check(run, kind, tool, name, resource, requested,
+                                                           decision.approval_id)
+                if why is not None:
+                    return await self._refuse(stored, fence, kind, tool, name, resource, requested, why)
             events.append(self._event(stored, ev.ActionPrepared, logical_action=name, tool=tool.name,
                                       tool_version=tool.version, effect_kind=tool.effect, idempotency_key=key,
-                                      approval_id=decision.approval_id,
-                                      request_hash=request_hash(tool.name, tool.version, args=args)))
+                                      approval_id=approval_id, request_hash=requested))
         elif record.status is ActionStatus.SUBMITTED and recovery_policy(tool.effect) is RecoveryPolicy.RECONCILE:
             # A non-idempotent write that may have happened before a crash: never blind-retry it.
             return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
@@ -539,6 +555,56 @@ class Advancer:
 
         return await self._record_outcome(stored, fence, key, ActionStatus.RETRYABLE, unavailable,
                                           last_error=str(error))
+
+    async def _scope_check(self, run: RunSnapshot, kind: RunKind, tool: Tool, name: str, resource: str | None,
+                           requested: str, approval_id: str | None) -> tuple[str | None, str | None]:
+        """(Why the call is refused, or None; the approval it is prepared under). Pure unless the call
+        is approved: an approval was given under the tenant policy of its time, so an approved call
+        reads the tenant's current policy and, if it changed since the run's scope was set, is
+        checked against the scope narrowed by it too; a person's exception to the scope does not
+        survive any policy change."""
+        scope = run.permissions
+        assert scope is not None
+        why = refusal(scope, tool.name, resource)
+        exception = SCOPE_APPROVAL_PREFIX + name
+        excepted = why is not None and kind.scope_approval is not None and _approves(run, exception, requested)
+        if why is not None and not excepted:
+            return why, None
+        if approval_id is None and not excepted:
+            return None, None
+        # The ledger binds the call to decide's own approval; a scope exception is checked here.
+        approval_id = approval_id if approval_id is not None else exception
+        policy = await self.store.tenant_policy(run.tenant_id)
+        current = revalidated(scope, policy)
+        if current is scope:
+            return None, approval_id
+        assert policy is not None
+        again = why if excepted else refusal(current, tool.name, resource)
+        if again is None:
+            return None, approval_id
+        voided = exception if excepted else approval_id
+        return (f"approval {voided!r} no longer holds: the tenant policy changed from v{scope.policy_version} "
+                f"to v{policy.version}; {again}"), None
+
+    async def _refuse(self, stored: StoredRun, fence: Fence, kind: RunKind, tool: Tool, name: str,
+                      resource: str | None, requested: str, why: str) -> None:
+        """The refusal on record (``run.permission_denied``), then NEEDS_ATTENTION; or, where the run
+        kind lets a person approve a call outside the scope, a wait for that approval, asked once."""
+        run = stored.snapshot
+        asked = run.fact(DENIED_FACT_PREFIX + name) is not None
+        denied = self._event(stored, ev.PermissionDenied, logical_action=name, tool=tool.name, resource=resource,
+                             request_hash=requested, reason=why)
+        ask = kind.scope_approval
+        if ask is None or asked:
+            then = self._event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.NEEDS_ATTENTION,
+                               reason=f"permission denied: {why}")
+        else:
+            ctx = self._context()
+            status, wait = wait_for(WaitForUser(approval_id=SCOPE_APPROVAL_PREFIX + name, owner=ask.owner,
+                                                deadline=ctx.now + ask.timeout, approved_hash=requested,
+                                                summary=f"allow {name} outside the run's scope: {why}"), ctx)
+            then = self._event(stored, ev.WaitStarted, offset=2, status=status, wait=wait)
+        await self._commit(stored, [denied, then], fence, release=True)
 
     async def _submitted(self, stored: StoredRun, pending: list[ev.RunEvent], fence: Fence,
                          ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> StoredRun:
@@ -702,3 +768,10 @@ class Advancer:
     def _event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)
 
+
+def _approves(run: RunSnapshot, approval_id: str, requested: str) -> bool:
+    """Whether the run holds a person's approval ``approval_id`` of exactly the request ``requested``."""
+    fact = run.fact(APPROVAL_FACT_PREFIX + approval_id)
+    decision = fact.value if fact is not None else None
+    return (isinstance(decision, Mapping) and decision.get("approved") is True
+            and decision.get("approved_hash") == requested)

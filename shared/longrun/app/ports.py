@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
 from longrun.db.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
-from longrun.domain import ActionStatus, PinnedVersions, RunStatus
+from longrun.domain import ActionStatus, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
 
 if TYPE_CHECKING:
@@ -85,6 +85,9 @@ class WorkerStore(Protocol):
         differs) or ``outcome`` recorded; with ``settle_wait``, the timers of the wait the run parked
         in and any event kept for its key (which ends the wait at once)."""
 
+    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
+        """The tenant's current policy, read only to re-validate an approved call (not on the common step)."""
+
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
         """The lease extended and one more attempt of a known request on the ledger; ``LeaseLost``
         if the fence no longer holds."""
@@ -132,9 +135,10 @@ class RunTransaction(Protocol):
         """The run's version columns (what searches and the versions report read) follow a migration
         its snapshot recorded."""
 
-    async def lock_tenant(self, tenant_id: str) -> None:
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's admission lock, held until the transaction ends: creates and admissions of one
-        tenant count its slots one after another."""
+        tenant count its slots one after another. Returns the tenant's policy, read with it (None when
+        it set none)."""
 
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None: ...
 

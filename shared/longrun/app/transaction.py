@@ -12,11 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
 from longrun.app.webhooks import Translated
-from longrun.db import admission, inbox, outbox, runs
+from longrun.db import inbox, outbox, policies, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
-from longrun.domain import PinnedVersions, RunStatus
+from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
 
 _MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
@@ -75,8 +75,8 @@ class PgTransaction:
             workflow_version=versions.workflow, prompt_version=versions.prompt,
             model_policy_version=versions.model_policy, tool_schema_version=versions.tool_schemas))
 
-    async def lock_tenant(self, tenant_id: str) -> None:
-        await self.conn.execute(admission.LOCK_TENANT, {"t": tenant_id})
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
+        return await policies.lock_and_load(self.conn, tenant_id)
 
     async def find(self, tenant_id: str, idempotency_key: str) -> runs.Found | None:
         return await runs.find(self.conn, tenant_id, idempotency_key)

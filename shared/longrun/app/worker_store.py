@@ -17,10 +17,11 @@ from longrun.app.ports import Artifact, LedgerKeyTaken, LedgerOutcome
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
-from longrun.db import inbox, runs
+from longrun.db import inbox, policies, runs
 from longrun.db.driver import Pool
 from longrun.db.errors import is_unique_violation
 from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
 
 
@@ -82,6 +83,10 @@ class PgWorkerStore:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(PgTransaction(conn), after, clock=self.clock)
         return after
+
+    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
+        async with self.engine.connect() as conn:
+            return await policies.load(conn, tenant_id)
 
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
         async with self.engine.begin() as conn:

@@ -52,6 +52,7 @@ def admit_best() -> TextClause:
 
 ADMIT_BEST = admit_best()
 
-LOCK_TENANT = text("SELECT pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))")
+TENANT_LOCK = "pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"
+LOCK_TENANT = text(f"SELECT {TENANT_LOCK}")
 """A tenant's admission lock (``:t``), held to the end of the transaction: creates and admissions of
 one tenant count its slots one after another."""

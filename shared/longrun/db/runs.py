@@ -197,16 +197,19 @@ class AtOnce:
     channel: str
 
 
+DEADLINE_TIMER_SUFFIX = ":business_deadline"
+"""A run's business deadline timer is ``<run_id>:business_deadline``."""
+
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
                     "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
                     *_PROJECTED)
 
 
 @functools.cache
-def _create(*, at_once: bool, announce: bool, labelled: bool) -> driver.Statement:
+def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = False) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
     ``AtOnce``, its admission too; with ``announce``, messages sent only if the row was new; with
-    ``labelled``, its labels' rows."""
+    ``labelled``, its labels' rows; with ``timed``, its business deadline's timer."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
     parts = []
     if at_once:
@@ -225,6 +228,10 @@ def _create(*, at_once: bool, announce: bool, labelled: bool) -> driver.Statemen
         parts.append("labelled AS (INSERT INTO run_labels (run_id, tenant_id, key, value) "
                      "SELECT made.run_id, :tenant_id, l.key, l.value "
                      "FROM made, jsonb_each_text(CAST(:labels AS jsonb)) AS l)")
+    if timed:
+        parts.append("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+                     "SELECT made.run_id || :deadline_suffix, made.run_id, 'business_deadline', "
+                     "now() + make_interval(secs => CAST(:deadline_in AS double precision)), '{}'::jsonb FROM made)")
     counted = ""
     if at_once:
         wakeup = ("(SELECT r.row, r.n FROM made, jsonb_array_elements(CAST(:wakeup AS jsonb)) WITH ORDINALITY "
@@ -244,7 +251,8 @@ def _create(*, at_once: bool, announce: bool, labelled: bool) -> driver.Statemen
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
                  announce: Sequence[outbox.Message] = ()) -> StoredRun | None:
-    """Insert a run with its first event and its labels; None when (tenant, idempotency_key) exists.
+    """Insert a run with its first event, its labels and its business deadline's timer; None when
+    (tenant, idempotency_key) exists.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -263,7 +271,11 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         params["announce"] = outbox.rows_json(announce)
     if created.labels:
         params["labels"] = jsonb.dumps(dict(created.labels))
-    statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels))
+    if created.deadline is not None:
+        # Counted from the database's clock, as every timer is (``timers.schedule``).
+        params.update(deadline_suffix=DEADLINE_TIMER_SUFFIX, deadline_in=created.deadline - created.at)
+    statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels),
+                        timed=created.deadline is not None)
     row = await driver.one(conn, statement, params)
     if not row.made:
         return None

@@ -365,6 +365,19 @@ tool_health = Table(
     CheckConstraint("state = 'CLOSED' OR reopen_at IS NOT NULL OR probe_until IS NOT NULL", name="open_until"),
 )
 
+tenant_policies = Table(
+    "tenant_policies", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("tools", JSONB, nullable=False),
+    Column("resources", JSONB, nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("version >= 1", name="version_positive"),
+)
+"""What each tenant lets its runs do (``domain.scope.TenantPolicy``): one row per tenant, its version
+raised by every change, so an approval re-validated on resume sees whether the policy moved."""
+
 audit_log = Table(
     "audit_log", metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),

@@ -22,6 +22,7 @@ from longrun.domain.action import SETTLED, UNRECONCILED, ActionRecord, ActionSta
 from longrun.domain.budget import Usage, remaining
 from longrun.domain.codec import FrozenMap
 from longrun.domain.run import TERMINAL, RunStatus
+from longrun.domain.scope import Scope
 from longrun.domain.snapshot import ANSWER_FACT_PREFIX, APPROVAL_FACT_PREFIX, Fact, Question, RunSnapshot
 
 
@@ -31,7 +32,7 @@ class ResumeContext:
 
     run_id: str
     goal: FrozenMap
-    permissions: tuple[str, ...]
+    permissions: Scope | None
     stage: str
     status: RunStatus
     facts: tuple[Fact, ...]

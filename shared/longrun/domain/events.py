@@ -23,6 +23,7 @@ from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.budget import Usage
 from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
+from longrun.domain.scope import Scope
 from longrun.domain.snapshot import PinnedVersions, Wait, WakeReason
 
 _event = dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +47,10 @@ class RunCreated(RunEvent):
     budget: Usage
     """The limits; nothing is used yet."""
     priority: int = 0
-    permissions: tuple[str, ...] = ()
+    permissions: Scope | None = None
+    """The run's scope (``scope.narrow``); None in runs created before scopes existed."""
     deadline: float | None = None
+    """The business deadline (epoch seconds): a ``business_deadline`` timer ends the run TIMED_OUT then."""
     stage: str = ""
     labels: FrozenMap = FrozenMap()
     correlation_id: str | None = None
@@ -148,6 +151,22 @@ class PatchTaken(RunEvent):
     patch: str
     workflow_version: str
     """The workflow version the run was pinned to when it took the patch."""
+
+
+@_event
+class PermissionDenied(RunEvent):
+    """A call ``decide`` asked for is outside the run's scope: refused before it was prepared (the
+    tool was not called, nothing is on the ledger) and never retried. What follows is the run kind's
+    choice: NEEDS_ATTENTION, or a person's approval of exactly this request."""
+
+    type: ClassVar[str] = "run.permission_denied"
+    logical_action: str
+    tool: str
+    resource: str | None
+    """What the tool acts on, as its declaration reads it from the arguments; None if it declares none."""
+    request_hash: str
+    reason: str
+    """Names the tool or resource and the scope it is outside of."""
 
 
 @_event
@@ -310,7 +329,8 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
         for cls in (
             RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
             CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
-            StageChanged, VersionsMigrated, PatchTaken, FactRecorded, QuestionOpened, QuestionResolved,
+            StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
+            QuestionResolved,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated,
@@ -330,4 +350,8 @@ def event_from_dict(data: Mapping[str, object]) -> RunEvent:
     cls = EVENT_TYPES.get(type_) if isinstance(type_, str) else None
     if cls is None:
         raise ValueError(f"unknown run event type {type_!r}")
-    return from_plain(cls, {k: v for k, v in data.items() if k != "type"})
+    fields_ = {k: v for k, v in data.items() if k != "type"}
+    if cls is RunCreated and fields_.get("permissions") == []:
+        # Stored before scopes existed, when ``permissions`` was a list nothing set: no scope.
+        del fields_["permissions"]
+    return from_plain(cls, fields_)

@@ -29,6 +29,7 @@ from longrun.domain.run import OPEN, TERMINAL, WAITING, RunStatus, check_run_tra
 from longrun.domain.snapshot import (
     ANSWER_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
+    DENIED_FACT_PREFIX,
     Acceptance,
     Fact,
     Question,
@@ -183,6 +184,13 @@ def _patch_taken(s: RunSnapshot, e: ev.PatchTaken) -> RunSnapshot:
     return s.replace(patches=(*s.patches, e.patch))
 
 
+def _permission_denied(s: RunSnapshot, e: ev.PermissionDenied) -> RunSnapshot:
+    if s.status is not _S.RUNNING:
+        reject(s, e, f"only a worker's step is refused a call; the run is {s.status.value}")
+    refused = FrozenMap({"tool": e.tool, "resource": e.resource, "request_hash": e.request_hash, "reason": e.reason})
+    return put_fact(s, Fact(DENIED_FACT_PREFIX + e.logical_action, refused, "runtime", e.at))
+
+
 def put_fact(s: RunSnapshot, fact: Fact) -> RunSnapshot:
     return s.replace(facts=(*(f for f in s.facts if f.key != fact.key), fact))
 
@@ -235,6 +243,7 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.StageChanged: lambda s, e: s.replace(stage=e.stage),
     ev.VersionsMigrated: lambda s, e: s.replace(versions=e.versions),
     ev.PatchTaken: _patch_taken,
+    ev.PermissionDenied: _permission_denied,
     ev.FactRecorded: lambda s, e: put_fact(s, Fact(e.key, e.value, e.source, e.at)),
     ev.QuestionOpened: _question_opened,
     ev.QuestionResolved: _question_resolved,

@@ -28,13 +28,16 @@ from longrun.domain.action import ActionRecord
 from longrun.domain.budget import Budget
 from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
+from longrun.domain.scope import Scope
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 5
+SNAPSHOT_SCHEMA_VERSION = 6
 """2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
-``Question.answer_schema``); older ones are upcast on read."""
+``Question.answer_schema``), 6 ``permissions`` as a ``Scope``; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
+DENIED_FACT_PREFIX = "permission_denied:"
+"""A call refused as outside the run's scope is recorded as the fact ``permission_denied:<logical_action>``."""
 RECEIPT_FACT_PREFIX = "receipt:"
 """A confirmed call's receipt is the fact ``receipt:<logical_action>``: what later decisions read."""
 ANSWER_FACT_PREFIX = "answer:"
@@ -141,8 +144,10 @@ class RunSnapshot:
     versions: PinnedVersions
     budget: Budget
     priority: int = 0
-    permissions: tuple[str, ...] = ()
-    """Granted by the entry point; the agent may propose changes but never widen them."""
+    permissions: Scope | None = None
+    """The run's scope, computed when it was created (``scope.narrow``); no call outside it is
+    prepared. The agent may propose changes but never widen it. Schema 5; None for a run created
+    before scopes existed, which is not restricted."""
     deadline: float | None = None
     """The run's business deadline, if any (epoch seconds)."""
     stage: str = ""
@@ -257,6 +262,17 @@ def upcast_snapshot_v4_v5(data: Mapping[str, object]) -> dict[str, object]:
             "open_questions": [{**q, "answer_schema": {}} for q in questions]}
 
 
+def upcast_snapshot_v5_v6(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 5 -> 6: ``permissions`` was a list nothing ever set; a run created before scopes has
+    none (None: not restricted). Pure."""
+    if data.get("schema_version") != 5:
+        raise ValueError(f"upcast_snapshot_v5_v6 takes schema_version 5, got {data.get('schema_version')!r}")
+    if data.get("permissions", []) != []:
+        raise ValueError(f"a schema-5 snapshot's permissions were never set, got {data.get('permissions')!r}")
+    return {**data, "schema_version": 6, "permissions": None}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
-    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5}
+    1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5,
+    5: upcast_snapshot_v5_v6}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

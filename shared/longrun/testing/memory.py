@@ -23,7 +23,7 @@ from typing import Any
 from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import Fence, Found, Planned, StoredRun, plan
+from longrun.db.runs import DEADLINE_TIMER_SUFFIX, Fence, Found, Planned, StoredRun, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunSnapshot, evolve, freeze
 from longrun.domain import events as ev
@@ -176,6 +176,9 @@ class MemoryStore:
         self.runs[created.run_id] = RunRow(snapshot, created.seq, partition, None, None, 0, False,
                                            created.tenant_id, idempotency_key, input_hash)
         self.events[created.run_id] = (EventRow(created, True, None),)
+        if created.deadline is not None:
+            self.schedule(timer_key=created.run_id + DEADLINE_TIMER_SUFFIX, run_id=created.run_id,
+                          kind="business_deadline", delay=created.deadline - created.at, payload={})
         return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
 
     def load(self, run_id: str) -> StoredRun | None:

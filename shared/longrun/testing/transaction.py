@@ -12,7 +12,7 @@ from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import AtOnce, Found, StoredRun
 from longrun.db.schema import QUEUED_STATUS
-from longrun.domain import TERMINAL, PinnedVersions, RunStatus
+from longrun.domain import TERMINAL, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
 
 if TYPE_CHECKING:
@@ -69,8 +69,9 @@ class MemoryTransaction:
     async def repin(self, run_id: str, versions: PinnedVersions) -> None:
         """Nothing to do: the memory store reads a run's pins from its snapshot."""
 
-    async def lock_tenant(self, tenant_id: str) -> None:
-        """Nothing to wait for: the memory world runs one transaction at a time."""
+    async def lock_tenant(self, tenant_id: str) -> TenantPolicy | None:
+        """Nothing to wait for (the memory world runs one transaction at a time); the tenant's policy."""
+        return self.world.policies.get(tenant_id)
 
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None:
         return self.store.find(tenant_id, idempotency_key)

@@ -18,6 +18,7 @@ from longrun.app.advance import Advancer
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome
 from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.db.runs import Fence, Planned, Rides, StoredRun
+from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
 from longrun.envelope import Envelope
 from longrun.model import ModelAdapter, ScriptedModel
@@ -101,6 +102,10 @@ class MemoryWorkerStore:
                 self.world.schedule_wait_timers(after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(MemoryTransaction(self.world), after, clock=self.world.clock)
         return after
+
+    async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
+        await checkpoint("tenant policy")
+        return self.world.policies.get(tenant_id)
 
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
         await checkpoint("resend")

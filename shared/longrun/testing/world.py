@@ -37,6 +37,7 @@ from longrun.domain import (
     FrozenMap,
     PinnedVersions,
     RunSnapshot,
+    TenantPolicy,
     WaitForEvent,
     WaitForUser,
     WakeReason,
@@ -254,6 +255,8 @@ class World:
         """The gateway's webhook_events: (provider, event id) -> (event, matched run)."""
         self.audit_log: list[dict[str, Any]] = []
         """The operators' audit rows."""
+        self.policies: dict[str, TenantPolicy] = {}
+        """The tenants' policies (``tenant_policies``), by tenant."""
         self.loop = asyncio.new_event_loop()
         """Where the workers' steps run (``testing.workers``), a checkpoint at a time."""
         self.broadcasts: list[Envelope] = []

@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from longrun.domain import (
+    Scope,
     FrozenMap,
     PinnedVersions,
     RunCreated,
@@ -33,7 +34,7 @@ class History:
         self.now = 0.0
         fields = {"run_id": "run-1", "tenant_id": "t-1", "kind": "upgrade",
                   "goal": FrozenMap({"goal": "upgrade payment-sdk to 5.x"}), "versions": VERSIONS,
-                  "budget": budget, "permissions": ("repo:payments",)} | created  # fmt: skip
+                  "budget": budget, "permissions": Scope(("forge.*",), ("repo:payments",))} | created  # fmt: skip
         self.apply(RunCreated, **fields)
 
     @property
@@ -81,6 +82,9 @@ def strategy_for(tp: object) -> st.SearchStrategy[Any]:
     }
     if tp in simple:
         return simple[tp]
+    if tp is Scope:  # its patterns are checked: names, or prefixes ending in '*'
+        patterns = st.lists(st.from_regex(r"\*|[a-z.:/]{1,6}\*?", fullmatch=True), max_size=3).map(tuple)
+        return st.builds(Scope, tools=patterns, resources=patterns, policy_version=st.none() | st.integers(1, 9))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return st.sampled_from(tp)
     assert isinstance(tp, type) and dataclasses.is_dataclass(tp), tp

@@ -8,17 +8,44 @@ from pathlib import Path
 import pytest
 
 from longrun.envelope import LATEST, decode
-from longrun.envelope.upcast import UPCASTERS, upcast_run_create_v1_v2, upcast_run_rejected_v1_v2
+from longrun.errors import DecodeError
+from longrun.envelope.upcast import (UPCASTERS, upcast_run_create_v1_v2, upcast_run_create_v2_v3,
+                                    upcast_run_rejected_v1_v2)
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 
 
 def test_run_create_v1_upcasts_to_v2_exactly_as_recorded() -> None:
     v1 = json.loads((GOLDEN / "run.create.v1.json").read_text())
-    expected = json.loads((GOLDEN / "run.create.v1-as-v2.json").read_text())
-    decoded = decode(json.dumps(v1).encode())
-    assert decoded.schema_version == LATEST["run.create"] == 2
+    as_v2 = json.loads((GOLDEN / "run.create.v1-as-v2.json").read_text())
+    upcast = upcast_run_create_v1_v2(v1["payload"])
+    assert {k: as_v2["payload"][k] for k in upcast if k != "budget"} == {k: v for k, v in upcast.items() if k != "budget"}
+    assert upcast["budget"].items() <= as_v2["payload"]["budget"].items()
+    # and on through v3: a v1 on the wire decodes as what its v2 form decodes to
+    assert as_v2 == json.loads((GOLDEN / "run.create.v2.json").read_text())
+    assert decode(json.dumps(v1).encode()) == decode(json.dumps(as_v2).encode())
+
+
+def test_run_create_v2_upcasts_to_v3_exactly_as_recorded() -> None:
+    v2 = json.loads((GOLDEN / "run.create.v2.json").read_text())
+    expected = json.loads((GOLDEN / "run.create.v2-as-v3.json").read_text())
+    decoded = decode(json.dumps(v2).encode())
+    assert decoded.schema_version == LATEST["run.create"] == 3
     assert decoded.model_dump(mode="json") == expected
+    # v2 could not ask for a scope or a deadline: the run gets neither narrowing nor deadline
+    assert (decoded.payload.scope, decoded.payload.deadline) == (None, None)
+
+
+def test_a_v3_create_carries_its_scope_and_an_aware_deadline() -> None:
+    v3 = json.loads((GOLDEN / "run.create.v2-as-v3.json").read_text())
+    v3["payload"] |= {"scope": {"tools": ["forge.read_*"], "resources": ["repo:acme/payments"]},
+                      "deadline": "2026-10-04T08:00:00+02:00"}
+    decoded = decode(json.dumps(v3).encode())
+    assert decoded.payload.scope.tools == ["forge.read_*"]
+    assert decoded.payload.deadline.timestamp() == 1791093600.0
+    for bad in ({"scope": {"tools": ["forge.*.write"]}}, {"deadline": "2026-10-04T08:00:00"}):
+        with pytest.raises(DecodeError):
+            decode(json.dumps({**v3, "payload": {**v3["payload"], **bad}}).encode())
 
 
 def test_upcasters_do_not_mutate_their_input() -> None:
@@ -26,6 +53,9 @@ def test_upcasters_do_not_mutate_their_input() -> None:
     before = dict(payload)
     assert upcast_run_create_v1_v2(payload)["budget"] == {"cost_usd": 3.5}
     assert payload == before
+    v2 = {"workflow": "w", "idempotency_key": "k"}
+    assert upcast_run_create_v2_v3(v2) == {**v2, "scope": None, "deadline": None} and v2 == {"workflow": "w",
+                                                                                           "idempotency_key": "k"}
 
 
 @pytest.mark.parametrize("key", sorted(UPCASTERS))

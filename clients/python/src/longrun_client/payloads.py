@@ -7,9 +7,9 @@ an old class stays as long as producers may still send it.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from longrun_client.model import Strict
 
@@ -40,6 +40,36 @@ class RunCreateV2(Strict):
     budget: BudgetLimits = Field(default_factory=BudgetLimits)
     workflow_version: str | None = Field(default=None, description="Pin; the newest registered when absent.")
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+SCOPE_PATTERN = r"^[^*]+\*?$|^\*$"
+"""A name, or a prefix ending in ``*`` (``*`` alone: everything)."""
+
+
+class RunScope(Strict):
+    """What the run may use, at most: it narrows what the run kind and the tenant's policy allow and
+    never widens it (a pattern beyond them is dropped, not granted)."""
+
+    tools: list[Annotated[str, Field(pattern=SCOPE_PATTERN)]] | None = Field(
+        default=None, description="Tool names or prefixes ending in '*'; absent: no narrowing.")
+    resources: list[Annotated[str, Field(pattern=SCOPE_PATTERN)]] | None = Field(
+        default=None, description="What tools act on (e.g. 'repo:acme/web', 'repo:acme/*'); absent: no narrowing.")
+
+
+class RunCreateV3(Strict):
+    """Ask the scheduler to create a run; the same (tenant, idempotency_key) yields one run."""
+
+    workflow: str = Field(min_length=1, description="Run kind, e.g. dependency_upgrade.")
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict, description="The goal and its parameters.")
+    priority: int = Field(default=5, ge=0, le=9, description="0 lowest, 9 highest; aging lifts waiting runs.")
+    budget: BudgetLimits = Field(default_factory=BudgetLimits)
+    workflow_version: str | None = Field(default=None, description="Pin; the newest registered when absent.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    scope: RunScope | None = Field(default=None, description="Narrows the run's permissions; absent: none.")
+    deadline: AwareDatetime | None = Field(
+        default=None, description="Business deadline (RFC 3339, with offset): the run ends TIMED_OUT then if "
+                                  "still open, queued time included.")
 
 
 class RunWakeupV1(Strict):

@@ -19,6 +19,11 @@ def upcast_run_create_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_run_create_v2_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 could not narrow the run's scope nor set a deadline: neither is asked for."""
+    return {**payload, "scope": None, "deadline": None}
+
+
 def upcast_run_event_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 carried no labels and no outcome: none are known."""
     return {**payload, "labels": {}, "outcome": None}
@@ -32,6 +37,7 @@ def upcast_run_rejected_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.create", 1): upcast_run_create_v1_v2,
+    ("run.create", 2): upcast_run_create_v2_v3,
     ("run.event", 1): upcast_run_event_v1_v2,
     ("run.rejected", 1): upcast_run_rejected_v1_v2,
 }
