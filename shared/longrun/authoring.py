@@ -50,7 +50,9 @@ class Tool:
     """Query the far side by idempotency key: a result if it acted, None if it did not."""
     compensate: Compensate | None = None
     timeout: float = 30.0
-    """Attempt (start-to-close) timeout; past it the outcome is UNKNOWN, never FAILED."""
+    """Seconds a live worker waits for a call's answer (start-to-close). Past it, a write's outcome is
+    UNKNOWN (never FAILED; the reconciler settles it), and a pure or read call, harmless to repeat,
+    is tried again under ``retry``."""
     public_receipt: tuple[str, ...] = ()
     """Receipt fields a run's terminal event may show the outside world, beside the external id
     (always shown). Everything else in a receipt stays inside."""

@@ -410,7 +410,7 @@ class Advancer:
         fact_key = f"{MODEL_RETRY_FACT_PREFIX}{purpose}:{ask}"
         previous = stored.snapshot.fact(fact_key)
         attempts = (thaw(previous.value)["attempts"] if previous is not None else 0) + 1  # type: ignore[index]
-        delay, failure = self._retry_delay(kind.model_retry or self.retry, attempts, error)
+        delay, failure = self._retry_delay(kind.model_retry or self.retry, attempts, error, str(error))
         events = [self._event(stored, ev.BudgetCharged, model_calls=1),
                   self._event(stored, ev.FactRecorded, offset=2, key=fact_key, source="runtime",
                               value=freeze({"attempts": attempts, "error": str(error)}))]
@@ -422,12 +422,13 @@ class Advancer:
             events.append(self._event(stored, ev.WaitStarted, offset=3, status=status, wait=wait))
         await self._commit(stored, events, fence, release=True)
 
-    def _retry_delay(self, policy: RetryPolicy, attempts: int, error: Exception) -> tuple[float | None, str]:
-        """Seconds until the next attempt after ``attempts`` failed, the last with ``error``; or None, and
-        why not, when the policy does not retry it."""
+    def _retry_delay(self, policy: RetryPolicy, attempts: int, error: Exception,
+                     cause: str) -> tuple[float | None, str]:
+        """Seconds until the next attempt after ``attempts`` failed, the last with ``error`` (``cause``
+        says what it was); or None, and why not, when the policy does not retry it."""
         if not retryable(policy, _type_names(error)):
-            return None, f"{type(error).__name__} is not retried: {error}"
-        return next_delay(policy, attempts, rng=self.rng), f"retries exhausted after {attempts} attempts: {error}"
+            return None, f"{type(error).__name__} is not retried: {cause}"
+        return next_delay(policy, attempts, rng=self.rng), f"retries exhausted after {attempts} attempts: {cause}"
 
     async def _call_tool(self, stored: StoredRun, fence: Fence, kind: RunKind,
                          decision: CallTool) -> StoredRun | None:
@@ -489,12 +490,15 @@ class Advancer:
         except (ActionOutcomeUnknown, TimeoutError) as e:
             stored = await self._submitted(stored, pending, fence, ledger_row)
             cause = str(e) or f"no answer within {tool.timeout}s"
+            if tool.effect in RECORDED_WITH_THE_ANSWER:
+                # Asking a pure or read tool again changes nothing: no answer is retried, not reconciled.
+                return await self._unavailable(stored, fence, tool, name, key, e, probe=probe, cause=cause)
             return await self._record_outcome(stored, fence, key, ActionStatus.UNKNOWN, lambda s: [
                 self._event(s, ev.ActionUnknown, logical_action=name, cause=cause),
                 *self._park_for_reconciliation(s, f"{name}: outcome unknown ({cause})")], last_error=cause)
         except ToolUnavailable as e:
             stored = await self._submitted(stored, pending, fence, ledger_row)
-            return await self._unavailable(stored, fence, tool, name, key, e, probe=probe)
+            return await self._unavailable(stored, fence, tool, name, key, e, probe=probe, cause=str(e))
         except ToolRejected as e:
             rejection = str(e)
             stored = await self._submitted(stored, pending, fence, ledger_row)
@@ -520,17 +524,17 @@ class Advancer:
             await self.breakers.succeeded(tool.health_key, probe=probe)
 
     async def _unavailable(self, stored: StoredRun, fence: Fence, tool: Tool, name: str, key: str,
-                           error: ToolUnavailable, *, probe: bool) -> StoredRun | None:
-        """Definitely not applied: the action is RETRYABLE, and its next attempt (charged) waits on a
-        durable timer for the retry policy's delay, or, while the far side's breaker is open, until it
-        is healthy again. Past the policy's attempts, or for an error it does not retry, the action
+                           error: Exception, *, probe: bool, cause: str) -> StoredRun | None:
+        """Definitely not applied, or a pure or read call that did not answer (``cause`` says which):
+        the action is RETRYABLE, and its next attempt (charged) waits on a durable timer for the retry
+        policy's delay, or, while the far side's breaker is open, until it is healthy again. Past the policy's attempts, or for an error it does not retry, the action
         FAILED, which the run kind's ``decide`` sees; a failed probe waits for the next one instead."""
         breaker = await self.breakers.failed(tool.health_key) if self.breakers is not None else None
         waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
         record = stored.snapshot.action(name)
         assert record is not None
         policy = tool.retry or self.retry
-        delay, failure = self._retry_delay(policy, record.attempts, error)
+        delay, failure = self._retry_delay(policy, record.attempts, error, cause)
         # A probe tried the far side for every run waiting on it: its failure is charged to this run,
         # but does not use up its attempts; the breaker says when it goes again.
         probed = probe and waits_for_health and retryable(policy, _type_names(error))
@@ -538,11 +542,11 @@ class Advancer:
             logger.info("run %s: %s unavailable: %s", stored.snapshot.run_id, tool.name, failure)
             return await self._record_outcome(stored, fence, key, ActionStatus.FAILED, lambda s: [
                 self._event(s, ev.ActionFailed, logical_action=name, error=failure)], last_error=failure)
-        logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, error,
+        logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, cause,
                     "waits for it to be healthy" if waits_for_health else f"attempt {record.attempts + 1} in {delay}s")
 
         def unavailable(s: StoredRun) -> list[ev.RunEvent]:
-            events = [self._event(s, ev.ActionUnavailable, logical_action=name, cause=str(error))]
+            events = [self._event(s, ev.ActionUnavailable, logical_action=name, cause=cause)]
             if s.snapshot.status is not RunStatus.RUNNING:  # an operator's pause or cancel keeps the run there
                 return events
             ctx = self._context()
@@ -554,7 +558,7 @@ class Advancer:
             return [*events, self._event(s, ev.WaitStarted, offset=2, status=RunStatus.RETRY_SCHEDULED, wait=wait)]
 
         return await self._record_outcome(stored, fence, key, ActionStatus.RETRYABLE, unavailable,
-                                          last_error=str(error))
+                                          last_error=cause)
 
     async def _scope_check(self, run: RunSnapshot, kind: RunKind, tool: Tool, name: str, resource: str | None,
                            requested: str, approval_id: str | None) -> tuple[str | None, str | None]:

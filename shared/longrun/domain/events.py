@@ -271,9 +271,9 @@ class ActionFailed(ActionEvent):
 
 @_event
 class ActionUnavailable(ActionEvent):
-    """The far side answered that it is unavailable and did not act: the action is RETRYABLE, and its
-    next attempt (a new submission, charged) waits for the retry policy's delay or for the far side
-    to be healthy again."""
+    """The far side answered that it is unavailable and did not act, or a pure or read call got no
+    answer (asking again changes nothing): the action is RETRYABLE, and its next attempt (a new
+    submission, charged) waits for the retry policy's delay or for the far side to be healthy again."""
 
     type: ClassVar[str] = "action.unavailable"
     cause: str

@@ -62,8 +62,9 @@ class CallOnce:
         return ()
 
 
-def kind(policy: RetryPolicy = POLICY, *, model_retry: RetryPolicy | None = None) -> RunKind:
-    echo = Tool("echo", "1", EffectKind.IDEMPOTENT_WRITE, EchoArgs, _unused, retry=policy)
+def kind(policy: RetryPolicy = POLICY, *, model_retry: RetryPolicy | None = None,
+         effect: EffectKind = EffectKind.IDEMPOTENT_WRITE) -> RunKind:
+    echo = Tool("echo", "1", effect, EchoArgs, _unused, retry=policy)
     return RunKind("call_once", VERSIONS, CallOnce(), {"echo": echo}, lambda state, purpose: ("go",),
                    model_retry=model_retry)
 
@@ -147,6 +148,48 @@ def test_the_attempt_count_survives_a_worker_killed_anywhere() -> None:
         assert run.budget.used.tool_calls == 3, (o.point, o.nth)
         assert "retries exhausted after 3 attempts" in (run.terminal_reason or ""), (o.point, o.nth)
         assert o.kit.check() == [], (o.point, o.nth)
+
+
+def test_a_read_that_does_not_answer_is_asked_again_under_the_policy_not_reconciled() -> None:
+    # Asking a read again changes nothing: no answer is a retry (charged, after the policy's delay),
+    # never an UNKNOWN outcome for the reconciler.
+    with Kit(kind(effect=EffectKind.READ)) as kit:
+        kit.far_side.arm("timeout_after_acting")
+        run_id = kit.start({"text": "hi"})
+        kit.settle()
+        run = kit.snapshot(run_id)
+        types = [e.type for e in kit.world.store.history(run_id)]
+        assert run.status is RunStatus.COMPLETED and "action.unknown" not in types
+        assert types.count("action.unavailable") == 1 and retry_delays(kit, run_id) == [1.0]
+        echo = run.action("echo")
+        assert echo is not None and echo.status is ActionStatus.CONFIRMED and echo.attempts == 2
+        assert run.budget.used.tool_calls == 2 and kit.executions("echo") == 2
+        assert kit.check() == []
+
+
+def test_a_read_that_never_answers_fails_after_the_policy_s_attempts_naming_why() -> None:
+    with Kit(kind(effect=EffectKind.READ)) as kit:
+        for _ in range(5):
+            kit.far_side.arm("timeout_after_acting")
+        run_id = kit.start({"text": "hi"})
+        kit.settle()
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.FAILED and run.budget.used.tool_calls == 3
+        assert "retries exhausted after 3 attempts: " in (run.terminal_reason or "")
+        assert "no answer after acting" in (run.terminal_reason or "")
+
+
+def test_a_write_that_does_not_answer_is_unknown_for_the_reconciler_never_retried_blindly() -> None:
+    with Kit(kind(effect=EffectKind.NON_IDEMPOTENT_WRITE)) as kit:
+        kit.far_side.arm("timeout_after_acting")
+        run_id = kit.start({"text": "hi"})
+        kit.settle()
+        types = [e.type for e in kit.world.store.history(run_id)]
+        assert "action.unknown" in types and "action.unavailable" not in types
+        # Without a lookup the reconciler cannot tell what happened: a person decides, nothing is re-sent.
+        echo = kit.snapshot(run_id).action("echo")
+        assert echo is not None and echo.attempts == 1 and kit.executions("echo") == 1
+        assert kit.status(run_id) is RunStatus.NEEDS_ATTENTION
 
 
 class Unavailable:
