@@ -4,9 +4,9 @@ public contract) and re-exported here for the runtime. Published contract: see s
 from __future__ import annotations
 
 from longrun_client.payloads import (Acceptance, BudgetLimits, PinnedVersionsV1, PublicReceipt, RejectionCode,
-                                     RunAcceptedV1, RunCreateV1, RunCreateV2, RunEventV1, RunEventV2, RunOutcome,
-                                     RunRejectedV1, RunRejectedV2, RunWakeupV1)
+                                     RunAcceptedV1, RunCreateV1, RunCreateV2, RunEventV1, RunEventV2, RunEventV3,
+                                     RunOutcome, RunOutcomeV3, RunRejectedV1, RunRejectedV2, RunSummary, RunWakeupV1)
 
 __all__ = ["Acceptance", "BudgetLimits", "PinnedVersionsV1", "PublicReceipt", "RejectionCode", "RunAcceptedV1",
-           "RunCreateV1", "RunCreateV2", "RunEventV1", "RunEventV2", "RunOutcome", "RunRejectedV1", "RunRejectedV2",
-           "RunWakeupV1"]
+           "RunCreateV1", "RunCreateV2", "RunEventV1", "RunEventV2", "RunEventV3", "RunOutcome", "RunOutcomeV3",
+           "RunRejectedV1", "RunRejectedV2", "RunSummary", "RunWakeupV1"]
