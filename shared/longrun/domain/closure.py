@@ -62,6 +62,10 @@ def summarize(run: RunSnapshot) -> FrozenMap:
     })
 
 
+_UNDECIDED = frozenset({ActionStatus.UNKNOWN, ActionStatus.RECONCILING})
+"""Reports that say nothing yet of what became of an effect."""
+
+
 class Report(NamedTuple):
     """What the far side turned out to hold for one of a run's actions."""
 
@@ -79,7 +83,7 @@ def reports(events: Iterable[ev.RunEvent]) -> list[Report]:
             found.append(Report(event.logical_action, ActionStatus.CONFIRMED, event.external_id))
         elif isinstance(event, ev.ActionFailed):
             found.append(Report(event.logical_action, ActionStatus.FAILED))
-        elif isinstance(event, ev.ActionReconciled | ev.ActionResolved) and event.outcome is not ActionStatus.UNKNOWN:
+        elif isinstance(event, ev.ActionReconciled | ev.ActionResolved) and event.outcome not in _UNDECIDED:
             found.append(Report(event.logical_action, event.outcome, event.external_id))
     return found
 
@@ -101,8 +105,26 @@ def contradiction(run: RunSnapshot, report: Report) -> str | None:
         if report.external_id is not None and record.external_id not in (None, report.external_id):
             return f"{name}: the far side holds {report.external_id}, the run recorded {record.external_id}"
         return None
-    if not done:
+    if not done or report.outcome in _UNDECIDED:
         return None
     assert record is not None
     turned = "missing from the far side" if report.outcome is None else report.outcome.value
     return f"{name} was counted done ({record.external_id or 'no external id'}) but turned out {turned}"
+
+
+def corrections(run: RunSnapshot, found: Iterable[Report], *, seq: int, at: float) -> list[ev.CorrectionNeeded]:
+    """The corrections ``found`` opens on ``run``, one per report that contradicts it (seqs from ``seq``),
+    each with its evidence: what was reported and what the run had recorded."""
+    opened: list[ev.CorrectionNeeded] = []
+    for report in found:
+        reason = contradiction(run, report)
+        if reason is None:
+            continue
+        record = run.action(report.logical_action)
+        evidence = FrozenMap({"reported": None if report.outcome is None else report.outcome.value,
+                              "external_id": report.external_id,
+                              "recorded_status": None if record is None else record.status.value,
+                              "recorded_external_id": None if record is None else record.external_id})
+        opened.append(ev.CorrectionNeeded(seq=seq + len(opened), at=at, logical_action=report.logical_action,
+                                          reason=reason, evidence=evidence))
+    return opened
