@@ -147,14 +147,23 @@ async def _parked_with_deadlines(engine: AsyncEngine, run_id: str) -> runs.Store
     return stored
 
 
-async def test_a_terminated_run_has_no_outstanding_timer_and_its_summary_is_on_record(clean, engine) -> None:
-    # Given a waiting run with a wait deadline and a business deadline pending
+async def test_a_terminated_run_has_no_outstanding_timer_nor_lease_and_its_summary_is_on_record(
+        clean, engine) -> None:
+    # Given a waiting run with a wait deadline and a business deadline pending, whose lease a worker holds
     run_id = "run-terminated"
     await _parked_with_deadlines(engine, run_id)
     assert len([t for t in await _timers(engine, run_id) if t.cancelled_at is None]) == 2
+    async with engine.begin() as conn:
+        fence = await runs.take_lease(conn, run_id, "worker-1", ttl=60)
+    assert fence is not None
     # When an operator terminates it
     async with engine.begin() as conn:
         await operate.terminate(PgTransaction(conn), run_id, actor="op", reason="not needed")
+    # Then its lease was released with it: the worker holding it is fenced out
+    async with engine.connect() as conn:
+        released = await runs.load(conn, run_id)
+        assert not await runs.extend_lease(conn, run_id, fence, ttl=60)
+    assert released is not None and (released.lease_owner, released.lease_until) == (None, None)
     # Then the termination cancelled every one of its timers in its own transaction, and none ever fires
     assert sorted((t.kind, t.fired_at, t.cancelled_at is not None) for t in await _timers(engine, run_id)) == [
         ("business_deadline", None, True), ("wait_deadline", None, True)]

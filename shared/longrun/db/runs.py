@@ -339,7 +339,8 @@ class Planned:
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
     """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
-    finishes the run records its ``run.summary`` after them, whoever writes it."""
+    finishes the run, whoever writes it, records its ``run.summary`` after them and releases its lease
+    (a worker still running it is fenced out)."""
     snapshot = stored.snapshot
     rows = list(stored.unwritten)
     for event in events:
@@ -352,6 +353,7 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
         snapshot = evolve(snapshot, summary)
         rows.append((summary, True))
         events = [*events, summary]
+        release_lease = True
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
                       None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)

@@ -3,6 +3,8 @@ and when an outcome arriving after completion contradicts the run."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from longrun.db import runs
@@ -18,6 +20,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.errors import EventRejected
+from longrun.timeline import describe
 from tests.unit.domain.support import History
 
 
@@ -169,3 +172,13 @@ def test_reports_read_what_late_action_events_say_became_of_an_effect() -> None:
         ev.FactRecorded(seq=6, at=0, key="k", value=1, source="tool:t")])
     assert found == [closure.Report("a", ActionStatus.CONFIRMED, "1"), closure.Report("b", ActionStatus.FAILED),
                      closure.Report("d", ActionStatus.NEEDS_ATTENTION)]
+
+
+def test_the_timeline_tells_a_summary_and_a_correction_in_a_line() -> None:
+    run = _completed_with_merge().snapshot
+    at = datetime(2026, 12, 4, 9, 30, tzinfo=UTC)
+    summary = ev.event_to_dict(ev.RunSummarized(seq=8, at=7.0, summary=closure.summarize(run)))
+    assert describe(8, "run.summary", summary, True, at).endswith(
+        "SUMMARY   1 action(s) done, 1 tool and 3 model call(s), cost 0.500, 6.0s")
+    correction = ev.event_to_dict(ev.CorrectionNeeded(seq=9, at=8.0, logical_action="merge", reason="gone"))
+    assert describe(9, "run.correction_needed", correction, True, at).endswith("CORRECTION merge: gone")
