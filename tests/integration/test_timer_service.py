@@ -163,6 +163,33 @@ async def test_a_deadline_for_a_wait_that_already_ended_is_cancelled_with_it_and
     assert await _fired_at(engine, "run-stale:ci-1:deadline") is None
 
 
+async def test_a_wake_fired_the_short_way_cancels_its_waits_deadline_in_the_same_statement(
+        clean, engine, monkeypatch) -> None:
+    # Given a run waiting to retry, whose backoff is due now and whose deadline comes later
+    now = time.time()
+    await _park(engine, "run-two", RunStatus.RETRY_SCHEDULED,
+                Wait(wait_id="r-2", kind="timer", deadline=now + 3600, wake_at=now - 1, subject="deploy"))
+    written: list[int] = []
+    real = timers.write_wakes
+
+    async def noted(conn: Any, template: Any, wakes: Any, **kwargs: Any) -> None:
+        written.append(len(wakes))
+        await real(conn, template, wakes, **kwargs)
+
+    monkeypatch.setattr(timers, "write_wakes", noted)
+    # When its backoff timer fires, the short way
+    assert await fire_due(engine, batch=10, clock=time.time) == 1
+    assert written == [1]
+    # Then the wait ended by it took its deadline timer with it: cancelled, never to fire
+    found = {r.timer_key: r for r in await _rows(engine, "SELECT timer_key, fired_at, cancelled_at FROM timers")}
+    assert found["run-two:r-2:wake"].fired_at is not None and found["run-two:r-2:wake"].cancelled_at is None
+    assert found["run-two:r-2:deadline"].fired_at is None and found["run-two:r-2:deadline"].cancelled_at is not None
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
+    assert await fire_due(engine, batch=10, clock=time.time) == 0
+    assert [(w.data["reason"], w.applied) for w in await _wokens(engine, "run-two")] == [("timer", True)]
+
+
 async def test_a_timer_whose_run_another_transaction_holds_is_skipped_not_waited_for(clean, engine) -> None:
     # Given two runs whose backoff timers are due, one of them locked by a writer that has not committed
     waits = {run_id: await _park_for_retry(engine, run_id, in_seconds=3600) for run_id in ("run-held", "run-free")}
