@@ -10,13 +10,13 @@ from longrun_client.client import Client
 from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, PublishNotConfirmed, RunRejected,
                                    UnknownSchemaVersion)
 from longrun_client.model import DataClass, Envelope
-from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunCreateV2, RunEventV3,
-                                     RunOutcomeV3, RunRejectedV2, RunSummary)
+from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunCreateV2, RunEventV2, RunEventV3,
+                                     RunOutcome, RunOutcomeV3, RunRejectedV2, RunSummary)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.stream import EventStream
 
 __all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
-           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunEventV3",
-           "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunSummary", "UnknownSchemaVersion", "correlation_id_of",
-           "decode", "encode", "make"]
+           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunEventV2",
+           "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunSummary",
+           "UnknownSchemaVersion", "correlation_id_of", "decode", "encode", "make"]
