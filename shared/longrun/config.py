@@ -257,7 +257,8 @@ class Settings:
     an older one is checked first against what outlives the inbox (the run's creating key, the run's
     state) and is not sent again when its effect is already there."""
     retain_timers: float
-    """How long a fired timer is kept after it fired (an unfired timer of an archived run goes with it)."""
+    """How long a fired or cancelled timer is kept after it fired or was cancelled (an open timer of an
+    archived run goes with it)."""
     retain_webhook_events: float
     """How long a webhook event matched to a run is kept after it was matched (unmatched ones stay)."""
     retain_delivery_failures: float

@@ -67,5 +67,12 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"BUDGET    {' '.join(parts)} cost+{d.get('cost', 0):.3f}"
         case "run.completed":
             return f"STATUS -> COMPLETED        acceptance passed on evidence: {_short(sorted(d['evidence']))}"
+        case "run.summary":
+            summary, used = d["summary"], d["summary"]["used"]
+            return (f"SUMMARY   {len(summary['done'])} action(s) done, {used['tool_calls']} tool and "
+                    f"{used['model_calls']} model call(s), cost {used['cost']:.3f}, "
+                    f"{summary['duration_seconds']:.1f}s")
+        case "run.correction_needed":
+            return f"CORRECTION {d['logical_action']}: {_short(d['reason'])}"
         case _:
             return f"{type_:<9} {_short(d)}"

@@ -112,13 +112,18 @@ async def test_wakeups_delayed_and_delivered_out_of_order_change_nothing(scenari
     waiting = await scenario.until(run_id, RunStatus.WAITING_USER, timeout=40)
     events_before = await scenario.events(run_id)
     first_ci_wait = next(e["data"]["wait"]["wait_id"] for e in events_before if e["type"] == "run.wait_started")
-    # When that old wait's deadline wake arrives now, after the newer wait started (its timer made due),
-    # and the timer service dies at the crash point on the way and is restarted
-    await scenario.execute("UPDATE timers SET wake_at = now() WHERE timer_key = :k",
-                           k=f"{run_id}:{first_ci_wait}:deadline")
+    # (the webhook that ended it cancelled its deadline timer: closure)
+    old_deadline = f"{run_id}:{first_ci_wait}:deadline"
+    assert await scenario.scalar("SELECT cancelled_at IS NOT NULL AND fired_at IS NULL FROM timers "
+                                 "WHERE timer_key = :k", k=old_deadline)
+    # When that old wait's deadline wake arrives now all the same, after the newer wait started (the
+    # timer reopened and made due, as one another timer replica had claimed when the wait ended is
+    # left), and the timer service dies at the crash point on the way and is restarted
+    await scenario.execute("UPDATE timers SET wake_at = now(), cancelled_at = NULL WHERE timer_key = :k",
+                           k=old_deadline)
     await scenario.crashed(timer, "timer.after_fire_before_mark")
     scenario.start("timer")
-    await scenario.poll(lambda: _fired(scenario, f"{run_id}:{first_ci_wait}:deadline"), timeout=20,
+    await scenario.poll(lambda: _fired(scenario, old_deadline), timeout=20,
                         what="the old deadline fired")
     # and two stale wakeups reach the worker: the admission wakeup once more (a redelivery), and a
     # copy of it under a new id (a late duplicate from another producer), both for revision 1

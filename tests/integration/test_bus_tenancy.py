@@ -318,7 +318,7 @@ async def test_a_tenants_consumer_sees_its_run_accepted_then_its_status_events_t
         assert set(accepted.envelope["payload"]["versions"]) == {"workflow", "prompt", "model_policy", "tool_schemas"}
 
         assert statuses, "no status event"
-        assert all(s.envelope["type"] == "run.event" and s.envelope["schema_version"] == 2 for s in statuses)
+        assert all(s.envelope["type"] == "run.event" and s.envelope["schema_version"] == 3 for s in statuses)
         seqs = [s.envelope["payload"]["seq"] for s in statuses]
         assert seqs == sorted(set(seqs)), f"status events out of order: {seqs}"
         names = [s.envelope["payload"]["status"] for s in statuses]

@@ -81,7 +81,7 @@ async def test_a_published_run_event_is_a_binary_mode_cloudevent(infra: Infra, b
     assert ce.get_data() == json.loads(event.model_dump_json())  # data is the whole envelope
     assert decode(message.body) == event
     # The longrun headers and AMQP properties beside the CloudEvents attributes.
-    assert message.headers["schema_version"] == 2
+    assert message.headers["schema_version"] == 3
     assert message.headers["tenant_id"] == "acme"
     assert message.headers["traceparent"] == TRACEPARENT
     assert message.correlation_id == "key-ce-1"

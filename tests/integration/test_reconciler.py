@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app.reconcile import FOUND_NOTE, reconcile_unknown
-from longrun.app.reconcile_alerts import DRIFT_ALERT, SILENT_ALERT, check_drift, flag_silent_runs
+from longrun.app.reconcile_alerts import CORRECTION_ALERT, DRIFT_ALERT, SILENT_ALERT, check_drift, flag_silent_runs
 from longrun.app.reconcile_common import METRICS
 from longrun.app.reconcile_dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
 from longrun.app.reconcile_leases import rewake_expired_leases
@@ -370,6 +370,46 @@ async def test_drift_of_a_confirmed_action_is_reported_once_and_never_changes_th
     assert len(alerts) == 1 and alerts[0].target == run_id and "missing" in alerts[0].reason
     after, _ = await _state(engine, run_id, key)
     assert after.snapshot == before.snapshot
+
+
+@pytest.mark.parametrize(("found", "why"), [
+    (ToolResult("43", {"id": 43, **REQUEST}), "the far side holds 43, the run recorded 42"),
+    (None, "was counted done (42) but turned out missing from the far side")], ids=["another id", "missing"])
+async def test_a_late_receipt_contradicting_a_completed_run_opens_a_correction_and_overwrites_nothing(
+        clean, engine, found, why) -> None:
+    # Given a run that COMPLETED counting its merge request 42 as done
+    at = time.time()
+    done = [ev.ActionConfirmed(seq=5, at=at, logical_action="pr", external_id="42"),
+            ev.RunCompleted(seq=6, at=at, evidence=freeze({"merged": True}))]
+    run_id, key = await _submitted(engine, EffectKind.NON_IDEMPOTENT_WRITE, done, ActionStatus.CONFIRMED,
+                                   external_id="42", receipt=FOUND.receipt)
+    before, row_before = await _state(engine, run_id, key)
+    assert before.snapshot.status is RunStatus.COMPLETED
+    # When the far side, asked later, answers otherwise under the action's key
+    lookup, _ = _answer(found)
+    first = await check_drift(engine, _kinds(lookup), limit=10)
+    second = await check_drift(engine, _kinds(lookup), limit=10)
+    # Then one correction is opened: a run.correction_needed event on the run, naming the action and why
+    assert (first.drifted, second.drifted) == (1, 0)
+    after, row_after = await _state(engine, run_id, key)
+    corrections = [data for type_, data in await _events(engine, run_id) if type_ == "run.correction_needed"]
+    assert len(corrections) == 1 and corrections[0]["logical_action"] == "pr" and why in corrections[0]["reason"]
+    assert corrections[0]["evidence"]["recorded_external_id"] == "42"
+    # and an alert for a person
+    alerts = await _rows(engine, "SELECT actor, target, reason FROM audit_log WHERE action = :a", a=CORRECTION_ALERT)
+    assert [(a.actor, a.target) for a in alerts] == [("reconciler", run_id)] and why in alerts[0].reason
+    # and a public broadcast of it
+    sent = [r.payload for r in await _rows(engine, "SELECT payload FROM outbox WHERE aggregate_id = :r "
+                                                   "AND type = 'run.event'", r=run_id)]
+    broadcast = [m for m in sent if m["payload"]["event_type"] == "run.correction_needed"]
+    assert len(broadcast) == 1 and broadcast[0]["data_class"] == "public"
+    assert broadcast[0]["payload"]["status"] == "COMPLETED" and broadcast[0]["payload"]["data"]["logical_action"] == "pr"
+    # and nothing the run did is overwritten: still COMPLETED, the action still CONFIRMED as 42, ledger untouched
+    assert after.snapshot.status is RunStatus.COMPLETED
+    assert after.snapshot.replace(revision=before.snapshot.revision, last_seq=before.snapshot.last_seq) == \
+        before.snapshot
+    assert (row_after.status, row_after.external_id) == (row_before.status, row_before.external_id) == (
+        ActionStatus.CONFIRMED.value, "42")
 
 
 async def test_a_message_dead_lettered_by_the_broker_lands_in_quarantine_with_its_reason(clean, engine, bus) -> None:

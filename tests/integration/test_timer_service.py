@@ -137,7 +137,7 @@ async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_
     assert await scalar(engine, "SELECT count(*) FROM timers WHERE fired_at IS NULL") == 0
 
 
-async def test_a_deadline_for_a_wait_that_already_ended_is_stored_late_and_changes_nothing(
+async def test_a_deadline_for_a_wait_that_already_ended_is_cancelled_with_it_and_never_fires(
         clean, engine) -> None:
     # Given a run waiting for CI with a deadline, whose webhook arrived first
     deadline = time.time() + 0.3
@@ -148,26 +148,55 @@ async def test_a_deadline_for_a_wait_that_already_ended_is_stored_late_and_chang
                                                               reason=WakeReason.EVENT, correlation_key="ci:sha-1")])
     assert stored.snapshot.status is RunStatus.READY
     outbox_before = await _outbox(engine, "run-stale")
-    # When the deadline timer comes due and fires
+    # Then the wake cancelled the wait's deadline timer in its own statement
+    timer = (await _rows(engine, "SELECT fired_at, cancelled_at FROM timers WHERE timer_key = 'run-stale:ci-1:deadline'"))[0]
+    assert timer.fired_at is None and timer.cancelled_at is not None
+    # And when the deadline passes, nothing fires: no late wake, the run, its wakeups and broadcasts untouched
     await asyncio.sleep(max(0.0, deadline - time.time()) + 0.1)
-    assert await fire_due(engine, batch=10, clock=time.time) == 1
-    # Then the deadline is recorded as a late event, and the run, its wakeups and broadcasts are untouched
+    assert await fire_due(engine, batch=10, clock=time.time) == 0
     wokens = await _wokens(engine, "run-stale")
-    assert [(w.data["reason"], w.applied) for w in wokens] == [("event", True), ("deadline", False)]
+    assert [(w.data["reason"], w.applied) for w in wokens] == [("event", True)]
     async with engine.connect() as conn:
         after = await runs.load(conn, "run-stale")
-    assert after is not None and after.snapshot == stored.snapshot
-    assert after.stored_seq == stored.stored_seq + 1
+    assert after is not None and after.snapshot == stored.snapshot and after.stored_seq == stored.stored_seq
     assert await _outbox(engine, "run-stale") == outbox_before
-    assert await _fired_at(engine, "run-stale:ci-1:deadline") is not None
+    assert await _fired_at(engine, "run-stale:ci-1:deadline") is None
+
+
+async def test_a_wake_fired_the_short_way_cancels_its_waits_deadline_in_the_same_statement(
+        clean, engine, monkeypatch) -> None:
+    # Given a run waiting to retry, whose backoff is due now and whose deadline comes later
+    now = time.time()
+    await _park(engine, "run-two", RunStatus.RETRY_SCHEDULED,
+                Wait(wait_id="r-2", kind="timer", deadline=now + 3600, wake_at=now - 1, subject="deploy"))
+    written: list[int] = []
+    real = timers.write_wakes
+
+    async def noted(conn: Any, template: Any, wakes: Any, **kwargs: Any) -> None:
+        written.append(len(wakes))
+        await real(conn, template, wakes, **kwargs)
+
+    monkeypatch.setattr(timers, "write_wakes", noted)
+    # When its backoff timer fires, the short way
+    assert await fire_due(engine, batch=10, clock=time.time) == 1
+    assert written == [1]
+    # Then the wait ended by it took its deadline timer with it: cancelled, never to fire
+    found = {r.timer_key: r for r in await _rows(engine, "SELECT timer_key, fired_at, cancelled_at FROM timers")}
+    assert found["run-two:r-2:wake"].fired_at is not None and found["run-two:r-2:wake"].cancelled_at is None
+    assert found["run-two:r-2:deadline"].fired_at is None and found["run-two:r-2:deadline"].cancelled_at is not None
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
     assert await fire_due(engine, batch=10, clock=time.time) == 0
+    assert [(w.data["reason"], w.applied) for w in await _wokens(engine, "run-two")] == [("timer", True)]
 
 
 async def test_a_timer_whose_run_another_transaction_holds_is_skipped_not_waited_for(clean, engine) -> None:
     # Given two runs whose backoff timers are due, one of them locked by a writer that has not committed
     waits = {run_id: await _park_for_retry(engine, run_id, in_seconds=3600) for run_id in ("run-held", "run-free")}
     async with engine.begin() as conn:
-        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
+        # Due now; the ended waits' timers left open, as closure leaves one another timer replica had
+        # claimed when its wait ended (it skips it rather than wait): they fire late
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second', cancelled_at = NULL"))
     async with engine.connect() as writer:
         await writer.execute(text("SELECT 1 FROM runs WHERE run_id = 'run-held' FOR UPDATE"))
         # When a batch fires while the writer holds it
@@ -208,7 +237,12 @@ async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engi
         opened, finished, busy = [await runs.load(conn, r) for r in ("run-open", "run-done", "run-busy")]
     assert opened is not None and opened.snapshot.status is RunStatus.TIMED_OUT
     assert opened.snapshot.terminal_reason == "business_deadline: the run's deadline passed"
-    assert finished is not None and finished.snapshot.status is RunStatus.FAILED and finished.stored_seq == 3
+    # (created, taken, failed, and the run.summary its failure recorded)
+    assert finished is not None and finished.snapshot.status is RunStatus.FAILED and finished.stored_seq == 4
+    # and the timed-out run's retry timer was cancelled by its timing out, in the same batch
+    assert [(t.kind, t.fired_at is None, t.cancelled_at is not None) for t in await _rows(
+        engine, "SELECT kind, fired_at, cancelled_at FROM timers WHERE run_id = 'run-open' ORDER BY kind")] == [
+        ("business_deadline", False, False), ("retry_backoff", True, True)]
     # and the overrun attempt was abandoned: the worker is fenced out and the run queued again
     assert busy is not None and busy.snapshot.status is RunStatus.READY and busy.lease_owner is None
     changes = await _rows(engine, "SELECT data->>'reason' AS reason FROM run_events "
@@ -252,7 +286,9 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
                 seq=ended.seq(1), at=time.time(), wait_id="e1", reason=WakeReason.EVENT, correlation_key="ci:e")])
             before[f"run-b-timed-out-{tenant}"] = await runs.append(conn, out, [ev.RunStatusChanged(
                 seq=out.seq(1), at=time.time(), to=RunStatus.TIMED_OUT, reason="business_deadline: passed")])
-        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second'"))
+        # Due now; the ended waits' timers left open, as closure leaves one another timer replica had
+        # claimed when its wait ended (it skips it rather than wait): they fire late
+        await conn.execute(text("UPDATE timers SET wake_at = now() - interval '1 second', cancelled_at = NULL"))
         due = {r.run_id: r for r in await conn.execute(text("SELECT timer_key, run_id, kind, payload FROM timers"))}
     if not shortcut:
         # Any difference from the sample's transition turns the shortcut off for the batch.
@@ -320,7 +356,7 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
                           stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd, correlation_id=odd,
                           labels={odd: odd})
     wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3",
-                       cause=odd, broadcast_key=odd)
+                       cause=odd, broadcast_key=odd, timer_key=odd)
     # When PostgreSQL renders the wake
     async with engine.connect() as conn:
         rendered = await timers.render_wake(conn, template, wake)

@@ -130,7 +130,7 @@ async def test_a_woken_runs_move_to_running_commits_with_its_first_step_and_its_
     # event (prepared, submitted, charged, confirmed, with its receipt)
     step = ["action.recorded"]
     assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *step], step,
-                                             [*step, "run.completed"]]
+                                             [*step, "run.completed", "run.summary"]]
     # and every step's ledger row with it: three calls, each confirmed once
     assert (await _seen(engine, run_id))[2] == [(f"step:{i}", 1, "CONFIRMED") for i in range(3)]
     # and both status changes were broadcast, each from the status before it
@@ -156,7 +156,7 @@ async def test_every_step_is_on_record_before_the_next_call_is_made(clean, engin
     # Then each call found every step before it confirmed on the ledger (a step's record is never
     # deferred past the next call, only to the decision after it)
     assert seen_at_call == [[], ["step:0"], ["step:0", "step:1"]]
-    assert (await _seen(engine, run_id))[1][-1] == "run.completed"
+    assert (await _seen(engine, run_id))[1][-2:] == ["run.completed", "run.summary"]
 
 
 async def test_a_run_that_finishes_in_its_first_write_still_announces_that_it_ran(clean, engine, tmp_path) -> None:
@@ -164,7 +164,7 @@ async def test_a_run_that_finishes_in_its_first_write_still_announces_that_it_ra
     run_id = (await _steps_run(engine, 0)).snapshot.run_id
     # When a worker advances it: RUNNING and COMPLETED in one write
     await _advance(engine, tmp_path, run_id)
-    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", "run.completed"]]
+    assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", "run.completed", "run.summary"]]
     # Then downstream consumers still see it start, then complete
     assert await _status_broadcasts(engine, run_id) == [("READY", "RUNNING"), ("RUNNING", "COMPLETED")]
 
@@ -213,7 +213,7 @@ async def test_a_first_call_whose_key_is_on_the_ledger_for_the_same_request_is_o
     run_id = await _advance_with_first_key_on_ledger(engine, tmp_path, hash_of={"step": 0})
     # Then the run completes, and that step's ledger row counts the call as its second attempt
     _, types, rows = await _seen(engine, run_id)
-    assert types[-1] == "run.completed"
+    assert types[-2:] == ["run.completed", "run.summary"]
     assert rows[0] == ("step:0", 2, ActionStatus.CONFIRMED.value)
     assert [r[1] for r in rows[1:]] == [1]
 
@@ -304,7 +304,7 @@ async def test_a_first_call_with_a_receipt_too_large_to_inline_is_on_the_ledger_
     await _advance(engine, tmp_path, run_id, kinds=kinds)
     # Then the run completed, and its call is on the ledger, confirmed, pointing at the registered artifact
     _, types, rows = await _seen(engine, run_id)
-    assert types[-1] == "run.completed"
+    assert types[-2:] == ["run.completed", "run.summary"]
     assert rows == [("step:0", 1, ActionStatus.CONFIRMED.value)]
     async with engine.connect() as conn:
         ref = (await conn.execute(text("SELECT receipt_ref FROM actions WHERE run_id = :r"), {"r": run_id})).scalar()
@@ -324,4 +324,4 @@ async def test_a_patch_taken_is_written_in_the_statement_of_the_decision_it_chan
     ci = ["action.prepared", "action.submitted", "budget.charged"]
     answer = ["action.confirmed", "fact.recorded"]
     assert await _writes(engine, run_id) == [["run.created"], ["run.status_changed", *ci], answer,
-                                             ["run.patch_taken", *ci], answer, ci, answer, ["run.completed"]]
+                                             ["run.patch_taken", *ci], answer, ci, answer, ["run.completed", "run.summary"]]

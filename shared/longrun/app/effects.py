@@ -21,13 +21,14 @@ from longrun.db.runs import Handover, Rides, StoredRun
 from longrun.domain import (
     RECEIPT_FACT_PREFIX,
     TERMINAL,
-    ActionStatus,
     PinnedVersions,
     RunSnapshot,
     RunStatus,
     thaw,
+    closure,
     to_plain,
 )
+from longrun.domain import events as ev
 from longrun.envelope import DataClass, Envelope, make
 from longrun.envelope.payloads import RejectionCode
 
@@ -81,7 +82,7 @@ def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
     fields its tool declares public."""
     receipts = []
     for action in run.actions:
-        if action.status not in SHOWN_ACTIONS:
+        if action.status not in closure.DONE:
             continue
         fact = run.fact(f"{RECEIPT_FACT_PREFIX}{action.logical_action}")
         receipt = fact.value if fact is not None and isinstance(fact.value, Mapping) else {}
@@ -92,11 +93,22 @@ def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
     return {"status": run.status.value, "terminal_reason": run.terminal_reason,
             "acceptance": None if acceptance is None else {"evidence": thaw(acceptance.evidence),
                                                             "unmet": list(acceptance.unmet)},
-            "receipts": receipts}
+            "receipts": receipts, "summary": thaw(closure.summarize(run))}
 
 
-SHOWN_ACTIONS = frozenset({ActionStatus.CONFIRMED, ActionStatus.COMPENSATING, ActionStatus.COMPENSATED})
-"""Actions whose effect happened: an outcome lists them."""
+def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, producer: str,
+                       cause: str | None = None) -> outbox.Message:
+    """A correction a COMPLETED run needs, for downstream consumers: public, like its status events,
+    naming the action and why (the far side's ids, never a receipt's private fields)."""
+    run = stored.snapshot
+    envelope = make("run.event", {"seq": event.seq, "event_type": event.type, "status": run.status.value,
+                                  "data": {"logical_action": event.logical_action, "reason": event.reason,
+                                           "evidence": thaw(event.evidence)},
+                                  "labels": thaw(run.labels), "outcome": None},
+                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
+                    causation_id=cause, data_class=DataClass.PUBLIC)
+    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
+                          stored.partition)
 
 
 def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow: str, versions: PinnedVersions,

@@ -204,6 +204,9 @@ class ReconcileTransaction(Protocol):
     async def register(self, artifact: Artifact, run_id: str) -> None:
         """An uploaded receipt, referenced from the run."""
 
+    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        """An alert for a person (an audit row by the reconciler), written with the transaction."""
+
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:
         """Up to ``limit`` expired leases, earliest expiry first, cleared (their runs locked;
         those another transaction holds are skipped)."""

@@ -26,6 +26,10 @@ Invariants:
   (unavailable, timed out) decides nothing: the action stays RECONCILING with the reason in
   the ledger and is claimed again once ``abandoned_after`` passes, exactly like the claim
   of a reconciler that crashed (RECONCILING -> UNKNOWN -> RECONCILING, both recorded).
+- An outcome settled after its run COMPLETED that contradicts what the run counted as done
+  (``domain.closure.contradiction``) is stored late, like any outcome for a finished run, and
+  opens a correction: ``run.correction_needed`` on the run (which stays COMPLETED), broadcast
+  publicly, and an alert (``CORRECTION_ALERT``). Nothing the run recorded is overwritten.
 - NEEDS_ATTENTION keeps the action unreconciled, so the domain leaves the run in
   ACTION_UNKNOWN; the reconciler then moves the run to NEEDS_ATTENTION itself. When the
   last action in doubt settles otherwise, the domain readies the run and it is woken (a
@@ -51,7 +55,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
 from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
-from longrun.app.reconcile_alerts import check_drift, flag_runs_without_worker, flag_silent_runs
+from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
 from longrun.app.reconcile_leases import rewake_expired, rewake_expired_leases, seconds_until_a_lease_expires
@@ -60,7 +64,8 @@ from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
-from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, evolve, freeze
+from longrun.domain import (RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
+                            thaw)
 from longrun.domain import events as ev
 from longrun.errors import TransientError
 
@@ -317,12 +322,19 @@ async def _record(tx: ReconcileTransaction, stored: StoredRun, claim_events: Seq
         # The escalated action still holds the run; nothing but a person can move it on.
         events.append(ev.RunStatusChanged(seq=stored.seq(len(events) + 1), at=at, to=RunStatus.NEEDS_ATTENTION,
                                           reason=f"{logical_action}: {verdict.note}"))
-    after = await tx.append(stored, events)
+    # An outcome that contradicts a COMPLETED run is stored late (its history stands) and opens a correction.
+    opened = closure.corrections(stored.snapshot, closure.reports(events), seq=stored.seq(len(events) + 1), at=at)
+    after = await tx.append(stored, [*events, *opened])
     fields: dict[str, Any] = {"last_error": verdict.note if verdict.outcome is _A.NEEDS_ATTENTION else None}
     if found is not None and receipt is not None:
         fields.update(external_id=found.external_id, receipt=receipt.value, receipt_ref=receipt.ref)
     await tx.record(LedgerOutcome(key, verdict.outcome, fields))
     await _broadcast(tx, stored, after, key)
+    for correction in opened:
+        await tx.send([effects.correction_message(after, correction, producer=PRODUCER, cause=f"reconciler:{key}")])
+        await tx.alert(action=CORRECTION_ALERT, target=stored.snapshot.run_id, reason=correction.reason,
+                       details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
+        logger.warning("run %s needs a correction: %s", stored.snapshot.run_id, correction.reason)
     # A cancelling run waits for its actions to settle before it can finish: it has work again too.
     if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
         await tx.send([effects.wake_message(after, reason=f"reconciled {logical_action}", producer=PRODUCER)])

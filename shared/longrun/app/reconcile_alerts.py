@@ -5,10 +5,13 @@ Responsibility:
 - ``flag_runs_without_worker``: a run waiting for a worker of its version while no live worker
   runs it raises one alert.
 - ``check_drift``: a confirmed action whose far-side object vanished or changed identity
-  raises one alert; the run is never changed.
+  raises one alert; if its run COMPLETED, the drift contradicts what the run counted as done
+  and also opens a correction (``run.correction_needed`` on the run, broadcast publicly, and a
+  ``CORRECTION_ALERT``), in the same transaction as the alert.
 
 Invariants:
-- Alerts (audit_log rows by actor "reconciler") never change a run.
+- Alerts (audit_log rows by actor "reconciler") never change a run's status or what it
+  recorded; a correction is a new event on the finished run, nothing is overwritten.
 - Alerts are deduplicated per episode under an advisory lock (``_alert_once``), so several
   replicas may raise them at once.
 """
@@ -17,25 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Float, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.webhooks import audit
 from longrun.authoring import Registry, Tool
 from longrun.db.schema import actions, audit_log, sql_names
 from longrun.db.schema import runs as runs_table
-from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus
+from longrun.db import outbox, runs
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus, closure, thaw
 
 logger = logging.getLogger(__name__)
 
 SILENT_ALERT = "alert.silent_run"
 DRIFT_ALERT = "alert.drift"
 NO_WORKER_ALERT = "alert.no_compatible_worker"
+CORRECTION_ALERT = "alert.correction_needed"
+"""An outcome that arrived after its run COMPLETED contradicts it (``domain.closure``)."""
 _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 """First key of the two-key advisory lock that serialises alerts for one target."""
 
@@ -142,7 +150,8 @@ class DriftSweep:
     """The action id the next sweep continues after; "" once the last confirmed action was reached."""
 
 
-async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, after: str = "") -> DriftSweep:
+async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, after: str = "",
+                      clock: Callable[[], float] = time.time) -> DriftSweep:
     """Compare up to ``limit`` confirmed actions (ids after ``after``) with the far side.
 
     Drift is identity, not content: far-side objects legitimately change (a branch head
@@ -153,7 +162,7 @@ async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, af
         rows = (await conn.execute(
             select(actions.c.action_id, actions.c.run_id, actions.c.logical_action, actions.c.tool,
                    actions.c.idempotency_key, actions.c.external_id, runs_table.c.workflow,
-                   runs_table.c.workflow_version)
+                   runs_table.c.workflow_version, runs_table.c.status)
             .join_from(actions, runs_table, actions.c.run_id == runs_table.c.run_id)
             .where(actions.c.status == ActionStatus.CONFIRMED.value, actions.c.action_id > after)
             .order_by(actions.c.action_id).limit(limit))).all()
@@ -165,11 +174,13 @@ async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, af
             continue
         if tool is not None and tool.lookup is not None:
             checks.append((row, tool))
-    problems = await asyncio.gather(*(_drift(tool, row.idempotency_key, row.external_id) for row, tool in checks))
+    problems = await asyncio.gather(*(_drift(tool, row.logical_action, row.idempotency_key, row.external_id)
+                                      for row, tool in checks))
     drifted = 0
-    for (row, tool), problem in zip(checks, problems, strict=True):
-        if problem is None:
+    for (row, tool), drift in zip(checks, problems, strict=True):
+        if drift is None:
             continue
+        problem, report = drift
         reason = f"{row.logical_action} ({tool.name}, key {row.idempotency_key}): {problem}"
         async with engine.begin() as conn:
             if not await _alert_once(conn, DRIFT_ALERT, row.run_id, f"{row.logical_action}: {problem}", reason,
@@ -177,13 +188,17 @@ async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, af
                                       "idempotency_key": row.idempotency_key,
                                       "recorded_external_id": row.external_id}):
                 continue
+            if row.status == RunStatus.COMPLETED.value:
+                await _open_correction(conn, row.run_id, report, at=clock())
         drifted += 1
         METRICS[DRIFT_ALERT] += 1
         logger.warning("run %s drifted: %s", row.run_id, reason)
     return DriftSweep(len(checks), drifted, rows[-1].action_id if len(rows) == limit else "")
 
 
-async def _drift(tool: Tool, key: str, recorded_id: str | None) -> str | None:
+async def _drift(tool: Tool, logical_action: str, key: str,
+                 recorded_id: str | None) -> tuple[str, closure.Report] | None:
+    """What drifted, and what the far side reported, or None (no drift, or the lookup failed)."""
     assert tool.lookup is not None
     try:
         found = await asyncio.wait_for(tool.lookup(key), timeout=tool.timeout)
@@ -191,7 +206,23 @@ async def _drift(tool: Tool, key: str, recorded_id: str | None) -> str | None:
         logger.info("drift check of %s skipped: lookup failed (%s: %s)", key, e.__class__.__name__, e)
         return None
     if found is None:
-        return "missing: the far side has nothing under the idempotency key"
+        return ("missing: the far side has nothing under the idempotency key",
+                closure.Report(logical_action, None))
     if recorded_id is not None and found.external_id != recorded_id:
-        return f"different id: recorded {recorded_id}, the far side has {found.external_id}"
+        return (f"different id: recorded {recorded_id}, the far side has {found.external_id}",
+                closure.Report(logical_action, ActionStatus.CONFIRMED, found.external_id))
     return None
+
+
+async def _open_correction(conn: AsyncConnection, run_id: str, report: closure.Report, *, at: float) -> None:
+    """Record on a COMPLETED run the correction ``report`` opens, broadcast it and raise its alert."""
+    stored = await runs.load(conn, run_id, lock=True)
+    assert stored is not None, "an action's run exists"
+    for correction in closure.corrections(stored.snapshot, [report], seq=stored.seq(1), at=at):
+        stored = await runs.append(conn, stored, [correction])
+        await outbox.enqueue_many(conn, [effects.correction_message(stored, correction, producer=PRODUCER,
+                                                                    cause=f"reconciler:drift:{report.logical_action}")])
+        await audit(conn, actor=PRODUCER, action=CORRECTION_ALERT, target=run_id, reason=correction.reason,
+                    details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
+        METRICS[CORRECTION_ALERT] += 1
+        logger.warning("run %s needs a correction: %s", run_id, correction.reason)

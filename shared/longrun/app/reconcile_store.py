@@ -8,7 +8,7 @@ meet a run another replica (or a worker) is writing: it is left for the next swe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -17,6 +17,8 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
+from longrun.app.reconcile_common import PRODUCER
+from longrun.app.webhooks import audit
 from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
@@ -134,6 +136,9 @@ class PgReconcileTransaction:
         assert self.artifacts is not None, "an uploaded receipt names the store it was uploaded to"
         await register(self.conn, self.artifacts, artifact.ref, size=artifact.size, media_type="application/json",
                        run_id=run_id)
+
+    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        await audit(self.conn, actor=PRODUCER, action=action, target=target, reason=reason, details=details)
 
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:
         rows = await self.conn.execute(_CLEAR_EXPIRED, {"limit": limit})

@@ -30,10 +30,17 @@ What each timer kind does (the kind names the timer; the payload identifies what
 Every status change this module makes carries the timer kind as the prefix of its
 ``reason`` (``"business_deadline: ..."``), so history says which timeout moved the run.
 
+Closure: whatever ends a wait (a webhook, an approval, a cancel, one of its own timers) or
+finishes a run cancels, in the same statement, the timers it leaves without a purpose
+(``domain.closure.timers_to_cancel``; ``timers.cancelled_at``), and a cancelled timer is never
+claimed. A wake here ends its wait, so the wait's other timer is cancelled by the batch's write
+(``write_wakes``, ``runs.write_many``, or ``runs.write`` one by one) and the firing one marked fired.
+
 Stale timers never raise and are always marked fired:
-- a wake for a wait that is no longer pending (ended by a webhook, approval or another
-  timer, or the run finished) is what the domain calls *late*: ``runs.append`` stores the
-  ``RunWoken`` with ``applied = false`` and the run does not change (no wakeup, no broadcast);
+- a wake for a wait that is no longer pending is what the domain calls *late*: ``runs.append``
+  stores the ``RunWoken`` with ``applied = false`` and the run does not change (no wakeup, no
+  broadcast). With closure this is left to a timer another timer replica had claimed when its
+  wait ended (that cancellation skips it rather than wait across replicas);
 - a run-level timer whose run has moved on (finished, or no longer in the queue stint or
   attempt its payload names) is skipped: no event is written, because the domain would
   refuse a status change on a finished run and the timeout no longer describes the run;
@@ -206,7 +213,7 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
 def _wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
     return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
                 routing_key=topology.partition_key(head.partition), cause=_cause(timer),
-                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value))
+                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value), timer_key=timer.timer_key)
 
 
 def _cause(timer: DueTimer) -> str:

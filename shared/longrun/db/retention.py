@@ -34,7 +34,7 @@ RULES: dict[str, Rule] = {
     "outbox": Rule("outbox", "published_at < :before"),
     **{f"inbox_{service}": Rule(inboxes[service].name, "handled_at < :before") for service in CONSUMING_SERVICES},
     # A timer of an archived run can only wake a finished run, which it never does: it goes too.
-    "timers": Rule("timers", "fired_at < :before OR (fired_at IS NULL AND EXISTS "
+    "timers": Rule("timers", "fired_at < :before OR cancelled_at < :before OR (fired_at IS NULL AND EXISTS "
                    "(SELECT 1 FROM runs r WHERE r.run_id = timers.run_id AND r.archived_at IS NOT NULL))"),
     "webhook_events": Rule("webhook_events", "matched_at < :before"),
     "delivery_failures": Rule("delivery_failures", "last_failure_at < :before"),

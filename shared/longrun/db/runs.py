@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
-from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, evolve, is_late
+from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, closure, evolve, is_late
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 
@@ -127,9 +127,17 @@ _EVENT_COLUMNS = "run_id, seq, event_id, type, data, applied, fencing_token, occ
 _ACTION_COLUMNS = tuple(c.name for c in actions.columns if c.name not in ("created_at", "updated_at"))
 
 
+# Closure: the open timers of the wait (or, with no wait named, of the run) a transition ended. A
+# timer the timer service holds is waited for (its batch commits in milliseconds), then cancelled
+# unless it fired meanwhile.
+_CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timers.run_id = moved.run_id "
+                  "AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL "
+                  "AND (CAST(:c_wait AS text) IS NULL OR timers.payload ->> 'wait_id' = CAST(:c_wait AS text))")
+
+
 @functools.cache
 def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
-           handover: bool) -> driver.Statement:
+           handover: bool, cancel: bool = False) -> driver.Statement:
     """The transition statement for one shape of rides (built once per shape)."""
     guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
@@ -154,6 +162,8 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
                      "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))")
     if handover:
         parts += _handover_sql()
+    if cancel:
+        parts.append(f"cancelled AS ({_CANCEL_TIMERS})")
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
     counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for name, used in
                       (("told", notices), ("unfilled", handover)) if used)
@@ -340,13 +350,22 @@ class Planned:
 
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
-    """``events`` applied to ``stored``, after the events it holds unwritten, if any."""
+    """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
+    finishes the run, whoever writes it, records its ``run.summary`` after them and releases its lease
+    (a worker still running it is fenced out)."""
     snapshot = stored.snapshot
     rows = list(stored.unwritten)
     for event in events:
         late = is_late(snapshot, event)
         snapshot = evolve(snapshot, event)
         rows.append((event, not late))
+    if events and closure.finishes(stored.snapshot, snapshot):
+        summary = ev.RunSummarized(seq=max(stored.stored_seq, *(e.seq for e in events)) + 1,
+                                   at=snapshot.status_since, summary=closure.summarize(snapshot))
+        snapshot = evolve(snapshot, summary)
+        rows.append((summary, True))
+        events = [*events, summary]
+        release_lease = True
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
                       None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
@@ -425,9 +444,12 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                       h_channel=handover.channel,
                       h_wakeup=outbox.rows_json([handover.wakeup]),
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
+    cancel = closure.timers_to_cancel(stored.snapshot, planned.after.snapshot)
+    if cancel is not None:
+        params["c_wait"] = cancel.wait_id
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
                        messages=bool(rides.messages), notices=bool(rides.notices),
-                       handover=rides.handover is not None)
+                       handover=rides.handover is not None, cancel=cancel is not None)
     if not (await driver.one(conn, statement, params)).moved:
         await _conflict(conn, stored, fence)
     return planned.after
@@ -461,6 +483,20 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
     await conn.execute(_INSERT_EVENTS, [
         _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
+    ended = [{"run_id": p.before.snapshot.run_id, "wait_id": cancel.wait_id} for p in planned
+             if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
+    if ended:
+        await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
+
+
+# ``write_many``'s closure, for its writer (the timer service): a timer another replica claimed is
+# skipped rather than waited for (two replicas waiting on each other's claims would deadlock); that
+# replica fires it, and a wake for the ended wait is stored late.
+_CANCEL_ENDED = driver.Statement(text(
+    "UPDATE timers SET cancelled_at = now() WHERE timer_key IN ("
+    "  SELECT t.timer_key FROM timers AS t, jsonb_to_recordset(CAST(:ended AS jsonb)) AS e(run_id text, wait_id text) "
+    "  WHERE t.run_id = e.run_id AND t.fired_at IS NULL AND t.cancelled_at IS NULL "
+    "  AND (e.wait_id IS NULL OR t.payload ->> 'wait_id' = e.wait_id) FOR UPDATE OF t SKIP LOCKED)"))
 
 
 async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | None) -> None:

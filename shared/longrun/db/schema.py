@@ -30,6 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    and_,
     func,
     text,
 )
@@ -225,12 +226,17 @@ timers = Table(
     Column("kind", Text, nullable=False),
     Column("wake_at", DateTime(timezone=True), nullable=False),
     Column("fired_at", DateTime(timezone=True)),
+    # Set when the wait or run the timer was for ended another way: a cancelled timer never fires.
+    Column("cancelled_at", DateTime(timezone=True)),
     Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _now(),
     CheckConstraint(_one_of("kind", TIMER_KINDS), name="kind"),
 )
-# Timer service: the next due, unfired timers.
-Index("ix_timers_due", timers.c.wake_at, postgresql_where=timers.c.fired_at.is_(None))
+_OPEN_TIMER = and_(timers.c.fired_at.is_(None), timers.c.cancelled_at.is_(None))
+# Timer service: the next due timers neither fired nor cancelled.
+Index("ix_timers_due_open", timers.c.wake_at, postgresql_where=_OPEN_TIMER)
+# Closure: a run's open timers, cancelled when its wait or the run ends another way.
+Index("ix_timers_open_by_run", timers.c.run_id, postgresql_where=_OPEN_TIMER)
 
 artifacts = Table(
     "artifacts", metadata,

@@ -1,7 +1,9 @@
 """Durable timers: one row per timer key; firing and marking happen in one transaction.
 
 Because the run event, the wakeup's outbox row and ``fired_at`` commit together, a
-crash between "fire" and "mark" rolls both back: each timer key fires exactly once.
+crash between "fire" and "mark" rolls both back: each timer key fires exactly once. A timer
+whose wait or run ended another way is cancelled (``cancelled_at``) by the write that ended it
+(``runs.write``, ``runs.write_many``, ``write_wakes``) and is never claimed.
 
 The statements from ``claim_due`` on are the timer service's batch form of ``runs.append``
 for the one transition it makes most, a wake: they read what the wake depends on without
@@ -49,8 +51,9 @@ async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: 
 
 
 # clock_timestamp, not now(): the transaction may have started a while ago. The keys travel as one
-# JSON array: a text[] parameter is quoted element by element on the client.
-_MARK_FIRED = driver.Statement(text("UPDATE timers SET fired_at = clock_timestamp() "
+# JSON array: a text[] parameter is quoted element by element on the client. A timer whose own
+# firing ended its wait was cancelled with the wait's other timers by that write: it fired.
+_MARK_FIRED = driver.Statement(text("UPDATE timers SET fired_at = clock_timestamp(), cancelled_at = NULL "
                    "WHERE timer_key IN (SELECT jsonb_array_elements_text(CAST(:keys AS jsonb)))"))
 
 
@@ -61,7 +64,8 @@ async def mark_fired(conn: AsyncConnection, timer_keys: Sequence[str]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class NextWakes:
-    """When the next unfired timers come due, in seconds from now by the database's clock (<= 0: due)."""
+    """When the next open timers (neither fired nor cancelled) come due, in seconds from now by the
+    database's clock (<= 0: due)."""
 
     first_in: float | None
     """The earliest; None when no timer is unfired."""
@@ -72,7 +76,8 @@ class NextWakes:
 # At most ``limit`` entries of the due index, whatever the number of timers waiting.
 _NEXT_WAKES = text(
     "SELECT extract(epoch FROM min(wake_at) - now()), extract(epoch FROM max(wake_at) - now()), count(*) "
-    "FROM (SELECT wake_at FROM timers WHERE fired_at IS NULL ORDER BY wake_at LIMIT :limit) AS next")
+    "FROM (SELECT wake_at FROM timers WHERE fired_at IS NULL AND cancelled_at IS NULL "
+    "ORDER BY wake_at LIMIT :limit) AS next")
 
 
 async def next_wakes(conn: AsyncConnection, *, limit: int) -> NextWakes:
@@ -114,7 +119,8 @@ class DueBatch:
 # waits and never deadlocks: a timer skipped for its run stays unfired for a later batch.
 _CLAIM_DUE = driver.Statement(text(
     "WITH due AS MATERIALIZED ("
-    "  SELECT timer_key, run_id, kind, wake_at, payload FROM timers WHERE fired_at IS NULL AND wake_at <= now() "
+    "  SELECT timer_key, run_id, kind, wake_at, payload FROM timers "
+    "  WHERE fired_at IS NULL AND cancelled_at IS NULL AND wake_at <= now() "
     "  ORDER BY wake_at LIMIT :limit FOR UPDATE SKIP LOCKED) "
     "SELECT d.timer_key, d.run_id, d.kind, d.wake_at, CAST(d.payload AS text) AS payload, now() AS now, "
     "       r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.snapshot #>> '{wait,wait_id}' AS wait_id, "
@@ -167,6 +173,8 @@ class Wake(NamedTuple):
     """What its broadcast names as its cause (the timer)."""
     broadcast_key: str
     """Where its broadcast goes (its tenant's status key)."""
+    timer_key: str
+    """The timer that wakes it: its wait's other timers are cancelled, not it (it fires)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +251,7 @@ _INPUTS = (
     "  FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
     "    n bigint, run_id text, tenant_id text, partition smallint, status text, stage text, revision bigint, "
     "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text, "
-    "    correlation_id text, labels jsonb, cause text, broadcast_key text))")
+    "    correlation_id text, labels jsonb, cause text, broadcast_key text, timer_key text))")
 # Per wake: what each template becomes for its run. The envelopes are stored as json (checked, not parsed).
 _RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS {'json' if name in _PER_ROW else 'jsonb'})"
              for name, values in _PER_WAKE.items()}
@@ -277,6 +285,13 @@ _WRITE = text(
     f"  SELECT w.run_id, w.stored + 1, w.run_id || ':' || (w.stored + 1), t.event_type, {_RENDERED['event']}, "
     "         w.applies, :occurred_at "
     "  FROM w CROSS JOIN t WHERE w.run_id IN (SELECT run_id FROM applied UNION ALL SELECT run_id FROM late)), "
+    # Closure: the woken wait's other timers (a wake's deadline, a deadline's wake) are cancelled;
+    # one another replica claimed is skipped (``runs.write_many`` says why).
+    "cancelled AS ("
+    "  UPDATE timers SET cancelled_at = now() WHERE timer_key IN ("
+    "    SELECT o.timer_key FROM timers AS o JOIN w ON o.run_id = w.run_id AND o.payload ->> 'wait_id' = w.wait_id "
+    "    WHERE w.applies AND w.run_id IN (SELECT run_id FROM applied) AND o.fired_at IS NULL "
+    "    AND o.cancelled_at IS NULL AND o.timer_key <> w.timer_key FOR UPDATE OF o SKIP LOCKED)), "
     "sent AS (" + outbox.insert_columns_sql(
         f"SELECT {_ROW_COLUMNS} {_MESSAGE_ROWS} WHERE w.run_id IN (SELECT run_id FROM applied) ORDER BY w.n, x.k")
     + ") SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
@@ -318,4 +333,4 @@ def _params(template: WakeTemplate, wakes: Sequence[Wake]) -> dict[str, Any]:
                  "stored": w.head.stored_seq, "wait_id": w.wait_id, "reason": w.reason, "applies": w.applies,
                  "wake_reason": w.wake_reason, "routing_key": w.routing_key,
                  "correlation_id": w.head.correlation_id, "labels": w.head.labels, "cause": w.cause,
-                 "broadcast_key": w.broadcast_key} for n, w in enumerate(wakes)])}
+                 "broadcast_key": w.broadcast_key, "timer_key": w.timer_key} for n, w in enumerate(wakes)])}

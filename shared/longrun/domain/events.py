@@ -208,6 +208,25 @@ class BudgetCharged(RunEvent):
 
 
 @_event
+class RunSummarized(RunEvent):
+    """What a finished run did (``closure.summarize``), recorded with the transition that ended it."""
+
+    type: ClassVar[str] = "run.summary"
+    summary: FrozenMap
+
+
+@_event
+class CorrectionNeeded(RunEvent):
+    """An outcome that arrived after the run COMPLETED contradicts what it did: recorded on the
+    finished run for a person to correct, never written over its history."""
+
+    type: ClassVar[str] = "run.correction_needed"
+    logical_action: str
+    reason: str
+    evidence: FrozenMap = FrozenMap()
+
+
+@_event
 class ActionEvent(RunEvent):
     logical_action: str
 
@@ -333,7 +352,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             QuestionResolved,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
-            CompensationStarted, ActionCompensated,
+            CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded,
         )  # fmt: skip
     }
 )

@@ -13,7 +13,8 @@ Invariants:
   the event is refused (``EventRejected``, ``IllegalTransition``, ``BudgetExhausted`` or
   ``IdempotencyKeyReused``) and nothing changes.
 - A terminal run never reopens. An event for a terminal run is either *late* (recorded,
-  not applied) or refused with ``IllegalTransition``.
+  not applied), a record of the ending itself (``RECORDED_AFTER_END``: applied, changing
+  nothing but ``revision`` and ``last_seq``), or refused with ``IllegalTransition``.
 - The late-event rule (``is_late``): an event is late when the run has moved past what
   it reports. That is (1) a report from the outside world (wake, approval, fact, charge,
   action outcome) arriving after the run ended, or (2) a wake, approval or answer for a
@@ -47,6 +48,10 @@ LATE_TOLERANT: frozenset[str] = frozenset(
 tracking effects of finished runs). Commands (cancel, pause, start an action, complete...)
 are never late: on a finished run they are refused."""
 
+RECORDED_AFTER_END: frozenset[str] = frozenset({ev.RunSummarized.type, ev.CorrectionNeeded.type})
+"""What is recorded about a finished run (its summary, a correction it needs): only on a terminal
+run, applied without reopening it."""
+
 
 def is_late(state: RunSnapshot | None, event: ev.RunEvent) -> bool:
     """True when ``event`` should be stored but not applied (see the module docstring)."""
@@ -73,6 +78,12 @@ def evolve(state: RunSnapshot | None, event: ev.RunEvent) -> RunSnapshot:
         raise EventRejected("<none>", event.type, ("a run's first event must be run.created",))
     if is_late(state, event):
         return state
+    if event.type in RECORDED_AFTER_END:
+        if state.status not in TERMINAL:
+            lifecycle.reject(state, event, f"recorded on a finished run only; the run is {state.status.value}")
+        if event.seq <= state.last_seq:
+            lifecycle.reject(state, event, f"seq {event.seq} is not after the last applied seq {state.last_seq}")
+        return state.replace(revision=state.revision + 1, last_seq=event.seq)
     if state.status in TERMINAL:
         raise IllegalTransition("run", state.status.value, _target(event))
     if event.seq <= state.last_seq:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from longrun_client.payloads import (Acceptance, BudgetLimits, PinnedVersionsV1, PublicReceipt, RejectionCode,
                                      RunAcceptedV1, RunCreateV1, RunCreateV2, RunCreateV3, RunEventV1, RunEventV2,
-                                     RunOutcome, RunRejectedV1, RunRejectedV2, RunScope, RunWakeupV1)
+                                     RunEventV3, RunOutcome, RunOutcomeV3, RunRejectedV1, RunRejectedV2, RunScope,
+                                     RunSummary, RunWakeupV1)
 
 __all__ = ["Acceptance", "BudgetLimits", "PinnedVersionsV1", "PublicReceipt", "RejectionCode", "RunAcceptedV1",
-           "RunCreateV1", "RunCreateV2", "RunCreateV3", "RunEventV1", "RunEventV2", "RunOutcome", "RunRejectedV1",
-           "RunRejectedV2", "RunScope", "RunWakeupV1"]
+           "RunCreateV1", "RunCreateV2", "RunCreateV3", "RunEventV1", "RunEventV2", "RunEventV3", "RunOutcome",
+           "RunOutcomeV3", "RunRejectedV1", "RunRejectedV2", "RunScope", "RunSummary", "RunWakeupV1"]

@@ -160,7 +160,8 @@ async def _wake_condition(conn: Any, stored: runs.StoredRun, *, settled: bool) -
         if wait is None or wait.deadline is None:
             return [f"{run.run_id}: {run.status.value} without a deadline"]
         timers = (await conn.execute(text(
-            "SELECT count(*) FROM timers WHERE run_id = :r AND fired_at IS NULL AND payload->>'wait_id' = :w"),
+            "SELECT count(*) FROM timers WHERE run_id = :r AND fired_at IS NULL AND cancelled_at IS NULL "
+            "AND payload->>'wait_id' = :w"),
             {"r": run.run_id, "w": wait.wait_id})).scalar()
         if not timers:
             return [f"{run.run_id}: {run.status.value} has no pending timer for its deadline"]

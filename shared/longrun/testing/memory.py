@@ -25,7 +25,7 @@ from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import DEADLINE_TIMER_SUFFIX, Fence, Found, Planned, StoredRun, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
-from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunSnapshot, evolve, freeze
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 
@@ -115,6 +115,11 @@ class TimerRow:
     wake_at: float
     payload: Mapping[str, Any]
     fired_at: float | None = None
+    cancelled_at: float | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.fired_at is None and self.cancelled_at is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +239,11 @@ class MemoryStore:
             EventRow(event, applied, fence.token if fence else None) for event, applied in planned.rows)
         if fence is not None:
             self.writes = (*self.writes, Write(run_id, fence, row.lease_owner, row.fencing_token))
+        cancel = closure.timers_to_cancel(planned.before.snapshot, after.snapshot)
+        if cancel is not None:
+            for key, timer in self.timers.items():
+                if timer.run_id == run_id and timer.open and cancel.wait_id in (None, timer.payload.get("wait_id")):
+                    self.timers[key] = replace(timer, cancelled_at=self.clock())
 
     def write_many(self, planned: Sequence[Planned]) -> None:
         """Transitions of runs the caller holds (the timer's batch): the revision guard still applies."""
@@ -375,7 +385,7 @@ class MemoryStore:
 
     def claim_due(self, *, limit: int) -> DueBatch | None:
         now = self.clock()
-        rows = sorted((t for t in self.timers.values() if t.fired_at is None and t.wake_at <= now),
+        rows = sorted((t for t in self.timers.values() if t.open and t.wake_at <= now),
                       key=lambda t: (t.wake_at, t.timer_key))[:limit]
         if not rows:
             return None
@@ -393,9 +403,9 @@ class MemoryStore:
     def mark_fired(self, timer_keys: Sequence[str]) -> None:
         for key in timer_keys:
             if key in self.timers:
-                self.timers[key] = replace(self.timers[key], fired_at=self.clock())
+                self.timers[key] = replace(self.timers[key], fired_at=self.clock(), cancelled_at=None)
 
     def next_wake_at(self) -> float | None:
-        pending = [t.wake_at for t in self.timers.values() if t.fired_at is None]
+        pending = [t.wake_at for t in self.timers.values() if t.open]
         return min(pending) if pending else None
 

@@ -138,6 +138,10 @@ class MemoryReconcileTransaction:
     async def register(self, artifact: Artifact, run_id: str) -> None:
         self.world.artifacts[artifact.ref] = artifact.size
 
+    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        self.world.audit_log.append({"actor": reconcile.PRODUCER, "action": action, "target": target,
+                                     "reason": reason, "details": dict(details)})
+
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:
         return [self._clear(run_id) for run_id in self.store.expired_leases()[:limit]]
 

@@ -64,12 +64,13 @@ def test_every_upcaster_has_a_golden_file(key: tuple[str, int]) -> None:
     assert (GOLDEN / f"{type_}.v{version}.json").exists()
 
 
-@pytest.mark.parametrize("type_", ["run.event", "run.rejected"])
-def test_v1_broadcasts_upcast_to_v2_exactly_as_recorded(type_: str) -> None:
-    v1 = json.loads((GOLDEN / f"{type_}.v1.json").read_text())
-    expected = json.loads((GOLDEN / f"{type_}.v1-as-v2.json").read_text())
-    decoded = decode(json.dumps(v1).encode())
-    assert decoded.schema_version == LATEST[type_] == 2
+@pytest.mark.parametrize(("type_", "old", "latest"),
+                         [("run.event", 1, 3), ("run.event", 2, 3), ("run.rejected", 1, 2)])
+def test_older_broadcasts_upcast_to_the_newest_exactly_as_recorded(type_: str, old: int, latest: int) -> None:
+    recorded = json.loads((GOLDEN / f"{type_}.v{old}.json").read_text())
+    expected = json.loads((GOLDEN / f"{type_}.v{old}-as-v{latest}.json").read_text())
+    decoded = decode(json.dumps(recorded).encode())
+    assert decoded.schema_version == LATEST[type_] == latest
     assert decoded.model_dump(mode="json") == expected
 
 

@@ -69,8 +69,8 @@ def test_every_version_of_run_create_is_accepted_and_the_newest_events_are_sent(
         == {"run.create v1", "run.create v2", "run.create v3"}
     assert titles("runAccepted") == {f"run.accepted v{LATEST['run.accepted']}"} == {"run.accepted v1"}
     assert titles("runRejected") == {f"run.rejected v{LATEST['run.rejected']}"} == {"run.rejected v2"}
-    assert titles("runStatus") == {f"run.event v{LATEST['run.event']}"} == {"run.event v2"}
-    assert titles("eventsLog") == {"run.accepted v1", "run.rejected v2", "run.event v2"}
+    assert titles("runStatus") == {f"run.event v{LATEST['run.event']}"} == {"run.event v3"}
+    assert titles("eventsLog") == {"run.accepted v1", "run.rejected v2", "run.event v3"}
     actions = {name: (op["action"], op["channel"]["$ref"]) for name, op in doc["operations"].items()}
     assert actions == {"receiveRunCreate": ("receive", "#/channels/ingress"),
                        "sendRunAccepted": ("send", "#/channels/runAccepted"),
@@ -90,14 +90,14 @@ def test_the_status_parameter_lists_every_status_in_lower_case(doc: dict[str, An
 
 def test_sent_messages_declare_the_cloudevents_headers(doc: dict[str, Any]) -> None:
     schemas = doc["components"]["schemas"]
-    event = schemas["RunEventV2Headers"]
+    event = schemas["RunEventV3Headers"]
     assert {"cloudEvents:specversion", "cloudEvents:id", "cloudEvents:type", "cloudEvents:source",
             "cloudEvents:time", "schema_version", "tenant_id"} <= set(event["required"])
     assert set(event["properties"]) == {"cloudEvents:specversion", "cloudEvents:id", "cloudEvents:type",
                                         "cloudEvents:source", "cloudEvents:subject", "cloudEvents:time",
                                         "schema_version", "tenant_id", "traceparent"}
     assert event["properties"]["cloudEvents:type"]["const"] == "run.event"
-    assert event["properties"]["schema_version"]["const"] == 2
+    assert event["properties"]["schema_version"]["const"] == 3
     assert "required" not in schemas["RunCreateV2Headers"]  # a producer's headers are optional
 
 
@@ -131,10 +131,15 @@ def test_a_real_run_event_validates_against_the_documented_schema(doc: dict[str,
         "outcome": {"status": "COMPLETED", "terminal_reason": "done",
                     "acceptance": {"evidence": {"tests": "green"}, "unmet": []},
                     "receipts": [{"logical_action": "open_pr", "tool": "forge", "external_id": "42",
-                                  "fields": {"url": "http://forge/pr/42"}}]}},
+                                  "fields": {"url": "http://forge/pr/42"}}],
+                    "summary": {"status": "COMPLETED", "terminal_reason": "done",
+                                "done": [{"logical_action": "open_pr", "tool": "forge", "status": "CONFIRMED",
+                                          "external_id": "42"}],
+                                "used": {"model_calls": 3, "tool_calls": 2, "cost": 0.25},
+                                "duration_seconds": 93.5}}},
         producer="scheduler", tenant_id="acme", run_id="run-1", correlation_id="key-1")
     body = json.loads(envelope.model_dump_json())
-    validator = jsonschema.Draft202012Validator({"$ref": "#/components/schemas/RunEventV2Envelope",
+    validator = jsonschema.Draft202012Validator({"$ref": "#/components/schemas/RunEventV3Envelope",
                                                  "components": doc["components"]})
     validator.validate(body)
     with pytest.raises(jsonschema.ValidationError):
@@ -163,9 +168,9 @@ def test_the_reference_parser_accepts_the_document() -> None:
 
 def test_the_reference_parser_refuses_a_broken_document(tmp_path: Path) -> None:
     text = DOCUMENT.read_text()
-    assert "#/components/schemas/RunEventV2Envelope" in text
+    assert "#/components/schemas/RunEventV3Envelope" in text
     broken = tmp_path / "asyncapi.yaml"
-    broken.write_text(text.replace("#/components/schemas/RunEventV2Envelope", "#/components/schemas/NoSuchSchema"))
+    broken.write_text(text.replace("#/components/schemas/RunEventV3Envelope", "#/components/schemas/NoSuchSchema"))
     result = _validate(broken)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "error invalid-ref" in result.stdout and "NoSuchSchema" in result.stdout

@@ -41,7 +41,13 @@ def test_an_outcome_shows_external_ids_and_declared_fields_and_nothing_else_of_a
         "receipts": [
             {"logical_action": "merge", "tool": "forge.mr", "external_id": "17",
              "fields": {"url": "https://forge/mr/17"}},
-            {"logical_action": "login", "tool": "vault.login", "external_id": "session-9", "fields": {}}]}
+            {"logical_action": "login", "tool": "vault.login", "external_id": "session-9", "fields": {}}],
+        "summary": {"status": "COMPLETED", "terminal_reason": "acceptance check passed",
+                    "done": [{"logical_action": "merge", "tool": "forge.mr", "status": "CONFIRMED", "external_id": "17"},
+                             {"logical_action": "login", "tool": "vault.login", "status": "CONFIRMED",
+                              "external_id": "session-9"}],
+                    "used": {"model_calls": 0, "tool_calls": 0, "cost": 0.0},
+                    "duration_seconds": run.status_since - run.created_at}}
     assert "s3cret" not in repr(outcome)
     # and a writer that does not know the run kind shows the external ids alone
     assert [r["fields"] for r in run_outcome(run, {})["receipts"]] == [{}, {}]

@@ -155,14 +155,14 @@ FIRST: dict[str, tuple[Callable[[DecisionContext], Decision], list[str]]] = {
     "model call": (lambda ctx: AskModel(purpose="triage"), ["budget.charged", "fact.recorded"]),
     "call recorded with its answer": (  # written with the next decision: here the completion
         lambda ctx: CallTool(tool=ECHO.name, logical_action="echo", args=freeze({"step": 1})),
-        ["action.recorded", "run.completed"]),
+        ["action.recorded", "run.completed", "run.summary"]),
     "write": (lambda ctx: CallTool(tool=WRITE.name, logical_action="note", args=freeze({"step": 1})),
               ["action.prepared", "action.submitted", "budget.charged"]),
     "wait": (lambda ctx: WaitForEvent(kind="ci", correlation_key="ci/1", deadline=ctx.now + 60),
              ["run.wait_started"]),
     "retry": (lambda ctx: ScheduleRetry(logical_action="note", delay=5.0), ["run.wait_started"]),
-    "completion": (lambda ctx: Complete(evidence=freeze({})), ["run.completed"]),
-    "failure": (lambda ctx: Fail(reason="no"), ["run.status_changed"]),
+    "completion": (lambda ctx: Complete(evidence=freeze({})), ["run.completed", "run.summary"]),
+    "failure": (lambda ctx: Fail(reason="no"), ["run.status_changed", "run.summary"]),
 }
 
 

@@ -28,7 +28,7 @@ from longrun_client.bus import (CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, T
 from longrun_client.codec import to_message
 from longrun_client.errors import PoisonMessage, PublishNotConfirmed
 from longrun_client.model import Envelope
-from longrun_client.payloads import BudgetLimits, RunCreateV3, RunOutcome, RunScope
+from longrun_client.payloads import BudgetLimits, RunCreateV3, RunOutcomeV3, RunScope
 from longrun_client.pending import PendingCreate, correlation_id_of
 from longrun_client.registry import decode, make, traceparent
 from longrun_client.stream import EventStream
@@ -141,7 +141,7 @@ class Client:
         await _within(pending.answer, timeout, f"no answer to run.create {pending.request.event_id}")
         return pending.accepted()
 
-    async def wait(self, request: Envelope | str, *, timeout: float | None) -> RunOutcome:
+    async def wait(self, request: Envelope | str, *, timeout: float | None) -> RunOutcomeV3:
         """How the run a create made ended: the terminal run.event's outcome (status, reason,
         acceptance evidence, receipts). ``timeout`` None waits as long as it takes.
 

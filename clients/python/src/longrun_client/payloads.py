@@ -145,6 +145,53 @@ class RunEventV2(Strict):
     outcome: RunOutcome | None = Field(default=None, description="Set on the terminal event only.")
 
 
+class DoneAction(Strict):
+    """An action of a finished run whose effect happened, with the far side's id for it."""
+
+    logical_action: str
+    tool: str
+    status: str = Field(description="CONFIRMED, COMPENSATING or COMPENSATED.")
+    external_id: str | None = None
+
+
+class RunUsage(Strict):
+    """What a run used of its budget."""
+
+    model_calls: int = Field(ge=0)
+    tool_calls: int = Field(ge=0)
+    cost: float = Field(ge=0)
+
+
+class RunSummary(Strict):
+    """What a finished run did, used and took: its ``run.summary``, recorded when it ended."""
+
+    status: str
+    terminal_reason: str | None = None
+    done: list[DoneAction] = Field(default_factory=list)
+    used: RunUsage
+    duration_seconds: float = Field(ge=0, description="From the run's creation to its end.")
+
+
+class RunOutcomeV3(RunOutcome):
+    """How a run ended, with its summary: carried by its terminal event from run.event v3 on."""
+
+    summary: RunSummary | None = Field(default=None, description="Null only on an event upcast from v2.")
+
+
+class RunEventV3(Strict):
+    """A run's status change (``run.status_changed``), or a correction a COMPLETED run needs
+    (``run.correction_needed``), broadcast on the events exchange for downstream consumers."""
+
+    seq: int = Field(ge=1, description="The run's event sequence number: order a run's events by it.")
+    event_type: str = Field(description="run.status_changed or run.correction_needed.")
+    status: str
+    data: dict[str, Any] = Field(default_factory=dict, description=(
+        "run.status_changed: from (the previous status), stage, reason. run.correction_needed: "
+        "logical_action, reason, evidence."))
+    labels: dict[str, str] = Field(default_factory=dict)
+    outcome: RunOutcomeV3 | None = Field(default=None, description="Set on the terminal status change only.")
+
+
 class RejectionCode(str, Enum):
     """Why a run.create was refused, for machines; ``reason`` says it for people."""
 

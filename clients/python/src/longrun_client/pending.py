@@ -13,7 +13,7 @@ import asyncio
 from longrun_client.bus import TERMINAL_STATUSES
 from longrun_client.errors import RunRejected
 from longrun_client.model import Envelope
-from longrun_client.payloads import RunOutcome
+from longrun_client.payloads import RunOutcomeV3
 
 __all__ = ["PendingCreate", "correlation_id_of"]
 
@@ -61,10 +61,10 @@ class PendingCreate:
         """The run.accepted of a settled answer; RunRejected for a refusal."""
         return _unless_rejected(self.answer.result(), "accepted")
 
-    def outcome(self) -> RunOutcome:
+    def outcome(self) -> RunOutcomeV3:
         """How the run ended, from its terminal event; RunRejected for a refusal."""
         event = _unless_rejected(self.end.result(), "ended")
-        return event.payload.outcome or RunOutcome(status=event.payload.status)
+        return event.payload.outcome or RunOutcomeV3(status=event.payload.status)
 
 
 def _settle(future: asyncio.Future[Envelope | None], value: Envelope | None) -> None:

@@ -28,6 +28,7 @@ PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
     ("run.accepted", 1): payloads.RunAcceptedV1,
     ("run.event", 1): payloads.RunEventV1,
     ("run.event", 2): payloads.RunEventV2,
+    ("run.event", 3): payloads.RunEventV3,
     ("run.rejected", 1): payloads.RunRejectedV1,
     ("run.rejected", 2): payloads.RunRejectedV2,
 }

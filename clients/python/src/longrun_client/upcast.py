@@ -29,6 +29,11 @@ def upcast_run_event_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "labels": {}, "outcome": None}
 
 
+def upcast_run_event_v2_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2's outcome had no summary: none is known (v3 allows null)."""
+    return dict(payload)
+
+
 def upcast_run_rejected_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 had no code: it refused an unknown workflow or a reused key, told apart by the hashes it named."""
     reused = payload.get("recorded_input_hash") is not None
@@ -39,6 +44,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.create", 1): upcast_run_create_v1_v2,
     ("run.create", 2): upcast_run_create_v2_v3,
     ("run.event", 1): upcast_run_event_v1_v2,
+    ("run.event", 2): upcast_run_event_v2_v3,
     ("run.rejected", 1): upcast_run_rejected_v1_v2,
 }
 
