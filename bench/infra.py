@@ -132,6 +132,24 @@ async def pg_xacts(engine: AsyncEngine) -> tuple[int, int]:
 
 # -- the service processes -----------------------------------------------------------------------
 
+PRUNED = ("OUTBOX", "INBOX", "TIMERS", "WEBHOOK_EVENTS", "DELIVERY_FAILURES", "REPLAYED_QUARANTINE", "DEAD_MEMBERS",
+          "AUDIT")
+
+
+def pruning_env(seconds: str) -> dict[str, str]:
+    """``BENCH_RETENTION=S``: the reconciler prunes every S seconds, every table's horizon S (the replay
+    window S/2, below the inbox's). Finished runs keep their events for an hour: each phase reads
+    its runs' events after it."""
+    if not seconds:
+        return {}
+    try:
+        every = float(seconds)
+    except ValueError:
+        raise SystemExit(f"BENCH_RETENTION: expected seconds, got {seconds!r}") from None
+    return {"LONGRUN_RETENTION_INTERVAL": f"{every:g}", "LONGRUN_QUARANTINE_REPLAY_WINDOW": f"{every / 2:g}",
+            "LONGRUN_RETAIN_FINISHED_RUNS": "3600", **{f"LONGRUN_RETAIN_{t}": f"{every:g}" for t in PRUNED}}
+
+
 class Services:
     """Real service processes on the bench database and vhost, started and stopped by PID."""
 
@@ -140,7 +158,8 @@ class Services:
         self.infra = infra
         self.partitions = partitions
         self.count_dir = count_dir
-        self.extra = {"LONGRUN_RUN_LEASE_TTL": f"{lease_ttl:g}", "LONGRUN_LOG_LEVEL": log_level, **extra}
+        self.extra = {"LONGRUN_RUN_LEASE_TTL": f"{lease_ttl:g}", "LONGRUN_LOG_LEVEL": log_level,
+                      **pruning_env(os.environ.get("BENCH_RETENTION", "")), **extra}
         self.procs: dict[str, Proc] = {}
         self.ports: dict[str, int] = {}
         self.label = f"{next(_SEQ):02d}"
