@@ -84,8 +84,8 @@ def _request(stored: StoredRun) -> tuple[str, str]:
 
 
 def _finished(stored: StoredRun) -> tuple[runs.Planned, outbox.Message, dict[str, Any]]:
-    """READY -> RUNNING, its one step recorded with its answer, COMPLETED: the worker's last transition,
-    its status broadcast and its ledger row."""
+    """READY -> RUNNING, its one step recorded with its answer, COMPLETED (and its summary): the worker's
+    last transition, its status broadcast and its ledger row."""
     at, (key, hashed) = time.time(), _request(stored)
     planned = runs.plan(stored, [
         ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
@@ -208,7 +208,8 @@ async def _counts(engine: AsyncEngine) -> dict[str, Any]:
                    (SELECT count(*) FROM inbox_scheduler) AS inbox_scheduler,
                    (SELECT count(*) FROM inbox_worker) AS inbox_worker,
                    (SELECT count(*) FROM timers WHERE fired_at IS NOT NULL) AS fired,
-                   (SELECT count(*) FROM timers WHERE fired_at IS NULL) AS unfired,
+                   (SELECT count(*) FROM timers WHERE fired_at IS NULL AND cancelled_at IS NULL) AS unfired,
+                   (SELECT count(*) FROM timers WHERE cancelled_at IS NOT NULL) AS cancelled,
                    (SELECT count(*) FROM webhook_events WHERE matched_at IS NOT NULL) AS matched,
                    (SELECT count(*) FROM webhook_events WHERE matched_at IS NULL) AS unmatched,
                    (SELECT count(*) FROM delivery_failures) AS failures,
@@ -225,7 +226,7 @@ async def _open_state(engine: AsyncEngine, run_ids: list[str]) -> list[Any]:
             "SELECT r.run_id, r.revision, r.updated_at, r.snapshot, r.archived_at, "
             "(SELECT count(*) FROM run_events e WHERE e.run_id = r.run_id), "
             "(SELECT array_agg(a.status) FROM actions a WHERE a.run_id = r.run_id), "
-            "(SELECT array_agg(t.timer_key) FROM timers t WHERE t.run_id = r.run_id) "
+            "(SELECT array_agg(t.timer_key) FROM timers t WHERE t.run_id = r.run_id AND t.cancelled_at IS NULL) "
             "FROM runs r WHERE r.run_id = ANY(:ids) ORDER BY r.run_id"), {"ids": run_ids})).all()]
 
 
@@ -271,18 +272,19 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     # Then every finished run past the horizon is archived, events and actions pruned; the young ones,
     # the open ones and the one with an action in doubt keep theirs
     after = await _counts(engine)
-    assert pruned.runs_archived == FINISHED and pruned.events == 4 * FINISHED and pruned.actions == FINISHED
+    assert pruned.runs_archived == FINISHED and pruned.events == 5 * FINISHED and pruned.actions == FINISHED
     assert after["runs"] == before["runs"] == FINISHED + OPEN + 1 + 5
     assert after["archived"] == FINISHED
     assert after["runs_with_events"] == after["runs_with_actions"] == OPEN + 1 + 5
     # and each other table holds only what its horizon keeps (and what no horizon removes)
     assert (after["published"], after["unpublished"]) == (2 * 5, before["unpublished"]) == (10, OPEN + 1)
     assert (after["inbox_scheduler"], after["inbox_worker"]) == (5, 5)
-    assert (after["fired"], after["unfired"]) == (5, OPEN + 1 + 1)
+    # (the terminated run's timer was cancelled when it ended: pruned by the timers' horizon too)
+    assert (after["fired"], after["unfired"], after["cancelled"]) == (5, OPEN + 1, 0)
     assert (after["matched"], after["unmatched"]) == (5, 40 + 5)
     assert (after["failures"], after["replayed"], after["unreplayed"]) == (5, 5, 40 + 5)
     assert (after["members"], after["audit"]) == (5 + 1, 5)
-    assert before["fired"] == 45 and before["unfired"] == FINISHED // CHUNK + OPEN + 1 + 1
+    assert (before["fired"], before["unfired"], before["cancelled"]) == (45, FINISHED // CHUNK + OPEN + 1, 1)
     # and an open run is untouched, its events still append-only
     assert await _open_state(engine, [*open_runs, unsettled.snapshot.run_id]) == open_before
     with pytest.raises(ProgrammingError, match="append-only: DELETE refused"):
@@ -307,7 +309,7 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     assert pruned.orphans == 1 and not await _stored(store, orphan)
     for run_id, records in list(archived.items())[::97]:
         kinds = [r["record"] for r in records]
-        assert kinds == ["run", "event", "event", "event", "event", "action"]
+        assert kinds == ["run", *["event"] * 5, "action"]  # created, running, recorded, completed, summary
         events = [ev.event_from_dict(r["data"]) for r in records if r["record"] == "event"]
         assert fold(events).to_dict() == tombstones[run_id][1]
         assert records[-1]["status"] == "CONFIRMED" and records[-1]["idempotency_key"] == _request_key(run_id)
