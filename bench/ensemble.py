@@ -34,7 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.common import CpuWatch, Knobs, bottleneck, percentiles, postgres_and_broker_pids
-from bench.infra import Infra, Services, pg_xacts
+from bench.infra import Infra, Services, pg_xacts, pruned_so_far
 from bench.profile import Sampler
 from longrun.bus import topology
 from longrun.bus.codec import to_message
@@ -414,6 +414,7 @@ def _per_step(rows: dict[str, int], sql: dict[str, dict[str, int]], after_x: tup
 async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:
     """lone + saturation + half load on ``workers`` replicas."""
     ensemble = Ensemble(infra, engine, knobs, workers)
+    pruned_before = await pruned_so_far(engine)
     try:
         await ensemble.start()
         lone = await ensemble.lone(knobs.lone)
@@ -423,8 +424,9 @@ async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: in
         errors = ensemble.services.errors() if ensemble.services else {}
     finally:
         ensemble.stop()
+    pruned = {table: n - pruned_before.get(table, 0) for table, n in (await pruned_so_far(engine)).items()}
     return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "profile": profile,
-            "service_errors": errors}
+            "pruned": {table: n for table, n in pruned.items() if n}, "service_errors": errors}
 
 
 async def scale_point(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from bench.common import ROOT, Proc, free_port
 from longrun.bus import topology
 from longrun.config import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL
 from longrun.db import migrate
+from longrun.db.retention import RULES
 from longrun.db.engine import make_engine
 from longrun.db.schema import metadata
 
@@ -136,10 +137,15 @@ PRUNED = ("OUTBOX", "INBOX", "TIMERS", "WEBHOOK_EVENTS", "DELIVERY_FAILURES", "R
           "AUDIT")
 
 
+FINISHED_RUNS_KEPT = 60.0
+"""Seconds a finished run keeps its events under ``BENCH_RETENTION``: each measurement reads its own
+runs' events within seconds of its end, so the later ones run while the earlier runs are archived."""
+
+
 def pruning_env(seconds: str) -> dict[str, str]:
     """``BENCH_RETENTION=S``: the reconciler prunes every S seconds, every table's horizon S (the replay
-    window S/2, below the inbox's). Finished runs keep their events for an hour: each phase reads
-    its runs' events after it."""
+    window S/2, below the inbox's), finished runs archived ``FINISHED_RUNS_KEPT`` (or S, if longer)
+    after they end."""
     if not seconds:
         return {}
     try:
@@ -147,7 +153,20 @@ def pruning_env(seconds: str) -> dict[str, str]:
     except ValueError:
         raise SystemExit(f"BENCH_RETENTION: expected seconds, got {seconds!r}") from None
     return {"LONGRUN_RETENTION_INTERVAL": f"{every:g}", "LONGRUN_QUARANTINE_REPLAY_WINDOW": f"{every / 2:g}",
-            "LONGRUN_RETAIN_FINISHED_RUNS": "3600", **{f"LONGRUN_RETAIN_{t}": f"{every:g}" for t in PRUNED}}
+            "LONGRUN_RETAIN_FINISHED_RUNS": f"{max(every, FINISHED_RUNS_KEPT):g}",
+            **{f"LONGRUN_RETAIN_{t}": f"{every:g}" for t in PRUNED}}
+
+
+async def pruned_so_far(engine: AsyncEngine) -> dict[str, int]:
+    """Rows deleted from each table retention prunes (PostgreSQL's own statistics, which lag by up
+    to a second), and finished runs archived: what a phase's difference shows retention did."""
+    async with engine.connect() as conn:
+        deleted = {row.relname: int(row.n_tup_del) for row in (await conn.execute(text(
+            "SELECT relname, n_tup_del FROM pg_stat_user_tables WHERE relname = ANY(:tables)"),
+            {"tables": sorted({rule.table for rule in RULES.values()} | {"run_events", "actions"})})).all()}
+        archived = int((await conn.execute(text(
+            "SELECT count(*) FROM runs WHERE archived_at IS NOT NULL"))).scalar_one())
+    return {**deleted, "runs archived": archived}
 
 
 class Services:

@@ -2,10 +2,12 @@
 
 Everything random comes from the seed, one stream per role so that timing cannot reorder
 the draws: which service dies, how (SIGKILL, SIGTERM, or SIGSTOP for a while, the "stuck
-process" whose lease runs out), how long it stays down, when the forge misbehaves once (times out or fails after acting, or refuses
-before acting) or is down for a few seconds (every call answered 503), which runs are upgrades, which run.create messages are sent twice, which
-approvals are denied or first tried with a wrong hash (a function of the seed and the run's
-key). The processes' own timing is not replayable, but the script of faults is:
+process" whose lease runs out), how long it stays down, when the forge misbehaves once (times
+out or fails after acting, or refuses before acting) or is down for a few seconds (every call
+answered 503; one such outage, a third of the way in, in every run, so that the forge's circuit
+breaker opens, probes and closes), which runs are upgrades, which run.create messages are sent
+twice, which approvals are denied or first tried with a wrong hash (a function of the seed and
+the run's key). The processes' own timing is not replayable, but the script of faults is:
 ``CHAOS_SEED=<seed>`` replays it.
 
 Roles next to the monkey, as they exist in production:
@@ -44,6 +46,7 @@ from longrun.bus.connection import CONNECTION_ERRORS, Bus
 from longrun.db.errors import is_transient
 from longrun_dependency_upgrade.forge import sign_payload
 from longrun.domain import TERMINAL, RunStatus
+from longrun.domain.breaker import TOOL_HEALTHY_WAIT
 from longrun.envelope import make
 from longrun.errors import BusUnavailable
 from tests.harness import Process
@@ -60,6 +63,10 @@ FORGE_OUTAGE_SHARE = 0.25
 """Of the forge's misbehaviours, the share that is an outage (every call answered 503 for a few
 seconds: the circuit breakers' case) rather than one faulty answer."""
 FORGE_OUTAGE_SECONDS = (2.0, 8.0)
+SURE_OUTAGE_SECONDS = 8.0
+"""One outage every run has, a third of the way into the faults: long enough, under the runs' load,
+for the forge's breaker to open, so its waits and probes are in every mix."""
+BREAKER_COOL_DOWN = 3.0
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,8 @@ class Chaos:
         self.redelivered: set[str] = set()
         self.env = {"LONGRUN_TOOL_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
-                    "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+                    "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
+                    "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN)}
         self._restarts: set[asyncio.Task[None]] = set()
         self.midway: list[tuple[int, tuple[str, ...]]] = []
         """The long form's checks on the moving system: (runs, violations) each."""
@@ -204,11 +212,15 @@ class Chaos:
         """Kill, stop and restart services until ``until``; stop early (raising its error) if a task
         ``alongside`` (the producer, the people) failed: chaos without new runs or answers proves little."""
         weights = [s.weight for s in self.slots]
+        sure_outage_at: float | None = time.monotonic() + self.plan.chaos_seconds / 3
         while time.monotonic() < until:
             for task in alongside:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             await asyncio.sleep(self.monkey_rng.uniform(*self.plan.kill_every))
+            if sure_outage_at is not None and time.monotonic() >= sure_outage_at:
+                sure_outage_at = None
+                await self._outage(SURE_OUTAGE_SECONDS)
             slot = self.monkey_rng.choices(self.slots, weights)[0]
             how = self.monkey_rng.random()
             down = self.monkey_rng.uniform(*self.plan.down_for)
@@ -235,10 +247,7 @@ class Chaos:
         """The far side misbehaves once: times out after acting, fails after acting, or refuses before acting;
         or it is down for a few seconds."""
         if self.monkey_rng.random() < FORGE_OUTAGE_SHARE:
-            seconds = self.monkey_rng.uniform(*FORGE_OUTAGE_SECONDS)
-            async with httpx.AsyncClient(base_url=self.ensemble.forge_url, timeout=5) as forge:
-                (await forge.post("/_control/unavailable", json={"seconds": seconds})).raise_for_status()
-            self.figures.forge_faults["outage"] += 1
+            await self._outage(self.monkey_rng.uniform(*FORGE_OUTAGE_SECONDS))
             return
         endpoint = self.monkey_rng.choice(FORGE_ENDPOINTS)
         mode = self.monkey_rng.choice(FORGE_FAULTS)
@@ -246,6 +255,12 @@ class Chaos:
             (await forge.post("/_control/faults", json={"endpoint": endpoint, "mode": mode, "times": 1,
                                                         "hold_seconds": 4.0})).raise_for_status()
         self.figures.forge_faults[f"{endpoint}:{mode}"] += 1
+
+    async def _outage(self, seconds: float) -> None:
+        """Every forge call answered 503 for ``seconds``."""
+        async with httpx.AsyncClient(base_url=self.ensemble.forge_url, timeout=5) as forge:
+            (await forge.post("/_control/unavailable", json={"seconds": seconds})).raise_for_status()
+        self.figures.forge_faults["outage"] += 1
 
     def _later(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -429,7 +444,15 @@ class Chaos:
             reconciled = dict((await conn.execute(text(
                 "SELECT data->>'outcome', count(*) FROM run_events WHERE type = 'action.reconciled' "
                 "GROUP BY 1"))).all())
+            unavailable = int((await conn.execute(text(
+                "SELECT count(*) FROM run_events WHERE type = 'action.unavailable'"))).scalar_one())
+            health_waits = int((await conn.execute(text(
+                "SELECT count(*) FROM run_events WHERE type = 'run.wait_started' "
+                f"AND data->'wait'->>'kind' = '{TOOL_HEALTHY_WAIT}'"))).scalar_one())
+            fired = dict((await conn.execute(text(
+                "SELECT kind, count(*) FROM timers WHERE fired_at IS NOT NULL GROUP BY 1"))).all())
         return {"runs": runs, "by_kind_status": statuses, "confirmed_actions": steps, "events": events,
                 "late_events_stored": late, "run_create_answered_with_existing_run": same_run,
-                "reconciled": reconciled}
+                "reconciled": reconciled, "actions_unavailable": unavailable, "waits_for_tool_health": health_waits,
+                "timers_fired": fired}
 
