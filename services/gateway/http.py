@@ -6,6 +6,7 @@ import functools
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -75,13 +76,13 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         body = await request.body()
         if provider not in providers:
             return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
-        if not webhooks.signature_ok(settings.webhook_secret, body, request.headers.get("x-forge-signature")):
+        why = webhooks.refusal(providers[provider].signature, settings.webhook_secret, request.headers, body,
+                               now=time.time(), replay_window=settings.webhook_replay_window)
+        if why is not None:
             async with engine.begin() as conn:
-                await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
-                                     target=request.headers.get("x-forge-event-id", "?"),
-                                     reason="bad or missing signature",
-                                     details={"client": request.client.host if request.client else None})
-            return JSONResponse({"error": "bad signature"}, status_code=401)
+                await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused", target=provider,
+                                     reason=why, details={"client": request.client.host if request.client else None})
+            return JSONResponse({"error": f"refused: {why}"}, status_code=401)
         try:
             payload = webhooks.parse(body)
             async with engine.begin() as conn:

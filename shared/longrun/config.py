@@ -199,6 +199,9 @@ class Settings:
     """Port the gateway's HTTP server (webhooks and the operator API) listens on."""
     webhook_secret: str
     """HMAC secret shared with webhook senders."""
+    webhook_replay_window: float
+    """How far the time a timestamped webhook was sent may be from the gateway's clock, either way,
+    before the delivery is refused as a replay (providers that sign no time rely on dedup)."""
     operator_tokens: tuple[str, ...]
     """Bearer tokens accepted by the operator API, comma separated."""
     run_kinds: tuple[str, ...]
@@ -207,7 +210,7 @@ class Settings:
     distributions' ``longrun.run_kinds`` entry points are loaded too (``longrun.run_kinds``)."""
     webhook_providers: tuple[tuple[str, str], ...]
     """Webhook providers by name (``POST /webhooks/<name>``): ``name=package.module:attribute``,
-    comma-separated, each a function from the verified payload to a ``Translated``; installed
+    comma-separated, each a ``longrun.app.webhooks.Provider``; installed
     distributions' ``longrun.webhook_providers`` entry points are loaded too."""
     artifact_dir: str
     """Root of the filesystem artifact store."""
@@ -377,6 +380,7 @@ _SPEC: dict[str, _Var] = {
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
                            "dev-webhook-secret"),
+    "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", _duration, _DURATION, "5m"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",

@@ -3,8 +3,8 @@ configuration, so a run kind's package brings the providers of the far sides it 
 
 Two sources: ``LONGRUN_WEBHOOK_PROVIDERS`` (``name=package.module:attribute``, comma-separated) and
 the ``longrun.webhook_providers`` entry points of the installed distributions (the entry point's
-name is the provider's). A provider turns a verified payload into a ``Translated``
-(``app.webhooks.Provider``). A reference that cannot be loaded, or one name given twice, stops the
+name is the provider's). A provider (``app.webhooks.Provider``) declares how its deliveries are
+signed and turns a verified payload into a ``Translated``. A reference that cannot be loaded, or one name given twice, stops the
 process with a ``ConfigError`` naming where it came from, the reference and why.
 """
 
@@ -30,9 +30,9 @@ def load(settings: Settings) -> dict[str, Provider]:
 
 
 def _add(providers: dict[str, Provider], name: str, target: object, reference: str, where: str) -> None:
-    if not callable(target):
-        raise ConfigError([(where, f"{reference!r} is not a provider (a function of the payload): "
+    if not isinstance(target, Provider):
+        raise ConfigError([(where, f"{reference!r} is not a provider (a longrun.app.webhooks.Provider): "
                                    f"got {type(target).__name__}")])
     if name in providers and providers[name] is not target:
         raise ConfigError([(where, f"provider {name!r} is named twice, here as {reference!r}")])
-    providers[name] = target  # type: ignore[assignment]
+    providers[name] = target

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import time
 
 import httpx
 import pytest
@@ -71,6 +74,33 @@ async def test_a_bad_signature_is_refused_with_401_and_leaves_only_an_audit_line
         assert await runs.load(conn, stored.snapshot.run_id) == stored
         audit = (await conn.execute(text("SELECT actor, action, reason FROM audit_log"))).all()
     assert [tuple(a) for a in audit] == [("webhook:forge", "webhook.refused", "bad or missing signature")]
+
+
+async def test_a_timestamped_delivery_sent_again_outside_the_replay_window_is_refused_and_audited(
+        clean, engine, services, tmp_path) -> None:
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
+                   LONGRUN_WEBHOOK_REPLAY_WINDOW="5s")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    stored = await waiting_for_event(engine, "ci/acme/payments/11")
+    body = ci_event("acme-1", 11)
+
+    def stamped(sent_at: float) -> dict[str, str]:
+        stamp = f"{sent_at:.0f}"
+        digest = hmac.new(WEBHOOK_SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+        return {"x-acme-signature": f"sha256={digest}", "x-acme-timestamp": stamp}
+
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
+        captured = stamped(time.time() - 60)  # a genuine delivery, captured and sent again a minute later
+        replayed = await http.post("/webhooks/acme", content=body, headers=captured)
+        assert replayed.status_code == 401 and "outside the 5s replay window" in replayed.json()["error"]
+        assert await count(engine, "SELECT count(*) FROM webhook_events") == 0
+        fresh = await http.post("/webhooks/acme", content=body, headers=stamped(time.time()))
+    assert fresh.status_code == 202 and fresh.json()["matched_run_id"] == stored.snapshot.run_id
+    async with engine.connect() as conn:
+        audit = (await conn.execute(text("SELECT actor, action, target, reason FROM audit_log"))).all()
+    assert [tuple(a) for a in audit] == [
+        ("webhook:acme", "webhook.refused", "acme", "sent 60s ago, outside the 5s replay window")]
 
 
 async def test_an_event_that_arrives_before_its_wait_is_kept_and_matched_when_the_wait_starts(

@@ -53,7 +53,7 @@ from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.model import ScriptedModel
 from longrun.workflows.steps import ECHO, Steps
-from longrun_dependency_upgrade.webhooks import forge_event
+from longrun_dependency_upgrade.webhooks import forge
 from longrun.testing.checkpoints import CrashAt, Crashed
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
@@ -458,7 +458,7 @@ async def webhooks_match_a_waiting_run_now_or_when_it_waits(port: Port, seen: li
                 "status": status, "sha": "abc123"}
 
     early, late = ci_finished("e1", "passed"), ci_finished("e2", "failed")
-    clock = {"clock": _at(1002.0), "providers": {"forge": forge_event}}
+    clock = {"clock": _at(1002.0), "providers": {"forge": forge}}
     # Before any run waits for it: kept. The same event again: the first outcome, nothing new.
     await observe(port, seen, "webhooks.receive", "forge", early, **clock)
     await observe(port, seen, "webhooks.receive", "forge", early, **clock)

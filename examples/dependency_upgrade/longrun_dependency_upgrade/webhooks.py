@@ -1,14 +1,17 @@
 """The forge's webhooks to longrun: a CI run finished (the wait for CI ends), or someone pushed to
-the agent's branch (an approval of the old head is void). Registered as the ``forge`` provider."""
+the agent's branch (an approval of the old head is void). Registered as the ``forge`` provider.
+
+The forge signs the body alone (``X-Forge-Signature``), so its deliveries carry no time: a replayed
+one is absorbed by dedup on its event id."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from longrun.app.webhooks import Translated
+from longrun.app.webhooks import Provider, Signature, Translated
 
 
-def forge_event(payload: dict[str, Any]) -> Translated:
+def translate(payload: dict[str, Any]) -> Translated:
     if payload.get("type") == "branch.pushed":
         # Someone else moved the branch: any approval of the old head is void.
         return Translated(str(payload["id"]), f"branch/{payload['repo']}/{payload['branch']}",
@@ -19,3 +22,6 @@ def forge_event(payload: dict[str, Any]) -> Translated:
     return Translated(str(payload["id"]), f"ci/{payload['repo']}/{ci_id}", f"ci_result:{ci_id}",
                       {"status": payload["status"], "sha": payload["sha"],
                        "log_excerpt": payload.get("log_excerpt", "")})
+
+
+forge = Provider(translate, Signature("x-forge-signature"))

@@ -1,5 +1,8 @@
 """Webhook intake: verify, deduplicate by the provider's event id, match to a waiting run.
 
+Each provider declares how it signs a delivery (``Signature``) and with it how a captured request
+is kept from being sent again: a provider that signs the time of sending has a delivery outside the
+replay window refused; for the others, dedup by the provider's event id is the protection.
 A verified event is stored once (the gateway inbox absorbs redeliveries, so the same
 webhook three times makes one transition). When a run waits on its correlation key,
 the event's fact and the wake are appended to that run in the same transaction;
@@ -42,14 +45,53 @@ class Translated:
     fact: dict[str, Any]
 
 
-Provider = Callable[[dict[str, Any]], Translated]
-"""A webhook provider: its verified payload to what it means to longrun (``ValueError`` when it
-means nothing longrun knows). Loaded by ``longrun.webhook_providers``."""
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """How a provider signs a delivery: HMAC-SHA256 with the shared secret, hex, after ``prefix``, in
+    the request header ``header``."""
+
+    header: str
+    prefix: str = "sha256="
+    timestamp_header: str | None = None
+    """For a provider that signs the time of sending with the body (``<timestamp>.<body>``, Unix
+    seconds, the timestamp in this header): a delivery sent outside the replay window
+    (``LONGRUN_WEBHOOK_REPLAY_WINDOW``) is refused, so a captured request cannot be sent again later.
+    None: the provider signs the body alone, and dedup by its event id is the protection."""
 
 
-def signature_ok(secret: str, body: bytes, header: str | None) -> bool:
-    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return header is not None and hmac.compare_digest(expected, header)
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """A webhook provider (``POST /webhooks/<name>``), loaded by ``longrun.webhook_providers``."""
+
+    translate: Callable[[dict[str, Any]], Translated]
+    """Its verified payload to what it means to longrun (``ValueError`` when it means nothing longrun knows)."""
+    signature: Signature
+
+
+def refusal(signature: Signature, secret: str, headers: Mapping[str, str], body: bytes, *, now: float,
+            replay_window: float) -> str | None:
+    """Why a delivery is refused, or None when it is genuine and, for a timestamped provider, fresh.
+    ``headers`` looks names up without regard to case (as an HTTP request's do)."""
+    signed = body
+    sent_at: float | None = None
+    if signature.timestamp_header is not None:
+        stamp = headers.get(signature.timestamp_header)
+        if stamp is None:
+            return f"missing {signature.timestamp_header} header"
+        try:
+            sent_at = float(stamp)
+        except ValueError:
+            return f"{signature.timestamp_header} is not Unix seconds: {stamp[:40]!r}"
+        signed = stamp.encode() + b"." + body
+    expected = signature.prefix + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    given = headers.get(signature.header)
+    if given is None or not hmac.compare_digest(expected, given):
+        return "bad or missing signature"
+    if sent_at is not None and now - sent_at > replay_window:
+        return f"sent {now - sent_at:.0f}s ago, outside the {replay_window:g}s replay window"
+    if sent_at is not None and sent_at - now > replay_window:
+        return f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s replay window"
+    return None
 
 
 async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, reason: str,
@@ -61,7 +103,7 @@ async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, 
 async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],
                   clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
-    return await intake(tx, provider, providers[provider](payload), payload, clock=clock)
+    return await intake(tx, provider, providers[provider].translate(payload), payload, clock=clock)
 
 
 async def intake(tx: RunTransaction, provider: str, event: Translated, payload: Mapping[str, Any], *,

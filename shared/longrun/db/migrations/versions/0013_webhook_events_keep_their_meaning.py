@@ -41,7 +41,7 @@ def upgrade() -> None:
             raise RuntimeError(f"webhook event {row.event_id} of provider {row.provider!r} waits to be matched, and "
                                f"no installed provider is called {row.provider!r} (LONGRUN_WEBHOOK_PROVIDERS or a "
                                "longrun.webhook_providers entry point): install it and migrate again")
-        event = providers[row.provider](row.payload)
+        event = providers[row.provider].translate(row.payload)
         conn.execute(sa.text("UPDATE webhook_events SET fact_key = :k, fact = CAST(:f AS jsonb) "
                              "WHERE provider = :p AND event_id = :e"),
                      {"k": event.fact_key, "f": json.dumps(event.fact), "p": row.provider, "e": row.event_id})
