@@ -117,6 +117,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                 elif action == "answer":
                     result = await operate.answer(tx, run_id, question_id=str(body["question_id"]),
                                                   answer=body["answer"], actor=actor, reason=reason)
+                elif action == "resolve":
+                    result = await _resolve(tx, run_id, body, actor=actor, reason=reason)
                 elif action == "terminate":
                     result = await operate.terminate(tx, run_id, actor=actor, reason=reason, kinds=kinds)
                 elif action == "migrate":
@@ -130,6 +132,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=403)
         except operate.AnswerRefused as e:
             return JSONResponse({"error": str(e), "problems": e.problems}, status_code=422)
+        except (operate.ResolutionRefused, BadRequest) as e:
+            return JSONResponse({"error": str(e)}, status_code=422)
         except (DomainError, LongrunError) as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         except KeyError as e:
@@ -259,3 +263,21 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
 
 
 _ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
+RESOLUTIONS = {"confirmed": True, "not_done": False}
+"""``POST /runs/{id}/resolve``'s ``outcome``: whether the action took effect on the far side."""
+
+
+class BadRequest(ValueError):
+    """A request body whose fields have the wrong shape."""
+
+
+async def _resolve(tx: PgTransaction, run_id: str, body: dict[str, Any], *, actor: str, reason: str) -> dict[str, Any]:
+    outcome, receipt = body["outcome"], body.get("receipt")
+    if outcome not in RESOLUTIONS:
+        raise BadRequest(f"outcome must be one of {', '.join(RESOLUTIONS)}, not {outcome!r}")
+    if receipt is not None and not isinstance(receipt, dict):
+        raise BadRequest("receipt must be a JSON object")
+    external_id = body.get("external_id")
+    return await operate.resolve_action(tx, run_id, logical_action=str(body["logical_action"]),
+                                        done=RESOLUTIONS[outcome], external_id=None if external_id is None
+                                        else str(external_id), receipt=receipt, actor=actor, reason=reason)

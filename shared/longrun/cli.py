@@ -132,6 +132,30 @@ def run_answer(ctx: click.Context, run_id: str, question_id: str, answer_json: s
                                                          "reason": reason}))
 
 
+@run.command("resolve")
+@click.argument("run_id")
+@click.argument("logical_action")
+@click.option("--done", "outcome", flag_value="confirmed", help="it took effect: give --external-id (and --receipt)")
+@click.option("--not-done", "outcome", flag_value="not_done", help="it did not: submitted again under the same key")
+@click.option("--external-id", help="the id the far side gave the effect")
+@click.option("--receipt", "receipt_json", metavar="JSON", help="what the far side shows of it, a JSON object")
+@click.option("--reason", required=True, help="what you checked, for the audit log")
+@click.pass_context
+def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: str | None, external_id: str | None,
+                receipt_json: str | None, reason: str) -> None:
+    """Settle an action whose outcome is in doubt (UNKNOWN or NEEDS_ATTENTION) with what you found on
+    the far side: --done with its external id, or --not-done."""
+    if outcome is None:
+        raise click.UsageError("say what you found: --done or --not-done")
+    try:
+        receipt = None if receipt_json is None else json.loads(receipt_json)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--receipt") from None
+    _print(_call(ctx, "POST", f"/runs/{run_id}/resolve", {
+        "logical_action": logical_action, "outcome": outcome, "external_id": external_id, "receipt": receipt,
+        "reason": reason}))
+
+
 @main.group()
 def tenant() -> None:
     """Tenants' policies: what their runs may do, whatever their kind allows."""

@@ -1,4 +1,5 @@
-"""Operator actions on runs: approve, deny, answer, cancel, pause, resume, terminate — each audited.
+"""Operator actions on runs: approve, deny, answer, resolve an action in doubt, cancel, pause, resume,
+terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
 audit row (who, what, why) in the same transaction (a ``RunTransaction``: PostgreSQL's in the
@@ -9,14 +10,25 @@ The gateway's operator API and the CLI both call these.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from longrun.app import effects, questions
-from longrun.app.ports import RunTransaction
+from longrun.app.ports import LedgerOutcome, RunTransaction
 from longrun.authoring import Registry
 from longrun.errors import DomainError, ErrorCode
-from longrun.domain import ANSWER_FACT_PREFIX, RunSnapshot, RunStatus, freeze, is_late, to_plain
+from longrun.db.runs import StoredRun
+from longrun.domain import (
+    ANSWER_FACT_PREFIX,
+    RECEIPT_FACT_PREFIX,
+    UNRECONCILED,
+    ActionStatus,
+    RunSnapshot,
+    RunStatus,
+    freeze,
+    is_late,
+    to_plain,
+)
 from longrun.domain import events as ev
 
 PRODUCER = "operator"
@@ -52,6 +64,15 @@ class NotPermitted(DomainError):
         super().__init__(f"run {run_id}: only {owner} may {what}, not {actor}")
 
 
+class ResolutionRefused(DomainError):
+    """A resolution whose evidence does not fit its outcome; nothing was recorded."""
+
+    code = ErrorCode.EVENT_REJECTED
+
+    def __init__(self, run_id: str, logical_action: str, why: str) -> None:
+        super().__init__(f"run {run_id}: resolving {logical_action!r} refused: {why}")
+
+
 class AnswerRefused(DomainError):
     """An answer that does not satisfy its question's schema; nothing was recorded."""
 
@@ -81,6 +102,13 @@ async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, re
     after = await tx.append(stored, [event])
     await tx.audit(actor=actor, action=action, target=run_id, reason=reason,
                    details={"from": stored.snapshot.status.value, "to": after.snapshot.status.value, **(details or {})})
+    await _publish(tx, stored, after, actor=actor, action=action, kinds=kinds)
+    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision}
+
+
+async def _publish(tx: RunTransaction, stored: StoredRun, after: StoredRun, *, actor: str, action: str,
+                   kinds: Registry | None) -> None:
+    """The change's broadcast, and a wakeup when the run has something to do."""
     run = after.snapshot
     public = effects.EXTERNAL_IDS_ONLY if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
     broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
@@ -88,7 +116,6 @@ async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, re
     wakeup = (effects.wake_message(after, reason=action, producer=PRODUCER)
               if run.status in (RunStatus.READY, RunStatus.CANCELLING) else None)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
-    return {"run_id": run_id, "status": run.status.value, "revision": run.revision}
 
 
 async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, approved_hash: str,
@@ -139,6 +166,57 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
         build=lambda seq, at: ev.QuestionResolved(seq=seq, at=at, question_id=question_id, answer=freeze(answer),
                                                   answered_by=actor))
     return {**result, "repeated": False}
+
+
+async def resolve_action(tx: RunTransaction, run_id: str, *, logical_action: str, done: bool,
+                         external_id: str | None, receipt: Mapping[str, Any] | None, actor: str, reason: str,
+                         clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """A person settles an action whose outcome is in doubt (UNKNOWN, RECONCILING or NEEDS_ATTENTION)
+    with what they found on the far side: ``done`` with its external id and receipt (CONFIRMED; the
+    receipt becomes the fact ``receipt:<logical_action>`` as a worker's would, so ``decide`` reads
+    it), or not done (RETRYABLE: the worker submits it again under the same idempotency key). An
+    action nobody claimed yet is claimed by the resolution (``action.reconciliation_started``); a
+    reconciler's claim in flight is superseded (its later answer is dropped). Once nothing else is in
+    doubt the run moves on: out of ACTION_UNKNOWN by the domain, out of NEEDS_ATTENTION here."""
+    if done and not external_id:
+        raise ResolutionRefused(run_id, logical_action, "a confirmation needs the external id found on the far side")
+    if not done and (external_id or receipt):
+        raise ResolutionRefused(run_id, logical_action, "an action not done has no external id or receipt")
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    run = stored.snapshot
+    action = run.action(logical_action)
+    what = f"resolving {logical_action!r}"
+    if action is None:
+        raise NotPending(run_id, what, f"the run has no action {logical_action!r}")
+    if action.status not in UNRECONCILED:
+        raise NotPending(run_id, what, f"the action is {action.status.value}, not in doubt")
+    at = clock()
+    outcome = ActionStatus.CONFIRMED if done else ActionStatus.RETRYABLE
+    kept = dict(receipt or {}) | ({"external_id": external_id} if done else {})
+    events: list[ev.RunEvent] = []
+    if action.status is ActionStatus.UNKNOWN:
+        events.append(ev.ReconciliationStarted(seq=stored.seq(1), at=at, logical_action=logical_action))
+    events.append(ev.ActionResolved(seq=stored.seq(len(events) + 1), at=at, logical_action=logical_action,
+                                    outcome=outcome, by=actor, reason=reason, external_id=external_id))
+    if done:
+        events.append(ev.FactRecorded(seq=stored.seq(len(events) + 1), at=at,
+                                      key=f"{RECEIPT_FACT_PREFIX}{logical_action}", value=freeze(kept),
+                                      source=f"operator:{actor}"))
+    others = [a.logical_action for a in run.actions if a.status in UNRECONCILED and a.logical_action != logical_action]
+    if run.status is RunStatus.NEEDS_ATTENTION and not others:
+        events.append(ev.RunStatusChanged(seq=stored.seq(len(events) + 1), at=at, to=RunStatus.READY,
+                                          reason=f"{logical_action} resolved by {actor}"))
+    after = await tx.append(stored, events)
+    await tx.record(LedgerOutcome(action.idempotency_key, outcome, {
+        "external_id": external_id, "receipt": kept if done else None, "last_error": None}))
+    await tx.audit(actor=actor, action="resolve", target=run_id, reason=reason, details={
+        "logical_action": logical_action, "outcome": outcome.value, "external_id": external_id,
+        "from": run.status.value, "to": after.snapshot.status.value})
+    await _publish(tx, stored, after, actor=actor, action="resolve", kinds=None)
+    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
+            "action": {"logical_action": logical_action, "status": outcome.value}}
 
 
 def _asked(run: RunSnapshot) -> str:

@@ -115,6 +115,9 @@ class RunTransaction(Protocol):
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None: ...
 
+    async def record(self, outcome: LedgerOutcome) -> None:
+        """The ledger row of ``outcome.key`` takes its status and columns (an operator's resolution)."""
+
     async def claim(self, service: str, message_id: str, message_type: str) -> Claimed | Duplicate:
         """The service's inbox row for the message: a repeat gets the outcome recorded for the first."""
 

@@ -11,7 +11,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import webhooks
+from longrun.app.ports import LedgerOutcome
 from longrun.app.webhooks import Translated
+from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, policies, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
@@ -38,6 +40,9 @@ class PgTransaction:
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         await webhooks.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
                              details=dict(details))
+
+    async def record(self, outcome: LedgerOutcome) -> None:
+        await ledger.record(self.conn, outcome.key, outcome.status, **outcome.fields)
 
     async def claim(self, service: str, message_id: str, message_type: str) -> inbox.Claimed | inbox.Duplicate:
         return await inbox.claim(self.conn, service, message_id=message_id, message_type=message_type, run_id=None)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from longrun.app.ports import LedgerOutcome
 from longrun.app.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
@@ -39,6 +40,9 @@ class MemoryTransaction:
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         self.world.audit_log.append({"actor": actor, "action": action, "target": target, "reason": reason,
                                      "details": dict(details)})
+
+    async def record(self, outcome: LedgerOutcome) -> None:
+        self.store.record(outcome.key, outcome.status, **outcome.fields)
 
     async def claim(self, service: str, message_id: str, message_type: str) -> Claimed | Duplicate:
         return self.store.claim(service, message_id=message_id, message_type=message_type, run_id=None)
