@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,13 +22,14 @@ from longrun import run_kinds, webhook_providers
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
+from longrun.app.reconcile_alerts import ALERT_PREFIX
 from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
-from longrun.db import policies, retention, runs
+from longrun.db import pages, policies, retention, runs
 from longrun.db.errors import is_transient
-from longrun.db.schema import run_labels
+from longrun.db.schema import audit_log, run_labels
 from longrun.db.schema import runs as runs_table
 from longrun.domain import Scope, TenantPolicy, event_to_dict
 from longrun.errors import DomainError, LongrunError
@@ -151,8 +152,15 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             needs = (await conn.execute(select(runs_table.c.awaiting_worker).where(
                 runs_table.c.run_id == stored.snapshot.run_id))).scalar()
             archived = await retention.archive_of(conn, stored.snapshot.run_id)
+            next_timer = (await conn.execute(_NEXT_TIMER, {"r": stored.snapshot.run_id})).first()
         # An archived run's events and actions were pruned: the answer says where they went.
         return JSONResponse({"snapshot": stored.snapshot.to_dict(),
+                             "lease": None if stored.lease_owner is None else {
+                                 "owner": stored.lease_owner, "fencing_token": stored.fencing_token,
+                                 "until": stored.lease_until.isoformat() if stored.lease_until else None},
+                             "next_timer": None if next_timer is None else {
+                                 "kind": next_timer.kind, "wake_at": next_timer.wake_at.isoformat()},
+                             "allowed_operations": operate.allowed_operations(stored.snapshot),
                              "waiting_for": f"a compatible worker: {needs}" if needs else None,
                              "archived": None if archived is None else {
                                  "at": archived.at.isoformat(), "archive": archived.archive,
@@ -160,25 +168,68 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                              "events": [event_to_dict(e) for e in history]})
 
     async def search(request: Request) -> Response:
+        """Runs matching every filter given, newest first, a page at a time: ``limit``
+        (default 50, at most 500) and the ``next_cursor`` of the page before (None on the last page)."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        params = request.query_params
         query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
                        runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.awaiting_worker,
-                       runs_table.c.idempotency_key,
+                       runs_table.c.idempotency_key, runs_table.c.created_at,
                        runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
         for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
-            if request.query_params.get(column):
-                query = query.where(runs_table.c[column] == request.query_params[column])
-        for label in request.query_params.getlist("label"):
+            if params.get(column):
+                query = query.where(runs_table.c[column] == params[column])
+        for label in params.getlist("label"):
             key, equals, value = label.partition("=")
             if not equals or not key:
                 return JSONResponse({"error": f"label must be key=value, got {label!r}"}, status_code=400)
             query = query.where(exists().where(run_labels.c.run_id == runs_table.c.run_id,
                                                run_labels.c.key == key, run_labels.c.value == value))
+        try:
+            limit = pages.limit(params.get("limit"))
+            # Age: created more than a duration ago (older_than), or unchanged for one (idle_for).
+            for name, column in (("older_than", runs_table.c.created_at), ("idle_for", runs_table.c.updated_at)):
+                if params.get(name):
+                    query = query.where(pages.older_than(name, params[name], column))
+            if params.get("cursor"):
+                query = query.where(pages.after(params["cursor"], runs_table.c.created_at, runs_table.c.run_id))
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
         async with engine.connect() as conn:
-            rows = (await conn.execute(query.order_by(runs_table.c.updated_at.desc()).limit(200))).all()
-        return JSONResponse([{**r._mapping, "labels": r.labels or {}, "updated_at": r.updated_at.isoformat()}
-                             for r in rows])
+            rows = (await conn.execute(query.order_by(runs_table.c.created_at.desc(), runs_table.c.run_id.desc())
+                                       .limit(limit + 1))).all()
+        page = rows[:limit]
+        return JSONResponse({
+            "runs": [{**r._mapping, "labels": r.labels or {}, "created_at": r.created_at.isoformat(),
+                      "updated_at": r.updated_at.isoformat()} for r in page],
+            "next_cursor": pages.cursor(page[-1].created_at, page[-1].run_id) if len(rows) > limit else None})
+
+    async def audit_trail(request: Request) -> Response:
+        """The audit log, newest first, a page at a time (as ``search``), filtered by ``actor``,
+        ``action``, ``target``; ``/alerts`` is the part of it the reconciler raised (``alert.*``)."""
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        params = request.query_params
+        query = select(audit_log)
+        for column in ("actor", "action", "target"):
+            if params.get(column):
+                query = query.where(audit_log.c[column] == params[column])
+        if request.url.path == "/alerts":
+            query = query.where(audit_log.c.action.startswith(ALERT_PREFIX))
+        try:
+            limit = pages.limit(params.get("limit"))
+            if params.get("cursor"):
+                query = query.where(pages.after(params["cursor"], audit_log.c.at, audit_log.c.id))
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        async with engine.connect() as conn:
+            rows = (await conn.execute(query.order_by(audit_log.c.at.desc(), audit_log.c.id.desc())
+                                       .limit(limit + 1))).all()
+        page = rows[:limit]
+        return JSONResponse({
+            "entries": [{**r._mapping, "at": r.at.isoformat()} for r in page],
+            "next_cursor": pages.cursor(page[-1].at, page[-1].id) if len(rows) > limit else None})
 
     async def versions_in_use(request: Request) -> Response:
         if operator(request) is None:
@@ -250,6 +301,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/runs/{run_id}", ride(show), methods=["GET"]),
         Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
         Route("/versions", ride(versions_in_use), methods=["GET"]),
+        Route("/audit", ride(audit_trail), methods=["GET"]),
+        Route("/alerts", ride(audit_trail), methods=["GET"]),
         Route("/quarantine", ride(quarantined), methods=["GET"]),
         Route("/quarantine/{entry_id:int}/replay", ride(replay), methods=["POST"]),
         Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
@@ -262,6 +315,8 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
             "resources": list(policy.scope.resources)}
 
 
+_NEXT_TIMER = text("SELECT kind, wake_at FROM timers WHERE run_id = :r AND fired_at IS NULL AND cancelled_at IS NULL "
+                   "ORDER BY wake_at LIMIT 1")
 _ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
 RESOLUTIONS = {"confirmed": True, "not_done": False}
 """``POST /runs/{id}/resolve``'s ``outcome``: whether the action took effect on the far side."""

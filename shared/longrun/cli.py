@@ -48,6 +48,11 @@ def run() -> None:
     """Search, inspect and steer runs."""
 
 
+def _page_options(command: Any) -> Any:
+    command = click.option("--limit", type=click.IntRange(1, 500), help="at most this many (default 50)")(command)
+    return click.option("--cursor", help="the next_cursor of the page before")(command)
+
+
 @run.command("list")
 @click.option("--tenant")
 @click.option("--status")
@@ -55,12 +60,17 @@ def run() -> None:
 @click.option("--version", "workflow_version")
 @click.option("--key", "idempotency_key", help="the idempotency key the run was created with")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="repeat to require several")
+@click.option("--older-than", metavar="DURATION", help="created more than this long ago (90s, 15m, 12h, 30d)")
+@click.option("--idle-for", metavar="DURATION", help="unchanged for at least this long")
+@_page_options
 @click.pass_context
 def run_list(ctx: click.Context, tenant: str | None, status: str | None, wait_kind: str | None,
-             workflow_version: str | None, idempotency_key: str | None, labels: tuple[str, ...]) -> None:
-    query = [(k, v) for k, v in {"tenant_id": tenant, "status": status, "wait_kind": wait_kind,
-                                 "workflow_version": workflow_version, "idempotency_key": idempotency_key}.items()
-             if v]
+             workflow_version: str | None, idempotency_key: str | None, labels: tuple[str, ...],
+             older_than: str | None, idle_for: str | None, limit: int | None, cursor: str | None) -> None:
+    """Runs matching every filter, newest first, a page at a time (next_cursor: pass it as --cursor)."""
+    query = _given(tenant_id=tenant, status=status, wait_kind=wait_kind, workflow_version=workflow_version,
+                   idempotency_key=idempotency_key, older_than=older_than, idle_for=idle_for, limit=limit,
+                   cursor=cursor)
     _print(_call(ctx, "GET", "/runs", params=query + [("label", label) for label in labels]))
 
 
@@ -154,6 +164,33 @@ def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: s
     _print(_call(ctx, "POST", f"/runs/{run_id}/resolve", {
         "logical_action": logical_action, "outcome": outcome, "external_id": external_id, "receipt": receipt,
         "reason": reason}))
+
+
+@main.command("audit")
+@click.option("--actor")
+@click.option("--action", help="e.g. approve, resolve, webhook.refused, alert.silent_run")
+@click.option("--target", help="a run id, a tenant, a provider")
+@_page_options
+@click.pass_context
+def audit(ctx: click.Context, actor: str | None, action: str | None, target: str | None, limit: int | None,
+          cursor: str | None) -> None:
+    """The audit log, newest first: who did what to which target, and why."""
+    _print(_call(ctx, "GET", "/audit", params=_given(actor=actor, action=action, target=target, limit=limit,
+                                                     cursor=cursor)))
+
+
+@main.command("alerts")
+@click.option("--action", help="one kind, e.g. alert.silent_run")
+@click.option("--target", help="a run id")
+@_page_options
+@click.pass_context
+def alerts(ctx: click.Context, action: str | None, target: str | None, limit: int | None, cursor: str | None) -> None:
+    """The alerts the reconciler raised, newest first."""
+    _print(_call(ctx, "GET", "/alerts", params=_given(action=action, target=target, limit=limit, cursor=cursor)))
+
+
+def _given(**params: object) -> list[tuple[str, str]]:
+    return [(k, str(v)) for k, v in params.items() if v is not None]
 
 
 @main.group()

@@ -73,7 +73,7 @@ def _text(raw: str) -> str:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _duration(raw: str) -> float:
+def duration(raw: str) -> float:
     """Seconds, or a number with a unit: ``90s``, ``15m``, ``12h``, ``30d``."""
     text = raw.strip()
     unit = _UNITS.get(text[-1:].lower()) if text else None
@@ -380,7 +380,7 @@ _SPEC: dict[str, _Var] = {
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
                            "dev-webhook-secret"),
-    "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", _duration, _DURATION, "5m"),
+    "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", duration, _DURATION, "5m"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
@@ -408,17 +408,17 @@ _SPEC: dict[str, _Var] = {
     "retention_interval": _var("LONGRUN_RETENTION_INTERVAL", _positive_float, "seconds, a number > 0", "600"),
     "retention_batch": _var("LONGRUN_RETENTION_BATCH", _positive_int, "an integer >= 1", "1000"),
     "archive_batch": _var("LONGRUN_ARCHIVE_BATCH", _positive_int, "an integer >= 1", "100"),
-    "retain_outbox": _var("LONGRUN_RETAIN_OUTBOX", _duration, _DURATION, "7d"),
-    "retain_inbox": _var("LONGRUN_RETAIN_INBOX", _duration, _DURATION, "30d"),
-    "quarantine_replay_window": _var("LONGRUN_QUARANTINE_REPLAY_WINDOW", _duration, _DURATION, "14d"),
-    "retain_timers": _var("LONGRUN_RETAIN_TIMERS", _duration, _DURATION, "7d"),
-    "retain_webhook_events": _var("LONGRUN_RETAIN_WEBHOOK_EVENTS", _duration, _DURATION, "30d"),
-    "retain_delivery_failures": _var("LONGRUN_RETAIN_DELIVERY_FAILURES", _duration, _DURATION, "30d"),
-    "retain_replayed_quarantine": _var("LONGRUN_RETAIN_REPLAYED_QUARANTINE", _duration, _DURATION, "30d"),
-    "retain_dead_members": _var("LONGRUN_RETAIN_DEAD_MEMBERS", _duration, _DURATION, "1d"),
-    "retain_audit": _var("LONGRUN_RETAIN_AUDIT", _duration, _DURATION, "365d"),
-    "retain_finished_runs": _var("LONGRUN_RETAIN_FINISHED_RUNS", _duration, _DURATION, "30d"),
-    "artifact_orphan_grace": _var("LONGRUN_ARTIFACT_ORPHAN_GRACE", _duration, _DURATION, "1h"),
+    "retain_outbox": _var("LONGRUN_RETAIN_OUTBOX", duration, _DURATION, "7d"),
+    "retain_inbox": _var("LONGRUN_RETAIN_INBOX", duration, _DURATION, "30d"),
+    "quarantine_replay_window": _var("LONGRUN_QUARANTINE_REPLAY_WINDOW", duration, _DURATION, "14d"),
+    "retain_timers": _var("LONGRUN_RETAIN_TIMERS", duration, _DURATION, "7d"),
+    "retain_webhook_events": _var("LONGRUN_RETAIN_WEBHOOK_EVENTS", duration, _DURATION, "30d"),
+    "retain_delivery_failures": _var("LONGRUN_RETAIN_DELIVERY_FAILURES", duration, _DURATION, "30d"),
+    "retain_replayed_quarantine": _var("LONGRUN_RETAIN_REPLAYED_QUARANTINE", duration, _DURATION, "30d"),
+    "retain_dead_members": _var("LONGRUN_RETAIN_DEAD_MEMBERS", duration, _DURATION, "1d"),
+    "retain_audit": _var("LONGRUN_RETAIN_AUDIT", duration, _DURATION, "365d"),
+    "retain_finished_runs": _var("LONGRUN_RETAIN_FINISHED_RUNS", duration, _DURATION, "30d"),
+    "artifact_orphan_grace": _var("LONGRUN_ARTIFACT_ORPHAN_GRACE", duration, _DURATION, "1h"),
     "retry_initial_interval": _var("LONGRUN_RETRY_INITIAL_INTERVAL", _positive_float, "seconds, a number > 0", "1"),
     "retry_backoff_coefficient": _var("LONGRUN_RETRY_BACKOFF_COEFFICIENT", _at_least_one_float,
                                       "a number >= 1", "2"),

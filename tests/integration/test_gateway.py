@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -150,3 +155,86 @@ async def test_a_migration_to_a_version_this_deployment_lacks_is_refused_naming_
     assert "no run kind 'dependency_upgrade' at workflow version '2'" in refused.json()["error"]
     async with engine.connect() as conn:
         assert await runs.load(conn, run_id) == stored
+
+
+OPERATOR = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ana"}
+
+
+async def test_a_run_shows_its_lease_next_timer_and_the_operations_allowed_now(clean, engine, gateway) -> None:
+    waiting = await waiting_for_event(engine, "ci/acme/payments/12")
+    asking = await waiting_for_user(engine, approval_id="merge:1", approved_hash="h1")
+    shown = {r.snapshot.run_id: (await gateway.get(f"/runs/{r.snapshot.run_id}", headers=OPERATOR)).json()
+             for r in (waiting, asking)}
+    event_wait, user_wait = shown[waiting.snapshot.run_id], shown[asking.snapshot.run_id]
+    assert event_wait["allowed_operations"] == ["pause", "cancel", "terminate"]
+    assert event_wait["next_timer"]["kind"] == "wait_deadline" and event_wait["lease"] is None
+    assert user_wait["allowed_operations"] == ["approve", "deny", "pause", "cancel", "terminate"]
+    assert user_wait["next_timer"] is None
+    paused = await gateway.post(f"/runs/{waiting.snapshot.run_id}/pause", headers=OPERATOR, json={"reason": "look"})
+    assert paused.status_code == 200, paused.text
+    again = (await gateway.get(f"/runs/{waiting.snapshot.run_id}", headers=OPERATOR)).json()
+    assert again["allowed_operations"] == ["cancel", "terminate", "resume"]
+
+
+async def test_runs_come_a_page_at_a_time_newest_first_each_on_exactly_one_page(clean, engine, gateway) -> None:
+    made = [(await waiting_for_event(engine, f"ci/acme/payments/p{i}")).snapshot.run_id for i in range(7)]
+    seen: list[str] = []
+    cursor: str | None = None
+    sizes = []
+    while True:
+        page = (await gateway.get("/runs", headers=OPERATOR, params={
+            "tenant_id": "acme", "limit": "3", **({"cursor": cursor} if cursor else {})})).json()
+        sizes.append(len(page["runs"]))
+        seen += [r["run_id"] for r in page["runs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        await waiting_for_event(engine, f"ci/acme/payments/late-{len(sizes)}")  # newer: not on later pages
+    assert sizes == [3, 3, 1] and seen == list(reversed(made))
+    older = (await gateway.get("/runs", headers=OPERATOR, params={"older_than": "1h"})).json()
+    assert older == {"runs": [], "next_cursor": None}
+    for params, error in (({"limit": "0"}, "limit must be an integer from 1 to 500, got '0'"),
+                          ({"cursor": "bm9wZQ"}, "cursor is not one this API gave out: 'bm9wZQ'"),
+                          ({"idle_for": "soon"}, "idle_for must be a duration")):
+        refused = await gateway.get("/runs", headers=OPERATOR, params=params)
+        assert refused.status_code == 400 and refused.json()["error"].startswith(error), refused.text
+
+
+async def test_the_audit_log_and_the_alerts_are_readable_newest_first(clean, engine, gateway) -> None:
+    stored = await waiting_for_event(engine, "ci/acme/payments/13")
+    run_id = stored.snapshot.run_id
+    for action in ("pause", "resume"):
+        assert (await gateway.post(f"/runs/{run_id}/{action}", headers=OPERATOR,
+                                   json={"reason": f"{action} to look"})).status_code == 200
+    async with engine.begin() as conn:
+        await webhooks.audit(conn, actor="reconciler", action="alert.silent_run", target=run_id, reason="silent")
+    trail = (await gateway.get("/audit", headers=OPERATOR, params={"target": run_id})).json()
+    assert [(e["actor"], e["action"], e["reason"]) for e in trail["entries"]] == [
+        ("reconciler", "alert.silent_run", "silent"), ("ana", "resume", "resume to look"),
+        ("ana", "pause", "pause to look")]
+    first = (await gateway.get("/audit", headers=OPERATOR, params={"actor": "ana", "limit": "1"})).json()
+    rest = (await gateway.get("/audit", headers=OPERATOR, params={"actor": "ana", "cursor": first["next_cursor"]})).json()
+    assert [e["action"] for e in first["entries"] + rest["entries"]] == ["resume", "pause"]
+    assert rest["next_cursor"] is None
+    alerts = (await gateway.get("/alerts", headers=OPERATOR)).json()
+    assert [(e["action"], e["target"]) for e in alerts["entries"]] == [("alert.silent_run", run_id)]
+    assert (await gateway.get("/audit")).status_code == 401
+
+
+async def test_longrunctl_pages_runs_and_reads_the_audit_log_and_alerts(clean, engine, gateway) -> None:
+    made = [(await waiting_for_event(engine, f"ci/acme/payments/c{i}")).snapshot.run_id for i in range(2)]
+    async with engine.begin() as conn:
+        await webhooks.audit(conn, actor="reconciler", action="alert.drift", target=made[0], reason="drifted")
+
+    def ctl(*args: str) -> Any:
+        done = subprocess.run([str(Path(sys.executable).parent / "longrunctl"), "--url", str(gateway.base_url),
+                               "--token", OPERATOR_TOKEN, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = await asyncio.to_thread(ctl, "run", "list", "--tenant", "acme", "--limit", "1")
+    second = await asyncio.to_thread(ctl, "run", "list", "--tenant", "acme", "--cursor", first["next_cursor"])
+    assert [r["run_id"] for r in first["runs"] + second["runs"]] == list(reversed(made))
+    alerts = await asyncio.to_thread(ctl, "alerts")
+    audit = await asyncio.to_thread(ctl, "audit", "--target", made[0])
+    assert [e["reason"] for e in alerts["entries"]] == [e["reason"] for e in audit["entries"]] == ["drifted"]

@@ -56,14 +56,17 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
     run_id = await start()
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         # Given the run shows the question it asks: its text, answer schema, owner and deadline
-        shown = (await http.get(f"/runs/{run_id}", headers=operator("alice"))).json()["snapshot"]
+        run = (await http.get(f"/runs/{run_id}", headers=operator("alice"))).json()
+        shown = run["snapshot"]
         [question] = shown["open_questions"]
         assert question["question_id"] == "module" and question["text"] == "Which module is 'retry storms' about?"
         assert question["answer_schema"]["required"] == ["module"]
         assert (shown["wait"]["kind"], shown["wait"]["question_id"], shown["wait"]["owner"]) == \
             ("question", "module", "alice")
+        assert run["allowed_operations"] == ["answer", "pause", "cancel", "terminate"]
+        assert run["next_timer"]["kind"] == "wait_deadline" and run["lease"] is None
         assert shown["wait"]["deadline"] > shown["status_since"]
-        listed = (await http.get("/runs", params={"wait_kind": "question"}, headers=operator("alice"))).json()
+        listed = (await http.get("/runs", params={"wait_kind": "question"}, headers=operator("alice"))).json()["runs"]
         assert [r["run_id"] for r in listed] == [run_id]
         stored = await _stored(engine, run_id)
         # When an answer breaks the schema, it is refused with 422 naming the violation, and nothing is stored

@@ -104,6 +104,9 @@ async def test_an_unknown_action_resolved_with_the_forges_receipt_completes_the_
     assert stored.snapshot.status is RunStatus.ACTION_UNKNOWN, stored.snapshot.terminal_reason
     action = stored.snapshot.action(MR)
     assert action is not None and action.status.value == "UNKNOWN"
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as api:
+        shown = (await api.get(f"/runs/{run_id}", headers={"authorization": f"Bearer {OPERATOR_TOKEN}"})).json()
+    assert shown["allowed_operations"] == ["resolve", "pause", "cancel", "terminate"]
 
     # When the operator finds it on the forge by its idempotency key and resolves it with that receipt
     found = await _forge_lookup(ensemble, action.idempotency_key)

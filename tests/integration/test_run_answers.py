@@ -166,9 +166,10 @@ async def test_a_repeated_create_is_announced_again_and_labels_are_kept_and_sear
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url,
                                  headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as gateway:
-        by_label = (await gateway.get("/runs", params=[("label", "team=payments"), ("label", "ticket=PAY-42")])).json()
-        by_key = (await gateway.get("/runs", params={"tenant_id": TENANT, "idempotency_key": key})).json()
-        other = (await gateway.get("/runs", params={"label": "team=search"})).json()
+        by_label = (await gateway.get("/runs", params=[("label", "team=payments"), ("label", "ticket=PAY-42")])
+                    ).json()["runs"]
+        by_key = (await gateway.get("/runs", params={"tenant_id": TENANT, "idempotency_key": key})).json()["runs"]
+        other = (await gateway.get("/runs", params={"label": "team=search"})).json()["runs"]
         bad = await gateway.get("/runs", params={"label": "team"})
     assert [r["run_id"] for r in by_label] == [r["run_id"] for r in by_key] == [run_id]
     assert by_label[0]["labels"] == labels and other == [] and bad.status_code == 400

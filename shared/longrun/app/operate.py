@@ -21,6 +21,7 @@ from longrun.db.runs import StoredRun
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
+    RUN_TRANSITIONS,
     UNRECONCILED,
     ActionStatus,
     RunSnapshot,
@@ -82,6 +83,24 @@ class AnswerRefused(DomainError):
         self.problems = problems
         super().__init__(f"run {run_id}: the answer to question {question_id!r} does not satisfy its schema: "
                          + "; ".join(problems))
+
+
+def allowed_operations(run: RunSnapshot) -> list[str]:
+    """What an operator may do to ``run`` now, as the operator API names it (``POST /runs/{id}/<name>``):
+    the decisions its wait asks for, ``resolve`` while an action is in doubt, and the moves the run's
+    state machine allows from its status."""
+    moves = RUN_TRANSITIONS[run.status]
+    wait = run.wait
+    allowed: list[str] = []
+    if run.status is RunStatus.WAITING_USER and wait is not None:
+        allowed += ["answer"] if wait.question_id is not None else ["approve", "deny"] if wait.approval_id else []
+    if any(a.status in UNRECONCILED for a in run.actions):
+        allowed.append("resolve")
+    allowed += [name for name, to in (("pause", RunStatus.PAUSED), ("cancel", RunStatus.CANCELLING),
+                                      ("terminate", RunStatus.TERMINATED)) if to in moves]
+    if run.status is RunStatus.PAUSED:
+        allowed.append("resume")
+    return allowed
 
 
 async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, reason: str,

@@ -39,10 +39,12 @@ from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus, closure, th
 
 logger = logging.getLogger(__name__)
 
-SILENT_ALERT = "alert.silent_run"
-DRIFT_ALERT = "alert.drift"
-NO_WORKER_ALERT = "alert.no_compatible_worker"
-CORRECTION_ALERT = "alert.correction_needed"
+ALERT_PREFIX = "alert."
+"""Every alert is an audit row whose action starts so (the operator API's ``/alerts``)."""
+SILENT_ALERT = f"{ALERT_PREFIX}silent_run"
+DRIFT_ALERT = f"{ALERT_PREFIX}drift"
+NO_WORKER_ALERT = f"{ALERT_PREFIX}no_compatible_worker"
+CORRECTION_ALERT = f"{ALERT_PREFIX}correction_needed"
 """An outcome that arrived after its run COMPLETED contradicts it (``domain.closure``)."""
 _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 """First key of the two-key advisory lock that serialises alerts for one target."""

@@ -1,0 +1,52 @@
+"""Keyset pages for the operator API's lists: newest first, a page at a time, by an opaque cursor.
+
+A cursor is the sort key of the last row a page showed, ``(created_at, id)``, both never changing,
+so a row appears on exactly one page however the rows around it change meanwhile; rows created
+after the first page are not shown on later ones (a new search shows them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, tuple_
+
+from longrun.config import duration
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+def limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {raw!r}")
+    return int(raw)
+
+
+def older_than(name: str, raw: str, column: Any) -> ColumnElement[bool]:
+    """``column`` more than the duration ``raw`` (``90s``, ``15m``, ``12h``, ``30d``) before the database's now."""
+    try:
+        seconds = duration(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a duration (seconds, or a number with s, m, h or d), got {raw!r}") from None
+    return column < func.now() - timedelta(seconds=seconds)
+
+
+def cursor(created_at: datetime, row_id: str | int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), row_id]).encode()).decode().rstrip("=")
+
+
+def after(raw: str, created: Any, row_id: Any) -> ColumnElement[bool]:
+    """Rows past the cursor ``raw`` in newest-first order."""
+    try:
+        at, last = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        moment = datetime.fromisoformat(at)
+    except (binascii.Error, ValueError, TypeError) as e:
+        raise ValueError(f"cursor is not one this API gave out: {raw[:40]!r}") from e
+    return tuple_(created, row_id) < tuple_(moment, last)
