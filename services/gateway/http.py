@@ -7,7 +7,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sqlalchemy import exists, select, text
@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from longrun import run_kinds, webhook_providers
+from longrun import artifacts, run_kinds, webhook_providers
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
@@ -29,9 +30,10 @@ from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
 from longrun.db import pages, policies, retention, runs
 from longrun.db.errors import is_transient
+from longrun.db.schema import artifacts as artifacts_table
 from longrun.db.schema import audit_log, run_labels
 from longrun.db.schema import runs as runs_table
-from longrun.domain import Scope, TenantPolicy, event_to_dict
+from longrun.domain import RunSnapshot, Scope, TenantPolicy, event_to_dict
 from longrun.errors import DomainError, LongrunError
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ def riding_out_database_restarts(handler: Handler) -> Handler:
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
     providers = webhook_providers.load(settings)
+    store = FilesystemArtifactStore(settings.artifact_dir)
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
@@ -166,6 +169,46 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                                  "at": archived.at.isoformat(), "archive": archived.archive,
                                  "location": archived.location, "media_type": ARCHIVE_MEDIA_TYPE},
                              "events": [event_to_dict(e) for e in history]})
+
+    async def attach(request: Request) -> Response:
+        """POST the artifact's bytes (``Content-Type``: its media type) with ``?name=...&reason=...``."""
+        actor = operator(request)
+        if actor is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        run_id, params = request.path_params["run_id"], request.query_params
+        if not params.get("name") or not params.get("reason"):
+            return JSONResponse({"error": "name and reason are required query parameters"}, status_code=400)
+        data = await request.body()
+        if not data or len(data) > settings.max_attachment_bytes:
+            return JSONResponse({"error": f"an artifact is 1 to {settings.max_attachment_bytes} bytes "
+                                          f"(LONGRUN_MAX_ATTACHMENT_BYTES), got {len(data)}"}, status_code=413)
+        media_type = request.headers.get("content-type", "application/octet-stream")
+        content_hash = await store.put(data)  # uploaded before the transaction that refers to it
+        try:
+            async with engine.begin() as conn:
+                result = await operate.attach_artifact(
+                    PgTransaction(conn), run_id, name=params["name"], content_hash=content_hash, size=len(data),
+                    media_type=media_type, actor=actor, reason=params["reason"])
+                await artifacts.register(conn, store, content_hash, size=len(data), media_type=media_type,
+                                         run_id=run_id)
+        except operate.RunNotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        except operate.AttachmentRefused as e:
+            return JSONResponse({"error": str(e)}, status_code=422)
+        return JSONResponse(result)
+
+    async def artifact(request: Request) -> Response:
+        """An artifact of the run: one attached to it, or a receipt its actions refer to."""
+        if operator(request) is None:
+            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        run_id, content_hash = request.path_params["run_id"], request.path_params["content_hash"]
+        async with engine.connect() as conn:
+            stored = await runs.load(conn, run_id)
+            row = (await conn.execute(select(artifacts_table.c.media_type).where(
+                artifacts_table.c.content_hash == content_hash))).first()
+        if stored is None or row is None or not _refers_to(stored.snapshot, content_hash):
+            return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
+        return Response(await store.get(content_hash), media_type=row.media_type)
 
     async def search(request: Request) -> Response:
         """Runs matching every filter given, newest first, a page at a time: ``limit``
@@ -299,6 +342,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/webhooks/{provider}", ride(webhook), methods=["POST"]),
         Route("/runs", ride(search), methods=["GET"]),
         Route("/runs/{run_id}", ride(show), methods=["GET"]),
+        Route("/runs/{run_id}/artifacts", ride(attach), methods=["POST"]),
+        Route("/runs/{run_id}/artifacts/{content_hash}", ride(artifact), methods=["GET"]),
         Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
         Route("/versions", ride(versions_in_use), methods=["GET"]),
         Route("/audit", ride(audit_trail), methods=["GET"]),
@@ -308,6 +353,12 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
+
+
+def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
+    attached = (f.value for f in run.facts if f.key.startswith(operate.ARTIFACT_FACT_PREFIX))
+    return any(isinstance(v, Mapping) and v.get("content_hash") == content_hash for v in attached) or any(
+        a.receipt_ref == content_hash for a in run.actions)
 
 
 def _policy_json(policy: TenantPolicy) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import IO, Any
 
 import click
@@ -20,9 +21,10 @@ def _client(ctx: click.Context) -> httpx.Client:
 
 
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
-          params: list[tuple[str, str]] | None = None) -> Any:
+          params: list[tuple[str, str]] | None = None, content: bytes | None = None,
+          headers: dict[str, str] | None = None) -> Any:
     with _client(ctx) as http:
-        response = http.request(method, path, json=body, params=params)
+        response = http.request(method, path, json=body, params=params, content=content, headers=headers)
     data = response.json()
     if response.status_code >= 400:
         raise click.ClickException(f"{response.status_code}: {data.get('error', data)}")
@@ -164,6 +166,21 @@ def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: s
     _print(_call(ctx, "POST", f"/runs/{run_id}/resolve", {
         "logical_action": logical_action, "outcome": outcome, "external_id": external_id, "receipt": receipt,
         "reason": reason}))
+
+
+@run.command("attach")
+@click.argument("run_id")
+@click.argument("file", type=click.File("rb"))
+@click.option("--name", help="what the run calls it (the fact artifact:<name>); default: the file's name")
+@click.option("--media-type", default="application/octet-stream", show_default=True)
+@click.option("--reason", required=True)
+@click.pass_context
+def run_attach(ctx: click.Context, run_id: str, file: IO[bytes], name: str | None, media_type: str,
+               reason: str) -> None:
+    """Attach a file to a run as evidence; the run records it as the fact artifact:<name>."""
+    given = name or Path(file.name).name
+    _print(_call(ctx, "POST", f"/runs/{run_id}/artifacts", params=[("name", given), ("reason", reason)],
+                 content=file.read(), headers={"content-type": media_type}))
 
 
 @main.command("audit")

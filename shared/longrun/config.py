@@ -219,6 +219,8 @@ class Settings:
     max_input_bytes: int
     """Largest ``run.create`` input accepted, in bytes of its JSON; a larger one is refused with
     ``run.rejected`` (input_too_large). Large inputs belong in the artifact store, referenced by hash."""
+    max_attachment_bytes: int
+    """The largest artifact an operator may attach to a run through the gateway."""
     priority_aging: float
     """Seconds of waiting that count as one priority point (so nothing starves)."""
     worker_concurrency: int
@@ -390,6 +392,8 @@ _SPEC: dict[str, _Var] = {
     "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
     "tenant_slots": _var("LONGRUN_TENANT_SLOTS", _positive_int, "an integer >= 1", "4"),
     "max_input_bytes": _var("LONGRUN_MAX_INPUT_BYTES", _positive_int, "bytes, an integer >= 1", "262144"),
+    "max_attachment_bytes": _var("LONGRUN_MAX_ATTACHMENT_BYTES", _positive_int, "bytes, an integer >= 1",
+                                 str(10 * 1024 * 1024)),
     "priority_aging": _var("LONGRUN_PRIORITY_AGING", _positive_float, "seconds, a number > 0", "30"),
     "worker_concurrency": _var("LONGRUN_WORKER_CONCURRENCY", _positive_int, "an integer >= 1", "64"),
     "model": _var("LONGRUN_MODEL", _model_kind, "scripted or openai", "scripted"),

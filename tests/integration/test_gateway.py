@@ -221,7 +221,8 @@ async def test_the_audit_log_and_the_alerts_are_readable_newest_first(clean, eng
     assert (await gateway.get("/audit")).status_code == 401
 
 
-async def test_longrunctl_pages_runs_and_reads_the_audit_log_and_alerts(clean, engine, gateway) -> None:
+async def test_longrunctl_pages_runs_attaches_and_reads_the_audit_log_and_alerts(clean, engine, gateway,
+                                                                                  tmp_path: Path) -> None:
     made = [(await waiting_for_event(engine, f"ci/acme/payments/c{i}")).snapshot.run_id for i in range(2)]
     async with engine.begin() as conn:
         await webhooks.audit(conn, actor="reconciler", action="alert.drift", target=made[0], reason="drifted")
@@ -235,6 +236,45 @@ async def test_longrunctl_pages_runs_and_reads_the_audit_log_and_alerts(clean, e
     first = await asyncio.to_thread(ctl, "run", "list", "--tenant", "acme", "--limit", "1")
     second = await asyncio.to_thread(ctl, "run", "list", "--tenant", "acme", "--cursor", first["next_cursor"])
     assert [r["run_id"] for r in first["runs"] + second["runs"]] == list(reversed(made))
+    evidence = tmp_path / "screenshot.png"
+    evidence.write_bytes(b"\x89PNG fake screenshot")
+    attached = await asyncio.to_thread(ctl, "run", "attach", made[1], str(evidence), "--media-type", "image/png",
+                                       "--reason", "what the console showed")
+    assert attached["artifact"]["name"] == "screenshot.png" and attached["artifact"]["media_type"] == "image/png"
     alerts = await asyncio.to_thread(ctl, "alerts")
     audit = await asyncio.to_thread(ctl, "audit", "--target", made[0])
     assert [e["reason"] for e in alerts["entries"]] == [e["reason"] for e in audit["entries"]] == ["drifted"]
+    attach = await asyncio.to_thread(ctl, "audit", "--action", "attach")
+    assert [(e["target"], e["details"]["name"]) for e in attach["entries"]] == [(made[1], "screenshot.png")]
+
+
+async def test_an_operator_attaches_an_artifact_the_run_records_and_serves_back(clean, engine, gateway) -> None:
+    stored = await waiting_for_event(engine, "ci/acme/payments/14")
+    run_id = stored.snapshot.run_id
+    log = b"CI log excerpt: 412 passed, 0 failed\n" * 50
+    attached = await gateway.post(f"/runs/{run_id}/artifacts", headers={**OPERATOR, "content-type": "text/plain"},
+                                  params={"name": "ci-log.txt", "reason": "the CI log the far side lost"}, content=log)
+    assert attached.status_code == 200, attached.text
+    artifact = attached.json()["artifact"]
+    assert (artifact["name"], artifact["size"], artifact["media_type"]) == ("ci-log.txt", len(log), "text/plain")
+    shown = (await gateway.get(f"/runs/{run_id}", headers=OPERATOR)).json()
+    [fact] = [f for f in shown["snapshot"]["facts"] if f["key"] == "artifact:ci-log.txt"]
+    assert fact["source"] == "operator:ana" and fact["value"]["content_hash"] == artifact["content_hash"]
+    served = await gateway.get(f"/runs/{run_id}/artifacts/{artifact['content_hash']}", headers=OPERATOR)
+    assert (served.status_code, served.content) == (200, log)
+    assert served.headers["content-type"].split(";")[0] == "text/plain"
+    other = await waiting_for_event(engine, "ci/acme/payments/15")
+    assert (await gateway.get(f"/runs/{other.snapshot.run_id}/artifacts/{artifact['content_hash']}",
+                              headers=OPERATOR)).status_code == 404
+    for params, status in (({"name": "../etc", "reason": "r"}, 422), ({"name": "x"}, 400)):
+        assert (await gateway.post(f"/runs/{run_id}/artifacts", headers=OPERATOR, params=params,
+                                   content=b"x")).status_code == status
+    assert (await gateway.post("/runs/nope/artifacts", headers=OPERATOR, params={"name": "x", "reason": "r"},
+                               content=b"x")).status_code == 404
+    async with engine.connect() as conn:
+        audit = (await conn.execute(text("SELECT actor, action, details->>'name' FROM audit_log "
+                                         "WHERE action = 'attach'"))).all()
+        registered = (await conn.execute(text("SELECT run_id, size_bytes FROM artifacts WHERE content_hash = :h"),
+                                         {"h": artifact["content_hash"]})).one()
+    assert [tuple(a) for a in audit] == [("ana", "attach", "ci-log.txt")]
+    assert tuple(registered) == (run_id, len(log))

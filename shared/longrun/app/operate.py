@@ -1,5 +1,5 @@
-"""Operator actions on runs: approve, deny, answer, resolve an action in doubt, cancel, pause, resume,
-terminate — each audited.
+"""Operator actions on runs: approve, deny, answer, resolve an action in doubt, attach an artifact,
+cancel, pause, resume, terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
 audit row (who, what, why) in the same transaction (a ``RunTransaction``: PostgreSQL's in the
@@ -9,6 +9,7 @@ The gateway's operator API and the CLI both call these.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -72,6 +73,13 @@ class ResolutionRefused(DomainError):
 
     def __init__(self, run_id: str, logical_action: str, why: str) -> None:
         super().__init__(f"run {run_id}: resolving {logical_action!r} refused: {why}")
+
+
+class AttachmentRefused(DomainError):
+    code = ErrorCode.EVENT_REJECTED
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(f"run {run_id}: attachment refused: {why}")
 
 
 class AnswerRefused(DomainError):
@@ -236,6 +244,34 @@ async def resolve_action(tx: RunTransaction, run_id: str, *, logical_action: str
     await _publish(tx, stored, after, actor=actor, action="resolve", kinds=None)
     return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
             "action": {"logical_action": logical_action, "status": outcome.value}}
+
+
+ARTIFACT_FACT_PREFIX = "artifact:"
+"""An attached artifact is the fact ``artifact:<name>``: its content hash, size and media type."""
+ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+async def attach_artifact(tx: RunTransaction, run_id: str, *, name: str, content_hash: str, size: int,
+                          media_type: str, actor: str, reason: str,
+                          clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """A person attaches evidence (a log, a screenshot, an export) to a run: the bytes are uploaded and
+    registered by the caller, in this transaction; the run records the fact ``artifact:<name>``, which
+    its ``decide`` and ``accept`` can read, vouched for by ``operator:<actor>``. Attaching under a name
+    again points the fact at the new content (history keeps both). A finished run keeps it as a late
+    event: its history shows it, its state does not change."""
+    if not ARTIFACT_NAME.fullmatch(name):
+        raise AttachmentRefused(run_id, f"name must be 1-100 letters, digits, '.', '_' or '-', starting with a "
+                                        f"letter or digit; got {name[:120]!r}")
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    value = {"content_hash": content_hash, "size": size, "media_type": media_type}
+    after = await tx.append(stored, [ev.FactRecorded(seq=stored.seq(1), at=clock(), key=ARTIFACT_FACT_PREFIX + name,
+                                                     value=freeze(value), source=f"operator:{actor}")])
+    await tx.audit(actor=actor, action="attach", target=run_id, reason=reason, details={"name": name, **value})
+    await _publish(tx, stored, after, actor=actor, action="attach", kinds=None)
+    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
+            "artifact": {"name": name, **value}}
 
 
 def _asked(run: RunSnapshot) -> str:
