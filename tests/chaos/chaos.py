@@ -6,9 +6,9 @@ process" whose lease runs out), how long it stays down, when the forge misbehave
 out or fails after acting, or refuses before acting) or is down for a few seconds (every call
 answered 503; one such outage, a third of the way in, in every run, so that the forge's circuit
 breaker opens, probes and closes), which runs are upgrades, which run.create messages are sent
-twice, which approvals are denied or first tried with a wrong hash (a function of the seed and
-the run's key). The processes' own timing is not replayable, but the script of faults is:
-``CHAOS_SEED=<seed>`` replays it.
+twice, which runs have a business deadline (due within seconds), which approvals are denied or
+first tried with a wrong hash (a function of the seed and the run's key). The processes' own
+timing is not replayable, but the script of faults is: ``CHAOS_SEED=<seed>`` replays it.
 
 Roles next to the monkey, as they exist in production:
 - a producer publishing ``run.create`` on the ingress exchange, sometimes the very same
@@ -31,6 +31,7 @@ import random
 import re
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,10 @@ SURE_OUTAGE_SECONDS = 8.0
 """One outage every run has, a third of the way into the faults: long enough, under the runs' load,
 for the forge's breaker to open, so its waits and probes are in every mix."""
 BREAKER_COOL_DOWN = 3.0
+DEADLINE_SHARE = 0.06
+"""Of the ``steps`` runs, the share created with a business deadline, due ``DEADLINE_IN`` seconds after
+they are asked for: some finish first, the others end TIMED_OUT by it."""
+DEADLINE_IN = (2.0, 15.0)
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,8 @@ class Chaos:
         self.keys: list[tuple[str, str]] = []
         """(tenant, idempotency key) of every distinct run asked for."""
         self.answered: set[str] = set()
+        self.deadlines: set[str] = set()
+        """Keys of the runs created with a business deadline."""
         self.redelivered: set[str] = set()
         self.env = {"LONGRUN_TOOL_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
@@ -305,8 +312,13 @@ class Chaos:
             self.figures.upgrades += 1
         else:
             workflow, input_ = "steps", {"steps": self.producer_rng.randint(2, 8)}
-        body = {"workflow": workflow, "idempotency_key": key, "input": input_,
-                "priority": self.producer_rng.randint(0, 9)}
+        body: dict[str, Any] = {"workflow": workflow, "idempotency_key": key, "input": input_,
+                                "priority": self.producer_rng.randint(0, 9)}
+        if not upgrade and self.producer_rng.random() < DEADLINE_SHARE:
+            # Due while some of these runs are still stepping: the business deadline's protocol under faults.
+            due = datetime.now(UTC) + timedelta(seconds=self.producer_rng.uniform(*DEADLINE_IN))
+            body["deadline"] = due.isoformat()
+            self.deadlines.add(key)
         envelope = make("run.create", body, producer="chaos", tenant_id=tenant)
         await self._publish(envelope)
         self.figures.creates += 1

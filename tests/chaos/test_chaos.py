@@ -77,7 +77,7 @@ async def test_random_kills_leave_every_run_consistent(clean, engine, bus, servi
     assert report.runs == len(chaos.keys), f"asked for {len(chaos.keys)} runs, {report.runs} exist ({replay})"
     assert not report.violations, f"{len(report.violations)} violation(s) ({replay}):\n  " + "\n  ".join(
         report.violations[:50])
-    await patiently(lambda: _every_run_ended_as_its_story_says(engine, replay))
+    await patiently(lambda: _every_run_ended_as_its_story_says(engine, chaos.deadlines, replay))
     assert figures["waits_for_tool_health"] > 0, f"the forge's {SURE_OUTAGE_SECONDS:.0f} s outage opened no breaker ({replay})"
 
 
@@ -110,14 +110,18 @@ async def _progress(chaos: Chaos, engine, until: float) -> None:  # type: ignore
             _say(f"progress report skipped: {e.__class__.__name__}: {e}")
 
 
-async def _every_run_ended_as_its_story_says(engine, replay: str) -> None:  # type: ignore[no-untyped-def]
-    """``steps`` runs complete; an upgrade completes unless its approver denied the merge."""
+async def _every_run_ended_as_its_story_says(engine, deadlines: set[str], replay: str) -> None:  # type: ignore[no-untyped-def]
+    """``steps`` runs complete, or end TIMED_OUT by their business deadline if they had one; an upgrade
+    completes unless its approver denied the merge."""
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
-            "SELECT run_id, workflow, status, snapshot->>'terminal_reason' AS reason FROM runs "
+            "SELECT run_id, workflow, status, snapshot->>'terminal_reason' AS reason, idempotency_key FROM runs "
             "WHERE NOT (status = 'COMPLETED' OR (workflow = 'dependency_upgrade' AND status = 'FAILED' "
             "AND snapshot->>'terminal_reason' LIKE 'merge denied by %'))"))).all()
-    assert not rows, f"runs that ended otherwise ({replay}): {[tuple(r) for r in rows[:20]]}"
+    timed_out = [r for r in rows if r.idempotency_key in deadlines and r.status == "TIMED_OUT"
+                 and (r.reason or "").startswith("business_deadline")]
+    others = [tuple(r)[:4] for r in rows if r not in timed_out]
+    assert not others, f"runs that ended otherwise ({replay}): {others[:20]}"
 
 
 async def _figures(chaos: Chaos, report, effects, total: float) -> dict:  # type: ignore[no-untyped-def]
@@ -142,6 +146,7 @@ async def _figures(chaos: Chaos, report, effects, total: float) -> dict:  # type
         "forge_faults": dict(f.forge_faults),
         "approvals": dict(f.approvals),
         "webhooks_redelivered": f.webhooks_redelivered,
+        "runs_with_a_deadline": len(chaos.deadlines),
         **await chaos.tally(),
         "effects": per_kind,
         "checker": {"runs": report.runs, "actions": report.actions, "effect_keys": report.effects,
