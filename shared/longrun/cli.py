@@ -1,17 +1,67 @@
 """longrunctl: operate runs and the quarantine from a terminal, through the gateway's operator API.
 
-Every mutating command takes a --reason, which is audited with the operator's name.
+Every mutating command takes a --reason, which is audited with the operator's name. Answers print
+as tables (``-o json`` or ``-o yaml`` for scripts); a failure is one line on stderr and a non-zero
+exit. Settings come from flags, else the environment, else a config file, else the defaults.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+import tomllib
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import click
 import httpx
+
+from longrun import timeline
+from longrun.cli_output import FORMATS, View, render
+from longrun.domain import TERMINAL
+
+CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
+SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
+            "token": ("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"),
+            "operator": ("USER", "operator"),
+            "output": ("LONGRUNCTL_OUTPUT", "table")}
+"""Each setting's environment variable and default."""
+EXAMPLES = """\b
+Examples:
+  longrunctl run list --tenant acme --status WAITING_USER
+  longrunctl run show RUN_ID
+  longrunctl run timeline RUN_ID --follow
+  longrunctl run approve RUN_ID --approval-id merge:e33f2c --hash 9e3f30d5... --reason "diff reviewed"
+  longrunctl -o json run list --idle-for 2h | jq '.runs[].run_id'
+
+\b
+Configuration (flags win, then the environment, then the file):
+  --url       LONGRUN_GATEWAY_URL      url = "https://longrun.example.com"
+  --token     LONGRUN_OPERATOR_TOKEN   token = "..."
+  --operator  USER                     operator = "ana"
+  -o          LONGRUNCTL_OUTPUT        output = "table"
+  --config    LONGRUNCTL_CONFIG        (default ~/.config/longrun/longrunctl.toml)
+"""
+
+
+def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, str]:
+    path = Path(config or os.environ.get("LONGRUNCTL_CONFIG") or CONFIG_FILE).expanduser()
+    try:
+        from_file = tomllib.loads(path.read_text()) if path.exists() else {}
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise click.ClickException(f"config file {path}: {e}") from None
+    unknown = set(from_file) - set(SETTINGS)
+    if unknown:
+        raise click.ClickException(f"config file {path}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                                   f"known: {', '.join(SETTINGS)}")
+    chosen = {name: given.get(name) or os.environ.get(variable) or str(from_file.get(name) or default)
+              for name, (variable, default) in SETTINGS.items()}
+    if chosen["output"] not in FORMATS:
+        raise click.ClickException(f"output must be one of {', '.join(FORMATS)}, not {chosen['output']!r}")
+    return chosen
 
 
 def _client(ctx: click.Context) -> httpx.Client:
@@ -23,26 +73,61 @@ def _client(ctx: click.Context) -> httpx.Client:
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
           params: list[tuple[str, str]] | None = None, content: bytes | None = None,
           headers: dict[str, str] | None = None) -> Any:
-    with _client(ctx) as http:
-        response = http.request(method, path, json=body, params=params, content=content, headers=headers)
-    data = response.json()
+    """The gateway's answer; any failure is a one-line error (and exit 1) saying what to check."""
+    url = ctx.obj["url"]
+    try:
+        with _client(ctx) as http:
+            response = http.request(method, path, json=body, params=params, content=content, headers=headers)
+    except httpx.ConnectError as e:
+        raise click.ClickException(f"cannot reach the gateway at {url} ({_cause(e)}): is it running? "
+                                   "(--url, LONGRUN_GATEWAY_URL)") from None
+    except httpx.TimeoutException:
+        raise click.ClickException(f"the gateway at {url} did not answer in time") from None
+    except httpx.HTTPError as e:
+        raise click.ClickException(f"talking to the gateway at {url}: {_cause(e)}") from None
+    try:
+        data = response.json()
+    except ValueError:
+        data = {"error": response.text.strip()[:200] or "(empty answer)"}
     if response.status_code >= 400:
-        raise click.ClickException(f"{response.status_code}: {data.get('error', data)}")
+        error = data.get("error", data) if isinstance(data, dict) else data
+        hint = {401: " (check --token / LONGRUN_OPERATOR_TOKEN)"}.get(response.status_code, "")
+        raise click.ClickException(f"{response.status_code} {response.reason_phrase}: {error}{hint}")
     return data
 
 
-def _print(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+def _cause(error: Exception) -> str:
+    text = str(error) or type(error).__name__
+    return "connection refused" if "refused" in text.lower() else text
 
 
-@click.group()
-@click.option("--url", default=lambda: os.environ.get("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
-              show_default="$LONGRUN_GATEWAY_URL or http://127.0.0.1:8080")
-@click.option("--token", default=lambda: os.environ.get("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"))
-@click.option("--operator", default=lambda: os.environ.get("USER", "operator"), help="your name, for the audit log")
+def _print(ctx: click.Context, data: Any, view: View | None = None) -> None:
+    click.echo(render(data, ctx.obj["output"], view))
+
+
+@click.group(epilog=EXAMPLES)
+@click.option("--url", help="the gateway [LONGRUN_GATEWAY_URL; http://127.0.0.1:8080]")
+@click.option("--token", help="your operator token [LONGRUN_OPERATOR_TOKEN]")
+@click.option("--operator", help="your name, for the audit log [USER]")
+@click.option("-o", "--output", type=click.Choice(FORMATS), help="table (default), json or yaml [LONGRUNCTL_OUTPUT]")
+@click.option("--config", type=click.Path(dir_okay=False), help="a TOML file of these settings [LONGRUNCTL_CONFIG]")
 @click.pass_context
-def main(ctx: click.Context, url: str, token: str, operator: str) -> None:
-    ctx.obj = {"url": url, "token": token, "operator": operator}
+def main(ctx: click.Context, url: str | None, token: str | None, operator: str | None, output: str | None,
+         config: str | None) -> None:
+    """Operate longrun runs through the gateway's operator API."""
+    ctx.obj = _settings(config, {"url": url, "token": token, "operator": operator, "output": output})
+
+
+RUNS = View((("RUN", "run_id"), ("TENANT", "tenant_id"), ("STATUS", "status"), ("KIND", "workflow"),
+             ("VERSION", "workflow_version"), ("WAIT", "wait_kind"), ("CREATED", "created_at"),
+             ("KEY", "idempotency_key")),
+            rows=lambda data: data["runs"], footer=lambda data: data["next_cursor"] and
+            f"more: --cursor {data['next_cursor']}")
+ENTRIES = View((("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"),
+                ("REASON", "reason")), rows=lambda data: data["entries"],
+               footer=lambda data: data["next_cursor"] and f"more: --cursor {data['next_cursor']}")
+ACTIONS = (("ACTION", "logical_action"), ("TOOL", "tool"), ("STATUS", "status"), ("ATTEMPTS", "attempts"),
+           ("EXTERNAL ID", "external_id"), ("KEY", "idempotency_key"))
 
 
 @main.group()
@@ -73,14 +158,64 @@ def run_list(ctx: click.Context, tenant: str | None, status: str | None, wait_ki
     query = _given(tenant_id=tenant, status=status, wait_kind=wait_kind, workflow_version=workflow_version,
                    idempotency_key=idempotency_key, older_than=older_than, idle_for=idle_for, limit=limit,
                    cursor=cursor)
-    _print(_call(ctx, "GET", "/runs", params=query + [("label", label) for label in labels]))
+    _print(ctx, _call(ctx, "GET", "/runs", params=query + [("label", label) for label in labels]), RUNS)
 
 
 @run.command("show")
 @click.argument("run_id")
 @click.pass_context
 def run_show(ctx: click.Context, run_id: str) -> None:
-    _print(_call(ctx, "GET", f"/runs/{run_id}"))
+    """A run: where it is, what it waits for, who holds it, what is next, its actions, what you may do now."""
+    shown = _call(ctx, "GET", f"/runs/{run_id}")
+    if ctx.obj["output"] != "table":
+        _print(ctx, shown)
+        return
+    run, lease, timer = shown["snapshot"], shown["lease"], shown["next_timer"]
+    since = datetime.fromtimestamp(run["status_since"], UTC).isoformat(timespec="seconds")
+    summary = {
+        "run": run["run_id"], "tenant": run["tenant_id"], "kind": f"{run['kind']}@{run['versions']['workflow']}",
+        "status": f"{run['status']} since {since}" + (f" ({run['terminal_reason']})" if run["terminal_reason"] else ""),
+        "waits for": _wait(run["wait"]) or shown["waiting_for"],
+        "lease": lease and f"{lease['owner']} (token {lease['fencing_token']}) until {lease['until']}",
+        "next timer": timer and f"{timer['kind']} at {timer['wake_at']}",
+        "budget used": run["budget"]["used"], "allowed now": ", ".join(shown["allowed_operations"]) or "nothing",
+        "history": f"{len(shown['events'])} events: longrunctl run timeline {run['run_id']}"}
+    click.echo(render(summary, "table"))
+    click.echo("\n" + render(run["actions"], "table", View(ACTIONS)))
+
+
+def _wait(wait: Mapping[str, Any] | None) -> str | None:
+    if wait is None:
+        return None
+    if wait.get("approval_id"):
+        return f"approval {wait['approval_id']} by {wait['owner']} of hash {wait['approved_hash']}"
+    if wait.get("question_id"):
+        return f"an answer to {wait['question_id']!r} from {wait['owner'] or 'anyone'}"
+    return f"{wait['kind']} {wait.get('correlation_key') or ''} until {_at(wait['deadline'])}".replace("  ", " ")
+
+
+def _at(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+@run.command("timeline")
+@click.argument("run_id")
+@click.option("--follow", "-f", is_flag=True, help="keep printing new events until the run finishes")
+@click.option("--interval", default=1.0, show_default=True, help="seconds between looks, with --follow")
+@click.pass_context
+def run_timeline(ctx: click.Context, run_id: str, follow: bool, interval: float) -> None:
+    """The run's history, one line per event (as `make run` prints it)."""
+    shown = 0
+    while True:
+        answer = _call(ctx, "GET", f"/runs/{run_id}")
+        for event in answer["events"][shown:]:
+            data = {k: v for k, v in event.items() if k not in ("type", "seq", "at")}
+            click.echo(timeline.describe(event["seq"], event["type"], data, True,
+                                         datetime.fromtimestamp(event["at"], UTC)))
+        shown = len(answer["events"])
+        if not follow or answer["snapshot"]["status"] in {s.value for s in TERMINAL}:
+            return
+        time.sleep(interval)
 
 
 def _steer(action: str) -> click.Command:
@@ -89,7 +224,7 @@ def _steer(action: str) -> click.Command:
     @click.option("--reason", required=True)
     @click.pass_context
     def command(ctx: click.Context, run_id: str, reason: str) -> None:
-        _print(_call(ctx, "POST", f"/runs/{run_id}/{action}", {"reason": reason}))
+        _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/{action}", {"reason": reason}))
 
     return command
 
@@ -105,7 +240,7 @@ for _action in ("cancel", "pause", "resume", "terminate"):
 @click.pass_context
 def run_migrate(ctx: click.Context, run_id: str, to_version: str, reason: str) -> None:
     """Move a run to another workflow version of its kind (refused unless that version takes it over)."""
-    _print(_call(ctx, "POST", f"/runs/{run_id}/migrate", {"to_version": to_version, "reason": reason}))
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/migrate", {"to_version": to_version, "reason": reason}))
 
 
 @run.command("approve")
@@ -118,7 +253,7 @@ def run_migrate(ctx: click.Context, run_id: str, to_version: str, reason: str) -
 def run_approve(ctx: click.Context, run_id: str, approval_id: str, approved_hash: str, reason: str,
                 deny: bool) -> None:
     """Approve (or --deny) exactly the request with this hash."""
-    _print(_call(ctx, "POST", f"/runs/{run_id}/{'deny' if deny else 'approve'}",
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/{'deny' if deny else 'approve'}",
                  {"approval_id": approval_id, "approved_hash": approved_hash, "reason": reason}))
 
 
@@ -140,7 +275,7 @@ def run_answer(ctx: click.Context, run_id: str, question_id: str, answer_json: s
         answer = json.loads(source)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--json / --answer-file") from None
-    _print(_call(ctx, "POST", f"/runs/{run_id}/answer", {"question_id": question_id, "answer": answer,
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/answer", {"question_id": question_id, "answer": answer,
                                                          "reason": reason}))
 
 
@@ -163,7 +298,7 @@ def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: s
         receipt = None if receipt_json is None else json.loads(receipt_json)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--receipt") from None
-    _print(_call(ctx, "POST", f"/runs/{run_id}/resolve", {
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/resolve", {
         "logical_action": logical_action, "outcome": outcome, "external_id": external_id, "receipt": receipt,
         "reason": reason}))
 
@@ -179,7 +314,7 @@ def run_attach(ctx: click.Context, run_id: str, file: IO[bytes], name: str | Non
                reason: str) -> None:
     """Attach a file to a run as evidence; the run records it as the fact artifact:<name>."""
     given = name or Path(file.name).name
-    _print(_call(ctx, "POST", f"/runs/{run_id}/artifacts", params=[("name", given), ("reason", reason)],
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/artifacts", params=[("name", given), ("reason", reason)],
                  content=file.read(), headers={"content-type": media_type}))
 
 
@@ -192,8 +327,8 @@ def run_attach(ctx: click.Context, run_id: str, file: IO[bytes], name: str | Non
 def audit(ctx: click.Context, actor: str | None, action: str | None, target: str | None, limit: int | None,
           cursor: str | None) -> None:
     """The audit log, newest first: who did what to which target, and why."""
-    _print(_call(ctx, "GET", "/audit", params=_given(actor=actor, action=action, target=target, limit=limit,
-                                                     cursor=cursor)))
+    _print(ctx, _call(ctx, "GET", "/audit", params=_given(actor=actor, action=action, target=target, limit=limit,
+                                                          cursor=cursor)), ENTRIES)
 
 
 @main.command("alerts")
@@ -203,7 +338,8 @@ def audit(ctx: click.Context, actor: str | None, action: str | None, target: str
 @click.pass_context
 def alerts(ctx: click.Context, action: str | None, target: str | None, limit: int | None, cursor: str | None) -> None:
     """The alerts the reconciler raised, newest first."""
-    _print(_call(ctx, "GET", "/alerts", params=_given(action=action, target=target, limit=limit, cursor=cursor)))
+    _print(ctx, _call(ctx, "GET", "/alerts", params=_given(action=action, target=target, limit=limit,
+                                                           cursor=cursor)), ENTRIES)
 
 
 def _given(**params: object) -> list[tuple[str, str]]:
@@ -228,11 +364,11 @@ def tenant_policy(ctx: click.Context, tenant_id: str, tools: tuple[str, ...], re
     """Show the tenant's policy or, given --tool/--resource and --reason, replace it under a new version.
     Runs created later are narrowed by it; approved calls of open runs are re-validated under it."""
     if not tools and not resources:
-        _print(_call(ctx, "GET", f"/tenants/{tenant_id}/policy"))
+        _print(ctx, _call(ctx, "GET", f"/tenants/{tenant_id}/policy"))
         return
     if not reason:
         raise click.UsageError("--reason is required to change a policy")
-    _print(_call(ctx, "PUT", f"/tenants/{tenant_id}/policy",
+    _print(ctx, _call(ctx, "PUT", f"/tenants/{tenant_id}/policy",
                  {"tools": list(tools), "resources": list(resources), "reason": reason}))
 
 
@@ -240,7 +376,7 @@ def tenant_policy(ctx: click.Context, tenant_id: str, tools: tuple[str, ...], re
 @click.pass_context
 def versions(ctx: click.Context) -> None:
     """Per run kind and pinned versions: open runs by status, the oldest wait, the live workers serving it."""
-    _print(_call(ctx, "GET", "/versions"))
+    _print(ctx, _call(ctx, "GET", "/versions"))
 
 
 @main.group()
@@ -252,7 +388,7 @@ def dlq() -> None:
 @click.option("--all", "include_replayed", is_flag=True)
 @click.pass_context
 def dlq_list(ctx: click.Context, include_replayed: bool) -> None:
-    _print(_call(ctx, "GET", "/quarantine" + ("?all=1" if include_replayed else "")))
+    _print(ctx, _call(ctx, "GET", "/quarantine" + ("?all=1" if include_replayed else "")))
 
 
 @dlq.command("replay")
@@ -260,4 +396,4 @@ def dlq_list(ctx: click.Context, include_replayed: bool) -> None:
 @click.option("--reason", required=True)
 @click.pass_context
 def dlq_replay(ctx: click.Context, entry_id: int, reason: str) -> None:
-    _print(_call(ctx, "POST", f"/quarantine/{entry_id}/replay", {"reason": reason}))
+    _print(ctx, _call(ctx, "POST", f"/quarantine/{entry_id}/replay", {"reason": reason}))

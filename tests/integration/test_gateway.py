@@ -229,7 +229,8 @@ async def test_longrunctl_pages_runs_attaches_and_reads_the_audit_log_and_alerts
 
     def ctl(*args: str) -> Any:
         done = subprocess.run([str(Path(sys.executable).parent / "longrunctl"), "--url", str(gateway.base_url),
-                               "--token", OPERATOR_TOKEN, *args], capture_output=True, text=True, timeout=60)
+                               "-o", "json", "--token", OPERATOR_TOKEN, *args], capture_output=True, text=True,
+                              timeout=60)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

@@ -239,6 +239,7 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
 async def _longrunctl(ensemble: Ensemble, *args: str) -> Any:
     """The operator's CLI against the gateway; its JSON answer."""
     result = await asyncio.to_thread(CliRunner().invoke, cli.main, ["--url", ensemble.gateway_url, "--token",
-                                                                   OPERATOR_TOKEN, "--operator", "user_42", *args])
+                                                                   OPERATOR_TOKEN, "--operator", "user_42", "-o", "json",
+                                                                   *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)

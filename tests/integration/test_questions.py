@@ -145,7 +145,7 @@ async def test_an_unanswered_question_ends_at_its_deadline(asking, engine) -> No
 
 async def _longrunctl(ensemble: Ensemble, operator_name: str, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "--operator", operator_name,
-            *args]
+            "-o", "json", *args]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
 
 

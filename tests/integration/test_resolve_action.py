@@ -70,7 +70,7 @@ async def _created(engine: AsyncEngine, bus: Bus) -> str:
 
 
 async def _longrunctl(ensemble: Ensemble, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "--operator", "ana", *args]
+    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "--operator", "ana", "-o", "json", *args]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
 
 
