@@ -77,7 +77,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults
+from longrun import faults, metrics
 from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -425,6 +425,8 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
 
 def _log_batch(due: list[DueTimer], outcomes: dict[str, Outcome], fired_at: datetime) -> None:
     lateness = {t.timer_key: (fired_at - t.wake_at).total_seconds() for t in due}
+    for late in lateness.values():
+        metrics.TIMER_LATENESS.observe(max(0.0, late))
     if logger.isEnabledFor(logging.DEBUG):
         for t in due:
             logger.debug("timer %s (run %s, %s): %s, lateness %.3fs", t.timer_key, t.run_id, t.kind,
