@@ -50,7 +50,7 @@ async def _many_runs(engine: AsyncEngine) -> None:
             "now() - interval '2 minutes' FROM generate_series(1, 300) g"))
         await conn.execute(text(
             "INSERT INTO quarantine (owner, queue, error_code, reason, body, headers, attempts, first_failure_at, "
-            "last_failure_at) VALUES ('worker', 'q', 'UNKNOWN_SCHEMA_VERSION', 'v9', '\\x00', '{}', 1, now(), now())"))
+            "last_failure_at) VALUES ('worker', 'q', 'unknown_schema_version', 'v9', '\\x00', '{}', 1, now(), now())"))
 
 
 async def _truncate(engine: AsyncEngine) -> None:
@@ -79,7 +79,7 @@ async def test_gauges_agree_with_the_database_and_cost_little_at_ten_thousand_ru
         assert 600 <= sample("longrun_actions_unknown_oldest_age_seconds") < 660  # type: ignore[operator]
         assert sample("longrun_outbox_backlog_messages") == backlog == 300
         assert 120 <= sample("longrun_outbox_oldest_unpublished_age_seconds") < 180  # type: ignore[operator]
-        assert sample("longrun_quarantine_messages", owner="worker", reason="UNKNOWN_SCHEMA_VERSION") == 1
+        assert sample("longrun_quarantine_messages", owner="worker", reason="unknown_schema_version") == 1
         # READY for an hour with no lease, limit 60 s: every READY copy (the template is fresh).
         assert sample("longrun_runs_silent", status="READY") == by_status["READY"] - 1
         assert sample("longrun_metrics_collector") == 1
