@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from longrun.domain import TERMINAL, ActionStatus, RunSnapshot, RunStatus
 
-__all__ = ["CONTENT_TYPE_LATEST", "exposition"]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The text format ``exposition`` writes (every name here is plain ASCII), which Prometheus 2.x reads."""
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _DWELL = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 3 * 86400.0, 7 * 86400.0)

@@ -41,7 +41,7 @@ class Health:
             path = request.split(b" ")[1] if request.count(b" ") >= 2 else b"/"
             content_type = b"text/plain"
             if path.split(b"?")[0] == b"/metrics":
-                ok, body, content_type = True, metrics.exposition(), metrics.CONTENT_TYPE_LATEST.encode()
+                ok, body, content_type = True, metrics.exposition(), metrics.CONTENT_TYPE.encode()
             else:
                 ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
                 body = b"ok\n" if ok else b"not ready\n"

@@ -56,8 +56,11 @@ async def read(conn: AsyncConnection, *, silence_limits: Mapping[RunStatus, floa
     kept = await conn.execute(select(quarantine.c.owner, quarantine.c.error_code, func.count())
                               .where(quarantine.c.replayed_at.is_(None))
                               .group_by(quarantine.c.owner, quarantine.c.error_code))
-    quiet = {} if not silence_limits else {s: n for s, n in await conn.execute(
-        select(runs.c.status, func.count()).where(silent(silence_limits)).group_by(runs.c.status))}
+    # Every limited status is exported, 0 when none is silent: a panel or alert sees the series.
+    quiet = {status.value: 0 for status in silence_limits}
+    if silence_limits:
+        quiet.update({s: n for s, n in await conn.execute(
+            select(runs.c.status, func.count()).where(silent(silence_limits)).group_by(runs.c.status))})
     waiting = await conn.execute(select(runs.c.workflow, func.count()).where(runs.c.awaiting_worker.isnot(None))
                                  .group_by(runs.c.workflow))
     return Figures(
