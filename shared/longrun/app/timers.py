@@ -191,6 +191,9 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     # The sample is written the short way too: ``_learn`` checked that this writes what the domain did.
     await timers.write_wakes(conn, template, [_wake(timer, head, applies) for timer, head, applies in quick],
                              status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
+    for _, head, applies in quick:
+        if applies:
+            metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()
     return {**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}}
 
 
