@@ -16,8 +16,10 @@ it on; run ids never appear.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -149,12 +151,30 @@ def tenant(tenant_id: str) -> str:
     return tenant_id if _tenants else ""
 
 
+@functools.cache
+def _dwell(workflow: str, status: RunStatus) -> Any:
+    """The labelled child, looked up once (a child's lookup costs a lock and a dict; the workers
+    observe every transition they write)."""
+    return STATUS_DWELL.labels(workflow, status.value)
+
+
+@functools.cache
+def _entered(workflow: str, status: RunStatus) -> Any:
+    return TRANSITIONS.labels(workflow, status.value)
+
+
+@functools.cache
+def step(workflow: str) -> Any:
+    """``STEP_DURATION``'s child for ``workflow``, looked up once."""
+    return STEP_DURATION.labels(workflow)
+
+
 def transitioned(before: RunSnapshot, after: RunSnapshot) -> None:
     """A transition was written: how long the run stayed in the status it left, where it went."""
     if after.status is before.status:
         return
-    STATUS_DWELL.labels(before.kind, before.status.value).observe(max(0.0, after.status_since - before.status_since))
-    TRANSITIONS.labels(after.kind, after.status.value).inc()
+    _dwell(before.kind, before.status).observe(max(0.0, after.status_since - before.status_since))
+    _entered(after.kind, after.status).inc()
     if after.status in TERMINAL:
         FINISHED.labels(after.kind, after.status.value, tenant(after.tenant_id)).inc()
         if after.status is RunStatus.BUDGET_EXHAUSTED:

@@ -105,3 +105,16 @@ async def test_one_process_holds_the_collector_lease_and_the_others_export_nothi
                                 "WHERE service = :s"), {"s": gauges.COLLECTOR})
     assert await gauges.take_lease(engine, "reconciler-b", 30)
     assert not await gauges.take_lease(engine, "reconciler-a", 30)
+
+
+async def test_runs_carry_their_tenant_only_when_the_setting_turns_it_on(engine: AsyncEngine, clean: None) -> None:
+    await runs_factory.created(engine, tenant="globex")
+    try:
+        await gauges.collect_once(engine, silence_limits={}, tenants=True)
+        assert sample("longrun_runs", workflow="dependency_upgrade", status="READY", tenant="globex") == 1
+        await gauges.collect_once(engine, silence_limits={}, tenants=False)
+        assert sample("longrun_runs", workflow="dependency_upgrade", status="READY", tenant="globex") is None
+        assert sample("longrun_runs", workflow="dependency_upgrade", status="READY", tenant="") == 1
+    finally:
+        gauges.withdraw()
+

@@ -226,7 +226,7 @@ class Advancer:
                 started, kind = time.perf_counter(), stored.snapshot.kind
                 try:
                     stored = await self._round(stored, fence)
-                    metrics.STEP_DURATION.labels(kind).observe(time.perf_counter() - started)
+                    metrics.step(kind).observe(time.perf_counter() - started)
                 except StaleRevision:
                     # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
                     stored = await self._load(run_id, fence)
