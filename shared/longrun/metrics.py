@@ -6,7 +6,7 @@ Two kinds, by where a figure can be true:
   increment or an observation and no I/O. Prometheus sums them over replicas.
 - Figures that must agree with the database (runs by status, actions by status, the outbox
   backlog, the quarantine, runs silent or waiting for a worker): gauges set from queries that ONE
-  elected process runs on an interval (``longrun.db.gauges``, run by the reconciler). Only that
+  elected process runs on an interval (``longrun.app.gauges``, run by the reconciler). Only that
   process exports them, so they are never summed over replicas.
 
 Labels stay few-valued: workflow (run kind), status, outcome, reason codes, the inbox's service.
