@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services migrate topology schemas run test node-deps test-unit test-integration clean bench chaos
+.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench chaos
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(PY)
 
 services:
 	bash infra/local/ensure-services.sh
+
+# Prometheus and promtool (Debian's package): the alert rules' tests and the scrape test run them.
+tools:
+	bash infra/local/ensure-tools.sh
 
 migrate: install services
 	$(PY) -m longrun.db.migrate upgrade
@@ -30,6 +34,11 @@ schemas: install
 	$(PY) -m longrun.bus.asyncapi schemas/asyncapi.yaml
 	$(PY) -m longrun.config_reference docs/configuration.md
 
+# The alert rules (plain Prometheus rules and the PrometheusRule manifest) and the Grafana dashboard,
+# from longrun.monitoring.
+monitoring: install
+	$(PY) -m longrun.monitoring
+
 run: install migrate
 	$(PY) -m longrun_dependency_upgrade.demo
 
@@ -41,13 +50,13 @@ node-deps:
 	  else npm install --prefix $$d --no-audit --no-fund; fi; \
 	done
 
-test: install services node-deps
+test: install services tools node-deps
 	$(PY) -m pytest
 
-test-unit: install
+test-unit: install tools
 	$(PY) -m pytest tests/unit
 
-test-integration: install services
+test-integration: install services tools
 	$(PY) -m pytest tests/integration
 
 # Not part of `make test`: ~12 minutes (BENCH_QUICK=1: ~3-5). Own database and vhost; see docs/cost-model.md.

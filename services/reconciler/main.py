@@ -14,7 +14,9 @@ the lease and then the rest of a round.
 
 The quarantine ingester is its own consumer task on ``longrun.quarantine``, and retention its own
 loop: every ``LONGRUN_RETENTION_INTERVAL`` a pass prunes what the horizons no longer keep, archives
-finished runs and sweeps orphaned artifacts (``longrun.app.retention``).
+finished runs and sweeps orphaned artifacts (``longrun.app.retention``). The database gauges of
+``/metrics`` are a loop too: every ``LONGRUN_METRICS_INTERVAL`` the replica holding the collector's
+lease reads them (``longrun.app.gauges``).
 
 SIGTERM: the round in flight finishes (its lookups are bounded by the tools' timeouts),
 then the ingester is cancelled (a message not yet acked goes back to the queue, and the
@@ -31,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import reconcile, retention, tool_health
+from longrun.app import gauges, reconcile, retention, tool_health
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.authoring import Registry
 from longrun.bootstrap import open_bus, open_database
@@ -114,7 +116,7 @@ class Sweeper:
                 logger.exception("%s sweep failed; next round retries", name)
 
     def _report(self) -> None:
-        """Log the counters that moved since the last report (the metric of record until OTel exports them)."""
+        """Log the counters that moved since the last report (``/metrics`` exports them as Prometheus counters)."""
         moved = {k: v for k, v in reconcile.METRICS.items() if self._reported.get(k) != v}
         if moved:
             logger.info("counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(moved.items())))
@@ -169,6 +171,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     ingester.add_done_callback(ingester_ended)
     leases = asyncio.create_task(sweeper.sweep_leases(stopping), name="expired leases")
     pruning = asyncio.create_task(keep_horizons(engine, store, settings, stopping), name="retention")
+    collecting = asyncio.create_task(gauges.collect(
+        engine, instance_id=settings.instance_id, interval=settings.metrics_interval,
+        silence_limits=settings.silence_limits, tenants=settings.metrics_tenant_label, stopping=stopping),
+        name="metrics collector")
     health.ready = True
     logger.info("sweeping every %.1fs; silence limits %s", settings.reconcile_interval,
                 {s.value: v for s, v in settings.silence_limits.items()})
@@ -185,7 +191,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         # A pass stops between or inside its transactions: each is whole or rolled back, and an archive
         # stored but never registered is an orphan the next sweep removes.
         pruning.cancel()
-        await asyncio.gather(ingester, leases, pruning, return_exceptions=True)
+        await asyncio.gather(ingester, leases, pruning, collecting, return_exceptions=True)
         await bus.close()
         await engine.dispose()
 

@@ -115,6 +115,18 @@ def _float(raw: str) -> float:
     return value
 
 
+def _switch(raw: str) -> bool:
+    if raw.strip().lower() not in ("true", "false"):
+        raise ValueError
+    return raw.strip().lower() == "true"
+
+
+def _host(raw: str) -> str:
+    if not raw.strip() or any(c.isspace() for c in raw.strip()):
+        raise ValueError
+    return raw.strip()
+
+
 def _exporter(raw: str) -> str:
     if raw not in ("none", "console"):
         raise ValueError
@@ -194,7 +206,16 @@ class Settings:
     startup_patience: float
     """Seconds a starting service waits for PostgreSQL and RabbitMQ before it stops and says what to start."""
     health_port: int
-    """Port for /healthz and /readyz; 0 turns the probe server off."""
+    """Port for /healthz, /readyz and /metrics (Prometheus); 0 turns that server off."""
+    health_bind: str
+    """Address the /healthz, /readyz and /metrics server listens on. Not meant for the public network:
+    expose it to the cluster's probes and Prometheus only (e.g. a NetworkPolicy), never on an Ingress."""
+    metrics_interval: float
+    """Seconds between the database gauges' collections (runs by status, actions, outbox backlog,
+    quarantine, silent runs), done by the one reconciler replica that holds the collector's lease."""
+    metrics_tenant_label: bool
+    """Whether run metrics carry a ``tenant`` label: one series per tenant, so only for a bounded
+    number of tenants."""
     gateway_port: int
     """Port the gateway's HTTP server (webhooks and the operator API) listens on."""
     webhook_secret: str
@@ -379,6 +400,9 @@ _SPEC: dict[str, _Var] = {
     "otel_exporter": _var("LONGRUN_OTEL_EXPORTER", _exporter, "none or console", "none"),
     "startup_patience": _var("LONGRUN_STARTUP_PATIENCE", _positive_float, "seconds, a number > 0", "60"),
     "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
+    "health_bind": _var("LONGRUN_HEALTH_BIND", _host, "an IP address or host name to listen on", "0.0.0.0"),
+    "metrics_interval": _var("LONGRUN_METRICS_INTERVAL", _positive_float, "seconds, a number > 0", "15"),
+    "metrics_tenant_label": _var("LONGRUN_METRICS_TENANT_LABEL", _switch, "true or false", "false"),
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
                            "dev-webhook-secret"),

@@ -1,7 +1,8 @@
 """What every service process shares: logging, probes, signals, waiting for infrastructure.
 
 ``run(name, serve)`` loads Settings once (a config error exits 2 naming every bad
-variable), arms crash points, starts the probe server, and runs ``serve(settings,
+variable), arms crash points, starts the probe server (``/healthz``, ``/readyz``, and Prometheus'
+``/metrics``, on ``LONGRUN_HEALTH_BIND``:``LONGRUN_HEALTH_PORT``), and runs ``serve(settings,
 stopping)`` until SIGTERM/SIGINT sets ``stopping``. The event loop is uvloop's: the
 services spend much of their CPU in the loop (socket reads and writes for every round
 trip), and uvloop does that work in C (``make bench`` profiles show the share).
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import uvloop
 
-from longrun import faults, otel
+from longrun import faults, metrics, otel
 from longrun.config import Settings
 from longrun.errors import ConfigError, InfrastructureUnreachable
 
@@ -28,24 +29,29 @@ Serve = Callable[[Settings, asyncio.Event, "Health"], Awaitable[None]]
 
 
 class Health:
-    """Liveness is the event loop answering; readiness is set by the service."""
+    """Liveness is the event loop answering; readiness is set by the service. The same small server
+    answers Prometheus' scrapes (``/metrics``)."""
 
     def __init__(self) -> None:
         self.ready = False
 
-    async def serve(self, port: int) -> asyncio.Server:
+    async def serve(self, host: str, port: int) -> asyncio.Server:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             request = await reader.readline()
             path = request.split(b" ")[1] if request.count(b" ") >= 2 else b"/"
-            ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
+            content_type = b"text/plain"
+            if path.split(b"?")[0] == b"/metrics":
+                ok, body, content_type = True, metrics.exposition(), metrics.CONTENT_TYPE.encode()
+            else:
+                ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
+                body = b"ok\n" if ok else b"not ready\n"
             status = b"200 OK" if ok else b"503 Service Unavailable"
-            body = b"ok\n" if ok else b"not ready\n"
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode()
-                         + b"\r\nConnection: close\r\n\r\n" + body)
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
             await writer.drain()
             writer.close()
 
-        return await asyncio.start_server(answer, "0.0.0.0", port)
+        return await asyncio.start_server(answer, host, port)
 
 
 def setup_logging(service: str, level: str) -> None:
@@ -65,6 +71,7 @@ def run(service: str, serve: Serve) -> None:
         raise SystemExit(2) from e
     setup_logging(service, settings.log_level)
     otel.setup(service, settings.otel_exporter)
+    metrics.label_tenants(settings.metrics_tenant_label)
     faults.arm(settings.crash_points)
     # What is loaded by now (modules, classes, the schema: some 100,000 objects) lives as long as the
     # process, yet every full collection walked all of it again: 57-68 ms of CPU each under `make
@@ -85,7 +92,7 @@ async def _main(service: str, settings: Settings, serve: Serve) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     health = Health()
-    server = await health.serve(settings.health_port) if settings.health_port else None
+    server = await health.serve(settings.health_bind, settings.health_port) if settings.health_port else None
     logger.info("%s starting as %s", service, settings.instance_id)
     try:
         await serve(settings, stopping, health)

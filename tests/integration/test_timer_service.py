@@ -354,7 +354,7 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
                                "payload": {"seq": 1, "data": {"from": "f", "stage": "s", "note": odd}}}})
     head = timers.RunHead(run_id=f"run {odd}", tenant_id=odd, partition=3, status="WAITING_EVENT", revision=7,
                           stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd, correlation_id=odd,
-                          labels={odd: odd})
+                          labels={odd: odd}, workflow=odd)
     wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3",
                        cause=odd, broadcast_key=odd, timer_key=odd)
     # When PostgreSQL renders the wake

@@ -34,6 +34,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.app.ports import RunTransaction
 from longrun.app.transaction import PgTransaction
@@ -128,6 +129,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         assert found is not None
         return await _existing(tx, envelope, found, offered, partitions)
     if stored.admitted:
+        metrics.ADMISSION_DELAY.labels(kind.name).observe(max(0.0, clock() - envelope.occurred_at.timestamp()))
         return {"run_id": run_id, "created": True, "admitted": True}
     return {"run_id": run_id, "created": True}
 
@@ -264,6 +266,8 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
             continue
         rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
         chosen = sorted(rows, key=lambda r: (-r.score, r.created_at))
+        for r in chosen:
+            metrics.ADMISSION_DELAY.labels(r.workflow).observe(max(0.0, float(r.waited)))
         await outbox.enqueue_many(conn, [effects.wake_message_of(
             tenant_id=r.tenant_id, run_id=r.run_id, revision=r.revision, partition=r.partition, reason="admitted",
             producer=PRODUCER) for r in chosen])

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import faults, otel
+from longrun import faults, metrics, otel
 from longrun.app import effects, questions
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.tool_health import Breakers
@@ -161,6 +161,8 @@ class Advancer:
             inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl,
             self.served)
         _TAKEN.set(stored)
+        if stored is not None:
+            metrics.TAKE_DELAY.observe(max(0.0, self.clock() - envelope.occurred_at.timestamp()))
         return Outcome(envelope, handled.outcome, handled.duplicate)
 
     async def after_ack(self, outcome: Outcome) -> None:
@@ -181,6 +183,7 @@ class Advancer:
         adopted = await self.store.adopt(self.instance_id, self.lease_ttl, self.served, limit)
         for stored in adopted:
             run = stored.snapshot
+            metrics.RECOVERIES.labels("taken_over").inc()
             logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
             self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
         return len(adopted)
@@ -220,8 +223,10 @@ class Advancer:
         try:
             stored = taken if taken is not None else await self._load(run_id, fence)
             while stored is not None:
+                started, kind = time.perf_counter(), stored.snapshot.kind
                 try:
                     stored = await self._round(stored, fence)
+                    metrics.step(kind).observe(time.perf_counter() - started)
                 except StaleRevision:
                     # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
                     stored = await self._load(run_id, fence)
@@ -395,6 +400,9 @@ class Advancer:
         except ToolUnavailable as e:
             return await self._model_unavailable(stored, fence, kind, decision.purpose, context["stage_attempt"] + 1, e)
         proposal = validate_proposal(answer, allowed)
+        metrics.MODEL_TOKENS.labels(run.kind, "input").inc(proposal.usage.input_tokens)
+        metrics.MODEL_TOKENS.labels(run.kind, "output").inc(proposal.usage.output_tokens)
+        metrics.MODEL_COST.labels(run.kind).inc(proposal.usage.cost_usd)
         key = f"proposal:{decision.purpose}:{context['stage_attempt'] + 1}"
         return await self._commit(stored, [
             self._event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),

@@ -53,6 +53,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
 from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
@@ -145,6 +146,7 @@ async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: i
             tally[settled] += 1
     for name, n in tally.items():
         METRICS[f"reconciled.{name}"] += n
+        metrics.RECONCILED.labels(name).inc(n)
     return tally
 
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, and_, exists, func, or_, select, text
+from sqlalchemy import ColumnElement, Float, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.webhooks import audit
@@ -53,6 +54,17 @@ _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 # -- silent runs -----------------------------------------------------------------------------------
 
 
+def silent(limits: Mapping[RunStatus, float]) -> ColumnElement[bool]:
+    """Runs in a status longer than its limit with no live lease (``limits`` not empty)."""
+    since = runs_table.c.snapshot["status_since"].astext.cast(Float)
+    now = func.date_part("epoch", func.now())
+    return and_(or_(*(and_(runs_table.c.status == RunStatus(status).value, since < now - seconds)
+                      for status, seconds in limits.items())),
+                or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
+                # Waiting for a worker that runs its version: that alert says why.
+                runs_table.c.awaiting_worker.is_(None))
+
+
 async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, float], limit: int = 200) -> int:
     """One alert per run and status episode past its limit; returns the alerts raised.
 
@@ -64,16 +76,11 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
     since = runs_table.c.snapshot["status_since"].astext
     episode = runs_table.c.status + "@" + since
     now = func.date_part("epoch", func.now())
-    late = [and_(runs_table.c.status == RunStatus(status).value, since.cast(Float) < now - seconds)
-            for status, seconds in limits.items()]
     async with engine.connect() as conn:
         rows = (await conn.execute(
             select(runs_table.c.run_id, runs_table.c.status, since.label("since"), episode.label("episode"),
                    (now - since.cast(Float)).label("silent_for"))
-            .where(or_(*late),
-                   or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
-                   # Waiting for a worker that runs its version: that alert says why.
-                   runs_table.c.awaiting_worker.is_(None),
+            .where(silent(limits),
                    ~exists().where(audit_log.c.action == SILENT_ALERT, audit_log.c.target == runs_table.c.run_id,
                                    audit_log.c.details["episode"].astext == episode))
             .order_by(since.cast(Float)).limit(limit))).all()
@@ -89,6 +96,7 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
                 continue
         raised += 1
         METRICS[f"{SILENT_ALERT}.{status.value}"] += 1
+        metrics.ALERTS.labels(SILENT_ALERT).inc()
         logger.warning("run %s is silent: %s", row.run_id, reason)
     return raised
 
@@ -121,6 +129,7 @@ async def flag_runs_without_worker(engine: AsyncEngine, *, limit: int = 200) -> 
                 continue
         raised += 1
         METRICS[NO_WORKER_ALERT] += 1
+        metrics.ALERTS.labels(NO_WORKER_ALERT).inc()
         logger.warning("run %s is %s", row.run_id, reason)
     return raised
 
@@ -194,6 +203,7 @@ async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, af
                 await _open_correction(conn, row.run_id, report, at=clock())
         drifted += 1
         METRICS[DRIFT_ALERT] += 1
+        metrics.ALERTS.labels(DRIFT_ALERT).inc()
         logger.warning("run %s drifted: %s", row.run_id, reason)
     return DriftSweep(len(checks), drifted, rows[-1].action_id if len(rows) == limit else "")
 
@@ -227,4 +237,5 @@ async def _open_correction(conn: AsyncConnection, run_id: str, report: closure.R
         await audit(conn, actor=PRODUCER, action=CORRECTION_ALERT, target=run_id, reason=correction.reason,
                     details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
         METRICS[CORRECTION_ALERT] += 1
+        metrics.ALERTS.labels(CORRECTION_ALERT).inc()
         logger.warning("run %s needs a correction: %s", run_id, correction.reason)

@@ -30,6 +30,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.bus.connection import Bus
@@ -164,6 +165,7 @@ async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> No
         return
     await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER)
     METRICS["quarantine.rewoken"] += 1
+    metrics.RECOVERIES.labels("wakeup_dead_lettered").inc()
     logger.warning("run %s: its wakeup was dead-lettered (%d so far); woken again", run_id, dead)
 
 

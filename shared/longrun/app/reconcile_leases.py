@@ -20,6 +20,7 @@ import logging
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.app.ports import ExpiredLease, ReconcileStore
 from longrun.app.reconcile_common import METRICS, PRODUCER
@@ -108,7 +109,10 @@ async def _rewake_one_by_one(store: ReconcileStore, *, limit: int) -> int:
 
 def _count_expiry(lease: ExpiredLease, stored: StoredRun, *, wake: bool) -> None:
     METRICS["lease.expired"] += 1
+    metrics.LEASE_EXPIRIES.inc()
     if wake:
         METRICS["lease.rewoken"] += 1
+        metrics.LEASE_REWAKES.inc()
+        metrics.RECOVERIES.labels("lease_expired").inc()
     logger.info("run %s: lease %d of %s expired (%s)%s", lease.run_id, lease.fencing_token, lease.lease_owner,
                 stored.snapshot.status.value, "; woken" if wake else "")

@@ -77,7 +77,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults
+from longrun import faults, metrics
 from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -191,6 +191,9 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     # The sample is written the short way too: ``_learn`` checked that this writes what the domain did.
     await timers.write_wakes(conn, template, [_wake(timer, head, applies) for timer, head, applies in quick],
                              status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
+    for _, head, applies in quick:
+        if applies:
+            metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()
     return {**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}}
 
 
@@ -425,6 +428,8 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
 
 def _log_batch(due: list[DueTimer], outcomes: dict[str, Outcome], fired_at: datetime) -> None:
     lateness = {t.timer_key: (fired_at - t.wake_at).total_seconds() for t in due}
+    for late in lateness.values():
+        metrics.TIMER_LATENESS.observe(max(0.0, late))
     if logger.isEnabledFor(logging.DEBUG):
         for t in due:
             logger.debug("timer %s (run %s, %s): %s, lateness %.3fs", t.timer_key, t.run_id, t.kind,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import metrics
 from longrun.app import effects
 from longrun.db import inbox
 from longrun.db.runs import StoredRun
@@ -112,6 +113,7 @@ async def intake(tx: RunTransaction, provider: str, event: Translated, payload: 
     message_id = f"webhook:{provider}:{event.event_id}"
     claim = await tx.claim("gateway", message_id, f"webhook.{provider}")
     if isinstance(claim, inbox.Duplicate):
+        metrics.DUPLICATES.labels("gateway").inc()
         return {**claim.outcome, "duplicate": True}
     await tx.keep(provider, event, payload)
     run_id = await _match(tx, provider, event, clock)

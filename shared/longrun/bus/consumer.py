@@ -28,7 +28,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults, otel
+from longrun import faults, metrics, otel
 from longrun.bus.connection import Bus
 from longrun.db import inbox
 from longrun.db import quarantine as quarantine_rows
@@ -257,6 +257,7 @@ class QueueConsumer:
             return Outcome(envelope, outcome, duplicate=False)
 
     def _dropped(self, envelope: Envelope) -> None:
+        metrics.DUPLICATES.labels(self.service).inc()
         logger.info("duplicate %s dropped on %s; recorded outcome returned", envelope.event_id, self.queue)
 
     async def _count_failure(self, message_id: str, error: Exception) -> int:

@@ -46,7 +46,8 @@ def admit_best() -> TextClause:
     """The best queued runs of a tenant (``:t``), at most ``:n``, admitted in the statement that picks them."""
     return text(
         f"UPDATE runs SET admitted_at = now() WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
-        "RETURNING run_id, tenant_id, partition, revision, created_at, "
+        "RETURNING run_id, tenant_id, partition, revision, created_at, workflow, "
+        "extract(epoch FROM admitted_at - created_at) AS waited, "
         f"{SCORE.format(aging=':aging', runs='runs')} AS score")
 
 

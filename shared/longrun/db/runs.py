@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import metrics
 from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
@@ -452,6 +453,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                        handover=rides.handover is not None, cancel=cancel is not None)
     if not (await driver.one(conn, statement, params)).moved:
         await _conflict(conn, stored, fence)
+    metrics.transitioned(stored.snapshot, planned.after.snapshot)
     return planned.after
 
 
@@ -487,6 +489,8 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
              if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
+    for p in planned:
+        metrics.transitioned(p.before.snapshot, p.after.snapshot)
 
 
 # ``write_many``'s closure, for its writer (the timer service): a timer another replica claimed is

@@ -2,7 +2,8 @@
 
 docker-compose.yml, the Dockerfile and the kustomize tree are parsed and checked against the
 project itself (Settings, pyproject.toml, the generated RabbitMQ definitions); every rendered
-Kubernetes overlay is validated offline against the bundled Kubernetes 1.30 schemas.
+Kubernetes overlay is validated offline against the bundled Kubernetes 1.30 schemas, and the
+Prometheus Operator's kinds (PrometheusRule, PodMonitor) against their CRDs' schemas (``schemas/``).
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
+from longrun import monitoring
 from longrun.config import Settings
 from longrun_dependency_upgrade import FORGE_URL
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "infra/k8s"
-OVERLAYS = ("dev", "prod", "autoscale")
+OVERLAYS = ("dev", "prod", "autoscale", "monitoring")
 K8S_VERSION = "1.30.0"
 IMAGE = "ghcr.io/longrun/longrun"
 # compose / Deployment name -> Python package under services/
 SERVICES = {"scheduler": "scheduler", "worker": "worker", "timer": "timer",
             "reconciler": "reconciler", "outbox-relay": "outbox_relay", "gateway": "gateway"}
 CRD_KINDS = {"ScaledObject", "TriggerAuthentication"}  # KEDA: no bundled schema, only warned
+OPERATOR_SCHEMAS = {kind: json.loads((Path(__file__).parent / "schemas" / f"{kind.lower()}.json").read_text())
+                    for kind in ("PrometheusRule", "PodMonitor")}
+"""The Prometheus Operator's kinds: checked against their CRDs' schemas."""
 KNOWN = {*Settings.variables(), FORGE_URL}
 """Every setting of the core, and the example agent's forge (the image installs it)."""
 LONGRUN_NAME = re.compile(r"\bLONGRUN_[A-Z0-9_]+\b")
@@ -253,7 +259,10 @@ def of_kind(overlay: str, kind: str) -> dict[str, dict[str, Any]]:
 
 
 def validate(doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    if doc["kind"] in OPERATOR_SCHEMAS:
+        jsonschema.validate(doc, OPERATOR_SCHEMAS[doc["kind"]])
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 def secret_example() -> dict[str, dict[str, str]]:
@@ -452,7 +461,7 @@ def test_overlays_set_image_tags_replicas_and_resources() -> None:
     tags = {o: {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in of_kind(o, "Deployment").values()}
             for o in OVERLAYS}
     assert tags["dev"] == {f"{IMAGE}:dev"}
-    assert tags["prod"] == tags["autoscale"] == {f"{IMAGE}:{pyproject()['project']['version']}"}
+    assert tags["prod"] == tags["autoscale"] == tags["monitoring"] == {f"{IMAGE}:{pyproject()['project']['version']}"}
     replicas = {o: {n: d["spec"].get("replicas") for n, d in of_kind(o, "Deployment").items()} for o in OVERLAYS}
     p, _ = partitions_in_definitions()
     assert replicas["dev"]["longrun-worker"] == 2
@@ -485,6 +494,31 @@ def test_autoscaling_caps_workers_at_the_partition_count() -> None:
     assert ref["key"] in secret_example()[ref["name"]]
     # The HPA KEDA creates owns the count; a fixed spec.replicas would fight it on every apply.
     assert "replicas" not in of_kind("autoscale", "Deployment")["longrun-worker"]["spec"]
+
+
+def test_the_monitoring_overlay_scrapes_every_service_and_carries_the_generated_rules() -> None:
+    (monitor,) = of_kind("monitoring", "PodMonitor").values()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics"
+    for name, deployment in of_kind("monitoring", "Deployment").items():
+        pod = deployment["spec"]["template"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items(), name
+        assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}, name
+    (rule,) = of_kind("monitoring", "PrometheusRule").values()
+    assert rule["spec"] == yaml.safe_load((ROOT / monitoring.RULES_FILE).read_text())
+    assert of_kind("prod", "PrometheusRule") == {}, "the CRD may be missing: only the monitoring overlay needs it"
+
+
+def test_a_broken_prometheus_rule_is_rejected_by_its_schema() -> None:
+    (rule,) = of_kind("monitoring", "PrometheusRule").values()
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][0]["rules"][0]["expresion"] = broken["spec"]["groups"][0]["rules"][0].pop("expr")
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
 
 
 def test_readme_documents_the_commands_the_manifests_rely_on() -> None:
