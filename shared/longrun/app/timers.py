@@ -15,9 +15,11 @@ What each timer kind does (the kind names the timer; the payload identifies what
   ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
   (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
   changes what the run resumes to, so no worker is woken.
-- ``business_deadline`` (payload ``{}``): an open run ends TIMED_OUT through
-  ``RunStatusChanged``; its lease, if a worker holds one, is released so that worker's next
-  write is refused.
+- ``business_deadline`` (payload ``{}``): an open run enters the cancel protocol for its deadline
+  (``run.deadline_passed``: CANCELLING, ``domain.timeouts.on_business_deadline``) and ends TIMED_OUT
+  once a worker has settled its actions. A worker holding it keeps its lease and carries the
+  protocol out on its next write; a run nobody holds (waiting, queued, paused) is woken for it.
+  A run already cancelling (an operator's cancel) is left to end CANCELLED.
 - ``schedule_to_start`` (payload ``{"revision"}``: the run's revision when it was queued):
   a run still READY at that exact revision was never started by a worker; it ends
   TIMED_OUT.
@@ -85,7 +87,7 @@ from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
-from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
+from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason, on_business_deadline
 from longrun.domain import events as ev
 from longrun.errors import DomainError
 
@@ -100,6 +102,9 @@ _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_w
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _WAITING = frozenset(s.value for s in WAITING)
 _WAKE_REASONS = frozenset({WakeReason.TIMER.value, WakeReason.DEADLINE.value})
+_WOKEN = frozenset({RunStatus.READY, RunStatus.CANCELLING})
+"""A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
+already refuses the wakeup's take and carries on)."""
 _WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_key", "wait_deadline",
                            "approval_id", "approval_owner", "approved_hash", "snapshot"})
 
@@ -323,7 +328,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
     messages: dict[str, list[outbox.Message]] = {}
     for p in plans:
         sent = messages.setdefault(p.after.snapshot.run_id, [])
-        if p.after.snapshot.status is RunStatus.READY and p.after.snapshot.revision != p.before.snapshot.revision:
+        if p.after.snapshot.status in _WOKEN and p.after.snapshot.revision != p.before.snapshot.revision:
             reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
             sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
         cause = woken_by.get(p.after.snapshot.run_id)
@@ -379,7 +384,7 @@ async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datet
         return Outcome.SKIPPED
     if after.snapshot.revision == stored.snapshot.revision:
         return Outcome.LATE
-    if after.snapshot.status is RunStatus.READY:
+    if after.snapshot.status in _WOKEN:
         await effects.wake(conn, after, reason=f"timer:{timer.kind}", producer=producer)
     run = after.snapshot
     await effects.broadcast(conn, stored.snapshot, after, producer=producer, cause=_cause(timer),
@@ -401,8 +406,8 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
     if run.status in TERMINAL:
         return None
     if timer.kind == "business_deadline":
-        return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
-                                   reason="business_deadline: the run's deadline passed")
+        verdict = on_business_deadline(run)
+        return ev.DeadlinePassed(seq=seq, at=at, reason=verdict.why) if verdict.cancel else None
     if timer.kind == "schedule_to_start":
         if run.status is not RunStatus.READY or run.revision != timer.payload.get("revision"):
             return None
