@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from longrun.domain.run import OPEN, RunStatus
 from longrun.domain.snapshot import RunSnapshot, RunTimeouts
 
-__all__ = ["DEADLINE_REASON", "DeadlineVerdict", "RunTimeouts", "cancel_end", "cancel_refusal", "effective_start_to_close",
-           "on_business_deadline", "queue_stint_starts", "resolve"]
+__all__ = ["DEADLINE_REASON", "DeadlineVerdict", "RunTimeouts", "cancel_end", "cancel_refusal",
+           "effective_start_to_close", "on_business_deadline", "queue_stint_starts", "resolve"]
 
 DEADLINE_REASON = "business_deadline: the run's deadline passed"
 """Why a run cancels for its deadline; its TIMED_OUT end says it too (``cancel_end``)."""
