@@ -201,8 +201,8 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
 
 def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     """True: the wake applies; False: it is late (``evolve.is_late``); None: only the domain can tell."""
-    if timer.kind not in WAIT_TIMERS:
-        return None
+    if timer.kind not in WAIT_TIMERS or head.queue_timed:
+        return None  # a run with a schedule-to-start is queued with its timer by the domain path
     wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
     if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
         return None
@@ -411,6 +411,8 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
     if timer.kind == "schedule_to_start":
         if run.status is not RunStatus.READY or run.revision != timer.payload.get("revision"):
             return None
+        if stored.lease_owner is not None and stored.lease_until is not None and stored.lease_until > now:
+            return None  # a worker took it (its move to RUNNING is written with its first step)
         return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
                                    reason="schedule_to_start: no worker started the run in time")
     if timer.kind in ATTEMPT_TIMERS:
