@@ -55,7 +55,8 @@ def queue_stint_starts(before: RunSnapshot | None, after: RunSnapshot) -> bool:
     """Whether the move from ``before`` (None: the run is being created) to ``after`` queues the run
     for a worker with a schedule-to-start clock: it becomes READY (created, woken, handed back,
     resumed) and has the setting. A stint is named by the revision it starts at."""
-    return (after.status is RunStatus.READY and after.timeouts.schedule_to_start is not None
+    # The setting first: a run without one (most) is answered by one attribute test, on every write.
+    return (after.timeouts.schedule_to_start is not None and after.status is RunStatus.READY
             and (before is None or before.status is not RunStatus.READY))
 
 
