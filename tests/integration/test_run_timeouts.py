@@ -1,6 +1,6 @@
 """Run-level timeouts through the real services: schedule-to-start ends a run no worker starts and
 leaves nothing behind for one that is started; a business deadline cancels in-flight work by the
-cancel protocol and ends the run TIMED_OUT; run.create v3 and v4 reach the snapshot with the run
+cancel protocol and ends the run TIMED_OUT (an operator cannot cancel it a second time); run.create v3 and v4 reach the snapshot with the run
 kind's defaults filled in.
 
 The run kind is ``tests/integration/timed_kinds.py``: its far side is a file with one line per call
@@ -19,17 +19,24 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from longrun.app import operate
+from longrun.app import timers as firing
+from longrun.app.transaction import PgTransaction
 from longrun.bus import topology
 from longrun.bus.codec import to_message
-from longrun.domain import RunTimeouts
+from longrun.db import runs
+from longrun.domain import PinnedVersions, RunTimeouts, Usage, freeze
+from longrun.domain import events as ev
 from longrun.envelope import make
-from tests.fixtures import eventually
+from longrun.errors import IllegalTransition
+from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, event_types, new_key, run_id_for, status_of
 from tests.integration.timed_kinds import DEFAULTS
 
 pytestmark = pytest.mark.integration
 
 KINDS = "tests.integration.timed_kinds:kinds"
+VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="timed-1")
 MODULES = {"scheduler": "services.scheduler", "worker": "services.worker", "relay": "services.outbox_relay",
            "timer": "services.timer"}
 
@@ -181,3 +188,28 @@ async def test_a_business_deadline_cancels_in_flight_work_compensates_and_ends_t
     assert len({(e["tool"], e["key"]) for e in effects}) == 3
     booked = next(e["key"] for e in effects if e["tool"] == "timed.book")
     assert next(e["key"] for e in effects if e["tool"] == "timed.book.compensate") == booked
+
+
+async def test_an_operators_cancel_of_a_run_cancelling_for_its_deadline_is_refused_naming_why(
+        clean, engine) -> None:  # type: ignore[no-untyped-def]
+    # Given a run whose deadline had passed when it was created: the timer service sends it cancelling
+    at = time.time()
+    created = ev.RunCreated(seq=1, at=at, run_id="run-late", tenant_id="acme", kind="timed", goal=freeze({}),
+                            versions=VERSIONS, budget=Usage(model_calls=1, tool_calls=1, cost=1.0), deadline=at - 1)
+    async with engine.begin() as conn:
+        assert await runs.create(conn, created, idempotency_key="late", input_hash="h",
+                                 partition=topology.partition_of("run-late", PARTITIONS)) is not None
+    assert await firing.fire_due(engine, batch=10, clock=time.time) == 1
+    # When an operator cancels it too
+    async with engine.begin() as conn:
+        with pytest.raises(IllegalTransition) as refused:
+            await operate.cancel(PgTransaction(conn), "run-late", actor="op", reason="stop it")
+    # Then the cancel is refused, naming both states and why; the run keeps its deadline's TIMED_OUT end
+    assert str(refused.value).endswith("illegal run transition CANCELLING -> CANCELLING: the run is already "
+                                       "cancelling for its business deadline and ends TIMED_OUT once its "
+                                       "actions settle")
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, "run-late")
+        audited = (await conn.execute(text("SELECT count(*) FROM audit_log WHERE target = 'run-late'"))).scalar()
+    assert stored is not None and stored.snapshot.status.value == "CANCELLING" and stored.snapshot.deadline_passed
+    assert audited == 0
