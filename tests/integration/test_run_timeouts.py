@@ -1,7 +1,7 @@
 """Run-level timeouts through the real services: schedule-to-start ends a run no worker starts and
 leaves nothing behind for one that is started; a business deadline cancels in-flight work by the
-cancel protocol and ends the run TIMED_OUT (an operator cannot cancel it a second time); run.create v3 and v4 reach the snapshot with the run
-kind's defaults filled in.
+cancel protocol and ends the run TIMED_OUT (an operator cannot cancel it a second time);
+run.create v3 and v4 reach the snapshot with the run kind's defaults filled in.
 
 The run kind is ``tests/integration/timed_kinds.py``: its far side is a file with one line per call
 or compensation that reached it.
