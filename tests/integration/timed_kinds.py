@@ -2,10 +2,10 @@
 
 ``timed`` makes the calls its goal lists, in order (``{"calls": ["book", "slow"]}``): ``timed.book``
 books at once and declares a compensation (it cancels the booking), ``timed.slow`` answers after
-``TIMED_SLOW_SECONDS`` and has none, ``timed.note`` notes at once and has none. With ``"nap": true`` the run first waits for an event that never
-comes, for one second: its wait's deadline wakes it and it is queued again; with ``"park": true`` it
-ends by waiting an hour for an event that never comes (it stays open). Its runs may sit queued
-ten minutes by default (``RunKind.timeouts``).
+``TIMED_SLOW_SECONDS`` and has none, ``timed.note`` notes at once and has none. With ``"nap": true``
+the run first waits for an event that never comes, for one second: its wait's deadline wakes it and
+it is queued again; with ``"park": true`` it ends by waiting an hour for an event that never comes
+(it stays open). Its runs may sit queued ten minutes by default (``RunKind.timeouts``).
 
 The far side is a file (``TIMED_CALLS``): every call and every compensation that reaches it appends
 one line with its idempotency key, so a test counts exactly what took effect.

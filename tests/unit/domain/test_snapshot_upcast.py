@@ -4,8 +4,9 @@
 approval (recorded from a real run, see ``tests/fault/fixtures``); ``snapshot.v1-as-v2.json``
 is what it must become under schema 2 (``snapshot.v2.json`` is that same file),
 ``snapshot.v2-as-v3.json`` under schema 3 (``snapshot.v3.json``), ``snapshot.v3-as-v4.json``
-under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5 (``snapshot.v5.json``), ``snapshot.v5-as-v6.json``
-under schema 6 (``snapshot.v6.json``) and ``snapshot.v6-as-v7.json`` under schema 7. The fault matrix resumes that very run under this code.
+under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5
+(``snapshot.v5.json``), ``snapshot.v5-as-v6.json`` under schema 6 (``snapshot.v6.json``) and
+``snapshot.v6-as-v7.json`` under schema 7. The fault matrix resumes that very run under this code.
 """
 
 from __future__ import annotations

@@ -20,4 +20,5 @@ from longrun_client.stream import EventStream
 __all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
            "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunCreateV3",
            "RunCreateV4", "RunEventV2", "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
-           "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of", "decode", "encode", "make"]
+           "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of", "decode", "encode",
+           "make"]
