@@ -20,9 +20,10 @@ What each timer kind does (the kind names the timer; the payload identifies what
   once a worker has settled its actions. A worker holding it keeps its lease and carries the
   protocol out on its next write; a run nobody holds (waiting, queued, paused) is woken for it.
   A run already cancelling (an operator's cancel) is left to end CANCELLED.
-- ``schedule_to_start`` (payload ``{"revision"}``: the run's revision when it was queued):
-  a run still READY at that exact revision was never started by a worker; it ends
-  TIMED_OUT.
+- ``schedule_to_start`` (payload ``{"revision"}``: the run's revision when it was queued,
+  scheduled by the write that queued it, ``db.runs``, and cancelled by the take that starts it):
+  a run still READY at that exact revision, with no live lease, was never started by a worker; it
+  ends TIMED_OUT.
 - ``start_to_close`` (payload ``{"fencing_token"}``: the attempt's lease): a run still
   RUNNING under that token has overrun its attempt; the attempt is abandoned (RUNNING ->
   READY, lease released, so the stuck worker is fenced out) and a worker is woken to retry
@@ -61,7 +62,8 @@ goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff,
 outbox rows are the template for the others, and if PostgreSQL, filling the template in for
 the sample, does not render exactly those rows (the domain changed), the batch falls back to
 the domain for every timer. Everything else (run timeouts, paused runs, timers the domain
-refuses, several timers of one run in a batch, questions' deadlines) always takes the domain path.
+refuses, several timers of one run in a batch, questions' deadlines, and the wakes of runs with a
+schedule-to-start, whose next queue stint ``runs.write_many`` times) always takes the domain path.
 
 Lateness (``fired_at - wake_at``, both database time) is logged per timer at DEBUG and as
 the batch maximum at INFO.

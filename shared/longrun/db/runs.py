@@ -531,6 +531,7 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
              if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
+    # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
     for p in planned:
         if queue_stint_starts(p.before.snapshot, p.after.snapshot):
             await driver.execute(conn, _QUEUE_ONE, {"run_id": p.after.snapshot.run_id,
