@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
-from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, Scope, Workflow
+from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, RunTimeouts, Scope, Workflow
 from longrun.errors import ToolRejected
 
 
@@ -112,6 +112,9 @@ class RunKind:
     scope_approval: ScopeApproval | None = None
     """What a call outside the run's scope does: with this, it asks a person to approve exactly that
     request; without, the run goes to NEEDS_ATTENTION."""
+    timeouts: RunTimeouts = RunTimeouts()
+    """Default schedule-to-start and start-to-close of this kind's runs; a producer's run.create
+    (v4 ``timeouts``) sets either for its run. By default neither limits a run."""
 
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks

@@ -99,11 +99,11 @@ class DomainError(LongrunError):
 class IllegalTransition(DomainError):
     code = ErrorCode.ILLEGAL_TRANSITION
 
-    def __init__(self, machine: str, from_state: str, to_state: str) -> None:
+    def __init__(self, machine: str, from_state: str, to_state: str, why: str | None = None) -> None:
         self.machine = machine
         self.from_state = from_state
         self.to_state = to_state
-        super().__init__(f"illegal {machine} transition {from_state} -> {to_state}")
+        super().__init__(f"illegal {machine} transition {from_state} -> {to_state}" + (f": {why}" if why else ""))
 
 
 class BudgetExhausted(DomainError):

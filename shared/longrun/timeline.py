@@ -30,6 +30,8 @@ def _what(type_: str, d: dict[str, Any]) -> str:
                         f"for hash {wait['approved_hash'][:12]}")
             on = wait.get("correlation_key") or f"timer at {wait.get('wake_at')}"
             return f"STATUS -> {d['status']:<16} waits for {wait['kind']} on {on}"
+        case "run.deadline_passed":
+            return f"STATUS -> CANCELLING       {d['reason']} (ends TIMED_OUT once its actions settle)"
         case "run.woken":
             return f"WOKEN     by {d['reason']} {d.get('correlation_key') or ''}".rstrip()
         case "run.approval_decided":

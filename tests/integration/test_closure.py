@@ -181,7 +181,7 @@ async def test_a_terminated_run_has_no_outstanding_timer_nor_lease_and_its_summa
     assert (await _terminal_outcome(engine, run_id))["summary"] == summary
 
 
-async def test_a_business_deadline_ends_the_run_and_cancels_its_wait_timers(clean, engine) -> None:
+async def test_a_business_deadline_sends_the_run_cancelling_and_cancels_its_wait_timers(clean, engine) -> None:
     # Given a waiting run whose business deadline comes due first
     run_id = "run-deadline"
     await _parked_with_deadlines(engine, run_id)
@@ -190,10 +190,13 @@ async def test_a_business_deadline_ends_the_run_and_cancels_its_wait_timers(clea
                                 "WHERE kind = 'business_deadline'"))
     # When the timer service fires it
     assert await firing.fire_due(engine, batch=10, clock=time.time) == 1
-    # Then the run timed out, its wait's deadline was cancelled in that batch, and the summary recorded
+    # Then the run cancels for its deadline (a worker ends it TIMED_OUT once its actions are settled) and
+    # the wait it left behind had its deadline cancelled in that batch
     found = {t.kind: t for t in await _timers(engine, run_id)}
     assert found["business_deadline"].fired_at is not None and found["business_deadline"].cancelled_at is None
     assert found["wait_deadline"].fired_at is None and found["wait_deadline"].cancelled_at is not None
-    assert (await _summary(engine, run_id))["status"] == "TIMED_OUT"
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+    assert stored is not None and stored.snapshot.status is RunStatus.CANCELLING and stored.snapshot.wait is None
     assert await _make_due_and_fire(engine, run_id) == 0
     assert await _late_wakes(engine, run_id) == []

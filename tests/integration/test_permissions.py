@@ -53,7 +53,7 @@ async def _create(bus, tenant: str, goal: dict[str, Any], *, workflow: str = "no
     key = new_key()
     envelope = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": goal, **v3},
                     producer="tests", tenant_id=tenant)
-    assert envelope.schema_version == 3
+    assert envelope.schema_version == 4  # v3's fields, and no timeouts
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
     return key
 

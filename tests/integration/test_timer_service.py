@@ -232,14 +232,18 @@ async def test_run_level_timeouts_move_only_runs_they_still_describe(clean, engi
                               delay=-0.5, payload={"fencing_token": fence.token})
     # When they fire
     assert await fire_due(engine, batch=10, clock=time.time) == 4
-    # Then the open run timed out, naming the timer; the finished run got no event
+    # Then the open run cancels for its deadline (a worker is woken to carry the protocol out and end
+    # it TIMED_OUT), naming the timer; the finished run got no event
     async with engine.connect() as conn:
         opened, finished, busy = [await runs.load(conn, r) for r in ("run-open", "run-done", "run-busy")]
-    assert opened is not None and opened.snapshot.status is RunStatus.TIMED_OUT
-    assert opened.snapshot.terminal_reason == "business_deadline: the run's deadline passed"
+    assert opened is not None and opened.snapshot.status is RunStatus.CANCELLING and opened.snapshot.deadline_passed
+    assert [o.type for o in await _outbox(engine, "run-open")][-2:] == ["run.wakeup", "run.event"]
+    passed = await _rows(engine, "SELECT data->>'reason' AS reason FROM run_events "
+                                 "WHERE run_id = 'run-open' AND type = 'run.deadline_passed'")
+    assert [p.reason for p in passed] == ["business_deadline: the run's deadline passed"]
     # (created, taken, failed, and the run.summary its failure recorded)
     assert finished is not None and finished.snapshot.status is RunStatus.FAILED and finished.stored_seq == 4
-    # and the timed-out run's retry timer was cancelled by its timing out, in the same batch
+    # and the cancelling run's retry timer was cancelled with its wait, in the same batch
     assert [(t.kind, t.fired_at is None, t.cancelled_at is not None) for t in await _rows(
         engine, "SELECT kind, fired_at, cancelled_at FROM timers WHERE run_id = 'run-open' ORDER BY kind")] == [
         ("business_deadline", False, False), ("retry_backoff", True, True)]

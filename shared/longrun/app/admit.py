@@ -42,11 +42,13 @@ from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
 from longrun.db import admission, outbox, policies, runs
 from longrun.db.schema import QUEUED
-from longrun.domain import Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
+from longrun.domain import RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
+from longrun.domain.timeouts import resolve
 from longrun.envelope.payloads import RejectionCode, RunScope
+from longrun.envelope.payloads import RunTimeouts as RunTimeoutsV4
 from longrun.errors import PoisonMessage, UnknownSchemaVersion
 
 PRODUCER = "scheduler"
@@ -54,13 +56,15 @@ PRODUCER = "scheduler"
 
 def input_hash(payload: Any) -> str:
     """What makes two run.create requests "the same": workflow, pin, input, priority, budget and, when
-    asked for, scope and deadline (a request without them hashes as it did before they existed)."""
+    asked for, scope, deadline and timeouts (a request without them hashes as it did before they existed)."""
     args = {"workflow": payload.workflow, "workflow_version": payload.workflow_version,
             "input": payload.input, "priority": payload.priority, "budget": payload.budget.model_dump()}
     if payload.scope is not None:
         args["scope"] = payload.scope.model_dump()
     if payload.deadline is not None:
         args["deadline"] = payload.deadline.timestamp()
+    if payload.timeouts is not None:
+        args["timeouts"] = payload.timeouts.model_dump()
     return request_hash("run.create", "2", args=args)
 
 
@@ -71,6 +75,13 @@ def requested_scope(scope: RunScope | None) -> Scope | None:
     everything = Scope()
     return Scope(tuple(scope.tools) if scope.tools is not None else everything.tools,
                  tuple(scope.resources) if scope.resources is not None else everything.resources)
+
+
+def requested_timeouts(timeouts: RunTimeoutsV4 | None) -> RunTimeouts | None:
+    """The producer's timeouts as the domain's; what it leaves out is the run kind's (``timeouts.resolve``)."""
+    if timeouts is None:
+        return None
+    return RunTimeouts(schedule_to_start=timeouts.schedule_to_start, start_to_close=timeouts.start_to_close)
 
 
 def new_run_id() -> str:
@@ -113,6 +124,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         budget=Usage(model_calls=request.budget.model_calls, tool_calls=request.budget.tool_calls,
                      cost=request.budget.cost_usd),
         permissions=permissions, deadline=request.deadline.timestamp() if request.deadline is not None else None,
+        timeouts=resolve(requested_timeouts(request.timeouts), kind.timeouts),
         labels=freeze(request.labels), correlation_id=envelope.correlation_id or request.idempotency_key)
     partition = topology.partition_of(run_id, partitions)
     wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,

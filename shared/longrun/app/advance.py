@@ -65,6 +65,7 @@ from longrun.domain import (
     WaitForEvent,
     WaitForUser,
     build_resume_context,
+    cancel_end,
     compact,
     budget_needs,
     exhausted,
@@ -312,7 +313,8 @@ class Advancer:
                                   reason=f"{decision.logical_action} needs reconciliation")
 
     async def _cancel(self, stored: StoredRun, fence: Fence) -> StoredRun | None:
-        """No new action starts; declared compensations run one by one; then CANCELLED.
+        """No new action starts; declared compensations run one by one; then CANCELLED, or TIMED_OUT
+        for a run cancelling for its business deadline (``cancel_end``).
 
         An action whose outcome is unknown must be settled first (by the reconciler, which
         wakes the run again): cancelling cannot decide whether an effect happened.
@@ -337,8 +339,8 @@ class Advancer:
                 stored = await self._commit(stored, [self._event(stored, ev.CompensationStarted,
                                                                  logical_action=action.logical_action)], fence)
                 return await self._compensate(stored, fence, tool, action.logical_action)
-        return await self._finish(stored, fence, ev.RunStatusChanged, to=RunStatus.CANCELLED,
-                                  reason="cancel requested; every action settled")
+        end, reason = cancel_end(run)
+        return await self._finish(stored, fence, ev.RunStatusChanged, to=end, reason=reason)
 
     async def _compensate(self, stored: StoredRun, fence: Fence, tool: Tool, logical_action: str) -> StoredRun | None:
         """Compensations must be idempotent: a crash mid-way runs this one again."""

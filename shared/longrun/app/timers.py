@@ -15,12 +15,15 @@ What each timer kind does (the kind names the timer; the payload identifies what
   ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
   (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
   changes what the run resumes to, so no worker is woken.
-- ``business_deadline`` (payload ``{}``): an open run ends TIMED_OUT through
-  ``RunStatusChanged``; its lease, if a worker holds one, is released so that worker's next
-  write is refused.
-- ``schedule_to_start`` (payload ``{"revision"}``: the run's revision when it was queued):
-  a run still READY at that exact revision was never started by a worker; it ends
-  TIMED_OUT.
+- ``business_deadline`` (payload ``{}``): an open run enters the cancel protocol for its deadline
+  (``run.deadline_passed``: CANCELLING, ``domain.timeouts.on_business_deadline``) and ends TIMED_OUT
+  once a worker has settled its actions. A worker holding it keeps its lease and carries the
+  protocol out on its next write; a run nobody holds (waiting, queued, paused) is woken for it.
+  A run already cancelling (an operator's cancel) is left to end CANCELLED.
+- ``schedule_to_start`` (payload ``{"revision"}``: the run's revision when it was queued,
+  scheduled by the write that queued it, ``db.runs``, and cancelled by the take that starts it):
+  a run still READY at that exact revision, with no live lease, was never started by a worker; it
+  ends TIMED_OUT.
 - ``start_to_close`` (payload ``{"fencing_token"}``: the attempt's lease): a run still
   RUNNING under that token has overrun its attempt; the attempt is abandoned (RUNNING ->
   READY, lease released, so the stuck worker is fenced out) and a worker is woken to retry
@@ -59,7 +62,8 @@ goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff,
 outbox rows are the template for the others, and if PostgreSQL, filling the template in for
 the sample, does not render exactly those rows (the domain changed), the batch falls back to
 the domain for every timer. Everything else (run timeouts, paused runs, timers the domain
-refuses, several timers of one run in a batch, questions' deadlines) always takes the domain path.
+refuses, several timers of one run in a batch, questions' deadlines, and the wakes of runs with a
+schedule-to-start, whose next queue stint ``runs.write_many`` times) always takes the domain path.
 
 Lateness (``fired_at - wake_at``, both database time) is logged per timer at DEBUG and as
 the batch maximum at INFO.
@@ -85,7 +89,7 @@ from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
-from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
+from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason, on_business_deadline
 from longrun.domain import events as ev
 from longrun.errors import DomainError
 
@@ -100,6 +104,9 @@ _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_w
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _WAITING = frozenset(s.value for s in WAITING)
 _WAKE_REASONS = frozenset({WakeReason.TIMER.value, WakeReason.DEADLINE.value})
+_WOKEN = frozenset({RunStatus.READY, RunStatus.CANCELLING})
+"""A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
+already refuses the wakeup's take and carries on)."""
 _WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_key", "wait_deadline",
                            "approval_id", "approval_owner", "approved_hash", "snapshot"})
 
@@ -199,8 +206,8 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
 
 def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     """True: the wake applies; False: it is late (``evolve.is_late``); None: only the domain can tell."""
-    if timer.kind not in WAIT_TIMERS:
-        return None
+    if timer.kind not in WAIT_TIMERS or head.queue_timed:
+        return None  # a run with a schedule-to-start is queued with its timer by the domain path
     wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
     if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
         return None
@@ -326,7 +333,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
     messages: dict[str, list[outbox.Message]] = {}
     for p in plans:
         sent = messages.setdefault(p.after.snapshot.run_id, [])
-        if p.after.snapshot.status is RunStatus.READY and p.after.snapshot.revision != p.before.snapshot.revision:
+        if p.after.snapshot.status in _WOKEN and p.after.snapshot.revision != p.before.snapshot.revision:
             reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
             sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
         cause = woken_by.get(p.after.snapshot.run_id)
@@ -382,7 +389,7 @@ async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datet
         return Outcome.SKIPPED
     if after.snapshot.revision == stored.snapshot.revision:
         return Outcome.LATE
-    if after.snapshot.status is RunStatus.READY:
+    if after.snapshot.status in _WOKEN:
         await effects.wake(conn, after, reason=f"timer:{timer.kind}", producer=producer)
     run = after.snapshot
     await effects.broadcast(conn, stored.snapshot, after, producer=producer, cause=_cause(timer),
@@ -404,11 +411,13 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
     if run.status in TERMINAL:
         return None
     if timer.kind == "business_deadline":
-        return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
-                                   reason="business_deadline: the run's deadline passed")
+        verdict = on_business_deadline(run)
+        return ev.DeadlinePassed(seq=seq, at=at, reason=verdict.why) if verdict.cancel else None
     if timer.kind == "schedule_to_start":
         if run.status is not RunStatus.READY or run.revision != timer.payload.get("revision"):
             return None
+        if stored.lease_owner is not None and stored.lease_until is not None and stored.lease_until > now:
+            return None  # a worker took it (its move to RUNNING is written with its first step)
         return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
                                    reason="schedule_to_start: no worker started the run in time")
     if timer.kind in ATTEMPT_TIMERS:

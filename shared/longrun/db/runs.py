@@ -31,7 +31,7 @@ from longrun import metrics
 from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
-from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, closure, evolve, is_late
+from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, closure, evolve, is_late, queue_stint_starts
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 
@@ -138,7 +138,7 @@ _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timer
 
 @functools.cache
 def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
-           handover: bool, cancel: bool = False) -> driver.Statement:
+           handover: bool, cancel: bool = False, queued: bool = False) -> driver.Statement:
     """The transition statement for one shape of rides (built once per shape)."""
     guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
@@ -165,6 +165,8 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
         parts += _handover_sql()
     if cancel:
         parts.append(f"cancelled AS ({_CANCEL_TIMERS})")
+    if queued:
+        parts.append(f"queued AS ({_queue_timer_sql('moved')})")
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
     counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for name, used in
                       (("told", notices), ("unfilled", handover)) if used)
@@ -210,6 +212,35 @@ class AtOnce:
 
 DEADLINE_TIMER_SUFFIX = ":business_deadline"
 """A run's business deadline timer is ``<run_id>:business_deadline``."""
+QUEUE_TIMER_SUFFIX = ":schedule_to_start:"
+"""The timer of a run's queue stint starting at revision r is ``<run_id>:schedule_to_start:<r>``."""
+
+
+def _queue_timer_sql(source: str) -> str:
+    """The ``schedule_to_start`` timer of the queue stint a write starts (``domain.queue_stint_starts``),
+    for the run ``source`` returns: due ``:q_seconds`` from now (database clock), naming the revision
+    the stint starts at; a repeated write of the same stint schedules nothing more."""
+    return ("INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+            f"SELECT {source}.run_id || :q_suffix || CAST(:q_revision AS text), {source}.run_id, 'schedule_to_start', "
+            "now() + make_interval(secs => CAST(:q_seconds AS double precision)), "
+            f"jsonb_build_object('revision', CAST(:q_revision AS bigint)) FROM {source} "
+            "ON CONFLICT (timer_key) DO NOTHING")
+
+
+def _queue_params(snapshot: RunSnapshot) -> dict[str, Any]:
+    return {"q_suffix": QUEUE_TIMER_SUFFIX, "q_revision": snapshot.revision,
+            "q_seconds": snapshot.timeouts.schedule_to_start}
+
+
+_OPEN_QUEUE_TIMER = "timers.kind = 'schedule_to_start' AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL"
+_UNQUEUE = ("UPDATE timers SET cancelled_at = now() WHERE EXISTS (SELECT 1 FROM taken WHERE schedule_to_start IS "
+            f"NOT NULL) AND timers.run_id = :b_run_id AND {_OPEN_QUEUE_TIMER}")
+"""A take cancels the run's open queue timer, in its statement. The EXISTS is a one-time filter,
+tested before anything else: for a run without the setting (the column is NULL) it is false, and the
+timers are not even looked at (``EXPLAIN ANALYZE``: the scan under it is never executed)."""
+_UNQUEUE_ADOPTED = ("UPDATE timers SET cancelled_at = now() WHERE timers.run_id = ANY(ARRAY("
+                    f"SELECT run_id FROM taken WHERE schedule_to_start IS NOT NULL)) AND {_OPEN_QUEUE_TIMER}")
+"""``_UNQUEUE`` for the runs an adoption took."""
 
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
                     "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
@@ -217,11 +248,16 @@ _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "wor
 
 
 @functools.cache
-def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = False) -> driver.Statement:
+def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = False,
+            queued: bool = False) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
     ``AtOnce``, its admission too; with ``announce``, messages sent only if the row was new; with
-    ``labelled``, its labels' rows; with ``timed``, its business deadline's timer."""
+    ``labelled``, its labels' rows; with ``timed``, its business deadline's timer; with ``queued``, its
+    schedule-to-start (the column, and the first queue stint's timer)."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
+    if queued:
+        columns.append("schedule_to_start")
+        values.append("CAST(:q_seconds AS double precision)")
     parts = []
     if at_once:
         parts.append(f"tenant AS ({admission.TENANT_SLOTS.format(tenant=':tenant_id')})")
@@ -243,6 +279,8 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
         parts.append("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
                      "SELECT made.run_id || :deadline_suffix, made.run_id, 'business_deadline', "
                      "now() + make_interval(secs => CAST(:deadline_in AS double precision)), '{}'::jsonb FROM made)")
+    if queued:
+        parts.append(f"queued AS ({_queue_timer_sql('made')})")
     counted = ""
     if at_once:
         wakeup = ("(SELECT r.row, r.n FROM made, jsonb_array_elements(CAST(:wakeup AS jsonb)) WITH ORDINALITY "
@@ -262,8 +300,8 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
                  announce: Sequence[outbox.Message] = ()) -> StoredRun | None:
-    """Insert a run with its first event, its labels and its business deadline's timer; None when
-    (tenant, idempotency_key) exists.
+    """Insert a run with its first event, its labels, its business deadline's timer and its first queue
+    stint's (schedule-to-start); None when (tenant, idempotency_key) exists.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -285,8 +323,11 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
     if created.deadline is not None:
         # Counted from the database's clock, as every timer is (``timers.schedule``).
         params.update(deadline_suffix=DEADLINE_TIMER_SUFFIX, deadline_in=created.deadline - created.at)
+    queued = queue_stint_starts(None, snapshot)
+    if queued:
+        params.update(_queue_params(snapshot))
     statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels),
-                        timed=created.deadline is not None)
+                        timed=created.deadline is not None, queued=queued)
     row = await driver.one(conn, statement, params)
     if not row.made:
         return None
@@ -448,9 +489,12 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     cancel = closure.timers_to_cancel(stored.snapshot, planned.after.snapshot)
     if cancel is not None:
         params["c_wait"] = cancel.wait_id
+    queued = queue_stint_starts(stored.snapshot, planned.after.snapshot)
+    if queued:
+        params.update(_queue_params(planned.after.snapshot))
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
                        messages=bool(rides.messages), notices=bool(rides.notices),
-                       handover=rides.handover is not None, cancel=cancel is not None)
+                       handover=rides.handover is not None, cancel=cancel is not None, queued=queued)
     if not (await driver.one(conn, statement, params)).moved:
         await _conflict(conn, stored, fence)
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
@@ -489,8 +533,15 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
              if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
+    # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
     for p in planned:
         metrics.transitioned(p.before.snapshot, p.after.snapshot)
+        if queue_stint_starts(p.before.snapshot, p.after.snapshot):
+            await driver.execute(conn, _QUEUE_ONE, {"run_id": p.after.snapshot.run_id,
+                                                    **_queue_params(p.after.snapshot)})
+
+
+_QUEUE_ONE = driver.Statement(text(f"WITH one AS (SELECT CAST(:run_id AS text) AS run_id) {_queue_timer_sql('one')}"))
 
 
 # ``write_many``'s closure, for its writer (the timer service): a timer another replica claimed is
@@ -539,21 +590,25 @@ NEEDS_WORKER = "workflow || '@' || workflow_version"
 _SERVED = f"{PINS_KEY} = ANY(CAST(:served AS text[]))"
 _LEASE_FREE = "(lease_owner IS NULL OR lease_until < now())"
 _COLUMN_NAMES = ", ".join(c.name for c in _COLUMNS)
+_TAKEN_NAMES = f"runs.run_id, runs.schedule_to_start, {', '.join(f'runs.{c.name}' for c in _COLUMNS)}"
+"""What a take returns to its statement: the run as ``_stored`` reads it, and what ``_UNQUEUE`` joins on."""
 
 _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
     "worker",
     change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
             "fencing_token = fencing_token + 1, awaiting_worker = NULL WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND {_SERVED} AND NOT EXISTS (SELECT 1 FROM seen) RETURNING {_COLUMN_NAMES})",
+            f"AND {_LEASE_FREE} AND {_SERVED} AND NOT EXISTS (SELECT 1 FROM seen) RETURNING {_TAKEN_NAMES})",
             # A run this worker cannot run is not taken: it waits, named, for a worker that can.
             f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
             f"AND {_LEASE_FREE} AND NOT {_SERVED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
             # Tested first, once: a taken run (the common case) is not looked up again.
-            "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)"],
+            "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)",
+            f"unqueued AS ({_UNQUEUE})"],
     outcome="COALESCE((SELECT jsonb_build_object('taken', true, 'owner', lease_owner, 'token', fencing_token) "
             "FROM taken), (SELECT jsonb_build_object('taken', false, 'reason', "
             "'this worker does not run ' || awaiting_worker) FROM declined), CAST(:not_taken AS jsonb))",
-    result="taken.* FROM (VALUES (1)) AS one(x) LEFT JOIN taken ON true")).bindparams(_TTL))
+    result=f"{', '.join(f'taken.{c.name}' for c in _COLUMNS)} FROM (VALUES (1)) AS one(x) LEFT JOIN taken ON true")
+).bindparams(_TTL))
 
 
 async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str, ttl: float,
@@ -571,9 +626,10 @@ async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner:
 
 _ADOPT = driver.Statement(text(
     "WITH waiting AS (SELECT run_id FROM runs WHERE awaiting_worker IS NOT NULL "
-    f"AND {_SERVED} AND {_LEASE_FREE} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED) "
-    "UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
-    f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_COLUMN_NAMES}"
+    f"AND {_SERVED} AND {_LEASE_FREE} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
+    "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
+    f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_TAKEN_NAMES}), "
+    f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT {_COLUMN_NAMES} FROM taken"
 ).bindparams(_TTL))
 _HAND_OVER = driver.Statement(text(
     f"UPDATE runs SET lease_owner = NULL, lease_until = NULL, awaiting_worker = {NEEDS_WORKER} "

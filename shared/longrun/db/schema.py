@@ -19,6 +19,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -116,6 +117,9 @@ runs = Table(
     # (its creating key and input hash answer a repeated create); ``archive`` names the artifact.
     Column("archived_at", DateTime(timezone=True)),
     Column("archive", Text),
+    # Seconds the run may sit queued before a worker starts it (``RunTimeouts.schedule_to_start``), set
+    # at creation; NULL: no limit, and the take and the timers' bulk wakes pay nothing for it.
+    Column("schedule_to_start", Float),
     CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),

@@ -102,6 +102,9 @@ class RunHead(NamedTuple):
     labels: dict[str, str]
     workflow: str
     """The run's kind (``runs.workflow``), for the metrics of the wakes written in bulk."""
+    queue_timed: bool = False
+    """The run has a schedule-to-start (``runs.schedule_to_start``): a wake queues it with a timer, which
+    only the domain path schedules."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,8 @@ _CLAIM_DUE = driver.Statement(text(
     "       r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.snapshot #>> '{wait,wait_id}' AS wait_id, "
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
     "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
-    "       coalesce(r.snapshot -> 'labels', '{}') AS labels, r.workflow "
+    "       coalesce(r.snapshot -> 'labels', '{}') AS labels, r.workflow, "
+    "       r.schedule_to_start IS NOT NULL AS queue_timed "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
 

@@ -24,7 +24,7 @@ from longrun.domain.budget import Usage
 from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
 from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
-from longrun.domain.snapshot import PinnedVersions, Wait, WakeReason
+from longrun.domain.snapshot import PinnedVersions, RunTimeouts, Wait, WakeReason
 
 _event = dataclass(frozen=True, slots=True, kw_only=True)
 
@@ -50,7 +50,10 @@ class RunCreated(RunEvent):
     permissions: Scope | None = None
     """The run's scope (``scope.narrow``); None in runs created before scopes existed."""
     deadline: float | None = None
-    """The business deadline (epoch seconds): a ``business_deadline`` timer ends the run TIMED_OUT then."""
+    """The business deadline (epoch seconds): a ``business_deadline`` timer then sends the run cancelling
+    for it (``run.deadline_passed``), and it ends TIMED_OUT."""
+    timeouts: RunTimeouts = RunTimeouts()
+    """Schedule-to-start and start-to-close: the producer's, else the run kind's defaults."""
     stage: str = ""
     labels: FrozenMap = FrozenMap()
     correlation_id: str | None = None
@@ -95,6 +98,16 @@ class ApprovalDecided(RunEvent):
 class CancelRequested(RunEvent):
     type: ClassVar[str] = "run.cancel_requested"
     by: str
+    reason: str
+
+
+@_event
+class DeadlinePassed(RunEvent):
+    """The run's business deadline passed while it was open: it enters the cancel protocol for it
+    (CANCELLING, ``cancel_requested``: no new action starts, a submitted call's outcome is reconciled,
+    declared compensations run) and ends TIMED_OUT, not CANCELLED."""
+
+    type: ClassVar[str] = "run.deadline_passed"
     reason: str
 
 
@@ -347,7 +360,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
         cls.type: cls
         for cls in (
             RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
-            CancelRequested, RunPaused, RunResumed, RunTerminated, RunCompleted,
+            CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
             QuestionResolved,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from longrun.domain import events as ev
 from longrun.domain import ledger, lifecycle
 from longrun.domain.invariants import violations
-from longrun.domain.run import TERMINAL
+from longrun.domain.run import TERMINAL, RunStatus
 from longrun.domain.snapshot import RunSnapshot
 from longrun.errors import EventRejected, IllegalTransition
 
@@ -114,6 +114,8 @@ def _target(event: ev.RunEvent) -> str:
         return event.to.value
     if isinstance(event, ev.WaitStarted):
         return event.status.value
+    if isinstance(event, ev.DeadlinePassed):
+        return RunStatus.CANCELLING.value
     own = next((status for status, type_ in lifecycle.OWN_EVENT.items() if type_ == event.type), None)
     return own.value if own is not None else event.type
 

@@ -8,7 +8,8 @@ Invariants checked (each message names the rule):
 - counters: revision >= 1 and last_seq >= revision (each applied event takes a seq);
 - a terminal run has a terminal reason and an open one has none;
 - COMPLETED only with a recorded acceptance whose unmet list is empty, and no action in
-  doubt; CANCELLED only with no action in doubt (running actions finish first);
+  doubt; CANCELLED, or TIMED_OUT at the end of a business deadline's cancel, only with no action
+  in doubt (running actions finish first); a run cancelling for its deadline has ``cancel_requested``;
 - a wait is pending exactly when the run waits (or is paused while waiting), and:
   WAITING_EVENT has a wake condition (correlation key or timer) and a deadline;
   WAITING_USER names approval id, owner, approved hash and deadline, or, waiting for an
@@ -67,7 +68,7 @@ def _outcome(s: RunSnapshot) -> Iterator[str]:
             yield f"COMPLETED with unmet acceptance conditions: {', '.join(s.acceptance.unmet)}"
     elif s.acceptance is not None:
         yield f"{s.status.value}: an acceptance is recorded only for COMPLETED runs"
-    if s.status in (_S.COMPLETED, _S.CANCELLED):
+    if s.status in (_S.COMPLETED, _S.CANCELLED) or (s.status is _S.TIMED_OUT and s.deadline_passed):
         doubtful = [a.logical_action for a in s.actions if a.status in IN_DOUBT]
         if doubtful:
             yield f"{s.status.value} while actions are in doubt: {', '.join(doubtful)}"
@@ -121,6 +122,10 @@ def _control(s: RunSnapshot) -> Iterator[str]:
         yield f"{s.status.value}: cancel was requested, the run must be CANCELLING or finished"
     if s.status in (_S.CANCELLING, _S.CANCELLED) and not s.cancel_requested:
         yield f"{s.status.value} without a recorded cancel request"
+    if s.deadline_passed and not s.cancel_requested:
+        yield f"{s.status.value}: cancelling for the business deadline without a recorded cancel request"
+    if s.deadline_passed and s.status is _S.CANCELLED:
+        yield "CANCELLED: a run cancelling for its business deadline ends TIMED_OUT"
     parked = s.paused_from if s.status is _S.PAUSED else s.status
     if parked is _S.ACTION_UNKNOWN and not any(a.status in UNRECONCILED for a in s.actions):
         yield "ACTION_UNKNOWN with no action awaiting reconciliation: nothing would wake the run"

@@ -13,6 +13,8 @@ Invariants:
 - A question is open only while the run waits for its answer (a worker's step opens it just
   before that wait): however the wait ends (answer, deadline, cancel...), the question closes
   with it; a pause keeps both.
+- A run cancelling for its business deadline (``run.deadline_passed``) ends TIMED_OUT, one cancelled by
+  an operator CANCELLED (``timeouts.cancel_end``); the other end is refused naming both states.
 - A pause remembers what it paused; a wake while paused changes what the run resumes to,
   not the pause itself.
 """
@@ -38,7 +40,8 @@ from longrun.domain.snapshot import (
     Wake,
     WakeReason,
 )
-from longrun.errors import BudgetExhausted, EventRejected
+from longrun.domain.timeouts import cancel_end, cancel_refusal, on_business_deadline
+from longrun.errors import BudgetExhausted, EventRejected, IllegalTransition
 
 _S = RunStatus
 
@@ -86,7 +89,7 @@ def created(e: ev.RunCreated) -> RunSnapshot:
         run_id=e.run_id, tenant_id=e.tenant_id, kind=e.kind, status=_S.READY, revision=1,
         last_seq=e.seq, created_at=e.at, status_since=e.at, goal=e.goal, versions=e.versions,
         budget=Budget(limit=e.budget), priority=e.priority, permissions=e.permissions,
-        deadline=e.deadline, stage=e.stage, labels=e.labels, correlation_id=e.correlation_id,
+        deadline=e.deadline, timeouts=e.timeouts, stage=e.stage, labels=e.labels, correlation_id=e.correlation_id,
     )  # fmt: skip
 
 
@@ -96,6 +99,12 @@ def _status_changed(s: RunSnapshot, e: ev.RunStatusChanged) -> RunSnapshot:
         reject(s, e, f"{e.to.value} is entered with {own}")
     if e.to in OPEN and s.status in WAITING | {_S.PAUSED}:
         reject(s, e, f"{s.status.value} ends with run.woken, run.approval_decided or run.resumed")
+    if s.status is _S.CANCELLING and e.to in (_S.CANCELLED, _S.TIMED_OUT):
+        end, _ = cancel_end(s)
+        if e.to is not end:
+            why = "its business deadline" if s.deadline_passed else "a cancel request"
+            raise IllegalTransition("run", s.status.value, e.to.value, f"the run is cancelling for {why}: it ends "
+                                                                       f"{end.value}")
     return move(s, e.to, e.at, reason=e.reason)
 
 
@@ -153,7 +162,18 @@ def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
 
 
 def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
+    refused = cancel_refusal(s)
+    if refused is not None:
+        raise IllegalTransition("run", s.status.value, _S.CANCELLING.value, refused)
     return move(s, _S.CANCELLING, e.at).replace(cancel_requested=True)
+
+
+def _deadline_passed(s: RunSnapshot, e: ev.DeadlinePassed) -> RunSnapshot:
+    verdict = on_business_deadline(s)
+    if not verdict.cancel:
+        reject(s, e, f"the deadline changes nothing: {verdict.why}")
+    # A pause is lifted: the protocol needs a worker, as an operator's cancel of a paused run does.
+    return move(s, _S.CANCELLING, e.at).replace(cancel_requested=True, deadline_passed=True)
 
 
 def _paused(s: RunSnapshot, e: ev.RunPaused) -> RunSnapshot:
@@ -236,6 +256,7 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.RunWoken: _woken,
     ev.ApprovalDecided: _approval_decided,
     ev.CancelRequested: _cancel_requested,
+    ev.DeadlinePassed: _deadline_passed,
     ev.RunPaused: _paused,
     ev.RunResumed: _resumed,
     ev.RunTerminated: _terminated,

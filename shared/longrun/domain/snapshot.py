@@ -31,9 +31,10 @@ from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 6
+SNAPSHOT_SCHEMA_VERSION = 7
 """2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
-``Question.answer_schema``), 6 ``permissions`` as a ``Scope``; older ones are upcast on read."""
+``Question.answer_schema``), 6 ``permissions`` as a ``Scope``, 7 ``timeouts`` and ``deadline_passed``; older
+ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 DENIED_FACT_PREFIX = "permission_denied:"
@@ -60,6 +61,22 @@ class PinnedVersions:
     prompt: str
     model_policy: str
     tool_schemas: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimeouts:
+    """A run's own limits (``longrun.domain.timeouts``), each in seconds, positive, or None: no limit."""
+
+    schedule_to_start: float | None = None
+    """How long the run may sit queued (READY) before a worker starts it; past it, TIMED_OUT."""
+    start_to_close: float | None = None
+    """A cap on every tool call's start-to-close in this run; it only shortens what a tool declares."""
+
+    def __post_init__(self) -> None:
+        for name in ("schedule_to_start", "start_to_close"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not value > 0):
+                raise ValueError(f"RunTimeouts.{name} must be a positive number of seconds or None, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +167,12 @@ class RunSnapshot:
     before scopes existed, which is not restricted."""
     deadline: float | None = None
     """The run's business deadline, if any (epoch seconds)."""
+    timeouts: RunTimeouts = RunTimeouts()
+    """The run's schedule-to-start and start-to-close limits, set when it was created. Schema 7; a run
+    stored under an earlier schema has none."""
+    deadline_passed: bool = False
+    """The business deadline passed while the run was open: it cancels for it (``cancel_requested``
+    too) and ends TIMED_OUT. Schema 7."""
     stage: str = ""
     wait: Wait | None = None
     paused_from: RunStatus | None = None
@@ -272,7 +295,18 @@ def upcast_snapshot_v5_v6(data: Mapping[str, object]) -> dict[str, object]:
     return {**data, "schema_version": 6, "permissions": None}
 
 
+def upcast_snapshot_v6_v7(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 6 -> 7: a run stored before per-run timeouts has none, and its deadline (the old timer
+    ended a run TIMED_OUT outright) has not sent it cancelling. Pure."""
+    if data.get("schema_version") != 6:
+        raise ValueError(f"upcast_snapshot_v6_v7 takes schema_version 6, got {data.get('schema_version')!r}")
+    if "timeouts" in data or "deadline_passed" in data:
+        raise ValueError("a schema-6 snapshot has no timeouts or deadline_passed field")
+    return {**data, "schema_version": 7, "timeouts": {"schedule_to_start": None, "start_to_close": None},
+            "deadline_passed": False}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
     1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5,
-    5: upcast_snapshot_v5_v6}
+    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

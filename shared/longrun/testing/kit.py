@@ -73,10 +73,11 @@ class Kit:
 
     # -- what a test does -----------------------------------------------------------------------------
     def start(self, goal: Mapping[str, Any], *, tenant: str = "t", key: str | None = None,
-              tool_calls: int = 50) -> str:
+              tool_calls: int = 50, timeouts: Mapping[str, float] | None = None) -> str:
+        """``timeouts``: the create's (``run.create`` v4), else the kind's defaults."""
         self._keys += 1
         return self.world.create(tenant_id=tenant, key=key or f"key-{self._keys}", kind=self.kind.name, goal=goal,
-                                 tool_calls=tool_calls)
+                                 tool_calls=tool_calls, timeouts=timeouts)
 
     def event(self, correlation_key: str, fact_key: str, fact: Mapping[str, Any], *,
               event_id: str | None = None) -> dict[str, Any]:

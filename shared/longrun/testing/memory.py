@@ -23,9 +23,10 @@ from typing import Any
 from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import DEADLINE_TIMER_SUFFIX, Fence, Found, Planned, StoredRun, plan
+from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX, Fence, Found, Planned, StoredRun, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
-from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze
+from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
+                            queue_stint_starts)
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 
@@ -184,6 +185,7 @@ class MemoryStore:
         if created.deadline is not None:
             self.schedule(timer_key=created.run_id + DEADLINE_TIMER_SUFFIX, run_id=created.run_id,
                           kind="business_deadline", delay=created.deadline - created.at, payload={})
+        self._queue(None, snapshot)
         return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
 
     def load(self, run_id: str) -> StoredRun | None:
@@ -244,6 +246,15 @@ class MemoryStore:
             for key, timer in self.timers.items():
                 if timer.run_id == run_id and timer.open and cancel.wait_id in (None, timer.payload.get("wait_id")):
                     self.timers[key] = replace(timer, cancelled_at=self.clock())
+        self._queue(planned.before.snapshot, after.snapshot)
+
+    def _queue(self, before: RunSnapshot | None, after: RunSnapshot) -> None:
+        """``db.runs``: the schedule-to-start timer of the queue stint a write starts."""
+        if queue_stint_starts(before, after):
+            assert after.timeouts.schedule_to_start is not None
+            self.schedule(timer_key=f"{after.run_id}{QUEUE_TIMER_SUFFIX}{after.revision}", run_id=after.run_id,
+                          kind="schedule_to_start", delay=after.timeouts.schedule_to_start,
+                          payload={"revision": after.revision})
 
     def write_many(self, planned: Sequence[Planned]) -> None:
         """Transitions of runs the caller holds (the timer's batch): the revision guard still applies."""
@@ -267,6 +278,10 @@ class MemoryStore:
         token = row.fencing_token + 1
         self.runs[run_id] = replace(row, lease_owner=owner, lease_until=self.clock() + ttl, fencing_token=token,
                                     awaiting_worker=None)
+        if row.snapshot.timeouts.schedule_to_start is not None:  # ``db.runs``: the take ends the queue stint
+            for key, timer in self.timers.items():
+                if timer.run_id == run_id and timer.kind == "schedule_to_start" and timer.open:
+                    self.timers[key] = replace(timer, cancelled_at=self.clock())
         return Fence(owner, token)
 
     def _lease_free(self, row: RunRow) -> bool:
@@ -398,7 +413,7 @@ class MemoryStore:
         return RunHead(run.run_id, run.tenant_id, row.partition, run.status.value, run.revision, row.stored_seq,
                        None if run.wait is None else run.wait.wait_id,
                        run.wait is not None and run.wait.wake_at is not None, run.stage, run.correlation_id,
-                       dict(run.labels), run.kind)
+                       dict(run.labels), run.kind, run.timeouts.schedule_to_start is not None)
 
     def mark_fired(self, timer_keys: Sequence[str]) -> None:
         for key in timer_keys:

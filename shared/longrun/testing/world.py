@@ -285,11 +285,12 @@ class World:
 
     # -- the scheduler (app/admit.py) ------------------------------------------------------------------
     def create(self, *, tenant_id: str, key: str, kind: str, goal: Mapping[str, Any],
-               tool_calls: int = 50) -> str:
+               tool_calls: int = 50, timeouts: Mapping[str, float] | None = None) -> str:
         """The scheduler's create (``app.admit.create_run``): the run (or the one made under ``key``),
         announced and admitted at once; its id."""
         request = make("run.create", {"workflow": kind, "idempotency_key": key, "input": dict(goal),
-                                      "budget": {"model_calls": 5, "tool_calls": tool_calls, "cost_usd": 5.0}},
+                                      "budget": {"model_calls": 5, "tool_calls": tool_calls, "cost_usd": 5.0},
+                                      "timeouts": None if timeouts is None else dict(timeouts)},
                        producer="memory", tenant_id=tenant_id)
         answer = self.in_transaction(lambda tx: admit.create_run(
             tx, request, kinds=self.kinds, partitions=1, slots=SLOTS, max_input_bytes=MAX_INPUT_BYTES,

@@ -17,6 +17,7 @@ from longrun.domain import (
     RunCreated,
     RunEvent,
     RunSnapshot,
+    RunTimeouts,
     Usage,
     evolve,
     freeze,
@@ -85,6 +86,9 @@ def strategy_for(tp: object) -> st.SearchStrategy[Any]:
     if tp is Scope:  # its patterns are checked: names, or prefixes ending in '*'
         patterns = st.lists(st.from_regex(r"\*|[a-z.:/]{1,6}\*?", fullmatch=True), max_size=3).map(tuple)
         return st.builds(Scope, tools=patterns, resources=patterns, policy_version=st.none() | st.integers(1, 9))
+    if tp is RunTimeouts:  # each limit is positive seconds, or none
+        limits = st.none() | st.floats(min_value=0.001, max_value=1e9)
+        return st.builds(RunTimeouts, schedule_to_start=limits, start_to_close=limits)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return st.sampled_from(tp)
     assert isinstance(tp, type) and dataclasses.is_dataclass(tp), tp

@@ -86,7 +86,8 @@ def test_the_event_and_a_snapshot_with_patches_round_trip_through_json() -> None
 def test_a_snapshot_stored_before_patches_existed_loads_with_none_taken() -> None:
     h = running()
     # as schema 3 stored it: no patches, and the permissions list nothing ever set
-    schema_3 = {k: v for k, v in h.snapshot.to_dict().items() if k != "patches"} | {
+    schema_3 = {k: v for k, v in h.snapshot.to_dict().items()
+                if k not in ("patches", "timeouts", "deadline_passed")} | {
         "schema_version": 3, "permissions": []}
     loaded = RunSnapshot.from_dict(schema_3)
     assert loaded.patches == ()

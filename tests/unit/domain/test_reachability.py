@@ -18,6 +18,7 @@ from longrun.domain import (
     ActionUnknown,
     BudgetCharged,
     CancelRequested,
+    DeadlinePassed,
     EffectKind,
     FrozenMap,
     ReconciliationStarted,
@@ -53,11 +54,14 @@ def with_unknown_action(h: History) -> None:
     h.apply(ActionUnknown, logical_action="pr", cause="timeout")
 
 
-def reach(status: RunStatus, *, paused_from: RunStatus) -> History:
+def reach(status: RunStatus, *, paused_from: RunStatus, deadline: bool = False) -> History:
+    """``deadline``: a CANCELLING run cancels for its business deadline (it ends TIMED_OUT)."""
     h = History(budget=Usage(10, 10, 10.0))
     if status is S.PAUSED:
         h = reach(paused_from, paused_from=S.READY)
         h.apply(RunPaused, by="ops", reason="hold")
+    elif status is S.CANCELLING and deadline:
+        h.apply(DeadlinePassed, reason="business_deadline: passed")
     elif status is S.CANCELLING:
         h.apply(CancelRequested, by="u", reason="stop")
     elif status is not S.READY:
@@ -97,7 +101,7 @@ def take(h: History, to: RunStatus) -> None:  # noqa: C901, PLR0912 - one branch
 @pytest.mark.parametrize(("from_", "to"), PAIRS, ids=[f"{a.value}->{b.value}" for a, b in PAIRS])
 def test_every_legal_run_transition_is_reachable_through_evolve(from_: RunStatus, to: RunStatus) -> None:
     # Given a run in from_ (a paused run was paused from where it will resume to)
-    h = reach(from_, paused_from=S.READY if to in IMPOSED else to)
+    h = reach(from_, paused_from=S.READY if to in IMPOSED else to, deadline=to is S.TIMED_OUT)
     assert h.snapshot.status is from_
     # When the runtime takes its usual way into to
     take(h, to)

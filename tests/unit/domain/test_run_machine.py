@@ -38,6 +38,7 @@ from longrun.domain import (
     ApprovalDecided,
     BudgetCharged,
     CancelRequested,
+    DeadlinePassed,
     CompensationStarted,
     DecisionContext,
     EffectKind,
@@ -312,7 +313,10 @@ class RunMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.s.status is S.CANCELLING)
     @rule()
     def cancellation_finishes(self) -> None:
-        self.apply(RunStatusChanged, not self.in_doubt(), to=S.CANCELLED, reason="cancelled")
+        # Cancelled by a request it ends CANCELLED, by its business deadline TIMED_OUT; never the other.
+        end, other = (S.TIMED_OUT, S.CANCELLED) if self.s.deadline_passed else (S.CANCELLED, S.TIMED_OUT)
+        self.apply(RunStatusChanged, False, to=other, reason="the other end")
+        self.apply(RunStatusChanged, not self.in_doubt(), to=end, reason="every action settled")
 
     @precondition(lambda self: self.s.status is S.NEEDS_ATTENTION)
     @rule(to=st.sampled_from([S.READY, S.FAILED]))
@@ -335,7 +339,8 @@ class RunMachine(RuleBasedStateMachine):
         self.apply(RunStatusChanged, False, to=S.READY, reason="reopen?")
 
     @precondition(lambda self: self.s.status in OPEN)
-    @rule(what=st.sampled_from(["pause", "cancel", "timeout", "terminate", "fail", "finish_cancel", "resume"]),
+    @rule(what=st.sampled_from(["pause", "cancel", "deadline", "timeout", "terminate", "fail", "finish_cancel",
+                                "resume"]),
           now=st.integers(0, 5))  # fmt: skip
     def disrupt(self, what: str, now: int) -> None:
         """Operators, deadlines and cancellations arrive whenever they like (here: a sixth of the time)."""
@@ -344,15 +349,23 @@ class RunMachine(RuleBasedStateMachine):
         if what == "pause":
             self.apply(RunPaused, self.can_move(S.PAUSED), by="ops", reason="hold")
         elif what == "cancel":
-            self.apply(CancelRequested, self.can_move(S.CANCELLING), by="user_42", reason="not needed")
+            again = self.s.status is S.CANCELLING and self.s.deadline_passed  # refused with its own reason
+            self.apply(CancelRequested, self.can_move(S.CANCELLING) and not again, by="user_42", reason="not needed")
+        elif what == "deadline":
+            # The business deadline cancels an open run for it; one already cancelling goes on as it was.
+            self.apply(DeadlinePassed, self.s.status in OPEN and self.s.status is not S.CANCELLING,
+                       reason="business_deadline: passed")
         elif what == "timeout":
-            self.apply(RunStatusChanged, True, to=S.TIMED_OUT, reason="business deadline passed")
+            # Imposed (schedule-to-start), or the end of a deadline's cancel once nothing is in doubt.
+            cancelling = self.s.status is S.CANCELLING
+            expect = self.can_move(S.TIMED_OUT) and (not cancelling or (self.s.deadline_passed and not self.in_doubt()))
+            self.apply(RunStatusChanged, expect, to=S.TIMED_OUT, reason="timed out")
         elif what == "terminate":
             self.apply(RunTerminated, self.s.status in OPEN, by="ops", reason="runaway")
         elif what == "fail":
             self.apply(RunStatusChanged, self.can_move(S.FAILED), to=S.FAILED, reason="permission denied")
         elif what == "finish_cancel":
-            expect = self.s.status is S.CANCELLING and not self.in_doubt()
+            expect = self.s.status is S.CANCELLING and not self.in_doubt() and not self.s.deadline_passed
             self.apply(RunStatusChanged, expect, to=S.CANCELLED, reason="cancelled")
         else:
             self.apply(RunResumed, self.s.status is S.PAUSED, by="ops", reason="go")

@@ -1,11 +1,12 @@
-"""Snapshot schemas 1 -> 2 -> 3 -> 4 -> 5 -> 6: pure upcasters pinned by golden files, applied on every read.
+"""Snapshot schemas 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7: pure upcasters pinned by golden files, applied on every read.
 
 ``golden/snapshot.v1.json`` is the snapshot the schema-1 code stored for a run waiting for
 approval (recorded from a real run, see ``tests/fault/fixtures``); ``snapshot.v1-as-v2.json``
 is what it must become under schema 2 (``snapshot.v2.json`` is that same file),
 ``snapshot.v2-as-v3.json`` under schema 3 (``snapshot.v3.json``), ``snapshot.v3-as-v4.json``
-under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5 (``snapshot.v5.json``) and ``snapshot.v5-as-v6.json``
-under schema 6. The fault matrix resumes that very run under this code.
+under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5
+(``snapshot.v5.json``), ``snapshot.v5-as-v6.json`` under schema 6 (``snapshot.v6.json``) and
+``snapshot.v6-as-v7.json`` under schema 7. The fault matrix resumes that very run under this code.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from longrun.domain import (
     FrozenMap,
     RunSnapshot,
     RunStatus,
+    RunTimeouts,
     event_from_dict,
     fold,
     upcast_snapshot_v1_v2,
@@ -29,6 +31,7 @@ from longrun.domain import (
     upcast_snapshot_v3_v4,
     upcast_snapshot_v4_v5,
     upcast_snapshot_v5_v6,
+    upcast_snapshot_v6_v7,
 )
 from longrun.errors import UnknownSchemaVersion
 
@@ -72,11 +75,17 @@ def test_a_schema_5_snapshot_upcasts_to_schema_6_exactly_as_recorded() -> None:
     assert upcast_snapshot_v5_v6(_golden("snapshot.v5.json")) == _golden("snapshot.v5-as-v6.json")
 
 
+def test_a_schema_6_snapshot_upcasts_to_schema_7_exactly_as_recorded() -> None:
+    assert _golden("snapshot.v6.json") == _golden("snapshot.v5-as-v6.json")
+    assert upcast_snapshot_v6_v7(_golden("snapshot.v6.json")) == _golden("snapshot.v6-as-v7.json")
+
+
 @pytest.mark.parametrize(("upcaster", "golden"), [(upcast_snapshot_v1_v2, "snapshot.v1.json"),
                                                    (upcast_snapshot_v2_v3, "snapshot.v2.json"),
                                                    (upcast_snapshot_v3_v4, "snapshot.v3.json"),
                                                    (upcast_snapshot_v4_v5, "snapshot.v4.json"),
-                                                   (upcast_snapshot_v5_v6, "snapshot.v5.json")])
+                                                   (upcast_snapshot_v5_v6, "snapshot.v5.json"),
+                                                   (upcast_snapshot_v6_v7, "snapshot.v6.json")])
 def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[no-untyped-def]
     older = _golden(golden)
     before = copy.deepcopy(older)
@@ -85,20 +94,22 @@ def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[
     assert first == second and first is not second
 
 
-def test_reading_a_schema_1_snapshot_gives_the_schema_6_run_and_writes_schema_6() -> None:
+def test_reading_a_schema_1_snapshot_gives_the_schema_7_run_and_writes_schema_7() -> None:
     run = RunSnapshot.from_dict(_golden("snapshot.v1.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v1-as-v2.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v2-as-v3.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v3-as-v4.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v4-as-v5.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v5-as-v6.json"))
+    assert run == RunSnapshot.from_dict(_golden("snapshot.v6-as-v7.json"))
     assert run.status is RunStatus.WAITING_USER and run.labels == FrozenMap() and run.correlation_id is None
     assert run.patches == () and run.open_questions == ()
     assert run.permissions is None  # created before scopes: not restricted
+    assert run.timeouts == RunTimeouts() and not run.deadline_passed  # no limits; not cancelling for a deadline
     assert run.wait is not None and run.wait.approval_id is not None and run.wait.question_id is None
     written = json.loads(json.dumps(run.to_dict()))
-    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 6
-    assert written == _golden("snapshot.v5-as-v6.json")
+    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 7
+    assert written == _golden("snapshot.v6-as-v7.json")
 
 
 def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> None:
@@ -108,11 +119,11 @@ def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> Non
     assert fold(history) == RunSnapshot.from_dict(recorded["runs"][0]["snapshot"])
 
 
-@pytest.mark.parametrize("version", [0, 7, 99, None, "1", True])
+@pytest.mark.parametrize("version", [0, 8, 99, None, "1", True])
 def test_a_version_this_code_does_not_know_is_refused_not_guessed(version: object) -> None:
     with pytest.raises(UnknownSchemaVersion) as refused:
         RunSnapshot.from_dict(_golden("snapshot.v1.json") | {"schema_version": version})
-    assert refused.value.known == [1, 2, 3, 4, 5, 6]
+    assert refused.value.known == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_the_upcaster_refuses_what_is_not_schema_1() -> None:
@@ -136,6 +147,10 @@ def test_the_upcaster_refuses_what_is_not_schema_1() -> None:
         upcast_snapshot_v5_v6(_golden("snapshot.v4.json"))
     with pytest.raises(ValueError):
         upcast_snapshot_v5_v6(_golden("snapshot.v5.json") | {"permissions": ["repo:payments"]})
+    with pytest.raises(ValueError):
+        upcast_snapshot_v6_v7(_golden("snapshot.v5.json"))
+    with pytest.raises(ValueError):
+        upcast_snapshot_v6_v7(_golden("snapshot.v6.json") | {"timeouts": {"schedule_to_start": 60}})
 
 
 def test_every_older_schema_has_an_upcaster_and_a_golden_file() -> None:

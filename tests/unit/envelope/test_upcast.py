@@ -10,7 +10,7 @@ import pytest
 from longrun.envelope import LATEST, decode
 from longrun.errors import DecodeError
 from longrun.envelope.upcast import (UPCASTERS, upcast_run_create_v1_v2, upcast_run_create_v2_v3,
-                                    upcast_run_rejected_v1_v2)
+                                    upcast_run_create_v3_v4, upcast_run_rejected_v1_v2)
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 
@@ -29,15 +29,38 @@ def test_run_create_v1_upcasts_to_v2_exactly_as_recorded() -> None:
 def test_run_create_v2_upcasts_to_v3_exactly_as_recorded() -> None:
     v2 = json.loads((GOLDEN / "run.create.v2.json").read_text())
     expected = json.loads((GOLDEN / "run.create.v2-as-v3.json").read_text())
-    decoded = decode(json.dumps(v2).encode())
-    assert decoded.schema_version == LATEST["run.create"] == 3
-    assert decoded.model_dump(mode="json") == expected
+    assert upcast_run_create_v2_v3(v2["payload"]) == expected["payload"]
     # v2 could not ask for a scope or a deadline: the run gets neither narrowing nor deadline
-    assert (decoded.payload.scope, decoded.payload.deadline) == (None, None)
+    assert (expected["payload"]["scope"], expected["payload"]["deadline"]) == (None, None)
+    # and on through v4: a v2 on the wire decodes as what its v3 form decodes to
+    assert expected == json.loads((GOLDEN / "run.create.v3.json").read_text())
+    assert decode(json.dumps(v2).encode()) == decode(json.dumps(expected).encode())
+
+
+def test_run_create_v3_upcasts_to_v4_exactly_as_recorded() -> None:
+    v3 = json.loads((GOLDEN / "run.create.v3.json").read_text())
+    expected = json.loads((GOLDEN / "run.create.v3-as-v4.json").read_text())
+    decoded = decode(json.dumps(v3).encode())
+    assert decoded.schema_version == LATEST["run.create"] == 4
+    assert decoded.model_dump(mode="json") == expected
+    # v3 could not set timeouts: the run takes its kind's defaults
+    assert decoded.payload.timeouts is None
+
+
+def test_a_v4_create_carries_its_timeouts_and_refuses_what_is_not_positive_seconds() -> None:
+    v4 = json.loads((GOLDEN / "run.create.v3-as-v4.json").read_text())
+    v4["payload"] |= {"timeouts": {"schedule_to_start": 30, "start_to_close": 2.5}}
+    decoded = decode(json.dumps(v4).encode())
+    assert (decoded.payload.timeouts.schedule_to_start, decoded.payload.timeouts.start_to_close) == (30.0, 2.5)
+    assert decode(json.dumps({**v4, "payload": {**v4["payload"], "timeouts": {"start_to_close": 9}}}).encode()
+                  ).payload.timeouts.schedule_to_start is None
+    for bad in ({"schedule_to_start": 0}, {"start_to_close": -1}, {"start_to_close": "soon"}, {"queue": 5}):
+        with pytest.raises(DecodeError, match="timeouts"):
+            decode(json.dumps({**v4, "payload": {**v4["payload"], "timeouts": bad}}).encode())
 
 
 def test_a_v3_create_carries_its_scope_and_an_aware_deadline() -> None:
-    v3 = json.loads((GOLDEN / "run.create.v2-as-v3.json").read_text())
+    v3 = json.loads((GOLDEN / "run.create.v3.json").read_text())
     v3["payload"] |= {"scope": {"tools": ["forge.read_*"], "resources": ["repo:acme/payments"]},
                       "deadline": "2026-10-04T08:00:00+02:00"}
     decoded = decode(json.dumps(v3).encode())
@@ -56,6 +79,8 @@ def test_upcasters_do_not_mutate_their_input() -> None:
     v2 = {"workflow": "w", "idempotency_key": "k"}
     assert upcast_run_create_v2_v3(v2) == {**v2, "scope": None, "deadline": None} and v2 == {"workflow": "w",
                                                                                            "idempotency_key": "k"}
+    v3 = {"workflow": "w", "idempotency_key": "k", "deadline": None}
+    assert upcast_run_create_v3_v4(v3) == {**v3, "timeouts": None} and "timeouts" not in v3
 
 
 @pytest.mark.parametrize("key", sorted(UPCASTERS))

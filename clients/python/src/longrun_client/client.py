@@ -28,7 +28,7 @@ from longrun_client.bus import (CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, T
 from longrun_client.codec import to_message
 from longrun_client.errors import PoisonMessage, PublishNotConfirmed
 from longrun_client.model import Envelope
-from longrun_client.payloads import BudgetLimits, RunCreateV3, RunOutcomeV3, RunScope
+from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
 from longrun_client.pending import PendingCreate, correlation_id_of
 from longrun_client.registry import decode, make, traceparent
 from longrun_client.stream import EventStream
@@ -95,21 +95,23 @@ class Client:
                          labels: Mapping[str, str] | None = None, priority: int = 5,
                          budget: BudgetLimits | Mapping[str, Any] | None = None, workflow_version: str | None = None,
                          correlation_id: str | None = None, scope: RunScope | Mapping[str, Any] | None = None,
-                         deadline: datetime | None = None) -> Envelope:
+                         deadline: datetime | None = None,
+                         timeouts: RunTimeouts | Mapping[str, Any] | None = None) -> Envelope:
         """Publish a run.create and return it once the broker has confirmed it.
 
         ``scope`` narrows what the run may do (it never widens what its kind and tenant allow);
-        ``deadline`` (timezone-aware) ends the run TIMED_OUT if it is still open then.
+        ``deadline`` (timezone-aware): if the run is still open then, it is cancelled for it and ends
+        TIMED_OUT; ``timeouts`` sets its schedule-to-start and start-to-close (else its kind's defaults).
 
         The same (tenant, idempotency_key) makes one run however often it is sent, so sending again
         after a ``PublishNotConfirmed`` or a lost connection is safe. The payload is validated here
         first (pydantic ``ValidationError``). With an OpenTelemetry SDK installed a producer span is
         started and the envelope carries its traceparent, so the run's trace starts here."""
-        payload = RunCreateV3.model_validate({
+        payload = RunCreateV4.model_validate({
             "workflow": workflow, "idempotency_key": idempotency_key, "input": dict(input),
             "priority": priority, "budget": budget if budget is not None else BudgetLimits(),
             "workflow_version": workflow_version, "labels": dict(labels or {}), "scope": scope,
-            "deadline": deadline})
+            "deadline": deadline, "timeouts": timeouts})
         listeners = await self._subscribe(tenant)
         tracer = trace.get_tracer("longrun_client")
         caller = traceparent()  # what the envelope carries when the tracer is a no-op (no SDK installed)

@@ -72,6 +72,36 @@ class RunCreateV3(Strict):
                                   "still open, queued time included.")
 
 
+class RunTimeouts(Strict):
+    """A run's own time limits, in seconds; each one absent takes the run kind's default, if any."""
+
+    schedule_to_start: float | None = Field(
+        default=None, gt=0, description="How long the run may sit queued (READY) before a worker starts it; past "
+                                        "it, the run ends TIMED_OUT. Counted from each time it is queued.")
+    start_to_close: float | None = Field(
+        default=None, gt=0, description="A cap on every tool call's start-to-close in this run: it shortens what "
+                                        "a tool declares, never lengthens it.")
+
+
+class RunCreateV4(Strict):
+    """Ask the scheduler to create a run; the same (tenant, idempotency_key) yields one run."""
+
+    workflow: str = Field(min_length=1, description="Run kind, e.g. dependency_upgrade.")
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict, description="The goal and its parameters.")
+    priority: int = Field(default=5, ge=0, le=9, description="0 lowest, 9 highest; aging lifts waiting runs.")
+    budget: BudgetLimits = Field(default_factory=BudgetLimits)
+    workflow_version: str | None = Field(default=None, description="Pin; the newest registered when absent.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    scope: RunScope | None = Field(default=None, description="Narrows the run's permissions; absent: none.")
+    deadline: AwareDatetime | None = Field(
+        default=None, description="Business deadline (RFC 3339, with offset), queued time included: if the run "
+                                  "is still open then, it is cancelled for it (no new action starts, declared "
+                                  "compensations run) and ends TIMED_OUT.")
+    timeouts: RunTimeouts | None = Field(
+        default=None, description="Schedule-to-start and start-to-close limits; absent: the run kind's defaults.")
+
+
 class RunWakeupV1(Strict):
     """Work message: the run to advance; all state is read from PostgreSQL."""
 

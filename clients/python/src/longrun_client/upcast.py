@@ -24,6 +24,11 @@ def upcast_run_create_v2_v3(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "scope": None, "deadline": None}
 
 
+def upcast_run_create_v3_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """v3 could not set timeouts: the run takes its kind's defaults."""
+    return {**payload, "timeouts": None}
+
+
 def upcast_run_event_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 carried no labels and no outcome: none are known."""
     return {**payload, "labels": {}, "outcome": None}
@@ -43,6 +48,7 @@ def upcast_run_rejected_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.create", 1): upcast_run_create_v1_v2,
     ("run.create", 2): upcast_run_create_v2_v3,
+    ("run.create", 3): upcast_run_create_v3_v4,
     ("run.event", 1): upcast_run_event_v1_v2,
     ("run.event", 2): upcast_run_event_v2_v3,
     ("run.rejected", 1): upcast_run_rejected_v1_v2,
