@@ -71,7 +71,7 @@ BREAKER_COOL_DOWN = 3.0
 DEADLINE_SHARE = 0.06
 """Of the ``steps`` runs, the share created with a business deadline, due ``DEADLINE_IN`` seconds after
 they are asked for: some finish first, the others end TIMED_OUT by it."""
-DEADLINE_IN = (2.0, 15.0)
+DEADLINE_IN = (0.5, 4.0)
 
 
 @dataclass(frozen=True)
