@@ -7,7 +7,7 @@ import asyncio
 import uvicorn
 
 from longrun import service
-from longrun.bootstrap import open_bus, open_database
+from longrun.bootstrap import keep_connected, open_bus, open_database, watch
 from longrun.config import Settings
 from services.gateway.http import create_app
 
@@ -22,10 +22,14 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())
+    reconnecting = asyncio.create_task(keep_connected(bus))
+    watch(health, engine=engine, bus=bus)
     health.ready = True
     await stopping.wait()
     server.should_exit = True
     await task
+    reconnecting.cancel()
+    await asyncio.gather(reconnecting, return_exceptions=True)
     await bus.close()
     await engine.dispose()
 

@@ -1,4 +1,4 @@
-"""What every service process shares: logging, probes, signals, waiting for infrastructure.
+"""What every service process shares: logging (``longrun.logs``), probes, signals, waiting for infrastructure.
 
 ``run(name, serve)`` loads Settings once (a config error exits 2 naming every bad
 variable), arms crash points, starts the probe server, and runs ``serve(settings,
@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import uvloop
 
-from longrun import faults, otel
+from longrun import faults, logs, otel
 from longrun.config import Settings
 from longrun.errors import ConfigError, InfrastructureUnreachable
 
@@ -27,19 +27,49 @@ logger = logging.getLogger(__name__)
 Serve = Callable[[Settings, asyncio.Event, "Health"], Awaitable[None]]
 
 
+Probe = Callable[[], "bool | Awaitable[bool]"]
+
+
 class Health:
-    """Liveness is the event loop answering; readiness is set by the service."""
+    """Liveness (/healthz) is the event loop answering, whatever the broker and the database do.
+    Readiness (/readyz) is the service started (``ready``) and every probe it registered passing at
+    the time of asking: the database answers, the bus connection is up, the consumers consume. A
+    probe that fails, raises or takes longer than ``PROBE_TIMEOUT`` fails; the answer names it."""
+
+    PROBE_TIMEOUT = 2.0
 
     def __init__(self) -> None:
         self.ready = False
+        self.probes: dict[str, Probe] = {}
+
+    def probe(self, name: str, check: Probe) -> None:
+        self.probes[name] = check
+
+    async def failing(self) -> list[str]:
+        """What keeps the service from being ready now (empty: ready)."""
+        if not self.ready:
+            return ["not started"]
+        results = await asyncio.gather(*(self._passes(check) for check in self.probes.values()))
+        return [name for name, passed in zip(self.probes, results, strict=True) if not passed]
+
+    async def _passes(self, check: Probe) -> bool:
+        try:
+            result = check()
+            if not isinstance(result, bool):
+                result = await asyncio.wait_for(result, timeout=self.PROBE_TIMEOUT)
+            return bool(result)
+        except Exception as e:
+            logger.debug("readiness probe failed: %r", e)
+            return False
 
     async def serve(self, port: int) -> asyncio.Server:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             request = await reader.readline()
             path = request.split(b" ")[1] if request.count(b" ") >= 2 else b"/"
-            ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
+            failing = await self.failing() if path == b"/readyz" else []
+            ok = path == b"/healthz" or (path == b"/readyz" and not failing)
             status = b"200 OK" if ok else b"503 Service Unavailable"
-            body = b"ok\n" if ok else b"not ready\n"
+            body = b"ok\n" if ok else f"not ready: {', '.join(failing) or 'unknown path'}\n".encode()
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode()
                          + b"\r\nConnection: close\r\n\r\n" + body)
             await writer.drain()
@@ -48,22 +78,13 @@ class Health:
         return await asyncio.start_server(answer, "0.0.0.0", port)
 
 
-def setup_logging(service: str, level: str) -> None:
-    logging.basicConfig(
-        level=level, stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
-    )
-    logging.getLogger("aiormq").setLevel(logging.WARNING)
-    logging.getLogger("aio_pika").setLevel(logging.WARNING)
-
-
 def run(service: str, serve: Serve) -> None:
     try:
         settings = Settings.from_env()
     except ConfigError as e:
         print(f"{service}: {e}", file=sys.stderr)
         raise SystemExit(2) from e
-    setup_logging(service, settings.log_level)
+    logs.setup(service, level=settings.log_level, format=settings.log_format)
     otel.setup(service, settings.otel_exporter)
     faults.arm(settings.crash_points)
     # What is loaded by now (modules, classes, the schema: some 100,000 objects) lives as long as the

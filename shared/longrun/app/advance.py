@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import faults, otel
+from longrun import faults, logs, otel
 from longrun.app import effects, questions
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.tool_health import Breakers
@@ -181,8 +181,9 @@ class Advancer:
         adopted = await self.store.adopt(self.instance_id, self.lease_ttl, self.served, limit)
         for stored in adopted:
             run = stored.snapshot
-            logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
-            self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
+            with logs.bound(run.run_id, run.tenant_id):
+                logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
+                self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
         return len(adopted)
 
     def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None,
@@ -208,8 +209,9 @@ class Advancer:
             taken = None  # it will wait for a slot: others may append meanwhile, so read it then
         try:
             async with self._slots:
-                with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
-                                                              "longrun.fencing_token": fence.token}):
+                # A child of the run's root when the wakeup's consumer knew it (``otel.root``).
+                with otel.run_span("advance run", otel.root(), cause=trace, attributes={
+                        "longrun.run_id": run_id, "longrun.fencing_token": fence.token}):
                     await self.run_steps(run_id, fence, taken)
         finally:
             heartbeat.cancel()
