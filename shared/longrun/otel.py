@@ -38,7 +38,7 @@ RUN_TRACE_HEADER = "longrun-run-trace"
 _exporting = False
 _root: ContextVar[str | None] = ContextVar("longrun_run_trace", default=None)
 
-__all__ = ["RUN_TRACE_HEADER", "current", "exporting", "root", "run_span", "setup", "tracer"]
+__all__ = ["RUN_TRACE_HEADER", "current", "exporting", "passing", "root", "run_span", "setup", "start_run_span", "traceparent_of", "tracer"]
 
 
 def setup(service: str, exporter: str | SpanExporter) -> None:
@@ -68,6 +68,13 @@ def current() -> str | None:
     return traceparent()
 
 
+def traceparent_of(span: trace.Span) -> str | None:
+    """``span``'s W3C traceparent."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
 def root() -> str | None:
     """The root of the run whose span is current, when the code that opened it knew it."""
     return _root.get()
@@ -94,13 +101,30 @@ def run_span(name: str, run_root: str | None, *, cause: str | None = None,
             with trace.use_span(passed, end_on_exit=False):
                 yield passed
             return
-        links = []
-        if run_root and cause:
-            caused_by = trace.get_current_span(_context(cause)).get_span_context()
-            if caused_by.is_valid:
-                links.append(trace.Link(caused_by))
-        with tracer.start_as_current_span(name, context=_context(run_root or cause), kind=kind, links=links,
-                                          attributes=attributes) as span:
+        with trace.use_span(start_run_span(name, run_root, cause=cause, kind=kind, attributes=attributes),
+                            end_on_exit=True, record_exception=True, set_status_on_exception=True) as span:
             yield span
     finally:
         _root.reset(token)
+
+
+@contextmanager
+def passing(parent: str | None) -> Iterator[None]:
+    """Make ``parent`` (a traceparent; None: none) the current context, without a span of its own: what
+    is made inside carries it."""
+    with trace.use_span(trace.get_current_span(_context(parent)) if parent else trace.INVALID_SPAN,
+                        end_on_exit=False):
+        yield
+
+
+def start_run_span(name: str, run_root: str | None, *, cause: str | None = None,
+                   kind: trace.SpanKind = trace.SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
+                   ) -> trace.Span:
+    """``run_span``'s span, started and not made current, for the caller to end (one of a batch)."""
+    links = []
+    if run_root and cause:
+        caused_by = trace.get_current_span(_context(cause)).get_span_context()
+        if caused_by.is_valid:
+            links.append(trace.Link(caused_by))
+    return tracer.start_span(name, context=_context(run_root or cause), kind=kind, links=links,
+                             attributes=attributes)

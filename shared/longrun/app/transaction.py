@@ -83,5 +83,7 @@ class PgTransaction:
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+        # The span creating the run (the scheduler's, for its run.create) is the run's root.
         return await runs.create(self.conn, created, idempotency_key=idempotency_key, input_hash=input_hash,
-                                 partition=partition, at_once=at_once, announce=announce)
+                                 partition=partition, at_once=at_once, announce=announce,
+                                 trace_root=otel.current())

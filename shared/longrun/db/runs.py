@@ -212,7 +212,7 @@ DEADLINE_TIMER_SUFFIX = ":business_deadline"
 
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
                     "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
-                    *_PROJECTED)
+                    "trace_root", *_PROJECTED)
 
 
 @functools.cache
@@ -260,9 +260,9 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
 
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
-                 announce: Sequence[outbox.Message] = ()) -> StoredRun | None:
+                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None) -> StoredRun | None:
     """Insert a run with its first event, its labels and its business deadline's timer; None when
-    (tenant, idempotency_key) exists.
+    (tenant, idempotency_key) exists. ``trace_root``: the traceparent of the run's root span.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -272,7 +272,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         "input_hash": input_hash, "workflow": created.kind, "workflow_version": created.versions.workflow,
         "prompt_version": created.versions.prompt, "model_policy_version": created.versions.model_policy,
         "tool_schema_version": created.versions.tool_schemas, "partition": partition,
-        "last_seq": created.seq, **projection(snapshot),
+        "last_seq": created.seq, "trace_root": trace_root, **projection(snapshot),
         "e_seq": created.seq, "e_suffix": f":{created.seq}", "e_type": created.type,
         "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
     if at_once is not None:

@@ -116,6 +116,8 @@ runs = Table(
     # (its creating key and input hash answer a repeated create); ``archive`` names the artifact.
     Column("archived_at", DateTime(timezone=True)),
     Column("archive", Text),
+    # The W3C traceparent of the run's root span (``longrun.otel``): every span of the run is its child.
+    Column("trace_root", Text),
     CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),
