@@ -59,6 +59,8 @@ class StoredRun:
     unwritten_request: Mapping[str, Any] | None = None
     """The ledger request (``actions.prepare``'s arguments) of a first call recorded among the
     unwritten events: its row is written with them."""
+    trace_root: str | None = None
+    """The traceparent of the run's root span (``runs.trace_root``), as read."""
 
     def seq(self, offset: int = 1) -> int:
         """The seq the ``offset``-th event appended next will take."""
@@ -294,7 +296,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
 
 
 _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
-            runs.c.fencing_token, runs.c.admitted_at)
+            runs.c.fencing_token, runs.c.admitted_at, runs.c.trace_root)
 _LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
 _LOAD_ONE = driver.Statement(_LOAD)
 _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
@@ -302,7 +304,7 @@ _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
 
 def _stored(row: Any) -> StoredRun:
     return StoredRun(RunSnapshot.from_dict(row.snapshot), row.last_seq, row.partition, row.lease_owner,
-                     row.lease_until, row.fencing_token, row.admitted_at is not None)
+                     row.lease_until, row.fencing_token, row.admitted_at is not None, trace_root=row.trace_root)
 
 
 async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> StoredRun | None:
