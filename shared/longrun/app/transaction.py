@@ -10,6 +10,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import otel
 from longrun.app import webhooks
 from longrun.app.webhooks import Translated
 from longrun.db import inbox, outbox, policies, runs
