@@ -5,7 +5,7 @@ tenant and span it was written for.
 (``timestamp``, ``level``, ``service``, ``logger``, ``message``, and ``run_id``, ``tenant``,
 ``trace_id``, ``span_id`` when known, ``exception`` with a traceback), or readable text when
 ``LONGRUN_LOG_FORMAT=text``, or ``auto`` and stderr is a terminal. The run comes from
-``bound``/``bind`` (a context variable, so each task handling a run has its own); the trace and
+``bound`` (a context variable: a task started inside inherits it, and each task has its own); the trace and
 span from the current OpenTelemetry span, which is there whenever a message carried a
 traceparent, spans exported or not. Nothing is computed for a record that is not written.
 """
@@ -36,11 +36,6 @@ def bound(run_id: str | None, tenant: str | None) -> Iterator[None]:
         yield
     finally:
         _run.reset(token)
-
-
-def bind(run_id: str | None, tenant: str | None) -> None:
-    """Records written from here on in this task (or its context) name this run and tenant."""
-    _run.set((run_id, tenant))
 
 
 class _Context(logging.Filter):

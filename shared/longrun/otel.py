@@ -38,8 +38,6 @@ RUN_TRACE_HEADER = "longrun-run-trace"
 _exporting = False
 _root: ContextVar[str | None] = ContextVar("longrun_run_trace", default=None)
 
-__all__ = ["RUN_TRACE_HEADER", "current", "exporting", "passing", "root", "run_span", "setup", "start_run_span", "traceparent_of", "tracer"]
-
 
 def setup(service: str, exporter: str | SpanExporter) -> None:
     """Install a tracer provider for this process; "none" keeps propagation without exporting."""

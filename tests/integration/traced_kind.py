@@ -74,7 +74,7 @@ class Traced:
 def kinds(settings: Settings) -> list[RunKind]:
     return [RunKind("traced", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="t-1"),
                     Traced(), {NOTE.name: NOTE}, allowed_actions=lambda state, purpose: ("proceed",),
-                    model_script={"plan": [{"action": "proceed", "args": {}, "rationale": "nothing stands in the way"}]})]
+                    model_script={"plan": [{"action": "proceed", "args": {}, "rationale": "nothing in the way"}]})]
 
 
 def signal(payload: dict[str, Any]) -> Translated:

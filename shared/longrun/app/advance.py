@@ -790,8 +790,8 @@ async def _traced_call(tool: Tool, logical_action: str, args: dict[str, Any], ke
     if not otel.exporting():
         return await tool.execute(args, key, token)
     with otel.tracer.start_as_current_span(f"execute_tool {tool.name}", kind=SpanKind.CLIENT, attributes={
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool.name, "longrun.tool.version": tool.version,
-            "longrun.tool.effect": tool.effect.value, "longrun.logical_action": logical_action,
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool.name,
+            "longrun.tool.version": tool.version, "longrun.tool.effect": tool.effect.value, "longrun.logical_action": logical_action,
             "longrun.idempotency_key": key, "longrun.fencing_token": token}):
         return await tool.execute(args, key, token)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from longrun import otel
+from longrun import logs, otel
 from longrun.app import effects, questions
 from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
@@ -72,9 +72,10 @@ async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, re
     stored = await tx.load(run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
-    with otel.run_span(f"operate {action}", stored.trace_root, attributes={
-            "longrun.run_id": run_id, "longrun.tenant": stored.snapshot.tenant_id, "longrun.operator": actor,
-            "longrun.operation": action}):
+    with logs.bound(run_id, stored.snapshot.tenant_id), otel.run_span(
+            f"operate {action}", stored.trace_root, attributes={
+                "longrun.run_id": run_id, "longrun.tenant": stored.snapshot.tenant_id, "longrun.operator": actor,
+                "longrun.operation": action}):
         return await _applied(tx, stored, action, actor=actor, reason=reason, build=build, clock=clock,
                               details=details, kinds=kinds)
 

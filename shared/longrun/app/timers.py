@@ -77,7 +77,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults, otel
+from longrun import faults, logs, otel
 from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -199,7 +199,8 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             full.append(timer)
         else:
             quick.append((timer, head, applies))
-    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds, traces=traces)).outcomes
+    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds,
+                                     traces=traces)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
         template: WakeTemplate | None = _late_only(at)
@@ -339,8 +340,9 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
         try:
             planned = runs.plan(stored, [event], release_lease=release)
         except DomainError as e:
-            logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
-                           timer.kind, e)
+            with logs.bound(timer.run_id, stored.snapshot.tenant_id):
+                logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
+                               timer.kind, e)
             outcomes[timer.timer_key] = Outcome.SKIPPED
             continue
         current[timer.run_id] = planned.after
@@ -395,13 +397,14 @@ async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, n
                          producer: str, kinds: Registry, trace: str | None) -> Outcome:
     """One timer inside a savepoint, so a timer that cannot be handled does not hold up its batch."""
     try:
-        async with conn.begin_nested():
-            with otel.passing(trace):
+        with logs.bound(timer.run_id, None), otel.passing(trace):
+            async with conn.begin_nested():
                 return await _fire(conn, timer, at=at, now=now, producer=producer, kinds=kinds)
     except Exception as e:
         if is_transient(e):
             raise
-        logger.exception("timer %s (run %s, %s) failed; left unfired", timer.timer_key, timer.run_id, timer.kind)
+        with logs.bound(timer.run_id, None):
+            logger.exception("timer %s (run %s, %s) failed; left unfired", timer.timer_key, timer.run_id, timer.kind)
         return Outcome.FAILED
 
 

@@ -73,7 +73,8 @@ def test_a_retry_cap_below_the_first_delay_is_refused_naming_both_variables() ->
 def test_the_standard_opentelemetry_variables_win_over_longrun_s_and_a_bad_one_is_named() -> None:
     assert Settings.from_env({}).otel_exporter == "none"
     assert Settings.from_env({"LONGRUN_OTEL_EXPORTER": "console"}).otel_exporter == "console"
-    assert Settings.from_env({"LONGRUN_OTEL_EXPORTER": "console", "OTEL_TRACES_EXPORTER": "otlp"}).otel_exporter == "otlp"
+    both = {"LONGRUN_OTEL_EXPORTER": "console", "OTEL_TRACES_EXPORTER": "otlp"}
+    assert Settings.from_env(both).otel_exporter == "otlp"
     assert Settings.from_env({"LONGRUN_OTEL_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}).otel_exporter == "none"
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
