@@ -17,7 +17,6 @@ import asyncio
 import logging
 
 import psycopg
-
 from opentelemetry.trace import SpanKind, StatusCode
 
 from longrun import faults, otel
