@@ -17,8 +17,9 @@ SERVICE = "gateway"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
+    # log_config=None: uvicorn's records go to the process's handler (``longrun.logs``), JSON like the rest.
     config = uvicorn.Config(create_app(engine, bus, settings), host="0.0.0.0", port=settings.gateway_port,
-                            log_level=settings.log_level.lower(), lifespan="off")
+                            log_level=settings.log_level.lower(), lifespan="off", log_config=None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

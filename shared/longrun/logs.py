@@ -71,6 +71,7 @@ class _Json(JsonFormatter):
         for name in _FIELDS:
             if log_record.get(name) is None:
                 log_record.pop(name, None)
+        log_record.pop("color_message", None)  # uvicorn's terminal copy of the message
 
 
 class _Text(logging.Formatter):
