@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from longrun import service
-from longrun.bootstrap import open_bus, open_database, open_statements
+from longrun.bootstrap import open_bus, open_database, open_statements, watch
 from longrun.bus.partitions import PartitionOwnership
 from longrun.config import Settings
 from longrun.relay import Relay
@@ -21,6 +21,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     ownership = PartitionOwnership(engine, service=SERVICE, instance_id=settings.instance_id,
                                    partitions=settings.partitions, ttl=settings.partition_lease_ttl,
                                    on_acquire=relay.acquire, on_release=relay.release)
+    watch(health, engine=engine, bus=bus)
     health.ready = True
     tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(relay.run(stopping)),
              asyncio.create_task(relay.listen(settings.database_url, stopping))]

@@ -36,7 +36,7 @@ from longrun import run_kinds, service
 from longrun.app import gauges, reconcile, retention, tool_health
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.authoring import Registry
-from longrun.bootstrap import open_bus, open_database
+from longrun.bootstrap import open_bus, open_database, watch
 from longrun.config import Settings
 from longrun.db.errors import is_transient
 from longrun.db.schema import CONSUMING_SERVICES
@@ -164,11 +164,12 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
 
     def ingester_ended(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            # Dead letters would pile up unseen: report not ready so the rollout and the operator notice.
-            health.ready = False
             logger.error("quarantine ingester stopped", exc_info=task.exception())
 
     ingester.add_done_callback(ingester_ended)
+    watch(health, engine=engine, bus=bus)
+    # Dead letters would pile up unseen: not ready, so the rollout and the operator notice.
+    health.probe("consuming", lambda: not ingester.done())
     leases = asyncio.create_task(sweeper.sweep_leases(stopping), name="expired leases")
     pruning = asyncio.create_task(keep_horizons(engine, store, settings, stopping), name="retention")
     collecting = asyncio.create_task(gauges.collect(

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import admit, effects
-from longrun.bootstrap import open_bus, open_database
+from longrun.bootstrap import open_bus, open_database, watch
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
@@ -76,6 +76,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                             refuser=functools.partial(admit.refuse, partitions=settings.partitions))
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))
+    watch(health, engine=engine, bus=bus)
+    health.probe("consuming", lambda: ingress.alive)
     health.ready = True
     while not stopping.is_set():
         lost = asyncio.create_task(bus.lost.wait())

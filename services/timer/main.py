@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun import run_kinds, service
 from longrun.app import timers
 from longrun.authoring import Registry
-from longrun.bootstrap import open_database
+from longrun.bootstrap import open_database, watch
 from longrun.config import Settings
 from longrun.db.errors import is_transient
 
@@ -82,6 +82,7 @@ async def _sleep_for(engine: AsyncEngine, batch: int) -> tuple[float, bool]:
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
+    watch(health, engine=engine)
     health.ready = True
     logger.info("firing timers in batches of %d", settings.timer_batch)
     try:

@@ -43,6 +43,28 @@ async def open_bus(settings: Settings, name: str) -> Bus:
     return bus
 
 
+def watch(health: Health, *, engine: AsyncEngine, bus: Bus | None = None) -> None:
+    """Readiness probes for what a service depends on: PostgreSQL answers, the bus connection is up."""
+    async def database_answers() -> bool:
+        await check_reachable(engine)
+        return True
+
+    health.probe("postgresql", database_answers)
+    if bus is not None:
+        health.probe("rabbitmq", lambda: bus.connected)
+
+
+async def keep_connected(bus: Bus) -> None:
+    """For a process that publishes only now and then: reconnect whenever the connection drops."""
+    while True:
+        await bus.lost.wait()
+        try:
+            await bus.ensure_connected()
+        except Exception:
+            logger.exception("reconnecting to RabbitMQ failed; trying again")
+            await asyncio.sleep(1.0)
+
+
 async def _patiently(attempt_once, what: str, patience: float) -> None:  # type: ignore[no-untyped-def]
     """Containers start in any order: wait a while, then stop with what to start and how."""
     async for attempt in AsyncRetrying(retry=retry_if_exception_type(InfrastructureUnreachable),
@@ -70,6 +92,8 @@ async def consume_partitions(settings: Settings, *, service: str, handler: Handl
                                    on_acquire=consumer.acquire, on_release=consumer.release,
                                    reconcile=consumer.reconcile, advertised=advertised)
     tasks = [asyncio.create_task(ownership.run()), asyncio.create_task(consumer.supervise())]
+    watch(health, engine=engine, bus=bus)
+    health.probe("consuming", lambda: consumer.consuming)
     health.ready = True
     await stopping.wait()
     health.ready = False

@@ -127,10 +127,19 @@ def _host(raw: str) -> str:
     return raw.strip()
 
 
+EXPORTERS = ("none", "console", "otlp")
+
+
 def _exporter(raw: str) -> str:
-    if raw not in ("none", "console"):
+    if raw.strip().lower() not in EXPORTERS:
         raise ValueError
-    return raw
+    return raw.strip().lower()
+
+
+def _log_format(raw: str) -> str:
+    if raw.lower() not in ("auto", "json", "text"):
+        raise ValueError
+    return raw.lower()
 
 
 def _name_list(raw: str) -> tuple[str, ...]:
@@ -160,10 +169,17 @@ class _Var:
     parse: Callable[[str], Any]
     expected: str
     default: str | None
+    standard: str | None = None
+    """A standard variable (OpenTelemetry's) that, when set, wins over ``env``."""
 
 
-def _var(env: str, parse: Callable[[str], Any], expected: str, default: str | None) -> Any:
-    return _Var(env, parse, expected, default)
+def _var(env: str, parse: Callable[[str], Any], expected: str, default: str | None,
+         standard: str | None = None) -> Any:
+    return _Var(env, parse, expected, default, standard)
+
+
+OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+"""Spans go over OTLP/HTTP with protobuf: any other protocol asked for is a configuration error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +217,12 @@ class Settings:
     faster than 200 (docs/cost-model.md), and holds its runs' locks for tens of milliseconds."""
     log_level: str
     """Lowest level of the log records the process writes to stderr."""
+    log_format: str
+    """How records are written: "json" (one object a line), "text", or "auto" (text when stderr is a terminal)."""
     otel_exporter: str
-    """Where spans go: "none" (propagate traceparents only) or "console"."""
+    """Where spans go: "none" (propagate traceparents only), "console", or "otlp" (OTLP/HTTP, configured by
+    the standard ``OTEL_EXPORTER_OTLP_*`` variables). ``OTEL_TRACES_EXPORTER``, when set, wins; so does
+    ``OTEL_SDK_DISABLED=true`` (none)."""
     startup_patience: float
     """Seconds a starting service waits for PostgreSQL and RabbitMQ before it stops and says what to start."""
     health_port: int
@@ -341,14 +361,19 @@ class Settings:
         problems: list[tuple[str, str]] = []
         for field in fields(cls):
             spec: _Var = _SPEC[field.name]
-            raw = env.get(spec.env, spec.default)
+            name = spec.standard if spec.standard and env.get(spec.standard) else spec.env
+            raw = env.get(name, spec.default)
             if raw is None:
-                problems.append((spec.env, f"missing; expected {spec.expected}"))
+                problems.append((name, f"missing; expected {spec.expected}"))
                 continue
             try:
                 values[field.name] = spec.parse(raw)
             except ValueError:
-                problems.append((spec.env, f"got {raw!r}; expected {spec.expected}"))
+                problems.append((name, f"got {raw!r}; expected {spec.expected}"))
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            values["otel_exporter"] = "none"
+        problems += [(name, f"got {env[name]!r}; expected http/protobuf (spans go over OTLP/HTTP)")
+                     for name in OTLP_PROTOCOLS if env.get(name, "http/protobuf").strip() != "http/protobuf"]
         if not problems:
             problems += _inconsistencies(values)
         if problems:
@@ -397,7 +422,9 @@ _SPEC: dict[str, _Var] = {
     "relay_batch": _var("LONGRUN_RELAY_BATCH", _positive_int, "an integer >= 1", "200"),
     "timer_batch": _var("LONGRUN_TIMER_BATCH", _positive_int, "an integer >= 1", "500"),
     "log_level": _var("LONGRUN_LOG_LEVEL", _log_level, "one of " + ", ".join(LOG_LEVELS), "INFO"),
-    "otel_exporter": _var("LONGRUN_OTEL_EXPORTER", _exporter, "none or console", "none"),
+    "log_format": _var("LONGRUN_LOG_FORMAT", _log_format, "auto, json or text", "auto"),
+    "otel_exporter": _var("LONGRUN_OTEL_EXPORTER", _exporter, "none, console or otlp", "none",
+                          standard="OTEL_TRACES_EXPORTER"),
     "startup_patience": _var("LONGRUN_STARTUP_PATIENCE", _positive_float, "seconds, a number > 0", "60"),
     "health_port": _var("LONGRUN_HEALTH_PORT", _port, "a port 0-65535 (0 = off)", "0"),
     "health_bind": _var("LONGRUN_HEALTH_BIND", _host, "an IP address or host name to listen on", "0.0.0.0"),

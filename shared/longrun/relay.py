@@ -17,8 +17,9 @@ import asyncio
 import logging
 
 import psycopg
+from opentelemetry.trace import SpanKind, StatusCode
 
-from longrun import faults
+from longrun import faults, otel
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
 from longrun.db import outbox
@@ -73,13 +74,17 @@ class Relay:
         while True:
             # One statement per round, outside a transaction: it marks the rows the last round got
             # confirmed and reads the next (BEGIN and COMMIT would be two more round trips).
+            traced = otel.exporting()
             async with self.statements.connection() as conn:
-                rows = await outbox.unpublished(conn, self.owned, self.batch, marked=confirmed)
+                rows = await outbox.unpublished(conn, self.owned, self.batch, marked=confirmed, with_roots=traced)
             self.published += len(confirmed)
             if not rows:
                 return
-            results = await self.bus.publish_many(
-                [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
+            if traced:
+                results = await self._publish_traced(rows)
+            else:
+                results = await self.bus.publish_many(
+                    [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
             broken: set[int] = set()
             confirmed = []
             for row, error in zip(rows, results, strict=True):
@@ -96,6 +101,30 @@ class Relay:
                 logger.warning("partitions %s: %d of %d publishes failed, first: %s",
                                sorted(broken), len(failures), len(rows), failures[0])
                 return
+
+    async def _publish_traced(self, rows: list[outbox.OutboxRow]) -> list[BaseException | None]:
+        """``publish_many`` with a ``publish`` span per message, a child of its run's root linked to the
+        span that made it; the message tells its consumer the root (``otel.RUN_TRACE_HEADER``)."""
+        spans, items = [], []
+        for row in rows:
+            message = to_message(row.payload)
+            if row.run_trace:
+                message.headers[otel.RUN_TRACE_HEADER] = row.run_trace
+            items.append((row.exchange, row.routing_key, message))
+            spans.append(otel.start_run_span(f"publish {row.exchange}", row.run_trace, cause=row.payload.get("trace"),
+                                             kind=SpanKind.PRODUCER, attributes={
+                                                 "messaging.system": "rabbitmq", "messaging.operation.name": "publish",
+                                                 "messaging.operation.type": "send",
+                                                 "messaging.destination.name": row.exchange,
+                                                 "messaging.rabbitmq.destination.routing_key": row.routing_key,
+                                                 "messaging.message.id": row.event_id,
+                                                 "longrun.run_id": row.payload.get("run_id") or ""}))
+        results = await self.bus.publish_many(items)
+        for span, error in zip(spans, results, strict=True):
+            if error is not None:
+                span.set_status(StatusCode.ERROR, str(error))
+            span.end()
+        return results
 
     async def listen(self, database_url: str, stopping: asyncio.Event) -> None:
         """NOTIFY is only a hint (no replay): the poll in ``run`` is the safety net."""

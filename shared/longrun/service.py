@@ -1,4 +1,4 @@
-"""What every service process shares: logging, probes, signals, waiting for infrastructure.
+"""What every service process shares: logging (``longrun.logs``), probes, signals, waiting for infrastructure.
 
 ``run(name, serve)`` loads Settings once (a config error exits 2 naming every bad
 variable), arms crash points, starts the probe server (``/healthz``, ``/readyz``, and Prometheus'
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import uvloop
 
-from longrun import faults, metrics, otel
+from longrun import faults, logs, metrics, otel
 from longrun.config import Settings
 from longrun.errors import ConfigError, InfrastructureUnreachable
 
@@ -28,12 +28,41 @@ logger = logging.getLogger(__name__)
 Serve = Callable[[Settings, asyncio.Event, "Health"], Awaitable[None]]
 
 
+Probe = Callable[[], "bool | Awaitable[bool]"]
+
+
 class Health:
-    """Liveness is the event loop answering; readiness is set by the service. The same small server
-    answers Prometheus' scrapes (``/metrics``)."""
+    """Liveness (/healthz) is the event loop answering, whatever the broker and the database do.
+    Readiness (/readyz) is the service started (``ready``) and every probe it registered passing at
+    the time of asking: the database answers, the bus connection is up, the consumers consume. A
+    probe that fails, raises or takes longer than ``PROBE_TIMEOUT`` fails; the answer names it. The
+    same small server answers Prometheus' scrapes (``/metrics``)."""
+
+    PROBE_TIMEOUT = 2.0
 
     def __init__(self) -> None:
         self.ready = False
+        self.probes: dict[str, Probe] = {}
+
+    def probe(self, name: str, check: Probe) -> None:
+        self.probes[name] = check
+
+    async def failing(self) -> list[str]:
+        """What keeps the service from being ready now (empty: ready)."""
+        if not self.ready:
+            return ["not started"]
+        results = await asyncio.gather(*(self._passes(check) for check in self.probes.values()))
+        return [name for name, passed in zip(self.probes, results, strict=True) if not passed]
+
+    async def _passes(self, check: Probe) -> bool:
+        try:
+            result = check()
+            if not isinstance(result, bool):
+                result = await asyncio.wait_for(result, timeout=self.PROBE_TIMEOUT)
+            return bool(result)
+        except Exception as e:
+            logger.debug("readiness probe failed: %r", e)
+            return False
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -43,8 +72,9 @@ class Health:
             if path.split(b"?")[0] == b"/metrics":
                 ok, body, content_type = True, metrics.exposition(), metrics.CONTENT_TYPE.encode()
             else:
-                ok = path == b"/healthz" or (path == b"/readyz" and self.ready)
-                body = b"ok\n" if ok else b"not ready\n"
+                failing = await self.failing() if path == b"/readyz" else []
+                ok = path == b"/healthz" or (path == b"/readyz" and not failing)
+                body = b"ok\n" if ok else f"not ready: {', '.join(failing) or 'unknown path'}\n".encode()
             status = b"200 OK" if ok else b"503 Service Unavailable"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: "
                          + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
@@ -54,22 +84,13 @@ class Health:
         return await asyncio.start_server(answer, host, port)
 
 
-def setup_logging(service: str, level: str) -> None:
-    logging.basicConfig(
-        level=level, stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
-    )
-    logging.getLogger("aiormq").setLevel(logging.WARNING)
-    logging.getLogger("aio_pika").setLevel(logging.WARNING)
-
-
 def run(service: str, serve: Serve) -> None:
     try:
         settings = Settings.from_env()
     except ConfigError as e:
         print(f"{service}: {e}", file=sys.stderr)
         raise SystemExit(2) from e
-    setup_logging(service, settings.log_level)
+    logs.setup(service, level=settings.log_level, format=settings.log_format)
     otel.setup(service, settings.otel_exporter)
     metrics.label_tenants(settings.metrics_tenant_label)
     faults.arm(settings.crash_points)

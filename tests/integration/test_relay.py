@@ -133,8 +133,8 @@ async def test_a_busy_relay_sends_one_statement_per_round_marking_with_the_next_
     statements_sent: list[tuple[int, int]] = []
     unpublished, mark_published = outbox.unpublished, outbox.mark_published
 
-    async def read(*args: Any, marked: Sequence[int] = ()) -> list[outbox.OutboxRow]:
-        rows = await unpublished(*args, marked=marked)
+    async def read(*args: Any, marked: Sequence[int] = (), **options: Any) -> list[outbox.OutboxRow]:
+        rows = await unpublished(*args, marked=marked, **options)
         statements_sent.append((len(marked), len(rows)))
         return rows
 

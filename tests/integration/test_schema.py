@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
@@ -16,6 +20,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from longrun.app import admit
 from longrun.db import admission, migrate
 from longrun.db.schema import metadata
+from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -250,3 +255,30 @@ def test_an_upgrade_stops_rather_than_lose_a_waiting_event_of_a_provider_not_ins
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM webhook_events")).scalar() == 1
     engine.dispose()
+
+
+def test_the_migration_job_logs_what_it_did_as_json_lines(infra) -> None:  # type: ignore[no-untyped-def]
+    name = f"lrs_{uuid.uuid4().hex[:10]}"
+    url = make_url(infra.database_url).set(database=name).render_as_string(hide_password=False)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("LONGRUN_", "OTEL_"))},
+           "LONGRUN_DATABASE_URL": url, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")])}
+
+    def migrate_job() -> list[dict[str, str]]:
+        done = subprocess.run([sys.executable, "-m", "longrun.db.migrate"], env=env, capture_output=True, text=True,
+                              timeout=120, check=True)
+        return [json.loads(line) for line in done.stderr.splitlines()]
+
+    try:
+        # Given a server without the database, when the job runs, then it says it created it and migrated it
+        first = [line["message"] for line in migrate_job() if line["service"] == "migrate"]
+        head = ScriptDirectory.from_config(migrate.alembic_config(url)).get_current_head()
+        assert f"created database {name}" in first
+        assert any(m.startswith("Running upgrade 0018 -> 0019") for m in first)
+        assert first[-1] == f"database {name} migrated from revision (none) to {head}"
+        # and run again, that there was nothing to do
+        assert migrate_job()[-1]["message"] == f"database {name} already at revision {head}; nothing to do"
+    finally:
+        admin = create_engine(make_url(infra.database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

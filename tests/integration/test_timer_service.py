@@ -360,11 +360,12 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
                           stored_seq=9, wait_id=odd, wait_has_timer=False, stage=odd, correlation_id=odd,
                           labels={odd: odd}, workflow=odd)
     wake = timers.Wake(head, wait_id=odd, reason="deadline", applies=True, wake_reason=odd, routing_key="p.3",
-                       cause=odd, broadcast_key=odd, timer_key=odd)
+                       cause=odd, broadcast_key=odd, timer_key=odd, trace=f"own {odd}")
     # When PostgreSQL renders the wake
     async with engine.connect() as conn:
         rendered = await timers.render_wake(conn, template, wake)
-    # Then every value is the wake's own, or the template's, character for character
+    # Then every value is the wake's own (its trace too, never the template's), or the template's, character
+    # for character
     assert rendered.event == {"type": "run.woken", "seq": 10, "wait_id": odd, "reason": "deadline", "note": odd}
     assert rendered.patch == {"status": "READY", "revision": 8, "last_seq": 10,
                               "last_wake": {"wait_id": odd, "reason": "deadline"}, "note": odd}
@@ -374,13 +375,15 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
     assert [wakeup["payload"].pop("event_id"), broadcast["payload"].pop("event_id")] == [ids[0], ids[2]]
     assert len({str(uuid.UUID(i)) for i in ids}) == 3
     assert wakeup == {"aggregate_type": odd, "aggregate_id": f"run {odd}", "partition": 3, "exchange": "runs",
-                      "routing_key": "p.3", "type": "run.wakeup", "traceparent": odd,
+                      "routing_key": "p.3", "type": "run.wakeup", "traceparent": f"own {odd}",
                       "payload": {"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                  "trace": f"own {odd}",
                                   "expected_state_version": 8, "payload": {"reason": odd}}}
     assert broadcast == {"aggregate_type": "run", "aggregate_id": f"run {odd}", "partition": 3,
                          "exchange": "events", "routing_key": odd, "type": "run.event",
-                         "traceparent": None,
+                         "traceparent": f"own {odd}",
                          "payload": {"type": "run.event", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
+                                     "trace": f"own {odd}",
                                      "correlation_id": odd, "causation_id": odd,
                                      "payload": {"seq": 10, "labels": {odd: odd},
                                                  "data": {"from": "WAITING_EVENT", "stage": odd, "note": odd}}}}

@@ -17,8 +17,10 @@ from tests.integration.bus_helpers import publish, route, wakeup
 pytestmark = pytest.mark.integration
 
 
-async def test_the_consumer_continues_the_producers_trace_into_the_messages_it_makes(clean, engine, bus) -> None:
+async def test_the_consumer_continues_the_producers_trace_into_the_messages_it_makes(
+        clean, engine, bus, monkeypatch: pytest.MonkeyPatch) -> None:
     exporter = InMemorySpanExporter()
+    monkeypatch.setattr(otel, "_exporting", otel.exporting())  # put back after the test: later tests export nothing
     otel.setup("tests", exporter)
     made: list[Envelope] = []
 

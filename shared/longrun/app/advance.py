@@ -26,9 +26,10 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import faults, metrics, otel
+from longrun import faults, logs, metrics, otel
 from longrun.app import effects, questions
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.tool_health import Breakers
@@ -85,7 +86,7 @@ from longrun.domain import events as ev
 from longrun.domain.breaker import Admission, BreakerState, health_wait
 from longrun.envelope import Envelope
 from longrun.errors import ActionOutcomeUnknown, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
-from longrun.model import ModelAdapter, validate_proposal
+from longrun.model import ModelAdapter, Proposal, validate_proposal
 
 logger = logging.getLogger(__name__)
 PRODUCER = "worker"
@@ -185,8 +186,9 @@ class Advancer:
         for stored in adopted:
             run = stored.snapshot
             metrics.RECOVERIES.labels("taken_over").inc()
-            logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
-            self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
+            with logs.bound(run.run_id, run.tenant_id):
+                logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
+                self.start(run.run_id, Fence(self.instance_id, stored.fencing_token), taken=stored)
         return len(adopted)
 
     def start(self, run_id: str, fence: Fence, *, trace: str | None = None, taken: StoredRun | None = None,
@@ -212,8 +214,10 @@ class Advancer:
             taken = None  # it will wait for a slot: others may append meanwhile, so read it then
         try:
             async with self._slots:
-                with otel.continued("advance run", trace, **{"longrun.run_id": run_id,
-                                                              "longrun.fencing_token": fence.token}):
+                # A child of the run's root: the wakeup's consumer knew it (``otel.root``), else the take read it.
+                run_root = otel.root() or (taken.trace_root if taken is not None else None)
+                with otel.run_span("advance run", run_root, cause=trace, attributes={
+                        "longrun.run_id": run_id, "longrun.fencing_token": fence.token}):
                     await self.run_steps(run_id, fence, taken)
         finally:
             heartbeat.cancel()
@@ -398,7 +402,7 @@ class Advancer:
         context["run_stage"], context["stage"] = context.get("stage"), decision.purpose
         context["stage_attempt"] = sum(1 for f in run.facts if f.key.startswith(f"proposal:{decision.purpose}:"))
         try:
-            answer = await self.model.propose(context=context, allowed_actions=allowed)
+            answer = await _traced_propose(self.model, decision.purpose, context, allowed)
         except ToolUnavailable as e:
             return await self._model_unavailable(stored, fence, kind, decision.purpose, context["stage_attempt"] + 1, e)
         proposal = validate_proposal(answer, allowed)
@@ -496,7 +500,7 @@ class Advancer:
             await self._resend(stored, fence, ledger_row)
         self.crash_point("worker.before_tool_request")
         try:
-            result = await asyncio.wait_for(tool.execute(args, key, fence.token), timeout=tool.timeout)
+            result = await asyncio.wait_for(_traced_call(tool, name, args, key, fence.token), timeout=tool.timeout)
         except (ActionOutcomeUnknown, TimeoutError) as e:
             stored = await self._submitted(stored, pending, fence, ledger_row)
             cause = str(e) or f"no answer within {tool.timeout}s"
@@ -789,3 +793,30 @@ def _approves(run: RunSnapshot, approval_id: str, requested: str) -> bool:
     decision = fact.value if fact is not None else None
     return (isinstance(decision, Mapping) and decision.get("approved") is True
             and decision.get("approved_hash") == requested)
+
+
+async def _traced_call(tool: Tool, logical_action: str, args: dict[str, Any], key: str, token: int) -> ToolResult:
+    """A tool call, in its span (GenAI's ``execute_tool``) when spans are exported."""
+    if not otel.exporting():
+        return await tool.execute(args, key, token)
+    with otel.tracer.start_as_current_span(f"execute_tool {tool.name}", kind=SpanKind.CLIENT, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool.name,
+            "longrun.tool.version": tool.version, "longrun.tool.effect": tool.effect.value, "longrun.logical_action": logical_action,
+            "longrun.idempotency_key": key, "longrun.fencing_token": token}):
+        return await tool.execute(args, key, token)
+
+
+async def _traced_propose(model: ModelAdapter, purpose: str, context: dict[str, Any],
+                          allowed: tuple[str, ...]) -> Proposal:
+    """A model call, in its span (GenAI's ``chat``: model, tokens in and out, cost) when spans are exported."""
+    if not otel.exporting():
+        return await model.propose(context=context, allowed_actions=allowed)
+    name = getattr(model, "model", type(model).__name__)
+    with otel.tracer.start_as_current_span(f"chat {name}", kind=SpanKind.CLIENT, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": name, "longrun.model.purpose": purpose}) as span:
+        answer = await model.propose(context=context, allowed_actions=allowed)
+        span.set_attributes({"gen_ai.usage.input_tokens": answer.usage.input_tokens,
+                             "gen_ai.usage.output_tokens": answer.usage.output_tokens,
+                             "longrun.model.cost_usd": answer.usage.cost_usd,
+                             "longrun.model.proposed_action": answer.action})
+        return answer

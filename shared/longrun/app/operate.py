@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from longrun import logs, otel
 from longrun.app import effects, questions
 from longrun.app.ports import LedgerOutcome, RunTransaction
 from longrun.authoring import Registry
@@ -118,6 +119,18 @@ async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, re
     stored = await tx.load(run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
+    with logs.bound(run_id, stored.snapshot.tenant_id), otel.run_span(
+            f"operate {action}", stored.trace_root, attributes={
+                "longrun.run_id": run_id, "longrun.tenant": stored.snapshot.tenant_id, "longrun.operator": actor,
+                "longrun.operation": action}):
+        return await _applied(tx, stored, action, actor=actor, reason=reason, build=build, clock=clock,
+                              details=details, kinds=kinds)
+
+
+async def _applied(tx: RunTransaction, stored: StoredRun, action: str, *, actor: str, reason: str,
+                   build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
+                   details: dict[str, Any] | None, kinds: Registry | None) -> dict[str, Any]:
+    run_id = stored.snapshot.run_id
     event = build(stored.seq(), clock())
     if is_late(stored.snapshot, event):
         # Reports from the outside world may arrive late and are kept; a person deciding on

@@ -51,9 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import metrics
+from longrun import logs, metrics, otel
 from longrun.app import effects
 from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
 from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
@@ -111,6 +112,9 @@ class _Claim:
     tool: Tool
     started_seq: int
     """Seq of this claim's ``action.reconciliation_started``: the outcome lands only while it is the latest."""
+    tenant_id: str
+    trace_root: str | None
+    """The traceparent of the run's root span: the lookup's span is its child."""
 
 
 async def reconcile_unknown(engine: AsyncEngine, registry: Registry, *, limit: int, clock: Callable[[], float],
@@ -138,7 +142,7 @@ async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: i
             claims.append(claimed)
         elif isinstance(claimed, ActionStatus):
             tally[claimed.value] += 1
-    verdicts = await asyncio.gather(*(look_up(c.tool, c.idempotency_key, c.request) for c in claims))
+    verdicts = await asyncio.gather(*(_traced_look_up(c) for c in claims))
     for claim, verdict in zip(claims, verdicts, strict=True):
         settled = await _isolated(_settle(store, claim, verdict, clock=clock, artifacts=artifacts),
                                   f"settle {claim.run_id}/{claim.logical_action}")
@@ -148,6 +152,18 @@ async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: i
         METRICS[f"reconciled.{name}"] += n
         metrics.RECONCILED.labels(name).inc(n)
     return tally
+
+
+async def _traced_look_up(claim: _Claim) -> Verdict:
+    """``look_up`` in its span, a child of the run's root; log records name the run."""
+    with logs.bound(claim.run_id, claim.tenant_id), otel.run_span(
+            f"lookup {claim.tool.name}", claim.trace_root, kind=SpanKind.CLIENT, attributes={
+                "longrun.run_id": claim.run_id, "longrun.tenant": claim.tenant_id, "gen_ai.tool.name": claim.tool.name,
+                "longrun.logical_action": claim.logical_action, "longrun.idempotency_key": claim.idempotency_key}
+    ) as span:
+        verdict = await look_up(claim.tool, claim.idempotency_key, claim.request)
+        span.set_attribute("longrun.reconcile.outcome", verdict.outcome.value if verdict.outcome else "deferred")
+        return verdict
 
 
 async def look_up(tool: Tool, idempotency_key: str, request: Mapping[str, Any]) -> Verdict:
@@ -216,7 +232,8 @@ async def _claim(store: ReconcileStore, registry: Registry, run_id: str, logical
         after = await tx.append(stored, events)
         await tx.record(LedgerOutcome(row.idempotency_key, _A.RECONCILING, {"last_error": None}))
         await _broadcast(tx, stored, after, row.idempotency_key)
-        return _Claim(run_id, logical_action, row.idempotency_key, row.request, tool, events[-1].seq)
+        return _Claim(run_id, logical_action, row.idempotency_key, row.request, tool, events[-1].seq,
+                      stored.snapshot.tenant_id, stored.trace_root)
 
 
 def _claim_events(stored: StoredRun, row: Doubtful, logical_action: str, *, at: float) -> list[ev.RunEvent] | None:

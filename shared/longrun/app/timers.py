@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
@@ -81,7 +81,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults, metrics
+from longrun import faults, logs, metrics, otel
 from longrun.app import effects
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -143,31 +143,58 @@ async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float
 
 async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], float], producer: str,
                       kinds: Registry, isolate: bool) -> int:
-    async with engine.begin() as conn:
-        claimed = await timers.claim_due(conn, limit=batch)
-        if claimed is None:
-            return 0
-        # The transaction's time: leases are judged expired, and lateness logged, by it.
-        due, fired_at = claimed.timers, claimed.now
-        # A run's own timers stay in wake_at order (a wake before its deadline).
-        ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
-        if isolate:
-            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
-                                                          kinds=kinds)
-                        for t in ordered}
-        else:
-            outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
-                                           producer=producer, kinds=kinds)
-        faults.crash_point("timer.after_fire_before_mark")
-        marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
-        await timers.mark_fired(conn, marked)
-    faults.crash_point("timer.after_commit")
+    spans: dict[str, Any] = {}
+    try:
+        async with engine.begin() as conn:
+            claimed = await timers.claim_due(conn, limit=batch)
+            if claimed is None:
+                return 0
+            # The transaction's time: leases are judged expired, and lateness logged, by it.
+            due, fired_at = claimed.timers, claimed.now
+            spans = _fire_spans(due, claimed.heads, fired_at)
+            traces = _traces(due, claimed.heads, spans)
+            # A run's own timers stay in wake_at order (a wake before its deadline).
+            ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
+            if isolate:
+                outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
+                                                              kinds=kinds, trace=traces[t.timer_key])
+                            for t in ordered}
+            else:
+                outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
+                                               producer=producer, kinds=kinds, traces=traces)
+            faults.crash_point("timer.after_fire_before_mark")
+            marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
+            await timers.mark_fired(conn, marked)
+        faults.crash_point("timer.after_commit")
+        for key, span in spans.items():
+            span.set_attribute("longrun.timer.outcome", outcomes[key].value)
+    finally:
+        for span in spans.values():
+            span.end()
     _log_batch(due, outcomes, fired_at)
     return len(marked)
 
 
+def _fire_spans(due: list[DueTimer], heads: dict[str, RunHead], fired_at: datetime) -> dict[str, Any]:
+    """Per timer, its ``fire`` span, a child of its run's root; none unless spans are exported."""
+    if not otel.exporting():
+        return {}
+    return {t.timer_key: otel.start_run_span(f"fire {t.kind}", heads[t.run_id].trace_root, attributes={
+        "longrun.run_id": t.run_id, "longrun.tenant": heads[t.run_id].tenant_id, "longrun.timer.key": t.timer_key,
+        "longrun.timer.kind": t.kind, "longrun.timer.lateness_s": (fired_at - t.wake_at).total_seconds()})
+        for t in due}
+
+
+def _traces(due: list[DueTimer], heads: dict[str, RunHead], spans: dict[str, Any]) -> dict[str, str | None]:
+    """Per timer, the traceparent the messages it causes carry: its span's, else its run's root."""
+    if not spans:
+        return {t.timer_key: heads[t.run_id].trace_root for t in due}
+    return {key: otel.traceparent_of(span) for key, span in spans.items()}
+
+
 async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
-                        now: datetime, producer: str, kinds: Registry) -> dict[str, Outcome]:
+                        now: datetime, producer: str, kinds: Registry,
+                        traces: dict[str, str | None]) -> dict[str, Outcome]:
     """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
     per_run = Counter(t.run_id for t in ordered)
     quick: list[tuple[DueTimer, RunHead, bool]] = []
@@ -179,24 +206,27 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             full.append(timer)
         else:
             quick.append((timer, head, applies))
-    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds)).outcomes
+    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds,
+                                     traces=traces)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
         template: WakeTemplate | None = _late_only(at)
     else:
-        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer, kinds=kinds)
-        template = await _learn(conn, planned, sample)
+        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer, kinds=kinds,
+                                       traces=traces)
+        template = await _learn(conn, planned, sample, traces[sample[0].timer_key])
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
             await _write_together(conn, planned)
             rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], at=at, now=now,
-                                        producer=producer, kinds=kinds)
+                                        producer=producer, kinds=kinds, traces=traces)
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
         return outcomes
     # The sample is written the short way too: ``_learn`` checked that this writes what the domain did.
-    await timers.write_wakes(conn, template, [_wake(timer, head, applies) for timer, head, applies in quick],
+    await timers.write_wakes(conn, template, [_wake(timer, head, applies, traces[timer.timer_key])
+                                              for timer, head, applies in quick],
                              status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
     for _, head, applies in quick:
         if applies:
@@ -220,10 +250,11 @@ def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     return True
 
 
-def _wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
+def _wake(timer: DueTimer, head: RunHead, applies: bool, trace: str | None) -> Wake:
     return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
                 routing_key=topology.partition_key(head.partition), cause=_cause(timer),
-                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value), timer_key=timer.timer_key)
+                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value), timer_key=timer.timer_key,
+                trace=trace)
 
 
 def _cause(timer: DueTimer) -> str:
@@ -237,7 +268,8 @@ def _late_only(at: float) -> WakeTemplate:
                         None, None, None)
 
 
-async def _learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, RunHead, bool]) -> WakeTemplate | None:
+async def _learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, RunHead, bool],
+                 trace: str | None) -> WakeTemplate | None:
     """The sample's rows (planned, not written) as the template, or None unless PostgreSQL, filling the
     template in for the sample, renders exactly what the domain planned for it."""
     timer, head, _ = sample
@@ -257,7 +289,7 @@ async def _learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, Ru
         return None
     wakeup, broadcast = (outbox.row_of(sent[t]) for t in ("run.wakeup", "run.event"))
     template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
-    own = await timers.render_wake(conn, template, _wake(timer, head, True))
+    own = await timers.render_wake(conn, template, _wake(timer, head, True, trace))
     if (own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq
             or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]
             or any(m["event_id"] != m["payload"].get("event_id") for m in own.messages)):
@@ -282,25 +314,26 @@ class Fired:
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry) -> Fired:
+                         producer: str, kinds: Registry, traces: dict[str, str | None]) -> Fired:
     """Timers through the domain, in a handful of statements: one locking read, one update, one insert each."""
-    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds)
+    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds, traces=traces)
     await _write_together(conn, fired)
     return fired
 
 
 async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry) -> Fired:
+                         producer: str, kinds: Registry, traces: dict[str, str | None]) -> Fired:
     if not ordered:
         return Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
-    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds)
+    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, traces=traces)
 
 
 def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, now: datetime, producer: str,
-               kinds: Registry) -> Fired:
+               kinds: Registry, traces: Mapping[str, str | None] | None = None) -> Fired:
     """What firing ``ordered`` (their runs as ``current``, locked) writes, through the domain: each
-    run's events in one plan, its wakeup and broadcast, and each timer's outcome. Pure."""
+    run's events in one plan, its wakeup and broadcast, and each timer's outcome. Pure.
+    ``traces``: per timer key, the traceparent the messages it causes carry (none without)."""
     current = dict(current)
     first = dict(current)
     rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
@@ -317,8 +350,9 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
         try:
             planned = runs.plan(stored, [event], release_lease=release)
         except DomainError as e:
-            logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
-                           timer.kind, e)
+            with logs.bound(timer.run_id, stored.snapshot.tenant_id):
+                logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
+                               timer.kind, e)
             outcomes[timer.timer_key] = Outcome.SKIPPED
             continue
         current[timer.run_id] = planned.after
@@ -331,19 +365,29 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
         outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
     plans = [runs.Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
     messages: dict[str, list[outbox.Message]] = {}
+    # Each run's messages carry its own timer's trace (the one that woke it, else its last).
+    run_traces = {t.run_id: (traces or {}).get(t.timer_key) for t in ordered}
+    run_traces.update({r: (traces or {}).get(t.timer_key) for r, t in woken_by.items()})
     for p in plans:
-        sent = messages.setdefault(p.after.snapshot.run_id, [])
-        if p.after.snapshot.status in _WOKEN and p.after.snapshot.revision != p.before.snapshot.revision:
-            reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
-            sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
-        cause = woken_by.get(p.after.snapshot.run_id)
-        run = p.after.snapshot
-        broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
-                                              public=kinds.public_receipts(run.kind, run.versions.workflow),
-                                              cause=None if cause is None else _cause(cause))
-        if broadcast is not None:
-            sent.append(broadcast)
+        with otel.passing(run_traces.get(p.after.snapshot.run_id)):
+            _plan_messages(p, messages, woken_by, producer=producer, kinds=kinds)
     return Fired(outcomes, plans, messages)
+
+
+def _plan_messages(p: runs.Planned, messages: dict[str, list[outbox.Message]], woken_by: dict[str, DueTimer], *,
+                   producer: str, kinds: Registry) -> None:
+    """The wakeup and broadcast ``p`` sends, into ``messages``."""
+    sent = messages.setdefault(p.after.snapshot.run_id, [])
+    if p.after.snapshot.status in _WOKEN and p.after.snapshot.revision != p.before.snapshot.revision:
+        reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
+        sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
+    cause = woken_by.get(p.after.snapshot.run_id)
+    run = p.after.snapshot
+    broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
+                                          public=kinds.public_receipts(run.kind, run.versions.workflow),
+                                          cause=None if cause is None else _cause(cause))
+    if broadcast is not None:
+        sent.append(broadcast)
 
 
 async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
@@ -360,15 +404,17 @@ async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
 
 
 async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime,
-                         producer: str, kinds: Registry) -> Outcome:
+                         producer: str, kinds: Registry, trace: str | None) -> Outcome:
     """One timer inside a savepoint, so a timer that cannot be handled does not hold up its batch."""
     try:
-        async with conn.begin_nested():
-            return await _fire(conn, timer, at=at, now=now, producer=producer, kinds=kinds)
+        with logs.bound(timer.run_id, None), otel.passing(trace):
+            async with conn.begin_nested():
+                return await _fire(conn, timer, at=at, now=now, producer=producer, kinds=kinds)
     except Exception as e:
         if is_transient(e):
             raise
-        logger.exception("timer %s (run %s, %s) failed; left unfired", timer.timer_key, timer.run_id, timer.kind)
+        with logs.bound(timer.run_id, None):
+            logger.exception("timer %s (run %s, %s) failed; left unfired", timer.timer_key, timer.run_id, timer.kind)
         return Outcome.FAILED
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import otel
 from longrun.app import webhooks
 from longrun.app.ports import LedgerOutcome
 from longrun.app.webhooks import Translated
@@ -88,5 +89,7 @@ class PgTransaction:
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
                      at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+        # The span creating the run (the scheduler's, for its run.create) is the run's root.
         return await runs.create(self.conn, created, idempotency_key=idempotency_key, input_hash=input_hash,
-                                 partition=partition, at_once=at_once, announce=announce)
+                                 partition=partition, at_once=at_once, announce=announce,
+                                 trace_root=otel.current())

@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun import metrics
+from longrun import logs, metrics, otel
 from longrun.app import effects
 from longrun.db import inbox
 from longrun.db.runs import StoredRun
@@ -129,7 +130,12 @@ async def _match(tx: RunTransaction, provider: str, event: Translated, clock: Ca
     stored = await tx.load(run_id, lock=True)
     if stored is None or stored.snapshot.wait is None or stored.snapshot.wait.correlation_key != event.correlation_key:
         return None
-    await deliver(tx, stored, provider, event, clock)
+    with logs.bound(run_id, stored.snapshot.tenant_id), otel.run_span(
+            f"webhook {provider}", stored.trace_root, kind=SpanKind.SERVER, attributes={
+                "longrun.run_id": run_id, "longrun.tenant": stored.snapshot.tenant_id,
+                "longrun.webhook.provider": provider, "longrun.webhook.event_id": event.event_id,
+                "longrun.correlation_key": event.correlation_key}):
+        await deliver(tx, stored, provider, event, clock)
     return run_id
 
 

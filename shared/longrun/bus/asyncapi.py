@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from longrun.bus import topology
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import ENVELOPES, LATEST, PAYLOADS, Envelope
+from longrun.otel import RUN_TRACE_HEADER
 
 BINDING_VERSION = "0.3.0"  # AsyncAPI AMQP 0-9-1 bindings
 PERSISTENT = 2
@@ -176,6 +177,9 @@ def _headers(type_: str, version: int, *, required: bool) -> dict[str, Any]:
         "tenant_id": {"type": "string", "pattern": tenant_pattern, "description": "= tenant_id."},
         "traceparent": {"type": "string",
                         "description": "W3C traceparent of the creating span (= trace), when set."},
+        RUN_TRACE_HEADER: {"type": "string",
+                           "description": "W3C traceparent of the root span of the run the message is for, "
+                                          "set by the outbox relay when it exports spans."},
     }
     schema: dict[str, Any] = {
         "type": "object",

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun import faults, metrics, otel
+from longrun import faults, logs, metrics, otel
 from longrun.bus.connection import Bus
 from longrun.db import inbox
 from longrun.db import quarantine as quarantine_rows
@@ -186,7 +188,7 @@ class QueueConsumer:
                     results.append(Outcome(envelope, recorded, duplicate=True))
                     continue
                 assert not isinstance(self.handler, OwnClaim)
-                with self._span(envelope):
+                with self._span(envelope, None):
                     result = Outcome(envelope, await self.handler(conn, envelope), duplicate=False)
                 done[envelope.event_id] = result
                 results.append(result)
@@ -202,13 +204,21 @@ class QueueConsumer:
         await self._traced_handle(message, envelope)
 
     async def _traced_handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
-        with self._span(envelope):
+        root = (message.headers or {}).get(otel.RUN_TRACE_HEADER)
+        with self._span(envelope, root if isinstance(root, str) else None):
             await self._handle(message, envelope)
 
-    def _span(self, envelope: Envelope) -> Any:
-        return otel.continued(f"process {self.queue}", envelope.trace, **{
-            "messaging.destination.name": self.queue, "messaging.message.id": envelope.event_id,
-            "messaging.operation.name": "process", "longrun.run_id": envelope.run_id or ""})
+    @contextmanager
+    def _span(self, envelope: Envelope, run_root: str | None) -> Iterator[None]:
+        """The message's ``process`` span, a child of its run's root when the relay said which; log
+        records written meanwhile name its run and tenant."""
+        with logs.bound(envelope.run_id, envelope.tenant_id), otel.run_span(
+                f"process {self.queue}", run_root, cause=envelope.trace, kind=SpanKind.CONSUMER, attributes={
+                    "messaging.system": "rabbitmq", "messaging.destination.name": self.queue,
+                    "messaging.message.id": envelope.event_id, "messaging.operation.name": "process",
+                    "messaging.operation.type": "process", "longrun.run_id": envelope.run_id or "",
+                    "longrun.tenant": envelope.tenant_id}):
+            yield
 
     async def _handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
         attempt = 0
@@ -332,6 +342,12 @@ class PartitionedConsumer:
         self.active: dict[int, QueueConsumer] = {}
         self.wanted: set[int] = set()
         self._lock = asyncio.Lock()
+
+    @property
+    def consuming(self) -> bool:
+        """Every partition this replica owns has a live consumer."""
+        return self.bus.connected and all(
+            k in self.active and self.active[k].alive for k in self.wanted)
 
     async def acquire(self, partitions: set[int]) -> None:
         """Start the consumers of ``partitions`` together: a takeover costs one round trip, not P."""

@@ -30,6 +30,8 @@ class OutboxRow:
     routing_key: str
     type: str
     payload: dict[str, Any]
+    run_trace: str | None = None
+    """The traceparent of its run's root span, when read ``with_roots``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,35 +99,46 @@ def row_of(message: Message) -> dict[str, Any]:
             "payload": envelope, "traceparent": trace}
 
 
-_UNPUBLISHED_COLUMNS = "id, event_id, partition, exchange, routing_key, type, payload"
-_UNPUBLISHED_WHERE = "partition = ANY(CAST(:partitions AS smallint[])) AND published_at IS NULL"
-_UNPUBLISHED = driver.Statement(text(
-    f"SELECT {_UNPUBLISHED_COLUMNS} FROM outbox WHERE {_UNPUBLISHED_WHERE} ORDER BY id LIMIT :limit"))
-# The rows confirmed since the last read are marked in the next read's statement: the marks are
-# not visible to its own SELECT (one snapshot), so it skips them by id. Only when there are marks:
-# with none, PostgreSQL plans the UPDATE as a walk of every unpublished index entry (dead ones of
-# rows already published included) looking for ids in an empty list.
-_MARK_AND_READ = driver.Statement(text(
-    "WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "
-    f"SELECT {_UNPUBLISHED_COLUMNS} FROM outbox WHERE {_UNPUBLISHED_WHERE} "
-    "AND id <> ALL(CAST(:marked AS bigint[])) ORDER BY id LIMIT :limit"))
+def _unpublished(*, marks: bool, roots: bool) -> driver.Statement:
+    """The oldest unpublished rows of some partitions; ``roots``: with their runs' trace roots (a join
+    paid only by a relay that exports spans).
+
+    With ``marks``, the rows confirmed since the last read are marked in the same statement: the marks
+    are not visible to its own SELECT (one snapshot), so it skips them by id. Only when there are marks:
+    with none, PostgreSQL plans the UPDATE as a walk of every unpublished index entry (dead ones of rows
+    already published included) looking for ids in an empty list."""
+    columns = "o.id, o.event_id, o.partition, o.exchange, o.routing_key, o.type, o.payload"
+    source = "outbox AS o"
+    if roots:
+        columns += ", r.trace_root"
+        source += " LEFT JOIN runs AS r ON o.aggregate_type = 'run' AND r.run_id = o.aggregate_id"
+    where = "o.partition = ANY(CAST(:partitions AS smallint[])) AND o.published_at IS NULL"
+    read = f"SELECT {columns} FROM {source} WHERE {where}"
+    if marks:
+        read = ("WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "
+                f"{read} AND o.id <> ALL(CAST(:marked AS bigint[]))")
+    return driver.Statement(text(f"{read} ORDER BY o.id LIMIT :limit"))
+
+
+_UNPUBLISHED = {(marks, roots): _unpublished(marks=marks, roots=roots) for marks in (False, True)
+                for roots in (False, True)}
 _MARK_PUBLISHED = driver.Statement(
     text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"))
 
 
 async def unpublished(conn: driver.Connection, partitions: Collection[int], limit: int,
-                      marked: Sequence[int] = ()) -> list[OutboxRow]:
+                      marked: Sequence[int] = (), *, with_roots: bool = False) -> list[OutboxRow]:
     """Oldest unpublished rows of these partitions, in id order (so each partition's rows are in
     order too); every round rescans, so late commits are seen. ``marked``: rows confirmed since the
-    last read, marked published by the same statement first (one round trip for both)."""
+    last read, marked published by the same statement first (one round trip for both).
+    ``with_roots``: each with its run's trace root (``OutboxRow.run_trace``)."""
     if not partitions:
         await mark_published(conn, list(marked))
         return []
     params = {"partitions": sorted(partitions), "limit": limit}
     if marked:
-        rows = await driver.rows(conn, _MARK_AND_READ, {**params, "marked": list(marked)})
-    else:
-        rows = await driver.rows(conn, _UNPUBLISHED, params)
+        params["marked"] = list(marked)
+    rows = await driver.rows(conn, _UNPUBLISHED[bool(marked), with_roots], params)
     return [OutboxRow(*row) for row in rows]
 
 

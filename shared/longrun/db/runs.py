@@ -60,6 +60,8 @@ class StoredRun:
     unwritten_request: Mapping[str, Any] | None = None
     """The ledger request (``actions.prepare``'s arguments) of a first call recorded among the
     unwritten events: its row is written with them."""
+    trace_root: str | None = None
+    """The traceparent of the run's root span (``runs.trace_root``), as read."""
 
     def seq(self, offset: int = 1) -> int:
         """The seq the ``offset``-th event appended next will take."""
@@ -244,7 +246,7 @@ _UNQUEUE_ADOPTED = ("UPDATE timers SET cancelled_at = now() WHERE timers.run_id 
 
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
                     "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
-                    *_PROJECTED)
+                    "trace_root", *_PROJECTED)
 
 
 @functools.cache
@@ -299,9 +301,10 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
 
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
-                 announce: Sequence[outbox.Message] = ()) -> StoredRun | None:
+                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None) -> StoredRun | None:
     """Insert a run with its first event, its labels, its business deadline's timer and its first queue
-    stint's (schedule-to-start); None when (tenant, idempotency_key) exists.
+    stint's (schedule-to-start); None when (tenant, idempotency_key) exists. ``trace_root``: the
+    traceparent of the run's root span.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -311,7 +314,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         "input_hash": input_hash, "workflow": created.kind, "workflow_version": created.versions.workflow,
         "prompt_version": created.versions.prompt, "model_policy_version": created.versions.model_policy,
         "tool_schema_version": created.versions.tool_schemas, "partition": partition,
-        "last_seq": created.seq, **projection(snapshot),
+        "last_seq": created.seq, "trace_root": trace_root, **projection(snapshot),
         "e_seq": created.seq, "e_suffix": f":{created.seq}", "e_type": created.type,
         "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
     if at_once is not None:
@@ -336,7 +339,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
 
 
 _COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
-            runs.c.fencing_token, runs.c.admitted_at)
+            runs.c.fencing_token, runs.c.admitted_at, runs.c.trace_root)
 _LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
 _LOAD_ONE = driver.Statement(_LOAD)
 _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
@@ -344,7 +347,7 @@ _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
 
 def _stored(row: Any) -> StoredRun:
     return StoredRun(RunSnapshot.from_dict(row.snapshot), row.last_seq, row.partition, row.lease_owner,
-                     row.lease_until, row.fencing_token, row.admitted_at is not None)
+                     row.lease_until, row.fencing_token, row.admitted_at is not None, trace_root=row.trace_root)
 
 
 async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> StoredRun | None:

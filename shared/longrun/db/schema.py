@@ -120,6 +120,8 @@ runs = Table(
     # Seconds the run may sit queued before a worker starts it (``RunTimeouts.schedule_to_start``), set
     # at creation; NULL: no limit, and the take and the timers' bulk wakes pay nothing for it.
     Column("schedule_to_start", Float),
+    # The W3C traceparent of the run's root span (``longrun.otel``): every span of the run is its child.
+    Column("trace_root", Text),
     CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),

@@ -105,6 +105,8 @@ class RunHead(NamedTuple):
     queue_timed: bool = False
     """The run has a schedule-to-start (``runs.schedule_to_start``): a wake queues it with a timer, which
     only the domain path schedules."""
+    trace_root: str | None = None
+    """The traceparent of the run's root span (``runs.trace_root``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,7 @@ _CLAIM_DUE = driver.Statement(text(
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
     "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
     "       coalesce(r.snapshot -> 'labels', '{}') AS labels, r.workflow, "
-    "       r.schedule_to_start IS NOT NULL AS queue_timed "
+    "       r.schedule_to_start IS NOT NULL AS queue_timed, r.trace_root "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
 
@@ -181,6 +183,8 @@ class Wake(NamedTuple):
     """Where its broadcast goes (its tenant's status key)."""
     timer_key: str
     """The timer that wakes it: its wait's other timers are cancelled, not it (it fires)."""
+    trace: str | None = None
+    """The traceparent its messages carry: its own run's (never the template's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +209,10 @@ _PER_WAKE: dict[str, dict[tuple[str, ...], str]] = {
     "event": {("seq",): "w.stored + 1", ("wait_id",): _json("w.wait_id"), ("reason",): _json("w.reason")},
     "patch": {("revision",): "w.revision + 1", ("last_seq",): "w.stored + 1",
               ("last_wake", "wait_id"): _json("w.wait_id"), ("last_wake", "reason"): _json("w.reason")},
-    "wakeup": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"),
+    "wakeup": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"), ("trace",): _json("w.trace"),
                ("event_id",): "to_json(w.wakeup_event)", ("expected_state_version",): "w.revision + 1",
                ("payload", "wakeup_id"): _UUID, ("payload", "reason"): _json("w.wake_reason")},
-    "broadcast": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"),
+    "broadcast": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"), ("trace",): _json("w.trace"),
                   ("event_id",): "to_json(w.broadcast_event)", ("correlation_id",): _json("w.correlation_id"),
                   ("causation_id",): _json("w.cause"), ("payload", "seq"): "w.stored + 1",
                   ("payload", "data", "from"): _json("w.status"), ("payload", "data", "stage"): _json("w.stage"),
@@ -218,9 +222,9 @@ _PER_WAKE: dict[str, dict[tuple[str, ...], str]] = {
 # other column the sample's row's (``:wakeup_exchange``, ...).
 _PER_ROW: dict[str, dict[str, str]] = {
     "wakeup": {"event_id": "w.wakeup_event", "aggregate_id": "w.run_id", "partition": "w.partition",
-               "routing_key": "w.routing_key"},
+               "routing_key": "w.routing_key", "traceparent": "w.trace"},
     "broadcast": {"event_id": "w.broadcast_event", "aggregate_id": "w.run_id", "partition": "w.partition",
-                  "routing_key": "w.broadcast_key"},
+                  "routing_key": "w.broadcast_key", "traceparent": "w.trace"},
 }
 _SAMPLES = {name: [c for c in outbox.COLUMNS if c not in per_row and c != "payload"]
             for name, per_row in _PER_ROW.items()}
@@ -257,7 +261,7 @@ _INPUTS = (
     "  FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
     "    n bigint, run_id text, tenant_id text, partition smallint, status text, stage text, revision bigint, "
     "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text, "
-    "    correlation_id text, labels jsonb, cause text, broadcast_key text, timer_key text))")
+    "    correlation_id text, labels jsonb, cause text, broadcast_key text, timer_key text, trace text))")
 # Per wake: what each template becomes for its run. The envelopes are stored as json (checked, not parsed).
 _RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS {'json' if name in _PER_ROW else 'jsonb'})"
              for name, values in _PER_WAKE.items()}
@@ -339,4 +343,5 @@ def _params(template: WakeTemplate, wakes: Sequence[Wake]) -> dict[str, Any]:
                  "stored": w.head.stored_seq, "wait_id": w.wait_id, "reason": w.reason, "applies": w.applies,
                  "wake_reason": w.wake_reason, "routing_key": w.routing_key,
                  "correlation_id": w.head.correlation_id, "labels": w.head.labels, "cause": w.cause,
-                 "broadcast_key": w.broadcast_key, "timer_key": w.timer_key} for n, w in enumerate(wakes)])}
+                 "broadcast_key": w.broadcast_key, "timer_key": w.timer_key, "trace": w.trace}
+                for n, w in enumerate(wakes)])}

@@ -23,12 +23,12 @@ def test_without_an_exporter_the_messages_made_in_a_consumer_carry_the_callers_t
     monkeypatch.setattr(otel, "tracer", TracerProvider().get_tracer("longrun"))
     monkeypatch.setattr(otel, "_exporting", False)
     # When it handles a message, and advances a run within that
-    with otel.continued("process q", CALLER, **{"messaging.message.id": "m-1"}):
+    with otel.run_span("process q", None, cause=CALLER, attributes={"messaging.message.id": "m-1"}):
         assert _made() == CALLER
-        with otel.continued("advance run", traceparent()):
+        with otel.run_span("advance run", otel.root(), cause=traceparent()):
             assert _made() == CALLER
     # Then what it makes carries the caller's traceparent, unchanged; and a message that came
     # with no trace starts none
-    with otel.continued("process q", None):
+    with otel.run_span("process q", None, cause=None):
         assert _made() is None
     assert _made() is None

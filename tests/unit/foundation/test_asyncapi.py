@@ -95,7 +95,7 @@ def test_sent_messages_declare_the_cloudevents_headers(doc: dict[str, Any]) -> N
             "cloudEvents:time", "schema_version", "tenant_id"} <= set(event["required"])
     assert set(event["properties"]) == {"cloudEvents:specversion", "cloudEvents:id", "cloudEvents:type",
                                         "cloudEvents:source", "cloudEvents:subject", "cloudEvents:time",
-                                        "schema_version", "tenant_id", "traceparent"}
+                                        "schema_version", "tenant_id", "traceparent", "longrun-run-trace"}
     assert event["properties"]["cloudEvents:type"]["const"] == "run.event"
     assert event["properties"]["schema_version"]["const"] == 3
     assert "required" not in schemas["RunCreateV2Headers"]  # a producer's headers are optional

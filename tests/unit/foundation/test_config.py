@@ -68,3 +68,19 @@ def test_a_retry_cap_below_the_first_delay_is_refused_naming_both_variables() ->
                                        "got 5.0; expected at least LONGRUN_RETRY_INITIAL_INTERVAL (10.0)")]
     with pytest.raises(ConfigError, match="LONGRUN_RETRY_BACKOFF_COEFFICIENT: got '0.5'; expected a number >= 1"):
         Settings.from_env({"LONGRUN_RETRY_BACKOFF_COEFFICIENT": "0.5"})
+
+
+def test_the_standard_opentelemetry_variables_win_over_longrun_s_and_a_bad_one_is_named() -> None:
+    assert Settings.from_env({}).otel_exporter == "none"
+    assert Settings.from_env({"LONGRUN_OTEL_EXPORTER": "console"}).otel_exporter == "console"
+    both = {"LONGRUN_OTEL_EXPORTER": "console", "OTEL_TRACES_EXPORTER": "otlp"}
+    assert Settings.from_env(both).otel_exporter == "otlp"
+    assert Settings.from_env({"LONGRUN_OTEL_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}).otel_exporter == "none"
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                           "LONGRUN_LOG_FORMAT": "xml"})
+    assert dict(caught.value.problems) == {
+        "OTEL_TRACES_EXPORTER": "got 'zipkin'; expected none, console or otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "got 'grpc'; expected http/protobuf (spans go over OTLP/HTTP)",
+        "LONGRUN_LOG_FORMAT": "got 'xml'; expected auto, json or text",
+    }
