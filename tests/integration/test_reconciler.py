@@ -87,7 +87,7 @@ Lookup = Callable[[str], Awaitable[ToolResult | None]]
 
 
 def _kinds(lookup: Lookup | None, effect: EffectKind = EffectKind.NON_IDEMPOTENT_WRITE) -> Registry:
-    tool = Tool(PR_TOOL, "1", effect, _PrArgs, _never_executed, lookup, timeout=2.0)
+    tool = Tool(PR_TOOL, "1", effect, _PrArgs, _never_executed, lookup, start_to_close=2.0)
     return Registry([RunKind("probe", VERSIONS, _NoDecisions(), {PR_TOOL: tool})])  # type: ignore[arg-type]
 
 
