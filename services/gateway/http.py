@@ -25,6 +25,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
+from longrun.db import actions as ledger
 from longrun.db import policies, retention, runs
 from longrun.db.errors import is_transient
 from longrun.db.schema import run_labels
@@ -146,8 +147,10 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             needs = (await conn.execute(select(runs_table.c.awaiting_worker).where(
                 runs_table.c.run_id == stored.snapshot.run_id))).scalar()
             archived = await retention.archive_of(conn, stored.snapshot.run_id)
+            calls = await ledger.for_run(conn, stored.snapshot.run_id)
         # An archived run's events and actions were pruned: the answer says where they went.
         return JSONResponse({"snapshot": stored.snapshot.to_dict(),
+                             "actions": [_call(row) for row in calls],
                              "waiting_for": f"a compatible worker: {needs}" if needs else None,
                              "archived": None if archived is None else {
                                  "at": archived.at.isoformat(), "archive": archived.archive,
@@ -258,3 +261,12 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
 
 
 _ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
+
+
+def _call(row: ledger.LedgerRow) -> dict[str, Any]:
+    """A ledger row as ``GET /runs/{id}`` shows it: the call, its status and attempts, and what its
+    heartbeats last reported (``progress``, recorded at ``heartbeat_at``)."""
+    return {"logical_action": row.logical_action, "tool": row.tool, "effect_kind": row.effect_kind,
+            "status": row.status, "attempts": row.attempts, "external_id": row.external_id,
+            "progress": row.progress,
+            "heartbeat_at": None if row.heartbeat_at is None else row.heartbeat_at.isoformat()}
