@@ -166,11 +166,11 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
         # A run's own timers stay in wake_at order (a wake before its deadline).
         ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
         if isolate:
-            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
+            outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), producer=producer,
                                                           kinds=kinds, retry=retry)
                         for t in ordered}
         else:
-            outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
+            outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(),
                                            producer=producer, kinds=kinds, retry=retry)
         faults.crash_point("timer.after_fire_before_mark")
         marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
@@ -181,7 +181,7 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
 
 
 async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
-                        now: datetime, producer: str, kinds: Registry, retry: RetryPolicy) -> dict[str, Outcome]:
+                        producer: str, kinds: Registry, retry: RetryPolicy) -> dict[str, Outcome]:
     """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
     per_run = Counter(t.run_id for t in ordered)
     quick: list[tuple[DueTimer, RunHead, bool]] = []
@@ -193,18 +193,18 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             full.append(timer)
         else:
             quick.append((timer, head, applies))
-    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds, retry=retry)).outcomes
+    outcomes = (await _fire_together(conn, full, at=at, producer=producer, kinds=kinds, retry=retry)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
         template: WakeTemplate | None = _late_only(at)
     else:
-        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer, kinds=kinds, retry=retry)
+        planned = await _plan_together(conn, [sample[0]], at=at, producer=producer, kinds=kinds, retry=retry)
         template = await _learn(conn, planned, sample)
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
             await _write_together(conn, planned)
-            rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], at=at, now=now,
+            rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], at=at,
                                         producer=producer, kinds=kinds, retry=retry)
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
@@ -296,23 +296,23 @@ class Fired:
     """Timers to schedule (``timers.schedule``'s arguments): the retries of calls given up on."""
 
 
-async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
+async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float,
                          producer: str, kinds: Registry, retry: RetryPolicy) -> Fired:
     """Timers through the domain, in a handful of statements: one locking read, one update, one insert each."""
-    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds, retry=retry)
+    fired = await _plan_together(conn, ordered, at=at, producer=producer, kinds=kinds, retry=retry)
     await _write_together(conn, fired)
     return fired
 
 
-async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
+async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float,
                          producer: str, kinds: Registry, retry: RetryPolicy) -> Fired:
     if not ordered:
         return Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
-    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, retry=retry)
+    return plan_batch(ordered, current, at=at, producer=producer, kinds=kinds, retry=retry)
 
 
-def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, now: datetime, producer: str,
+def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, producer: str,
                kinds: Registry, retry: RetryPolicy, rng: Rng | None = None) -> Fired:
     """What firing ``ordered`` (their runs as ``current``, locked) writes, through the domain: each
     run's events in one plan, its wakeup and broadcast, the ledger rows and retry timers of calls
@@ -385,12 +385,12 @@ async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
         return await timers.next_wakes(conn, limit=batch)
 
 
-async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime,
+async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float,
                          producer: str, kinds: Registry, retry: RetryPolicy) -> Outcome:
     """One timer inside a savepoint, so a timer that cannot be handled does not hold up its batch."""
     try:
         async with conn.begin_nested():
-            fired = await _fire_together(conn, [timer], at=at, now=now, producer=producer, kinds=kinds, retry=retry)
+            fired = await _fire_together(conn, [timer], at=at, producer=producer, kinds=kinds, retry=retry)
             return fired.outcomes[timer.timer_key]
     except Exception as e:
         if is_transient(e):

@@ -310,7 +310,7 @@ class World:
                 return 0
             ordered = sorted(claimed.timers, key=lambda t: (t.run_id, t.wake_at))
             current = {t.run_id: self.store.load(t.run_id) for t in ordered}
-            fired = timers.plan_batch(ordered, current, at=self.clock(), now=claimed.now,  # type: ignore[arg-type]
+            fired = timers.plan_batch(ordered, current, at=self.clock(),  # type: ignore[arg-type]
                                       producer="timer", kinds=self.kinds, retry=RetryPolicy(), rng=random.Random(0))
             self.store.write_many(fired.plans)
             for outcome in fired.ledger:
