@@ -30,6 +30,7 @@ from longrun.domain import (
     PinnedVersions,
     RetryPolicy,
     RunSnapshot,
+    ScheduleRetry,
     WakeReason,
     freeze,
     thaw,
@@ -107,8 +108,9 @@ async def _beating(seconds: float, every: float, *, shielded: bool = False) -> N
 
 def long_call(settings: Settings) -> RunKind:
     """A run that makes one long call, ``work``, heartbeating its progress (``{"done", "of"}``): a write
-    (``goal.effect`` "write": a branch on the forge, counted there) or a read; then completes. The
-    call misbehaves once as ``goal.stall`` says (``LongArgs``)."""
+    (``goal.effect`` "write": a branch on the forge, counted there) or a read; then, given
+    ``goal.rest``, waits that many seconds on a timer; then completes. The call misbehaves once as
+    ``goal.stall`` says (``LongArgs``)."""
     from longrun_dependency_upgrade import forge_url
     from longrun_dependency_upgrade.forge_client import ForgeClient
 
@@ -158,12 +160,15 @@ class LongCall:
 
     def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
         record = state.action("work")
+        goal = dict(thaw(state.goal))  # type: ignore[call-overload]
         if record is not None and record.status is ActionStatus.CONFIRMED:
+            if goal.get("rest") and state.last_wake is None:
+                return ScheduleRetry(logical_action="rest", delay=float(goal["rest"]))
             return Complete(evidence=freeze({"work": record.external_id}))
         if record is not None and record.status is ActionStatus.FAILED:
             return Fail(reason=f"work failed: {record.detail}")
-        goal = dict(thaw(state.goal))  # type: ignore[call-overload]
         tool = "long.write" if goal.pop("effect", "write") == "write" else "long.read"
+        goal.pop("rest", None)
         return CallTool(tool=tool, args=freeze(goal), logical_action="work")
 
     def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:

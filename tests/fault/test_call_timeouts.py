@@ -9,7 +9,6 @@ ignores cancellation) the call's ``start_to_close`` and ``heartbeat`` timers rec
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ async def _call_timers(scenario: Scenario, run_id: str) -> list[Any]:
 async def test_a_long_call_shows_its_progress_and_its_answer_cancels_its_timers(scenario: Scenario) -> None:
     # Given a worker and a write that heartbeats its progress for four seconds
     await scenario.up("gateway", *AROUND, "worker", **KINDS)
-    run_id = await scenario.create(workflow="long_call", input_=_goal("write", beats=8))
+    run_id = await scenario.create(workflow="long_call", input_={**_goal("write", beats=8), "rest": 8})
 
     # When the call is under way, its progress is on its ledger row, shown with the run's actions
     async def progress() -> Any:
@@ -64,16 +63,17 @@ async def test_a_long_call_shows_its_progress_and_its_answer_cancels_its_timers(
     shown = await scenario.poll(progress, timeout=20, what="the call's progress shown")
     assert shown["logical_action"] == "work" and shown["status"] == "SUBMITTED"
     assert shown["progress"]["of"] == 8 and shown["heartbeat_at"]
-    # and the run completes, its last progress kept (never counted as the outcome)
-    done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
-    assert done.snapshot.action("work").attempts == 1  # type: ignore[union-attr]
+    # and once it answered (the run then rests on a timer, still open), its last progress is kept,
+    # never counted as the outcome
+    await scenario.until(run_id, RunStatus.RETRY_SCHEDULED, timeout=30)
     row = (await scenario.ledger(run_id))["work"]
     assert row.status == "CONFIRMED" and row.progress == {"done": 8, "of": 8}
     # Then its timers, scheduled with its submission, were cancelled by its answer; none fires later
     timers = await _call_timers(scenario, run_id)
     assert {t.kind for t in timers} == {"start_to_close", "heartbeat"}
     assert all(t.cancelled_at is not None and t.fired_at is None for t in timers)
-    await asyncio.sleep(5)  # past both limits
+    done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
+    assert done.snapshot.action("work").attempts == 1  # type: ignore[union-attr]
     assert all(t.fired_at is None for t in await _call_timers(scenario, run_id))
     assert (await scenario.forge_counts())["branch"] == 1
     await scenario.finish()
