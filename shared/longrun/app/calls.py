@@ -49,6 +49,8 @@ class Call:
         self.written_at = float("-inf")
         self.lost = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._sleeping = False
+        self._closing = False
 
     def beat(self, details: Mapping[str, Any] | None) -> None:
         self.last_beat = self.clock()
@@ -57,12 +59,19 @@ class Call:
         self.pending = True
         if self.record is not None and self._writer is None:
             wait = max(0.0, self.written_at + self.interval - self.last_beat)
-            self._writer = asyncio.get_running_loop().create_task(self._write_after(wait))
+            self._writer = asyncio.get_running_loop().create_task(self._writing(wait))
 
-    async def _write_after(self, wait: float) -> None:
-        await asyncio.sleep(wait)
-        self._writer = None
-        await self._write()
+    async def _writing(self, wait: float) -> None:
+        """Writes pending details every ``interval`` while heartbeats keep coming in (one task per call)."""
+        try:
+            while self.pending and not self.lost.is_set() and not self._closing:
+                self._sleeping = True
+                await asyncio.sleep(wait)
+                self._sleeping = False
+                await self._write()
+                wait = max(0.0, self.written_at + self.interval - self.clock())
+        finally:
+            self._writer = None
 
     async def _write(self) -> None:
         assert self.record is not None
@@ -74,12 +83,15 @@ class Call:
             logger.warning("heartbeat not recorded (%r); the call goes on", e)
 
     async def close(self) -> None:
-        """The call ended: a write still waiting goes now (the last details are kept)."""
-        if self._writer is not None:
-            self._writer.cancel()
-            self._writer = None
-            if self.pending and not self.lost.is_set():
-                await self._write()
+        """The call ended: a write waiting for its turn goes now (the last details are kept)."""
+        self._closing = True
+        writer = self._writer
+        if writer is not None:
+            if self._sleeping:
+                writer.cancel()  # a write under way is let finish: a statement is not cut off midway
+            await asyncio.gather(writer, return_exceptions=True)
+        if self.pending and self.record is not None and not self.lost.is_set():
+            await self._write()
 
 
 async def supervise(call: Coroutine[Any, Any, T], watch: Call, *, start_to_close: float,
