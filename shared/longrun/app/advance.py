@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, otel
 from longrun.app import effects, questions
-from longrun.app.calls import Call, supervise
+from longrun.app.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.tool_health import Breakers
 from longrun.app.worker_store import PgWorkerStore
@@ -530,9 +530,12 @@ class Advancer:
             return await self._confirm_with_request(stored, pending, fence, ledger_row, result)
         return await self._confirm(stored, fence, tool, name, key, result)
 
-    def _watch(self, run: RunSnapshot, fence: Fence, tool: Tool, name: str, key: str, *, on_record: bool) -> Call:
+    def _watch(self, run: RunSnapshot, fence: Fence, tool: Tool, name: str, key: str, *,
+               on_record: bool) -> Call | Unrecorded:
         """What the call's heartbeats report to: written to its ledger row (moving its heartbeat timer)
         when it is on record, at most every third of its heartbeat timeout (or of start-to-close)."""
+        if not on_record:
+            return UNRECORDED
         limit = tool.heartbeat_timeout or start_to_close(tool, run)
         timer = (None if tool.heartbeat_timeout is None
                  else calls.call_timer_key(run.run_id, name, fence.token, calls.HEARTBEAT))
@@ -541,8 +544,7 @@ class Advancer:
         async def record(details: Mapping[str, Any] | None) -> bool:
             return await self.store.beat(key, fence.token, details, timer_key=timer, due_in=due_in)
 
-        return Call(record=record if on_record else None, interval=limit / 3,
-                    refused=LeaseLost(run.run_id, fence.token))
+        return Call(record=record, interval=limit / 3, refused=LeaseLost(run.run_id, fence.token))
 
     async def _wait_for_health(self, stored: StoredRun, fence: Fence, far_side: str, logical_action: str) -> None:
         """Not worth calling now: wait, uncharged, until ``far_side`` is healthy (or its probe is this run's)."""

@@ -13,7 +13,8 @@ the same statement. A watched call (one with ``heartbeat_timeout``) whose heartb
 (the attempt is no longer this worker's: a timer gave up on it, or another worker took the run)
 is cancelled and ends with ``LeaseLost``.
 
-A call without ``heartbeat_timeout`` costs what ``asyncio.wait_for`` costs: no watch task.
+A call without ``heartbeat_timeout`` costs what ``asyncio.wait_for`` costs: no watch task; one not on
+record reports its heartbeats to the shared ``UNRECORDED``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ Record = Callable[[Mapping[str, Any] | None], Awaitable[bool]]
 
 
 class Call:
-    def __init__(self, *, record: Record | None, interval: float, refused: Exception,
+    """The watch over a call on record: its last heartbeat, and its details written to its ledger row."""
+
+    def __init__(self, *, record: Record, interval: float, refused: Exception,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``record``: None for a call not on record (its details are not kept). ``refused``: what the
-        call ends with when a heartbeat is refused."""
+        """``refused``: what the call ends with when a heartbeat is refused."""
         self.record = record
         self.interval = interval
         self.refused = refused
@@ -57,7 +59,7 @@ class Call:
         if details is not None:
             self.details = details
         self.pending = True
-        if self.record is not None and self._writer is None:
+        if self._writer is None:
             wait = max(0.0, self.written_at + self.interval - self.last_beat)
             self._writer = asyncio.get_running_loop().create_task(self._writing(wait))
 
@@ -74,7 +76,6 @@ class Call:
             self._writer = None
 
     async def _write(self) -> None:
-        assert self.record is not None
         self.pending, self.written_at = False, self.clock()
         try:
             if not await self.record(self.details):
@@ -90,11 +91,25 @@ class Call:
             if self._sleeping:
                 writer.cancel()  # a write under way is let finish: a statement is not cut off midway
             await asyncio.gather(writer, return_exceptions=True)
-        if self.pending and self.record is not None and not self.lost.is_set():
+        if self.pending and not self.lost.is_set():
             await self._write()
 
 
-async def supervise(call: Coroutine[Any, Any, T], watch: Call, *, start_to_close: float,
+class Unrecorded:
+    """What the heartbeats of a call that is not on record report to (a pure or read call without
+    ``heartbeat_timeout``): nothing is kept, and nothing is created per call."""
+
+    def beat(self, details: Mapping[str, Any] | None) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+UNRECORDED = Unrecorded()
+
+
+async def supervise(call: Coroutine[Any, Any, T], watch: Call | Unrecorded, *, start_to_close: float,
                     heartbeat_timeout: float | None) -> T:
     """``call``'s answer, ``watch`` being what its heartbeats report to (``authoring.heartbeat``).
 
@@ -110,6 +125,9 @@ async def supervise(call: Coroutine[Any, Any, T], watch: Call, *, start_to_close
                 return await asyncio.wait_for(call, timeout=start_to_close)
             except TimeoutError:
                 raise CallTimedOut("start_to_close", start_to_close) from None
+        if not isinstance(watch, Call):
+            call.close()
+            raise ValueError("a call watched for its heartbeats is on record: its watch must be a Call")
         return await _watched(asyncio.ensure_future(call), watch, start_to_close=start_to_close,
                               heartbeat_timeout=heartbeat_timeout)
     finally:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from longrun.app.calls import Call, supervise
+from longrun.app.calls import UNRECORDED, Call, supervise
 from longrun.authoring import Tool, heartbeat
 from longrun.domain import EffectKind
 from longrun.errors import CallTimedOut, LeaseLost
@@ -27,7 +27,7 @@ class Recorder:
 
 
 def _watch(record: Recorder | None = None, interval: float = 0.1) -> Call:
-    return Call(record=record, interval=interval, refused=LeaseLost("run-1", 3))
+    return Call(record=record or Recorder(), interval=interval, refused=LeaseLost("run-1", 3))
 
 
 async def _beating(beats: int, every: float) -> str:
@@ -46,7 +46,7 @@ async def test_heartbeat_outside_a_call_and_details_that_are_not_json_are_refuse
 
     for details, says in (([1, 2], "a JSON object"), ({"at": object()}, "not JSON"), ({"x": "y" * 20_000}, "at most")):
         with pytest.raises(ValueError, match=says):
-            await supervise(bad(details), _watch(), start_to_close=1, heartbeat_timeout=None)
+            await supervise(bad(details), UNRECORDED, start_to_close=1, heartbeat_timeout=None)
 
 
 def test_a_tool_s_timeouts_must_be_positive_seconds() -> None:
@@ -60,7 +60,7 @@ def test_a_tool_s_timeouts_must_be_positive_seconds() -> None:
 
 async def test_a_call_past_start_to_close_is_cancelled_whether_or_not_it_heartbeats() -> None:
     with pytest.raises(CallTimedOut, match="start_to_close: no answer within 0.2s"):
-        await supervise(asyncio.sleep(5), _watch(), start_to_close=0.2, heartbeat_timeout=None)
+        await supervise(asyncio.sleep(5), UNRECORDED, start_to_close=0.2, heartbeat_timeout=None)
     with pytest.raises(CallTimedOut, match="start_to_close: no answer within 0.3s"):
         await supervise(_beating(100, 0.02), _watch(), start_to_close=0.3, heartbeat_timeout=0.1)
 
@@ -97,8 +97,10 @@ async def test_progress_is_written_at_most_every_interval_and_the_last_details_o
     assert record.written[0] == {"done": 1, "of": 20} and record.written[-1] == {"done": 20, "of": 20}
 
 
-async def test_a_call_not_on_record_writes_nothing_and_a_refused_heartbeat_ends_a_watched_call() -> None:
-    assert await supervise(_beating(3, 0.01), _watch(None), start_to_close=5, heartbeat_timeout=1) == "answered"
+async def test_a_call_not_on_record_heartbeats_freely_and_a_refused_heartbeat_ends_a_watched_call() -> None:
+    assert await supervise(_beating(3, 0.01), UNRECORDED, start_to_close=5, heartbeat_timeout=None) == "answered"
+    with pytest.raises(ValueError, match="its watch must be a Call"):
+        await supervise(_beating(3, 0.01), UNRECORDED, start_to_close=5, heartbeat_timeout=1)
     refused = Recorder(accept=False)
     with pytest.raises(LeaseLost):
         await supervise(_beating(100, 0.02), _watch(refused), start_to_close=5, heartbeat_timeout=1)
