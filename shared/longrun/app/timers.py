@@ -39,7 +39,8 @@ Closure: whatever ends a wait (a webhook, an approval, a cancel, one of its own 
 finishes a run cancels, in the same statement, the timers it leaves without a purpose
 (``domain.closure.timers_to_cancel``; ``timers.cancelled_at``), and a cancelled timer is never
 claimed. A wake here ends its wait, so the wait's other timer is cancelled by the batch's write
-(``write_wakes``, ``runs.write_many``, or ``runs.write`` one by one) and the firing one marked fired.
+(``write_wakes`` or ``runs.write_many``) and the firing one marked fired. A call's outcome
+(an answer, or a call timer giving it up) cancels that call's timers the same way.
 
 Stale timers never raise and are always marked fired:
 - a wake for a wait that is no longer pending is what the domain calls *late*: ``runs.append``
