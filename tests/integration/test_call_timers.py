@@ -13,9 +13,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app.timers import fire_due
+from longrun.app.worker_store import PgWorkerStore
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs, timers
+from longrun.db.driver import Pool
 from longrun.db.runs import Fence, StoredRun
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
@@ -133,3 +136,47 @@ async def test_a_call_timer_whose_attempt_is_over_changes_nothing(clean, engine)
     assert [t for t, _ in await _events(engine, "run-answered")] == ["action.confirmed"]
     assert [r.fired_at is None for r in await _rows(
         engine, "SELECT fired_at FROM timers WHERE run_id = 'run-answered'")] == [True]
+
+
+async def test_a_heartbeat_moves_only_its_own_attempt_s_timer_and_a_resend_replaces_the_attempt_s_timers(
+        clean, engine, tmp_path) -> None:
+    # Given a read (declaring a heartbeat timeout) submitted under a worker's lease
+    async with engine.begin() as conn:
+        _, fence = await _calling(conn, "run-beat", EffectKind.READ, heartbeat_timeout=2)
+        await conn.execute(text("UPDATE timers SET wake_at = now() + interval '1 hour' WHERE run_id = 'run-beat'"))
+    statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
+    await statements.open()
+    store = PgWorkerStore(engine=engine, statements=statements, artifacts=FilesystemArtifactStore(tmp_path),
+                          clock=time.time)
+    heartbeat_key = calls.call_timer_key("run-beat", "work", fence.token, calls.HEARTBEAT)
+    try:
+        # When the call heartbeats, its progress lands on its row and its heartbeat timer moves to 3 s from now
+        assert await store.beat("key-run-beat", fence.token, {"done": 1, "of": 3}, timer_key=heartbeat_key,
+                                due_in=3)
+        row = (await _rows(engine, "SELECT progress, heartbeat_at FROM actions WHERE run_id = 'run-beat'"))[0]
+        assert row.progress == {"done": 1, "of": 3} and row.heartbeat_at is not None
+        due = {r.kind: round(r.due_in) for r in await _rows(
+            engine, "SELECT kind, extract(epoch FROM wake_at - now()) AS due_in FROM timers WHERE run_id = 'run-beat'")}
+        assert due == {"heartbeat": 3, "start_to_close": 3600}
+        # and a heartbeat under another token is refused, writing nothing
+        assert not await store.beat("key-run-beat", fence.token + 1, {"done": 2}, timer_key=heartbeat_key, due_in=3)
+        # When another worker takes the run over and sends the call again
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE runs SET lease_until = now() - interval '1 second' "
+                                    "WHERE run_id = 'run-beat'"))
+            taken = await runs.take_lease(conn, "run-beat", "worker-2", ttl=600)
+        assert taken is not None
+        attempt = {"action_id": str(uuid.uuid4()), "run_id": "run-beat", "logical_action": "work",
+                   "tool": "probe.work", "tool_version": "1", "effect_kind": "read", "idempotency_key": "key-run-beat",
+                   "request_hash": "h", "request": {}, "fencing_token": taken.token}
+        await store.resend("run-beat", taken, 600, attempt, calls.call_timers(
+            "run-beat", "work", token=taken.token, start_to_close=5, heartbeat_timeout=2))
+    finally:
+        await statements.close()
+    # Then the first attempt's timers are cancelled and the new attempt has its own
+    found = {(r.payload["fencing_token"], r.kind, r.cancelled_at is not None) for r in await _rows(
+        engine, "SELECT kind, payload, cancelled_at FROM timers WHERE run_id = 'run-beat'")}
+    assert found == {(fence.token, "start_to_close", True), (fence.token, "heartbeat", True),
+                     (taken.token, "start_to_close", False), (taken.token, "heartbeat", False)}
+    row = (await _rows(engine, "SELECT attempts, fencing_token, progress FROM actions WHERE run_id = 'run-beat'"))[0]
+    assert (row.attempts, row.fencing_token, row.progress) == (2, taken.token, {"done": 1, "of": 3})
