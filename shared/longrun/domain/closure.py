@@ -55,11 +55,14 @@ def timers_to_cancel(before: RunSnapshot, after: RunSnapshot) -> Cancel | None:
 
 
 def _calls_ended(before: RunSnapshot, after: RunSnapshot) -> tuple[str, ...]:
-    """The actions submitted before and no longer after: their calls ended (one per step, at most)."""
+    """The actions submitted before and no longer after: their calls ended. An action keeps its place
+    in ``actions`` (a change replaces it there, a new one is appended: ``domain.ledger``), and one not
+    changed is the same object, so a step's long history costs an identity check per action."""
     if before.actions is after.actions:
         return ()
-    return tuple(a.logical_action for a in before.actions if a.status is ActionStatus.SUBMITTED
-                 and (now := after.action(a.logical_action)) is not None and now.status is not ActionStatus.SUBMITTED)
+    return tuple(was.logical_action for was, now in zip(before.actions, after.actions)
+                 if was is not now and was.status is ActionStatus.SUBMITTED
+                 and now.status is not ActionStatus.SUBMITTED)
 
 
 def finishes(before: RunSnapshot, after: RunSnapshot) -> bool:
