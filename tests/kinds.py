@@ -1,22 +1,36 @@
 """The run kinds the tests' services load: ``LONGRUN_RUN_KINDS``' default (the benchmark's ``steps``)
 and the installed example's ``dependency_upgrade`` (its entry point); and the test-only kinds a test
-names to its services (``LONGRUN_RUN_KINDS=tests.kinds:ASKING``)."""
+names to its services (``LONGRUN_RUN_KINDS=tests.kinds:ASKING``, ``tests.kinds:long_call``)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
 from longrun import run_kinds
-from longrun.authoring import Registry, RunKind
+from longrun.authoring import Registry, RunKind, Tool, ToolResult, heartbeat
 from longrun.config import Settings
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
+    RECEIPT_FACT_PREFIX,
+    ActionStatus,
     AskUser,
+    CallTool,
     Complete,
     Decision,
     DecisionContext,
+    EffectKind,
     Fail,
     FrozenMap,
     PinnedVersions,
+    RetryPolicy,
     RunSnapshot,
+    ScheduleRetry,
     WakeReason,
     freeze,
     thaw,
@@ -60,3 +74,102 @@ class Asking:
 
 ASKING = RunKind("asking", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="none"),
                  Asking(), {})
+
+
+LONG_START_TO_CLOSE = 6.0
+LONG_HEARTBEAT_TIMEOUT = 2.0
+
+
+class LongArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    branch: str
+    beats: int
+    every: float
+    stall: str = ""
+    """How the call misbehaves once, when the file ``stall_file`` exists (it is removed): ``silent``
+    (stops heartbeating), ``overrun`` (heartbeats past start-to-close), ``ignore_cancel`` (a write:
+    acts, then heartbeats past start-to-close refusing to be cancelled)."""
+    stall_file: str = ""
+    stall_seconds: float = 30.0
+
+
+async def _beating(seconds: float, every: float, *, shielded: bool = False) -> None:
+    """Heartbeat every ``every`` seconds for ``seconds``; ``shielded``: a cancel is swallowed."""
+    end = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < end:
+        try:
+            await asyncio.sleep(every)
+        except asyncio.CancelledError:
+            if not shielded:
+                raise
+        await heartbeat({"stalled": True})
+
+
+def long_call(settings: Settings) -> RunKind:
+    """A run that makes one long call, ``work``, heartbeating its progress (``{"done", "of"}``): a write
+    (``goal.effect`` "write": a branch on the forge, counted there) or a read; then, given
+    ``goal.rest``, waits that many seconds on a timer; then completes. The call misbehaves once as
+    ``goal.stall`` says (``LongArgs``)."""
+    from longrun_dependency_upgrade import forge_url
+    from longrun_dependency_upgrade.forge_client import ForgeClient
+
+    forge = ForgeClient(forge_url())
+
+    async def work(args: Mapping[str, Any], key: str, token: int, *, acts: bool) -> ToolResult:
+        for done in range(1, args["beats"] + 1):
+            await asyncio.sleep(args["every"])
+            await heartbeat({"done": done, "of": args["beats"]})
+        stall = ""
+        if args["stall"] and os.path.exists(args["stall_file"]):
+            Path(args["stall_file"]).unlink()
+            stall = args["stall"]
+        if stall == "silent":
+            await asyncio.sleep(args["stall_seconds"])
+        elif stall == "overrun":
+            await _beating(args["stall_seconds"], args["every"])
+        if not acts:
+            return ToolResult(None, {"done": args["beats"]})
+        made = await forge.create_branch(args["repo"], name=args["branch"], from_ref="main", idempotency_key=key,
+                                         fencing_token=token)
+        if stall == "ignore_cancel":
+            await _beating(args["stall_seconds"], args["every"], shielded=True)
+        return ToolResult(made["name"], {"name": made["name"]})
+
+    async def write(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        return await work(args, key, token, acts=True)
+
+    async def read(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        return await work(args, key, token, acts=False)
+
+    async def lookup(key: str) -> ToolResult | None:
+        found = await forge.lookup(key)
+        return None if found is None else ToolResult(found["object"]["name"], found["object"])
+
+    retry = RetryPolicy(initial_interval=0.5, maximum_interval=1, maximum_attempts=3, jitter=0)
+    timeouts = {"start_to_close": LONG_START_TO_CLOSE, "heartbeat_timeout": LONG_HEARTBEAT_TIMEOUT}
+    tools = {t.name: t for t in (
+        Tool("long.write", "1", EffectKind.IDEMPOTENT_WRITE, LongArgs, write, lookup, retry=retry, **timeouts),
+        Tool("long.read", "1", EffectKind.READ, LongArgs, read, retry=retry, **timeouts))}
+    return RunKind("long_call", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="1"),
+                   LongCall(), tools)
+
+
+class LongCall:
+    kind = "long_call"
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        record = state.action("work")
+        goal = dict(thaw(state.goal))  # type: ignore[call-overload]
+        if record is not None and record.status is ActionStatus.CONFIRMED:
+            if goal.get("rest") and state.last_wake is None:
+                return ScheduleRetry(logical_action="rest", delay=float(goal["rest"]))
+            return Complete(evidence=freeze({"work": record.external_id}))
+        if record is not None and record.status is ActionStatus.FAILED:
+            return Fail(reason=f"work failed: {record.detail}")
+        tool = "long.write" if goal.pop("effect", "write") == "write" else "long.read"
+        goal.pop("rest", None)
+        return CallTool(tool=tool, args=freeze(goal), logical_action="work")
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        return () if state.fact(RECEIPT_FACT_PREFIX + "work") is not None else ("no receipt for work",)

@@ -28,6 +28,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
+from longrun.db import actions as ledger
 from longrun.db import pages, policies, retention, runs
 from longrun.db.errors import is_transient
 from longrun.db.schema import artifacts as artifacts_table
@@ -156,8 +157,10 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                 runs_table.c.run_id == stored.snapshot.run_id))).scalar()
             archived = await retention.archive_of(conn, stored.snapshot.run_id)
             next_timer = (await conn.execute(_NEXT_TIMER, {"r": stored.snapshot.run_id})).first()
+            calls = await ledger.for_run(conn, stored.snapshot.run_id)
         # An archived run's events and actions were pruned: the answer says where they went.
         return JSONResponse({"snapshot": stored.snapshot.to_dict(),
+                             "actions": [_call(row) for row in calls],
                              "lease": None if stored.lease_owner is None else {
                                  "owner": stored.lease_owner, "fencing_token": stored.fencing_token,
                                  "until": stored.lease_until.isoformat() if stored.lease_until else None},
@@ -387,3 +390,12 @@ async def _resolve(tx: PgTransaction, run_id: str, body: dict[str, Any], *, acto
     return await operate.resolve_action(tx, run_id, logical_action=str(body["logical_action"]),
                                         done=RESOLUTIONS[outcome], external_id=None if external_id is None
                                         else str(external_id), receipt=receipt, actor=actor, reason=reason)
+
+
+def _call(row: ledger.LedgerRow) -> dict[str, Any]:
+    """A ledger row as ``GET /runs/{id}`` shows it: the call, its status and attempts, and what its
+    heartbeats last reported (``progress``, recorded at ``heartbeat_at``)."""
+    return {"logical_action": row.logical_action, "tool": row.tool, "effect_kind": row.effect_kind,
+            "status": row.status, "attempts": row.attempts, "external_id": row.external_id,
+            "progress": row.progress,
+            "heartbeat_at": None if row.heartbeat_at is None else row.heartbeat_at.isoformat()}

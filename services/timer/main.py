@@ -27,6 +27,7 @@ from longrun.app import timers
 from longrun.authoring import Registry
 from longrun.bootstrap import open_database, watch
 from longrun.config import Settings
+from longrun.domain import RetryPolicy
 from longrun.db.errors import is_transient
 
 SERVICE = "timer"
@@ -40,17 +41,18 @@ logger = logging.getLogger(__name__)
 
 
 async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
-                    clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> None:
+                    clock: Callable[[], float] = time.time, kinds: Registry | None = None,
+                    retry: RetryPolicy = RetryPolicy()) -> None:
     async def drain() -> None:
         while not stopping.is_set() and await timers.fire_due(
-                engine, batch=batch, clock=clock, producer=SERVICE, kinds=kinds) == batch:
+                engine, batch=batch, clock=clock, producer=SERVICE, kinds=kinds, retry=retry) == batch:
             pass
 
     burst = False
     while not stopping.is_set():
         try:
             if burst or await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE,
-                                              kinds=kinds) == batch:
+                                              kinds=kinds, retry=retry) == batch:
                 # A lane that fails stops; the others finish the backlog, then the first error is handled.
                 failed = [r for r in await asyncio.gather(*(drain() for _ in range(LANES)), return_exceptions=True)
                           if r is not None]
@@ -87,7 +89,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     logger.info("firing timers in batches of %d", settings.timer_batch)
     try:
         await fire_loop(engine, batch=settings.timer_batch, stopping=stopping,
-                        clock=lambda: time.time() + settings.clock_skew, kinds=run_kinds.load(settings))
+                        clock=lambda: time.time() + settings.clock_skew, kinds=run_kinds.load(settings),
+                        retry=settings.retry_policy())
     finally:
         health.ready = False
         await engine.dispose()

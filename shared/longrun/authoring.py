@@ -5,13 +5,17 @@ deterministic ``decide(state, ctx)`` and an ``accept(state, evidence)`` (see
 ``longrun.domain.decisions.Workflow``), and declares tools. A tool has a name, a
 version, an argument schema, an effect kind (which decides recovery after a crash),
 ``execute(args, idempotency_key, fencing_token)``, ``lookup(idempotency_key)`` for
-reconciliation and, optionally, ``compensate(receipt)``. The runtime owns persistence,
-retries, leases, timers and recovery.
+reconciliation and, optionally, ``compensate(receipt)``, and its timeouts (``start_to_close``,
+``heartbeat_timeout``). A long call reports that it is alive, with its progress, by awaiting
+``heartbeat(details)`` from inside ``execute``. The runtime owns persistence, retries, leases,
+timers and recovery.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -49,10 +53,15 @@ class Tool:
     lookup: Lookup | None = None
     """Query the far side by idempotency key: a result if it acted, None if it did not."""
     compensate: Compensate | None = None
-    timeout: float = 30.0
-    """Seconds a live worker waits for a call's answer (start-to-close). Past it, a write's outcome is
-    UNKNOWN (never FAILED; the reconciler settles it), and a pure or read call, harmless to repeat,
-    is tried again under ``retry``."""
+    start_to_close: float = 30.0
+    """Seconds a call may take from its start to its answer. Past them the worker cancels it, and the
+    call's durable ``start_to_close`` timer acts for a worker that cannot (dead, frozen, or a call that
+    ignores cancellation): a write's outcome is UNKNOWN (never FAILED; the reconciler settles it), and
+    a pure or read call, harmless to repeat, is tried again under ``retry``."""
+    heartbeat_timeout: float | None = None
+    """Seconds a call may go without a ``heartbeat()``; past them it is given up on as past
+    ``start_to_close``. With it, even a pure or read call is on record before it runs, so a durable
+    ``heartbeat`` timer watches it. None: its heartbeats are not watched."""
     public_receipt: tuple[str, ...] = ()
     """Receipt fields a run's terminal event may show the outside world, beside the external id
     (always shown). Everything else in a receipt stays inside."""
@@ -67,6 +76,12 @@ class Tool:
     """What a call acts on, read from its validated arguments (e.g. ``lambda a: f"repo:{a['repo']}"``):
     the run's scope must allow it as well as the tool. None: the tool's calls are checked by name only."""
 
+    def __post_init__(self) -> None:
+        for name in ("start_to_close", "heartbeat_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"tool {self.name!r}: {name} must be seconds > 0, got {value!r}")
+
     @property
     def health_key(self) -> str:
         """The circuit breaker this tool's calls count in and wait for."""
@@ -77,6 +92,47 @@ class Tool:
             return self.args.model_validate(dict(args)).model_dump(mode="json")
         except ValidationError as e:
             raise ToolRejected(self.name, 400, f"arguments do not match the schema: {e}") from e
+
+
+PROGRESS_LIMIT = 16_384
+"""Bytes a heartbeat's details may take as JSON: they are kept on the action's ledger row."""
+
+
+class CallProgress(Protocol):
+    """The call a worker runs in this task: what ``heartbeat`` reports to."""
+
+    def beat(self, details: Mapping[str, Any] | None) -> None: ...
+
+
+CURRENT_CALL: ContextVar[CallProgress | None] = ContextVar("longrun_current_call", default=None)
+"""Set by the worker around a tool's ``execute``."""
+
+
+async def heartbeat(details: Mapping[str, Any] | None = None) -> None:
+    """Say, from inside a tool's ``execute``, that the call is alive, and how far it got (``details``,
+    a JSON object, e.g. ``{"done": 3, "of": 10}``; None keeps the last). It resets the call's
+    ``heartbeat_timeout``; the details are recorded on the action's ledger row, at most every third
+    of that timeout (the last ones always), and shown with the run's actions (``GET /runs/{id}``).
+    Progress is only a report: it never counts as the call's outcome.
+
+    Raises:
+        RuntimeError: called outside a tool call run by a worker.
+        ValueError: ``details`` is not a JSON object of at most ``PROGRESS_LIMIT`` bytes.
+    """
+    call = CURRENT_CALL.get()
+    if call is None:
+        raise RuntimeError("heartbeat() was called outside a tool call: only a tool's execute, run by a "
+                           "worker, may heartbeat")
+    if details is not None:
+        if not isinstance(details, Mapping):
+            raise ValueError(f"heartbeat details must be a JSON object (a mapping), got {type(details).__name__}")
+        try:
+            size = len(json.dumps(dict(details), allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"heartbeat details are not JSON: {e}") from e
+        if size > PROGRESS_LIMIT:
+            raise ValueError(f"heartbeat details take {size} bytes as JSON; at most {PROGRESS_LIMIT} are kept")
+    call.beat(details)
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,3 +163,16 @@ class ActionOutcomeUnknown(LongrunError):
         self.idempotency_key = idempotency_key
         self.cause = cause
         super().__init__(f"outcome of {tool} ({idempotency_key}) is unknown: {cause}")
+
+
+class CallTimedOut(TimeoutError):
+    """A tool call watched by its timeouts ran out of one: ``start_to_close`` (no answer within the
+    call's limit) or ``heartbeat`` (no heartbeat within it). A write's outcome is then UNKNOWN; a pure
+    or read call is tried again under its retry policy (``non_retryable_error_types`` may name
+    ``CallTimedOut`` or ``TimeoutError``)."""
+
+    def __init__(self, kind: str, seconds: float) -> None:
+        self.kind = kind
+        self.seconds = seconds
+        what = "no answer" if kind == "start_to_close" else "no heartbeat"
+        super().__init__(f"{kind}: {what} within {seconds:g}s")

@@ -4,7 +4,9 @@ Every service is its own process (``tests.harness``) against this session's Post
 database and RabbitMQ vhost; the forge/CI stand-in is a process too, and its
 ``/_control/effects`` is what the checker counts external effects with. Timeouts are short
 (run and partition leases of 3 s, reconciler sweeps every 0.5 s) so a crashed worker's run
-is taken over within seconds.
+is taken over within seconds. Tool calls' start-to-close (10 s) is longer than the lease, so a
+dead worker's write is recovered by its lease's expiry, not by the call's durable timer (rows of
+their own, ``test_call_timeouts.py``).
 
 ``finish()`` ends every scenario: the outbox drained (downstream saw every status change),
 then ``longrun.testing.invariants.check(engine, effects=forge_effects, settled=True)``.
@@ -67,7 +69,7 @@ class Scenario:
         self.ensemble = Ensemble(services, tmp)
         self.env = {**self.ensemble.env, "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL),
                     "LONGRUN_PARTITION_LEASE_TTL": str(LEASE_TTL), "LONGRUN_RECONCILE_INTERVAL": "0.5",
-                    "LONGRUN_TOOL_TIMEOUT": "3", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+                    "LONGRUN_TOOL_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
         self.approved: set[tuple[str, str]] = set()
 
     # -- processes ------------------------------------------------------------------------------------

@@ -92,7 +92,14 @@ async def test_a_run_whose_waits_ended_by_their_events_leaves_no_timer_to_fire_a
     by_webhook = {r.data["wait_id"] for r in await _rows(
         engine, "SELECT data FROM run_events WHERE run_id = :r AND type = 'run.woken' AND applied "
                 "AND data->>'reason' = 'event'", r=run_id)}
-    assert by_webhook and {t.payload["wait_id"] for t in found if t.cancelled_at is not None} >= by_webhook
+    assert by_webhook and {t.payload.get("wait_id") for t in found if t.cancelled_at is not None} >= by_webhook
+    # and every write the run made answered in time: each call's start_to_close timer, scheduled with its
+    # submission, was cancelled by its outcome's statement
+    writes = {r.logical_action for r in await _rows(
+        engine, "SELECT logical_action FROM actions WHERE run_id = :r AND effect_kind LIKE '%write'", r=run_id)}
+    call_timers = [t for t in found if t.kind == "start_to_close"]
+    assert writes and {t.payload["logical_action"] for t in call_timers} == writes
+    assert all(t.cancelled_at is not None and t.fired_at is None for t in call_timers), call_timers
     # and when they all come due, none fires: no late wake on the timeline
     assert await _make_due_and_fire(engine, run_id) == 0
     await asyncio.sleep(1.5)  # the running timer service polls too

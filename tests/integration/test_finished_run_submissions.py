@@ -73,7 +73,7 @@ def _kinds(found: ToolResult | None) -> tuple[Registry, list[str]]:
         asked.append(key)
         return found
 
-    tool = Tool(TOOL, "1", EffectKind.NON_IDEMPOTENT_WRITE, _Args, _never, lookup, timeout=2.0)
+    tool = Tool(TOOL, "1", EffectKind.NON_IDEMPOTENT_WRITE, _Args, _never, lookup, start_to_close=2.0)
     return Registry([RunKind("probe", VERSIONS, _NoDecisions(), {TOOL: tool})]), asked  # type: ignore[arg-type]
 
 

@@ -45,6 +45,7 @@ from longrun.domain import (
     Usage,
     Wait,
     WakeReason,
+    calls,
     event_to_dict,
     freeze,
 )
@@ -178,6 +179,8 @@ def _plain(value: Any) -> Any:
         return event_to_dict(value)
     if isinstance(value, timers.DueBatch):  # its ``now`` is each store's own clock
         return {"timers": _plain(value.timers), "heads": {k: _plain(v) for k, v in value.heads.items()}}
+    if isinstance(value, ledger.LedgerRow):  # its heartbeat's time is each store's own clock
+        return {**asdict(value), "heartbeat_at": value.heartbeat_at is not None}
     if isinstance(value, timers.DueTimer):
         return {"timer_key": value.timer_key, "run_id": value.run_id, "kind": value.kind, "payload": value.payload}
     if is_dataclass(value) and not isinstance(value, type):
@@ -391,9 +394,39 @@ async def a_write_carries_its_ledger_row_and_refuses_a_known_key(port: Port, see
                   attempt=_request(port, run_id, fence, hash_="b" * 64))
     await observe(port, seen, "worker.write_together", charged, fence, Rides(), attempt=request)
     await observe(port, seen, "ledger.get", request["idempotency_key"])
-    await observe(port, seen, "worker.resend", run_id, fence, 30, request)
-    await observe(port, seen, "worker.resend", run_id, Fence("w9", 9), 30, request)  # LeaseLost, nothing recorded
+    await observe(port, seen, "worker.resend", run_id, fence, 30, request, ())
+    await observe(port, seen, "worker.resend", run_id, Fence("w9", 9), 30, request, ())  # LeaseLost, nothing recorded
     await observe(port, seen, "ledger.get", request["idempotency_key"])
+
+
+async def a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_end_with_its_outcome(
+        port: Port, seen: list[Any]) -> None:
+    stored = await new_run(port, seen)
+    run_id = stored.snapshot.run_id
+    fence = await _taken(port, seen, stored, "w1")
+    stored = await observe(port, seen, "worker.load", run_id)
+    request = {**_request(port, run_id, fence), "effect_kind": EffectKind.IDEMPOTENT_WRITE.value}
+    watched = calls.call_timers(run_id, "step:0", token=fence.token, start_to_close=TTL, heartbeat_timeout=TTL)
+    planned = runs.plan(stored, [
+        ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+        ev.ActionPrepared(seq=3, at=1001.0, logical_action="step:0", tool="bench.echo", tool_version="1",
+                          effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=request["idempotency_key"],
+                          request_hash=request["request_hash"]),
+        ev.ActionSubmitted(seq=4, at=1001.0, logical_action="step:0")])
+    after = await observe(port, seen, "worker.write", planned, fence,
+                          Rides(action=ledger.first_row(**request), timers=watched))
+    # A heartbeat lands for its own attempt only, and moves its heartbeat timer past the start-to-close
+    for token in (fence.token, fence.token + 1):
+        await observe(port, seen, "worker.beat", request["idempotency_key"], token, {"done": token},
+                      timer_key=watched[1]["timer_key"], due_in=TTL * 10)
+    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    await port.sleep(TTL * 5)  # past start-to-close and its grace
+    await observe(port, seen, "timers.claim_due", limit=10)
+    # The outcome cancels both: nothing is due, not even once the heartbeat's would have been
+    answered = runs.plan(after, [ev.ActionConfirmed(seq=5, at=1002.0, logical_action="step:0")])
+    await observe(port, seen, "worker.write", answered, fence, Rides())
+    await port.sleep(TTL * 10)
+    await observe(port, seen, "timers.claim_due", limit=10)
 
 
 async def an_outcome_and_a_wait_commit_with_their_transition(port: Port, seen: list[Any]) -> None:
@@ -643,6 +676,7 @@ SCENARIOS: list[Scenario] = [
     a_wakeup_takes_the_lease_once,
     a_run_not_served_waits_for_a_worker_that_runs_it,
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
+    a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_end_with_its_outcome,
     an_outcome_and_a_wait_commit_with_their_transition,
     operators_decide_only_what_is_asked_by_whom_it_names,
     operators_migrate_a_run_only_to_a_version_that_takes_it_over,

@@ -87,7 +87,7 @@ Lookup = Callable[[str], Awaitable[ToolResult | None]]
 
 
 def _kinds(lookup: Lookup | None, effect: EffectKind = EffectKind.NON_IDEMPOTENT_WRITE) -> Registry:
-    tool = Tool(PR_TOOL, "1", effect, _PrArgs, _never_executed, lookup, timeout=2.0)
+    tool = Tool(PR_TOOL, "1", effect, _PrArgs, _never_executed, lookup, start_to_close=2.0)
     return Registry([RunKind("probe", VERSIONS, _NoDecisions(), {PR_TOOL: tool})])  # type: ignore[arg-type]
 
 
@@ -502,7 +502,7 @@ def _start_ensemble(ensemble: Ensemble, tmp: Path, *, worker_env: dict[str, str]
         services.append(("timer", "services.timer"))
     for name, module in services:
         ensemble.start(name, module, **common)
-    ensemble.start("worker", "services.worker", **common, **worker_env)
+    ensemble.start("worker", "services.worker", **{**common, **worker_env})
 
 
 async def _run_to_the_end(engine: AsyncEngine, ensemble: Ensemble, bus: Bus, *,
@@ -582,11 +582,13 @@ async def test_forge_times_out_after_creating_the_mr_and_the_reconciler_confirms
 async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_the_same_key(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the ensemble, with a worker that dies right before its 6th tool request: branch,
-    # commit:1, ci:1 (the forge fails the first CI run), commit:2, ci:2, then the merge request
+    # commit:1, ci:1 (the forge fails the first CI run), commit:2, ci:2, then the merge request;
+    # its calls' start-to-close is longer than its run lease, so the lease's expiry recovers the run
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
     await ensemble.configure_forge()
-    _start_ensemble(ensemble, tmp_path, worker_env={"LONGRUN_CRASH_POINTS": "worker.before_tool_request:6"})
+    _start_ensemble(ensemble, tmp_path, worker_env={"LONGRUN_CRASH_POINTS": "worker.before_tool_request:6",
+                                                    "LONGRUN_TOOL_TIMEOUT": "30"})
     crashing = services.started[-1]
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
 

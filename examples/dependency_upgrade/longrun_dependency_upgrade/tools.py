@@ -83,13 +83,13 @@ def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool
     write = EffectKind.IDEMPOTENT_WRITE
     # One far side: when the forge is down, every one of its tools waits for it to be healthy again.
     return {tool.name: tool for tool in (
-        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, timeout=timeout, far_side=FORGE,
-             resource=repository),
-        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, timeout=timeout, far_side=FORGE,
-             resource=repository),
-        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, timeout=timeout, far_side=FORGE,
+        Tool("forge.create_branch", "1", write, BranchArgs, create_branch, lookup, start_to_close=timeout,
+             far_side=FORGE, resource=repository),
+        Tool("forge.create_commit", "1", write, CommitArgs, create_commit, lookup, start_to_close=timeout,
+             far_side=FORGE, resource=repository),
+        Tool("forge.start_ci_run", "1", write, CiArgs, start_ci, lookup, start_to_close=timeout, far_side=FORGE,
              resource=repository),
         # Creating a merge request twice opens two: never blind-retried, reconciled by key.
         Tool("forge.create_merge_request", "1", EffectKind.NON_IDEMPOTENT_WRITE, MergeRequestArgs, create_mr,
-             lookup, timeout=timeout, public_receipt=("number", "url"), far_side=FORGE, resource=repository),
+             lookup, start_to_close=timeout, public_receipt=("number", "url"), far_side=FORGE, resource=repository),
     )}

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects, questions
+from longrun.app.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome, WorkerStore
 from longrun.app.tool_health import Breakers
 from longrun.app.worker_store import PgWorkerStore
@@ -68,6 +69,7 @@ from longrun.domain import (
     build_resume_context,
     cancel_end,
     compact,
+    effective_start_to_close,
     budget_needs,
     exhausted,
     refusal,
@@ -82,6 +84,7 @@ from longrun.domain import (
     to_plain,
     wait_for,
 )
+from longrun.domain import calls
 from longrun.domain import events as ev
 from longrun.domain.breaker import Admission, BreakerState, health_wait
 from longrun.envelope import Envelope
@@ -100,7 +103,9 @@ MODEL_CONTEXT_ITEMS = 40
 RECORDED_WITH_THE_ANSWER = frozenset({EffectKind.PURE, EffectKind.READ})
 """Effect kinds whose first call is recorded (prepared, submitted, charged, confirmed) in one
 transaction after it answered: calling them again after a crash is harmless by definition, so
-nothing has to be on record before the call. Writes keep the two-phase record."""
+nothing has to be on record before the call (and no durable timer watches it: a worker that dies
+mid-call lets its run lease expire, and the run is taken over and the call made again). Writes, and
+calls that declare ``heartbeat_timeout``, keep the two-phase record."""
 
 SCOPE_APPROVAL_PREFIX = "scope:"
 """The approval a call outside the run's scope waits for is ``scope:<logical_action>``."""
@@ -111,6 +116,13 @@ the step loop starts from it instead of reading the run again."""
 _CAUSE: ContextVar[str | None] = ContextVar("longrun_cause", default=None)
 """The event id of the wakeup a step loop answers (its task's own value): what its broadcasts
 name as their cause."""
+
+
+def start_to_close(tool: Tool, run: RunSnapshot) -> float:
+    """Seconds a call of ``tool`` for ``run`` may take, start to answer: what the worker watches and
+    the call's durable timer is due after. The run's cap (``RunTimeouts.start_to_close``) may shorten
+    the tool's limit, never lengthen it."""
+    return effective_start_to_close(tool.start_to_close, run)
 
 
 def _type_names(error: Exception) -> list[str]:
@@ -489,21 +501,30 @@ class Advancer:
         # same submission, charged when it was first made.
         ledger_row = (tool, name, key, args)
         pending: list[ev.RunEvent] = []
+        limit = start_to_close(tool, run)
+
+        def timers() -> tuple[dict[str, Any], ...]:
+            """A call on record before it runs is watched by durable timers, scheduled with that record."""
+            return calls.call_timers(run.run_id, name, token=fence.token, start_to_close=limit,
+                                     heartbeat_timeout=tool.heartbeat_timeout)
+
         if record is None or record.status is ActionStatus.RETRYABLE:
             events.append(self._event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
             events.append(self._event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
-            if record is None and tool.effect in RECORDED_WITH_THE_ANSWER:
+            if record is None and tool.effect in RECORDED_WITH_THE_ANSWER and tool.heartbeat_timeout is None:
                 pending = events
             else:
-                stored = await self._commit(stored, events, fence, ledger_row=ledger_row)
+                stored = await self._commit(stored, events, fence, ledger_row=ledger_row, timers=timers())
         else:
-            await self._resend(stored, fence, ledger_row)
+            await self._resend(stored, fence, ledger_row, timers())
         self.crash_point("worker.before_tool_request")
         try:
-            result = await asyncio.wait_for(_traced_call(tool, name, args, key, fence.token), timeout=tool.timeout)
+            result = await supervise(_traced_call(tool, name, args, key, fence.token),
+                                     self._watch(run, fence, tool, name, key, on_record=not pending),
+                                     start_to_close=limit, heartbeat_timeout=tool.heartbeat_timeout)
         except (ActionOutcomeUnknown, TimeoutError) as e:
             stored = await self._submitted(stored, pending, fence, ledger_row)
-            cause = str(e) or f"no answer within {tool.timeout}s"
+            cause = str(e) or type(e).__name__
             if tool.effect in RECORDED_WITH_THE_ANSWER:
                 # Asking a pure or read tool again changes nothing: no answer is retried, not reconciled.
                 return await self._unavailable(stored, fence, tool, name, key, e, probe=probe, cause=cause)
@@ -524,6 +545,22 @@ class Advancer:
         if pending:
             return await self._confirm_with_request(stored, pending, fence, ledger_row, result)
         return await self._confirm(stored, fence, tool, name, key, result)
+
+    def _watch(self, run: RunSnapshot, fence: Fence, tool: Tool, name: str, key: str, *,
+               on_record: bool) -> Call | Unrecorded:
+        """What the call's heartbeats report to: written to its ledger row (moving its heartbeat timer)
+        when it is on record, at most every third of its heartbeat timeout (or of start-to-close)."""
+        if not on_record:
+            return UNRECORDED
+        limit = tool.heartbeat_timeout or start_to_close(tool, run)
+        timer = (None if tool.heartbeat_timeout is None
+                 else calls.call_timer_key(run.run_id, name, fence.token, calls.HEARTBEAT))
+        due_in = limit + calls.grace(limit)
+
+        async def record(details: Mapping[str, Any] | None) -> bool:
+            return await self.store.beat(key, fence.token, details, timer_key=timer, due_in=due_in)
+
+        return Call(record=record, interval=limit / 3, refused=LeaseLost(run.run_id, fence.token))
 
     async def _wait_for_health(self, stored: StoredRun, fence: Fence, far_side: str, logical_action: str) -> None:
         """Not worth calling now: wait, uncharged, until ``far_side`` is healthy (or its probe is this run's)."""
@@ -718,8 +755,10 @@ class Advancer:
                       release: bool = False,
                       ledger_row: tuple[Tool, str, str, dict[str, Any]] | None = None,
                       answer: dict[str, Any] | None = None,
-                      artifact: Artifact | None = None) -> StoredRun:
-        """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``.
+                      artifact: Artifact | None = None,
+                      timers: Sequence[Mapping[str, Any]] = ()) -> StoredRun:
+        """``ledger_row`` is recorded SUBMITTED, or CONFIRMED with the ledger columns of its ``answer``;
+        ``timers`` (a call's) are scheduled in the same statement.
 
         The common step (events, a first ledger row, a broadcast) is one statement outside any
         transaction; an artifact, a ledger key used before, or a wait to schedule and match make it
@@ -729,6 +768,8 @@ class Advancer:
             return stored
         planned = runs.plan(stored, events, release_lease=release)
         rides = self._rides(stored, planned)
+        if timers:
+            rides = replace(rides, timers=timers)
         request = stored.unwritten_request  # a first call recorded among the unwritten events
         first = request is not None
         if ledger_row is not None:
@@ -755,11 +796,13 @@ class Advancer:
         self.crash_point("worker.after_commit")
         return after
 
-    async def _resend(self, stored: StoredRun, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]]) -> None:
+    async def _resend(self, stored: StoredRun, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],
+                      timers: Sequence[Mapping[str, Any]]) -> None:
         """The same submission sent again by a new lease holder: one more attempt on the ledger,
-        under the new fencing token; no event and no charge (it was charged when first made)."""
+        under the new fencing token, watched by its own timers; no event and no charge (it was
+        charged when first made)."""
         await self.store.resend(stored.snapshot.run_id, fence, self.lease_ttl,
-                                self._request(stored.snapshot.run_id, fence, ledger_row, None))
+                                self._request(stored.snapshot.run_id, fence, ledger_row, None), timers)
 
     @staticmethod
     def _request(run_id: str, fence: Fence, ledger_row: tuple[Tool, str, str, dict[str, Any]],

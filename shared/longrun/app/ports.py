@@ -88,9 +88,16 @@ class WorkerStore(Protocol):
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's current policy, read only to re-validate an approved call (not on the common step)."""
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
-        """The lease extended and one more attempt of a known request on the ledger; ``LeaseLost``
-        if the fence no longer holds."""
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+                     timers: Sequence[Mapping[str, Any]]) -> None:
+        """The lease extended and one more attempt of a known request on the ledger, watched by
+        ``timers`` (the action's earlier call timers cancelled); ``LeaseLost`` if the fence no longer holds."""
+
+    async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
+                   timer_key: str | None, due_in: float) -> bool:
+        """A call's heartbeat on its ledger row (``progress``, and when) with its heartbeat timer
+        ``timer_key`` moved to ``due_in`` seconds from now, in one statement; False, and nothing
+        written, unless the row is SUBMITTED under ``fencing_token``."""
 
 
 class LedgerKeyTaken(Exception):

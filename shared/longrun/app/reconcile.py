@@ -170,9 +170,9 @@ async def look_up(tool: Tool, idempotency_key: str, request: Mapping[str, Any]) 
     """Ask the far side what ``idempotency_key`` created and judge the answer against ``request``."""
     assert tool.lookup is not None
     try:
-        found = await asyncio.wait_for(tool.lookup(idempotency_key), timeout=tool.timeout)
+        found = await asyncio.wait_for(tool.lookup(idempotency_key), timeout=tool.start_to_close)
     except TimeoutError:
-        return Verdict(None, f"lookup unavailable: no answer within {tool.timeout}s")
+        return Verdict(None, f"lookup unavailable: no answer within {tool.start_to_close}s")
     except TransientError as e:
         return Verdict(None, f"lookup unavailable: {e}")
     except Exception as e:

@@ -213,7 +213,7 @@ async def _drift(tool: Tool, logical_action: str, key: str,
     """What drifted, and what the far side reported, or None (no drift, or the lookup failed)."""
     assert tool.lookup is not None
     try:
-        found = await asyncio.wait_for(tool.lookup(key), timeout=tool.timeout)
+        found = await asyncio.wait_for(tool.lookup(key), timeout=tool.start_to_close)
     except Exception as e:
         logger.info("drift check of %s skipped: lookup failed (%s: %s)", key, e.__class__.__name__, e)
         return None

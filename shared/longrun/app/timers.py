@@ -24,20 +24,26 @@ What each timer kind does (the kind names the timer; the payload identifies what
   scheduled by the write that queued it, ``db.runs``, and cancelled by the take that starts it):
   a run still READY at that exact revision, with no live lease, was never started by a worker; it
   ends TIMED_OUT.
-- ``start_to_close`` (payload ``{"fencing_token"}``: the attempt's lease): a run still
-  RUNNING under that token has overrun its attempt; the attempt is abandoned (RUNNING ->
-  READY, lease released, so the stuck worker is fenced out) and a worker is woken to retry
-  the step. ``heartbeat`` (same payload) does the same, but only once that lease has also
-  expired by database time (the worker stopped renewing it).
+- ``start_to_close`` and ``heartbeat`` (payload ``{"fencing_token", "logical_action", "limit"}``:
+  one tool call's attempt, ``domain.calls``): scheduled with the call's submission, cancelled by
+  its outcome; the heartbeat timer moves with each recorded heartbeat. One that fires while the
+  run is still RUNNING under that token with the action still SUBMITTED gives the attempt up
+  (``calls.abandon``): the lease is released, so the stuck or dead worker is fenced out, and the
+  effect follows the effect kind: a write's action becomes UNKNOWN (ledger row too) and the run
+  ACTION_UNKNOWN, for the reconciler; a pure or read call's becomes RETRYABLE and the run waits
+  for its retry (a ``retry_backoff`` timer scheduled here, under the tool's retry policy from
+  ``kinds``, else the default), or, retries exhausted, FAILED and the run READY for ``decide``.
 
 Every status change this module makes carries the timer kind as the prefix of its
-``reason`` (``"business_deadline: ..."``), so history says which timeout moved the run.
+``reason`` (``"business_deadline: ..."``), and a call's events their ``cause`` (``"heartbeat: no
+heartbeat within 2s (lease 3)"``), so history says which timeout moved the run.
 
 Closure: whatever ends a wait (a webhook, an approval, a cancel, one of its own timers) or
 finishes a run cancels, in the same statement, the timers it leaves without a purpose
 (``domain.closure.timers_to_cancel``; ``timers.cancelled_at``), and a cancelled timer is never
 claimed. A wake here ends its wait, so the wait's other timer is cancelled by the batch's write
-(``write_wakes``, ``runs.write_many``, or ``runs.write`` one by one) and the firing one marked fired.
+(``write_wakes`` or ``runs.write_many``) and the firing one marked fired. A call's outcome
+(an answer, or a call timer giving it up) cancels that call's timers the same way.
 
 Stale timers never raise and are always marked fired:
 - a wake for a wait that is no longer pending is what the domain calls *late*: ``runs.append``
@@ -73,8 +79,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+import random
+import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -83,20 +91,33 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
+from longrun.app.ports import LedgerOutcome
 from longrun.authoring import Registry
 from longrun.bus import topology
+from longrun.db import actions as ledger_rows
 from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
 from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
-from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason, on_business_deadline
+from longrun.domain import (
+    TERMINAL,
+    WAITING,
+    ActionRecord,
+    RetryPolicy,
+    Rng,
+    RunSnapshot,
+    RunStatus,
+    WakeReason,
+    calls,
+    on_business_deadline,
+)
 from longrun.domain import events as ev
 from longrun.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
 WAIT_TIMERS = frozenset({"retry_backoff", "sleep", "wait_deadline"})
-ATTEMPT_TIMERS = frozenset({"start_to_close", "heartbeat"})
+_RNG = random.Random()
 # What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
 _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_wake", "revision", "last_seq",
                         "terminal_reason"})
@@ -123,13 +144,15 @@ class Outcome(str, Enum):
 
 
 async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float],
-                   producer: str = "timer", kinds: Registry | None = None) -> int:
+                   producer: str = "timer", kinds: Registry | None = None, retry: RetryPolicy = RetryPolicy()) -> int:
     """Fire up to ``batch`` due timers in one transaction; returns how many were marked fired.
 
-    ``kinds``: the run kinds whose tools' public receipt fields a run ended here shows (none without)."""
+    ``kinds``: the run kinds whose tools' public receipt fields a run ended here shows (none without),
+    and whose tools' retry policies a timed-out pure or read call is retried under (``retry`` for a
+    tool that declares none, or that this build does not know)."""
     kinds = kinds or Registry()
     try:
-        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds,
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds, retry=retry,
                                  isolate=False)
     except Exception as e:
         if is_transient(e):
@@ -137,12 +160,12 @@ async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float
         # Savepoints cost two statements per timer, so they are paid only once a batch broke:
         # then the batch runs again timer by timer and only the broken timer waits.
         logger.warning("timer batch failed (%r); firing it again with one savepoint per timer", e)
-        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds,
+        return await _fire_batch(engine, batch=batch, clock=clock, producer=producer, kinds=kinds, retry=retry,
                                  isolate=True)
 
 
 async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], float], producer: str,
-                      kinds: Registry, isolate: bool) -> int:
+                      kinds: Registry, retry: RetryPolicy, isolate: bool) -> int:
     spans: dict[str, Any] = {}
     try:
         async with engine.begin() as conn:
@@ -157,11 +180,11 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
             ordered = sorted(due, key=lambda t: (t.run_id, t.wake_at))
             if isolate:
                 outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
-                                                              kinds=kinds, trace=traces[t.timer_key])
+                                                              kinds=kinds, retry=retry, trace=traces[t.timer_key])
                             for t in ordered}
             else:
                 outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
-                                               producer=producer, kinds=kinds, traces=traces)
+                                               producer=producer, kinds=kinds, retry=retry, traces=traces)
             faults.crash_point("timer.after_fire_before_mark")
             marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
             await timers.mark_fired(conn, marked)
@@ -193,7 +216,7 @@ def _traces(due: list[DueTimer], heads: dict[str, RunHead], spans: dict[str, Any
 
 
 async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
-                        now: datetime, producer: str, kinds: Registry,
+                        now: datetime, producer: str, kinds: Registry, retry: RetryPolicy,
                         traces: dict[str, str | None]) -> dict[str, Outcome]:
     """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
     per_run = Counter(t.run_id for t in ordered)
@@ -206,21 +229,19 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             full.append(timer)
         else:
             quick.append((timer, head, applies))
-    outcomes = (await _fire_together(conn, full, at=at, now=now, producer=producer, kinds=kinds,
-                                     traces=traces)).outcomes
+    domain = {"at": at, "now": now, "producer": producer, "kinds": kinds, "retry": retry, "traces": traces}
+    outcomes = (await _fire_together(conn, full, **domain)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
         template: WakeTemplate | None = _late_only(at)
     else:
-        planned = await _plan_together(conn, [sample[0]], at=at, now=now, producer=producer, kinds=kinds,
-                                       traces=traces)
+        planned = await _plan_together(conn, [sample[0]], **domain)
         template = await _learn(conn, planned, sample, traces[sample[0].timer_key])
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
             await _write_together(conn, planned)
-            rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], at=at, now=now,
-                                        producer=producer, kinds=kinds, traces=traces)
+            rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], **domain)
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
         return outcomes
@@ -311,44 +332,55 @@ class Fired:
     plans: list[runs.Planned]
     messages: dict[str, list[outbox.Message]]
     """Per run, its outbox messages."""
+    ledger: list[LedgerOutcome] = field(default_factory=list)
+    """Ledger rows of calls given up on."""
+    timers: list[dict[str, Any]] = field(default_factory=list)
+    """Timers to schedule (``timers.schedule``'s arguments): the retries of calls given up on."""
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry, traces: dict[str, str | None]) -> Fired:
+                         producer: str, kinds: Registry, retry: RetryPolicy,
+                         traces: dict[str, str | None]) -> Fired:
     """Timers through the domain, in a handful of statements: one locking read, one update, one insert each."""
-    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds, traces=traces)
+    fired = await _plan_together(conn, ordered, at=at, now=now, producer=producer, kinds=kinds, retry=retry,
+                                 traces=traces)
     await _write_together(conn, fired)
     return fired
 
 
 async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
-                         producer: str, kinds: Registry, traces: dict[str, str | None]) -> Fired:
+                         producer: str, kinds: Registry, retry: RetryPolicy,
+                         traces: dict[str, str | None]) -> Fired:
     if not ordered:
         return Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
-    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, traces=traces)
+    return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, retry=retry, traces=traces)
 
 
 def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, now: datetime, producer: str,
-               kinds: Registry, traces: Mapping[str, str | None] | None = None) -> Fired:
+               kinds: Registry, retry: RetryPolicy, rng: Rng | None = None,
+               traces: Mapping[str, str | None] | None = None) -> Fired:
     """What firing ``ordered`` (their runs as ``current``, locked) writes, through the domain: each
-    run's events in one plan, its wakeup and broadcast, and each timer's outcome. Pure.
-    ``traces``: per timer key, the traceparent the messages it causes carry (none without)."""
+    run's events in one plan, its wakeup and broadcast, the ledger rows and retry timers of calls
+    given up on, and each timer's outcome. Pure but for ``rng`` (a retry's jitter). ``now``: the
+    database's time (leases are judged by it); ``traces``: per timer key, the traceparent the
+    messages it causes carry (none without)."""
+    rng = rng or _RNG
     current = dict(current)
     first = dict(current)
     rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
     released: set[str] = set()
     woken_by: dict[str, DueTimer] = {}
     outcomes: dict[str, Outcome] = {}
+    ledger: list[LedgerOutcome] = []
     for timer in ordered:
         stored = current[timer.run_id]
-        event = _event(timer, stored, at=at, now=now)
-        if event is None:
+        firing = _firing(timer, stored, at=at, now=now, kinds=kinds, retry=retry, rng=rng)
+        if firing is None:
             outcomes[timer.timer_key] = Outcome.SKIPPED
             continue
-        release = isinstance(event, ev.RunStatusChanged)
         try:
-            planned = runs.plan(stored, [event], release_lease=release)
+            planned = runs.plan(stored, firing.events, release_lease=firing.release)
         except DomainError as e:
             with logs.bound(timer.run_id, stored.snapshot.tenant_id):
                 logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
@@ -357,41 +389,51 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
             continue
         current[timer.run_id] = planned.after
         rows.setdefault(timer.run_id, []).extend(planned.rows)
-        if release:
+        if firing.release:
             released.add(timer.run_id)
+        if firing.ledger is not None:
+            ledger.append(firing.ledger)
         applied = planned.after.snapshot.revision != stored.snapshot.revision
         if applied:
             woken_by[timer.run_id] = timer
         outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
     plans = [runs.Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
     messages: dict[str, list[outbox.Message]] = {}
+    waits: list[dict[str, Any]] = []
     # Each run's messages carry its own timer's trace (the one that woke it, else its last).
     run_traces = {t.run_id: (traces or {}).get(t.timer_key) for t in ordered}
     run_traces.update({r: (traces or {}).get(t.timer_key) for r, t in woken_by.items()})
     for p in plans:
         with otel.passing(run_traces.get(p.after.snapshot.run_id)):
-            _plan_messages(p, messages, woken_by, producer=producer, kinds=kinds)
-    return Fired(outcomes, plans, messages)
+            waits += _plan_messages(p, messages, woken_by, at=at, producer=producer, kinds=kinds)
+    return Fired(outcomes, plans, messages, ledger, waits)
 
 
 def _plan_messages(p: runs.Planned, messages: dict[str, list[outbox.Message]], woken_by: dict[str, DueTimer], *,
-                   producer: str, kinds: Registry) -> None:
-    """The wakeup and broadcast ``p`` sends, into ``messages``."""
-    sent = messages.setdefault(p.after.snapshot.run_id, [])
-    if p.after.snapshot.status in _WOKEN and p.after.snapshot.revision != p.before.snapshot.revision:
-        reason = f"timer:{woken_by[p.after.snapshot.run_id].kind}"
-        sent.append(effects.wake_message(p.after, reason=reason, producer=producer))
-    cause = woken_by.get(p.after.snapshot.run_id)
+                   at: float, producer: str, kinds: Registry) -> list[dict[str, Any]]:
+    """The wakeup and broadcast ``p`` sends, into ``messages``; the retry timer of a call given up on."""
     run = p.after.snapshot
+    sent = messages.setdefault(run.run_id, [])
+    cause = woken_by.get(run.run_id)
+    if run.status in _WOKEN and run.revision != p.before.snapshot.revision:
+        assert cause is not None
+        sent.append(effects.wake_message(p.after, reason=f"timer:{cause.kind}", producer=producer))
     broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
                                           public=kinds.public_receipts(run.kind, run.versions.workflow),
                                           cause=None if cause is None else _cause(cause))
     if broadcast is not None:
         sent.append(broadcast)
+    if cause is not None and cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
+        return effects.wait_timers(run, decided_at=at)  # a timed-out call's retry
+    return []
 
 
 async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
     await runs.write_many(conn, fired.plans)
+    for outcome in fired.ledger:
+        await ledger_rows.record(conn, outcome.key, outcome.status, **outcome.fields)
+    for timer in fired.timers:
+        await timers.schedule(conn, **timer)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
     await effects.notify_admission(conn, [p.after.snapshot.tenant_id for p in fired.plans
                                           if p.after.snapshot.status in TERMINAL])
@@ -404,12 +446,14 @@ async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
 
 
 async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime,
-                         producer: str, kinds: Registry, trace: str | None) -> Outcome:
+                         producer: str, kinds: Registry, retry: RetryPolicy, trace: str | None) -> Outcome:
     """One timer inside a savepoint, so a timer that cannot be handled does not hold up its batch."""
     try:
-        with logs.bound(timer.run_id, None), otel.passing(trace):
+        with logs.bound(timer.run_id, None):
             async with conn.begin_nested():
-                return await _fire(conn, timer, at=at, now=now, producer=producer, kinds=kinds)
+                fired = await _fire_together(conn, [timer], at=at, now=now, producer=producer, kinds=kinds,
+                                             retry=retry, traces={timer.timer_key: trace})
+                return fired.outcomes[timer.timer_key]
     except Exception as e:
         if is_transient(e):
             raise
@@ -418,33 +462,19 @@ async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, n
         return Outcome.FAILED
 
 
-async def _fire(conn: AsyncConnection, timer: DueTimer, *, at: float, now: datetime, producer: str,
-                kinds: Registry) -> Outcome:
-    stored = await runs.load(conn, timer.run_id, lock=True)
-    assert stored is not None, "timers.run_id references runs"
-    event = _event(timer, stored, at=at, now=now)
-    if event is None:
-        return Outcome.SKIPPED
-    # A run that leaves RUNNING or finishes here no longer belongs to the worker holding it.
-    release = isinstance(event, ev.RunStatusChanged)
-    try:
-        after = await runs.append(conn, stored, [event], release_lease=release)
-    except DomainError as e:
-        logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
-                       timer.kind, e)
-        return Outcome.SKIPPED
-    if after.snapshot.revision == stored.snapshot.revision:
-        return Outcome.LATE
-    if after.snapshot.status in _WOKEN:
-        await effects.wake(conn, after, reason=f"timer:{timer.kind}", producer=producer)
-    run = after.snapshot
-    await effects.broadcast(conn, stored.snapshot, after, producer=producer, cause=_cause(timer),
-                            public=kinds.public_receipts(run.kind, run.versions.workflow))
-    return Outcome.APPLIED
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """What one timer does to its run: its events, whether the run's lease is released with them, and
+    the ledger row of a call given up on."""
+
+    events: list[ev.RunEvent]
+    release: bool
+    ledger: LedgerOutcome | None = None
 
 
-def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> ev.RunEvent | None:
-    """The event ``timer`` stands for, or None when it no longer describes the run."""
+def _firing(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime, kinds: Registry, retry: RetryPolicy,
+            rng: Rng) -> Firing | None:
+    """What ``timer`` does, or None when it no longer describes the run."""
     run = stored.snapshot
     seq = stored.seq(1)
     if timer.kind in WAIT_TIMERS:
@@ -453,32 +483,47 @@ def _event(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime) -> e
             logger.warning("timer %s: payload %r names no wait to wake", timer.timer_key, timer.payload)
             return None
         # Late (stored, not applied) when this wait is no longer pending: evolve decides.
-        return ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))
+        return Firing([ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))], release=False)
     if run.status in TERMINAL:
         return None
     if timer.kind == "business_deadline":
+        # The worker holding the run keeps it and carries the cancel protocol out on its next write.
         verdict = on_business_deadline(run)
-        return ev.DeadlinePassed(seq=seq, at=at, reason=verdict.why) if verdict.cancel else None
+        return Firing([ev.DeadlinePassed(seq=seq, at=at, reason=verdict.why)], release=False) if verdict.cancel \
+            else None
+    # A run that leaves RUNNING or finishes here no longer belongs to the worker holding it.
     if timer.kind == "schedule_to_start":
         if run.status is not RunStatus.READY or run.revision != timer.payload.get("revision"):
             return None
         if stored.lease_owner is not None and stored.lease_until is not None and stored.lease_until > now:
             return None  # a worker took it (its move to RUNNING is written with its first step)
-        return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
-                                   reason="schedule_to_start: no worker started the run in time")
-    if timer.kind in ATTEMPT_TIMERS:
-        token = timer.payload.get("fencing_token")
-        if run.status is not RunStatus.RUNNING or stored.lease_owner is None or stored.fencing_token != token:
+        return Firing([ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
+                                           reason="schedule_to_start: no worker started the run in time")],
+                      release=True)
+    if timer.kind in calls.CALL_TIMERS:
+        name = timer.payload.get("logical_action")
+        record = run.action(name) if isinstance(name, str) else None
+        abandoned = calls.abandon(run, kind=timer.kind, payload=timer.payload,
+                                  lease_token=None if stored.lease_owner is None else stored.fencing_token,
+                                  seq=seq, at=at, policy=_call_retry(kinds, run, record, retry), rng=rng,
+                                  new_id=lambda: str(uuid.uuid4()))
+        if abandoned is None or record is None:
             return None
-        if timer.kind == "start_to_close":
-            why = f"start_to_close: attempt under lease {token} held by {stored.lease_owner} overran its limit"
-        elif stored.lease_until is not None and stored.lease_until > now:
-            return None  # the worker is still renewing its lease
-        else:
-            why = f"heartbeat: lease {token} held by {stored.lease_owner} expired"
-        return ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.READY, reason=why)
+        # The attempt is given up on: its lease goes with it, so the worker still holding it is fenced out.
+        return Firing(list(abandoned.events), release=True,
+                      ledger=LedgerOutcome(record.idempotency_key, abandoned.status, {"last_error": abandoned.error}))
     # A kind added to TIMER_KINDS but not handled here stays unfired (and logged) until it is.
     raise ValueError(f"timer {timer.timer_key}: no handling for kind {timer.kind!r}")
+
+
+def _call_retry(kinds: Registry, run: RunSnapshot, record: ActionRecord | None, default: RetryPolicy) -> RetryPolicy:
+    """The retry policy of the tool ``record`` was called with, as the worker would use it."""
+    try:
+        kind = kinds.get(run.kind, run.versions.workflow)
+    except LookupError:
+        return default
+    tool = kind.tools.get(record.tool) if record is not None else None
+    return tool.retry if tool is not None and tool.retry is not None else default
 
 
 def _log_batch(due: list[DueTimer], outcomes: dict[str, Outcome], fired_at: datetime) -> None:

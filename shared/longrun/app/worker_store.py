@@ -7,7 +7,7 @@ wait's timers and kept events — gets a transaction of the engine's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,6 +18,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
 from longrun.db import inbox, policies, runs
+from longrun.db import timers as timer_rows
 from longrun.db.driver import Pool
 from longrun.db.errors import is_unique_violation
 from longrun.db.runs import Fence, Planned, Rides, StoredRun
@@ -88,8 +89,19 @@ class PgWorkerStore:
         async with self.engine.connect() as conn:
             return await policies.load(conn, tenant_id)
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+                     timers: Sequence[Mapping[str, Any]]) -> None:
         async with self.engine.begin() as conn:
             if not await runs.extend_lease(conn, run_id, fence, ttl):
                 raise LeaseLost(run_id, fence.token)
             await ledger.prepare(conn, **attempt)
+            await timer_rows.cancel_calls(conn, run_id, attempt["logical_action"])
+            for timer in timers:
+                await timer_rows.schedule(conn, run_id=run_id, **timer)
+
+    async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
+                   timer_key: str | None, due_in: float) -> bool:
+        async with self.statements.connection() as conn:
+            return await ledger.beat(conn, idempotency_key, fencing_token=fencing_token,
+                                     progress=None if progress is None else dict(progress), timer_key=timer_key,
+                                     due_in=due_in)

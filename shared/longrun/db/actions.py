@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.db import driver, jsonb
 from longrun.db.schema import actions
 from longrun.domain import ActionStatus
 from longrun.errors import IdempotencyKeyReused
@@ -33,6 +35,9 @@ class LedgerRow:
     attempts: int
     external_id: str | None
     receipt: dict[str, Any] | None
+    progress: dict[str, Any] | None = None
+    """The details of the call's last recorded heartbeat."""
+    heartbeat_at: datetime | None = None
 
 
 # Built once (record: once per set of fields), so executing them hits SQLAlchemy's compiled cache.
@@ -49,7 +54,8 @@ def _record(fields: frozenset[str]) -> Any:
 
 def _row(r: Any) -> LedgerRow:
     return LedgerRow(r.action_id, r.run_id, r.logical_action, r.tool, r.effect_kind, r.idempotency_key,
-                     r.request_hash, r.request, r.status, r.attempts, r.external_id, r.receipt)
+                     r.request_hash, r.request, r.status, r.attempts, r.external_id, r.receipt, r.progress,
+                     r.heartbeat_at)
 
 
 def first_row(*, action_id: str, run_id: str, logical_action: str, tool: str, tool_version: str,
@@ -99,3 +105,22 @@ async def unresolved(conn: AsyncConnection, *, limit: int) -> list[LedgerRow]:
         select(actions).where(actions.c.status.in_([ActionStatus.UNKNOWN.value, ActionStatus.RECONCILING.value]))
         .order_by(actions.c.updated_at).limit(limit).with_for_update(skip_locked=True))
     return [_row(r) for r in rows]
+
+
+# A heartbeat lands only for the attempt that sent it (its fencing token, still SUBMITTED), and moves
+# that attempt's heartbeat timer (if it has one) in the same statement.
+_BEAT = driver.Statement(text(
+    "WITH beat AS (UPDATE actions SET progress = CAST(:progress AS jsonb), heartbeat_at = now() "
+    "  WHERE idempotency_key = :key AND fencing_token = :token AND status = 'SUBMITTED' RETURNING run_id), "
+    "moved AS (UPDATE timers SET wake_at = now() + make_interval(secs => CAST(:due_in AS float8)) FROM beat "
+    "  WHERE timers.timer_key = :timer_key AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL) "
+    "SELECT count(*) AS beats FROM beat"))
+
+
+async def beat(conn: driver.Connection, idempotency_key: str, *, fencing_token: int, progress: Any,
+               timer_key: str | None, due_in: float) -> bool:
+    """Record a call's heartbeat (its ``progress``) and move its heartbeat timer ``timer_key`` to
+    ``due_in`` seconds from now; False, and nothing written, when the attempt is no longer this one."""
+    row = await driver.one(conn, _BEAT, {"progress": jsonb.dumps(progress), "key": idempotency_key,
+                                         "token": fencing_token, "timer_key": timer_key, "due_in": due_in})
+    return bool(row.beats)

@@ -31,7 +31,16 @@ from longrun import metrics
 from longrun.db import admission, driver, inbox, jsonb, outbox
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
-from longrun.domain import WORKER_HAS_WORK, PinnedVersions, RunSnapshot, closure, evolve, is_late, queue_stint_starts
+from longrun.domain import (
+    WORKER_HAS_WORK,
+    PinnedVersions,
+    RunSnapshot,
+    calls,
+    closure,
+    evolve,
+    is_late,
+    queue_stint_starts,
+)
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 
@@ -106,6 +115,9 @@ class Rides:
     notices: Sequence[tuple[str, str]] = field(default=())
     """(channel, payload) to NOTIFY, delivered at commit."""
     handover: Handover | None = None
+    timers: Sequence[Mapping[str, Any]] = ()
+    """Timers to schedule (``timers.schedule``'s arguments without the run): a call's timeouts, due
+    from the statement's time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,20 +139,28 @@ class Handover:
 
 
 _EVENT_COLUMNS = "run_id, seq, event_id, type, data, applied, fencing_token, occurred_at"
-_ACTION_COLUMNS = tuple(c.name for c in actions.columns if c.name not in ("created_at", "updated_at"))
+_ACTION_COLUMNS = tuple(c.name for c in actions.columns
+                        if c.name not in ("created_at", "updated_at", "progress", "heartbeat_at"))
 
 
-# Closure: the open timers of the wait (or, with no wait named, of the run) a transition ended. A
-# timer the timer service holds is waited for (its batch commits in milliseconds), then cancelled
-# unless it fired meanwhile.
+# Closure: the open timers of the wait and of the calls a transition ended (or, with neither
+# named, of the run). A timer the timer service holds is waited for (its batch commits in
+# milliseconds), then cancelled unless it fired meanwhile.
+_ENDED = ("(CAST({every} AS boolean) OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
+          f"OR ({{t}}.kind IN ({sql_names(calls.CALL_TIMERS)}) AND {{t}}.payload ->> 'logical_action' IN "
+          "(SELECT jsonb_array_elements_text(CAST({calls} AS jsonb)))))")
 _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timers.run_id = moved.run_id "
-                  "AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL "
-                  "AND (CAST(:c_wait AS text) IS NULL OR timers.payload ->> 'wait_id' = CAST(:c_wait AS text))")
+                  "AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL AND "
+                  + _ENDED.format(t="timers", every=":c_all", wait=":c_wait", calls=":c_calls"))
+
+
+def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
+    return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
 
 
 @functools.cache
 def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
-           handover: bool, cancel: bool = False, queued: bool = False) -> driver.Statement:
+           handover: bool, cancel: bool = False, queued: bool = False, timed: bool = False) -> driver.Statement:
     """The transition statement for one shape of rides (built once per shape)."""
     guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
     if fenced:
@@ -169,6 +189,12 @@ def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices
         parts.append(f"cancelled AS ({_CANCEL_TIMERS})")
     if queued:
         parts.append(f"queued AS ({_queue_timer_sql('moved')})")
+    if timed:
+        parts.append("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+                     "SELECT t.timer_key, moved.run_id, t.kind, now() + make_interval(secs => t.delay), t.payload "
+                     "FROM moved, jsonb_to_recordset(CAST(:timers AS jsonb)) "
+                     "AS t(timer_key text, kind text, delay float8, payload jsonb) "
+                     "ON CONFLICT (timer_key) DO NOTHING)")
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
     counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for name, used in
                       (("told", notices), ("unfilled", handover)) if used)
@@ -483,6 +509,8 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         params["messages"] = outbox.rows_json(rides.messages)
     if rides.notices:
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
+    if rides.timers:
+        params["timers"] = jsonb.dumps([dict(t) for t in rides.timers])
     if rides.handover is not None:
         handover = rides.handover
         params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
@@ -491,13 +519,14 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
     cancel = closure.timers_to_cancel(stored.snapshot, planned.after.snapshot)
     if cancel is not None:
-        params["c_wait"] = cancel.wait_id
+        params.update(_cancelling(cancel))
     queued = queue_stint_starts(stored.snapshot, planned.after.snapshot)
     if queued:
         params.update(_queue_params(planned.after.snapshot))
     statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
                        messages=bool(rides.messages), notices=bool(rides.notices),
-                       handover=rides.handover is not None, cancel=cancel is not None, queued=queued)
+                       handover=rides.handover is not None, cancel=cancel is not None, queued=queued,
+                       timed=bool(rides.timers))
     if not (await driver.one(conn, statement, params)).moved:
         await _conflict(conn, stored, fence)
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
@@ -532,7 +561,8 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
     await conn.execute(_INSERT_EVENTS, [
         _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
-    ended = [{"run_id": p.before.snapshot.run_id, "wait_id": cancel.wait_id} for p in planned
+    ended = [{"run_id": p.before.snapshot.run_id, "every": cancel.everything, "wait_id": cancel.wait_id,
+              "calls": list(cancel.calls)} for p in planned
              if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
@@ -552,9 +582,10 @@ _QUEUE_ONE = driver.Statement(text(f"WITH one AS (SELECT CAST(:run_id AS text) A
 # replica fires it, and a wake for the ended wait is stored late.
 _CANCEL_ENDED = driver.Statement(text(
     "UPDATE timers SET cancelled_at = now() WHERE timer_key IN ("
-    "  SELECT t.timer_key FROM timers AS t, jsonb_to_recordset(CAST(:ended AS jsonb)) AS e(run_id text, wait_id text) "
+    "  SELECT t.timer_key FROM timers AS t, jsonb_to_recordset(CAST(:ended AS jsonb)) "
+    "  AS e(run_id text, every boolean, wait_id text, calls jsonb) "
     "  WHERE t.run_id = e.run_id AND t.fired_at IS NULL AND t.cancelled_at IS NULL "
-    "  AND (e.wait_id IS NULL OR t.payload ->> 'wait_id' = e.wait_id) FOR UPDATE OF t SKIP LOCKED)"))
+    f"  AND {_ENDED.format(t='t', every='e.every', wait='e.wait_id', calls='e.calls')} FOR UPDATE OF t SKIP LOCKED)"))
 
 
 async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | None) -> None:

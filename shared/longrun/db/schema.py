@@ -215,6 +215,9 @@ actions = Table(
     Column("receipt_ref", Text),
     Column("last_error", Text),
     Column("fencing_token", BigInteger, nullable=False),
+    # What a long call last reported of its progress (its heartbeats' details), and when.
+    Column("progress", JSONB),
+    Column("heartbeat_at", DateTime(timezone=True)),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     UniqueConstraint("run_id", "logical_action"),

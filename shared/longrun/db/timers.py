@@ -27,7 +27,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import driver, jsonb, outbox
-from longrun.db.schema import timers
+from longrun.db.schema import sql_names, timers
+from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
 
 
@@ -48,6 +49,16 @@ async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: 
     await conn.execute(insert(timers).values(
         timer_key=timer_key, run_id=run_id, kind=kind, wake_at=func.now() + timedelta(seconds=delay),
         payload=payload).on_conflict_do_nothing(index_elements=["timer_key"]))
+
+
+_CANCEL_CALLS = driver.Statement(text(
+    "UPDATE timers SET cancelled_at = now() WHERE run_id = :run_id AND fired_at IS NULL AND cancelled_at IS NULL "
+    f"AND kind IN ({sql_names(CALL_TIMERS)}) AND payload ->> 'logical_action' = :logical_action"))
+
+
+async def cancel_calls(conn: AsyncConnection, run_id: str, logical_action: str) -> None:
+    """Cancel the open call timers of ``logical_action``: an earlier attempt's, when it is sent again."""
+    await driver.execute(conn, _CANCEL_CALLS, {"run_id": run_id, "logical_action": logical_action})
 
 
 # clock_timestamp, not now(): the transaction may have started a while ago. The keys travel as one

@@ -2,8 +2,10 @@
 
 Responsibility (seed 004 section 8):
 - ``timers_to_cancel``: a transition that ends a wait cancels that wait's timers, one that
-  finishes the run cancels all of the run's timers; storage does it in the transition's own
-  statement, so no timer of an ended wait is left to fire.
+  settles a submitted action (its call answered, or its outcome was given up on) cancels that
+  call's timers (``domain.calls``), one that finishes the run cancels all of the run's timers;
+  storage does it in the transition's own statement, so no timer of an ended wait or call is
+  left to fire.
 - ``summarize``: the ``run.summary`` recorded with the transition that finishes a run: what
   it did (the actions that took effect, with their external ids), what it used (calls and
   cost), how long it took and how it ended.
@@ -31,16 +33,36 @@ class Cancel(NamedTuple):
     """Which of a run's open timers a transition cancels."""
 
     wait_id: str | None
-    """Only the timers of this wait; None: every timer of the run (it finished)."""
+    """The timers of this wait; None: no wait's, or, with no ``calls`` either, every timer of the
+    run (it finished)."""
+    calls: tuple[str, ...] = ()
+    """The call timers (``start_to_close``, ``heartbeat``) of these logical actions."""
+
+    @property
+    def everything(self) -> bool:
+        return self.wait_id is None and not self.calls
 
 
 def timers_to_cancel(before: RunSnapshot, after: RunSnapshot) -> Cancel | None:
     """The timers the move from ``before`` to ``after`` leaves without a purpose, or None."""
     if after.status in TERMINAL:
         return Cancel(None) if before.status not in TERMINAL else None
-    if before.wait is not None and (after.wait is None or after.wait.wait_id != before.wait.wait_id):
-        return Cancel(before.wait.wait_id)
-    return None
+    ended = before.wait is not None and (after.wait is None or after.wait.wait_id != before.wait.wait_id)
+    calls = _calls_ended(before, after)
+    if not ended and not calls:
+        return None
+    return Cancel(before.wait.wait_id if ended and before.wait is not None else None, calls)
+
+
+def _calls_ended(before: RunSnapshot, after: RunSnapshot) -> tuple[str, ...]:
+    """The actions submitted before and no longer after: their calls ended. An action keeps its place
+    in ``actions`` (a change replaces it there, a new one is appended: ``domain.ledger``), and one not
+    changed is the same object, so a step's long history costs an identity check per action."""
+    if before.actions is after.actions:
+        return ()
+    return tuple(was.logical_action for was, now in zip(before.actions, after.actions)
+                 if was is not now and was.status is ActionStatus.SUBMITTED
+                 and now.status is not ActionStatus.SUBMITTED)
 
 
 def finishes(before: RunSnapshot, after: RunSnapshot) -> bool:

@@ -27,6 +27,7 @@ from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX, Fence, Fo
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
+from longrun.domain.calls import CALL_TIMERS
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 
@@ -93,6 +94,8 @@ class ActionRow:
     receipt: Mapping[str, Any] | None = None
     receipt_ref: str | None = None
     last_error: str | None = None
+    progress: Mapping[str, Any] | None = None
+    heartbeat_at: float | None = None
     created: int = 0
     """Insertion order (``created_at`` in the database)."""
     updated: float = 0.0
@@ -101,7 +104,8 @@ class ActionRow:
     def ledger_row(self) -> LedgerRow:
         return LedgerRow(self.action_id, self.run_id, self.logical_action, self.tool, self.effect_kind,
                          self.idempotency_key, self.request_hash, dict(self.request), self.status, self.attempts,
-                         self.external_id, None if self.receipt is None else dict(self.receipt))
+                         self.external_id, None if self.receipt is None else dict(self.receipt),
+                         None if self.progress is None else dict(self.progress), _ts(self.heartbeat_at))
 
 
 _OUTCOME_COLUMNS = ("external_id", "receipt", "receipt_ref", "last_error")
@@ -135,6 +139,12 @@ class Write:
 
 def _ts(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def _ends(cancel: closure.Cancel, timer: TimerRow) -> bool:
+    """Whether ``cancel`` covers the open ``timer`` (``runs.write``'s closure)."""
+    return (cancel.everything or (cancel.wait_id is not None and timer.payload.get("wait_id") == cancel.wait_id)
+            or (timer.kind in CALL_TIMERS and timer.payload.get("logical_action") in cancel.calls))
 
 
 class MemoryStore:
@@ -244,7 +254,7 @@ class MemoryStore:
         cancel = closure.timers_to_cancel(planned.before.snapshot, after.snapshot)
         if cancel is not None:
             for key, timer in self.timers.items():
-                if timer.run_id == run_id and timer.open and cancel.wait_id in (None, timer.payload.get("wait_id")):
+                if timer.run_id == run_id and timer.open and _ends(cancel, timer):
                     self.timers[key] = replace(timer, cancelled_at=self.clock())
         self._queue(planned.before.snapshot, after.snapshot)
 
@@ -373,6 +383,18 @@ class MemoryStore:
         if row is not None:
             self.actions[idempotency_key] = replace(row, status=status.value, updated=self.clock(), **fields)
 
+    def beat(self, idempotency_key: str, *, fencing_token: int, progress: Mapping[str, Any] | None,
+             timer_key: str | None, due_in: float) -> bool:
+        """``ledger.beat``: the heartbeat of the attempt under ``fencing_token``, its timer moved."""
+        row = self.actions.get(idempotency_key)
+        if row is None or row.fencing_token != fencing_token or row.status != ActionStatus.SUBMITTED.value:
+            return False
+        self.actions[idempotency_key] = replace(row, progress=progress, heartbeat_at=self.clock())
+        timer = self.timers.get(timer_key) if timer_key is not None else None
+        if timer is not None and timer.open:
+            self.timers[timer.timer_key] = replace(timer, wake_at=self.clock() + due_in)
+        return True
+
     def get(self, idempotency_key: str) -> LedgerRow | None:
         row = self.actions.get(idempotency_key)
         return None if row is None else row.ledger_row()
@@ -397,6 +419,13 @@ class MemoryStore:
     def schedule(self, *, timer_key: str, run_id: str, kind: str, delay: float, payload: dict[str, Any]) -> None:
         if timer_key not in self.timers:
             self.timers[timer_key] = TimerRow(timer_key, run_id, kind, self.clock() + delay, dict(payload))
+
+    def cancel_calls(self, run_id: str, logical_action: str) -> None:
+        """``timers.cancel_calls``."""
+        for key, timer in self.timers.items():
+            if (timer.run_id == run_id and timer.open and timer.kind in CALL_TIMERS
+                    and timer.payload.get("logical_action") == logical_action):
+                self.timers[key] = replace(timer, cancelled_at=self.clock())
 
     def claim_due(self, *, limit: int) -> DueBatch | None:
         now = self.clock()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.app import webhooks
@@ -82,7 +82,7 @@ class MemoryWorkerStore:
         await checkpoint("write")
         with self.store.transaction():
             after = self.store.write(planned, fence=fence)
-            self._ride(rides)
+            self._ride(planned.before.snapshot.run_id, rides)
         return after
 
     async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
@@ -93,7 +93,7 @@ class MemoryWorkerStore:
             if artifact is not None:
                 self.world.artifacts[artifact.ref] = artifact.size
             after = self.store.write(planned, fence=fence)
-            self._ride(rides)
+            self._ride(planned.before.snapshot.run_id, rides)
             if attempt is not None:
                 self.store.prepare(**attempt)
             if outcome is not None:
@@ -107,14 +107,24 @@ class MemoryWorkerStore:
         await checkpoint("tenant policy")
         return self.world.policies.get(tenant_id)
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any]) -> None:
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+                     timers: Sequence[Mapping[str, Any]]) -> None:
         await checkpoint("resend")
         with self.store.transaction():
             if not self.store.extend_lease(run_id, fence, ttl):
                 raise LeaseLost(run_id, fence.token)
             self.store.prepare(**attempt)
+            self.store.cancel_calls(run_id, attempt["logical_action"])
+            for timer in timers:
+                self.store.schedule(run_id=run_id, **timer)
 
-    def _ride(self, rides: Rides) -> None:
+    async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
+                   timer_key: str | None, due_in: float) -> bool:
+        await checkpoint("heartbeat")
+        return self.store.beat(idempotency_key, fencing_token=fencing_token, progress=progress,
+                               timer_key=timer_key, due_in=due_in)
+
+    def _ride(self, run_id: str, rides: Rides) -> None:
         if rides.handover is not None:
             raise ValueError("the memory world keeps no tenant slots: build the Advancer without a handover")
         if rides.action is not None:
@@ -122,6 +132,8 @@ class MemoryWorkerStore:
                 self.store.insert_first(rides.action)
             except UniqueViolation as e:
                 raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
+        for timer in rides.timers:
+            self.store.schedule(run_id=run_id, **timer)
         self.world.send(rides.messages)
         # rides.notices wake admission in PostgreSQL; the memory world admits at creation.
 

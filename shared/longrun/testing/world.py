@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ from longrun.domain import (
     Fail,
     FrozenMap,
     PinnedVersions,
+    RetryPolicy,
     RunSnapshot,
     TenantPolicy,
     WaitForEvent,
@@ -206,7 +208,7 @@ def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind
         return far_side.lookup(key)
 
     # Far above any test's pace: a time-out here would be real time, not the test's clock.
-    return Tool(name, version, effect, args, execute, find if lookup else None, timeout=3600.0)
+    return Tool(name, version, effect, args, execute, find if lookup else None, start_to_close=3600.0)
 
 
 def on_far_side(kind: RunKind, far_side: FarSide) -> RunKind:
@@ -215,7 +217,7 @@ def on_far_side(kind: RunKind, far_side: FarSide) -> RunKind:
     tools = {}
     for name, tool in kind.tools.items():
         called = far_side_tool(far_side, name, tool.version, tool.effect, tool.args, lookup=tool.lookup is not None)
-        tools[name] = replace(tool, execute=called.execute, lookup=called.lookup, timeout=called.timeout)
+        tools[name] = replace(tool, execute=called.execute, lookup=called.lookup, start_to_close=called.start_to_close)
     return replace(kind, tools=tools)
 
 
@@ -310,8 +312,12 @@ class World:
             ordered = sorted(claimed.timers, key=lambda t: (t.run_id, t.wake_at))
             current = {t.run_id: self.store.load(t.run_id) for t in ordered}
             fired = timers.plan_batch(ordered, current, at=self.clock(), now=claimed.now,  # type: ignore[arg-type]
-                                      producer="timer", kinds=self.kinds)
+                                      producer="timer", kinds=self.kinds, retry=RetryPolicy(), rng=random.Random(0))
             self.store.write_many(fired.plans)
+            for outcome in fired.ledger:
+                self.store.record(outcome.key, outcome.status, **outcome.fields)
+            for timer in fired.timers:
+                self.store.schedule(**timer)
             self.send([m for sent in fired.messages.values() for m in sent])
             self.store.mark_fired(list(fired.outcomes))
         return len(fired.outcomes)

@@ -5,7 +5,7 @@ and the timer service sends such a run's wakes through the domain, which schedul
 timer. Adding a nullable column without a default rewrites nothing.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0021'
-down_revision = '0019'
+down_revision = '0020'
 branch_labels = None
 depends_on = None
 
