@@ -29,6 +29,7 @@ schemas: install
 	$(PY) -m longrun.envelope.export schemas
 	$(PY) -m longrun.bus.asyncapi schemas/asyncapi.yaml
 	$(PY) -m longrun.config_reference docs/configuration.md
+	$(PY) -m services.gateway.openapi schemas/openapi.json
 
 run: install migrate
 	$(PY) -m longrun_dependency_upgrade.demo
