@@ -4,7 +4,8 @@ errors each route answers, and the route table the gateway validates requests by
 
 Requests are checked here before anything is read or written: a body that is not a JSON object or
 lacks a required field is refused with 400, one whose fields have the wrong type or a value not
-allowed with 422; a query or path parameter outside its schema with 400. Text cannot hold the NUL
+allowed with 422; a query or path parameter outside its schema, or one the operation does not name,
+with 400. Text cannot hold the NUL
 character (U+0000), which PostgreSQL cannot store; such a request is refused the same way.
 """
 
@@ -31,8 +32,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Query(BaseModel):
-    """Query parameters: the ones not named are ignored."""
+class Query(Strict):
+    """Query parameters: one not named is refused (a misspelt filter would otherwise widen a search)."""
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -94,7 +95,8 @@ class PolicyChange(Strict):
 
 # --- queries --------------------------------------------------------------------------------------
 
-Limit = Annotated[int, Field(ge=1, le=pages.MAX_LIMIT, description=f"At most this many (default {pages.DEFAULT_LIMIT})."),
+Limit = Annotated[int, Field(ge=1, le=pages.MAX_LIMIT,
+                              description=f"At most this many (default {pages.DEFAULT_LIMIT})."),
                   BeforeValidator(pages.limit)]
 Cursor = Annotated[Text, Field(description="The ``next_cursor`` of the page before.")]
 DURATION = "seconds, or a number with s, m, h or d: 90s, 15m, 12h, 30d"
@@ -410,7 +412,8 @@ def body(model: type[M], raw: bytes) -> M:
 
 def query(model: type[M], params: Any) -> M:
     """The query string (a Starlette ``QueryParams``) as ``model``: lists for list fields, else the last value."""
-    lists = {name for name, field in model.model_fields.items() if getattr(field.annotation, "__origin__", None) is list}
+    lists = {name for name, field in model.model_fields.items()
+             if getattr(field.annotation, "__origin__", None) is list}
     data = {k: params.getlist(k) if k in lists else params[k] for k in params.keys()}
     try:
         return model.model_validate(data)
@@ -437,7 +440,7 @@ def _problem(err: Any) -> str:
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
     if err["type"] == "extra_forbidden":
-        return f"unknown field {where!r}"
+        return f"unknown parameter {where!r}"
     return f"{where}: {err['msg']}"
 
 
