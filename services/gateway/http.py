@@ -10,9 +10,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import exists, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -21,12 +21,12 @@ from starlette.routing import Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import run_kinds, webhook_providers
-from longrun.authoring import Registry
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
 from longrun.app.reconcile_alerts import ALERT_PREFIX
 from longrun.app.transaction import PgTransaction
+from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
@@ -111,11 +111,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         if name not in api.RUN_ACTIONS:
             return JSONResponse({"error": f"no operation {name!r} on a run; one of {', '.join(api.RUN_ACTIONS)}"},
                                 status_code=404)
-        try:
-            run_id = api.path_parameter("run_id", request.path_params["run_id"])
-            body = api.body(api.RUN_ACTIONS[name], await request.body())
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
+        body = api.body(api.RUN_ACTIONS[name], await request.body())
         try:
             async with engine.begin() as conn:
                 result = await _act(PgTransaction(conn), run_id, name, body, actor=actor, kinds=kinds)
@@ -134,10 +131,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     async def show(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            run_id = api.path_parameter("run_id", request.path_params["run_id"])
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
             if stored is None:
@@ -166,10 +160,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         (default 50, at most 500) and the ``next_cursor`` of the page before (None on the last page)."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            params = api.query(api.RunSearch, request.query_params)
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        params = api.query(api.RunSearch, request.query_params)
         query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
                        runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.awaiting_worker,
                        runs_table.c.idempotency_key, runs_table.c.created_at,
@@ -205,10 +196,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         ``action``, ``target``; ``/alerts`` is the part of it the reconciler raised (``alert.*``)."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            params = api.query(api.AuditSearch, request.query_params)
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        params = api.query(api.AuditSearch, request.query_params)
         query = select(audit_log)
         for column in ("actor", "action", "target"):
             if getattr(params, column):
@@ -238,21 +226,15 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     async def quarantined(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            params = api.query(api.QuarantineListing, request.query_params)
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        params = api.query(api.QuarantineListing, request.query_params)
         return JSONResponse(await quarantine_ops.list_entries(engine, include_replayed=params.all == "1"))
 
     async def replay(request: Request) -> Response:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
-            body = api.body(api.Replay, await request.body())
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
+        body = api.body(api.Replay, await request.body())
         try:
             result = await quarantine_ops.replay(engine, bus, entry_id, actor=actor, reason=body.reason,
                                                  replay_window=settings.quarantine_replay_window)
@@ -267,10 +249,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        try:
-            tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
+        tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
         if request.method == "GET":
             async with engine.connect() as conn:
                 policy = await policies.load(conn, tenant)
@@ -278,11 +257,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                 return JSONResponse({"error": f"tenant {tenant!r} has no policy: its runs may do what their "
                                               "kind allows"}, status_code=404)
             return JSONResponse(_policy_json(policy))
+        body = api.body(api.PolicyChange, await request.body())
         try:
-            body = api.body(api.PolicyChange, await request.body())
             scope = Scope(tuple(body.tools), tuple(body.resources))
-        except api.Invalid as e:
-            return JSONResponse(e.body(), status_code=e.status)
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         async with engine.begin() as conn:
@@ -313,7 +290,13 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/openapi.json", described, methods=["GET"]),
-    ], exception_handlers={HTTPException: _http_error})
+    ], exception_handlers={HTTPException: _http_error, api.Invalid: _invalid})
+
+
+async def _invalid(request: Request, e: Exception) -> Response:
+    """A request outside the contract (``services.gateway.api``), refused naming every problem."""
+    assert isinstance(e, api.Invalid)
+    return JSONResponse(e.body(), status_code=e.status)
 
 
 async def _http_error(request: Request, e: Exception) -> Response:
