@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API."""
+"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API, whose
+requests are checked against its contract (``services.gateway.api``, served at ``GET /openapi.json``)."""
 
 from __future__ import annotations
 
