@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API."""
+"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API, whose
+requests are checked against its contract (``services.gateway.api``, served at ``GET /openapi.json``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import exists, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,6 +28,7 @@ from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
 from longrun.app.reconcile_alerts import ALERT_PREFIX
 from longrun.app.transaction import PgTransaction
+from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
@@ -36,6 +40,7 @@ from longrun.db.schema import audit_log, run_labels
 from longrun.db.schema import runs as runs_table
 from longrun.domain import RunSnapshot, Scope, TenantPolicy, event_to_dict
 from longrun.errors import DomainError, LongrunError
+from services.gateway import api, openapi
 
 logger = logging.getLogger(__name__)
 
@@ -107,49 +112,33 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        body: dict[str, Any] = await request.json() if await request.body() else {}
-        reason = body.get("reason")
-        if not reason:
-            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
-        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        name = request.path_params["action"]
+        if name not in api.RUN_ACTIONS:
+            return JSONResponse({"error": f"no operation {name!r} on a run; one of {', '.join(api.RUN_ACTIONS)}"},
+                                status_code=404)
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
+        body = api.body(api.RUN_ACTIONS[name], await request.body())
         try:
             async with engine.begin() as conn:
-                tx = PgTransaction(conn)
-                if action in ("approve", "deny"):
-                    result = await operate.decide_approval(
-                        tx, run_id, approval_id=body["approval_id"], approved_hash=body["approved_hash"],
-                        approved=action == "approve", actor=actor, reason=reason)
-                elif action == "answer":
-                    result = await operate.answer(tx, run_id, question_id=str(body["question_id"]),
-                                                  answer=body["answer"], actor=actor, reason=reason)
-                elif action == "resolve":
-                    result = await _resolve(tx, run_id, body, actor=actor, reason=reason)
-                elif action == "terminate":
-                    result = await operate.terminate(tx, run_id, actor=actor, reason=reason, kinds=kinds)
-                elif action == "migrate":
-                    result = await operate.migrate(tx, run_id, to_version=str(body["to_version"]), actor=actor,
-                                                   reason=reason, kinds=kinds)
-                else:
-                    result = await _ACTIONS[action](tx, run_id, actor=actor, reason=reason)
+                result = await _act(PgTransaction(conn), run_id, name, body, actor=actor, kinds=kinds)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:
             return JSONResponse({"error": str(e)}, status_code=403)
         except operate.AnswerRefused as e:
             return JSONResponse({"error": str(e), "problems": e.problems}, status_code=422)
-        except (operate.ResolutionRefused, BadRequest) as e:
+        except operate.ResolutionRefused as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         except (DomainError, LongrunError) as e:
             return JSONResponse({"error": str(e)}, status_code=409)
-        except KeyError as e:
-            return JSONResponse({"error": f"missing field {e}"}, status_code=400)
         return JSONResponse(result)
 
     async def show(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
         async with engine.connect() as conn:
-            stored = await runs.load(conn, request.path_params["run_id"])
+            stored = await runs.load(conn, run_id)
             if stored is None:
                 return JSONResponse({"error": "no such run"}, status_code=404)
             history = await runs.history(conn, stored.snapshot.run_id)
@@ -178,9 +167,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        run_id, params = request.path_params["run_id"], request.query_params
-        if not params.get("name") or not params.get("reason"):
-            return JSONResponse({"error": "name and reason are required query parameters"}, status_code=400)
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
+        params = api.query(api.Attachment, request.query_params)
         data = await request.body()
         if not data or len(data) > settings.max_attachment_bytes:
             return JSONResponse({"error": f"an artifact is 1 to {settings.max_attachment_bytes} bytes "
@@ -190,8 +178,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         try:
             async with engine.begin() as conn:
                 result = await operate.attach_artifact(
-                    PgTransaction(conn), run_id, name=params["name"], content_hash=content_hash, size=len(data),
-                    media_type=media_type, actor=actor, reason=params["reason"])
+                    PgTransaction(conn), run_id, name=params.name, content_hash=content_hash, size=len(data),
+                    media_type=media_type, actor=actor, reason=params.reason)
                 await artifacts.register(conn, store, content_hash, size=len(data), media_type=media_type,
                                          run_id=run_id)
         except operate.RunNotFound as e:
@@ -204,7 +192,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         """An artifact of the run: one attached to it, or a receipt its actions refer to."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        run_id, content_hash = request.path_params["run_id"], request.path_params["content_hash"]
+        run_id = api.path_parameter("run_id", request.path_params["run_id"])
+        content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
             row = (await conn.execute(select(artifacts_table.c.media_type).where(
@@ -218,28 +207,26 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         (default 50, at most 500) and the ``next_cursor`` of the page before (None on the last page)."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        params = request.query_params
+        params = api.query(api.RunSearch, request.query_params)
         query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
                        runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.awaiting_worker,
                        runs_table.c.idempotency_key, runs_table.c.created_at,
                        runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
         for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
-            if params.get(column):
-                query = query.where(runs_table.c[column] == params[column])
-        for label in params.getlist("label"):
-            key, equals, value = label.partition("=")
-            if not equals or not key:
-                return JSONResponse({"error": f"label must be key=value, got {label!r}"}, status_code=400)
+            if getattr(params, column):
+                query = query.where(runs_table.c[column] == getattr(params, column))
+        for label in params.label:
+            key, _, value = label.partition("=")
             query = query.where(exists().where(run_labels.c.run_id == runs_table.c.run_id,
                                                run_labels.c.key == key, run_labels.c.value == value))
+        limit = params.limit or pages.DEFAULT_LIMIT
         try:
-            limit = pages.limit(params.get("limit"))
             # Age: created more than a duration ago (older_than), or unchanged for one (idle_for).
             for name, column in (("older_than", runs_table.c.created_at), ("idle_for", runs_table.c.updated_at)):
-                if params.get(name):
-                    query = query.where(pages.older_than(name, params[name], column))
-            if params.get("cursor"):
-                query = query.where(pages.after(params["cursor"], runs_table.c.created_at, runs_table.c.run_id))
+                if getattr(params, name):
+                    query = query.where(pages.older_than(name, getattr(params, name), column))
+            if params.cursor:
+                query = query.where(pages.after(params.cursor, runs_table.c.created_at, runs_table.c.run_id))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         async with engine.connect() as conn:
@@ -256,17 +243,17 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         ``action``, ``target``; ``/alerts`` is the part of it the reconciler raised (``alert.*``)."""
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        params = request.query_params
+        params = api.query(api.AuditSearch, request.query_params)
         query = select(audit_log)
         for column in ("actor", "action", "target"):
-            if params.get(column):
-                query = query.where(audit_log.c[column] == params[column])
+            if getattr(params, column):
+                query = query.where(audit_log.c[column] == getattr(params, column))
         if request.url.path == "/alerts":
             query = query.where(audit_log.c.action.startswith(ALERT_PREFIX))
+        limit = params.limit or pages.DEFAULT_LIMIT
         try:
-            limit = pages.limit(params.get("limit"))
-            if params.get("cursor"):
-                query = query.where(pages.after(params["cursor"], audit_log.c.at, audit_log.c.id))
+            if params.cursor:
+                query = query.where(pages.after(params.cursor, audit_log.c.at, audit_log.c.id))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         async with engine.connect() as conn:
@@ -286,19 +273,17 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
     async def quarantined(request: Request) -> Response:
         if operator(request) is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        return JSONResponse(await quarantine_ops.list_entries(
-            engine, include_replayed=request.query_params.get("all") == "1"))
+        params = api.query(api.QuarantineListing, request.query_params)
+        return JSONResponse(await quarantine_ops.list_entries(engine, include_replayed=params.all == "1"))
 
     async def replay(request: Request) -> Response:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        body: dict[str, Any] = await request.json() if await request.body() else {}
-        if not body.get("reason"):
-            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
+        entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
+        body = api.body(api.Replay, await request.body())
         try:
-            result = await quarantine_ops.replay(engine, bus, int(request.path_params["entry_id"]), actor=actor,
-                                                 reason=body["reason"],
+            result = await quarantine_ops.replay(engine, bus, entry_id, actor=actor, reason=body.reason,
                                                  replay_window=settings.quarantine_replay_window)
         except quarantine_ops.NotReplayable as e:
             return JSONResponse({"error": str(e)}, status_code=409)
@@ -311,7 +296,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         actor = operator(request)
         if actor is None:
             return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
-        tenant = request.path_params["tenant_id"]
+        tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
         if request.method == "GET":
             async with engine.connect() as conn:
                 policy = await policies.load(conn, tenant)
@@ -319,26 +304,24 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                 return JSONResponse({"error": f"tenant {tenant!r} has no policy: its runs may do what their "
                                               "kind allows"}, status_code=404)
             return JSONResponse(_policy_json(policy))
-        body: dict[str, Any] = await request.json() if await request.body() else {}
-        if not body.get("reason"):
-            return JSONResponse({"error": "a reason is required for every operator action"}, status_code=400)
+        body = api.body(api.PolicyChange, await request.body())
         try:
-            lists = {k: body[k] for k in ("tools", "resources")}
-            if not all(isinstance(v, list) and all(isinstance(p, str) for p in v) for v in lists.values()):
-                raise ValueError("tools and resources must be lists of patterns (strings)")
-            scope = Scope(tuple(lists["tools"]), tuple(lists["resources"]))
-        except KeyError as e:
-            return JSONResponse({"error": f"missing field {e}"}, status_code=400)
+            scope = Scope(tuple(body.tools), tuple(body.resources))
         except ValueError as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
+            return JSONResponse({"error": str(e)}, status_code=422)
         async with engine.begin() as conn:
             policy = await policies.put(conn, tenant, scope, by=actor)
-            await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body["reason"],
+            await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body.reason,
                                  details=_policy_json(policy))
         return JSONResponse(_policy_json(policy))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
+
+    contract = openapi.document()
+
+    async def described(request: Request) -> Response:
+        return JSONResponse(contract)
 
     ride = riding_out_database_restarts
     return Starlette(routes=[
@@ -352,10 +335,24 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/audit", ride(audit_trail), methods=["GET"]),
         Route("/alerts", ride(audit_trail), methods=["GET"]),
         Route("/quarantine", ride(quarantined), methods=["GET"]),
-        Route("/quarantine/{entry_id:int}/replay", ride(replay), methods=["POST"]),
+        Route("/quarantine/{entry_id}/replay", ride(replay), methods=["POST"]),
         Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
         Route("/healthz", healthz, methods=["GET"]),
-    ])
+        Route("/openapi.json", described, methods=["GET"]),
+    ], exception_handlers={HTTPException: _http_error, api.Invalid: _invalid})
+
+
+async def _invalid(request: Request, e: Exception) -> Response:
+    """A request outside the contract (``services.gateway.api``), refused naming every problem."""
+    assert isinstance(e, api.Invalid)
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _http_error(request: Request, e: Exception) -> Response:
+    """No route, or not this method on it: said in JSON like every other refusal."""
+    assert isinstance(e, HTTPException)
+    return JSONResponse({"error": f"{request.method} {request.url.path}: {e.detail}"}, status_code=e.status_code,
+                        headers=e.headers)
 
 
 def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
@@ -371,25 +368,30 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
 
 _NEXT_TIMER = text("SELECT kind, wake_at FROM timers WHERE run_id = :r AND fired_at IS NULL AND cancelled_at IS NULL "
                    "ORDER BY wake_at LIMIT 1")
-_ACTIONS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
-RESOLUTIONS = {"confirmed": True, "not_done": False}
-"""``POST /runs/{id}/resolve``'s ``outcome``: whether the action took effect on the far side."""
+_STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
 
 
-class BadRequest(ValueError):
-    """A request body whose fields have the wrong shape."""
-
-
-async def _resolve(tx: PgTransaction, run_id: str, body: dict[str, Any], *, actor: str, reason: str) -> dict[str, Any]:
-    outcome, receipt = body["outcome"], body.get("receipt")
-    if outcome not in RESOLUTIONS:
-        raise BadRequest(f"outcome must be one of {', '.join(RESOLUTIONS)}, not {outcome!r}")
-    if receipt is not None and not isinstance(receipt, dict):
-        raise BadRequest("receipt must be a JSON object")
-    external_id = body.get("external_id")
-    return await operate.resolve_action(tx, run_id, logical_action=str(body["logical_action"]),
-                                        done=RESOLUTIONS[outcome], external_id=None if external_id is None
-                                        else str(external_id), receipt=receipt, actor=actor, reason=reason)
+async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, actor: str,
+               kinds: Registry) -> dict[str, Any]:
+    """The operation ``name`` on a run, with its body as the contract took it."""
+    if isinstance(body, api.Decide):
+        return await operate.decide_approval(tx, run_id, approval_id=body.approval_id,
+                                             approved_hash=body.approved_hash, approved=name == "approve",
+                                             actor=actor, reason=body.reason)
+    if isinstance(body, api.Answer):
+        return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, actor=actor,
+                                    reason=body.reason)
+    if isinstance(body, api.Resolve):
+        return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
+                                            done=body.outcome == "confirmed", external_id=body.external_id,
+                                            receipt=body.receipt, actor=actor, reason=body.reason)
+    if isinstance(body, api.Migrate):
+        return await operate.migrate(tx, run_id, to_version=body.to_version, actor=actor, reason=body.reason,
+                                     kinds=kinds)
+    assert isinstance(body, api.Steer)
+    if name == "terminate":
+        return await operate.terminate(tx, run_id, actor=actor, reason=body.reason, kinds=kinds)
+    return await _STEERS[name](tx, run_id, actor=actor, reason=body.reason)
 
 
 def _call(row: ledger.LedgerRow) -> dict[str, Any]:

@@ -10,9 +10,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
 from longrun.bus import topology
+from longrun.db import actions as ledger
 from longrun.db import runs
 from longrun.db.runs import StoredRun
-from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
+from longrun.domain import (
+    ActionStatus,
+    EffectKind,
+    PinnedVersions,
+    RunStatus,
+    Usage,
+    Wait,
+    freeze,
+    idempotency_key,
+    request_hash,
+)
 from longrun.domain import events as ev
 from tests.fixtures import PARTITIONS
 
@@ -57,3 +68,53 @@ async def waiting_for_user(engine: AsyncEngine, *, approval_id: str, approved_ha
         return await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
             ev.WaitStarted(seq=stored.seq(2), at=now, status=RunStatus.WAITING_USER, wait=wait)])
+
+
+async def asking(engine: AsyncEngine, *, question_id: str, owner: str | None = None) -> StoredRun:
+    """A run waiting for the answer to ``question_id`` (an object with a ``module`` string)."""
+    stored = await created(engine)
+    now = time.time()
+    wait = Wait(wait_id=str(uuid.uuid4()), kind="question", deadline=now + 3600, owner=owner,
+                question_id=question_id, subject="which module?")
+    schema = {"type": "object", "properties": {"module": {"type": "string"}}, "required": ["module"]}
+    async with engine.begin() as conn:
+        return await runs.append(conn, stored, [
+            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
+            ev.QuestionOpened(seq=stored.seq(2), at=now, question_id=question_id, text="Which module?",
+                              answer_schema=freeze(schema)),
+            ev.WaitStarted(seq=stored.seq(3), at=now, status=RunStatus.WAITING_USER, wait=wait)])
+
+
+async def completed(engine: AsyncEngine) -> StoredRun:
+    stored = await created(engine)
+    now = time.time()
+    async with engine.begin() as conn:
+        return await runs.append(conn, stored, [
+            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
+            ev.RunCompleted(seq=stored.seq(2), at=now, evidence=freeze({"ok": True}))])
+
+
+async def action_unknown(engine: AsyncEngine, *, logical_action: str = "open_mr") -> StoredRun:
+    """A run parked in ACTION_UNKNOWN: its worker submitted ``logical_action`` and got no answer (the
+    ledger row UNKNOWN too)."""
+    stored = await created(engine)
+    now, run_id = time.time(), stored.snapshot.run_id
+    key = idempotency_key(run_id, logical_action, attempt_scope=1)
+    args = {"repo": "acme/payments", "title": "Upgrade p"}
+    digest = request_hash("forge.open_merge_request", "1", args=args)
+    async with engine.begin() as conn:
+        after = await runs.append(conn, stored, [
+            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
+            ev.ActionPrepared(seq=stored.seq(2), at=now, logical_action=logical_action,
+                              tool="forge.open_merge_request", tool_version="1",
+                              effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=key, request_hash=digest),
+            ev.ActionSubmitted(seq=stored.seq(3), at=now, logical_action=logical_action),
+            ev.ActionUnknown(seq=stored.seq(4), at=now, logical_action=logical_action, cause="no answer"),
+            ev.RunStatusChanged(seq=stored.seq(5), at=now, to=RunStatus.ACTION_UNKNOWN,
+                                reason=f"{logical_action}: outcome unknown")])
+        await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
+                             tool="forge.open_merge_request", tool_version="1",
+                             effect_kind=EffectKind.IDEMPOTENT_WRITE.value, idempotency_key=key, request_hash=digest,
+                             request=args, fencing_token=1)
+        await ledger.record(conn, key, ActionStatus.UNKNOWN)
+    return after

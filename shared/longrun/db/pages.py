@@ -19,6 +19,9 @@ from longrun.config import duration
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+MAX_AGE = timedelta(days=36500)
+"""The longest age a filter may name: a century, well inside what a timestamp can go back."""
+_BIGINT = range(-(2**63), 2**63)
 
 
 def limit(raw: str | None) -> int:
@@ -32,10 +35,13 @@ def limit(raw: str | None) -> int:
 def older_than(name: str, raw: str, column: Any) -> ColumnElement[bool]:
     """``column`` more than the duration ``raw`` (``90s``, ``15m``, ``12h``, ``30d``) before the database's now."""
     try:
-        seconds = duration(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a duration (seconds, or a number with s, m, h or d), got {raw!r}") from None
-    return column < func.now() - timedelta(seconds=seconds)
+        age = timedelta(seconds=duration(raw))
+    except (ValueError, OverflowError):
+        age = None
+    if age is None or age > MAX_AGE:
+        raise ValueError(f"{name} must be a duration (seconds, or a number with s, m, h or d) of at most "
+                         f"{MAX_AGE.days} days, got {raw!r}")
+    return column < func.now() - age
 
 
 def cursor(created_at: datetime, row_id: str | int) -> str:
@@ -47,6 +53,9 @@ def after(raw: str, created: Any, row_id: Any) -> ColumnElement[bool]:
     try:
         at, last = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
         moment = datetime.fromisoformat(at)
+        if type(last) is not row_id.type.python_type or (last not in _BIGINT if isinstance(last, int)
+                                                          else "\x00" in last):
+            raise TypeError(f"{last!r} is no row id")
     except (binascii.Error, ValueError, TypeError) as e:
         raise ValueError(f"cursor is not one this API gave out: {raw[:40]!r}") from e
     return tuple_(created, row_id) < tuple_(moment, last)

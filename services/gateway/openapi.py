@@ -1,0 +1,129 @@
+"""The operator API's OpenAPI 3.1 document, rendered from its route table (``services.gateway.api``).
+
+``python -m services.gateway.openapi schemas/openapi.json`` writes it (``make schemas``); the gateway
+serves the same document at ``GET /openapi.json``; a unit test fails when the committed file drifts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from longrun import __version__
+from services.gateway import api
+
+REF = "#/components/schemas/{model}"
+_DESCRIPTION = (
+    "Search, inspect and steer runs, read the audit log and the alerts, replay quarantined messages and set "
+    "tenants' policies. Every operation but /healthz needs a bearer token from LONGRUN_OPERATOR_TOKENS; the "
+    "X-Operator header names who acts, for the audit log and for approvals bound to an owner. Every action "
+    "takes a reason, which is audited.\n\n" + (api.__doc__ or "").split("\n\n", 1)[1].strip())
+
+
+def document() -> dict[str, Any]:
+    models = _models()
+    refs, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+    schemas = {name: schema for name, schema in sorted(defs["$defs"].items())}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in api.OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, refs)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "longrun operator API", "version": __version__, "description": _DESCRIPTION},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer",
+                                                  "description": "One of LONGRUN_OPERATOR_TOKENS."}},
+        },
+    }
+
+
+def render() -> str:
+    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
+
+
+def _models() -> list[type[BaseModel]]:
+    seen: list[type[BaseModel]] = [api.Error]
+    for op in api.OPERATIONS:
+        for model in (op.body, op.response):
+            if model is not None and model not in seen:
+                seen.append(model)
+    return seen
+
+
+def _ref(refs: dict[Any, Any], model: type[BaseModel]) -> dict[str, Any]:
+    return refs[(model, "validation")]  # type: ignore[no-any-return]
+
+
+def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
+    def json_content(model: type[BaseModel]) -> dict[str, Any]:
+        return {"application/json": {"schema": _ref(refs, model)}}
+
+    parameters = [_path_parameter(name) for name in re.findall(r"{(\w+)}", op.path)]
+    if op.query is not None:
+        parameters += _query_parameters(op.query)
+    if op.authenticated:
+        parameters.append({"name": "X-Operator", "in": "header", "required": False,
+                           "description": "Who acts (default: operator), for the audit log.",
+                           "schema": {"type": "string"}})
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    responses = {"200": {"description": "OK", "content": {"*/*": binary} if op.response is None
+                         else json_content(op.response)}}
+    for status in op.errors:
+        responses[str(status)] = {"description": HTTPStatus(status).phrase, "content": json_content(api.Error)}
+    operation: dict[str, Any] = {"operationId": op.name, "summary": op.summary, "responses": responses,
+                                 "security": [{"operatorToken": []}] if op.authenticated else []}
+    if op.body is not None:
+        operation["requestBody"] = {"required": True, "content": json_content(op.body)}
+    if op.raw_body:
+        operation["requestBody"] = {"required": True, "description": "The artifact's bytes; Content-Type: their "
+                                    "media type.", "content": {"application/octet-stream": binary}}
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+def _path_parameter(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": api.PATH_PARAMETERS[name].json_schema()}
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = model.model_json_schema()
+    parameters = []
+    for name, prop in schema["properties"].items():
+        prop = _without_null(prop)
+        description = prop.pop("description", None)
+        prop.pop("title", None)
+        prop.pop("default", None)
+        parameter = {"name": name, "in": "query", "required": False, "schema": prop}
+        if prop.get("type") == "array":
+            parameter.update(style="form", explode=True)
+        if description:
+            parameter["description"] = description
+        parameters.append(parameter)
+    return parameters
+
+
+def _without_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional query parameter is absent, never null: its schema without the null branch."""
+    options = [o for o in prop.get("anyOf", []) if o != {"type": "null"}]
+    if len(options) == 1:
+        return {**options[0], **{k: v for k, v in prop.items() if k != "anyOf"}}
+    return dict(prop)
+
+
+def main() -> None:
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas/openapi.json")
+    target.write_text(render())
+
+
+if __name__ == "__main__":
+    main()
