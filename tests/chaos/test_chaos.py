@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.testing.invariants import check
-from tests.chaos.chaos import SURE_OUTAGE_SECONDS, Chaos, Plan, patiently
+from tests.chaos.chaos import Chaos, Plan, patiently
 from tests.integration.ensemble import ROOT, Ensemble
 
 PLAN = Plan.from_env()
@@ -78,7 +78,6 @@ async def test_random_kills_leave_every_run_consistent(clean, engine, bus, servi
     assert not report.violations, f"{len(report.violations)} violation(s) ({replay}):\n  " + "\n  ".join(
         report.violations[:50])
     await patiently(lambda: _every_run_ended_as_its_story_says(engine, chaos.deadlines, replay))
-    assert figures["waits_for_tool_health"] > 0, f"the forge's {SURE_OUTAGE_SECONDS:.0f} s outage opened no breaker ({replay})"
 
 
 async def _settle(chaos: Chaos, deadline: float) -> list[tuple[str, str, str]]:
