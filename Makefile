@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench chaos
+.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench chaos test-ha
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ test-unit: install tools
 
 test-integration: install services tools
 	$(PY) -m pytest tests/integration
+
+# Replicated infrastructure of the tests' own (a PostgreSQL primary and synchronous standby),
+# faults over it (docs/deployment.md). Not part of `make test`; .ci/run runs it after.
+test-ha: install services
+	$(PY) -m pytest -m ha tests/ha
 
 # Not part of `make test`: ~12 minutes (BENCH_QUICK=1: ~3-5). Own database and vhost; see docs/cost-model.md.
 bench: install services

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -75,6 +76,14 @@ def services(infra: Infra, tmp_path_factory: pytest.TempPathFactory,
     if failed is not None and failed.failed:
         print(started.dump())
     started.stop_all()
+
+
+@pytest.fixture
+async def scenario(clean, infra, engine, bus, services, tmp_path) -> AsyncIterator[Any]:  # type: ignore[no-untyped-def]
+    """A fault scenario over the real ensemble (the fault matrix's rows, and the replicated ones)."""
+    from tests.fault.scenario import Scenario  # it uses this module's helpers
+
+    yield Scenario(services, infra, engine, bus, tmp_path)
 
 
 async def eventually(check, *, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]

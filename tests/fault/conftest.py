@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.fault.scenario import Scenario
 from tests.infra import ctl, start_broker, start_database
 
 
@@ -21,11 +20,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/fault/" in str(item.fspath).replace("\\", "/") and item.get_closest_marker("fault") is None:
             raise pytest.UsageError(f"{item.nodeid}: every fault-matrix test is marked pytest.mark.fault")
-
-
-@pytest.fixture
-async def scenario(clean, infra, engine, bus, services, tmp_path) -> AsyncIterator[Scenario]:  # type: ignore[no-untyped-def]
-    yield Scenario(services, infra, engine, bus, tmp_path)
 
 
 @pytest.fixture

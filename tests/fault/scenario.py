@@ -178,7 +178,7 @@ class Scenario:
             if approve and run.status is RunStatus.WAITING_USER:
                 await self.approve(run_id)
             if redeliver and run.status is RunStatus.WAITING_EVENT:
-                await self._redeliver_ci_result(stored)
+                await self.redeliver_ci_result(stored)
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(await self.explain(run_id, f"run is {run.status.value} after {timeout}s, "
                                                                 f"expected {'/'.join(s.value for s in statuses)}"))
@@ -188,7 +188,7 @@ class Scenario:
         """Approve whatever it asks and wait for a terminal status."""
         return await self.until(run_id, *TERMINAL, timeout=timeout, approve=True, redeliver=redeliver)
 
-    async def _redeliver_ci_result(self, stored: StoredRun) -> None:
+    async def redeliver_ci_result(self, stored: StoredRun) -> None:
         """What a provider with retries does: a CI result that finished a while ago and was not taken
         (the gateway answered an error, or was unreachable) is sent again, signed, under a stable id."""
         wait = stored.snapshot.wait

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import text
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from longrun.errors import InfrastructureUnreachable
@@ -19,6 +22,7 @@ START_HINT = (
     "start PostgreSQL (on Debian: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start) "
     "or point LONGRUN_DATABASE_URL at a running server"
 )
+_DIALECT = PGDialect_psycopg()
 
 
 def make_engine(url: str, *, pool_size: int = 10, idle_transaction_timeout: float | None = None) -> AsyncEngine:
@@ -41,8 +45,14 @@ async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 
 
 def psycopg_dsn(url: str) -> str:
-    """The libpq form of a SQLAlchemy URL, for psycopg's own connections (LISTEN)."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    """The libpq form of a SQLAlchemy URL, for psycopg's own connections (the statement pool, LISTEN).
+
+    Read as SQLAlchemy reads it, so a replicated database's address survives: several hosts
+    (``?host=a:5432&host=b:5432``) become libpq's host and port lists, and options such as
+    ``target_session_attrs=read-write`` pass through, letting every connection find the promoted
+    standby after a failover with no change of configuration."""
+    _, params = _DIALECT.create_connect_args(make_url(url))
+    return make_conninfo("", **params)
 
 
 async def check_reachable(engine: AsyncEngine) -> None:
