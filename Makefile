@@ -60,9 +60,11 @@ test-unit: install tools
 test-integration: install services tools
 	$(PY) -m pytest tests/integration
 
-# Replicated infrastructure of the tests' own (a PostgreSQL primary and synchronous standby),
-# faults over it (docs/deployment.md). Not part of `make test`; .ci/run runs it after.
+# Replicated infrastructure of the tests' own (a PostgreSQL primary and synchronous standby, a
+# three-node RabbitMQ cluster), faults over it (docs/deployment.md). Not part of `make test`;
+# .ci/run runs it after.
 test-ha: install services
+	bash infra/local/ensure-ha-tools.sh
 	$(PY) -m pytest -m ha tests/ha
 
 # Not part of `make test`: ~12 minutes (BENCH_QUICK=1: ~3-5). Own database and vhost; see docs/cost-model.md.

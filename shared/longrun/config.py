@@ -53,7 +53,9 @@ def _database_url(raw: str) -> str:
 
 
 def _amqp_url(raw: str) -> str:
-    if urlsplit(raw).scheme not in ("amqp", "amqps"):
+    scheme, sep, rest = raw.partition("://")
+    hosts = rest.partition("/")[0].rpartition("@")[2]
+    if not sep or scheme not in ("amqp", "amqps") or not all(h.strip() for h in hosts.split(",")):
         raise ValueError
     return raw
 
@@ -189,7 +191,7 @@ class Settings:
     database_url: str
     """PostgreSQL URL (SQLAlchemy form, psycopg 3 driver)."""
     amqp_url: str
-    """RabbitMQ URL."""
+    """RabbitMQ URL; a cluster's nodes as ``host1:port,host2:port`` in its host part."""
     instance_id: str
     """Names this replica in leases, logs and audit rows."""
     partitions: int
@@ -405,7 +407,9 @@ _DURATION = "a duration: seconds, or a number with a unit s, m, h or d (e.g. 30d
 _SPEC: dict[str, _Var] = {
     "database_url": _var("LONGRUN_DATABASE_URL", _database_url,
                          "a postgresql:// or postgresql+psycopg:// URL", DEFAULT_DATABASE_URL),
-    "amqp_url": _var("LONGRUN_AMQP_URL", _amqp_url, "an amqp:// or amqps:// URL", DEFAULT_AMQP_URL),
+    "amqp_url": _var("LONGRUN_AMQP_URL", _amqp_url,
+                     "an amqp:// or amqps:// URL (a cluster: amqp://user:pass@node1:5672,node2:5672/vhost)",
+                     DEFAULT_AMQP_URL),
     "instance_id": _var("LONGRUN_INSTANCE_ID", _text, "a non-empty name",
                         f"{socket.gethostname()}-{os.getpid()}"),
     "partitions": _var("LONGRUN_PARTITIONS", _positive_int, "an integer >= 1", "8"),

@@ -77,3 +77,27 @@ async def test_a_round_whose_channel_the_broker_closes_fails_every_message_and_r
     assert not bus.connected
     await bus.ensure_connected()
     assert await bus.publish_many([("longrun.events", "run.event", _message(b"again"))]) == [None]
+
+
+async def test_a_nacked_publish_is_reported_and_the_publishing_channel_replaced(infra: Infra, bus: Bus) -> None:
+    # Given a queue that refuses what exceeds one message (the broker nacks the publish)
+    name = f"tests.nack.{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect(infra.amqp_url)
+    channel = await connection.channel()
+    queue = await channel.declare_queue(name, exclusive=True, arguments={"x-max-length": 1,
+                                                                        "x-overflow": "reject-publish"})
+    try:
+        before = bus._publish_channel  # noqa: SLF001 - which channel publishes is what is asserted
+        # When two messages go to it in one round
+        results = await bus.publish_many([("", name, _message(b"kept")), ("", name, _message(b"refused"))])
+        # Then the first is confirmed, the second reported unconfirmed (its publisher sends it again),
+        # and the channel that nacked is replaced while the connection stays
+        assert results[0] is None
+        assert isinstance(results[1], BusUnavailable)
+        assert bus.connected and bus._publish_channel is not before  # noqa: SLF001
+        assert before is not None and before.is_closed
+        # and once there is room the same message is confirmed on the new channel
+        await _drain(queue, 1)
+        assert await bus.publish_many([("", name, _message(b"refused"))]) == [None]
+    finally:
+        await connection.close()

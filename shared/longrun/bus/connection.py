@@ -38,14 +38,33 @@ CONNECTION_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyn
 CONFIGURATION_ERRORS = (aiormq.exceptions.ChannelPreconditionFailed, aiormq.exceptions.ChannelAccessRefused)
 
 
+def node_urls(url: str) -> list[str]:
+    """One URL per node of ``amqp://user:pass@host1:5672,host2:5672/vhost``: a cluster's nodes in
+    one address, the credentials, vhost and options shared. A single host gives itself."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("amqp", "amqps"):
+        raise ValueError(f"expected an amqp:// or amqps:// URL, got {_redact(url)!r}")
+    authority, slash, tail = rest.partition("/")
+    credentials, at, hosts = authority.rpartition("@")
+    nodes = [h.strip() for h in hosts.split(",")]
+    if not all(nodes):
+        raise ValueError(f"a node's host is empty in {_redact(url)!r}")
+    return [f"{scheme}://{credentials}{at}{host}{slash}{tail}" for host in nodes]
+
+
 class Bus:
     def __init__(self, url: str, *, topology: Topology, name: str, heartbeat: int = 10) -> None:
+        """``url`` may name several nodes of a cluster (``node_urls``): a connection goes to the one
+        that answers, starting with the last that did."""
         self.url = url
+        self.nodes = node_urls(url)
+        self._node = 0
         self.heartbeat = heartbeat
         self.topology = topology
         self.name = name
         self.connection: AbstractConnection | None = None
         self._publish_channel: AbstractChannel | None = None
+        self._reopening = asyncio.Lock()
         self.lost = asyncio.Event()
 
     @property
@@ -70,10 +89,7 @@ class Bus:
                 f"To fix: {START_HINT}") from e
 
     async def _open(self) -> None:
-        # A short heartbeat lets the broker drop a frozen replica's connection, so
-        # single-active-consumer hands its partitions to a live one.
-        connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.name},
-                                            timeout=10, heartbeat=self.heartbeat)
+        connection = await self._connect_to_a_node()
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await declare(channel, self.topology)
@@ -86,6 +102,29 @@ class Bus:
         connection.close_callbacks.add(self._on_close)
         self.connection, self._publish_channel = connection, channel
         self.lost.clear()
+
+    async def _connect_to_a_node(self) -> AbstractConnection:
+        """The first node that accepts, in order from the last one that did; a dead or paused node
+        (a minority's nodes close their listeners) refuses at once, so this costs little."""
+        error: BaseException | None = None
+        for offset in range(len(self.nodes)):
+            index = (self._node + offset) % len(self.nodes)
+            try:
+                # A short heartbeat lets the broker drop a frozen replica's connection, so
+                # single-active-consumer hands its partitions to a live one.
+                connection = await aio_pika.connect(
+                    self.nodes[index], client_properties={"connection_name": self.name},
+                    timeout=10 if len(self.nodes) == 1 else 5, heartbeat=self.heartbeat)
+            except (*CONNECTION_ERRORS, RuntimeError) as e:
+                error = e
+                continue
+            if index != self._node:
+                logger.warning("connected to RabbitMQ node %d of %d: %s", index + 1, len(self.nodes),
+                               _redact(self.nodes[index]))
+            self._node = index
+            return connection
+        assert error is not None
+        raise error
 
     async def ensure_connected(self) -> None:
         """Reconnect with jittered backoff until the broker answers."""
@@ -133,9 +172,33 @@ class Bus:
             await asyncio.wait(confirmations, timeout=PUBLISH_TIMEOUT)
             results = [_result(c, exchange, routing_key) for c, (exchange, routing_key, _) in zip(
                 confirmations, items, strict=True)]
+            if any(_nacked(c) for c in confirmations):
+                await self._reopen_publish_channel(channel)
         if any(isinstance(r, BusUnavailable) for r in results) and not self.connected:
             self.lost.set()
         return results
+
+    async def _reopen_publish_channel(self, nacking: aiormq.abc.AbstractChannel) -> None:
+        """RabbitMQ 3.10 can nack every publish, indefinitely, on a channel opened while a quorum
+        queue's leader was failing over, while a fresh channel works: after a nack the channel is
+        replaced (once, however many publishers saw it nack). The nacked messages were reported
+        unconfirmed; their publishers send them again."""
+        async with self._reopening:
+            current = self._publish_channel
+            if current is None or self.connection is None or await current.get_underlay_channel() is not nacking:
+                return
+            logger.warning("RabbitMQ nacked a publish: replacing the publishing channel")
+            try:
+                self._publish_channel = await self.connection.channel(publisher_confirms=True,
+                                                                      on_return_raises=True)
+            except (*CONNECTION_ERRORS, RuntimeError) as e:
+                logger.warning("replacing the publishing channel failed: %r", e)
+                self.lost.set()
+                return
+            try:
+                await asyncio.wait_for(current.close(), timeout=2)
+            except (*CONNECTION_ERRORS, RuntimeError) as e:
+                logger.debug("closing the nacking channel: %r", e)
 
     async def _discard(self) -> None:
         """Forget a broken connection (best effort: the broker may already have dropped it)."""
@@ -210,6 +273,14 @@ async def _send_together(channel: aiormq.abc.AbstractChannel,
 def _forget(channel: aiormq.abc.AbstractChannel, message_id: str, tag: int, _: asyncio.Future[Any]) -> None:
     if channel.message_id_delivery_tag.get(message_id) == tag:
         channel.message_id_delivery_tag.pop(message_id)
+
+
+def _nacked(confirmation: asyncio.Future[Any]) -> bool:
+    """The broker refused the message (a return, for an unroutable one, is not a nack)."""
+    if not confirmation.done() or confirmation.cancelled():
+        return False
+    error = confirmation.exception()
+    return isinstance(error, aiormq.exceptions.DeliveryError) and not isinstance(error, aiormq.exceptions.PublishError)
 
 
 def _result(confirmation: asyncio.Future[Any], exchange: str, routing_key: str) -> BaseException | None:

@@ -36,7 +36,8 @@ def test_every_bad_value_is_reported_together_naming_the_variable_and_what_was_e
     problems = dict(caught.value.problems)
     assert problems == {
         "LONGRUN_PARTITIONS": "got 'zero'; expected an integer >= 1",
-        "LONGRUN_AMQP_URL": "got 'http://x'; expected an amqp:// or amqps:// URL",
+        "LONGRUN_AMQP_URL": "got 'http://x'; expected an amqp:// or amqps:// URL "
+                            "(a cluster: amqp://user:pass@node1:5672,node2:5672/vhost)",
         "LONGRUN_HEALTH_PORT": "got '70000'; expected a port 0-65535 (0 = off)",
         "LONGRUN_LOG_LEVEL": "got 'LOUD'; expected one of DEBUG, INFO, WARNING, ERROR",
     }

@@ -15,60 +15,19 @@ depends on the multi-host address, not on luck.
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from longrun.bus import topology
-from longrun.domain import RunStatus
-from longrun.envelope import make
 from tests.fault.scenario import EVERYTHING, Scenario
+from tests.ha.load import NOMINAL, all_completed, steady
 from tests.ha.pg_pair import PgPair
-from tests.integration.ensemble import goal
 
 pytestmark = [pytest.mark.ha, pytest.mark.fault, pytest.mark.integration]
 
-NOMINAL = {"branch": 1, "commit": 2, "ci_run": 2, "merge_request": 1}
 BEFORE, AFTER = 6, 6
 """Runs created before the primary dies and after the standby is promoted."""
 OUTAGE = 1.5
 """Seconds between the primary's death and the promotion (an operator's or a failover manager's)."""
-
-
-async def _create(scenario: Scenario) -> str:
-    """Publish run.create with confirms, as a producer does; the idempotency key it can find its run by."""
-    key = f"ha-{uuid.uuid4().hex[:10]}"
-    envelope = make("run.create", {"workflow": "dependency_upgrade", "idempotency_key": key, "priority": 5,
-                                   "input": goal(key[-8:])}, producer="ha-tests", tenant_id="acme")
-    await scenario.publish(topology.INGRESS_EXCHANGE, "run.create", envelope)
-    return key
-
-
-async def _steady(scenario: Scenario, count: int, keys: list[str]) -> None:
-    for _ in range(count):
-        keys.append(await _create(scenario))
-        await asyncio.sleep(0.3)
-
-
-async def _all_completed(scenario: Scenario, keys: list[str], timeout: float) -> tuple[bool, dict[str, str]]:
-    """Drive every run to its end (approving what asks, redelivering CI results) until ``timeout``; whether all completed, and
-    each key's last status (``missing``: the create has no run)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    statuses: dict[str, str] = {}
-    while asyncio.get_running_loop().time() < deadline:
-        rows = await scenario.rows("SELECT idempotency_key, run_id, status FROM runs WHERE tenant_id = 'acme'")
-        found = {r.idempotency_key: (r.run_id, r.status) for r in rows}
-        statuses = {k: found[k][1] if k in found else "missing" for k in keys}
-        if all(s == RunStatus.COMPLETED.value for s in statuses.values()):
-            return True, statuses
-        for key, (run_id, status) in found.items():
-            if status == RunStatus.WAITING_USER.value and key in keys:
-                await scenario.approve(run_id)
-            if status == RunStatus.WAITING_EVENT.value and key in keys:
-                # A CI result the gateway answered 503 during the outage is sent again, as providers do.
-                await scenario.redeliver_ci_result(await scenario.stored(run_id))
-        await asyncio.sleep(0.3)
-    return False, statuses
 
 
 @pytest.mark.parametrize("multi_host", [True, False], ids=["multi-host address", "primary's address alone"])
@@ -78,13 +37,13 @@ async def test_the_primary_killed_and_the_standby_promoted_loses_nothing(
     address = {} if multi_host else {"LONGRUN_DATABASE_URL": pg_pair.url(scenario.infra.database, both=False)}
     await scenario.up(*EVERYTHING, ci_delay=0.5, **address)
     keys: list[str] = []
-    await _steady(scenario, BEFORE, keys)
+    await steady(scenario, BEFORE, keys)
     # When the primary is SIGKILLed mid-load, and promoting the standby takes a moment
     pg_pair.kill_primary()
     await asyncio.sleep(OUTAGE)
     await asyncio.to_thread(pg_pair.promote)
-    await _steady(scenario, AFTER, keys)
-    completed, statuses = await _all_completed(scenario, keys, timeout=90 if multi_host else 30)
+    await steady(scenario, AFTER, keys)
+    completed, statuses = await all_completed(scenario, keys, timeout=90 if multi_host else 30)
     if not multi_host:
         # Then, with the primary's address alone, the services never reach the promoted standby
         assert not completed, "the load completed without the multi-host address: this row proves nothing"

@@ -1,0 +1,92 @@
+"""Rows: a node of a three-node RabbitMQ cluster is SIGKILLed, or cut off from the other two,
+under a steady load of runs.
+
+The partition queues are quorum queues with a member on every node, so the two nodes left elect
+new leaders and keep every message. Every service holds the whole cluster's address
+(``amqp://…@node-a,node-b,node-c/``): a service whose node died or paused (``pause_minority``
+closes a minority node's listeners) reconnects to another node, rebuilds its consumers and goes on,
+with no restart. Each protected row ends in the invariant checker: every run completes, no external
+effect twice, per-run event order intact, every create the producer saw confirmed has its run.
+
+With the protection switched off (every service given the failing node's address alone) the runs
+do not complete while that node is away: the rows depend on the node list, not on luck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tests.fault.scenario import EVERYTHING, Scenario
+from tests.ha.load import NOMINAL, all_completed, steady
+from tests.ha.rabbit_cluster import Node, RabbitCluster
+
+pytestmark = [pytest.mark.ha, pytest.mark.fault, pytest.mark.integration]
+
+AWAY = 25.0
+"""Seconds the node stays away: longer than the net tick (10 s), so a cut-off node pauses."""
+PROTECTIONS = pytest.mark.parametrize("all_nodes", [True, False],
+                                      ids=["every node's address", "the failing node's address alone"])
+
+
+def _busiest(cluster: RabbitCluster) -> Node:
+    """The node leading most of the quorum queues."""
+    led = Counter(cluster.leaders("/").values())
+    name = led.most_common(1)[0][0]
+    return next(node for node in cluster.nodes if node.name == name)
+
+
+async def _node_away(scenario: Scenario, cluster: RabbitCluster, all_nodes: bool,
+                     away: Callable[[Node], None], back: Callable[[Node], Awaitable[None]]) -> None:
+    # Given the whole ensemble on the cluster, every partition queue with a member on each node
+    victim = _busiest(cluster)
+    address = {} if all_nodes else {"LONGRUN_AMQP_URL": cluster.url(nodes=[victim])}
+    await scenario.up(*EVERYTHING, ci_delay=0.5, **address)
+    for queue in cluster.leaders("/"):
+        assert sorted(cluster.members("/", queue)) == sorted(n.name for n in cluster.nodes), queue
+    keys: list[str] = []
+    await steady(scenario, 4, keys)
+    # When the node leading most queues goes away under the load, and runs keep coming
+    away(victim)
+    await steady(scenario, 6, keys)
+    completed, statuses = await all_completed(scenario, keys, timeout=AWAY)
+    if not all_nodes:
+        # Then, with that node's address alone, nothing completes while it is away
+        assert not completed, "the load completed with the failing node's address alone: this row proves nothing"
+        await back(victim)
+        return
+    # Then, with no service restarted, every run completes while it is away
+    assert completed, statuses
+    assert all(p.alive() for p in scenario.services.started), [p.name for p in scenario.services.started
+                                                              if not p.alive()]
+    # and when it is back, it rejoins, and the checker finds one effect per intent and nothing else
+    await back(victim)
+    await steady(scenario, 2, keys)
+    completed, statuses = await all_completed(scenario, keys, timeout=60)
+    assert completed, statuses
+    assert dict(await scenario.forge_counts()) == {kind: n * len(keys) for kind, n in NOMINAL.items()}
+    await scenario.finish()
+
+
+@PROTECTIONS
+async def test_the_node_leading_most_queues_killed_and_restarted_loses_nothing(
+        scenario: Scenario, cluster: RabbitCluster, all_nodes: bool) -> None:
+    async def restarted(node: Node) -> None:
+        await asyncio.to_thread(cluster.start_node, node)
+        await asyncio.to_thread(cluster.wait_node, node)
+
+    await _node_away(scenario, cluster, all_nodes, cluster.kill, restarted)
+
+
+@PROTECTIONS
+async def test_a_node_cut_off_from_the_other_two_pauses_and_rejoins_losing_nothing(
+        scenario: Scenario, cluster: RabbitCluster, all_nodes: bool) -> None:
+    async def healed(node: Node) -> None:
+        cluster.heal()
+        await scenario.poll(lambda: asyncio.to_thread(cluster.node_running, node), timeout=60,
+                            what=f"{node.name} running again after the heal")
+
+    await _node_away(scenario, cluster, all_nodes, cluster.cut_off, healed)
