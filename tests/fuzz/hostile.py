@@ -65,10 +65,12 @@ Specimen = BusSpecimen | WebhookSpecimen
 
 @dataclass(frozen=True)
 class Again:
-    """Send specimen ``which`` (a fraction of those drawn so far) once more, maybe with new properties."""
+    """Send specimen ``which`` (a fraction of those drawn so far) once more, maybe with new properties,
+    maybe as other bytes under the same event id."""
 
     which: float
     headers: dict[str, Any] | None
+    other_bytes: bool
 
 
 # -- building blocks -------------------------------------------------------------------------------
@@ -82,8 +84,8 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_val
                     st.floats(allow_nan=False, allow_infinity=False), TEXT)
 JSON_VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(TEXT, inner, max_size=4)), max_leaves=12)
-TENANT = st.one_of(st.sampled_from(TENANTS), st.sampled_from(["", "a b", "x" * 101, "t/../u", "\x00", "日本"]))
-EVENT_ID = st.one_of(st.uuids().map(lambda u: f"fz-{u}"), TEXT)
+TENANT = st.one_of(*[st.sampled_from(TENANTS)] * 4, st.sampled_from(["", "a b", "x" * 101, "t/../u", "\x00", "日本"]))
+EVENT_ID = st.one_of(*[st.uuids().map(lambda u: f"fz-{u}")] * 4, TEXT)
 AMQP_TEXT = TEXT.map(lambda s: s.encode("utf-8", "replace")[:255].decode("utf-8", "ignore"))
 """What an AMQP short string can carry: UTF-8, at most 255 bytes (the client refuses anything else)."""
 WHEN = st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC))
@@ -124,11 +126,11 @@ def run_create(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     version = draw(st.sampled_from([1, 2, 3, 4, 4, 4]))
     payload: dict[str, Any] = {
         "workflow": draw(st.one_of(st.just("steps"), st.just("steps"), st.sampled_from(["nope", "Steps", ""]))),
-        "idempotency_key": draw(st.one_of(st.uuids().map(lambda u: f"fz-{u}"), TEXT)),
+        "idempotency_key": draw(st.one_of(*[st.uuids().map(lambda u: f"fz-{u}")] * 3, TEXT)),
         "input": {"steps": draw(STEPS)},
     }
     if draw(st.booleans()):
-        payload["priority"] = draw(st.one_of(st.sampled_from([0, 9]), st.integers()))
+        payload["priority"] = draw(st.one_of(st.sampled_from([0, 9]), st.integers(0, 9), st.integers()))
     if version >= 2 and draw(st.booleans()):
         payload["labels"] = draw(st.dictionaries(TEXT, TEXT, max_size=3))
     if version >= 3 and draw(st.integers(0, 9)) == 0:
@@ -187,7 +189,8 @@ def not_json(draw: st.DrawFn) -> tuple[str, bytes]:
         whole = dumps(draw(run_create())[1])
         return how, whole[:draw(st.integers(1, len(whole) - 1))]
     if how == "not utf-8":
-        return how, b'{"type":"run.create","tenant_id":"' + draw(st.sampled_from([b"\xff\xfe", b"\xc3", b"\xed\xa0\x80"])) + b'"}'
+        bad = draw(st.sampled_from([b"\xff\xfe", b"\xc3", b"\xed\xa0\x80"]))
+        return how, b'{"type":"run.create","tenant_id":"' + bad + b'"}'
     if how == "huge junk":
         return how, draw(st.sampled_from([b"[", b"{", b"a", b" "])) * draw(st.integers(*HUGE))
     if how == "nan":
@@ -287,7 +290,18 @@ def webhook_specimen(draw: st.DrawFn, secret: str) -> WebhookSpecimen:
 def specimens(secret: str) -> st.SearchStrategy[Specimen | Again]:
     return st.one_of(bus_specimen(), bus_specimen(), bus_specimen(), webhook_specimen(secret),
                      st.builds(Again, st.floats(0, 1, exclude_max=True),
-                               st.one_of(st.none(), AMQP_HEADERS)))
+                               st.one_of(st.none(), AMQP_HEADERS), st.booleans()))
+
+
+def _other_bytes(body: bytes) -> bytes:
+    """The same message (its event id too) said by another producer: other bytes, one id."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return body + b" "
+    if not isinstance(data, dict):
+        return body + b" "
+    return dumps({**data, "producer": "fuzz, again"})
 
 
 def draw(seed_: int, n: int, *, secret: str) -> list[Specimen]:
@@ -307,6 +321,10 @@ def draw(seed_: int, n: int, *, secret: str) -> list[Specimen]:
             earlier = drawn[int(item.which * len(drawn))]
             if isinstance(earlier, BusSpecimen) and item.headers is not None:
                 earlier = replace(earlier, headers=item.headers)
+            if isinstance(earlier, BusSpecimen) and item.other_bytes:
+                drawn.append(replace(earlier, shape=f"again, other bytes: {earlier.shape}",
+                                     body=_other_bytes(earlier.body)))
+                return
             drawn.append(replace(earlier, shape=f"again: {earlier.shape}"))
             return
         drawn.append(item)

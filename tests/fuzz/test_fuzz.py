@@ -81,7 +81,8 @@ async def test_hostile_input_is_accepted_refused_or_quarantined(clean, engine, b
     replay = f"replay with FUZZ_SEED={SEED} FUZZ_MESSAGES={MESSAGES}"
     _say(f"FUZZ_SEED={SEED} ({'long' if LONG else 'short'} form: {MESSAGES} messages)")
     began = time.monotonic()
-    specimens = draw(SEED, MESSAGES, secret=WEBHOOK_SECRET)
+    # In a thread: drawing takes seconds, and the bus connection's heartbeats must go on meanwhile.
+    specimens = await asyncio.to_thread(draw, SEED, MESSAGES, secret=WEBHOOK_SECRET)
     _say(f"{len(specimens)} specimens drawn in {time.monotonic() - began:.1f}s")
     ensemble = Ensemble(services, tmp_path)
     health = {name: free_port() for name, _ in SERVICES}
@@ -102,6 +103,7 @@ async def test_hostile_input_is_accepted_refused_or_quarantined(clean, engine, b
     normal = await _normal_run(engine, bus) if not dead else "not tried: a service died"
     figures = _figures(specimens, sent, tally, dead, not_ready, normal, send_seconds, time.monotonic() - began,
                        services.logs)
+    figures["runs_by_status"] = await _runs_by_status(engine)
     for line in json.dumps(figures, indent=2, sort_keys=True, ensure_ascii=False).splitlines():
         _say(line)
     _keep(figures)
@@ -275,6 +277,12 @@ async def _normal_run(engine: AsyncEngine, bus: Bus) -> str:
         return str(await eventually(ended, timeout=30, what="the normal run's end"))
     except AssertionError:
         return f"not ended: {await status_of(engine, run_id)}"
+
+
+async def _runs_by_status(engine: AsyncEngine) -> dict[str, int]:
+    """Where the runs the valid creates asked for stand (a run's own input may fail its steps)."""
+    async with engine.connect() as conn:
+        return dict((await conn.execute(text("SELECT status, count(*) FROM runs GROUP BY 1"))).all())
 
 
 def _figures(specimens: list[Specimen], sent: Sent, tally: Tally, dead: dict[str, int | None],

@@ -112,7 +112,8 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
         try:
             async with engine.begin() as conn:
                 claim = await inbox.claim(conn, PRODUCER, message_id=inbox_id,
-                                          message_type=storable(message.type or "unknown"), run_id=_text(headers.get("cloudEvents:subject")))
+                                          message_type=storable(message.type or "unknown"),
+                                          run_id=_text(headers.get("cloudEvents:subject")))
                 if isinstance(claim, inbox.Claimed):
                     entry = await quarantine_rows.put(
                         conn, owner=_owner(death.queue), queue=death.queue, body=message.body,
