@@ -76,6 +76,7 @@ class Again:
 # -- building blocks -------------------------------------------------------------------------------
 NASTY_TEXT = st.sampled_from([
     "", " ", "\x00", "a\x00b", "\ud800", "\udfff", "\u202e\u0645\u0631\u062d\u0628\u0627", "\U0001f4a9" * 40,
+    "\U0001f4a9" * 70,
     "ǅ̸̢̛ͅ", "\ufeff", "\r\n\t", "null", "NaN", "-1", "0" * 300, "'; DROP TABLE runs; --", "${jndi:x}",
     "%s%n", "..\\..\\etc\\passwd", "x" * 201,
 ])
@@ -281,7 +282,7 @@ def webhook_specimen(draw: st.DrawFn, secret: str) -> WebhookSpecimen:
     elif signing == "bad prefix":
         headers["x-forge-signature"] = sign(secret, body).replace("sha256=", "sha1=")
     elif signing == "garbage":
-        headers["x-forge-signature"] = draw(st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80))
+        headers["x-forge-signature"] = draw(st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=80))
     provider = draw(st.one_of(st.just(WEBHOOK_PROVIDER), st.just(WEBHOOK_PROVIDER), st.just(WEBHOOK_PROVIDER),
                               st.sampled_from(["github", "FORGE", "forge%00", "..%2fforge"])))
     return WebhookSpecimen(shape=f"{shape}, {signing}", provider=provider, body=body, headers=headers)

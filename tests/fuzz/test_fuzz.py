@@ -37,6 +37,7 @@ from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.envelope import decode
 from longrun.errors import PoisonMessage
+from tests.chaos.chaos import patiently
 from tests.fixtures import PARTITIONS, eventually
 from tests.fuzz.hostile import BusSpecimen, Specimen, WebhookSpecimen, draw
 from tests.harness import Process
@@ -103,7 +104,7 @@ async def test_hostile_input_is_accepted_refused_or_quarantined(clean, engine, b
     normal = await _normal_run(engine, bus) if not dead else "not tried: a service died"
     figures = _figures(specimens, sent, tally, dead, not_ready, normal, send_seconds, time.monotonic() - began,
                        services.logs)
-    figures["runs_by_status"] = await _runs_by_status(engine)
+    figures["runs_by_status"] = await patiently(lambda: _runs_by_status(engine))
     for line in json.dumps(figures, indent=2, sort_keys=True, ensure_ascii=False).splitlines():
         _say(line)
     _keep(figures)
@@ -171,7 +172,7 @@ async def _settle(engine: AsyncEngine, bus: Bus, sent: Sent, procs: dict[str, Pr
     """Account for every message, waiting until each has its outcome and the queues are empty (or
     ``deadline`` passed, or a service died: what is missing then is lost)."""
     while True:
-        tally = await _account(engine, bus, sent)
+        tally = await patiently(lambda: _account(engine, bus, sent))
         done = not tally.lost and not tally.queued and not tally.webhook_unrecorded
         if done or time.monotonic() > deadline or any(not p.alive() for p in procs.values()):
             return tally
