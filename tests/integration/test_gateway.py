@@ -81,6 +81,22 @@ async def test_a_bad_signature_is_refused_with_401_and_leaves_only_an_audit_line
     assert [tuple(a) for a in audit] == [("webhook:forge", "webhook.refused", "bad or missing signature")]
 
 
+@pytest.mark.parametrize(("body", "reason"), [
+    # Found by the fuzzer (tests/fuzz): each was a 500 (or a dropped connection) before.
+    (b'{"id": "e1", "type": "ci.finished", "ci_run_id": NaN}', "NaN is not a JSON value"),
+    (b"[" * 5000 + b"]" * 5000, "nested deeper than the parser's recursion limit"),
+    (ci_event("e\u0000", 1), "the text at ['id'] holds U+0000"),
+    (ci_event("e2", 2, status="\ud800"), "the text at ['status'] holds U+0000 or a lone surrogate"),
+    (ci_event("i" * 4000, 3), "event id of 4000 characters; at most"),
+])
+async def test_a_signed_delivery_postgresql_cannot_store_is_refused_with_400_naming_why(
+        clean, engine, gateway, body: bytes, reason: str) -> None:
+    response = await post_webhook(gateway, body)
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["error"]
+    assert await count(engine, "SELECT count(*) FROM webhook_events") == 0
+
+
 async def test_a_timestamped_delivery_sent_again_outside_the_replay_window_is_refused_and_audited(
         clean, engine, services, tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)

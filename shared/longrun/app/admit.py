@@ -49,7 +49,8 @@ from longrun.envelope.model import TENANT_PATTERN
 from longrun.domain.timeouts import resolve
 from longrun.envelope.payloads import RejectionCode, RunScope
 from longrun.envelope.payloads import RunTimeouts as RunTimeoutsV4
-from longrun.errors import PoisonMessage, UnknownSchemaVersion
+from longrun.errors import DecodeError, PoisonMessage, UnknownSchemaVersion
+from longrun_client.storable import unstorable
 
 PRODUCER = "scheduler"
 
@@ -162,6 +163,9 @@ class Ingress:
 
     async def handle(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
         """``create_run`` in the consumer's transaction, under the lock and policy the prelude read."""
+        if envelope.type != "run.create":
+            # The ingress binds run.create's routing key, but a producer chooses the type in the body.
+            raise DecodeError(f"a {envelope.type} on the ingress, where only run.create is read", b"")
         return await create_run(PgTransaction(conn), envelope, **self.options,
                                 locked=Locked(self._read[conn][envelope.tenant_id]))
 
@@ -232,14 +236,18 @@ def readable_outer(body: bytes) -> Outer | None:
         return None
     if not isinstance(data, dict) or data.get("type") != "run.create":
         return None
-    tenant, event_id = data.get("tenant_id"), data.get("event_id")
-    if not isinstance(tenant, str) or not re.fullmatch(TENANT_PATTERN, tenant) or not isinstance(event_id, str):
+    tenant, event_id = data.get("tenant_id"), _text(data.get("event_id"))
+    if not isinstance(tenant, str) or not re.fullmatch(TENANT_PATTERN, tenant) or event_id is None:
         return None
     payload = data.get("payload")
-    key = payload.get("idempotency_key") if isinstance(payload, dict) else None
-    key = key if isinstance(key, str) else None
-    correlation = data.get("correlation_id")
-    return Outer(tenant, event_id, correlation if isinstance(correlation, str) else key, key)
+    key = _text(payload.get("idempotency_key")) if isinstance(payload, dict) else None
+    correlation = _text(data.get("correlation_id"))
+    return Outer(tenant, event_id, correlation if correlation is not None else key, key)
+
+
+def _text(value: Any) -> str | None:
+    """A string the answer can carry (PostgreSQL keeps it in the outbox), else None."""
+    return value if isinstance(value, str) and unstorable(value) is None else None
 
 
 async def refuse(conn: AsyncConnection, body: bytes, error: PoisonMessage, *, partitions: int) -> None:

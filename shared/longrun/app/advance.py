@@ -88,7 +88,7 @@ from longrun.domain import calls
 from longrun.domain import events as ev
 from longrun.domain.breaker import Admission, BreakerState, health_wait
 from longrun.envelope import Envelope
-from longrun.errors import ActionOutcomeUnknown, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
+from longrun.errors import ActionOutcomeUnknown, DecodeError, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
 from longrun.model import ModelAdapter, Proposal, validate_proposal
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,8 @@ class Advancer:
     async def on_wakeup(self, envelope: Envelope) -> Outcome:
         """Consumer handler (``OwnClaim``): the wakeup's inbox row and the take of the run's lease in one
         statement; the steps run after the ack, from the run as taken."""
-        assert envelope.run_id is not None
+        if envelope.run_id is None:
+            raise DecodeError(f"a {envelope.type} on a worker's queue names no run to wake", b"")
         _TAKEN.set(None)
         handled, stored = await self.store.take_on_wakeup(
             inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl,

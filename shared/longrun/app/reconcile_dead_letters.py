@@ -40,6 +40,7 @@ from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
 from longrun.db.schema import quarantine
 from longrun.domain import WORKER_HAS_WORK
+from longrun_client.storable import storable
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
     death = _read_death(headers)
     body_id = message.message_id or hashlib.sha256(message.body).hexdigest()
     last = death.last.isoformat() if death.last else "-"
-    inbox_id = f"quarantine:{death.queue}:{body_id}:{last}:{death.count}"
+    # Headers and properties are the producer's: what the inbox keeps of them must be storable.
+    inbox_id = storable(f"quarantine:{death.queue}:{body_id}:{last}:{death.count}")
     attempts = death.count * (delivery_limit + 1) if delivery_limit and death.reason == "delivery_limit" \
         else death.count
     reason = f"dead-lettered by the broker from {death.queue}: {death.reason}"
@@ -109,7 +111,8 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
     while True:
         try:
             async with engine.begin() as conn:
-                claim = await inbox.claim(conn, PRODUCER, message_id=inbox_id, message_type=message.type or "unknown",
+                claim = await inbox.claim(conn, PRODUCER, message_id=inbox_id,
+                                          message_type=storable(message.type or "unknown"),
                                           run_id=_text(headers.get("cloudEvents:subject")))
                 if isinstance(claim, inbox.Claimed):
                     entry = await quarantine_rows.put(
@@ -189,9 +192,10 @@ def _owner(queue: str) -> str:
 
 
 def _text(value: object) -> str | None:
+    """A header's text, storable (the producer chose it)."""
     if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value if isinstance(value, str) else None
+        value = value.decode(errors="replace")
+    return storable(value) if isinstance(value, str) else None
 
 
 def _json_safe(value: Any) -> Any:

@@ -29,11 +29,15 @@ from longrun.db.runs import StoredRun
 from longrun.db.schema import audit_log
 from longrun.domain import RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
+from longrun_client.storable import unstorable
 
 if TYPE_CHECKING:
     from longrun.app.ports import RunTransaction
 
 PRODUCER = "gateway"
+MAX_EVENT_ID = 200
+MAX_CORRELATION_KEY = 500
+"""Characters. Both are index keys, and a btree entry holds at most 2704 bytes (a character takes up to 4)."""
 WAITS = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER})
 
 
@@ -105,7 +109,16 @@ async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, 
 async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],
                   clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
-    return await intake(tx, provider, providers[provider].translate(payload), payload, clock=clock)
+    return await intake(tx, provider, bounded(providers[provider].translate(payload)), payload, clock=clock)
+
+
+def bounded(event: Translated) -> Translated:
+    """``event`` if its id and correlation key fit the indexes that hold them, else ``ValueError``."""
+    for what, value, limit in (("event id", event.event_id, MAX_EVENT_ID),
+                               ("correlation key", event.correlation_key, MAX_CORRELATION_KEY)):
+        if len(value) > limit:
+            raise ValueError(f"{what} of {len(value)} characters; at most {limit} are accepted")
+    return event
 
 
 async def intake(tx: RunTransaction, provider: str, event: Translated, payload: Mapping[str, Any], *,
@@ -173,7 +186,19 @@ async def match_kept(tx: RunTransaction, stored: StoredRun, *, clock: Callable[[
 
 
 def parse(body: bytes) -> dict[str, Any]:
-    data = json.loads(body)
+    """A delivery's JSON object; ``ValueError`` naming what is wrong with anything else, including
+    NaN and Infinity (not JSON), nesting past the parser's limit and text PostgreSQL cannot store."""
+    try:
+        data = json.loads(body, parse_constant=_not_json)
+    except RecursionError as e:
+        raise ValueError("webhook body is nested deeper than the parser's recursion limit") from e
     if not isinstance(data, dict):
         raise ValueError("webhook body is not a JSON object")
+    where = unstorable(data)
+    if where is not None:
+        raise ValueError(f"the text at {where} holds U+0000 or a lone surrogate, which cannot be stored")
     return data
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")

@@ -10,18 +10,24 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun_client.storable import storable, storable_json
+
 from longrun.db.schema import delivery_failures, quarantine
 
 
 async def put(conn: AsyncConnection, *, owner: str, queue: str, body: bytes, headers: dict[str, Any],
               message_id: str | None, error_code: str, reason: str, attempts: int,
               first_failure_at: datetime | None = None) -> int:
+    """Keep a message whatever it holds: the body as it came, the text around it made storable (a
+    quarantined message may be one because of a U+0000 in it)."""
     message_type, schema_version = _peek(body)
     first = first_failure_at if first_failure_at is not None else func.now()
     row = await conn.execute(insert(quarantine).values(
-        owner=owner, queue=queue, message_id=message_id, message_type=message_type,
-        schema_version=schema_version, error_code=error_code, reason=reason, body=body,
-        headers=headers, attempts=attempts, first_failure_at=first, last_failure_at=func.now(),
+        owner=storable(owner), queue=storable(queue),
+        message_id=None if message_id is None else storable(message_id),
+        message_type=None if message_type is None else storable(message_type), schema_version=schema_version,
+        error_code=storable(error_code), reason=storable(reason), body=body, headers=storable_json(headers),
+        attempts=attempts, first_failure_at=first, last_failure_at=func.now(),
     ).returning(quarantine.c.id))
     return int(row.scalar_one())
 
@@ -30,13 +36,14 @@ def _peek(body: bytes) -> tuple[str | None, int | None]:
     """Best effort: what the message claims to be, for listing; never trusted."""
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None, None
     if not isinstance(data, dict):
         return None, None
     type_ = data.get("type") if isinstance(data.get("type"), str) else None
-    version = data.get("schema_version") if isinstance(data.get("schema_version"), int) else None
-    return type_, version
+    version = data.get("schema_version")
+    # The column is an integer: a claim beyond it is no version worth listing.
+    return type_, version if isinstance(version, int) and -2**31 <= version < 2**31 else None
 
 
 async def record_failure(conn: AsyncConnection, *, service: str, message_id: str, error: str) -> tuple[int, datetime]:

@@ -37,9 +37,22 @@ def to_message(envelope: Envelope | dict[str, Any]) -> aio_pika.Message:
         body=json.dumps(data, separators=(",", ":")).encode(),
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=data["event_id"],
-        correlation_id=data.get("correlation_id"),
+        message_id=_short(data["event_id"]),
+        correlation_id=_short(data.get("correlation_id")),
         type=data["type"],
         timestamp=datetime.fromisoformat(data["occurred_at"]),
         headers=headers,
     )
+
+
+SHORT_STRING_BYTES = 255
+
+
+def _short(value: str | None) -> str | None:
+    """``value`` if an AMQP short string (a property) can carry it, else None: an event id of 200
+    characters may take 800 bytes, and one property too long fails the whole publish (of a relay's
+    batch, every message in it). The body carries the value whole (the event id is in the
+    ``cloudEvents:id`` header too: a header's string has no such limit)."""
+    if value is None or len(value) * 4 <= SHORT_STRING_BYTES or len(value.encode()) <= SHORT_STRING_BYTES:
+        return value
+    return None

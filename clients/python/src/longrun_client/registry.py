@@ -1,8 +1,9 @@
 """Parse bytes into envelopes by (type, schema_version) — or refuse, never guess.
 
 ``decode`` is the only way a message body becomes an envelope. Malformed bytes raise
-``DecodeError``; a known type with an unknown version raises ``UnknownSchemaVersion``;
-both are ``PoisonMessage`` and go to quarantine with their reason. An older version is
+``DecodeError``, as do NaN and Infinity (not JSON, though Python's parser takes them) and strings
+PostgreSQL cannot store (``longrun_client.storable``); a known type with an unknown version raises
+``UnknownSchemaVersion``; both are ``PoisonMessage`` and go to quarantine with their reason. An older version is
 upcast to the newest before validation, so handlers only see current payloads.
 """
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from longrun_client import payloads
 from longrun_client.errors import DecodeError, UnknownSchemaVersion
 from longrun_client.model import Envelope, envelope_fields
+from longrun_client.storable import unstorable
 from longrun_client.upcast import upcast
 
 # (type, version) -> payload model; every version a producer may still send.
@@ -62,11 +64,18 @@ def known_versions(type_: str) -> list[int]:
 def decode(raw: bytes) -> Envelope:
     """Bytes -> the newest envelope model for its type; PoisonMessage on anything else."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        # Decoded strictly first: json.loads would take UTF-16 and UTF-8-encoded lone surrogates.
+        text = raw.decode("utf-8")
+        data = _STRICT_JSON.decode(text)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DecodeError(f"body is not JSON: {e}", raw) from e
+    except RecursionError as e:
+        raise DecodeError("body is JSON nested deeper than the parser's recursion limit", raw) from e
     if not isinstance(data, dict):
         raise DecodeError("body is not a JSON object", raw)
+    # In valid UTF-8 both can only be written as a \u escape: a body without one has neither.
+    if "\\u" in text and (where := unstorable(data)) is not None:
+        raise DecodeError(f"the text at {where} holds U+0000 or a lone surrogate, which cannot be stored", raw)
     type_, version = data.get("type"), data.get("schema_version")
     if not isinstance(type_, str) or type_ not in LATEST:
         raise DecodeError(f"unknown message type {type_!r}", raw)
@@ -84,6 +93,14 @@ def decode(raw: bytes) -> Envelope:
         return ENVELOPES[(type_, latest)].model_validate(data)
     except ValidationError as e:
         raise DecodeError(f"{type_} v{version} failed validation: {_summary(e)}", raw) from e
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
+"""Built once: ``json.loads`` with a keyword builds a decoder on every call."""
 
 
 def _summary(error: ValidationError) -> str:
