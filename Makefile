@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench chaos test-ha fuzz
+.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ test-ha: install services
 bench: install services
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	$(PY) -m bench --json var/bench/$$(date -u +%Y%m%dT%H%M%SZ).json
+
+# A million parked runs (not part of `make bench`: ~20 minutes): storage, sweeps, the metrics read,
+# idle CPU and 10,000 woken at once, at each of BENCH_SCALE_RUNS (docs/cost-model.md).
+bench-scale: install services
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	BENCH_PHASES=million $(PY) -m bench --json var/bench/scale-$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # The long randomized chaos run (the short one is part of `make test`): CHAOS_MINUTES of random
 # kills, pauses and forge faults while runs keep coming, then settling and the invariant checker.

@@ -254,6 +254,20 @@ def table(r: dict[str, Any]) -> str:
             f"{w['worker_cpu_pct_parked']}% with them parked; all services {w['services_cpu_pct_no_runs']}% -> "
             f"{w['services_cpu_pct_parked']}%; PostgreSQL {dig(w, 'no_runs', 'cpu_pct', 'postgres')}% -> "
             f"{dig(w, 'with_parked', 'cpu_pct', 'postgres')}%")
+    million = r.get("million") or {}
+    if million:
+        add("")
+        add(f"PARKED AT VOLUME (half on events, half on timers; {million['woken_at_once']:,} woken at once)")
+        for p in million["points"]:
+            wake = p["wake"]
+            add(f"  {p['parked']:>9,} parked: {p['storage']['bytes_per_parked_run']:,} B each "
+                f"({p['storage']['total_mib']:,} MiB), loaded in {p['load_s']:g} s; idle: services "
+                f"{p['idle_services_cpu_pct']}%, PostgreSQL {p['idle_cpu_pct'].get('postgres')}%")
+            add("    sweeps (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["sweeps_ms"].items()))
+            add("    GET /metrics (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["scrape_ms"].items()))
+            add(f"    woken at once: lateness {_pct(wake['lateness_s'], 2, ' s')}; all fired after "
+                f"{wake['all_fired_after_s']} s, all taken up after {wake['all_taken_up_after_s']} s, all completed after "
+                f"{wake['all_completed_after_s']} s")
 
     add("")
     add("RATIOS (same run)")

@@ -33,44 +33,51 @@ CHUNK = 2_500
 
 
 async def insert_parked(engine: AsyncEngine, n: int, *, status: RunStatus, partitions: int,
-                        wake_in: float | None = None, deadline_in: float = 3600, prefix: str = "run-parked") -> None:
-    """``n`` runs parked in ``status`` (WAITING_EVENT on a correlation key, or RETRY_SCHEDULED)."""
+                        wake_in: float | None = None, deadline_in: float = 3600, prefix: str = "run-parked",
+                        start: int = 0) -> None:
+    """``n`` runs parked in ``status`` (WAITING_EVENT on a correlation key, or RETRY_SCHEDULED), numbered
+    from ``start``; built and written a chunk at a time, so a million take no more memory than one."""
     at = time.time()
-    run_rows: list[dict[str, Any]] = []
-    event_rows: list[dict[str, Any]] = []
-    timer_rows: list[dict[str, Any]] = []
-    for i in range(n):
-        run_id = f"{prefix}-{i:06d}"
-        if status is RunStatus.WAITING_EVENT:
-            wait = Wait(wait_id=f"w-{i}", kind="ci", deadline=at + deadline_in, correlation_key=f"ci:{run_id}")
-        else:
-            assert wake_in is not None
-            wait = Wait(wait_id=f"w-{i}", kind="timer", deadline=at + wake_in, wake_at=at + wake_in)
-        history = [
-            ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=TENANT, kind="steps", goal=freeze({"steps": 3}),
-                          versions=VERSIONS, budget=Usage(model_calls=50, tool_calls=200, cost=10.0)),
-            ev.RunStatusChanged(seq=2, at=at, to=RunStatus.RUNNING, reason="taken by bench"),
-            ev.WaitStarted(seq=3, at=at, status=status, wait=wait),
-        ]
-        snapshot = fold(history)
-        run_rows.append({
-            "run_id": run_id, "tenant_id": TENANT, "idempotency_key": run_id, "input_hash": "h",
-            "workflow": "steps", "workflow_version": "1", "prompt_version": "none", "model_policy_version": "none",
-            "tool_schema_version": "bench-v1", "partition": topology.partition_of(run_id, partitions),
-            "last_seq": 3, "admitted_at": datetime.fromtimestamp(at, UTC), **runs.projection(snapshot)})
-        event_rows += [{"run_id": run_id, "seq": e.seq, "event_id": f"{run_id}:{e.seq}", "type": e.type,
-                        "data": ev.event_to_dict(e), "applied": True,
-                        "occurred_at": datetime.fromtimestamp(e.at, UTC)} for e in history]
-        if status is RunStatus.WAITING_EVENT:  # its deadline, as schedule_wait_timers writes it
-            timer_rows.append({"timer_key": f"{run_id}:{wait.wait_id}:deadline", "run_id": run_id,
-                               "kind": "wait_deadline", "wake_at": datetime.fromtimestamp(wait.deadline, UTC),
-                               "payload": {"wait_id": wait.wait_id, "reason": "deadline"}})
-    for chunk in range(0, n, CHUNK):
+    for first in range(start, start + n, CHUNK):
+        rows = [_parked(i, at, status=status, partitions=partitions, wake_in=wake_in, deadline_in=deadline_in,
+                        prefix=prefix) for i in range(first, min(first + CHUNK, start + n))]
         async with engine.begin() as conn:
-            await conn.execute(insert(runs_table), run_rows[chunk:chunk + CHUNK])
-            await conn.execute(insert(run_events), event_rows[3 * chunk:3 * (chunk + CHUNK)])
+            await conn.execute(insert(runs_table), [run for run, _, _ in rows])
+            await conn.execute(insert(run_events), [e for _, events, _ in rows for e in events])
+            timer_rows = [timer for _, _, timer in rows if timer is not None]
             if timer_rows:
-                await conn.execute(insert(timers_table), timer_rows[chunk:chunk + CHUNK])
+                await conn.execute(insert(timers_table), timer_rows)
+
+
+def _parked(i: int, at: float, *, status: RunStatus, partitions: int, wake_in: float | None, deadline_in: float,
+            prefix: str) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+    """One parked run's row, its events and (waiting on an event) its deadline timer."""
+    run_id = f"{prefix}-{i:07d}"
+    if status is RunStatus.WAITING_EVENT:
+        wait = Wait(wait_id=f"w-{i}", kind="ci", deadline=at + deadline_in, correlation_key=f"ci:{run_id}")
+    else:
+        assert wake_in is not None
+        wait = Wait(wait_id=f"w-{i}", kind="timer", deadline=at + wake_in, wake_at=at + wake_in)
+    history = [
+        ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=TENANT, kind="steps", goal=freeze({"steps": 3}),
+                      versions=VERSIONS, budget=Usage(model_calls=50, tool_calls=200, cost=10.0)),
+        ev.RunStatusChanged(seq=2, at=at, to=RunStatus.RUNNING, reason="taken by bench"),
+        ev.WaitStarted(seq=3, at=at, status=status, wait=wait),
+    ]
+    snapshot = fold(history)
+    run = {"run_id": run_id, "tenant_id": TENANT, "idempotency_key": run_id, "input_hash": "h",
+           "workflow": "steps", "workflow_version": "1", "prompt_version": "none", "model_policy_version": "none",
+           "tool_schema_version": "bench-v1", "partition": topology.partition_of(run_id, partitions),
+           "last_seq": 3, "admitted_at": datetime.fromtimestamp(at, UTC), **runs.projection(snapshot)}
+    events = [{"run_id": run_id, "seq": e.seq, "event_id": f"{run_id}:{e.seq}", "type": e.type,
+               "data": ev.event_to_dict(e), "applied": True, "occurred_at": datetime.fromtimestamp(e.at, UTC)}
+              for e in history]
+    timer = None
+    if status is RunStatus.WAITING_EVENT:  # its deadline, as schedule_wait_timers writes it
+        timer = {"timer_key": f"{run_id}:{wait.wait_id}:deadline", "run_id": run_id, "kind": "wait_deadline",
+                 "wake_at": datetime.fromtimestamp(wait.deadline, UTC),
+                 "payload": {"wait_id": wait.wait_id, "reason": "deadline"}}
+    return run, events, timer
 
 
 async def timers_due_at_once(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> dict[str, Any]:
@@ -165,12 +172,12 @@ async def waiting_is_free(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> di
         await services.partitions_owned(engine, "worker")
         await asyncio.sleep(2)  # past start-up
         window = knobs.idle_seconds
-        empty = await _watch(services, window)
+        empty = await watch_idle(services, window)
         t0 = time.monotonic()
         await insert_parked(engine, knobs.parked, status=RunStatus.WAITING_EVENT, partitions=knobs.partitions)
         insert_s = time.monotonic() - t0
         await asyncio.sleep(1)
-        parked = await _watch(services, window)
+        parked = await watch_idle(services, window)
         async with engine.connect() as conn:
             still = (await conn.execute(text(
                 "SELECT count(*) FROM runs WHERE status = 'WAITING_EVENT'"))).scalar_one()
@@ -190,7 +197,7 @@ async def waiting_is_free(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> di
             "service_errors": errors}
 
 
-async def _watch(services: Services, seconds: float) -> dict[str, Any]:
+async def watch_idle(services: Services, seconds: float) -> dict[str, Any]:
     names = [n for n, p in services.procs.items() if p.alive()]
     before = {n: rss_kib(services.procs[n].pid) or 0 for n in names}
     watch = CpuWatch(groups={**{n: [services.procs[n].pid] for n in names}, **postgres_and_broker_pids()})
