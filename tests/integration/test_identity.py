@@ -289,6 +289,8 @@ async def test_longrunctl_creates_lists_and_revokes_named_tokens(engine, gateway
         (await ctl(*admin, "token", "revoke", "999", "--reason", "r"), 1, "Error: 404 Not Found: no token 999"),
         (await ctl(*admin, "token", "create", "has:colon", "--role", "viewer", "--reason", "r"), 1,
          "Error: 422 Unprocessable Entity: name: String should match pattern"),
+        (await ctl(*admin, "token", "create", "bootstrap", "--role", "admin", "--reason", "r"), 1,
+         "Error: 422 Unprocessable Entity: the name 'bootstrap' is the bootstrap tokens'"),
         (await ctl(*admin, "token", "create", "eve", "--role", "root", "--reason", "r"), 2, ""),
         (await ctl(*admin, "token", "create", "eve", "--role", "viewer"), 2, ""),
     ]
