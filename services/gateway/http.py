@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import artifacts, run_kinds, webhook_providers
@@ -35,7 +35,7 @@ from longrun.db.errors import is_transient
 from longrun.db.schema import artifacts as artifacts_table
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
-from services.gateway import api, openapi, reads
+from services.gateway import api, console, openapi, reads
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +276,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/openapi.json", described, methods=["GET"]),
+        Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ], exception_handlers={HTTPException: _http_error, api.Invalid: _invalid})
 
 

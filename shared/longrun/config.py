@@ -245,6 +245,9 @@ class Settings:
     before the delivery is refused as a replay (providers that sign no time rely on dedup)."""
     operator_tokens: tuple[str, ...]
     """Bearer tokens accepted by the operator API, comma separated."""
+    console_secret: str
+    """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
+    replica needs the same one, and changing it ends every console session."""
     run_kinds: tuple[str, ...]
     """Where the run kinds come from: ``package.module:attribute`` references, comma-separated, each a
     ``RunKind``, a sequence of them or a function of the Settings returning either; installed
@@ -436,6 +439,7 @@ _SPEC: dict[str, _Var] = {
     "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", duration, _DURATION, "5m"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
+    "console_secret": _var("LONGRUN_CONSOLE_SECRET", _text, "a non-empty secret", "dev-console-secret"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
                       "longrun.workflows:builtin"),
     "webhook_providers": _var("LONGRUN_WEBHOOK_PROVIDERS", _named_references,
