@@ -156,6 +156,19 @@ def _named_references(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _optional_url(raw: str) -> str:
+    """An http(s) URL, or nothing ("": the feature it configures is off)."""
+    if raw.strip() and urlsplit(raw.strip()).scheme not in ("http", "https"):
+        raise ValueError
+    return raw.strip()
+
+
+def _claim(raw: str) -> str:
+    if not raw.strip() or any(c.isspace() for c in raw.strip()):
+        raise ValueError
+    return raw.strip()
+
+
 def _token_list(raw: str) -> tuple[str, ...]:
     tokens = tuple(t.strip() for t in raw.split(",") if t.strip())
     if not tokens:
@@ -237,14 +250,36 @@ class Settings:
     """Whether run metrics carry a ``tenant`` label: one series per tenant, so only for a bounded
     number of tenants."""
     gateway_port: int
-    """Port the gateway's HTTP server (webhooks and the operator API) listens on."""
+    """Port the gateway's operator API listens on (and its webhook intake, unless
+    ``LONGRUN_WEBHOOK_PORT`` serves that apart)."""
+    webhook_port: int
+    """Port the gateway's webhook intake (``POST /webhooks/<provider>``) listens on, apart from the
+    operator API, so the two can be exposed differently (webhooks to the providers, the operator API
+    to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
     webhook_secret: str
     """HMAC secret shared with webhook senders."""
     webhook_replay_window: float
     """How far the time a timestamped webhook was sent may be from the gateway's clock, either way,
     before the delivery is refused as a replay (providers that sign no time rely on dedup)."""
     operator_tokens: tuple[str, ...]
-    """Bearer tokens accepted by the operator API, comma separated."""
+    """Bootstrap tokens, comma separated: each is taken by the operator API as the admin
+    ``bootstrap`` of every tenant, so a fresh install can create named tokens
+    (``longrunctl token create``); keep them secret and few, and use named tokens or OIDC for
+    people."""
+    oidc_issuer: str
+    """The OIDC issuer (its ``iss``) whose bearer JWTs the operator API takes; empty: none is
+    taken. Needs ``LONGRUN_OIDC_AUDIENCE`` and ``LONGRUN_OIDC_JWKS_URL``."""
+    oidc_audience: str
+    """The audience (``aud``) a JWT must be issued for."""
+    oidc_jwks_url: str
+    """Where the issuer publishes its signing keys (JWKS), fetched when a token names a key not yet
+    cached."""
+    oidc_roles_claim: str
+    """The JWT claim holding the operator's roles (viewer, operator, approver, admin)."""
+    oidc_tenants_claim: str
+    """The JWT claim holding the tenants the operator sees (``*``: every tenant; none: no tenant)."""
+    oidc_groups_claim: str
+    """The JWT claim holding the operator's groups (an approval may name a group as its approver)."""
     console_secret: str
     """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
     replica needs the same one, and changing it ends every console session."""
@@ -400,6 +435,12 @@ def _inconsistencies(values: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append((_SPEC["retry_maximum_interval"].env,
                          f"got {values['retry_maximum_interval']}; expected at least "
                          f"{_SPEC['retry_initial_interval'].env} ({values['retry_initial_interval']})"))
+    if values["oidc_issuer"]:
+        problems += [(_SPEC[name].env, f"missing; expected it with LONGRUN_OIDC_ISSUER ({_SPEC[name].expected})")
+                     for name in ("oidc_audience", "oidc_jwks_url") if not values[name].strip()]
+    if values["webhook_port"] and values["webhook_port"] == values["gateway_port"]:
+        problems.append(("LONGRUN_WEBHOOK_PORT", f"got {values['webhook_port']}; expected 0 or a port other than "
+                         "LONGRUN_GATEWAY_PORT"))
     return problems
 
 
@@ -434,11 +475,18 @@ _SPEC: dict[str, _Var] = {
     "metrics_interval": _var("LONGRUN_METRICS_INTERVAL", _positive_float, "seconds, a number > 0", "15"),
     "metrics_tenant_label": _var("LONGRUN_METRICS_TENANT_LABEL", _switch, "true or false", "false"),
     "gateway_port": _var("LONGRUN_GATEWAY_PORT", _port, "a port 0-65535", "8080"),
+    "webhook_port": _var("LONGRUN_WEBHOOK_PORT", _port, "a port 0-65535 (0 = LONGRUN_GATEWAY_PORT)", "0"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
                            "dev-webhook-secret"),
     "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", duration, _DURATION, "5m"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),
+    "oidc_issuer": _var("LONGRUN_OIDC_ISSUER", _optional_url, "an http(s) URL, or empty (off)", ""),
+    "oidc_audience": _var("LONGRUN_OIDC_AUDIENCE", str, "the audience tokens are issued for", ""),
+    "oidc_jwks_url": _var("LONGRUN_OIDC_JWKS_URL", _optional_url, "an http(s) URL, or empty", ""),
+    "oidc_roles_claim": _var("LONGRUN_OIDC_ROLES_CLAIM", _claim, "a claim name", "roles"),
+    "oidc_tenants_claim": _var("LONGRUN_OIDC_TENANTS_CLAIM", _claim, "a claim name", "tenants"),
+    "oidc_groups_claim": _var("LONGRUN_OIDC_GROUPS_CLAIM", _claim, "a claim name", "groups"),
     "console_secret": _var("LONGRUN_CONSOLE_SECRET", _text, "a non-empty secret", "dev-console-secret"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
                       "longrun.workflows:builtin"),

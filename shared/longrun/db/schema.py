@@ -405,3 +405,19 @@ audit_log = Table(
 )
 # The reconciler checks for its own earlier alerts (action + target) on every pass.
 Index("ix_audit_log_action_target", audit_log.c.action, audit_log.c.target)
+
+operator_tokens = Table(
+    "operator_tokens", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("secret_sha256", Text, nullable=False, unique=True),
+    Column("roles", JSONB, nullable=False),
+    Column("tenants", JSONB, nullable=True),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("last_used_at", DateTime(timezone=True), nullable=True),
+)
+"""Named API tokens of operators (``longrun.identity``): only the SHA-256 of each secret is kept, so
+the table leaks no credential. ``name`` is who acts with the token (the audit log's actor);
+``tenants`` NULL is every tenant. A revoked token stays, for the audit trail."""

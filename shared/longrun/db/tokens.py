@@ -1,0 +1,81 @@
+"""Named API tokens (``schema.operator_tokens``): created with a random secret shown once, found by
+the SHA-256 of the secret a request presents, revoked by id."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from longrun.db.schema import operator_tokens
+
+SECRET_PREFIX = "lrt_"
+"""Marks a named token's secret, so one pasted where it does not belong is recognisable."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredToken:
+    id: int
+    name: str
+    roles: tuple[str, ...]
+    tenants: tuple[str, ...] | None
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "roles": list(self.roles),
+                "tenants": None if self.tenants is None else list(self.tenants), "created_by": self.created_by,
+                "created_at": self.created_at.isoformat(),
+                "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
+                "last_used_at": None if self.last_used_at is None else self.last_used_at.isoformat()}
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _stored(row: Any) -> StoredToken:
+    return StoredToken(row.id, row.name, tuple(row.roles), None if row.tenants is None else tuple(row.tenants),
+                       row.created_by, row.created_at, row.revoked_at, row.last_used_at)
+
+
+async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], tenants: tuple[str, ...] | None,
+                 created_by: str) -> tuple[StoredToken, str]:
+    """A new token and its secret, which is not kept: whoever asked must take it now."""
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    row = (await conn.execute(operator_tokens.insert().values(
+        name=name, secret_sha256=digest(secret), roles=list(roles),
+        tenants=None if tenants is None else list(tenants), created_by=created_by)
+        .returning(*operator_tokens.c))).one()
+    return _stored(row), secret
+
+
+async def find(conn: AsyncConnection, secret: str) -> StoredToken | None:
+    """The live (not revoked) token whose secret this is, its use recorded; None for any other."""
+    row = (await conn.execute(update(operator_tokens).where(
+        operator_tokens.c.secret_sha256 == digest(secret), operator_tokens.c.revoked_at.is_(None))
+        .values(last_used_at=func.now()).returning(*operator_tokens.c))).first()
+    return None if row is None else _stored(row)
+
+
+async def listing(conn: AsyncConnection, *, include_revoked: bool) -> list[StoredToken]:
+    query = select(operator_tokens).order_by(operator_tokens.c.id)
+    if not include_revoked:
+        query = query.where(operator_tokens.c.revoked_at.is_(None))
+    return [_stored(row) for row in (await conn.execute(query)).all()]
+
+
+async def revoke(conn: AsyncConnection, token_id: int) -> StoredToken | None:
+    """Revoke the token (once: a revoked token keeps its first revocation time); None: there is none."""
+    await conn.execute(update(operator_tokens).where(operator_tokens.c.id == token_id,
+                                                     operator_tokens.c.revoked_at.is_(None))
+                       .values(revoked_at=func.now()))
+    row = (await conn.execute(select(operator_tokens).where(operator_tokens.c.id == token_id))).first()
+    return None if row is None else _stored(row)
