@@ -46,7 +46,7 @@ from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
 from longrun.errors import DomainError, LongrunError
-from services.gateway.console_identity import Authenticator, Principal
+from longrun.identity import Authenticator, Principal
 from services.gateway import api, reads
 from services.gateway import console_session as sessions
 

@@ -1,0 +1,210 @@
+"""The web console in a real browser (Playwright driving Debian's Chromium, /usr/bin/chromium): an
+approver signs in with a named token, finds the run waiting for approval, sees the hash it approves,
+approves it and watches the run complete; an operator of another tenant finds nothing of it.
+Screenshots are kept in var/test-artifacts/console/. Without the browser: a POST without the
+session's CSRF token is refused and changes nothing, another tenant's operator can neither read nor
+act on a run, an action in doubt is resolved as the signed-in principal, and revoking the token
+ends the session."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+from sqlalchemy import text
+
+from longrun.db import tokens
+from tests.fixtures import eventually
+from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
+from tests.integration.runs_factory import action_unknown, waiting_for_user
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "var" / "test-artifacts" / "console"
+
+
+async def named_token(engine, *, subject: str, roles: tuple[str, ...], tenants: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
+    """A named token's secret (as ``longrunctl token create`` makes one)."""
+    async with engine.begin() as conn:
+        _, secret = await tokens.create(conn, name=subject, roles=roles, tenants=tenants, created_by="tests")
+    return secret
+
+
+async def sign_in(page: Page, base: str, token: str) -> None:
+    await page.goto(f"{base}/console/")
+    await expect(page).to_have_url(re.compile(r"/console/sign-in"))
+    await page.fill("#token", token)
+    await page.click("button[type=submit]")
+    await expect(page).to_have_url(re.compile(r"/console/runs$"))
+
+
+async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
+        clean, engine, bus, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given the live services, a run of tenant acme waiting for user_42's approval, and two named
+    # tokens: user_42 approving for acme, and an operator of globex
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start_forge()
+    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
+                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
+        ensemble.start(name, module)
+    await ensemble.configure_forge()
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    approver = await named_token(engine, subject="user_42", roles=("approver",), tenants=("acme",))
+    stranger = await named_token(engine, subject="olga", roles=("operator", "approver"), tenants=("globex",))
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("console"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    approved_hash = await eventually(lambda: _asked_hash(engine, run_id), timeout=60, what="approval asked")
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            # When the approver signs in and searches for runs waiting for a person
+            page = await (await browser.new_context()).new_page()
+            await sign_in(page, ensemble.gateway_url, approver)
+            await page.select_option("select[name=status]", "WAITING_USER")
+            await page.click("#search button[type=submit]")
+            await page.click(f"a:text-is('{run_id}')")
+            # Then the run page shows exactly what is approved and its hash
+            await expect(page.locator("#approval-hash")).to_have_text(approved_hash)
+            await expect(page.locator("#approval-subject")).to_contain_text("merge agent/payment-sdk-v5-console")
+            await page.screenshot(path=SHOTS / "1-approval-pending.png", full_page=True)
+            # When they approve it
+            await page.fill("#approval input[name=reason]", "reviewed the diff")
+            await page.click("#approve")
+            await expect(page.locator("#notice")).to_have_text("Approved.")
+            # Then the page follows the run to its completion by itself
+            await expect(page.locator("#status")).to_have_text("COMPLETED", timeout=60_000)
+            await expect(page.locator("#timeline")).to_contain_text("approved by user_42")
+            await page.screenshot(path=SHOTS / "2-completed.png", full_page=True)
+
+            # And an operator of another tenant finds nothing of it: not in a search, not at its URL
+            other = await (await browser.new_context()).new_page()
+            await sign_in(other, ensemble.gateway_url, stranger)
+            await expect(other.locator("#no-runs")).to_be_visible()
+            await other.screenshot(path=SHOTS / "3-other-tenant-search.png", full_page=True)
+            answer = await other.goto(f"{ensemble.gateway_url}/console/runs/{run_id}")
+            assert answer is not None and answer.status == 404
+            await expect(other.locator("#error")).to_have_text(f"No run {run_id}.")
+            await other.screenshot(path=SHOTS / "4-other-tenant-run.png", full_page=True)
+        finally:
+            await browser.close()
+    assert await status_of(engine, run_id) == "COMPLETED"
+    async with engine.connect() as conn:
+        actors = (await conn.execute(text("SELECT actor FROM audit_log WHERE target = :r AND action = 'approve'"),
+                                     {"r": run_id})).scalars().all()
+    assert actors == ["user_42"]
+
+
+@pytest.fixture
+async def gateway(services, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    return f"{ensemble.gateway_url}/console"
+
+
+async def signed_in(console: httpx.AsyncClient, token: str) -> None:
+    answer = await console.post("/sign-in", data={"token": token, "csrf": _csrf(await console.get("/sign-in"))})
+    assert answer.status_code == 303, answer.text
+
+
+async def test_a_post_without_the_session_csrf_token_is_refused_and_changes_nothing(clean, engine, gateway) -> None:
+    # Given a signed-in console session and a run waiting for approval
+    token = await named_token(engine, subject="user_42", roles=("approver",), tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        decision = {"approval_id": "a1", "approved_hash": "h1", "reason": "ok"}
+        # When a form is posted without the CSRF token, or with another session's
+        missing = await console.post(f"/runs/{run_id}/approve", data=decision)
+        forged = await console.post(f"/runs/{run_id}/approve", data={**decision, "csrf": "0" * 64})
+        # Then both are refused and the run still waits
+        assert (missing.status_code, forged.status_code) == (403, 403)
+        assert "CSRF" in missing.text
+        assert await status_of(engine, run_id) == "WAITING_USER"
+        # while the same form with the session's token is taken
+        page = await console.get(f"/runs/{run_id}")
+        taken = await console.post(f"/runs/{run_id}/approve", data={**decision, "csrf": _csrf(page)})
+        assert taken.status_code == 303, taken.text
+    # And signing in is refused without the token of the sign-in page's session
+    async with httpx.AsyncClient(base_url=gateway) as fresh:
+        await fresh.get("/sign-in")
+        assert (await fresh.post("/sign-in", data={"token": token})).status_code == 403
+
+
+async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_on_a_run(
+        clean, engine, gateway) -> None:
+    # Given a run of acme waiting for approval and an approver of globex signed in
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    token = await named_token(engine, subject="user_42", roles=("approver", "operator"), tenants=("globex",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        listing = await console.get("/runs", params={"tenant_id": "acme"})
+        page = await console.get(f"/runs/{run_id}")
+        acted = await console.post(f"/runs/{run_id}/approve", data={
+            "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(listing)})
+        live = await console.get(f"/runs/{run_id}/live")
+    # Then the search shows nothing, the run is not found, and approving it changes nothing
+    assert listing.status_code == 200 and run_id not in listing.text and 'id="no-runs"' in listing.text
+    assert (page.status_code, acted.status_code, live.status_code) == (404, 404, 404)
+    assert await status_of(engine, run_id) == "WAITING_USER"
+
+
+async def test_an_action_in_doubt_is_resolved_in_the_console_as_the_signed_in_principal(
+        clean, engine, gateway) -> None:
+    # Given a run whose merge request is in doubt, and an operator of its tenant signed in
+    run_id = (await action_unknown(engine, logical_action="open_mr")).snapshot.run_id
+    token = await named_token(engine, subject="ops-anna", roles=("operator",), tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        page = await console.get(f"/runs/{run_id}")
+        assert 'id="resolve-open_mr"' in page.text
+        # When she says it was done, with the forge's id and receipt
+        answer = await console.post(f"/runs/{run_id}/resolve", data={
+            "logical_action": "open_mr", "outcome": "confirmed", "external_id": "mr-9",
+            "receipt": '{"number": 9}', "reason": "found it on the forge", "csrf": _csrf(page)})
+        assert answer.status_code == 303, answer.text
+        # Then the action is confirmed, recorded as hers
+        shown = await console.get(answer.headers["location"].removeprefix("/console"))
+    assert "Resolution recorded." in shown.text and "mr-9" in shown.text
+    async with engine.connect() as conn:
+        actors = (await conn.execute(text("SELECT actor FROM audit_log WHERE target = :r AND action = 'resolve'"),
+                                     {"r": run_id})).scalars().all()
+    assert actors == ["ops-anna"]
+
+
+async def test_revoking_the_token_ends_its_console_session(clean, engine, gateway) -> None:
+    # Given an operator signed in with a named token
+    async with engine.begin() as conn:
+        stored, secret = await tokens.create(conn, name="ops-ben", roles=("viewer",), tenants=("acme",),
+                                             created_by="tests")
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, secret)
+        assert (await console.get("/runs")).status_code == 200
+        # When the token is revoked
+        async with engine.begin() as conn:
+            await tokens.revoke(conn, stored.id)
+        # Then the next page sends them to sign in again, saying why, and the session is gone
+        ended = await console.get("/runs")
+        assert (ended.status_code, ended.headers["location"]) == (303, "/console/sign-in?notice=ended")
+        assert "no longer accepted" in (await console.get(ended.headers["location"].removeprefix("/console"))).text
+        assert (await console.get("/runs")).headers["location"] == "/console/sign-in"
+
+
+def _csrf(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+async def _asked_hash(engine, run_id: str) -> str | None:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text(
+            "SELECT snapshot->'wait'->>'approved_hash' FROM runs WHERE run_id = :r AND status = 'WAITING_USER'"),
+            {"r": run_id})).scalar()
+
