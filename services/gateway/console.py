@@ -10,15 +10,18 @@ paste into an incident; and each page reads and acts through the same functions 
 script is the run page's: it polls ``/console/runs/{id}/live`` and reloads the page when the run
 changed, unless the operator is typing into one of its forms.
 
-Sign-in: the operator pastes a named API token (``longrunctl token create``); the session cookie
-(``longrun_console``, ``services.gateway.console_session``) keeps it and every request authenticates it again, so a revoked token ends the
-session. Every form carries the session's CSRF token and every POST without it is refused (403).
+Sign-in: the operator pastes a named API token (``longrunctl token create``) or, where an OIDC
+issuer is configured and the console is its client, signs in there (``console_oidc``). The session
+cookie (``longrun_console``, ``console_session``) keeps the token and every request authenticates it
+again, so a revoked or expired token ends the session. Every form carries the session's CSRF token
+and every POST without it is refused (403).
 What an operator sees and does is bounded by their principal: a run of a tenant they do not see is
 "not found", whatever its URL; every act records the principal's subject as its actor.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatu
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Principal
 from services.gateway import api, reads
+from services.gateway import console_oidc as oidc
 from services.gateway import console_session as sessions
 
 PREFIX = "/console"
@@ -109,7 +113,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         notice = NOTICES.get(request.query_params.get("notice", ""))
         html = _TEMPLATES.get_template(template).render(
             root=PREFIX, principal=seen.principal, csrf=sessions.csrf_token(key, seen.session), notice=notice,
-            **values)
+            oidc=oidc.offered(settings), **values)
         response = HTMLResponse(html, status_code=status)
         if seen.fresh:
             _set_cookie(response, request, sessions.seal(key, seen.session))
@@ -156,6 +160,46 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
             return page(request, seen, "sign_in.html", 401, error="That token is not accepted.")
         response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
         _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
+        return response
+
+    async def oidc_start(request: Request) -> Response:
+        """Off to the issuer, remembering the attempt's state and PKCE verifier in a sealed cookie."""
+        seen = await visit(request)
+        if not oidc.offered(settings):
+            return page(request, seen, "sign_in.html", 404, error="Signing in at an identity provider is not set up here.")
+        try:
+            endpoint = (await oidc.endpoints(settings))["authorization_endpoint"]
+        except oidc.SignInFailed as e:
+            return page(request, seen, "sign_in.html", 502, error=str(e))
+        attempt = oidc.Attempt.new()
+        response = RedirectResponse(oidc.authorization_url(endpoint, settings, attempt, _callback(request)),
+                                    status_code=303)
+        response.set_cookie(oidc.COOKIE, oidc.seal(key, attempt, time.time()), max_age=oidc.PATIENCE,
+                            path=PREFIX, httponly=True, samesite="lax", secure=request.url.scheme == "https")
+        return response
+
+    async def oidc_callback(request: Request) -> Response:
+        """Back from the issuer: the code is exchanged only for the browser that left (its state)."""
+        seen = await visit(request)
+        attempt = oidc.unseal(key, request.cookies.get(oidc.COOKIE), time.time())
+        code, state = request.query_params.get("code"), request.query_params.get("state")
+        if attempt is None or state is None or not hmac.compare_digest(state.encode(), attempt.state.encode()):
+            return page(request, seen, "sign_in.html", 403,
+                        error="This sign-in was not started from this browser, or took too long. Try again.")
+        if not code:
+            why = request.query_params.get("error_description") or request.query_params.get("error") or "no code"
+            return page(request, seen, "sign_in.html", 401, error=f"The identity provider did not sign you in: {why}")
+        try:
+            token = await oidc.access_token((await oidc.endpoints(settings))["token_endpoint"], settings, attempt,
+                                            code, _callback(request))
+        except oidc.SignInFailed as e:
+            return page(request, seen, "sign_in.html", 502, error=str(e))
+        if await authenticator.from_bearer(token) is None:
+            return page(request, seen, "sign_in.html", 401,
+                        error="The identity provider's token is not accepted by this gateway.")
+        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
+        _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
+        response.delete_cookie(oidc.COOKIE, path=PREFIX)
         return response
 
     async def sign_out(request: Request, seen: Visit, principal: Principal) -> Response:
@@ -266,6 +310,8 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     return Starlette(routes=[
         Route("/", home, methods=["GET"]),
         Route("/sign-in", ride(sign_in), methods=["GET", "POST"]),
+        Route("/oidc/start", ride(oidc_start), methods=["GET"]),
+        Route("/oidc/callback", ride(oidc_callback), methods=["GET"]),
         Route("/sign-out", signed(sign_out), methods=["POST"]),
         Route("/runs", signed(search), methods=["GET"]),
         Route("/runs/{run_id}", signed(run_page), methods=["GET"]),
@@ -280,6 +326,11 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
 def _next_page(shown: list[tuple[str, str]], cursor: str | None) -> str | None:
     """The query string of the page after this one: the same filters, the next cursor."""
     return None if cursor is None else urlencode([(k, v) for k, v in shown if k != "cursor"] + [("cursor", cursor)])
+
+
+def _callback(request: Request) -> str:
+    """Where the issuer sends the browser back: this gateway as the browser reached it."""
+    return f"{request.url.scheme}://{request.url.netloc}{PREFIX}/oidc/callback"
 
 
 def _everything(principal: Principal, what: str) -> None:

@@ -19,6 +19,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 COOKIE = "longrun_console"
 LIFETIME = 8 * 3600
@@ -41,23 +42,35 @@ def signed_in(token: str, now: float) -> Session:
 
 
 def seal(key: str, session: Session) -> str:
-    payload = base64.urlsafe_b64encode(json.dumps([session.nonce, session.token, session.expires]).encode())
-    return f"{payload.decode()}.{_mac(key, b'session:' + payload)}"
+    return seal_values(key, "session", [session.nonce, session.token, session.expires])
 
 
 def unseal(key: str, raw: str | None, now: float) -> Session | None:
     """The session the cookie ``raw`` holds, or None if it is missing, altered or over."""
+    values = unseal_values(key, "session", raw)
+    if values is None or len(values) != 3:
+        return None
+    session = Session(*values)
+    return session if session.expires > now else None
+
+
+def seal_values(key: str, purpose: str, values: list[Any]) -> str:
+    """JSON ``values`` with an HMAC over them and ``purpose`` (a value sealed for one use opens for no other)."""
+    payload = base64.urlsafe_b64encode(json.dumps(values).encode()).decode()
+    return f"{payload}.{_mac(key, f'{purpose}:{payload}'.encode())}"
+
+
+def unseal_values(key: str, purpose: str, raw: str | None) -> list[Any] | None:
     if not raw or raw.count(".") != 1:
         return None
     payload, mac = raw.split(".")
-    if not hmac.compare_digest(mac.encode(), _mac(key, b"session:" + payload.encode()).encode()):
+    if not hmac.compare_digest(mac.encode(), _mac(key, f"{purpose}:{payload}".encode()).encode()):
         return None
     try:
-        nonce, token, expires = json.loads(base64.urlsafe_b64decode(payload.encode()))
+        values = json.loads(base64.urlsafe_b64decode(payload.encode()))
     except ValueError:
         return None
-    session = Session(nonce, token, expires)
-    return session if expires > now else None
+    return values if isinstance(values, list) else None
 
 
 def csrf_token(key: str, session: Session) -> str:

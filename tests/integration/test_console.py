@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from longrun.db import tokens
 from tests.fixtures import eventually
+from tests.integration import oidc_provider
 from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.runs_factory import action_unknown, waiting_for_user
 
@@ -194,6 +195,37 @@ async def test_revoking_the_token_ends_its_console_session(clean, engine, gatewa
         assert (ended.status_code, ended.headers["location"]) == (303, "/console/sign-in?notice=ended")
         assert "no longer accepted" in (await console.get(ended.headers["location"].removeprefix("/console"))).text
         assert (await console.get("/runs")).headers["location"] == "/console/sign-in"
+
+
+async def test_an_operator_signs_in_at_the_identity_provider_with_the_authorization_code_flow(
+        clean, engine, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given an identity provider where alice is an approver of acme, and a gateway whose console is its client
+    user = {"sub": "alice", "roles": ["approver"], "tenants": ["acme"]}
+    async with oidc_provider.serving(client_id="longrun-console", client_secret="console-secret",
+                                     audience="longrun-api", user=user) as provider:
+        ensemble = Ensemble(services, tmp_path)
+        ensemble.start("gateway", "services.gateway", **provider.gateway_env())
+        await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+        run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                # When she chooses to sign in at the provider
+                page = await browser.new_page()
+                await page.goto(f"{ensemble.gateway_url}/console/sign-in")
+                await page.click("#oidc")
+                # Then she is back in the console, signed in as herself, seeing her tenant's runs
+                await expect(page).to_have_url(re.compile(r"/console/runs$"))
+                await expect(page.locator("#subject")).to_have_text("alice")
+                await expect(page.locator("#runs")).to_contain_text(run_id)
+                await page.screenshot(path=SHOTS / "5-signed-in-at-the-identity-provider.png", full_page=True)
+            finally:
+                await browser.close()
+        # And a callback that this browser did not start is refused
+        async with httpx.AsyncClient(base_url=f"{ensemble.gateway_url}/console") as console:
+            forged = await console.get("/oidc/callback", params={"code": "stolen", "state": "guessed"})
+        assert forged.status_code == 403 and "not started from this browser" in forged.text
 
 
 def _csrf(page: httpx.Response) -> str:
