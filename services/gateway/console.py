@@ -228,7 +228,10 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     async def run_page(request: Request, seen: Visit, principal: Principal, *, status: int = 200,
                        error: str | None = None) -> Response:
         view = await load(principal, request.path_params["run_id"])
-        return page(request, seen, "run.html", status, error=error, **_run_values(view))
+        wait = view["snapshot"].get("wait") or {}
+        return page(request, seen, "run.html", status, error=error,
+                    may_decide=principal.may("approver") and principal.is_owner(wait.get("owner")),
+                    **_run_values(view))
 
     async def live(request: Request, seen: Visit, principal: Principal) -> Response:
         view = await load(principal, request.path_params["run_id"])

@@ -156,6 +156,22 @@ async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_o
     assert await status_of(engine, run_id) == "WAITING_USER"
 
 
+async def test_an_approver_the_approval_does_not_name_is_refused_and_nothing_changes(clean, engine, gateway) -> None:
+    # Given a run waiting for user_42's approval and another approver of its tenant signed in
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    token = await named_token(engine, subject="ops-carl", roles=("approver",), tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        page = await console.get(f"/runs/{run_id}")
+        # When he approves it all the same
+        acted = await console.post(f"/runs/{run_id}/approve", data={
+            "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(page)})
+    # Then the page offered him no buttons, the approval is refused, and the run still waits
+    assert 'id="not-yours"' in page.text and 'id="approve"' not in page.text
+    assert acted.status_code == 403 and "only user_42 may decide" in acted.text
+    assert await status_of(engine, run_id) == "WAITING_USER"
+
+
 async def test_an_action_in_doubt_is_resolved_in_the_console_as_the_signed_in_principal(
         clean, engine, gateway) -> None:
     # Given a run whose merge request is in doubt, and an operator of its tenant signed in
