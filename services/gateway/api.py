@@ -21,11 +21,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, T
 
 from longrun.db import pages
 from longrun.domain import ActionStatus, RunStatus
+from longrun.identity import ROLES
 
 Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 Reason = Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$",
                               description="Why, for the audit log; required for every operator action.")]
 RUN_STATUS = Literal[tuple(s.value for s in RunStatus)]  # type: ignore[valid-type]
+Role = Literal[ROLES]  # type: ignore[valid-type]
+TOKEN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,199}$"
+"""A token's name is who acts with it: letters, digits, ``.``, ``_``, ``@``, ``-`` (no ``:``, which
+marks an approval's owner as a role or group)."""
 
 
 class Strict(BaseModel):
@@ -93,6 +98,20 @@ class PolicyChange(Strict):
     reason: Reason
 
 
+class TokenRequest(Strict):
+    """A named API token: ``name`` is who acts with it, in the audit log and for approvals bound to a
+    subject; ``tenants`` null: every tenant."""
+
+    name: Annotated[str, Field(pattern=TOKEN_NAME)]
+    roles: Annotated[list[Role], Field(min_length=1)]
+    tenants: list[Annotated[str, Field(pattern=TENANT_PATTERN)]] | None
+    reason: Reason
+
+
+class Revoke(Strict):
+    reason: Reason
+
+
 # --- queries --------------------------------------------------------------------------------------
 
 Limit = Annotated[int, Field(ge=1, le=pages.MAX_LIMIT,
@@ -136,6 +155,10 @@ class QuarantineListing(Query):
     all: Literal["0", "1"] | None = Field(None, description="1: the entries replayed already too.")
 
 
+class TokenListing(Query):
+    all: Literal["0", "1"] | None = Field(None, description="1: the revoked tokens too.")
+
+
 # --- path parameters ------------------------------------------------------------------------------
 
 PATH_PARAMETERS: dict[str, TypeAdapter[Any]] = {
@@ -143,6 +166,7 @@ PATH_PARAMETERS: dict[str, TypeAdapter[Any]] = {
     "tenant_id": TypeAdapter(Annotated[str, Field(pattern=TENANT_PATTERN)]),
     "entry_id": TypeAdapter(Annotated[int, Field(ge=1, le=2**63 - 1)]),
     "content_hash": TypeAdapter(Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]),
+    "token_id": TypeAdapter(Annotated[int, Field(ge=1, le=2**63 - 1)]),
 }
 
 
@@ -346,6 +370,37 @@ class Health(Strict):
     ok: Literal[True]
 
 
+class Token(Strict):
+    """A named token as kept (its secret is not)."""
+
+    id: int
+    name: str
+    roles: list[str]
+    tenants: list[str] | None = Field(description="None: every tenant.")
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenList(RootModel[list[Token]]):
+    pass
+
+
+class CreatedToken(Strict):
+    token: Token
+    secret: str = Field(description="The bearer token; shown this once, kept nowhere.")
+
+
+class Me(Strict):
+    """Who the bearer token names."""
+
+    subject: str
+    roles: list[str]
+    tenants: list[str] | None = Field(description="None: every tenant.")
+    groups: list[str]
+
+
 # --- the route table ------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -359,29 +414,32 @@ class Operation:
     errors: tuple[int, ...]
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
-    authenticated: bool = True
+    role: Role | None = "viewer"
+    """The least role the caller needs (``longrun.identity``); None: no bearer token is needed."""
+    every_tenant: bool = False
+    """Only a principal of every tenant may call it: what it shows or changes is not one tenant's."""
     raw_body: bool = False
     """The request's body is the bytes themselves, of the media type its Content-Type names."""
 
 
-_READ = (400, 401, 503)
-_ACT = (400, 401, 404, 409, 422, 503)
+_READ = (400, 401, 403, 503)
+_ACT = (400, 401, 403, 404, 409, 422, 503)
 
 
 def _on_a_run(action: str, body: type[BaseModel], response: type[BaseModel], summary: str,
-              errors: tuple[int, ...] = _ACT) -> Operation:
-    return Operation("POST", f"/runs/{{run_id}}/{action}", f"{action}Run", summary, response, errors, body)
+              role: Role = "operator") -> Operation:
+    return Operation("POST", f"/runs/{{run_id}}/{action}", f"{action}Run", summary, response, _ACT, body, role=role)
 
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/runs", "searchRuns", "Runs matching every filter given, newest first, a page at a time",
               RunPage, _READ, query=RunSearch),
     Operation("GET", "/runs/{run_id}", "showRun", "A run: its state, lease, next timer, the operations allowed "
-              "now and its events", RunView, (400, 401, 404, 503)),
+              "now and its events", RunView, (400, 401, 403, 404, 503)),
     _on_a_run("approve", Decide, ActionResult, "Approve exactly the pending request with this hash "
-              "(only its owner, when it names one)", (*_ACT, 403)),
-    _on_a_run("deny", Decide, ActionResult, "Deny the pending request with this hash", (*_ACT, 403)),
-    _on_a_run("answer", Answer, Answered, "Answer the question the run asks", (*_ACT, 403)),
+              "(only a principal its owner names)", role="approver"),
+    _on_a_run("deny", Decide, ActionResult, "Deny the pending request with this hash", role="approver"),
+    _on_a_run("answer", Answer, Answered, "Answer the question the run asks", role="approver"),
     _on_a_run("resolve", Resolve, Resolved, "Settle an action in doubt with what was found on the far side"),
     _on_a_run("pause", Steer, ActionResult, "Pause the run"),
     _on_a_run("resume", Steer, ActionResult, "Resume a paused run"),
@@ -389,28 +447,39 @@ OPERATIONS: tuple[Operation, ...] = (
     _on_a_run("terminate", Steer, ActionResult, "End the run now, skipping cleanup"),
     _on_a_run("migrate", Migrate, Migrated, "Move the run to another workflow version of its kind"),
     Operation("POST", "/runs/{run_id}/artifacts", "attachArtifact", "Attach evidence to the run (the fact "
-              "artifact:<name>)", Attached, (400, 401, 404, 413, 422, 503), query=Attachment, raw_body=True),
+              "artifact:<name>)", Attached, (400, 401, 403, 404, 413, 422, 503), query=Attachment,
+              role="operator", raw_body=True),
     Operation("GET", "/runs/{run_id}/artifacts/{content_hash}", "runArtifact", "An artifact the run refers to "
-              "(attached, or an action's receipt)", None, (400, 401, 404, 503)),
+              "(attached, or an action's receipt)", None, (400, 401, 403, 404, 503)),
     Operation("GET", "/versions", "versionsInUse", "Per run kind and pinned versions: open runs by status, the "
-              "oldest wait, the live workers serving them", VersionsReport, (401, 503)),
+              "oldest wait, the live workers serving them", VersionsReport, (401, 403, 503), every_tenant=True),
     Operation("GET", "/audit", "auditLog", "The audit log, newest first, a page at a time", AuditPage, _READ,
               query=AuditSearch),
     Operation("GET", "/alerts", "alerts", "The alerts the reconciler raised (audit entries alert.*), newest first",
               AuditPage, _READ, query=AuditSearch),
     Operation("GET", "/quarantine", "quarantine", "Quarantined messages and why", QuarantineList, _READ,
-              query=QuarantineListing),
+              query=QuarantineListing, every_tenant=True),
     Operation("POST", "/quarantine/{entry_id}/replay", "replayQuarantined", "Replay one quarantined message "
-              "after re-validating it", ReplayResult, (400, 401, 409, 422, 503), body=Replay),
-    Operation("GET", "/tenants/{tenant_id}/policy", "tenantPolicy", "The tenant's policy (404: it has none)",
-              Policy, (400, 401, 404, 503)),
+              "after re-validating it", ReplayResult, (400, 401, 403, 409, 422, 503), body=Replay, role="operator",
+              every_tenant=True),
+    Operation("GET", "/tenants/{tenant_id}/policy", "tenantPolicy", "The tenant's policy (404: it has none, or "
+              "the caller does not see the tenant)", Policy, (400, 401, 403, 404, 503)),
     Operation("PUT", "/tenants/{tenant_id}/policy", "setTenantPolicy", "Replace the tenant's policy under the "
-              "next version", Policy, (400, 401, 422, 503), body=PolicyChange),
-    Operation("GET", "/healthz", "health", "The gateway answers", Health, (), authenticated=False),
+              "next version", Policy, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin"),
+    Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, tenants, groups", Me,
+              (401, 503)),
+    Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,
+              query=TokenListing, role="admin", every_tenant=True),
+    Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only",
+              CreatedToken, (400, 401, 403, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
+    Operation("POST", "/tokens/{token_id}/revoke", "revokeToken", "Revoke a named API token: it is refused from "
+              "now on", Token, (400, 401, 403, 404, 422, 503), body=Revoke, role="admin", every_tenant=True),
+    Operation("GET", "/healthz", "health", "The gateway answers", Health, (), role=None),
 )
-RUN_ACTIONS: dict[str, type[BaseModel]] = {op.path.rsplit("/", 1)[1]: op.body for op in OPERATIONS
-                                           if op.path.startswith("/runs/{run_id}/") and op.body is not None}
-"""``POST /runs/{run_id}/<action>``: the body each action takes."""
+RUN_ACTIONS: dict[str, Operation] = {op.path.rsplit("/", 1)[1]: op for op in OPERATIONS
+                                     if op.path.startswith("/runs/{run_id}/") and op.body is not None}
+"""``POST /runs/{run_id}/<action>``: each action's operation (the body it takes, the role it needs)."""
+BY_ROUTE: dict[tuple[str, str], Operation] = {(op.method, op.path): op for op in OPERATIONS}
 
 
 # --- validation -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,11 +84,6 @@ class _Refused(Exception):
         self.status = status
 
 
-def tenants_of(principal: Principal) -> Collection[str] | None:
-    """The tenants whose runs ``principal`` sees, for the reads' filter; None: every tenant."""
-    return principal.tenants
-
-
 def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
                    ride: Callable[[Callable[[Request], Awaitable[Response]]],
                                   Callable[[Request], Awaitable[Response]]]) -> Starlette:
@@ -133,6 +128,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
                     _set_cookie(response, request, sessions.seal(key, seen.session))
                 return response
             try:
+                _may(seen.principal, api.BY_ROUTE[("GET", "/runs")])  # a principal with no role sees nothing
                 if request.method == "POST":
                     form = await _form(request)
                     if not sessions.csrf_ok(key, seen.session, form.get("csrf")):
@@ -212,7 +208,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         params = api.query(api.RunSearch, QueryParams(shown))
         try:
             async with engine.connect() as conn:
-                found = await reads.search_runs(conn, params, tenants_of(principal))
+                found = await reads.search_runs(conn, params, principal.tenants)
         except ValueError as e:
             raise _Refused(400, str(e)) from e
         return page(request, seen, "runs.html", runs=found["runs"], filters=params,
@@ -220,7 +216,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
 
     async def load(principal: Principal, run_id: str) -> dict[str, Any]:
         async with engine.connect() as conn:
-            view = await reads.run_view(conn, api.path_parameter("run_id", run_id), tenants_of(principal))
+            view = await reads.run_view(conn, api.path_parameter("run_id", run_id), principal.tenants)
         if view is None:
             raise _Refused(404, f"No run {run_id}.")
         return view
@@ -246,10 +242,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
             raise _Refused(404, f"No console action {name!r}: approve, deny or resolve.")
         await load(principal, run_id)  # a run of a tenant not seen is not found, before anything is done
         form = request.state.form
-        needed = "operator" if name == "resolve" else "approver"
-        if not principal.may(needed):
-            raise _Refused(403, f"{name} needs the {needed} role; {principal.subject} has "
-                                f"{', '.join(sorted(principal.roles)) or 'none'}.")
+        _may(principal, api.RUN_ACTIONS[name])
         try:
             async with engine.begin() as conn:
                 tx = PgTransaction(conn)
@@ -265,7 +258,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
                                       approved_hash=form.get("approved_hash"), reason=form.get("reason"))
                     await operate.decide_approval(tx, run_id, approval_id=decision.approval_id,
                                                   approved_hash=decision.approved_hash, approved=name == "approve",
-                                                  actor=principal.subject, reason=decision.reason)
+                                                  by=principal, reason=decision.reason)
         except operate.NotPermitted as e:
             return await run_page(request, seen, principal, status=403, error=str(e))
         except (DomainError, LongrunError) as e:
@@ -274,14 +267,12 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         return RedirectResponse(f"{PREFIX}/runs/{run_id}?notice={done}", status_code=303)
 
     async def quarantine(request: Request, seen: Visit, principal: Principal) -> Response:
-        _everything(principal, "the quarantine")
+        _may(principal, api.BY_ROUTE[("GET", "/quarantine")])
         entries = await quarantine_ops.list_entries(engine, include_replayed=request.query_params.get("all") == "1")
         return page(request, seen, "quarantine.html", entries=entries)
 
     async def replay(request: Request, seen: Visit, principal: Principal) -> Response:
-        _everything(principal, "the quarantine")
-        if not principal.may("operator"):
-            raise _Refused(403, "Replaying needs the operator role.")
+        _may(principal, api.BY_ROUTE[("POST", "/quarantine/{entry_id}/replay")])
         entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
         body = _model(api.Replay, reason=request.state.form.get("reason"))
         try:
@@ -296,7 +287,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         params = api.query(api.AuditSearch, QueryParams(shown))
         try:
             async with engine.connect() as conn:
-                found = await reads.audit_entries(conn, params, tenants=tenants_of(principal))
+                found = await reads.audit_entries(conn, params, tenants=principal.tenants)
         except ValueError as e:
             raise _Refused(400, str(e)) from e
         return page(request, seen, "audit.html", entries=found["entries"], filters=params,
@@ -336,10 +327,13 @@ def _callback(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}{PREFIX}/oidc/callback"
 
 
-def _everything(principal: Principal, what: str) -> None:
-    """Pages whose entries are no one tenant's (a quarantined message may name none that is readable)."""
-    if tenants_of(principal) is not None:
-        raise _Refused(403, f"Only an operator who sees every tenant may see {what}.")
+def _may(principal: Principal, op: api.Operation) -> None:
+    """The console asks of a principal what the operator API asks for the same operation."""
+    assert op.role is not None
+    if not principal.may(op.role):
+        raise _Refused(403, f"{principal.subject} may not {op.name}: it needs the role {op.role}.")
+    if op.every_tenant and principal.tenants is not None:
+        raise _Refused(403, f"{principal.subject} may not {op.name}: only a principal of every tenant may.")
 
 
 def _model(model: type[api.M], **fields: Any) -> api.M:

@@ -1,10 +1,15 @@
-"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the authenticated operator API, whose
-requests are checked against its contract (``services.gateway.api``, served at ``GET /openapi.json``)."""
+"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the operator API, whose requests
+are checked against its contract (``services.gateway.api``, served at ``GET /openapi.json``).
+
+Every operator call names its caller with a bearer token (``longrun.identity``): 401 without a
+valid one, 403 when the caller lacks the role the operation needs. A caller sees only its tenants:
+a run of another tenant is answered as no run at all (404), a search lists none of them, and the
+audit log shows only what concerns its tenants' runs and policies.
+"""
 
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import logging
 import time
@@ -13,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -30,16 +35,19 @@ from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import policies, runs
+from longrun.db import policies, runs, tokens
 from longrun.db.errors import is_transient
 from longrun.db.schema import artifacts as artifacts_table
+from longrun.db.schema import runs as runs_table
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
+from longrun.identity import Authenticator, Principal
 from services.gateway import api, console, openapi, reads
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+Guarded = Callable[[Request, Principal], Awaitable[Response]]
 ATTEMPTS = 4
 """Attempts of one request when the database connection breaks under it (0.1, 0.2, 0.4 s apart)."""
 
@@ -71,10 +79,22 @@ def riding_out_database_restarts(handler: Handler) -> Handler:
     return answer
 
 
-def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
+class Refused(Exception):
+    """The caller is not who may do this: 401 (no valid bearer token) or 403 (the role or scope is missing)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: bool = True,
+               operator_api: bool = True) -> Starlette:
+    """The gateway's routes: the webhook intake, the operator API, or both (one app for each port:
+    ``LONGRUN_WEBHOOK_PORT`` serves the intake apart)."""
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
     providers = webhook_providers.load(settings)
     store = FilesystemArtifactStore(settings.artifact_dir)
+    authenticator = Authenticator(engine, settings)
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
@@ -96,26 +116,38 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": f"malformed event: {e}"}, status_code=400)
         return JSONResponse(outcome, status_code=202)
 
-    def operator(request: Request) -> str | None:
-        header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ").strip()
-        if not any(hmac.compare_digest(token, t) for t in settings.operator_tokens):
-            return None
-        return request.headers.get("x-operator") or "operator"
+    async def caller(request: Request, op: api.Operation) -> Principal:
+        """Who calls, if they may call ``op``; ``Refused`` otherwise."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        principal = await authenticator.from_bearer(token.strip()) if scheme.lower() == "bearer" else None
+        if principal is None:
+            raise Refused(401, "missing or bad bearer token")
+        assert op.role is not None
+        if not principal.may(op.role):
+            raise Refused(403, f"{principal.subject} may not {op.name}: it needs the role {op.role}")
+        if op.every_tenant and principal.tenants is not None:
+            raise Refused(403, f"{principal.subject} may not {op.name}: only a principal of every tenant may")
+        return principal
+
+    def guarded(path: str, handler: Guarded) -> Handler:
+        """``handler`` called with its caller, once the caller may call the operation of this route."""
+        async def answer(request: Request) -> Response:
+            return await handler(request, await caller(request, api.BY_ROUTE[(request.method, path)]))
+        return answer
 
     async def act(request: Request) -> Response:
-        actor = operator(request)
-        if actor is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         name = request.path_params["action"]
-        if name not in api.RUN_ACTIONS:
+        op = api.RUN_ACTIONS.get(name)
+        principal = await caller(request, op or api.BY_ROUTE[("GET", "/runs/{run_id}")])
+        if op is None or op.body is None:
             return JSONResponse({"error": f"no operation {name!r} on a run; one of {', '.join(api.RUN_ACTIONS)}"},
                                 status_code=404)
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
-        body = api.body(api.RUN_ACTIONS[name], await request.body())
+        body = api.body(op.body, await request.body())
         try:
             async with engine.begin() as conn:
-                result = await _act(PgTransaction(conn), run_id, name, body, actor=actor, kinds=kinds)
+                await _visible(conn, run_id, principal)
+                result = await _act(PgTransaction(conn), run_id, name, body, by=principal, kinds=kinds)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:
@@ -128,23 +160,23 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(result)
 
-    async def show(request: Request) -> Response:
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def show(request: Request, principal: Principal) -> Response:
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
         async with engine.connect() as conn:
-            view = await reads.run_view(conn, run_id)
+            view = await reads.run_view(conn, run_id, principal.tenants)
         if view is None:
-            return JSONResponse({"error": "no such run"}, status_code=404)
+            return JSONResponse({"error": str(operate.RunNotFound(run_id))}, status_code=404)
         return JSONResponse(view)
 
-    async def attach(request: Request) -> Response:
+    async def attach(request: Request, principal: Principal) -> Response:
         """POST the artifact's bytes (``Content-Type``: its media type) with ``?name=...&reason=...``."""
-        actor = operator(request)
-        if actor is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
         params = api.query(api.Attachment, request.query_params)
+        try:
+            async with engine.connect() as conn:
+                await _visible(conn, run_id, principal)  # a run's tenant never changes
+        except operate.RunNotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
         data = await request.body()
         if not data or len(data) > settings.max_attachment_bytes:
             return JSONResponse({"error": f"an artifact is 1 to {settings.max_attachment_bytes} bytes "
@@ -155,7 +187,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             async with engine.begin() as conn:
                 result = await operate.attach_artifact(
                     PgTransaction(conn), run_id, name=params.name, content_hash=content_hash, size=len(data),
-                    media_type=media_type, actor=actor, reason=params.reason)
+                    media_type=media_type, actor=principal.subject, reason=params.reason)
                 await artifacts.register(conn, store, content_hash, size=len(data), media_type=media_type,
                                          run_id=run_id)
         except operate.RunNotFound as e:
@@ -164,76 +196,65 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=422)
         return JSONResponse(result)
 
-    async def artifact(request: Request) -> Response:
+    async def artifact(request: Request, principal: Principal) -> Response:
         """An artifact of the run: one attached to it, or a receipt its actions refer to."""
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
         content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
             row = (await conn.execute(select(artifacts_table.c.media_type).where(
                 artifacts_table.c.content_hash == content_hash))).first()
-        if stored is None or row is None or not _refers_to(stored.snapshot, content_hash):
+        if (stored is None or row is None or not principal.sees(stored.snapshot.tenant_id)
+                or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
         return Response(await store.get(content_hash), media_type=row.media_type)
 
-    async def search(request: Request) -> Response:
-        """Runs matching every filter given (``reads.search_runs``)."""
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def search(request: Request, principal: Principal) -> Response:
+        """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""
         params = api.query(api.RunSearch, request.query_params)
         try:
             async with engine.connect() as conn:
-                return JSONResponse(await reads.search_runs(conn, params))
+                return JSONResponse(await reads.search_runs(conn, params, principal.tenants))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
 
-    async def audit_trail(request: Request) -> Response:
-        """The audit log (``reads.audit_entries``); ``/alerts`` is the part of it the reconciler raised."""
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def audit_trail(request: Request, principal: Principal) -> Response:
+        """The audit log as the caller may see it (``reads.audit_entries``); ``/alerts`` is the part of it
+        the reconciler raised."""
         params = api.query(api.AuditSearch, request.query_params)
         try:
             async with engine.connect() as conn:
-                return JSONResponse(await reads.audit_entries(conn, params,
-                                                              alerts_only=request.url.path == "/alerts"))
+                return JSONResponse(await reads.audit_entries(conn, params, alerts_only=request.url.path == "/alerts",
+                                                              tenants=principal.tenants))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
 
-    async def versions_in_use(request: Request) -> Response:
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def versions_in_use(request: Request, principal: Principal) -> Response:
         async with engine.connect() as conn:
             return JSONResponse(await versions.report(conn))
 
-    async def quarantined(request: Request) -> Response:
-        if operator(request) is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def quarantined(request: Request, principal: Principal) -> Response:
         params = api.query(api.QuarantineListing, request.query_params)
         return JSONResponse(await quarantine_ops.list_entries(engine, include_replayed=params.all == "1"))
 
-    async def replay(request: Request) -> Response:
-        actor = operator(request)
-        if actor is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
+    async def replay(request: Request, principal: Principal) -> Response:
         entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
         body = api.body(api.Replay, await request.body())
         try:
-            result = await quarantine_ops.replay(engine, bus, entry_id, actor=actor, reason=body.reason,
+            result = await quarantine_ops.replay(engine, bus, entry_id, actor=principal.subject, reason=body.reason,
                                                  replay_window=settings.quarantine_replay_window)
         except quarantine_ops.NotReplayable as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(result)
 
-    async def tenant_policy(request: Request) -> Response:
+    async def tenant_policy(request: Request, principal: Principal) -> Response:
         """GET: the tenant's policy; PUT ``{"tools": [...], "resources": [...], "reason"}``: replace it
         (audited), under the next version. Runs created from then on are narrowed by it; approved calls
         of runs created before are re-validated under it."""
-        actor = operator(request)
-        if actor is None:
-            return JSONResponse({"error": "missing or bad bearer token"}, status_code=401)
         tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
+        actor = principal.subject
+        if not principal.sees(tenant):
+            return JSONResponse({"error": f"no tenant {tenant!r} among those {actor} sees"}, status_code=404)
         if request.method == "GET":
             async with engine.connect() as conn:
                 policy = await policies.load(conn, tenant)
@@ -252,6 +273,40 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
                                  details=_policy_json(policy))
         return JSONResponse(_policy_json(policy))
 
+    async def me(request: Request, principal: Principal) -> Response:
+        return JSONResponse({"subject": principal.subject, "roles": sorted(principal.roles),
+                             "tenants": None if principal.tenants is None else sorted(principal.tenants),
+                             "groups": sorted(principal.groups)})
+
+    async def token_list(request: Request, principal: Principal) -> Response:
+        params = api.query(api.TokenListing, request.query_params)
+        async with engine.connect() as conn:
+            found = await tokens.listing(conn, include_revoked=params.all == "1")
+        return JSONResponse([t.to_dict() for t in found])
+
+    async def token_create(request: Request, principal: Principal) -> Response:
+        """A named token; its secret is in this answer and nowhere else."""
+        body = api.body(api.TokenRequest, await request.body())
+        async with engine.begin() as conn:
+            token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
+                                                tenants=None if body.tenants is None else tuple(body.tenants),
+                                                created_by=principal.subject)
+            await webhooks.audit(conn, actor=principal.subject, action="token.create", target=f"token:{token.id}",
+                                 reason=body.reason, details={"name": token.name, "roles": list(token.roles),
+                                                              "tenants": body.tenants})
+        return JSONResponse({"token": token.to_dict(), "secret": secret})
+
+    async def token_revoke(request: Request, principal: Principal) -> Response:
+        token_id = api.path_parameter("token_id", request.path_params["token_id"])
+        body = api.body(api.Revoke, await request.body())
+        async with engine.begin() as conn:
+            token = await tokens.revoke(conn, token_id)
+            if token is None:
+                return JSONResponse({"error": f"no token {token_id}"}, status_code=404)
+            await webhooks.audit(conn, actor=principal.subject, action="token.revoke", target=f"token:{token_id}",
+                                 reason=body.reason, details={"name": token.name})
+        return JSONResponse(token.to_dict())
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
@@ -261,23 +316,49 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings) -> Starlette:
         return JSONResponse(contract)
 
     ride = riding_out_database_restarts
-    return Starlette(routes=[
-        Route("/webhooks/{provider}", ride(webhook), methods=["POST"]),
-        Route("/runs", ride(search), methods=["GET"]),
-        Route("/runs/{run_id}", ride(show), methods=["GET"]),
-        Route("/runs/{run_id}/artifacts", ride(attach), methods=["POST"]),
-        Route("/runs/{run_id}/artifacts/{content_hash}", ride(artifact), methods=["GET"]),
+
+    def route(path: str, handler: Guarded, methods: list[str]) -> Route:
+        return Route(path, ride(guarded(path, handler)), methods=methods)
+
+    intake_routes = [Route("/webhooks/{provider}", ride(webhook), methods=["POST"])]
+    operations = [
+        route("/runs", search, ["GET"]),
+        route("/runs/{run_id}", show, ["GET"]),
+        route("/runs/{run_id}/artifacts", attach, ["POST"]),
+        route("/runs/{run_id}/artifacts/{content_hash}", artifact, ["GET"]),
         Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
-        Route("/versions", ride(versions_in_use), methods=["GET"]),
-        Route("/audit", ride(audit_trail), methods=["GET"]),
-        Route("/alerts", ride(audit_trail), methods=["GET"]),
-        Route("/quarantine", ride(quarantined), methods=["GET"]),
-        Route("/quarantine/{entry_id}/replay", ride(replay), methods=["POST"]),
-        Route("/tenants/{tenant_id}/policy", ride(tenant_policy), methods=["GET", "PUT"]),
-        Route("/healthz", healthz, methods=["GET"]),
+        route("/versions", versions_in_use, ["GET"]),
+        route("/audit", audit_trail, ["GET"]),
+        route("/alerts", audit_trail, ["GET"]),
+        route("/quarantine", quarantined, ["GET"]),
+        route("/quarantine/{entry_id}/replay", replay, ["POST"]),
+        route("/tenants/{tenant_id}/policy", tenant_policy, ["GET", "PUT"]),
+        route("/me", me, ["GET"]),
+        route("/tokens", token_list, ["GET"]),
+        route("/tokens", token_create, ["POST"]),
+        route("/tokens/{token_id}/revoke", token_revoke, ["POST"]),
         Route("/openapi.json", described, methods=["GET"]),
         Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
-    ], exception_handlers={HTTPException: _http_error, api.Invalid: _invalid})
+    ]
+    return Starlette(routes=[*(intake_routes if intake else []), *(operations if operator_api else []),
+                             Route("/healthz", healthz, methods=["GET"])],
+                     exception_handlers={HTTPException: _http_error, api.Invalid: _invalid, Refused: _refused})
+
+
+async def _refused(request: Request, e: Exception) -> Response:
+    assert isinstance(e, Refused)
+    return JSONResponse({"error": str(e)}, status_code=e.status,
+                        headers={"www-authenticate": "Bearer"} if e.status == 401 else None)
+
+
+async def _visible(conn: AsyncConnection, run_id: str, principal: Principal) -> None:
+    """``RunNotFound`` for a run the principal does not see, as for one that does not exist: a
+    caller learns nothing of other tenants' runs."""
+    if principal.tenants is None:
+        return
+    tenant = (await conn.execute(select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id))).scalar()
+    if tenant is None or not principal.sees(tenant):
+        raise operate.RunNotFound(run_id)
 
 
 async def _invalid(request: Request, e: Exception) -> Response:
@@ -307,15 +388,16 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
 _STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
 
 
-async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, actor: str,
+async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by: Principal,
                kinds: Registry) -> dict[str, Any]:
-    """The operation ``name`` on a run, with its body as the contract took it."""
+    """The operation ``name`` on a run, with its body as the contract took it, by ``by``."""
+    actor = by.subject
     if isinstance(body, api.Decide):
         return await operate.decide_approval(tx, run_id, approval_id=body.approval_id,
                                              approved_hash=body.approved_hash, approved=name == "approve",
-                                             actor=actor, reason=body.reason)
+                                             by=by, reason=body.reason)
     if isinstance(body, api.Answer):
-        return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, actor=actor,
+        return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, by=by,
                                     reason=body.reason)
     if isinstance(body, api.Resolve):
         return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
@@ -328,4 +410,5 @@ async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, ac
     if name == "terminate":
         return await operate.terminate(tx, run_id, actor=actor, reason=body.reason, kinds=kinds)
     return await _STEERS[name](tx, run_id, actor=actor, reason=body.reason)
+
 

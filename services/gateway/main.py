@@ -1,4 +1,6 @@
-"""gateway service: serves webhooks and the operator API over HTTP (uvicorn, in this process's loop)."""
+"""gateway service: serves webhooks and the operator API over plain HTTP (uvicorn, in this process's
+loop), on one port or, with ``LONGRUN_WEBHOOK_PORT``, the webhook intake on a port of its own. TLS
+ends in front of it, at the ingress (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -17,18 +19,23 @@ SERVICE = "gateway"
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
+    apart = settings.webhook_port != 0
+    apps = [(create_app(engine, bus, settings, intake=not apart), settings.gateway_port)]
+    if apart:
+        apps.append((create_app(engine, bus, settings, operator_api=False), settings.webhook_port))
     # log_config=None: uvicorn's records go to the process's handler (``longrun.logs``), JSON like the rest.
-    config = uvicorn.Config(create_app(engine, bus, settings), host="0.0.0.0", port=settings.gateway_port,
-                            log_level=settings.log_level.lower(), lifespan="off", log_config=None)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    task = asyncio.create_task(server.serve())
+    servers = [uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_level=settings.log_level.lower(),
+                                             lifespan="off", log_config=None)) for app, port in apps]
+    for server in servers:
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
     reconnecting = asyncio.create_task(keep_connected(bus))
     watch(health, engine=engine, bus=bus)
     health.ready = True
     await stopping.wait()
-    server.should_exit = True
-    await task
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks)
     reconnecting.cancel()
     await asyncio.gather(reconnecting, return_exceptions=True)
     await bus.close()

@@ -22,9 +22,13 @@ from services.gateway import api
 REF = "#/components/schemas/{model}"
 _DESCRIPTION = (
     "Search, inspect and steer runs, read the audit log and the alerts, replay quarantined messages and set "
-    "tenants' policies. Every operation but /healthz needs a bearer token from LONGRUN_OPERATOR_TOKENS; the "
-    "X-Operator header names who acts, for the audit log and for approvals bound to an owner. Every action "
-    "takes a reason, which is audited.\n\n" + (api.__doc__ or "").split("\n\n", 1)[1].strip())
+    "tenants' policies, manage named API tokens. Every operation but /healthz needs a bearer token, which names "
+    "who acts (the audit log's actor, the approver an approval is checked against): a named API token, an OIDC "
+    "token (JWT) of the configured issuer, or a bootstrap token. 401: no valid token; 403: the caller lacks the "
+    "role the operation needs (x-longrun-role: viewer < operator < approver < admin, each allowing what the ones "
+    "before it allow) or is not the approver the request names. A caller sees only its tenants: another "
+    "tenant's run answers 404. Every action takes a reason, which is audited.\n\n"
+    + (api.__doc__ or "").split("\n\n", 1)[1].strip())
 
 
 def document() -> dict[str, Any]:
@@ -40,8 +44,10 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer",
-                                                  "description": "One of LONGRUN_OPERATOR_TOKENS."}},
+            "securitySchemes": {"operatorToken": {
+                "type": "http", "scheme": "bearer",
+                "description": "A named API token (longrunctl token create), an OIDC token (JWT) of "
+                               "LONGRUN_OIDC_ISSUER, or a bootstrap token of LONGRUN_OPERATOR_TOKENS."}},
         },
     }
 
@@ -70,17 +76,16 @@ def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     parameters = [_path_parameter(name) for name in re.findall(r"{(\w+)}", op.path)]
     if op.query is not None:
         parameters += _query_parameters(op.query)
-    if op.authenticated:
-        parameters.append({"name": "X-Operator", "in": "header", "required": False,
-                           "description": "Who acts (default: operator), for the audit log.",
-                           "schema": {"type": "string"}})
     binary = {"schema": {"type": "string", "format": "binary"}}
     responses = {"200": {"description": "OK", "content": {"*/*": binary} if op.response is None
                          else json_content(op.response)}}
     for status in op.errors:
         responses[str(status)] = {"description": HTTPStatus(status).phrase, "content": json_content(api.Error)}
     operation: dict[str, Any] = {"operationId": op.name, "summary": op.summary, "responses": responses,
-                                 "security": [{"operatorToken": []}] if op.authenticated else []}
+                                 "security": [{"operatorToken": []}] if op.role else []}
+    if op.role:
+        operation["x-longrun-role"] = op.role
+        operation["x-longrun-every-tenant"] = op.every_tenant
     if op.body is not None:
         operation["requestBody"] = {"required": True, "content": json_content(op.body)}
     if op.raw_body:

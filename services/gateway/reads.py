@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import exists, select, text
+from sqlalchemy import exists, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import operate
@@ -37,7 +37,7 @@ async def search_runs(conn: AsyncConnection, params: api.RunSearch,
                    runs_table.c.idempotency_key, runs_table.c.created_at,
                    runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
     if tenants is not None:
-        query = query.where(runs_table.c.tenant_id.in_(tenants))
+        query = query.where(runs_table.c.tenant_id.in_(sorted(tenants)))
     for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
         if getattr(params, column):
             query = query.where(runs_table.c[column] == getattr(params, column))
@@ -93,7 +93,7 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
                         tenants: Collection[str] | None = None) -> dict[str, Any]:
     """The audit log, newest first, a page at a time (as ``search_runs``), filtered by ``actor``,
     ``action``, ``target``; ``alerts_only``: the part of it the reconciler raised (``alert.*``).
-    Narrowed to ``tenants``, only the entries about their runs are shown."""
+    Narrowed to ``tenants``: the entries whose target is one of their runs or one of them."""
     query = select(audit_log)
     for column in ("actor", "action", "target"):
         if getattr(params, column):
@@ -101,8 +101,9 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
     if alerts_only:
         query = query.where(audit_log.c.action.startswith(ALERT_PREFIX))
     if tenants is not None:
-        query = query.where(audit_log.c.target.in_(
-            select(runs_table.c.run_id).where(runs_table.c.tenant_id.in_(tenants))))
+        seen = sorted(tenants)
+        query = query.where(or_(audit_log.c.target.in_(seen), exists().where(
+            runs_table.c.run_id == audit_log.c.target, runs_table.c.tenant_id.in_(seen))))
     if params.cursor:
         query = query.where(pages.after(params.cursor, audit_log.c.at, audit_log.c.id))
     limit = params.limit or pages.DEFAULT_LIMIT

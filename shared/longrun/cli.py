@@ -1,6 +1,7 @@
 """longrunctl: operate runs and the quarantine from a terminal, through the gateway's operator API.
 
-Every mutating command takes a --reason, which is audited with the operator's name. Answers print
+Every mutating command takes a --reason, which is audited with who you are: the name of your token
+(or your identity provider's subject), never a name you give. Answers print
 as tables (``-o json`` or ``-o yaml`` for scripts); a failure is one line on stderr and a non-zero
 exit. Settings come from flags, else the environment, else a config file, else the defaults.
 """
@@ -22,11 +23,11 @@ import httpx
 from longrun import timeline
 from longrun.cli_output import FORMATS, View, render
 from longrun.domain import TERMINAL
+from longrun.identity import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
             "token": ("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"),
-            "operator": ("USER", "operator"),
             "output": ("LONGRUNCTL_OUTPUT", "table")}
 """Each setting's environment variable and default."""
 EXAMPLES = """\b
@@ -36,12 +37,12 @@ Examples:
   longrunctl run timeline RUN_ID --follow
   longrunctl run approve RUN_ID --approval-id merge:e33f2c --hash 9e3f30d5... --reason "diff reviewed"
   longrunctl -o json run list --idle-for 2h | jq '.runs[].run_id'
+  longrunctl token create ana --role approver --tenant acme --reason "ana joins the acme on-call"
 
 \b
 Configuration (flags win, then the environment, then the file):
   --url       LONGRUN_GATEWAY_URL      url = "https://longrun.example.com"
   --token     LONGRUN_OPERATOR_TOKEN   token = "..."
-  --operator  USER                     operator = "ana"
   -o          LONGRUNCTL_OUTPUT        output = "table"
   --config    LONGRUNCTL_CONFIG        (default ~/.config/longrun/longrunctl.toml)
 """
@@ -66,8 +67,7 @@ def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, 
 
 def _client(ctx: click.Context) -> httpx.Client:
     opts = ctx.obj
-    return httpx.Client(base_url=opts["url"], timeout=30, headers={
-        "authorization": f"Bearer {opts['token']}", "x-operator": opts["operator"]})
+    return httpx.Client(base_url=opts["url"], timeout=30, headers={"authorization": f"Bearer {opts['token']}"})
 
 
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
@@ -91,7 +91,8 @@ def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | Non
         data = {"error": response.text.strip()[:200] or "(empty answer)"}
     if response.status_code >= 400:
         error = data.get("error", data) if isinstance(data, dict) else data
-        hint = {401: " (check --token / LONGRUN_OPERATOR_TOKEN)"}.get(response.status_code, "")
+        hint = {401: " (check --token / LONGRUN_OPERATOR_TOKEN)",
+                403: " (longrunctl whoami shows your roles and tenants)"}.get(response.status_code, "")
         raise click.ClickException(f"{response.status_code} {response.reason_phrase}: {error}{hint}")
     return data
 
@@ -107,15 +108,13 @@ def _print(ctx: click.Context, data: Any, view: View | None = None) -> None:
 
 @click.group(epilog=EXAMPLES)
 @click.option("--url", help="the gateway [LONGRUN_GATEWAY_URL; http://127.0.0.1:8080]")
-@click.option("--token", help="your operator token [LONGRUN_OPERATOR_TOKEN]")
-@click.option("--operator", help="your name, for the audit log [USER]")
+@click.option("--token", help="your operator token, which names you [LONGRUN_OPERATOR_TOKEN]")
 @click.option("-o", "--output", type=click.Choice(FORMATS), help="table (default), json or yaml [LONGRUNCTL_OUTPUT]")
 @click.option("--config", type=click.Path(dir_okay=False), help="a TOML file of these settings [LONGRUNCTL_CONFIG]")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, token: str | None, operator: str | None, output: str | None,
-         config: str | None) -> None:
+def main(ctx: click.Context, url: str | None, token: str | None, output: str | None, config: str | None) -> None:
     """Operate longrun runs through the gateway's operator API."""
-    ctx.obj = _settings(config, {"url": url, "token": token, "operator": operator, "output": output})
+    ctx.obj = _settings(config, {"url": url, "token": token, "output": output})
 
 
 RUNS = View((("RUN", "run_id"), ("TENANT", "tenant_id"), ("STATUS", "status"), ("KIND", "workflow"),
@@ -397,3 +396,55 @@ def dlq_list(ctx: click.Context, include_replayed: bool) -> None:
 @click.pass_context
 def dlq_replay(ctx: click.Context, entry_id: int, reason: str) -> None:
     _print(ctx, _call(ctx, "POST", f"/quarantine/{entry_id}/replay", {"reason": reason}))
+
+
+@main.command("whoami")
+@click.pass_context
+def whoami(ctx: click.Context) -> None:
+    """Who your token names: subject, roles, tenants (none: every tenant), groups."""
+    _print(ctx, _call(ctx, "GET", "/me"))
+
+
+TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"),
+               ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
+               ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
+
+
+@main.group()
+def token() -> None:
+    """Named API tokens (admins of every tenant only): the name is who acts with the token."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
+              help="repeat for several; each allows what the ones before it allow")
+@click.option("--tenant", "tenants", multiple=True, help="a tenant it sees; repeat for several (none: every tenant)")
+@click.option("--reason", required=True)
+@click.pass_context
+def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], tenants: tuple[str, ...],
+                 reason: str) -> None:
+    """Create a token for NAME; its secret is printed this once and kept nowhere."""
+    created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "tenants": list(tenants) or None,
+                                             "reason": reason})
+    if ctx.obj["output"] != "table":
+        _print(ctx, created)
+        return
+    click.echo(render([created["token"]], "table", TOKENS))
+    click.echo(f"\nsecret (shown once): {created['secret']}")
+
+
+@token.command("list")
+@click.option("--all", "include_revoked", is_flag=True, help="the revoked tokens too")
+@click.pass_context
+def token_list(ctx: click.Context, include_revoked: bool) -> None:
+    _print(ctx, _call(ctx, "GET", "/tokens", params=_given(all=1 if include_revoked else None)), TOKENS)
+
+
+@token.command("revoke")
+@click.argument("token_id", type=int)
+@click.option("--reason", required=True)
+@click.pass_context
+def token_revoke(ctx: click.Context, token_id: int, reason: str) -> None:
+    """Revoke a token by its id (token list): it is refused from now on."""
+    _print(ctx, _call(ctx, "POST", f"/tokens/{token_id}/revoke", {"reason": reason}), TOKENS)

@@ -51,7 +51,8 @@ from longrun.domain.breaker import TOOL_HEALTHY_WAIT
 from longrun.envelope import make
 from longrun.errors import BusUnavailable
 from tests.harness import Process
-from tests.integration.ensemble import OPERATOR_TOKEN, ROOT, WEBHOOK_SECRET, Ensemble, goal
+from tests.integration.ensemble import ROOT, WEBHOOK_SECRET, Ensemble, goal
+from tests.integration.identities import bearer
 
 T = TypeVar("T")
 TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in TERMINAL)
@@ -178,6 +179,8 @@ class Chaos:
         self.keys: list[tuple[str, str]] = []
         """(tenant, idempotency key) of every distinct run asked for."""
         self.answered: set[str] = set()
+        self.approvers: dict[str, dict[str, str]] = {}
+        """Each approver's authorization headers (a named token minted on first use)."""
         self.deadlines: set[str] = set()
         """Keys of the runs created with a business deadline."""
         self.redelivered: set[str] = set()
@@ -377,7 +380,10 @@ class Chaos:
                 continue
             # The answer to each run is a function of the seed and the run's key alone.
             roll = random.Random(f"{self.plan.seed}/{row.tenant_id}/{row.idempotency_key}/{row.approval_id}").random()
-            headers = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": row.approval_owner or "chaos"}
+            owner = row.approval_owner or "chaos"
+            if owner not in self.approvers:
+                self.approvers[owner] = await bearer(self.engine, owner)
+            headers = self.approvers[owner]
             if roll < 0.05:
                 wrong = await gateway.post(f"/runs/{row.run_id}/approve", headers=headers, json={
                     "approval_id": row.approval_id, "approved_hash": "0" * 64, "reason": "chaos: wrong hash"})

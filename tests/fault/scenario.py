@@ -43,6 +43,7 @@ from tests.harness import Process, Services
 from tests.infra import Infra, ctl
 from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble, goal
+from tests.integration.identities import bearer
 
 T = TypeVar("T")
 LEASE_TTL = 3
@@ -71,6 +72,8 @@ class Scenario:
                     "LONGRUN_PARTITION_LEASE_TTL": str(LEASE_TTL), "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_TOOL_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
         self.approved: set[tuple[str, str]] = set()
+        self.tokens: dict[str, dict[str, str]] = {}
+        """Each approver's authorization headers (a named token minted on first use)."""
 
     # -- processes ------------------------------------------------------------------------------------
     def start(self, name: str, *, clock_skew: float | None = None, **env: str) -> Process:
@@ -220,15 +223,20 @@ class Scenario:
             response = await gateway.post(f"/runs/{run_id}/approve", json={
                 "approval_id": wait.approval_id, "approved_hash": approved_hash or wait.approved_hash,
                 "reason": "diff, CI and cost reviewed"},
-                headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": wait.owner or "user_42"})
+                headers=await self.acting_as(wait.owner or "user_42"))
         if response.status_code == 200 and approved_hash is None:
             self.approved.add((run_id, wait.wait_id))
         return response
 
+    async def acting_as(self, name: str) -> dict[str, str]:
+        if name not in self.tokens:
+            self.tokens[name] = await bearer(self.engine, name)
+        return self.tokens[name]
+
     async def operate(self, run_id: str, action: str, reason: str) -> httpx.Response:
         async with httpx.AsyncClient(base_url=self.ensemble.gateway_url, timeout=10) as gateway:
             return await gateway.post(f"/runs/{run_id}/{action}", json={"reason": reason},
-                                      headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops"})
+                                      headers={"authorization": f"Bearer {OPERATOR_TOKEN}"})
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's timeline: type, data, applied (False: stored as late) and the writer's fencing token."""

@@ -12,7 +12,6 @@ from longrun_dependency_upgrade.forge import sign_payload
 from longrun_dependency_upgrade.forge_client import ForgeClient
 from tests.fixtures import eventually
 from tests.integration.ensemble import (
-    OPERATOR_TOKEN,
     WEBHOOK_SECRET,
     Ensemble,
     goal,
@@ -21,6 +20,7 @@ from tests.integration.ensemble import (
     run_id_for,
     status_of,
 )
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +32,11 @@ async def approval_requests(engine, run_id: str) -> list[dict]:  # type: ignore[
             "AND data->>'status' = 'WAITING_USER' ORDER BY seq"), {"r": run_id})).scalars())
 
 
-async def approve(ensemble: Ensemble, run_id: str, wait: dict) -> httpx.Response:  # type: ignore[type-arg]
+async def approve(ensemble: Ensemble, engine, run_id: str, wait: dict) -> httpx.Response:  # type: ignore[no-untyped-def,type-arg]
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as gateway:
         return await gateway.post(f"/runs/{run_id}/approve", json={
             "approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"], "reason": "reviewed"},
-            headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "user_42"})
+            headers=await bearer(engine, "user_42"))
 
 
 async def test_a_push_after_the_approval_request_voids_it_and_a_new_one_is_asked(
@@ -64,7 +64,7 @@ async def test_a_push_after_the_approval_request_voids_it_and_a_new_one_is_asked
                                       headers={"x-forge-signature": sign_payload(WEBHOOK_SECRET, body)})
     assert response.status_code == 202 and response.json()["matched_run_id"] == run_id
     # Then approving what was asked before is refused, and a new approval is asked for the new head
-    refused = await approve(ensemble, run_id, first)
+    refused = await approve(ensemble, engine, run_id, first)
     assert refused.status_code == 409, refused.text
     requests = await eventually(lambda: _at_least(approval_requests(engine, run_id), 2), timeout=60,
                                 what="a new approval request")
@@ -72,7 +72,7 @@ async def test_a_push_after_the_approval_request_voids_it_and_a_new_one_is_asked
     assert second["approved_hash"] != first["approved_hash"]
     assert pushed["sha"] in second["subject"]
     # and approving the new hash merges exactly the new head, once
-    assert (await approve(ensemble, run_id, second)).status_code == 200
+    assert (await approve(ensemble, engine, run_id, second)).status_code == 200
     await eventually(lambda: _completed(engine, run_id), timeout=30, what="completion")
     merge_requests = [e for e in await ensemble.forge_effects() if e["kind"] == "merge_request"]
     assert [e["count"] for e in merge_requests] == [1]

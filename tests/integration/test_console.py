@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from longrun.db import tokens
 from tests.fixtures import eventually
-from tests.integration import oidc_provider
+from tests.integration import identities, oidc_provider
 from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.runs_factory import action_unknown, waiting_for_user
 
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "var" / "test-artifacts" / "console"
-
-
-async def named_token(engine, *, subject: str, roles: tuple[str, ...], tenants: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
-    """A named token's secret (as ``longrunctl token create`` makes one)."""
-    async with engine.begin() as conn:
-        _, secret = await tokens.create(conn, name=subject, roles=roles, tenants=tenants, created_by="tests")
-    return secret
 
 
 async def sign_in(page: Page, base: str, token: str) -> None:
@@ -54,8 +47,8 @@ async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
         ensemble.start(name, module)
     await ensemble.configure_forge()
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
-    approver = await named_token(engine, subject="user_42", roles=("approver",), tenants=("acme",))
-    stranger = await named_token(engine, subject="olga", roles=("operator", "approver"), tenants=("globex",))
+    approver = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    stranger = await identities.token(engine, "olga", "operator", "approver", tenants=("globex",))
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("console"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -116,7 +109,7 @@ async def signed_in(console: httpx.AsyncClient, token: str) -> None:
 
 async def test_a_post_without_the_session_csrf_token_is_refused_and_changes_nothing(clean, engine, gateway) -> None:
     # Given a signed-in console session and a run waiting for approval
-    token = await named_token(engine, subject="user_42", roles=("approver",), tenants=("acme",))
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
     run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
     async with httpx.AsyncClient(base_url=gateway) as console:
         await signed_in(console, token)
@@ -142,7 +135,7 @@ async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_o
         clean, engine, gateway) -> None:
     # Given a run of acme waiting for approval and an approver of globex signed in
     run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
-    token = await named_token(engine, subject="user_42", roles=("approver", "operator"), tenants=("globex",))
+    token = await identities.token(engine, "user_42", "approver", "operator", tenants=("globex",))
     async with httpx.AsyncClient(base_url=gateway) as console:
         await signed_in(console, token)
         listing = await console.get("/runs", params={"tenant_id": "acme"})
@@ -159,7 +152,7 @@ async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_o
 async def test_an_approver_the_approval_does_not_name_is_refused_and_nothing_changes(clean, engine, gateway) -> None:
     # Given a run waiting for user_42's approval and another approver of its tenant signed in
     run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
-    token = await named_token(engine, subject="ops-carl", roles=("approver",), tenants=("acme",))
+    token = await identities.token(engine, "ops-carl", "approver", tenants=("acme",))
     async with httpx.AsyncClient(base_url=gateway) as console:
         await signed_in(console, token)
         page = await console.get(f"/runs/{run_id}")
@@ -176,7 +169,7 @@ async def test_an_action_in_doubt_is_resolved_in_the_console_as_the_signed_in_pr
         clean, engine, gateway) -> None:
     # Given a run whose merge request is in doubt, and an operator of its tenant signed in
     run_id = (await action_unknown(engine, logical_action="open_mr")).snapshot.run_id
-    token = await named_token(engine, subject="ops-anna", roles=("operator",), tenants=("acme",))
+    token = await identities.token(engine, "ops-anna", "operator", tenants=("acme",))
     async with httpx.AsyncClient(base_url=gateway) as console:
         await signed_in(console, token)
         page = await console.get(f"/runs/{run_id}")

@@ -21,6 +21,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.db import runs
 from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble
+from tests.integration.identities import bearer
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 
 pytestmark = pytest.mark.integration
@@ -123,14 +124,16 @@ async def test_an_event_that_arrives_before_its_wait_is_kept_and_matched_when_th
 async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean, engine, gateway) -> None:
     stored = await waiting_for_user(engine, approval_id="merge:1", approved_hash="a" * 64)
     run_id = stored.snapshot.run_id
-    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "user_42"}
+    auth = await bearer(engine, "user_42")
     body = {"approval_id": "merge:1", "approved_hash": "a" * 64, "reason": "reviewed"}
     assert (await gateway.post(f"/runs/{run_id}/approve", json=body)).status_code == 401
     assert (await gateway.post(f"/runs/{run_id}/approve", json={**body, "reason": ""},
                                headers=auth)).status_code == 400
-    # Only the owner the request names may decide it
-    intruder = await gateway.post(f"/runs/{run_id}/approve", json=body, headers={**auth, "x-operator": "mallory"})
-    assert intruder.status_code == 403 and "only user_42 may decide" in intruder.json()["error"]
+    # Only the owner the request names may decide it: not another approver, not the bootstrap admin,
+    # and naming oneself in a header changes nothing
+    for intruder in (await bearer(engine, "mallory"), {"authorization": f"Bearer {OPERATOR_TOKEN}"}):
+        refused = await gateway.post(f"/runs/{run_id}/approve", json=body, headers={**intruder, "x-operator": "user_42"})
+        assert refused.status_code == 403 and "only user_42 may decide" in refused.json()["error"]
     # An approval for another hash is refused and changes nothing
     wrong = await gateway.post(f"/runs/{run_id}/approve", json={**body, "approved_hash": "b" * 64}, headers=auth)
     assert wrong.status_code == 409 and "pending request is" in wrong.json()["error"]
@@ -146,7 +149,7 @@ async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean,
 async def test_a_migration_to_a_version_this_deployment_lacks_is_refused_naming_it(clean, engine, gateway) -> None:
     stored = await waiting_for_user(engine, approval_id="merge:1", approved_hash="a" * 64)
     run_id = stored.snapshot.run_id
-    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops"}
+    auth = {"authorization": f"Bearer {OPERATOR_TOKEN}"}
     missing = await gateway.post(f"/runs/{run_id}/migrate", json={"reason": "release 2"}, headers=auth)
     assert missing.status_code == 400 and "to_version" in missing.json()["error"]
     refused = await gateway.post(f"/runs/{run_id}/migrate", json={"to_version": "2", "reason": "release 2"},
@@ -157,32 +160,35 @@ async def test_a_migration_to_a_version_this_deployment_lacks_is_refused_naming_
         assert await runs.load(conn, run_id) == stored
 
 
-OPERATOR = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ana"}
+@pytest.fixture
+async def ana(clean, engine) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """An admin of every tenant named ana."""
+    return await bearer(engine, "ana", "admin")
 
 
-async def test_a_run_shows_its_lease_next_timer_and_the_operations_allowed_now(clean, engine, gateway) -> None:
+async def test_a_run_shows_its_lease_next_timer_and_the_operations_allowed_now(ana, clean, engine, gateway) -> None:
     waiting = await waiting_for_event(engine, "ci/acme/payments/12")
     asking = await waiting_for_user(engine, approval_id="merge:1", approved_hash="h1")
-    shown = {r.snapshot.run_id: (await gateway.get(f"/runs/{r.snapshot.run_id}", headers=OPERATOR)).json()
+    shown = {r.snapshot.run_id: (await gateway.get(f"/runs/{r.snapshot.run_id}", headers=ana)).json()
              for r in (waiting, asking)}
     event_wait, user_wait = shown[waiting.snapshot.run_id], shown[asking.snapshot.run_id]
     assert event_wait["allowed_operations"] == ["pause", "cancel", "terminate"]
     assert event_wait["next_timer"]["kind"] == "wait_deadline" and event_wait["lease"] is None
     assert user_wait["allowed_operations"] == ["approve", "deny", "pause", "cancel", "terminate"]
     assert user_wait["next_timer"] is None
-    paused = await gateway.post(f"/runs/{waiting.snapshot.run_id}/pause", headers=OPERATOR, json={"reason": "look"})
+    paused = await gateway.post(f"/runs/{waiting.snapshot.run_id}/pause", headers=ana, json={"reason": "look"})
     assert paused.status_code == 200, paused.text
-    again = (await gateway.get(f"/runs/{waiting.snapshot.run_id}", headers=OPERATOR)).json()
+    again = (await gateway.get(f"/runs/{waiting.snapshot.run_id}", headers=ana)).json()
     assert again["allowed_operations"] == ["cancel", "terminate", "resume"]
 
 
-async def test_runs_come_a_page_at_a_time_newest_first_each_on_exactly_one_page(clean, engine, gateway) -> None:
+async def test_runs_come_a_page_at_a_time_newest_first_each_on_exactly_one_page(ana, clean, engine, gateway) -> None:
     made = [(await waiting_for_event(engine, f"ci/acme/payments/p{i}")).snapshot.run_id for i in range(7)]
     seen: list[str] = []
     cursor: str | None = None
     sizes = []
     while True:
-        page = (await gateway.get("/runs", headers=OPERATOR, params={
+        page = (await gateway.get("/runs", headers=ana, params={
             "tenant_id": "acme", "limit": "3", **({"cursor": cursor} if cursor else {})})).json()
         sizes.append(len(page["runs"]))
         seen += [r["run_id"] for r in page["runs"]]
@@ -191,32 +197,32 @@ async def test_runs_come_a_page_at_a_time_newest_first_each_on_exactly_one_page(
             break
         await waiting_for_event(engine, f"ci/acme/payments/late-{len(sizes)}")  # newer: not on later pages
     assert sizes == [3, 3, 1] and seen == list(reversed(made))
-    older = (await gateway.get("/runs", headers=OPERATOR, params={"older_than": "1h"})).json()
+    older = (await gateway.get("/runs", headers=ana, params={"older_than": "1h"})).json()
     assert older == {"runs": [], "next_cursor": None}
     for params, error in (({"limit": "0"}, "limit must be an integer from 1 to 500, got '0'"),
                           ({"cursor": "bm9wZQ"}, "cursor is not one this API gave out: 'bm9wZQ'"),
                           ({"idle_for": "soon"}, "idle_for must be a duration")):
-        refused = await gateway.get("/runs", headers=OPERATOR, params=params)
+        refused = await gateway.get("/runs", headers=ana, params=params)
         assert refused.status_code == 400 and refused.json()["error"].startswith(error), refused.text
 
 
-async def test_the_audit_log_and_the_alerts_are_readable_newest_first(clean, engine, gateway) -> None:
+async def test_the_audit_log_and_the_alerts_are_readable_newest_first(ana, clean, engine, gateway) -> None:
     stored = await waiting_for_event(engine, "ci/acme/payments/13")
     run_id = stored.snapshot.run_id
     for action in ("pause", "resume"):
-        assert (await gateway.post(f"/runs/{run_id}/{action}", headers=OPERATOR,
+        assert (await gateway.post(f"/runs/{run_id}/{action}", headers=ana,
                                    json={"reason": f"{action} to look"})).status_code == 200
     async with engine.begin() as conn:
         await webhooks.audit(conn, actor="reconciler", action="alert.silent_run", target=run_id, reason="silent")
-    trail = (await gateway.get("/audit", headers=OPERATOR, params={"target": run_id})).json()
+    trail = (await gateway.get("/audit", headers=ana, params={"target": run_id})).json()
     assert [(e["actor"], e["action"], e["reason"]) for e in trail["entries"]] == [
         ("reconciler", "alert.silent_run", "silent"), ("ana", "resume", "resume to look"),
         ("ana", "pause", "pause to look")]
-    first = (await gateway.get("/audit", headers=OPERATOR, params={"actor": "ana", "limit": "1"})).json()
-    rest = (await gateway.get("/audit", headers=OPERATOR, params={"actor": "ana", "cursor": first["next_cursor"]})).json()
+    first = (await gateway.get("/audit", headers=ana, params={"actor": "ana", "limit": "1"})).json()
+    rest = (await gateway.get("/audit", headers=ana, params={"actor": "ana", "cursor": first["next_cursor"]})).json()
     assert [e["action"] for e in first["entries"] + rest["entries"]] == ["resume", "pause"]
     assert rest["next_cursor"] is None
-    alerts = (await gateway.get("/alerts", headers=OPERATOR)).json()
+    alerts = (await gateway.get("/alerts", headers=ana)).json()
     assert [(e["action"], e["target"]) for e in alerts["entries"]] == [("alert.silent_run", run_id)]
     assert (await gateway.get("/audit")).status_code == 401
 
@@ -249,28 +255,28 @@ async def test_longrunctl_pages_runs_attaches_and_reads_the_audit_log_and_alerts
     assert [(e["target"], e["details"]["name"]) for e in attach["entries"]] == [(made[1], "screenshot.png")]
 
 
-async def test_an_operator_attaches_an_artifact_the_run_records_and_serves_back(clean, engine, gateway) -> None:
+async def test_an_operator_attaches_an_artifact_the_run_records_and_serves_back(ana, clean, engine, gateway) -> None:
     stored = await waiting_for_event(engine, "ci/acme/payments/14")
     run_id = stored.snapshot.run_id
     log = b"CI log excerpt: 412 passed, 0 failed\n" * 50
-    attached = await gateway.post(f"/runs/{run_id}/artifacts", headers={**OPERATOR, "content-type": "text/plain"},
+    attached = await gateway.post(f"/runs/{run_id}/artifacts", headers={**ana, "content-type": "text/plain"},
                                   params={"name": "ci-log.txt", "reason": "the CI log the far side lost"}, content=log)
     assert attached.status_code == 200, attached.text
     artifact = attached.json()["artifact"]
     assert (artifact["name"], artifact["size"], artifact["media_type"]) == ("ci-log.txt", len(log), "text/plain")
-    shown = (await gateway.get(f"/runs/{run_id}", headers=OPERATOR)).json()
+    shown = (await gateway.get(f"/runs/{run_id}", headers=ana)).json()
     [fact] = [f for f in shown["snapshot"]["facts"] if f["key"] == "artifact:ci-log.txt"]
     assert fact["source"] == "operator:ana" and fact["value"]["content_hash"] == artifact["content_hash"]
-    served = await gateway.get(f"/runs/{run_id}/artifacts/{artifact['content_hash']}", headers=OPERATOR)
+    served = await gateway.get(f"/runs/{run_id}/artifacts/{artifact['content_hash']}", headers=ana)
     assert (served.status_code, served.content) == (200, log)
     assert served.headers["content-type"].split(";")[0] == "text/plain"
     other = await waiting_for_event(engine, "ci/acme/payments/15")
     assert (await gateway.get(f"/runs/{other.snapshot.run_id}/artifacts/{artifact['content_hash']}",
-                              headers=OPERATOR)).status_code == 404
+                              headers=ana)).status_code == 404
     for params, status in (({"name": "../etc", "reason": "r"}, 422), ({"name": "x"}, 400)):
-        assert (await gateway.post(f"/runs/{run_id}/artifacts", headers=OPERATOR, params=params,
+        assert (await gateway.post(f"/runs/{run_id}/artifacts", headers=ana, params=params,
                                    content=b"x")).status_code == status
-    assert (await gateway.post("/runs/nope/artifacts", headers=OPERATOR, params={"name": "x", "reason": "r"},
+    assert (await gateway.post("/runs/nope/artifacts", headers=ana, params={"name": "x", "reason": "r"},
                                content=b"x")).status_code == 404
     async with engine.connect() as conn:
         audit = (await conn.execute(text("SELECT actor, action, details->>'name' FROM audit_log "

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
+from tests.integration.identities import token
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 
 pytestmark = pytest.mark.integration
@@ -38,22 +39,28 @@ async def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
                                    timeout=60, env={**quiet, "LONGRUNCTL_CONFIG": "/nonexistent", **(env or {})})
 
 
-def at(url: str, *args: str) -> list[str]:
-    return ["--url", url, "--token", OPERATOR_TOKEN, "--operator", "ana", *args]
+@pytest.fixture
+async def ana(clean, engine) -> str:  # type: ignore[no-untyped-def]
+    """The token of ana, an admin of every tenant."""
+    return await token(engine, "ana", "admin")
 
 
-async def test_lists_and_shows_runs_as_tables_json_and_yaml(clean, engine, gateway) -> None:
+def at(url: str, secret: str, *args: str) -> list[str]:
+    return ["--url", url, "--token", secret, *args]
+
+
+async def test_lists_and_shows_runs_as_tables_json_and_yaml(ana, clean, engine, gateway) -> None:
     waiting = await waiting_for_event(engine, "ci/acme/payments/21")
     run_id = waiting.snapshot.run_id
-    table = await ctl(*at(gateway, "run", "list", "--tenant", "acme"))
+    table = await ctl(*at(gateway, ana, "run", "list", "--tenant", "acme"))
     assert table.returncode == 0, table.stderr
     header, row = table.stdout.splitlines()
     assert header.split() == ["RUN", "TENANT", "STATUS", "KIND", "VERSION", "WAIT", "CREATED", "KEY"]
     assert row.split()[:6] == [run_id, "acme", "WAITING_EVENT", "dependency_upgrade", "1", "ci"]
-    as_json = json.loads((await ctl(*at(gateway, "-o", "json", "run", "list"))).stdout)
-    as_yaml = yaml.safe_load((await ctl(*at(gateway, "-o", "yaml", "run", "list"))).stdout)
+    as_json = json.loads((await ctl(*at(gateway, ana, "-o", "json", "run", "list"))).stdout)
+    as_yaml = yaml.safe_load((await ctl(*at(gateway, ana, "-o", "yaml", "run", "list"))).stdout)
     assert as_json == as_yaml and [r["run_id"] for r in as_json["runs"]] == [run_id]
-    shown = await ctl(*at(gateway, "run", "show", run_id))
+    shown = await ctl(*at(gateway, ana, "run", "show", run_id))
     assert shown.returncode == 0, shown.stderr
     summary = shown.stdout.split("\n\n")[0]
     lines = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in summary.splitlines())
@@ -63,42 +70,42 @@ async def test_lists_and_shows_runs_as_tables_json_and_yaml(clean, engine, gatew
     assert lines["allowed now"] == "pause, cancel, terminate"
 
 
-async def test_the_timeline_prints_each_event_and_follows_until_the_run_finishes(clean, engine, gateway) -> None:
+async def test_the_timeline_prints_each_event_and_follows_until_the_run_finishes(ana, clean, engine, gateway) -> None:
     waiting = await waiting_for_event(engine, "ci/acme/payments/22")
     run_id = waiting.snapshot.run_id
-    once = await ctl(*at(gateway, "run", "timeline", run_id))
+    once = await ctl(*at(gateway, ana, "run", "timeline", run_id))
     assert once.returncode == 0, once.stderr
     assert [line.split()[1:3] for line in once.stdout.splitlines()] == [
         ["#1", "CREATED"], ["#2", "STATUS"], ["#3", "STATUS"]]
-    following = asyncio.create_task(ctl(*at(gateway, "run", "timeline", run_id, "--follow", "--interval", "0.2")))
+    following = asyncio.create_task(ctl(*at(gateway, ana, "run", "timeline", run_id, "--follow", "--interval", "0.2")))
     await asyncio.sleep(1.5)
     assert not following.done()
-    ended = await ctl(*at(gateway, "run", "terminate", run_id, "--reason", "stop following"))
+    ended = await ctl(*at(gateway, ana, "run", "terminate", run_id, "--reason", "stop following"))
     assert ended.returncode == 0, ended.stderr
     followed = await asyncio.wait_for(following, timeout=30)
     assert followed.returncode == 0 and "run.terminated" in followed.stdout.splitlines()[-2]
     assert "SUMMARY" in followed.stdout.splitlines()[-1]
 
 
-async def test_every_failure_is_one_line_and_a_non_zero_exit(clean, engine, gateway) -> None:
+async def test_every_failure_is_one_line_and_a_non_zero_exit(ana, clean, engine, gateway) -> None:
     asking = await waiting_for_user(engine, approval_id="merge:1", approved_hash="h1")
     run_id = asking.snapshot.run_id
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     cases: list[tuple[list[str], str]] = [
-        (at(closed, "run", "list"), f"Error: cannot reach the gateway at {closed} (connection refused): is it running?"),
+        (at(closed, ana, "run", "list"), f"Error: cannot reach the gateway at {closed} (connection refused): is it running?"),
         (["--url", gateway, "--token", "forged", "run", "list"], "Error: 401 Unauthorized: missing or bad bearer token"),
-        (at(gateway, "run", "approve", run_id, "--approval-id", "merge:1", "--hash", "h1", "--reason", "mine"),
+        (at(gateway, ana, "run", "approve", run_id, "--approval-id", "merge:1", "--hash", "h1", "--reason", "mine"),
          f"Error: 403 Forbidden: run {run_id}: only user_42 may decide this approval, not ana"),
-        (at(gateway, "run", "show", "run-nope"), "Error: 404 Not Found: no such run"),
-        (at(gateway, "run", "resume", run_id, "--reason", "it is not paused"), "Error: 409 Conflict:"),
+        (at(gateway, ana, "run", "show", "run-nope"), "Error: 404 Not Found: no run 'run-nope'"),
+        (at(gateway, ana, "run", "resume", run_id, "--reason", "it is not paused"), "Error: 409 Conflict:"),
     ]
     for argv, error in cases:
         done = await ctl(*argv)
         assert done.returncode == 1 and done.stdout == "", (argv, done)
         assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(error), (argv, done.stderr)
-    usage = await ctl(*at(gateway, "run", "resolve", run_id, "merge", "--reason", "unsure"))
+    usage = await ctl(*at(gateway, ana, "run", "resolve", run_id, "merge", "--reason", "unsure"))
     assert usage.returncode == 2 and "say what you found: --done or --not-done" in usage.stderr
 
 
@@ -116,7 +123,7 @@ async def test_settings_come_from_flags_then_the_environment_then_the_file(clean
     assert flag_wins.returncode == 1 and "401" in flag_wins.stderr
     config.write_text('colour = "blue"\n')
     bad = await ctl("--config", str(config), "run", "list")
-    assert bad.returncode == 1 and "unknown setting(s) colour; known: url, token, operator, output" in bad.stderr
+    assert bad.returncode == 1 and "unknown setting(s) colour; known: url, token, output" in bad.stderr
 
 
 async def test_help_shows_examples_and_where_settings_come_from() -> None:

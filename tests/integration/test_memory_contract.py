@@ -52,6 +52,7 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
+from longrun.identity import Principal
 from longrun.model import ScriptedModel
 from longrun.workflows.steps import ECHO, Steps
 from longrun_dependency_upgrade.webhooks import forge
@@ -467,15 +468,22 @@ async def _parked(port: Port, seen: list[Any], wait: Wait, status: RunStatus) ->
         ev.WaitStarted(seq=3, at=1001.0, status=status, wait=wait)], release_lease=True)
 
 
+def _approver(subject: str) -> Principal:
+    return Principal(subject, frozenset({"approver"}), None)
+
+
 async def operators_decide_only_what_is_asked_by_whom_it_names(port: Port, seen: list[Any]) -> None:
     wait = Wait(wait_id="w1", kind="approval", deadline=9000.0, approval_id="merge", owner="alice",
                 approved_hash="a" * 64)
     stored = await _parked(port, seen, wait, RunStatus.WAITING_USER)
     run_id = stored.snapshot.run_id
     decide = {"approval_id": "merge", "approved": True, "reason": "ok", "clock": _at(1002.0)}
-    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, actor="bob", **decide)
-    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="b" * 64, actor="alice", **decide)
-    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, actor="alice", **decide)
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, by=_approver("bob"),
+                  **decide)
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="b" * 64, by=_approver("alice"),
+                  **decide)
+    await observe(port, seen, "operate.decide_approval", run_id, approved_hash="a" * 64, by=_approver("alice"),
+                  **decide)
     await observe(port, seen, "operate.pause", run_id, actor="ops", reason="hold", clock=_at(1003.0))
     await observe(port, seen, "operate.resume", run_id, actor="ops", reason="go", clock=_at(1004.0))
     await observe(port, seen, "operate.cancel", run_id, actor="ops", reason="stop", clock=_at(1005.0))

@@ -25,11 +25,12 @@ from schemathesis.checks import (
 
 from longrun.app import operate, webhooks
 from longrun.app.transaction import PgTransaction
-from longrun.db import policies, quarantine
+from longrun.db import policies, quarantine, tokens
 from longrun.domain import Scope
 from services.gateway import openapi
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
+from tests.integration.identities import token
 from tests.integration.runs_factory import (
     action_unknown,
     asking,
@@ -66,7 +67,8 @@ async def seeded(engine) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         entries = [await quarantine.put(conn, owner="worker", queue="longrun.worker.p3", body=body, headers={},
                                         message_id=None, error_code="E", reason="test", attempts=5)
                    for body in (wakeup(ids["paused"], "after-fix").model_dump_json().encode(), b"{broken")]
-    return {**ids, "entries": entries}
+        made, _ = await tokens.create(conn, name="ci-bot", roles=("viewer",), tenants=("acme",), created_by="tests")
+    return {**ids, "entries": entries, "tokens": [made.id], "approver": await token(engine, "user_42")}
 
 
 def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
@@ -74,8 +76,9 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
     answer, a resolution, a replay, pages of search), asked for on purpose, validated the same way."""
     def call(method: str, path: str, status: int, **given: Any) -> None:
         case = schema[path][method].Case(**given)
-        response = case.call_and_validate(base_url=url, headers={**BEARER, "X-Operator": "user_42"},
-                                          checks=CHECKS, timeout=10)
+        # The approval names user_42 as its approver: decided with their token, the rest as the bootstrap admin.
+        auth = {"Authorization": f"Bearer {known['approver']}"} if path.endswith(("/approve", "/answer")) else BEARER
+        response = case.call_and_validate(base_url=url, headers=auth, checks=CHECKS, timeout=10)
         assert response.status_code == status, (method, path, response.status_code, response.text)
 
     for name in RUN_STATES:
@@ -99,6 +102,11 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
          query={"name": "ci.log", "reason": "the log CI lost"}, body=EVIDENCE, media_type="application/octet-stream")
     call("GET", "/runs/{run_id}/artifacts/{content_hash}", 200,
          path_parameters={"run_id": known["waiting"], "content_hash": hashlib.sha256(EVIDENCE).hexdigest()})
+    call("GET", "/me", 200)
+    call("POST", "/tokens", 200, body={"name": "ana", "roles": ["operator"], "tenants": ["acme"], "reason": "on call"})
+    call("GET", "/tokens", 200, query={"all": "1"})
+    call("POST", "/tokens/{token_id}/revoke", 200, path_parameters={"token_id": known["tokens"][0]},
+         body={"reason": "left"})
 
 
 EVIDENCE = b"412 passed, 0 failed\n"
@@ -151,7 +159,7 @@ async def test_schemathesis_finds_the_live_gateway_keeps_its_contract(clean, eng
     assert len(operations) == len(openapi.api.OPERATIONS)
     await asyncio.to_thread(answered_as_promised, schema, ensemble.gateway_url, known)
     pick = {"run_id": [known[name] for name in RUN_STATES], "entry_id": known["entries"], "tenant_id": ["acme"],
-            "content_hash": [hashlib.sha256(EVIDENCE).hexdigest()]}
+            "content_hash": [hashlib.sha256(EVIDENCE).hexdigest()], "token_id": known["tokens"]}
     run: Callable[[Any], str | None] = lambda op: exercise(op, ensemble.gateway_url, pick)  # noqa: E731
     failures = [f for f in [await asyncio.to_thread(run, op) for op in operations] if f is not None]
     # Then no answer broke it

@@ -27,6 +27,7 @@ from longrun.envelope import make
 from tests.fixtures import eventually
 from tests.integration.ensemble import (OPERATOR_TOKEN, Ensemble, event_types, goal, new_key, publish_create,
                                         run_id_for, status_of)
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +79,13 @@ async def _actions(engine, run_id: str) -> list[str]:  # type: ignore[no-untyped
                                         {"r": run_id})).scalars())
 
 
-async def _operator(ensemble: Ensemble, method: str, path: str, body: dict[str, Any]) -> httpx.Response:
+async def _operator(ensemble: Ensemble, method: str, path: str, body: dict[str, Any],
+                    auth: dict[str, str] | None = None) -> httpx.Response:
+    """The call as ``auth`` (default: the bootstrap admin)."""
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as gateway:
-        return await gateway.request(method, path, json=body, headers={
-            "authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "user_42"})
+        return await gateway.request(method, path, json=body,
+                                     headers=auth or {"authorization": f"Bearer {OPERATOR_TOKEN}"})
 
 
 async def test_a_tool_outside_the_scope_is_never_called_and_a_producer_cannot_widen_the_scope(
@@ -164,7 +167,8 @@ async def _approve(ensemble: Ensemble, engine, run_id: str) -> httpx.Response:  
         wait = (await conn.execute(text("SELECT approval_id, approved_hash FROM runs WHERE run_id = :r"),
                                    {"r": run_id})).one()
     return await _operator(ensemble, "POST", f"/runs/{run_id}/approve",
-                           {"approval_id": wait.approval_id, "approved_hash": wait.approved_hash, "reason": "ok"})
+                           {"approval_id": wait.approval_id, "approved_hash": wait.approved_hash, "reason": "ok"},
+                           await bearer(engine, "user_42"))
 
 
 async def test_a_call_outside_the_scope_asks_for_an_approval_where_the_kind_says_so(
@@ -239,7 +243,7 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
 async def _longrunctl(ensemble: Ensemble, *args: str) -> Any:
     """The operator's CLI against the gateway; its JSON answer."""
     result = await asyncio.to_thread(CliRunner().invoke, cli.main, ["--url", ensemble.gateway_url, "--token",
-                                                                   OPERATOR_TOKEN, "--operator", "user_42", "-o", "json",
+                                                                   OPERATOR_TOKEN, "-o", "json",
                                                                    *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)

@@ -11,13 +11,17 @@ from sqlalchemy import text
 
 from longrun.db import quarantine
 from tests.integration.bus_helpers import wakeup
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
+from tests.integration.ensemble import Ensemble
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
-AUTH = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops-oncall"}
+@pytest.fixture
+async def oncall(clean, engine) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The token of ops-oncall, an operator."""
+    return await bearer(engine, "ops-oncall", "operator")
 
 
-async def test_listing_shows_reasons_and_replay_revalidates_and_publishes_once(clean, engine, bus, services,
+async def test_listing_shows_reasons_and_replay_revalidates_and_publishes_once(oncall, clean, engine, bus, services,
                                                                               tmp_path) -> None:
     # Given a message the worker gave up on (a bug since fixed) and one that is still malformed
     good = wakeup("run-q", "after-fix")
@@ -31,7 +35,7 @@ async def test_listing_shows_reasons_and_replay_revalidates_and_publishes_once(c
     ensemble = Ensemble(services, tmp_path)
     ensemble.start("gateway", "services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
-    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=AUTH) as gateway:
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=oncall) as gateway:
         # When an operator lists the quarantine
         listed = (await gateway.get("/quarantine")).json()
         assert [(e["id"], e["owner"], e["error_code"], e["reason"]) for e in listed] == [

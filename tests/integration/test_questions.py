@@ -17,15 +17,17 @@ import pytest
 from sqlalchemy import text
 
 from tests.fixtures import eventually
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, event_types, new_key, publish_create, run_id_for
+from tests.integration.ensemble import Ensemble, event_types, new_key, publish_create, run_id_for
+from tests.integration.identities import bearer, token
 
 pytestmark = pytest.mark.integration
 
 LONGRUNCTL = Path(sys.executable).parent / "longrunctl"
 
 
-def operator(name: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": name}
+async def operator(engine, name: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Acting as ``name``, an approver (who may answer)."""
+    return await bearer(engine, name)
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
     run_id = await start()
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         # Given the run shows the question it asks: its text, answer schema, owner and deadline
-        run = (await http.get(f"/runs/{run_id}", headers=operator("alice"))).json()
+        run = (await http.get(f"/runs/{run_id}", headers=await operator(engine, "alice"))).json()
         shown = run["snapshot"]
         [question] = shown["open_questions"]
         assert question["question_id"] == "module" and question["text"] == "Which module is 'retry storms' about?"
@@ -66,25 +68,25 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
         assert run["allowed_operations"] == ["answer", "pause", "cancel", "terminate"]
         assert run["next_timer"]["kind"] == "wait_deadline" and run["lease"] is None
         assert shown["wait"]["deadline"] > shown["status_since"]
-        listed = (await http.get("/runs", params={"wait_kind": "question"}, headers=operator("alice"))).json()["runs"]
+        listed = (await http.get("/runs", params={"wait_kind": "question"}, headers=await operator(engine, "alice"))).json()["runs"]
         assert [r["run_id"] for r in listed] == [run_id]
         stored = await _stored(engine, run_id)
         # When an answer breaks the schema, it is refused with 422 naming the violation, and nothing is stored
-        bad = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json={
+        bad = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "alice"), json={
             "question_id": "module", "answer": {"module": 7}, "reason": "it is the seventh"})
         assert bad.status_code == 422, bad.text
         assert bad.json()["problems"] == ["$.module: 7 is not of type 'string'"]
         assert "7 is not of type 'string'" in bad.json()["error"]
         # And someone other than the owner it names is refused
-        other = await http.post(f"/runs/{run_id}/answer", headers=operator("bob"), json={
+        other = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "bob"), json={
             "question_id": "module", "answer": {"module": "billing"}, "reason": "I know"})
         assert other.status_code == 403, other.text
         assert await _stored(engine, run_id) == stored
         # When the owner answers, and the request is retried
         body = {"question_id": "module", "answer": {"module": "billing", "urgent": True}, "reason": "billing owns it"}
-        answered = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json=body)
+        answered = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "alice"), json=body)
         assert answered.status_code == 200, answered.text
-        retried = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json=body)
+        retried = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "alice"), json=body)
         assert retried.status_code == 200 and retried.json()["repeated"] is True
         # Then the run completes with the answer as its evidence, recorded once and audited once
         await eventually(lambda: _row(engine, run_id, "COMPLETED"), timeout=30, what="COMPLETED")
@@ -95,7 +97,7 @@ async def test_a_question_is_asked_answered_through_the_api_and_used(asking, eng
         assert completed["evidence"] == {"answer": {"module": "billing", "urgent": True}, "answered_by": "user:alice"}
         assert await _audited(engine, run_id) == [("alice", "billing owns it", {"question_id": "module"})]
         # And a different answer now is refused, naming why
-        late = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json={
+        late = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "alice"), json={
             "question_id": "module", "answer": {"module": "payments"}, "reason": "changed my mind"})
         assert late.status_code == 409 and "alice answered it already" in late.json()["error"]
 
@@ -105,14 +107,14 @@ async def test_longrunctl_answers_a_question(asking, engine, tmp_path) -> None: 
     run_id = await start()
     stored = await _stored(engine, run_id)
     # When the owner answers from a terminal, first without an answer, then with one the schema refuses
-    unsaid = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module")
+    unsaid = await _longrunctl(ensemble, engine, "alice", "run", "answer", run_id, "module")
     assert unsaid.returncode == 2 and "exactly one of --json and --answer-file" in unsaid.stderr
     (tmp_path / "answer.json").write_text('{"module": ""}')
-    refused = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module",
+    refused = await _longrunctl(ensemble, engine, "alice", "run", "answer", run_id, "module",
                                 "--answer-file", str(tmp_path / "answer.json"))
     assert refused.returncode == 1 and "422" in refused.stderr and "should be non-empty" in refused.stderr
     assert await _stored(engine, run_id) == stored
-    answered = await _longrunctl(ensemble, "alice", "run", "answer", run_id, "module", "--json",
+    answered = await _longrunctl(ensemble, engine, "alice", "run", "answer", run_id, "module", "--json",
                                  '{"module": "ledger"}', "--reason", "the ledger team owns retries")
     assert answered.returncode == 0, answered.stderr
     assert json.loads(answered.stdout)["repeated"] is False
@@ -132,19 +134,20 @@ async def test_an_unanswered_question_ends_at_its_deadline(asking, engine) -> No
     assert [d["reason"] for t, d in events if t == "run.woken"] == ["deadline"]
     assert not any(t == "question.resolved" for t, _ in events)
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
-        shown = (await http.get(f"/runs/{run_id}", headers=operator("alice"))).json()["snapshot"]
+        shown = (await http.get(f"/runs/{run_id}", headers=await operator(engine, "alice"))).json()["snapshot"]
         assert shown["open_questions"] == [] and shown["terminal_reason"] == \
             "nobody said which module before the question's deadline"
         # Then an answer now is refused, naming why, and nothing is stored
         stored = await _stored(engine, run_id)
-        late = await http.post(f"/runs/{run_id}/answer", headers=operator("alice"), json={
+        late = await http.post(f"/runs/{run_id}/answer", headers=await operator(engine, "alice"), json={
             "question_id": "module", "answer": {"module": "billing"}, "reason": "sorry, late"})
         assert late.status_code == 409 and "it is FAILED and waits for no answer" in late.json()["error"]
         assert await _stored(engine, run_id) == stored
 
 
-async def _longrunctl(ensemble: Ensemble, operator_name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "--operator", operator_name,
+async def _longrunctl(ensemble: Ensemble, engine, operator_name: str,  # type: ignore[no-untyped-def]
+                      *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", await token(engine, operator_name),
             "-o", "json", *args]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
 

@@ -50,7 +50,8 @@ from longrun.domain import events as ev
 from longrun.errors import LeaseLost, ToolRejected, ToolUnavailable
 from tests.fixtures import DELIVERY_LIMIT, PARTITIONS, eventually
 from tests.integration.bus_helpers import publish, wakeup
-from tests.integration.ensemble import OPERATOR_TOKEN, ROOT, Ensemble, goal, new_key, publish_create, run_id_for
+from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
 
@@ -524,8 +525,7 @@ async def _run_to_the_end(engine: AsyncEngine, ensemble: Ensemble, bus: Bus, *,
                 (await gateway.post(f"/runs/{run_id}/approve", json={
                     "approval_id": wait.approval_id, "approved_hash": wait.approved_hash,
                     "reason": "diff, CI and cost reviewed"},
-                    headers={"authorization": f"Bearer {OPERATOR_TOKEN}",
-                             "x-operator": wait.owner or "user_42"})).raise_for_status()
+                    headers=await bearer(engine, wait.owner or "user_42"))).raise_for_status()
             approved = True
         if on_the_way is not None:
             await on_the_way()

@@ -20,7 +20,6 @@ from sqlalchemy import text
 from tests.fixtures import eventually
 from tests.harness import ROOT
 from tests.integration.ensemble import (
-    OPERATOR_TOKEN,
     Ensemble,
     event_types,
     new_key,
@@ -28,12 +27,12 @@ from tests.integration.ensemble import (
     run_id_for,
     status_of,
 )
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
 
 PACKAGE = Path(__file__).parent / "fixtures" / "acme_release"
 BOTH = "acme_release:V1,acme_release:V2"
-APPROVER = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "release-manager"}
 ALERT = "alert.no_compatible_worker"
 
 
@@ -64,7 +63,8 @@ async def waiting_across_a_release(clean, engine, bus, services, tmp_path):  # t
     await eventually(lambda: _serves_only_v2(engine), timeout=30, what="the version-2 worker's membership")
     token_before = (await _row(engine, run_id))["fencing_token"]
     # And the approval arrives
-    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=APPROVER, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=await bearer(engine, "release-manager"),
+                                 timeout=10) as http:
         snapshot = (await http.get(f"/runs/{run_id}")).json()["snapshot"]
         approved = await http.post(f"/runs/{run_id}/approve", json={
             "approval_id": "publish", "approved_hash": snapshot["wait"]["approved_hash"], "reason": "ship it"})

@@ -24,6 +24,7 @@ from longrun.db import runs
 from longrun.domain import TERMINAL, RunStatus
 from tests.fixtures import eventually
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, goal, new_key, publish_create, run_id_for
+from tests.integration.identities import bearer, token
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ async def _approve_if_asked(engine: AsyncEngine, ensemble: Ensemble, run_id: str
         async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as gateway:
             await gateway.post(f"/runs/{run_id}/approve", json={
                 "approval_id": wait.approval_id, "approved_hash": wait.approved_hash, "reason": "reviewed"},
-                headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": wait.owner or "user_42"})
+                headers=await bearer(engine, wait.owner or "user_42"))
     return stored
 
 
@@ -69,8 +70,10 @@ async def _created(engine: AsyncEngine, bus: Bus) -> str:
     return await eventually(lambda: run_id_for(engine, "acme", key), timeout=30, what="the run")
 
 
-async def _longrunctl(ensemble: Ensemble, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "--operator", "ana", "-o", "json", *args]
+async def _longrunctl(ensemble: Ensemble, engine: AsyncEngine, *args: str) -> subprocess.CompletedProcess[str]:
+    """longrunctl as ana, an operator."""
+    argv = [str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", await token(engine, "ana", "operator"),
+            "-o", "json", *args]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
 
 
@@ -112,7 +115,7 @@ async def test_an_unknown_action_resolved_with_the_forges_receipt_completes_the_
     found = await _forge_lookup(ensemble, action.idempotency_key)
     assert found.status_code == 200, found.text
     receipt = found.json()["object"]
-    resolved = await _longrunctl(ensemble, "run", "resolve", run_id, MR, "--done", "--external-id", str(receipt["id"]),
+    resolved = await _longrunctl(ensemble, engine, "run", "resolve", run_id, MR, "--done", "--external-id", str(receipt["id"]),
                                  "--receipt", json.dumps(receipt), "--reason", "MR found on the forge by its key")
     assert resolved.returncode == 0, resolved.stderr
     assert json.loads(resolved.stdout)["action"] == {"logical_action": MR, "status": "CONFIRMED"}
@@ -134,7 +137,7 @@ async def test_an_unknown_action_resolved_with_the_forges_receipt_completes_the_
     assert [tuple(a) for a in audit] == [("ana", "resolve", "MR found on the forge by its key", "CONFIRMED")]
 
     # and resolving it again is refused, naming what the action is now
-    again = await _longrunctl(ensemble, "run", "resolve", run_id, MR, "--not-done", "--reason", "second thoughts")
+    again = await _longrunctl(ensemble, engine, "run", "resolve", run_id, MR, "--not-done", "--reason", "second thoughts")
     assert again.returncode != 0 and "the action is CONFIRMED, not in doubt" in again.stdout + again.stderr
 
 
@@ -163,7 +166,7 @@ async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_r
 
     # When bad resolutions come first: each is refused, naming why, and changes nothing
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10,
-                                 headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ana"}) as api:
+                                 headers=await bearer(engine, "ana", "operator")) as api:
         refusals: list[tuple[int, str]] = []
         for body in ({"logical_action": MR, "outcome": "confirmed", "reason": "no id"},
                      {"logical_action": MR, "outcome": "maybe", "reason": "unsure"},
@@ -181,7 +184,7 @@ async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_r
     # and then, the forge back, the operator sees nothing under its key and resolves it not done
     await _outage(ensemble, 0)
     assert (await _forge_lookup(ensemble, row.idempotency_key)).status_code == 404
-    resolved = await _longrunctl(ensemble, "run", "resolve", run_id, MR, "--not-done",
+    resolved = await _longrunctl(ensemble, engine, "run", "resolve", run_id, MR, "--not-done",
                                  "--reason", "nothing on the forge under its key")
     assert resolved.returncode == 0, resolved.stderr
 

@@ -37,7 +37,8 @@ from longrun.envelope import Envelope, make
 from longrun.workflows import STEPS_VERSIONS, steps
 from services.reconciler.main import horizons
 from tests.fixtures import PARTITIONS, eventually
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, run_id_for, status_of
+from tests.integration.ensemble import Ensemble, run_id_for, status_of
+from tests.integration.identities import bearer
 from tests.kinds import registry
 
 pytestmark = pytest.mark.integration
@@ -408,7 +409,7 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     await eventually(lambda: _inbox_empty(engine), timeout=30, what="the inboxes pruned")
     assert not await _stored(store, orphan)  # swept on the reconciler's schedule
     # and an operator replays both
-    headers = {"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "ops-oncall"}
+    headers = await bearer(engine, "ops-oncall", "operator")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=headers) as gateway:
         await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
         answers = [(await gateway.post(f"/quarantine/{entry}/replay", json={"reason": "consumer fixed"})).json()

@@ -8,7 +8,8 @@ from sqlalchemy import text
 
 from longrun.db import actions as ledger
 from tests.fixtures import eventually
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, goal, new_key, publish_create, run_id_for, status_of
+from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for, status_of
+from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ async def approve_when_asked(engine, ensemble: Ensemble, run_id: str) -> bool:  
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as gateway:
         response = await gateway.post(f"/runs/{run_id}/approve", json={
             "approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"], "reason": "looks right"},
-            headers={"authorization": f"Bearer {OPERATOR_TOKEN}", "x-operator": "user_42"})
+            headers=await bearer(engine, wait["owner"]))
     return response.status_code == 200
 
 

@@ -139,7 +139,8 @@ async def live(args: argparse.Namespace) -> None:
     from tests.fixtures import test_topology
     from tests.harness import Services
     from tests.infra import find_infra
-    from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, run_id_for
+    from tests.integration.ensemble import Ensemble, run_id_for
+    from tests.integration.identities import bearer
 
     found = find_infra()
     if isinstance(found, str):
@@ -190,14 +191,12 @@ async def live(args: argparse.Namespace) -> None:
                                     (await gateway.post(f"/runs/{run_id}/answer", json={
                                         "question_id": row.question_id, "answer": reply,
                                         "reason": "recorder: answer"},
-                                        headers={"authorization": f"Bearer {OPERATOR_TOKEN}",
-                                                 "x-operator": row.approval_owner})).raise_for_status()
+                                        headers=await bearer(engine, row.approval_owner or "recorder"))).raise_for_status()
                             elif row.status == "WAITING_USER":
                                 (await gateway.post(f"/runs/{run_id}/{answer}", json={
                                     "approval_id": row.approval_id, "approved_hash": row.approved_hash,
                                     "reason": f"recorder: {answer}"},
-                                    headers={"authorization": f"Bearer {OPERATOR_TOKEN}",
-                                             "x-operator": row.approval_owner})).raise_for_status()
+                                    headers=await bearer(engine, row.approval_owner or "recorder"))).raise_for_status()
                             if row.status in ("COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "TIMED_OUT",
                                               "BUDGET_EXHAUSTED"):
                                 return run_id

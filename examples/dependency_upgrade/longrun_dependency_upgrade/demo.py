@@ -35,11 +35,18 @@ async def publish_run_create(settings: Settings, key: str, goal: dict[str, Any])
 
 
 async def approve(gateway: httpx.AsyncClient, settings: Settings, run_id: str, wait: dict[str, Any]) -> None:
+    """The approver the request names signs in with a token of their own (created here with the
+    bootstrap token, as an admin would with ``longrunctl token create``): the gateway records who
+    approved from the token, never from what the caller says."""
     print(f"         -> {wait['owner']} reviews {wait['subject']!r} and approves hash {wait['approved_hash'][:12]}")
+    created = await gateway.post("/tokens", json={"name": wait["owner"], "roles": ["approver"], "tenants": [TENANT],
+                                                  "reason": "make run: the approver's token"},
+                                 headers={"authorization": f"Bearer {settings.operator_tokens[0]}"})
+    created.raise_for_status()
     response = await gateway.post(
         f"/runs/{run_id}/approve", json={"approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"],
                                          "reason": "diff, tests and cost reviewed"},
-        headers={"authorization": f"Bearer {settings.operator_tokens[0]}", "x-operator": wait["owner"]})
+        headers={"authorization": f"Bearer {created.json()['secret']}"})
     response.raise_for_status()
 
 

@@ -18,6 +18,7 @@ from longrun import logs, otel
 from longrun.app import effects, questions
 from longrun.app.ports import LedgerOutcome, RunTransaction
 from longrun.authoring import Registry
+from longrun.identity import Principal
 from longrun.errors import DomainError, ErrorCode
 from longrun.db.runs import StoredRun
 from longrun.domain import (
@@ -159,14 +160,16 @@ async def _publish(tx: RunTransaction, stored: StoredRun, after: StoredRun, *, a
 
 
 async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, approved_hash: str,
-                          approved: bool, actor: str, reason: str,
+                          approved: bool, by: Principal, reason: str,
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """The decision names the hash it covers; a decision for any other hash, or by anyone but the
-    owner the request names, is refused."""
+    """The decision names the hash it covers; a decision for any other hash, or by a principal the
+    request's owner does not name (a subject, ``role:<role>`` or ``group:<group>``,
+    ``Principal.is_owner``), is refused. ``by.subject`` is recorded as who decided."""
+    actor = by.subject
     stored = await tx.load(run_id)
     wait = stored.snapshot.wait if stored is not None else None
-    if wait is not None and wait.approval_id == approval_id and wait.owner not in (None, actor):
-        raise NotPermitted(run_id, actor, wait.owner)
+    if wait is not None and wait.approval_id == approval_id and not by.is_owner(wait.owner):
+        raise NotPermitted(run_id, actor, str(wait.owner))
     return await _apply(
         tx, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
         details={"approval_id": approval_id, "approved_hash": approved_hash},
@@ -174,14 +177,15 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
                                                  approved_hash=approved_hash, decided_by=actor))
 
 
-async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: object, actor: str, reason: str,
+async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: object, by: Principal, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """A person's answer to the question the run waits on: checked against the question's schema
     (``AnswerRefused`` names every violation, and nothing is written), recorded as
     ``question.resolved`` (the fact ``answer:<question_id>``, by ``actor``) and the run woken. Only
-    the owner the question names, if it names one, may answer. The same answer again changes nothing
+    a principal the question's owner names, if it names one, may answer. The same answer again changes nothing
     and says so (``repeated``); any other answer to a question that is not open is refused, naming
     why."""
+    actor = by.subject
     stored = await tx.load(run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
@@ -196,8 +200,8 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     question = next((q for q in run.open_questions if q.question_id == question_id), None)
     if question is None or wait is None or wait.question_id != question_id:
         raise NotPending(run_id, what, _asked(run))
-    if wait.owner not in (None, actor):
-        raise NotPermitted(run_id, actor, wait.owner, "answer this question")
+    if not by.is_owner(wait.owner):
+        raise NotPermitted(run_id, actor, str(wait.owner), "answer this question")
     problems = questions.answer_problems(question.answer_schema, answer)
     if problems:
         raise AnswerRefused(run_id, question_id, problems)

@@ -50,6 +50,7 @@ from longrun.domain import (
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
 from longrun.db import outbox
+from longrun.identity import GROUP_PREFIX, Principal
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing import reconcile_store
 from longrun.testing.memory import FakeClock, MemoryStore
@@ -360,13 +361,14 @@ class World:
                actor: str = "owner") -> dict[str, Any]:
         """The approver's decision on the request of ``approved_hash``."""
         return self.in_transaction(lambda tx: operate.decide_approval(
-            tx, run_id, approval_id=approval_id, approved_hash=approved_hash, approved=approved, actor=actor,
+            tx, run_id, approval_id=approval_id, approved_hash=approved_hash, approved=approved, by=_person(actor),
             reason="decided", clock=self.clock))
 
     def answer(self, run_id: str, *, question_id: str, answer: object, actor: str = "operator") -> dict[str, Any]:
         """A person's answer to question ``question_id``, as the operator API takes it (``operate.answer``)."""
         return self.in_transaction(lambda tx: operate.answer(
-            tx, run_id, question_id=question_id, answer=answer, actor=actor, reason="answered", clock=self.clock))
+            tx, run_id, question_id=question_id, answer=answer, by=_person(actor), reason="answered",
+            clock=self.clock))
 
     # -- the reconciler (app/reconcile.py, app/reconcile_leases.py) ------------------------------------
     def rewake_expired_leases(self) -> int:
@@ -377,3 +379,10 @@ class World:
 
     def reconcile_unknown(self) -> Counter[str]:
         return reconcile_store.reconcile_unknown(self)
+
+
+def _person(name: str) -> Principal:
+    """Who decides or answers in a test: an admin of every tenant with the subject ``name``, in the
+    group it names when it is an owner ``group:<group>``."""
+    group = name.removeprefix(GROUP_PREFIX)
+    return Principal(name, frozenset({"admin"}), None, frozenset({group} if group != name else ()))
