@@ -3,8 +3,9 @@ approver signs in with a named token, finds the run waiting for approval, sees t
 approves it and watches the run complete; an operator of another tenant finds nothing of it.
 Screenshots are kept in var/test-artifacts/console/. Without the browser: a POST without the
 session's CSRF token is refused and changes nothing, another tenant's operator can neither read nor
-act on a run, an action in doubt is resolved as the signed-in principal, and revoking the token
-ends the session."""
+act on a run, nor an approver the approval does not name decide it, an action in doubt is resolved
+and a quarantined message replayed as the signed-in principal, and revoking the token ends the
+session. Signing in at an OIDC provider (the authorization-code flow) is driven in the browser too."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy import text
 
-from longrun.db import tokens
+from longrun.db import quarantine, tokens
 from tests.fixtures import eventually
 from tests.integration import identities, oidc_provider
+from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.runs_factory import action_unknown, waiting_for_user
 
@@ -186,6 +188,39 @@ async def test_an_action_in_doubt_is_resolved_in_the_console_as_the_signed_in_pr
         actors = (await conn.execute(text("SELECT actor FROM audit_log WHERE target = :r AND action = 'resolve'"),
                                      {"r": run_id})).scalars().all()
     assert actors == ["ops-anna"]
+
+
+async def test_the_quarantine_is_replayed_from_the_console_by_an_operator_of_every_tenant(
+        clean, engine, gateway) -> None:
+    # Given a quarantined message whose consumer was since fixed, and one that is still malformed
+    good = wakeup("run-q", "after-fix")
+    async with engine.begin() as conn:
+        good_id = await quarantine.put(conn, owner="worker", queue="longrun.worker.p3",
+                                       body=good.model_dump_json().encode(), headers={}, message_id=good.event_id,
+                                       error_code="handler_error", reason="KeyError: 'x'", attempts=5)
+        bad_id = await quarantine.put(conn, owner="worker", queue="longrun.worker.p3", body=b"{broken", headers={},
+                                      message_id="raw", error_code="decode_error", reason="body is not JSON",
+                                      attempts=1)
+    oncall = await identities.token(engine, "ops-oncall", "operator")
+    tenant_operator = await identities.token(engine, "ops-acme", "operator", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, oncall)
+        listed = await console.get("/quarantine")
+        assert "KeyError: &#39;x&#39;" in listed.text and "body is not JSON" in listed.text
+        # When the on-call operator replays both
+        refused = await console.post(f"/quarantine/{bad_id}/replay", data={"reason": "again", "csrf": _csrf(listed)})
+        replayed = await console.post(f"/quarantine/{good_id}/replay",
+                                      data={"reason": "consumer fixed", "csrf": _csrf(listed)})
+        # Then the malformed one is refused, saying why, and the other is replayed as theirs
+        assert refused.status_code == 409 and "still invalid" in refused.text
+        assert replayed.status_code == 303, replayed.text
+    async with engine.connect() as conn:
+        audit = (await conn.execute(text("SELECT actor, action, target FROM audit_log"))).all()
+    assert [tuple(a) for a in audit] == [("ops-oncall", "quarantine.replay", str(good_id))]
+    # And an operator of one tenant may not see the quarantine, whose messages are no one tenant's
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, tenant_operator)
+        assert (await console.get("/quarantine")).status_code == 403
 
 
 async def test_revoking_the_token_ends_its_console_session(clean, engine, gateway) -> None:
