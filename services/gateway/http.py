@@ -41,7 +41,7 @@ from longrun.db.schema import artifacts as artifacts_table
 from longrun.db.schema import runs as runs_table
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
-from longrun.identity import Authenticator, Principal
+from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
 from services.gateway import api, console, openapi, reads
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     ``LONGRUN_WEBHOOK_PORT`` serves the intake apart)."""
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
     providers = webhook_providers.load(settings)
+    secrets = webhook_providers.secrets(settings, providers)
     store = FilesystemArtifactStore(settings.artifact_dir)
     authenticator = Authenticator(engine, settings)
 
@@ -101,7 +102,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         body = await request.body()
         if provider not in providers:
             return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
-        why = webhooks.refusal(providers[provider].signature, settings.webhook_secret, request.headers, body,
+        why = webhooks.refusal(providers[provider].signature, secrets[provider], request.headers, body,
                                now=time.time(), replay_window=settings.webhook_replay_window)
         if why is not None:
             async with engine.begin() as conn:
@@ -287,6 +288,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     async def token_create(request: Request, principal: Principal) -> Response:
         """A named token; its secret is in this answer and nowhere else."""
         body = api.body(api.TokenRequest, await request.body())
+        if body.name == BOOTSTRAP_SUBJECT:
+            return JSONResponse({"error": f"the name {BOOTSTRAP_SUBJECT!r} is the bootstrap tokens': choose "
+                                          "another"}, status_code=422)
         async with engine.begin() as conn:
             token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
                                                 tenants=None if body.tenants is None else tuple(body.tenants),

@@ -257,7 +257,12 @@ class Settings:
     operator API, so the two can be exposed differently (webhooks to the providers, the operator API
     to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
     webhook_secret: str
-    """HMAC secret shared with webhook senders."""
+    """HMAC secret shared with webhook senders: every provider's, unless ``LONGRUN_WEBHOOK_SECRETS``
+    gives it its own."""
+    webhook_secrets: tuple[tuple[str, str], ...]
+    """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma); a
+    provider not named uses ``LONGRUN_WEBHOOK_SECRET``. Naming a provider the gateway does not know
+    stops it."""
     webhook_replay_window: float
     """How far the time a timestamped webhook was sent may be from the gateway's clock, either way,
     before the delivery is refused as a replay (providers that sign no time rely on dedup)."""
@@ -487,6 +492,7 @@ _SPEC: dict[str, _Var] = {
     "webhook_port": _var("LONGRUN_WEBHOOK_PORT", _port, "a port 0-65535 (0 = LONGRUN_GATEWAY_PORT)", "0"),
     "webhook_secret": _var("LONGRUN_WEBHOOK_SECRET", _text, "a non-empty secret",
                            "dev-webhook-secret"),
+    "webhook_secrets": _var("LONGRUN_WEBHOOK_SECRETS", _named_references, "comma-separated provider=secret", ""),
     "webhook_replay_window": _var("LONGRUN_WEBHOOK_REPLAY_WINDOW", duration, _DURATION, "5m"),
     "operator_tokens": _var("LONGRUN_OPERATOR_TOKENS", _token_list,
                             "comma-separated bearer tokens", "dev-operator-token"),

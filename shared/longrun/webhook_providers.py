@@ -29,6 +29,17 @@ def load(settings: Settings) -> dict[str, Provider]:
     return providers
 
 
+def secrets(settings: Settings, providers: dict[str, Provider]) -> dict[str, str]:
+    """Each provider's HMAC secret: its own (``LONGRUN_WEBHOOK_SECRETS``) or the default
+    (``LONGRUN_WEBHOOK_SECRET``); a ``ConfigError`` for a secret of a provider not loaded."""
+    own = dict(settings.webhook_secrets)
+    unknown = sorted(set(own) - set(providers))
+    if unknown:
+        raise ConfigError([("LONGRUN_WEBHOOK_SECRETS", f"no provider {', '.join(map(repr, unknown))}; known: "
+                                                       f"{', '.join(sorted(providers)) or 'none'}")])
+    return {name: own.get(name, settings.webhook_secret) for name in providers}
+
+
 def _add(providers: dict[str, Provider], name: str, target: object, reference: str, where: str) -> None:
     if not isinstance(target, Provider):
         raise ConfigError([(where, f"{reference!r} is not a provider (a longrun.app.webhooks.Provider): "

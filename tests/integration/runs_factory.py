@@ -47,8 +47,9 @@ async def created(engine: AsyncEngine, *, tenant: str = "acme", kind: str = "dep
     return stored
 
 
-async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadline_in: float = 3600) -> StoredRun:
-    stored = await created(engine)
+async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadline_in: float = 3600,
+                            tenant: str = "acme") -> StoredRun:
+    stored = await created(engine, tenant=tenant)
     now = time.time()
     wait = Wait(wait_id=str(uuid.uuid4()), kind="ci", deadline=now + deadline_in, correlation_key=correlation_key)
     async with engine.begin() as conn:
@@ -59,11 +60,12 @@ async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadli
     return stored
 
 
-async def waiting_for_user(engine: AsyncEngine, *, approval_id: str, approved_hash: str) -> StoredRun:
-    stored = await created(engine)
+async def waiting_for_user(engine: AsyncEngine, *, approval_id: str, approved_hash: str, owner: str = "user_42",
+                           tenant: str = "acme") -> StoredRun:
+    stored = await created(engine, tenant=tenant)
     now = time.time()
     wait = Wait(wait_id=str(uuid.uuid4()), kind="approval", deadline=now + 3600, approval_id=approval_id,
-                owner="user_42", approved_hash=approved_hash, subject="merge")
+                owner=owner, approved_hash=approved_hash, subject="merge")
     async with engine.begin() as conn:
         return await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),

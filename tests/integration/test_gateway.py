@@ -16,7 +16,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from longrun import webhook_providers
 from longrun.app import webhooks
+from longrun.config import Settings
+from longrun.errors import ConfigError
 from longrun.app.transaction import PgTransaction
 from longrun.db import runs
 from longrun_dependency_upgrade.forge import sign_payload
@@ -285,3 +288,23 @@ async def test_an_operator_attaches_an_artifact_the_run_records_and_serves_back(
                                          {"h": artifact["content_hash"]})).one()
     assert [tuple(a) for a in audit] == [("ana", "attach", "ci-log.txt")]
     assert tuple(registered) == (run_id, len(log))
+
+
+async def test_a_provider_with_a_secret_of_its_own_is_verified_with_it_alone(clean, engine, services,
+                                                                             tmp_path) -> None:
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_SECRETS="forge=the-forge-own-secret")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    await waiting_for_event(engine, "ci/acme/payments/31")
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
+        with_the_default = await post_webhook(http, ci_event("d-1", 31))
+        with_its_own = await post_webhook(http, ci_event("d-2", 31), secret="the-forge-own-secret")
+    assert with_the_default.status_code == 401 and with_the_default.json()["error"].startswith("refused")
+    assert with_its_own.status_code == 202, with_its_own.text
+    assert with_its_own.json()["matched_run_id"] is not None
+
+
+def test_a_secret_for_a_provider_the_gateway_does_not_know_stops_it() -> None:
+    settings = Settings.from_env({"LONGRUN_WEBHOOK_SECRETS": "forge=a,githib=b"})
+    with pytest.raises(ConfigError, match="LONGRUN_WEBHOOK_SECRETS: no provider 'githib'; known: forge"):
+        webhook_providers.secrets(settings, webhook_providers.load(settings))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import operator_tokens
@@ -57,12 +57,22 @@ async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], te
     return _stored(row), secret
 
 
+USE_RECORDED_EVERY = 60
+"""Seconds: a token's ``last_used_at`` is written at most this often, not on every request."""
+
+
 async def find(conn: AsyncConnection, secret: str) -> StoredToken | None:
     """The live (not revoked) token whose secret this is, its use recorded; None for any other."""
-    row = (await conn.execute(update(operator_tokens).where(
-        operator_tokens.c.secret_sha256 == digest(secret), operator_tokens.c.revoked_at.is_(None))
-        .values(last_used_at=func.now()).returning(*operator_tokens.c))).first()
-    return None if row is None else _stored(row)
+    row = (await conn.execute(select(operator_tokens).where(
+        operator_tokens.c.secret_sha256 == digest(secret), operator_tokens.c.revoked_at.is_(None)))).first()
+    if row is None:
+        return None
+    stale = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, USE_RECORDED_EVERY)
+    await conn.execute(update(operator_tokens).where(
+        operator_tokens.c.id == row.id, or_(operator_tokens.c.last_used_at.is_(None),
+                                            operator_tokens.c.last_used_at < stale))
+        .values(last_used_at=func.now()))
+    return _stored(row)
 
 
 async def listing(conn: AsyncConnection, *, include_revoked: bool) -> list[StoredToken]:

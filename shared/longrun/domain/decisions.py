@@ -57,6 +57,7 @@ class WaitForEvent:
 class WaitForUser:
     approval_id: str
     owner: str
+    """Who may decide: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.identity``)."""
     deadline: float
     approved_hash: str
     """Hash of the exact request being approved; use ``request_hash`` of the gated action."""
@@ -80,7 +81,8 @@ class AskUser:
     """A JSON Schema (draft 2020-12); the worker refuses a schema that is not one."""
     deadline: float
     owner: str | None = None
-    """The operator who may answer; None lets any operator answer."""
+    """Who may answer: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.identity``); None
+    lets anyone who may answer (an approver) answer."""
 
 
 @_decision

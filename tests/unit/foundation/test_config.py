@@ -84,3 +84,18 @@ def test_the_standard_opentelemetry_variables_win_over_longrun_s_and_a_bad_one_i
         "OTEL_EXPORTER_OTLP_PROTOCOL": "got 'grpc'; expected http/protobuf (spans go over OTLP/HTTP)",
         "LONGRUN_LOG_FORMAT": "got 'xml'; expected auto, json or text",
     }
+
+
+def test_an_oidc_issuer_needs_its_audience_and_jwks_and_the_webhook_port_differs_from_the_gateway_s() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"LONGRUN_OIDC_ISSUER": "https://id.example.test", "LONGRUN_GATEWAY_PORT": "8080",
+                           "LONGRUN_WEBHOOK_PORT": "8080"})
+    assert [name for name, _ in refused.value.problems] == [
+        "LONGRUN_OIDC_AUDIENCE", "LONGRUN_OIDC_JWKS_URL", "LONGRUN_WEBHOOK_PORT"]
+    with pytest.raises(ConfigError, match="LONGRUN_OIDC_JWKS_URL: got 'ftp://keys'"):
+        Settings.from_env({"LONGRUN_OIDC_JWKS_URL": "ftp://keys"})
+    configured = Settings.from_env({"LONGRUN_OIDC_ISSUER": "https://id.example.test", "LONGRUN_OIDC_AUDIENCE": "api",
+                                    "LONGRUN_OIDC_JWKS_URL": "https://id.example.test/jwks",
+                                    "LONGRUN_WEBHOOK_SECRETS": "forge=s1=x, github=s2"})
+    assert configured.oidc_roles_claim == "roles" and configured.webhook_secrets == (("forge", "s1=x"),
+                                                                                      ("github", "s2"))
