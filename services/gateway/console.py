@@ -15,8 +15,11 @@ issuer is configured and the console is its client, signs in there (``console_oi
 cookie (``longrun_console``, ``console_session``) keeps the token and every request authenticates it
 again, so a revoked or expired token ends the session. Every form carries the session's CSRF token
 and every POST without it is refused (403).
-What an operator sees and does is bounded by their principal: a run of a tenant they do not see is
-"not found", whatever its URL; every act records the principal's subject as its actor.
+The console's routes are not in the operator API's contract (``schemas/openapi.json``): they answer
+HTML to a browser session, not JSON to a bearer token. What an operator sees and does is bounded by
+their principal under the API's rules (``api.OPERATIONS``: each operation's role, every tenant or
+not): a run of a tenant they do not see is "not found", whatever its URL; every act records the
+principal's subject as its actor.
 """
 
 from __future__ import annotations
@@ -162,7 +165,8 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         """Off to the issuer, remembering the attempt's state and PKCE verifier in a sealed cookie."""
         seen = await visit(request)
         if not oidc.offered(settings):
-            return page(request, seen, "sign_in.html", 404, error="Signing in at an identity provider is not set up here.")
+            return page(request, seen, "sign_in.html", 404,
+                        error="Signing in at an identity provider is not set up here.")
         try:
             endpoint = (await oidc.endpoints(settings))["authorization_endpoint"]
         except oidc.SignInFailed as e:
@@ -224,9 +228,9 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     async def run_page(request: Request, seen: Visit, principal: Principal, *, status: int = 200,
                        error: str | None = None) -> Response:
         view = await load(principal, request.path_params["run_id"])
-        wait = view["snapshot"].get("wait") or {}
+        owner = (view["snapshot"].get("wait") or {}).get("owner")
         return page(request, seen, "run.html", status, error=error,
-                    may_decide=principal.may("approver") and principal.is_owner(wait.get("owner")),
+                    may_decide=_allowed(principal, api.RUN_ACTIONS["approve"]) and principal.is_owner(owner),
                     **_run_values(view))
 
     async def live(request: Request, seen: Visit, principal: Principal) -> Response:
@@ -327,10 +331,13 @@ def _callback(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}{PREFIX}/oidc/callback"
 
 
+def _allowed(principal: Principal, op: api.Operation) -> bool:
+    return op.role is not None and principal.may(op.role)
+
+
 def _may(principal: Principal, op: api.Operation) -> None:
     """The console asks of a principal what the operator API asks for the same operation."""
-    assert op.role is not None
-    if not principal.may(op.role):
+    if not _allowed(principal, op):
         raise _Refused(403, f"{principal.subject} may not {op.name}: it needs the role {op.role}.")
     if op.every_tenant and principal.tenants is not None:
         raise _Refused(403, f"{principal.subject} may not {op.name}: only a principal of every tenant may.")
