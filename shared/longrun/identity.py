@@ -47,6 +47,8 @@ GROUP_PREFIX = "group:"
 BOOTSTRAP_SUBJECT = "bootstrap"
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
 """Asymmetric only: the gateway holds no secret an identity provider's tokens could be forged with."""
+JWKS_TIMEOUT = 5
+"""Seconds a JWKS fetch may take; past them the token is refused (401)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,8 @@ class Authenticator:
         self._engine = engine
         self._settings = settings
         self._bootstrap = tuple(t.encode() for t in settings.operator_tokens)
-        self._jwks = jwt.PyJWKClient(settings.oidc_jwks_url, cache_keys=True) if settings.oidc_issuer else None
+        self._jwks = (jwt.PyJWKClient(settings.oidc_jwks_url, cache_keys=True, timeout=JWKS_TIMEOUT)
+                      if settings.oidc_issuer else None)
 
     async def from_bearer(self, token: str) -> Principal | None:
         """The principal the token names, or None: unknown, revoked, expired, forged or malformed."""

@@ -32,7 +32,8 @@ async def approval_requests(engine, run_id: str) -> list[dict]:  # type: ignore[
             "AND data->>'status' = 'WAITING_USER' ORDER BY seq"), {"r": run_id})).scalars())
 
 
-async def approve(ensemble: Ensemble, engine, run_id: str, wait: dict) -> httpx.Response:  # type: ignore[no-untyped-def,type-arg]
+async def approve(ensemble: Ensemble, engine,  # type: ignore[no-untyped-def]
+                  run_id: str, wait: dict) -> httpx.Response:  # type: ignore[type-arg]
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as gateway:
         return await gateway.post(f"/runs/{run_id}/approve", json={
             "approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"], "reason": "reviewed"},

@@ -135,7 +135,8 @@ async def test_operator_actions_need_a_token_and_a_reason_and_are_audited(clean,
     # Only the owner the request names may decide it: not another approver, not the bootstrap admin,
     # and naming oneself in a header changes nothing
     for intruder in (await bearer(engine, "mallory"), {"authorization": f"Bearer {OPERATOR_TOKEN}"}):
-        refused = await gateway.post(f"/runs/{run_id}/approve", json=body, headers={**intruder, "x-operator": "user_42"})
+        refused = await gateway.post(f"/runs/{run_id}/approve", json=body,
+                                     headers={**intruder, "x-operator": "user_42"})
         assert refused.status_code == 403 and "only user_42 may decide" in refused.json()["error"]
     # An approval for another hash is refused and changes nothing
     wrong = await gateway.post(f"/runs/{run_id}/approve", json={**body, "approved_hash": "b" * 64}, headers=auth)

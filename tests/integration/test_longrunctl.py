@@ -94,7 +94,8 @@ async def test_every_failure_is_one_line_and_a_non_zero_exit(ana, clean, engine,
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     cases: list[tuple[list[str], str]] = [
-        (at(closed, ana, "run", "list"), f"Error: cannot reach the gateway at {closed} (connection refused): is it running?"),
+        (at(closed, ana, "run", "list"),
+         f"Error: cannot reach the gateway at {closed} (connection refused): is it running?"),
         (["--url", gateway, "--token", "forged", "run", "list"], "Error: 401 Unauthorized: missing or bad bearer token"),
         (at(gateway, ana, "run", "approve", run_id, "--approval-id", "merge:1", "--hash", "h1", "--reason", "mine"),
          f"Error: 403 Forbidden: run {run_id}: only user_42 may decide this approval, not ana"),

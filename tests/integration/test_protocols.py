@@ -35,8 +35,8 @@ async def wakeups(engine) -> int:  # type: ignore[no-untyped-def]
         return int((await conn.execute(text("SELECT count(*) FROM outbox WHERE type = 'run.wakeup'"))).scalar())
 
 
-async def test_an_event_that_arrives_while_paused_is_kept_and_the_run_moves_only_on_resume(oncall, 
-        clean, engine, gateway) -> None:
+async def test_an_event_that_arrives_while_paused_is_kept_and_the_run_moves_only_on_resume(
+        oncall, clean, engine, gateway) -> None:
     # Given a waiting run that an operator pauses
     stored = await waiting_for_event(engine, "ci/acme/payments/41")
     run_id = stored.snapshot.run_id
