@@ -18,6 +18,7 @@ services:
 	bash infra/local/ensure-services.sh
 
 # Prometheus and promtool (Debian's package): the alert rules' tests and the scrape test run them.
+# Chromium (Debian's package): Playwright drives it through the web console's test.
 tools:
 	bash infra/local/ensure-tools.sh
 

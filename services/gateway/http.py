@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import exists, or_, select, text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import artifacts, run_kinds, webhook_providers
@@ -31,22 +31,18 @@ from longrun.artifacts import FilesystemArtifactStore
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
-from longrun.app.reconcile_alerts import ALERT_PREFIX
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.app.retention import ARCHIVE_MEDIA_TYPE
-from longrun.db import actions as ledger
-from longrun.db import pages, policies, retention, runs, tokens
+from longrun.db import policies, runs, tokens
 from longrun.db.errors import is_transient
 from longrun.db.schema import artifacts as artifacts_table
-from longrun.db.schema import audit_log, run_labels
 from longrun.db.schema import runs as runs_table
-from longrun.domain import RunSnapshot, Scope, TenantPolicy, event_to_dict
+from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
-from services.gateway import api, openapi
+from services.gateway import api, console, openapi, reads
 
 logger = logging.getLogger(__name__)
 
@@ -168,29 +164,10 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     async def show(request: Request, principal: Principal) -> Response:
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
         async with engine.connect() as conn:
-            stored = await runs.load(conn, run_id)
-            if stored is None or not principal.sees(stored.snapshot.tenant_id):
-                return JSONResponse({"error": str(operate.RunNotFound(run_id))}, status_code=404)
-            history = await runs.history(conn, stored.snapshot.run_id)
-            needs = (await conn.execute(select(runs_table.c.awaiting_worker).where(
-                runs_table.c.run_id == stored.snapshot.run_id))).scalar()
-            archived = await retention.archive_of(conn, stored.snapshot.run_id)
-            next_timer = (await conn.execute(_NEXT_TIMER, {"r": stored.snapshot.run_id})).first()
-            calls = await ledger.for_run(conn, stored.snapshot.run_id)
-        # An archived run's events and actions were pruned: the answer says where they went.
-        return JSONResponse({"snapshot": stored.snapshot.to_dict(),
-                             "actions": [_call(row) for row in calls],
-                             "lease": None if stored.lease_owner is None else {
-                                 "owner": stored.lease_owner, "fencing_token": stored.fencing_token,
-                                 "until": stored.lease_until.isoformat() if stored.lease_until else None},
-                             "next_timer": None if next_timer is None else {
-                                 "kind": next_timer.kind, "wake_at": next_timer.wake_at.isoformat()},
-                             "allowed_operations": operate.allowed_operations(stored.snapshot),
-                             "waiting_for": f"a compatible worker: {needs}" if needs else None,
-                             "archived": None if archived is None else {
-                                 "at": archived.at.isoformat(), "archive": archived.archive,
-                                 "location": archived.location, "media_type": ARCHIVE_MEDIA_TYPE},
-                             "events": [event_to_dict(e) for e in history]})
+            view = await reads.run_view(conn, run_id, principal.tenants)
+        if view is None:
+            return JSONResponse({"error": str(operate.RunNotFound(run_id))}, status_code=404)
+        return JSONResponse(view)
 
     async def attach(request: Request, principal: Principal) -> Response:
         """POST the artifact's bytes (``Content-Type``: its media type) with ``?name=...&reason=...``."""
@@ -234,70 +211,24 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         return Response(await store.get(content_hash), media_type=row.media_type)
 
     async def search(request: Request, principal: Principal) -> Response:
-        """Runs of the caller's tenants matching every filter given, newest first, a page at a time:
-        ``limit`` (default 50, at most 500) and the ``next_cursor`` of the page before (None on the
-        last page)."""
+        """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""
         params = api.query(api.RunSearch, request.query_params)
-        query = select(runs_table.c.run_id, runs_table.c.tenant_id, runs_table.c.status, runs_table.c.workflow,
-                       runs_table.c.workflow_version, runs_table.c.wait_kind, runs_table.c.awaiting_worker,
-                       runs_table.c.idempotency_key, runs_table.c.created_at,
-                       runs_table.c.snapshot["labels"].label("labels"), runs_table.c.updated_at)
-        for column in ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key"):
-            if getattr(params, column):
-                query = query.where(runs_table.c[column] == getattr(params, column))
-        if principal.tenants is not None:
-            query = query.where(runs_table.c.tenant_id.in_(sorted(principal.tenants)))
-        for label in params.label:
-            key, _, value = label.partition("=")
-            query = query.where(exists().where(run_labels.c.run_id == runs_table.c.run_id,
-                                               run_labels.c.key == key, run_labels.c.value == value))
-        limit = params.limit or pages.DEFAULT_LIMIT
         try:
-            # Age: created more than a duration ago (older_than), or unchanged for one (idle_for).
-            for name, column in (("older_than", runs_table.c.created_at), ("idle_for", runs_table.c.updated_at)):
-                if getattr(params, name):
-                    query = query.where(pages.older_than(name, getattr(params, name), column))
-            if params.cursor:
-                query = query.where(pages.after(params.cursor, runs_table.c.created_at, runs_table.c.run_id))
+            async with engine.connect() as conn:
+                return JSONResponse(await reads.search_runs(conn, params, principal.tenants))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        async with engine.connect() as conn:
-            rows = (await conn.execute(query.order_by(runs_table.c.created_at.desc(), runs_table.c.run_id.desc())
-                                       .limit(limit + 1))).all()
-        page = rows[:limit]
-        return JSONResponse({
-            "runs": [{**r._mapping, "labels": r.labels or {}, "created_at": r.created_at.isoformat(),
-                      "updated_at": r.updated_at.isoformat()} for r in page],
-            "next_cursor": pages.cursor(page[-1].created_at, page[-1].run_id) if len(rows) > limit else None})
 
     async def audit_trail(request: Request, principal: Principal) -> Response:
-        """The audit log, newest first, a page at a time (as ``search``), filtered by ``actor``,
-        ``action``, ``target``; ``/alerts`` is the part of it the reconciler raised (``alert.*``). A
-        caller of some tenants sees the entries whose target is one of their runs or one of them."""
+        """The audit log as the caller may see it (``reads.audit_entries``); ``/alerts`` is the part of it
+        the reconciler raised."""
         params = api.query(api.AuditSearch, request.query_params)
-        query = select(audit_log)
-        for column in ("actor", "action", "target"):
-            if getattr(params, column):
-                query = query.where(audit_log.c[column] == getattr(params, column))
-        if principal.tenants is not None:
-            seen = sorted(principal.tenants)
-            query = query.where(or_(audit_log.c.target.in_(seen), exists().where(
-                runs_table.c.run_id == audit_log.c.target, runs_table.c.tenant_id.in_(seen))))
-        if request.url.path == "/alerts":
-            query = query.where(audit_log.c.action.startswith(ALERT_PREFIX))
-        limit = params.limit or pages.DEFAULT_LIMIT
         try:
-            if params.cursor:
-                query = query.where(pages.after(params.cursor, audit_log.c.at, audit_log.c.id))
+            async with engine.connect() as conn:
+                return JSONResponse(await reads.audit_entries(conn, params, alerts_only=request.url.path == "/alerts",
+                                                              tenants=principal.tenants))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        async with engine.connect() as conn:
-            rows = (await conn.execute(query.order_by(audit_log.c.at.desc(), audit_log.c.id.desc())
-                                       .limit(limit + 1))).all()
-        page = rows[:limit]
-        return JSONResponse({
-            "entries": [{**r._mapping, "at": r.at.isoformat()} for r in page],
-            "next_cursor": pages.cursor(page[-1].at, page[-1].id) if len(rows) > limit else None})
 
     async def versions_in_use(request: Request, principal: Principal) -> Response:
         async with engine.connect() as conn:
@@ -411,6 +342,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/tokens", token_create, ["POST"]),
         route("/tokens/{token_id}/revoke", token_revoke, ["POST"]),
         Route("/openapi.json", described, methods=["GET"]),
+        Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ]
     return Starlette(routes=[*(intake_routes if intake else []), *(operations if operator_api else []),
                              Route("/healthz", healthz, methods=["GET"])],
@@ -457,8 +389,6 @@ def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
             "resources": list(policy.scope.resources)}
 
 
-_NEXT_TIMER = text("SELECT kind, wake_at FROM timers WHERE run_id = :r AND fired_at IS NULL AND cancelled_at IS NULL "
-                   "ORDER BY wake_at LIMIT 1")
 _STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
 
 
@@ -486,10 +416,3 @@ async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by
     return await _STEERS[name](tx, run_id, actor=actor, reason=body.reason)
 
 
-def _call(row: ledger.LedgerRow) -> dict[str, Any]:
-    """A ledger row as ``GET /runs/{id}`` shows it: the call, its status and attempts, and what its
-    heartbeats last reported (``progress``, recorded at ``heartbeat_at``)."""
-    return {"logical_action": row.logical_action, "tool": row.tool, "effect_kind": row.effect_kind,
-            "status": row.status, "attempts": row.attempts, "external_id": row.external_id,
-            "progress": row.progress,
-            "heartbeat_at": None if row.heartbeat_at is None else row.heartbeat_at.isoformat()}

@@ -287,6 +287,15 @@ class Settings:
     """The JWT claim holding the tenants the operator sees (``*``: every tenant; none: no tenant)."""
     oidc_groups_claim: str
     """The JWT claim holding the operator's groups (an approval may name a group as its approver)."""
+    oidc_client_id: str
+    """The web console's client id at the OIDC issuer: set, the console's sign-in page offers signing
+    in there (the authorization-code flow with PKCE, redirecting back to ``/console/oidc/callback``);
+    empty: named tokens only. The access token it gets must be one the operator API takes."""
+    oidc_client_secret: str
+    """The console's client secret at the issuer (empty for a public client, which PKCE protects)."""
+    console_secret: str
+    """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
+    replica needs the same one, and changing it ends every console session."""
     run_kinds: tuple[str, ...]
     """Where the run kinds come from: ``package.module:attribute`` references, comma-separated, each a
     ``RunKind``, a sequence of them or a function of the Settings returning either; installed
@@ -442,6 +451,9 @@ def _inconsistencies(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     if values["oidc_issuer"]:
         problems += [(_SPEC[name].env, f"missing; expected it with LONGRUN_OIDC_ISSUER ({_SPEC[name].expected})")
                      for name in ("oidc_audience", "oidc_jwks_url") if not values[name].strip()]
+    if values["oidc_client_id"] and not values["oidc_issuer"]:
+        problems.append(("LONGRUN_OIDC_CLIENT_ID", "set without LONGRUN_OIDC_ISSUER: the console has no issuer "
+                         "to send operators to"))
     if values["webhook_port"] and values["webhook_port"] == values["gateway_port"]:
         problems.append(("LONGRUN_WEBHOOK_PORT", f"got {values['webhook_port']}; expected 0 or a port other than "
                          "LONGRUN_GATEWAY_PORT"))
@@ -494,6 +506,9 @@ _SPEC: dict[str, _Var] = {
     "oidc_roles_claim": _var("LONGRUN_OIDC_ROLES_CLAIM", _claim, "a claim name", "roles"),
     "oidc_tenants_claim": _var("LONGRUN_OIDC_TENANTS_CLAIM", _claim, "a claim name", "tenants"),
     "oidc_groups_claim": _var("LONGRUN_OIDC_GROUPS_CLAIM", _claim, "a claim name", "groups"),
+    "oidc_client_id": _var("LONGRUN_OIDC_CLIENT_ID", str, "a client id, or empty (off)", ""),
+    "oidc_client_secret": _var("LONGRUN_OIDC_CLIENT_SECRET", str, "a client secret, or empty", ""),
+    "console_secret": _var("LONGRUN_CONSOLE_SECRET", _text, "a non-empty secret", "dev-console-secret"),
     "run_kinds": _var("LONGRUN_RUN_KINDS", _name_list, "comma-separated package.module:attribute references",
                       "longrun.workflows:builtin"),
     "webhook_providers": _var("LONGRUN_WEBHOOK_PROVIDERS", _named_references,

@@ -396,7 +396,7 @@ def test_each_deployment_gets_the_settings_it_needs_and_they_parse(overlay: str)
     gateway = of_kind(overlay, "Deployment")["longrun-gateway"]["spec"]["template"]["spec"]
     gateway_env = {v["name"] for v in gateway["containers"][0]["env"]}
     # Without these the gateway would run on the dev defaults of Settings.
-    assert {"LONGRUN_WEBHOOK_SECRET", "LONGRUN_OPERATOR_TOKENS"} <= gateway_env
+    assert {"LONGRUN_WEBHOOK_SECRET", "LONGRUN_OPERATOR_TOKENS", "LONGRUN_CONSOLE_SECRET"} <= gateway_env
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -406,7 +406,8 @@ def test_manifests_use_only_declared_longrun_variables_and_never_crash_points(ov
     assert names <= KNOWN, names - KNOWN
     assert "LONGRUN_CRASH_POINTS" not in names
     assert set(secret_example()["longrun"]) == {"LONGRUN_DATABASE_URL", "LONGRUN_AMQP_URL", "LONGRUN_WEBHOOK_SECRET",
-                                                "LONGRUN_OPERATOR_TOKENS", "LONGRUN_MODEL_API_KEY"}
+                                                "LONGRUN_OPERATOR_TOKENS", "LONGRUN_CONSOLE_SECRET",
+                                                "LONGRUN_MODEL_API_KEY"}
 
 
 def test_the_secret_template_is_valid_but_not_part_of_any_overlay() -> None:

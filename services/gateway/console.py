@@ -1,0 +1,395 @@
+"""The web console, served by the gateway under ``/console``: run search, a run's live timeline, its
+pending approval (what exactly is approved, and the hash) with approve and deny, resolving an action
+in doubt, the quarantine with replay, and the audit log.
+
+Server-rendered HTML (Jinja2 templates in ``templates/console``) rather than a front end built from
+npm packages: there is no build step to run, ship or keep in step with the API; nothing is fetched
+from outside, so it works on an air-gapped cluster; every page is a URL an operator can bookmark or
+paste into an incident; and each page reads and acts through the same functions as the operator API
+(``services.gateway.reads``, ``longrun.app.operate``), so the console cannot drift from it. The one
+script is the run page's: it polls ``/console/runs/{id}/live`` and reloads the page when the run
+changed, unless the operator is typing into one of its forms.
+
+Sign-in: the operator pastes a named API token (``longrunctl token create``) or, where an OIDC
+issuer is configured and the console is its client, signs in there (``console_oidc``). The session
+cookie (``longrun_console``, ``console_session``) keeps the token and every request authenticates it
+again, so a revoked or expired token ends the session. Every form carries the session's CSRF token
+and every POST without it is refused (403).
+The console's routes are not in the operator API's contract (``schemas/openapi.json``): they answer
+HTML to a browser session, not JSON to a bearer token. What an operator sees and does is bounded by
+their principal under the API's rules (``api.OPERATIONS``: each operation's role, every tenant or
+not): a run of a tenant they do not see is "not found", whatever its URL; every act records the
+principal's subject as its actor.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import jinja2
+import orjson
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from longrun import timeline
+from longrun.app import operate
+from longrun.app import quarantine as quarantine_ops
+from longrun.app.transaction import PgTransaction
+from longrun.bus.connection import Bus
+from longrun.config import Settings
+from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
+from longrun.errors import DomainError, LongrunError
+from longrun.identity import Authenticator, Principal
+from services.gateway import api, reads
+from services.gateway import console_oidc as oidc
+from services.gateway import console_session as sessions
+
+PREFIX = "/console"
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates" / "console"),
+    autoescape=True, undefined=jinja2.StrictUndefined)
+_TEMPLATES.filters["when"] = lambda at: "none" if at is None else datetime.fromtimestamp(at, UTC).isoformat(
+    timespec="seconds")
+NOTICES = {"approved": "Approved.", "denied": "Denied.", "resolved": "Resolution recorded.",
+           "replayed": "Replay done.", "signed-out": "Signed out.",
+           "ended": "Your session ended: its token is no longer accepted. Sign in again."}
+"""What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """One request's session and who it is (None: not signed in)."""
+
+    session: sessions.Session
+    principal: Principal | None
+    fresh: bool
+    """The session was made for this request: its cookie must be set on the answer."""
+    ended: bool = False
+    """The cookie's session was signed in with a token no longer accepted (revoked, expired)."""
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
+                   ride: Callable[[Callable[[Request], Awaitable[Response]]],
+                                  Callable[[Request], Awaitable[Response]]]) -> Starlette:
+    """The console's app, mounted at ``PREFIX``; ``ride`` wraps each page as the API's routes are
+    (answering from a fresh connection after a database restart)."""
+    authenticator = Authenticator(engine, settings)
+    key = settings.console_secret
+
+    async def visit(request: Request) -> Visit:
+        now = time.time()
+        session = sessions.unseal(key, request.cookies.get(sessions.COOKIE), now)
+        if session is None:
+            return Visit(sessions.anonymous(now), None, fresh=True)
+        if session.token is None:
+            return Visit(session, None, fresh=False)
+        principal = await authenticator.from_bearer(session.token)
+        if principal is None:
+            return Visit(sessions.anonymous(now), None, fresh=True, ended=True)
+        return Visit(session, principal, fresh=False)
+
+    def page(request: Request, seen: Visit, template: str, status: int = 200, **values: Any) -> Response:
+        notice = NOTICES.get(request.query_params.get("notice", ""))
+        html = _TEMPLATES.get_template(template).render(
+            root=PREFIX, principal=seen.principal, csrf=sessions.csrf_token(key, seen.session), notice=notice,
+            oidc=oidc.offered(settings), **values)
+        response = HTMLResponse(html, status_code=status)
+        if seen.fresh:
+            _set_cookie(response, request, sessions.seal(key, seen.session))
+        return response
+
+    def signed(handler: Callable[[Request, Visit, Principal], Awaitable[Response]]
+               ) -> Callable[[Request], Awaitable[Response]]:
+        """A page for signed-in operators: anyone else is sent to sign in (a POST is refused)."""
+        async def answer(request: Request) -> Response:
+            seen = await visit(request)
+            if seen.principal is None:
+                if request.method == "POST":
+                    return page(request, seen, "error.html", 401, message="Sign in first.")
+                response = RedirectResponse(f"{PREFIX}/sign-in{'?notice=ended' if seen.ended else ''}",
+                                            status_code=303)
+                if seen.fresh:
+                    _set_cookie(response, request, sessions.seal(key, seen.session))
+                return response
+            try:
+                _may(seen.principal, api.BY_ROUTE[("GET", "/runs")])  # a principal with no role sees nothing
+                if request.method == "POST":
+                    form = await _form(request)
+                    if not sessions.csrf_ok(key, seen.session, form.get("csrf")):
+                        raise _Refused(403, "This form is not from your console session (CSRF token missing or "
+                                            "wrong). Reload the page and try again.")
+                    request.state.form = form
+                return await handler(request, seen, seen.principal)
+            except _Refused as e:
+                return page(request, seen, "error.html", e.status, message=str(e))
+            except api.Invalid as e:
+                return page(request, seen, "error.html", e.status, message=str(e))
+        return ride(answer)
+
+    async def sign_in(request: Request) -> Response:
+        seen = await visit(request)
+        if request.method == "GET":
+            return page(request, seen, "sign_in.html")
+        form = await _form(request)
+        if seen.fresh or not sessions.csrf_ok(key, seen.session, form.get("csrf")):
+            return page(request, seen, "sign_in.html", 403,
+                        error="This form is not from your console session (CSRF token missing or wrong). Try again.")
+        token = form.get("token", "").strip()
+        principal = await authenticator.from_bearer(token) if token else None
+        if principal is None:
+            return page(request, seen, "sign_in.html", 401, error="That token is not accepted.")
+        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
+        _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
+        return response
+
+    async def oidc_start(request: Request) -> Response:
+        """Off to the issuer, remembering the attempt's state and PKCE verifier in a sealed cookie."""
+        seen = await visit(request)
+        if not oidc.offered(settings):
+            return page(request, seen, "sign_in.html", 404,
+                        error="Signing in at an identity provider is not set up here.")
+        try:
+            endpoint = (await oidc.endpoints(settings))["authorization_endpoint"]
+        except oidc.SignInFailed as e:
+            return page(request, seen, "sign_in.html", 502, error=str(e))
+        attempt = oidc.Attempt.new()
+        response = RedirectResponse(oidc.authorization_url(endpoint, settings, attempt, _callback(request)),
+                                    status_code=303)
+        response.set_cookie(oidc.COOKIE, oidc.seal(key, attempt, time.time()), max_age=oidc.PATIENCE,
+                            path=PREFIX, httponly=True, samesite="lax", secure=request.url.scheme == "https")
+        return response
+
+    async def oidc_callback(request: Request) -> Response:
+        """Back from the issuer: the code is exchanged only for the browser that left (its state)."""
+        seen = await visit(request)
+        attempt = oidc.unseal(key, request.cookies.get(oidc.COOKIE), time.time())
+        code, state = request.query_params.get("code"), request.query_params.get("state")
+        if attempt is None or state is None or not hmac.compare_digest(state.encode(), attempt.state.encode()):
+            return page(request, seen, "sign_in.html", 403,
+                        error="This sign-in was not started from this browser, or took too long. Try again.")
+        if not code:
+            why = request.query_params.get("error_description") or request.query_params.get("error") or "no code"
+            return page(request, seen, "sign_in.html", 401, error=f"The identity provider did not sign you in: {why}")
+        try:
+            token = await oidc.access_token((await oidc.endpoints(settings))["token_endpoint"], settings, attempt,
+                                            code, _callback(request))
+        except oidc.SignInFailed as e:
+            return page(request, seen, "sign_in.html", 502, error=str(e))
+        if await authenticator.from_bearer(token) is None:
+            return page(request, seen, "sign_in.html", 401,
+                        error="The identity provider's token is not accepted by this gateway.")
+        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
+        _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
+        response.delete_cookie(oidc.COOKIE, path=PREFIX)
+        return response
+
+    async def sign_out(request: Request, seen: Visit, principal: Principal) -> Response:
+        response = RedirectResponse(f"{PREFIX}/sign-in?notice=signed-out", status_code=303)
+        _set_cookie(response, request, sessions.seal(key, sessions.anonymous(time.time())))
+        return response
+
+    async def search(request: Request, seen: Visit, principal: Principal) -> Response:
+        shown = [(k, v) for k, v in request.query_params.multi_items() if v]
+        params = api.query(api.RunSearch, QueryParams(shown))
+        try:
+            async with engine.connect() as conn:
+                found = await reads.search_runs(conn, params, principal.tenants)
+        except ValueError as e:
+            raise _Refused(400, str(e)) from e
+        return page(request, seen, "runs.html", runs=found["runs"], filters=params,
+                    next_page=_next_page(shown, found["next_cursor"]), statuses=[s.value for s in RunStatus])
+
+    async def load(principal: Principal, run_id: str) -> dict[str, Any]:
+        async with engine.connect() as conn:
+            view = await reads.run_view(conn, api.path_parameter("run_id", run_id), principal.tenants)
+        if view is None:
+            raise _Refused(404, f"No run {run_id}.")
+        return view
+
+    async def run_page(request: Request, seen: Visit, principal: Principal, *, status: int = 200,
+                       error: str | None = None) -> Response:
+        view = await load(principal, request.path_params["run_id"])
+        owner = (view["snapshot"].get("wait") or {}).get("owner")
+        return page(request, seen, "run.html", status, error=error,
+                    may_decide=_allowed(principal, api.RUN_ACTIONS["approve"]) and principal.is_owner(owner),
+                    **_run_values(view))
+
+    async def live(request: Request, seen: Visit, principal: Principal) -> Response:
+        view = await load(principal, request.path_params["run_id"])
+        snapshot = view["snapshot"]
+        return JSONResponse({"revision": snapshot["revision"], "status": snapshot["status"]})
+
+    async def act(request: Request, seen: Visit, principal: Principal) -> Response:
+        """Approve, deny or resolve, as the principal; a refusal shows the run page with why."""
+        name = request.path_params["action"]
+        run_id = request.path_params["run_id"]
+        if name not in ("approve", "deny", "resolve"):
+            raise _Refused(404, f"No console action {name!r}: approve, deny or resolve.")
+        await load(principal, run_id)  # a run of a tenant not seen is not found, before anything is done
+        form = request.state.form
+        _may(principal, api.RUN_ACTIONS[name])
+        try:
+            async with engine.begin() as conn:
+                tx = PgTransaction(conn)
+                if name == "resolve":
+                    body = _model(api.Resolve, logical_action=form.get("logical_action"),
+                                  outcome=form.get("outcome"), external_id=form.get("external_id") or None,
+                                  receipt=_receipt(form.get("receipt", "")), reason=form.get("reason"))
+                    await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
+                                                 done=body.outcome == "confirmed", external_id=body.external_id,
+                                                 receipt=body.receipt, actor=principal.subject, reason=body.reason)
+                else:
+                    decision = _model(api.Decide, approval_id=form.get("approval_id"),
+                                      approved_hash=form.get("approved_hash"), reason=form.get("reason"))
+                    await operate.decide_approval(tx, run_id, approval_id=decision.approval_id,
+                                                  approved_hash=decision.approved_hash, approved=name == "approve",
+                                                  by=principal, reason=decision.reason)
+        except operate.NotPermitted as e:
+            return await run_page(request, seen, principal, status=403, error=str(e))
+        except (DomainError, LongrunError) as e:
+            return await run_page(request, seen, principal, status=409, error=str(e))
+        done = {"approve": "approved", "deny": "denied", "resolve": "resolved"}[name]
+        return RedirectResponse(f"{PREFIX}/runs/{run_id}?notice={done}", status_code=303)
+
+    async def quarantine(request: Request, seen: Visit, principal: Principal) -> Response:
+        _may(principal, api.BY_ROUTE[("GET", "/quarantine")])
+        entries = await quarantine_ops.list_entries(engine, include_replayed=request.query_params.get("all") == "1")
+        return page(request, seen, "quarantine.html", entries=entries)
+
+    async def replay(request: Request, seen: Visit, principal: Principal) -> Response:
+        _may(principal, api.BY_ROUTE[("POST", "/quarantine/{entry_id}/replay")])
+        entry_id = api.path_parameter("entry_id", request.path_params["entry_id"])
+        body = _model(api.Replay, reason=request.state.form.get("reason"))
+        try:
+            await quarantine_ops.replay(engine, bus, entry_id, actor=principal.subject, reason=body.reason,
+                                        replay_window=settings.quarantine_replay_window)
+        except quarantine_ops.NotReplayable as e:
+            raise _Refused(409, str(e)) from e
+        return RedirectResponse(f"{PREFIX}/quarantine?notice=replayed", status_code=303)
+
+    async def audit(request: Request, seen: Visit, principal: Principal) -> Response:
+        shown = [(k, v) for k, v in request.query_params.multi_items() if v]
+        params = api.query(api.AuditSearch, QueryParams(shown))
+        try:
+            async with engine.connect() as conn:
+                found = await reads.audit_entries(conn, params, tenants=principal.tenants)
+        except ValueError as e:
+            raise _Refused(400, str(e)) from e
+        return page(request, seen, "audit.html", entries=found["entries"], filters=params,
+                    next_page=_next_page(shown, found["next_cursor"]))
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse(f"{PREFIX}/runs", status_code=303)
+
+    async def not_found(request: Request, e: Exception) -> Response:
+        assert isinstance(e, HTTPException)
+        return HTMLResponse(_TEMPLATES.get_template("bare_error.html").render(
+            root=PREFIX, message=f"{request.method} {request.url.path}: {e.detail}"), status_code=e.status_code)
+
+    return Starlette(routes=[
+        Route("/", home, methods=["GET"]),
+        Route("/sign-in", ride(sign_in), methods=["GET", "POST"]),
+        Route("/oidc/start", ride(oidc_start), methods=["GET"]),
+        Route("/oidc/callback", ride(oidc_callback), methods=["GET"]),
+        Route("/sign-out", signed(sign_out), methods=["POST"]),
+        Route("/runs", signed(search), methods=["GET"]),
+        Route("/runs/{run_id}", signed(run_page), methods=["GET"]),
+        Route("/runs/{run_id}/live", signed(live), methods=["GET"]),
+        Route("/runs/{run_id}/{action:str}", signed(act), methods=["POST"]),
+        Route("/quarantine", signed(quarantine), methods=["GET"]),
+        Route("/quarantine/{entry_id}/replay", signed(replay), methods=["POST"]),
+        Route("/audit", signed(audit), methods=["GET"]),
+    ], exception_handlers={HTTPException: not_found})
+
+
+def _next_page(shown: list[tuple[str, str]], cursor: str | None) -> str | None:
+    """The query string of the page after this one: the same filters, the next cursor."""
+    return None if cursor is None else urlencode([(k, v) for k, v in shown if k != "cursor"] + [("cursor", cursor)])
+
+
+def _callback(request: Request) -> str:
+    """Where the issuer sends the browser back: this gateway as the browser reached it."""
+    return f"{request.url.scheme}://{request.url.netloc}{PREFIX}/oidc/callback"
+
+
+def _allowed(principal: Principal, op: api.Operation) -> bool:
+    return op.role is not None and principal.may(op.role)
+
+
+def _may(principal: Principal, op: api.Operation) -> None:
+    """The console asks of a principal what the operator API asks for the same operation."""
+    if not _allowed(principal, op):
+        raise _Refused(403, f"{principal.subject} may not {op.name}: it needs the role {op.role}.")
+    if op.every_tenant and principal.tenants is not None:
+        raise _Refused(403, f"{principal.subject} may not {op.name}: only a principal of every tenant may.")
+
+
+def _model(model: type[api.M], **fields: Any) -> api.M:
+    try:
+        return model.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        raise _Refused(422, "; ".join(f"{'.'.join(map(str, p['loc'])) or 'form'}: {p['msg']}"
+                                      for p in e.errors())) from e
+
+
+def _receipt(raw: str) -> dict[str, Any] | None:
+    if not raw.strip():
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _Refused(422, f"receipt must be a JSON object: {e}") from e
+    if not isinstance(value, dict):
+        raise _Refused(422, "receipt must be a JSON object")
+    return value
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the console's forms send nothing else); a repeated field's first value."""
+    fields = parse_qs((await request.body()).decode(errors="replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in fields.items()}
+
+
+def _set_cookie(response: Response, request: Request, value: str) -> None:
+    response.set_cookie(sessions.COOKIE, value, max_age=sessions.LIFETIME, path=PREFIX, httponly=True,
+                        samesite="lax", secure=request.url.scheme == "https")
+
+
+def _run_values(view: dict[str, Any]) -> dict[str, Any]:
+    """What the run page shows: the view of ``GET /runs/{id}`` with its events as timeline lines and
+    each action's ledger row and receipt (the fact ``receipt:<action>``) beside its summary."""
+    snapshot = view["snapshot"]
+    calls = {c["logical_action"]: c for c in view["actions"]}
+    receipts = {f["key"].removeprefix(RECEIPT_FACT_PREFIX): f["value"] for f in snapshot["facts"]
+                if f["key"].startswith(RECEIPT_FACT_PREFIX)}
+    return {
+        "view": view, "run": snapshot, "wait": snapshot.get("wait"),
+        "live": snapshot["status"] not in {s.value for s in TERMINAL},
+        "actions": [{**a, "ledger": calls.get(a["logical_action"]), "receipt": receipts.get(a["logical_action"])}
+                    for a in snapshot["actions"]],
+        "in_doubt": [a["logical_action"] for a in snapshot["actions"]
+                     if a["status"] in {s.value for s in UNRECONCILED}],
+        "timeline": [timeline.describe(e["seq"], e["type"], {k: v for k, v in e.items()
+                                                             if k not in ("type", "seq", "at")},
+                                       True, datetime.fromtimestamp(e["at"], UTC)).strip()
+                     for e in view["events"]],
+    }

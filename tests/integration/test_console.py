@@ -1,0 +1,286 @@
+"""The web console in a real browser (Playwright driving Debian's Chromium, /usr/bin/chromium): an
+approver signs in with a named token, finds the run waiting for approval, sees the hash it approves,
+approves it and watches the run complete; an operator of another tenant finds nothing of it.
+Screenshots are kept in var/test-artifacts/console/. Without the browser: a POST without the
+session's CSRF token is refused and changes nothing, another tenant's operator can neither read nor
+act on a run, nor an approver the approval does not name decide it, an action in doubt is resolved
+and a quarantined message replayed as the signed-in principal, and revoking the token ends the
+session. Signing in at an OIDC provider (the authorization-code flow) is driven in the browser too."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+from sqlalchemy import text
+
+from longrun.db import quarantine, tokens
+from tests.fixtures import eventually
+from tests.integration import identities, oidc_provider
+from tests.integration.bus_helpers import wakeup
+from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
+from tests.integration.runs_factory import action_unknown, waiting_for_user
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "var" / "test-artifacts" / "console"
+
+
+async def sign_in(page: Page, base: str, token: str) -> None:
+    await page.goto(f"{base}/console/")
+    await expect(page).to_have_url(re.compile(r"/console/sign-in"))
+    await page.fill("#token", token)
+    await page.click("button[type=submit]")
+    await expect(page).to_have_url(re.compile(r"/console/runs$"))
+
+
+async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
+        clean, engine, bus, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given the live services, a run of tenant acme waiting for user_42's approval, and two named
+    # tokens: user_42 approving for acme, and an operator of globex
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start_forge()
+    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
+                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
+        ensemble.start(name, module)
+    await ensemble.configure_forge()
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    approver = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    stranger = await identities.token(engine, "olga", "operator", "approver", tenants=("globex",))
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal("console"))
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+    approved_hash = await eventually(lambda: _asked_hash(engine, run_id), timeout=60, what="approval asked")
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            # When the approver signs in and searches for runs waiting for a person
+            page = await (await browser.new_context()).new_page()
+            await sign_in(page, ensemble.gateway_url, approver)
+            await page.select_option("select[name=status]", "WAITING_USER")
+            await page.click("#search button[type=submit]")
+            await page.click(f"a:text-is('{run_id}')")
+            # Then the run page shows exactly what is approved and its hash
+            await expect(page.locator("#approval-hash")).to_have_text(approved_hash)
+            await expect(page.locator("#approval-subject")).to_contain_text("merge agent/payment-sdk-v5-console")
+            await page.screenshot(path=SHOTS / "1-approval-pending.png", full_page=True)
+            # When they approve it
+            await page.fill("#approval input[name=reason]", "reviewed the diff")
+            await page.click("#approve")
+            await expect(page.locator("#notice")).to_have_text("Approved.")
+            # Then the page follows the run to its completion by itself
+            await expect(page.locator("#status")).to_have_text("COMPLETED", timeout=60_000)
+            await expect(page.locator("#timeline")).to_contain_text("approved by user_42")
+            await page.screenshot(path=SHOTS / "2-completed.png", full_page=True)
+
+            # And an operator of another tenant finds nothing of it: not in a search, not at its URL
+            other = await (await browser.new_context()).new_page()
+            await sign_in(other, ensemble.gateway_url, stranger)
+            await expect(other.locator("#no-runs")).to_be_visible()
+            await other.screenshot(path=SHOTS / "3-other-tenant-search.png", full_page=True)
+            answer = await other.goto(f"{ensemble.gateway_url}/console/runs/{run_id}")
+            assert answer is not None and answer.status == 404
+            await expect(other.locator("#error")).to_have_text(f"No run {run_id}.")
+            await other.screenshot(path=SHOTS / "4-other-tenant-run.png", full_page=True)
+        finally:
+            await browser.close()
+    assert await status_of(engine, run_id) == "COMPLETED"
+    async with engine.connect() as conn:
+        actors = (await conn.execute(text("SELECT actor FROM audit_log WHERE target = :r AND action = 'approve'"),
+                                     {"r": run_id})).scalars().all()
+    assert actors == ["user_42"]
+
+
+@pytest.fixture
+async def gateway(services, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    return f"{ensemble.gateway_url}/console"
+
+
+async def signed_in(console: httpx.AsyncClient, token: str) -> None:
+    answer = await console.post("/sign-in", data={"token": token, "csrf": _csrf(await console.get("/sign-in"))})
+    assert answer.status_code == 303, answer.text
+
+
+async def test_a_post_without_the_session_csrf_token_is_refused_and_changes_nothing(clean, engine, gateway) -> None:
+    # Given a signed-in console session and a run waiting for approval
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        decision = {"approval_id": "a1", "approved_hash": "h1", "reason": "ok"}
+        # When a form is posted without the CSRF token, or with another session's
+        missing = await console.post(f"/runs/{run_id}/approve", data=decision)
+        forged = await console.post(f"/runs/{run_id}/approve", data={**decision, "csrf": "0" * 64})
+        # Then both are refused and the run still waits
+        assert (missing.status_code, forged.status_code) == (403, 403)
+        assert "CSRF" in missing.text
+        assert await status_of(engine, run_id) == "WAITING_USER"
+        # while the same form with the session's token is taken
+        page = await console.get(f"/runs/{run_id}")
+        taken = await console.post(f"/runs/{run_id}/approve", data={**decision, "csrf": _csrf(page)})
+        assert taken.status_code == 303, taken.text
+    # And signing in is refused without the token of the sign-in page's session
+    async with httpx.AsyncClient(base_url=gateway) as fresh:
+        await fresh.get("/sign-in")
+        assert (await fresh.post("/sign-in", data={"token": token})).status_code == 403
+
+
+async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_on_a_run(
+        clean, engine, gateway) -> None:
+    # Given a run of acme waiting for approval and an approver of globex signed in
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    token = await identities.token(engine, "user_42", "approver", "operator", tenants=("globex",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        listing = await console.get("/runs", params={"tenant_id": "acme"})
+        page = await console.get(f"/runs/{run_id}")
+        acted = await console.post(f"/runs/{run_id}/approve", data={
+            "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(listing)})
+        live = await console.get(f"/runs/{run_id}/live")
+    # Then the search shows nothing, the run is not found, and approving it changes nothing
+    assert listing.status_code == 200 and run_id not in listing.text and 'id="no-runs"' in listing.text
+    assert (page.status_code, acted.status_code, live.status_code) == (404, 404, 404)
+    assert await status_of(engine, run_id) == "WAITING_USER"
+
+
+async def test_an_approver_the_approval_does_not_name_is_refused_and_nothing_changes(clean, engine, gateway) -> None:
+    # Given a run waiting for user_42's approval and another approver of its tenant signed in
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    token = await identities.token(engine, "ops-carl", "approver", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        page = await console.get(f"/runs/{run_id}")
+        # When he approves it all the same
+        acted = await console.post(f"/runs/{run_id}/approve", data={
+            "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(page)})
+    # Then the page offered him no buttons, the approval is refused, and the run still waits
+    assert 'id="not-yours"' in page.text and 'id="approve"' not in page.text
+    assert acted.status_code == 403 and "only user_42 may decide" in acted.text
+    assert await status_of(engine, run_id) == "WAITING_USER"
+
+
+async def test_an_action_in_doubt_is_resolved_in_the_console_as_the_signed_in_principal(
+        clean, engine, gateway) -> None:
+    # Given a run whose merge request is in doubt, and an operator of its tenant signed in
+    run_id = (await action_unknown(engine, logical_action="open_mr")).snapshot.run_id
+    token = await identities.token(engine, "ops-anna", "operator", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        page = await console.get(f"/runs/{run_id}")
+        assert 'id="resolve-open_mr"' in page.text
+        # When she says it was done, with the forge's id and receipt
+        answer = await console.post(f"/runs/{run_id}/resolve", data={
+            "logical_action": "open_mr", "outcome": "confirmed", "external_id": "mr-9",
+            "receipt": '{"number": 9}', "reason": "found it on the forge", "csrf": _csrf(page)})
+        assert answer.status_code == 303, answer.text
+        # Then the action is confirmed, recorded as hers
+        shown = await console.get(answer.headers["location"].removeprefix("/console"))
+    assert "Resolution recorded." in shown.text and "mr-9" in shown.text
+    async with engine.connect() as conn:
+        actors = (await conn.execute(text("SELECT actor FROM audit_log WHERE target = :r AND action = 'resolve'"),
+                                     {"r": run_id})).scalars().all()
+    assert actors == ["ops-anna"]
+
+
+async def test_the_quarantine_is_replayed_from_the_console_by_an_operator_of_every_tenant(
+        clean, engine, gateway) -> None:
+    # Given a quarantined message whose consumer was since fixed, and one that is still malformed
+    good = wakeup("run-q", "after-fix")
+    async with engine.begin() as conn:
+        good_id = await quarantine.put(conn, owner="worker", queue="longrun.worker.p3",
+                                       body=good.model_dump_json().encode(), headers={}, message_id=good.event_id,
+                                       error_code="handler_error", reason="KeyError: 'x'", attempts=5)
+        bad_id = await quarantine.put(conn, owner="worker", queue="longrun.worker.p3", body=b"{broken", headers={},
+                                      message_id="raw", error_code="decode_error", reason="body is not JSON",
+                                      attempts=1)
+    oncall = await identities.token(engine, "ops-oncall", "operator")
+    tenant_operator = await identities.token(engine, "ops-acme", "operator", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, oncall)
+        listed = await console.get("/quarantine")
+        assert "KeyError: &#39;x&#39;" in listed.text and "body is not JSON" in listed.text
+        # When the on-call operator replays both
+        refused = await console.post(f"/quarantine/{bad_id}/replay", data={"reason": "again", "csrf": _csrf(listed)})
+        replayed = await console.post(f"/quarantine/{good_id}/replay",
+                                      data={"reason": "consumer fixed", "csrf": _csrf(listed)})
+        # Then the malformed one is refused, saying why, and the other is replayed as theirs
+        assert refused.status_code == 409 and "still invalid" in refused.text
+        assert replayed.status_code == 303, replayed.text
+    async with engine.connect() as conn:
+        audit = (await conn.execute(text("SELECT actor, action, target FROM audit_log"))).all()
+    assert [tuple(a) for a in audit] == [("ops-oncall", "quarantine.replay", str(good_id))]
+    # And an operator of one tenant may not see the quarantine, whose messages are no one tenant's
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, tenant_operator)
+        assert (await console.get("/quarantine")).status_code == 403
+
+
+async def test_revoking_the_token_ends_its_console_session(clean, engine, gateway) -> None:
+    # Given an operator signed in with a named token
+    async with engine.begin() as conn:
+        stored, secret = await tokens.create(conn, name="ops-ben", roles=("viewer",), tenants=("acme",),
+                                             created_by="tests")
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, secret)
+        assert (await console.get("/runs")).status_code == 200
+        # When the token is revoked
+        async with engine.begin() as conn:
+            await tokens.revoke(conn, stored.id)
+        # Then the next page sends them to sign in again, saying why, and the session is gone
+        ended = await console.get("/runs")
+        assert (ended.status_code, ended.headers["location"]) == (303, "/console/sign-in?notice=ended")
+        assert "no longer accepted" in (await console.get(ended.headers["location"].removeprefix("/console"))).text
+        assert (await console.get("/runs")).headers["location"] == "/console/sign-in"
+
+
+async def test_an_operator_signs_in_at_the_identity_provider_with_the_authorization_code_flow(
+        clean, engine, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given an identity provider where alice is an approver of acme, and a gateway whose console is its client
+    user = {"sub": "alice", "roles": ["approver"], "tenants": ["acme"]}
+    async with oidc_provider.serving(client_id="longrun-console", client_secret="console-secret",
+                                     audience="longrun-api", user=user) as provider:
+        ensemble = Ensemble(services, tmp_path)
+        ensemble.start("gateway", "services.gateway", **provider.gateway_env())
+        await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+        run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                # When she chooses to sign in at the provider
+                page = await browser.new_page()
+                await page.goto(f"{ensemble.gateway_url}/console/sign-in")
+                await page.click("#oidc")
+                # Then she is back in the console, signed in as herself, seeing her tenant's runs
+                await expect(page).to_have_url(re.compile(r"/console/runs$"))
+                await expect(page.locator("#subject")).to_have_text("alice")
+                await expect(page.locator("#runs")).to_contain_text(run_id)
+                await page.screenshot(path=SHOTS / "5-signed-in-at-the-identity-provider.png", full_page=True)
+            finally:
+                await browser.close()
+        # And a callback that this browser did not start is refused
+        async with httpx.AsyncClient(base_url=f"{ensemble.gateway_url}/console") as console:
+            forged = await console.get("/oidc/callback", params={"code": "stolen", "state": "guessed"})
+        assert forged.status_code == 403 and "not started from this browser" in forged.text
+
+
+def _csrf(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+async def _asked_hash(engine, run_id: str) -> str | None:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text(
+            "SELECT snapshot->'wait'->>'approved_hash' FROM runs WHERE run_id = :r AND status = 'WAITING_USER'"),
+            {"r": run_id})).scalar()
+
