@@ -66,6 +66,7 @@ from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
 from longrun.db.errors import is_transient
 from longrun.db.runs import StoredRun
+from longrun.db.schema import HELD_FOR_RECONCILIATION
 from longrun.domain import (RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
                             thaw)
 from longrun.domain import events as ev
@@ -91,7 +92,6 @@ _A = ActionStatus
 # Re-running these is safe by their effect kind, so a tool without a lookup needs no person.
 _REPEATABLE = frozenset({EffectKind.PURE, EffectKind.READ, EffectKind.IDEMPOTENT_WRITE})
 # Open statuses an unreconciled action can leave a run in: parked for it, or paused or cancelled on top.
-_HELD = (RunStatus.ACTION_UNKNOWN, RunStatus.PAUSED, RunStatus.CANCELLING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +206,7 @@ async def in_doubt(store: ReconcileStore, *, limit: int,
     timed out, out of budget) while the request was out and the worker never recorded what
     became of it, and no worker will come back for a finished run.
     """
-    found = await store.in_doubt(limit=limit, abandoned_after=abandoned_after, held=_HELD)
+    found = await store.in_doubt(limit=limit, abandoned_after=abandoned_after, held=HELD_FOR_RECONCILIATION)
     return list(dict.fromkeys(found))[:limit]
 
 

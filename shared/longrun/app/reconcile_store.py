@@ -23,7 +23,7 @@ from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
 from longrun.db.runs import StoredRun
-from longrun.db.schema import actions, run_events
+from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
 from longrun.domain import events as ev
@@ -69,7 +69,8 @@ class PgReconcileStore:
             found = [(r.run_id, r.logical_action) for r in rows]
             parked = await conn.execute(
                 select(runs_table.c.run_id, runs_table.c.snapshot["actions"].label("actions"))
-                .where(runs_table.c.status.in_([s.value for s in held]),
+                # Literals, not parameters: the planner then matches ix_runs_held's predicate (HELD).
+                .where(text(f"runs.status IN ({sql_names(held)})"),
                        runs_table.c.snapshot["actions"].contains([{"status": _A.UNKNOWN.value}]))
                 .order_by(runs_table.c.updated_at).limit(limit))
             for row in parked:

@@ -147,6 +147,14 @@ Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
 Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
 # Workers' hand-over sweep: runs waiting for a worker that can run them.
 Index("ix_runs_awaiting_worker", runs.c.awaiting_worker, postgresql_where=runs.c.awaiting_worker.isnot(None))
+HELD_FOR_RECONCILIATION = (RunStatus.ACTION_UNKNOWN, RunStatus.CANCELLING, RunStatus.PAUSED)
+"""Held runs whose snapshot may list an action in doubt the ledger does not show (the reconciler's
+second source, ``app.reconcile.in_doubt``)."""
+HELD = f"status IN ({sql_names(HELD_FOR_RECONCILIATION)})"
+"""As SQL; the reconciler's query uses exactly this text, so the planner matches the index below."""
+# Reconciler, every round: the held runs, a handful, among however many runs wait or are kept.
+# Keyed on status alone, already indexed, so no update that was HOT stops being one.
+Index("ix_runs_held", runs.c.status, postgresql_where=text(HELD))
 OPEN_RUN = f"status NOT IN ({sql_names(sorted(TERMINAL))})"
 """A run that has not finished, as SQL."""
 HOLDS_SLOT = f"admitted_at IS NOT NULL AND {OPEN_RUN}"
