@@ -303,6 +303,23 @@ def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: s
         "reason": reason}))
 
 
+@run.command("retry-action")
+@click.argument("run_id")
+@click.argument("logical_action")
+@click.option("--reason", required=True, help="why it should work now, for the audit log")
+@click.pass_context
+def run_retry_action(ctx: click.Context, run_id: str, logical_action: str, reason: str) -> None:
+    """Send an action that FAILED again under the same idempotency key, once its cause is fixed; the
+    run must not have ended.
+
+    \b
+    Example:
+      longrunctl run retry-action 0f3c... merge_request --reason "branch protection fixed"
+    """
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/retry-action",
+                      {"logical_action": logical_action, "reason": reason}))
+
+
 @run.command("attach")
 @click.argument("run_id")
 @click.argument("file", type=click.File("rb"))
