@@ -183,12 +183,22 @@ TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gatew
     "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})
 
 
+def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every command of ``group``'s tree, as the words that call it."""
+    found: set[tuple[str, ...]] = set()
+    for name, command in group.commands.items():
+        found |= _leaves(command, (*path, name)) if isinstance(command, click.Group) else {(*path, name)}
+    return found
+
+
 def test_every_command_has_a_test_against_the_live_gateway() -> None:
     """A command added to longrunctl fails this until a test runs it and is named in ``TESTED``."""
-    def leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-        found: set[tuple[str, ...]] = set()
-        for name, command in group.commands.items():
-            found |= leaves(command, (*path, name)) if isinstance(command, click.Group) else {(*path, name)}
-        return found
+    assert _leaves(cli.main) == set(TESTED)
 
-    assert leaves(cli.main) == set(TESTED)
+
+async def test_every_commands_help_ends_with_an_example_of_it() -> None:
+    for path in sorted(_leaves(cli.main)):
+        shown = await ctl(*path, "--help")
+        assert shown.returncode == 0, (path, shown.stderr)
+        assert f"Example:\n    longrunctl {' '.join(path)} " in shown.stdout or shown.stdout.rstrip().endswith(
+            f"longrunctl {' '.join(path)}"), (path, shown.stdout)
