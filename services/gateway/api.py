@@ -79,6 +79,13 @@ class Resolve(Strict):
     reason: Reason
 
 
+class RetryAction(Strict):
+    """Send an action that FAILED again, under the same idempotency key, once its cause is fixed."""
+
+    logical_action: Text
+    reason: Reason
+
+
 class Migrate(Strict):
     """Move the run to another workflow version of its kind that declares it takes the run over."""
 
@@ -262,8 +269,8 @@ class RunView(Strict):
     actions: list[CallView]
     lease: Lease | None
     next_timer: NextTimer | None
-    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "pause", "cancel", "terminate",
-                                     "resume"]] = Field(description="What an operator may do to the run now "
+    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "retry-action", "pause", "cancel",
+                                     "terminate", "resume"]] = Field(description="What an operator may do to the run now "
                                                                     "(POST /runs/{run_id}/<operation>).")
     waiting_for: str | None
     archived: Archived | None = Field(description="Where the history of an archived run went (its events here "
@@ -428,7 +435,9 @@ _ACT = (400, 401, 403, 404, 409, 422, 503)
 
 def _on_a_run(action: str, body: type[BaseModel], response: type[BaseModel], summary: str,
               role: Role = "operator") -> Operation:
-    return Operation("POST", f"/runs/{{run_id}}/{action}", f"{action}Run", summary, response, _ACT, body, role=role)
+    first, *rest = action.split("-")
+    return Operation("POST", f"/runs/{{run_id}}/{action}", first + "".join(w.title() for w in rest) + "Run", summary,
+                     response, _ACT, body, role=role)
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -441,6 +450,8 @@ OPERATIONS: tuple[Operation, ...] = (
     _on_a_run("deny", Decide, ActionResult, "Deny the pending request with this hash", role="approver"),
     _on_a_run("answer", Answer, Answered, "Answer the question the run asks", role="approver"),
     _on_a_run("resolve", Resolve, Resolved, "Settle an action in doubt with what was found on the far side"),
+    _on_a_run("retry-action", RetryAction, Resolved, "Send an action that FAILED again under the same "
+              "idempotency key (the run must not have ended)"),
     _on_a_run("pause", Steer, ActionResult, "Pause the run"),
     _on_a_run("resume", Steer, ActionResult, "Resume a paused run"),
     _on_a_run("cancel", Steer, ActionResult, "Cancel the run (its cleanup runs)"),

@@ -407,6 +407,9 @@ async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by
         return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
                                             done=body.outcome == "confirmed", external_id=body.external_id,
                                             receipt=body.receipt, actor=actor, reason=body.reason)
+    if isinstance(body, api.RetryAction):
+        return await operate.retry_action(tx, run_id, logical_action=body.logical_action, actor=actor,
+                                          reason=body.reason)
     if isinstance(body, api.Migrate):
         return await operate.migrate(tx, run_id, to_version=body.to_version, actor=actor, reason=body.reason,
                                      kinds=kinds)

@@ -302,6 +302,18 @@ def run_resolve(ctx: click.Context, run_id: str, logical_action: str, outcome: s
         "reason": reason}))
 
 
+@run.command("retry-action")
+@click.argument("run_id")
+@click.argument("logical_action")
+@click.option("--reason", required=True, help="why it should work now, for the audit log")
+@click.pass_context
+def run_retry_action(ctx: click.Context, run_id: str, logical_action: str, reason: str) -> None:
+    """Send an action that FAILED again under the same idempotency key, once its cause is fixed; the
+    run must not have ended."""
+    _print(ctx, _call(ctx, "POST", f"/runs/{run_id}/retry-action",
+                      {"logical_action": logical_action, "reason": reason}))
+
+
 @run.command("attach")
 @click.argument("run_id")
 @click.argument("file", type=click.File("rb"))
@@ -448,3 +460,38 @@ def token_list(ctx: click.Context, include_revoked: bool) -> None:
 def token_revoke(ctx: click.Context, token_id: int, reason: str) -> None:
     """Revoke a token by its id (token list): it is refused from now on."""
     _print(ctx, _call(ctx, "POST", f"/tokens/{token_id}/revoke", {"reason": reason}), TOKENS)
+
+
+COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
+    ("run", "list"): "run list --tenant acme --status WAITING_USER --label team=payments",
+    ("run", "show"): "run show RUN_ID",
+    ("run", "timeline"): "run timeline RUN_ID --follow",
+    ("run", "pause"): 'run pause RUN_ID --reason "forge maintenance tonight"',
+    ("run", "resume"): 'run resume RUN_ID --reason "maintenance over"',
+    ("run", "cancel"): 'run cancel RUN_ID --reason "superseded by RUN_ID2"',
+    ("run", "terminate"): 'run terminate RUN_ID --reason "stuck cleanup, done by hand"',
+    ("run", "migrate"): 'run migrate RUN_ID --to 2 --reason "fix for the CI parser"',
+    ("run", "approve"): 'run approve RUN_ID --approval-id merge:e33f2c --hash 9e3f30d5... --reason "diff reviewed"',
+    ("run", "answer"): 'run answer RUN_ID which-branch --json \'"release/2.4"\' --reason "asked the team"',
+    ("run", "resolve"): 'run resolve RUN_ID merge_request --done --external-id 412 --reason "MR 412 on the forge"',
+    ("run", "retry-action"): 'run retry-action RUN_ID merge_request --reason "branch protection fixed"',
+    ("run", "attach"): 'run attach RUN_ID ci.log --media-type text/plain --reason "the failing CI log"',
+    ("audit",): "audit --target RUN_ID",
+    ("alerts",): "alerts --action alert.silent_run",
+    ("tenant", "policy"): "tenant policy acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"scope acme\"",
+    ("versions",): "versions",
+    ("dlq", "list"): "dlq list --all",
+    ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',
+    ("whoami",): "whoami",
+    ("token", "create"): 'token create ci-bot --role operator --tenant acme --reason "the release pipeline"',
+    ("token", "list"): "token list --all",
+    ("token", "revoke"): 'token revoke 7 --reason "the laptop was lost"',
+}
+"""One example per command, shown at the end of its ``--help``."""
+
+for _path, _example in COMMAND_EXAMPLES.items():
+    _command: click.Command = main
+    for _name in _path:
+        assert isinstance(_command, click.Group)
+        _command = _command.commands[_name]
+    _command.epilog = f"\b\nExample:\n  longrunctl {_example}"

@@ -13,11 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
+from longrun import cli
+
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
+from tests.integration import test_identity
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 
 pytestmark = pytest.mark.integration
@@ -131,3 +135,81 @@ async def test_help_shows_examples_and_where_settings_come_from() -> None:
     shown = await ctl("--help")
     assert shown.returncode == 0
     assert "longrunctl run timeline RUN_ID --follow" in shown.stdout and "LONGRUNCTL_CONFIG" in shown.stdout
+
+
+TESTED = {
+    ("run", "list"): test_lists_and_shows_runs_as_tables_json_and_yaml,
+    ("run", "show"): test_lists_and_shows_runs_as_tables_json_and_yaml,
+    ("run", "timeline"): test_the_timeline_prints_each_event_and_follows_until_the_run_finishes,
+    ("run", "terminate"): test_the_timeline_prints_each_event_and_follows_until_the_run_finishes,
+    ("run", "approve"): test_every_failure_is_one_line_and_a_non_zero_exit,
+}
+"""Each longrunctl command and the test that runs it against the live gateway (filled in below)."""
+
+
+async def test_every_other_command_against_the_live_gateway(clean, engine, gateway, tmp_path: Path) -> None:
+    run_id = (await waiting_for_event(engine, "ci/acme/payments/24")).snapshot.run_id
+
+    async def ok(*args: str) -> object:
+        done = await ctl(*at(gateway, "-o", "json", *args))
+        assert done.returncode == 0, (args, done.stderr)
+        return json.loads(done.stdout)
+
+    async def refused(error: str, *args: str) -> None:
+        done = await ctl(*at(gateway, *args))
+        assert done.returncode == 1 and done.stdout == "", (args, done)
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(error), (args, done.stderr)
+
+    assert (await ok("run", "pause", run_id, "--reason", "look"))["status"] == "PAUSED"
+    assert (await ok("run", "resume", run_id, "--reason", "looked"))["status"] == "WAITING_EVENT"
+    await refused(f"Error: 409 Conflict: run {run_id} cannot be migrated", "run", "migrate", run_id, "--to", "99",
+                  "--reason", "newer")
+    await refused("Error: 409 Conflict:", "run", "answer", run_id, "q1", "--json", '"yes"', "--reason", "asked")
+    await refused(f"Error: 409 Conflict: run {run_id}: resolving 'merge' is not pending", "run", "resolve", run_id,
+                  "merge", "--not-done", "--reason", "unsure")
+    await refused(f"Error: 409 Conflict: run {run_id}: retrying 'merge' is not pending", "run", "retry-action",
+                  run_id, "merge", "--reason", "again")
+    evidence = tmp_path / "ci.log"
+    evidence.write_text("all green\n")
+    attached = await ok("run", "attach", run_id, str(evidence), "--media-type", "text/plain", "--reason", "the log")
+    assert attached["artifact"]["name"] == "ci.log" and attached["artifact"]["size"] == 10
+    await refused("Error: 404 Not Found:", "run", "attach", "run-nope", str(evidence), "--reason", "the log")
+    assert (await ok("run", "cancel", run_id, "--reason", "done here"))["status"] == "CANCELLING"
+    audit = await ok("audit", "--target", run_id)
+    assert [e["action"] for e in audit["entries"]] == ["cancel", "attach", "resume", "pause"]
+    assert (await ok("alerts", "--target", run_id))["entries"] == []
+    policy = await ok("tenant", "policy", "globex", "--tool", "forge.*", "--resource", "repo:globex/*",
+                      "--reason", "scope globex")
+    assert (await ok("tenant", "policy", "globex"))["version"] == policy["version"]
+    in_use = await ok("versions")
+    assert [(v["kind"], v["open_runs"]) for v in in_use] == [("dependency_upgrade", {"CANCELLING": 1})]
+    assert await ok("dlq", "list") == []
+    await refused("Error: 409 Conflict: no quarantine entry 999999", "dlq", "replay", "999999", "--reason", "again")
+
+
+TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (
+    "run pause", "run resume", "run cancel", "run migrate", "run answer", "run resolve", "run retry-action",
+    "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})
+TESTED.update({(*name.split(),): test_identity.test_longrunctl_creates_lists_and_revokes_named_tokens for name in (
+    "whoami", "token create", "token list", "token revoke")})
+
+
+def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every command of ``group``'s tree, as the words that call it."""
+    found: set[tuple[str, ...]] = set()
+    for name, command in group.commands.items():
+        found |= _leaves(command, (*path, name)) if isinstance(command, click.Group) else {(*path, name)}
+    return found
+
+
+def test_every_command_has_a_test_against_the_live_gateway() -> None:
+    """A command added to longrunctl fails this until a test runs it and is named in ``TESTED``."""
+    assert _leaves(cli.main) == set(TESTED)
+
+
+async def test_every_commands_help_ends_with_an_example_of_it() -> None:
+    for path in sorted(_leaves(cli.main)):
+        shown = await ctl(*path, "--help")
+        assert shown.returncode == 0, (path, shown.stderr)
+        assert f"Example:\n    longrunctl {' '.join(path)} " in shown.stdout or shown.stdout.rstrip().endswith(
+            f"longrunctl {' '.join(path)}"), (path, shown.stdout)

@@ -2,7 +2,8 @@
 ensemble (no reconciler runs, so nothing but the person can): ``longrunctl run resolve`` --done
 with the forge's receipt, or --not-done after the forge shows nothing under the key; either way the
 run completes with exactly one merge request on the forge. Bad resolutions are refused, naming why,
-and change nothing."""
+and change nothing. A merge request that FAILED is retried by an operator (``longrunctl run
+retry-action``) under its key; retrying an action that did not fail is refused (409) and changes nothing."""
 
 from __future__ import annotations
 
@@ -211,3 +212,49 @@ async def _deferred(engine: AsyncEngine, run_id: str) -> Any:
         return (await conn.execute(text(
             "SELECT status, last_error, idempotency_key FROM actions WHERE run_id = :r AND logical_action = :a "
             "AND status = 'RECONCILING' AND last_error IS NOT NULL"), {"r": run_id, "a": MR})).first()
+
+
+async def test_a_failed_merge_request_retried_by_an_operator_completes_the_run_with_one_effect(
+        clean, engine, bus, services, tmp_path) -> None:
+    # Given a forge unavailable for the merge request once, and a worker that does not retry by itself:
+    # the merge request FAILED, and the run, whose decide asks for it again, waits for a person
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start_forge()
+    await ensemble.configure_forge(faults=({"endpoint": "merge_requests", "mode": "fail_before_commit", "times": 1},))
+    _start(ensemble, tmp_path, LONGRUN_RETRY_MAXIMUM_ATTEMPTS="1")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    run_id = await _created(engine, bus)
+    stored = await _until(engine, ensemble, run_id, RunStatus.NEEDS_ATTENTION, *TERMINAL)
+    assert stored.snapshot.status is RunStatus.NEEDS_ATTENTION, stored.snapshot.terminal_reason
+    failed = stored.snapshot.action(MR)
+    assert failed is not None and failed.status.value == "FAILED"
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10,
+                                 headers=await bearer(engine, "ana", "operator")) as api:
+        shown = (await api.get(f"/runs/{run_id}")).json()
+        assert shown["allowed_operations"] == ["retry-action", "pause", "cancel", "terminate"]
+
+        # When an operator first retries an action that did not fail: refused, naming why, nothing changes
+        confirmed = next(a.logical_action for a in stored.snapshot.actions if a.status.value == "CONFIRMED")
+        refused = await api.post(f"/runs/{run_id}/retry-action", json={"logical_action": confirmed,
+                                                                        "reason": "by mistake"})
+        assert (refused.status_code, refused.json()["error"]) == (
+            409, f"run {run_id}: retrying {confirmed!r} is not pending (the action is CONFIRMED, not FAILED)")
+        unchanged = (await api.get(f"/runs/{run_id}")).json()
+        assert unchanged["snapshot"]["revision"] == shown["snapshot"]["revision"]
+
+    # and then retries the merge request through longrunctl
+    retried = await _longrunctl(ensemble, engine, "run", "retry-action", run_id, MR, "--reason", "forge is back")
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout)["action"] == {"logical_action": MR, "status": "RETRYABLE"}
+
+    # Then it is sent again under the same key and the run completes with exactly one merge request
+    done = await _until(engine, ensemble, run_id, *TERMINAL)
+    assert done.snapshot.status is RunStatus.COMPLETED, done.snapshot.terminal_reason
+    assert await _merge_requests(ensemble) == 1
+    async with engine.connect() as conn:
+        row = next(r for r in await ledger.for_run(conn, run_id) if r.logical_action == MR)
+        audit = (await conn.execute(text(
+            "SELECT actor, reason, details->>'logical_action' FROM audit_log WHERE target = :r "
+            "AND action = 'retry-action'"), {"r": run_id})).all()
+    assert (row.status, row.idempotency_key) == ("CONFIRMED", failed.idempotency_key)
+    assert [tuple(a) for a in audit] == [("ana", "forge is back", MR)]

@@ -1,4 +1,5 @@
-"""Operator actions on runs: approve, deny, answer, resolve an action in doubt, attach an artifact,
+"""Operator actions on runs: approve, deny, answer, resolve an action in doubt, retry a failed action,
+attach an artifact,
 cancel, pause, resume, terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
@@ -25,6 +26,7 @@ from longrun.domain import (
     ANSWER_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     RUN_TRANSITIONS,
+    TERMINAL,
     UNRECONCILED,
     ActionStatus,
     RunSnapshot,
@@ -97,8 +99,9 @@ class AnswerRefused(DomainError):
 
 def allowed_operations(run: RunSnapshot) -> list[str]:
     """What an operator may do to ``run`` now, as the operator API names it (``POST /runs/{id}/<name>``):
-    the decisions its wait asks for, ``resolve`` while an action is in doubt, and the moves the run's
-    state machine allows from its status."""
+    the decisions its wait asks for, ``resolve`` while an action is in doubt, ``retry-action`` while an
+    action of a run that has not ended FAILED, and the moves the run's state machine allows from its
+    status."""
     moves = RUN_TRANSITIONS[run.status]
     wait = run.wait
     allowed: list[str] = []
@@ -106,6 +109,8 @@ def allowed_operations(run: RunSnapshot) -> list[str]:
         allowed += ["answer"] if wait.question_id is not None else ["approve", "deny"] if wait.approval_id else []
     if any(a.status in UNRECONCILED for a in run.actions):
         allowed.append("resolve")
+    if run.status not in TERMINAL and any(a.status is ActionStatus.FAILED for a in run.actions):
+        allowed.append("retry-action")
     allowed += [name for name, to in (("pause", RunStatus.PAUSED), ("cancel", RunStatus.CANCELLING),
                                       ("terminate", RunStatus.TERMINATED)) if to in moves]
     if run.status is RunStatus.PAUSED:
@@ -261,6 +266,42 @@ async def resolve_action(tx: RunTransaction, run_id: str, *, logical_action: str
     await _publish(tx, stored, after, actor=actor, action="resolve", kinds=None)
     return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
             "action": {"logical_action": logical_action, "status": outcome.value}}
+
+
+async def retry_action(tx: RunTransaction, run_id: str, *, logical_action: str, actor: str, reason: str,
+                       clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """A person retries one action that FAILED (the far side rejected it, or its retries ran out) once
+    they fixed the cause: it becomes RETRYABLE and the worker submits it again under the same
+    idempotency key, so the far side dedups. Only while the run has not ended: a run that ended FAILED
+    was announced as such and stays so. A run held in NEEDS_ATTENTION (its ``decide`` asked again for
+    the failed action) moves on once nothing else is in doubt, as with ``resolve_action``."""
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    run = stored.snapshot
+    action = run.action(logical_action)
+    what = f"retrying {logical_action!r}"
+    if action is None:
+        raise NotPending(run_id, what, f"the run has no action {logical_action!r}")
+    if action.status is not ActionStatus.FAILED:
+        raise NotPending(run_id, what, f"the action is {action.status.value}, not FAILED")
+    if run.status in TERMINAL:
+        raise NotPending(run_id, what, f"the run ended {run.status.value}")
+    at = clock()
+    events: list[ev.RunEvent] = [ev.ActionResolved(seq=stored.seq(1), at=at, logical_action=logical_action,
+                                                   outcome=ActionStatus.RETRYABLE, by=actor, reason=reason)]
+    others = [a for a in run.actions if a.status in UNRECONCILED]
+    if run.status is RunStatus.NEEDS_ATTENTION and not others:
+        events.append(ev.RunStatusChanged(seq=stored.seq(2), at=at, to=RunStatus.READY,
+                                          reason=f"{logical_action} retried by {actor}"))
+    after = await tx.append(stored, events)
+    await tx.record(LedgerOutcome(action.idempotency_key, ActionStatus.RETRYABLE, {"last_error": None}))
+    await tx.audit(actor=actor, action="retry-action", target=run_id, reason=reason, details={
+        "logical_action": logical_action, "idempotency_key": action.idempotency_key, "failure": action.detail,
+        "from": run.status.value, "to": after.snapshot.status.value})
+    await _publish(tx, stored, after, actor=actor, action="retry-action", kinds=None)
+    return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
+            "action": {"logical_action": logical_action, "status": ActionStatus.RETRYABLE.value}}
 
 
 ARTIFACT_FACT_PREFIX = "artifact:"

@@ -13,7 +13,9 @@ Invariants:
 - One idempotency key belongs to one logical action and one request hash; a retry with
   different arguments would be a different operation and must get a different key.
 - A new attempt after a definite failure is a new logical action (its own key and
-  ledger row), not a second life of the failed one.
+  ledger row), not a second life of the failed one — unless an operator retries it
+  (FAILED -> RETRYABLE): a person judged the cause fixed, and the same key lets the
+  far side dedup.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ ACTION_TRANSITIONS: Mapping[ActionStatus, frozenset[ActionStatus]] = MappingProx
         _A.NEEDS_ATTENTION: frozenset({_A.CONFIRMED, _A.RETRYABLE}),
         _A.CONFIRMED: frozenset({_A.COMPENSATING}),
         _A.COMPENSATING: frozenset({_A.COMPENSATED}),
-        _A.FAILED: frozenset(),
+        # FAILED -> RETRYABLE: only by an operator's retry of the action (``operate.retry_action``).
+        _A.FAILED: frozenset({_A.RETRYABLE}),
         _A.COMPENSATED: frozenset(),
     }
 )

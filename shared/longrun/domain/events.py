@@ -334,7 +334,7 @@ class ActionReconciled(ActionEvent):
 
 @_event
 class ActionResolved(ActionEvent):
-    """An operator settles an action reconciliation escalated."""
+    """An operator settles an action reconciliation escalated, or retries one that FAILED (RETRYABLE)."""
 
     type: ClassVar[str] = "action.resolved"
     outcome: ActionStatus

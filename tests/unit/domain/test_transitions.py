@@ -93,3 +93,9 @@ def test_a_timeout_is_never_a_failure_for_an_action() -> None:
     assert ActionStatus.UNKNOWN in ACTION_TRANSITIONS[ActionStatus.SUBMITTED]
     assert ActionStatus.FAILED not in ACTION_TRANSITIONS[ActionStatus.RECONCILING]
     assert ACTION_TRANSITIONS[ActionStatus.UNKNOWN] == {ActionStatus.RECONCILING}
+
+
+def test_a_failed_action_moves_only_when_an_operator_retries_it_and_nothing_else_is_retried() -> None:
+    assert ACTION_TRANSITIONS[ActionStatus.FAILED] == {ActionStatus.RETRYABLE}
+    with pytest.raises(IllegalTransition, match="CONFIRMED.*RETRYABLE"):
+        check_action_transition(ActionStatus.CONFIRMED, ActionStatus.RETRYABLE)
