@@ -3,7 +3,7 @@
 Runs are parked half on events (WAITING_EVENT, with their deadline timers) and half on timers
 (RETRY_SCHEDULED, their wake a day away), folded from their domain events and written with the rows
 the store writes (``bench.timers.insert_parked``). The same figures are taken at each size of
-``BENCH_SCALE_RUNS`` (``10000,1000000``), so whether each stays flat is read side by side:
+``BENCH_SCALE_RUNS`` (``20000,1000000``), so whether each stays flat is read side by side:
 
 - storage per parked run (runs, their events and timers, with indexes);
 - each of the reconciler's sweeps, and the gauge collector's read behind ``/metrics``, run here on
@@ -44,7 +44,7 @@ SAMPLES = 3
 
 
 def sizes() -> tuple[int, ...]:
-    raw = os.environ.get("BENCH_SCALE_RUNS", "10000,1000000")
+    raw = os.environ.get("BENCH_SCALE_RUNS", "20000,1000000")
     try:
         found = tuple(sorted(int(s) for s in raw.split(",") if s.strip()))
     except ValueError:
