@@ -162,9 +162,10 @@ class RabbitCluster:
     def stop(self) -> None:
         self.heal()
         for node in self.nodes:
-            if not (node.base / "pid").exists():
+            try:
+                pid = node.pid
+            except (FileNotFoundError, ValueError):  # never started, or stopped already
                 continue
-            pid = node.pid
             self.ctl(node, "stop", check=False, timeout=60)
             try:
                 os.kill(pid, signal.SIGKILL)  # a node that did not stop in time (it removed its pid file if it did)
