@@ -42,7 +42,7 @@ from longrun.testing.invariants import Report, check
 from tests.harness import Process, Services
 from tests.infra import Infra, ctl
 from longrun_dependency_upgrade.forge import sign_payload
-from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble, goal
+from tests.integration.ensemble import WEBHOOK_SECRET, Ensemble, goal
 from tests.integration.identities import bearer
 
 T = TypeVar("T")
@@ -234,9 +234,10 @@ class Scenario:
         return self.tokens[name]
 
     async def operate(self, run_id: str, action: str, reason: str) -> httpx.Response:
+        """``action`` on the run as ops, a named operator."""
         async with httpx.AsyncClient(base_url=self.ensemble.gateway_url, timeout=10) as gateway:
             return await gateway.post(f"/runs/{run_id}/{action}", json={"reason": reason},
-                                      headers={"authorization": f"Bearer {OPERATOR_TOKEN}"})
+                                      headers=await self.acting_as("ops"))
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's timeline: type, data, applied (False: stored as late) and the writer's fencing token."""
