@@ -80,7 +80,7 @@ async def test_a_run_whose_waits_ended_by_their_events_leaves_no_timer_to_fire_a
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
     asked = (await eventually(lambda: approval_requests(engine, run_id), timeout=60, what="approval asked"))[0]
     # When the approval is given and the run completes
-    assert (await approve(ensemble, run_id, asked)).status_code == 200
+    assert (await approve(ensemble, engine, run_id, asked)).status_code == 200
     await eventually(lambda: _is(engine, run_id, "COMPLETED"), timeout=60, what="completion")
     # Then every timer its waits scheduled was either fired by the wait it ended or cancelled by the event
     # that ended it; none is open, and the approval's deadline was cancelled, not fired

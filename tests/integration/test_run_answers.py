@@ -212,7 +212,7 @@ async def test_a_run_an_operator_terminates_ends_with_the_public_receipts_of_wha
     # Then its terminal event lists every step that took effect, each with its tool's public field
     events = await eventually(_now(lambda: _terminal(follower.of("corr-long"))), what="the terminal event")
     outcome = events[-1][1]["payload"]["outcome"]
-    assert outcome["status"] == "TERMINATED" and events[-1][1]["causation_id"] == "operator:operator"
+    assert outcome["status"] == "TERMINATED" and events[-1][1]["causation_id"] == "operator:bootstrap"
     done = await _confirmed(engine, run_id, 0)
     assert [(r["logical_action"], r["fields"]) for r in outcome["receipts"]] == [
         (f"step:{i}", {"step": i}) for i in range(done)]
