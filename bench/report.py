@@ -262,7 +262,8 @@ def table(r: dict[str, Any]) -> str:
             wake = p["wake"]
             add(f"  {p['parked']:>9,} parked: {p['storage']['bytes_per_parked_run']:,} B each "
                 f"({p['storage']['total_mib']:,} MiB), loaded in {p['load_s']:g} s; idle: services "
-                f"{p['idle_services_cpu_pct']}%, PostgreSQL {p['idle_cpu_pct'].get('postgres')}%")
+                f"{p['idle_services_cpu_pct']}%, PostgreSQL {p['idle_cpu_pct'].get('postgres')}% "
+                f"({p['idle_cpu_pct_before_services'].get('postgres')}% before the services started)")
             add("    sweeps (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["sweeps_ms"].items()))
             add("    GET /metrics (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["scrape_ms"].items()))
             add(f"    woken at once: lateness {_pct(wake['lateness_s'], 2, ' s')}; all fired after "

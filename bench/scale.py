@@ -26,7 +26,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.common import Knobs, percentiles
+from bench.common import CpuWatch, Knobs, percentiles, postgres_and_broker_pids
 from bench.infra import Infra, Services
 from bench.timers import insert_parked, watch_idle
 from longrun import run_kinds
@@ -67,10 +67,11 @@ async def million(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> dict[str, 
                             partitions=knobs.partitions, wake_in=86_400, start=loaded // 2, prefix="run-on-timer")
         await _schedule_wakes(engine)
         load_s = time.monotonic() - t0
-        await _analyze(infra)
+        await _settle(infra)
         loaded = size
         point = {"parked": size, "load_s": round(load_s, 1), "storage": await _storage(engine, size),
-                 "sweeps_ms": await _sweeps(infra, engine)}
+                 "sweeps_ms": await _sweeps(infra, engine),
+                 "idle_cpu_pct_before_services": await _idle_alone(knobs.idle_seconds)}
         point.update(await _ensemble(infra, engine, knobs))
         points.append(point)
         print(f"bench: million: {size} parked measured", flush=True)
@@ -88,13 +89,26 @@ async def _schedule_wakes(engine: AsyncEngine) -> None:
             "FROM runs WHERE status = 'RETRY_SCHEDULED' ON CONFLICT (timer_key) DO NOTHING"))
 
 
-async def _analyze(infra: Infra) -> None:
-    """Fresh statistics and visibility maps, as autovacuum would give a table that grew this much."""
+async def _settle(infra: Infra) -> None:
+    """The tables as they are once autovacuum has passed after a load this size: fresh statistics and
+    visibility maps, every row frozen (no hint bit left for the first reads to set, no page left for an
+    anti-wraparound vacuum), and the load's dirty pages written by a checkpoint. Without it, the idle
+    window measured PostgreSQL finishing the load (70 % of a core at a million)."""
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(infra.libpq_url, autocommit=True) as conn:
         for table in TABLES:
-            await conn.execute(f"VACUUM (ANALYZE) {table}")
+            await conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
+        await conn.execute("CHECKPOINT")
+
+
+async def _idle_alone(seconds: float) -> dict[str, float]:
+    """PostgreSQL's and the broker's CPU with no service running: what the idle ensemble adds is
+    read against it."""
+    watch = CpuWatch(groups=postgres_and_broker_pids())
+    watch.start()
+    await asyncio.sleep(seconds)
+    return watch.stop()
 
 
 async def _storage(engine: AsyncEngine, parked: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 open status and finished ones, queued runs of random priority and age, paused, cancelling and
 finished runs never admitted) put through ONE admission round (``admit.admit``: ``ADMIT_BEST`` per
 tenant) and then one creation per tenant admitted at once when its tenant has room
-(``runs.create`` with ``AtOnce``: ``TENANT_SLOTS``), all in one transaction. Compared column by column
+(``runs.create`` with ``AtOnce``: ``tenant_slots``), all in one transaction. Compared column by column
 with a pure model: slots held by admitted runs whose status is not in the domain's ``TERMINAL``, the
 queue as the runs in ``READY`` not admitted, the best by priority plus age over ``aging``, and the
 wakeups from ``effects.wake_message_of``.

@@ -130,22 +130,42 @@ def test_a_run_waits_for_a_person_only_naming_the_approval_or_the_question(scrat
     engine.dispose()
 
 
-@pytest.mark.parametrize("query", [admission.TENANT_SLOTS.format(tenant=":t"), admit.ACTIVE.text],
-                         ids=["tenant slots", "active"])
+COUNTS = pytest.mark.parametrize("query", [admission.tenant_slots(":t"), admit.ACTIVE.text],
+                                 ids=["tenant slots", "active"])
+
+
+@COUNTS
 def test_admission_counts_read_only_the_runs_holding_slots(scratch_url: str, query: str) -> None:
     # Given a tenant with 3 runs holding slots, 300 queued and 300 finished
     engine = _tenant_with_runs(scratch_url, 603, status="CASE WHEN i <= 303 THEN 'READY' ELSE 'COMPLETED' END",
                                admitted_at="CASE WHEN i <= 3 OR i > 303 THEN now() END")
     # When PostgreSQL runs admission's count queries
     with engine.begin() as conn:
-        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), {"t": "acme"}).scalar()
-        assert conn.execute(text(query), {"t": "acme"}).one()[0] == 3
+        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), {"t": "acme", "slots": 4}).scalar()
+        assert conn.execute(text(query), {"t": "acme", "slots": 4}).one()[0] == 3
     engine.dispose()
     # Then they read the 3 runs holding slots (and, to see whether a run is queued, a few rows at most):
     # neither the queue nor the finished runs are visited
     indexes, most_rows = _reads(plan)
     assert "ix_runs_holding_slots" in indexes
     assert most_rows <= 10
+
+
+@COUNTS
+def test_admission_counts_stop_at_the_tenants_slots(scratch_url: str, query: str) -> None:
+    # Given a tenant with 600 runs parked on timers, every one admitted (each holds a slot)
+    engine = _tenant_with_runs(scratch_url, 600, status="'RETRY_SCHEDULED'", admitted_at="now()")
+    # When PostgreSQL runs admission's count queries for a tenant of 4 slots (sequential scans off:
+    # on a table this small the planner would read it whole)
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), {"t": "acme", "slots": 4}).scalar()
+        assert conn.execute(text(query), {"t": "acme", "slots": 4}).one()[0] == 4
+    engine.dispose()
+    # Then every slot is taken, and they read as many runs as there are slots, not all 600
+    indexes, most_rows = _reads(plan)
+    assert "ix_runs_holding_slots" in indexes
+    assert most_rows <= 4
 
 
 def test_admission_picks_from_the_oldest_queued_runs_without_visiting_the_rest(scratch_url: str) -> None:

@@ -193,7 +193,7 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
         return Refusal(RejectionCode.UNKNOWN_WORKFLOW_VERSION, str(e))
 
 
-ACTIVE = text(f"SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':t')}")
+ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")
 
 
 async def _existing(tx: RunTransaction, envelope: Envelope, found: runs.Found, offered: str,
@@ -281,7 +281,7 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
     admitted: list[str] = []
     for tenant in sorted(tenants):
         await _lock_tenant(conn, tenant)
-        free = slots - await _active(conn, tenant)
+        free = slots - await _active(conn, tenant, slots)
         if free <= 0:
             continue
         rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
@@ -299,5 +299,6 @@ async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
     await conn.execute(admission.LOCK_TENANT, {"t": tenant})
 
 
-async def _active(conn: AsyncConnection, tenant: str) -> int:
-    return (await conn.execute(ACTIVE, {"t": tenant})).scalar_one()
+async def _active(conn: AsyncConnection, tenant: str, slots: int) -> int:
+    """The slots the tenant's runs hold, counted up to ``slots``."""
+    return (await conn.execute(ACTIVE, {"t": tenant, "slots": slots})).scalar_one()

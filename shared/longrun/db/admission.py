@@ -9,11 +9,27 @@ from longrun.db.schema import HOLDS_SLOT, QUEUED
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
 """A tenant's runs holding a slot (read through ix_runs_holding_slots)."""
-TENANT_SLOTS = (f"SELECT (SELECT count(*) FROM runs WHERE {ADMITTED_OPEN}) AS active, "
-                f"EXISTS (SELECT 1 FROM runs WHERE tenant_id = {{tenant}} AND {QUEUED}) "
-                "AS waiting")
-"""How many slots a tenant's runs hold, and whether one of its runs is queued for one (through
-ix_runs_holding_slots and ix_runs_queued: the length of its queue does not matter)."""
+
+
+def held(*, tenant: str, up_to: str) -> str:
+    """How many slots a tenant's runs hold, counted up to ``up_to`` (SQL expressions): whether a slot
+    is free needs no more, and the count stops there however many runs the tenant keeps admitted (a
+    million parked runs of one tenant made every finish count a million index entries)."""
+    return f"(SELECT count(*) FROM (SELECT 1 FROM runs WHERE {ADMITTED_OPEN.format(tenant=tenant)} LIMIT ({up_to})) AS h)"
+
+
+def queued_in(tenant: str) -> str:
+    """Whether one of a tenant's runs is queued for a slot (through ix_runs_queued)."""
+    return f"EXISTS (SELECT 1 FROM runs WHERE tenant_id = {tenant} AND {QUEUED})"
+
+
+def tenant_slots(tenant: str) -> str:
+    """How many slots a tenant's runs hold (up to ``:slots``), and whether one of its runs is queued
+    for one (through ix_runs_holding_slots and ix_runs_queued: the length of its queue does not matter)."""
+    return (f"SELECT {held(tenant=tenant, up_to=':slots')} AS active, "
+            f"{queued_in(tenant)} AS waiting")
+
+
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 

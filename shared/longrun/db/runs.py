@@ -288,7 +288,7 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
         values.append("CAST(:q_seconds AS double precision)")
     parts = []
     if at_once:
-        parts.append(f"tenant AS ({admission.TENANT_SLOTS.format(tenant=':tenant_id')})")
+        parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')})")
         columns.append("admitted_at")
         values.append("CASE WHEN tenant.active < :slots AND NOT tenant.waiting THEN now() END")
         source = " FROM tenant"
@@ -472,7 +472,9 @@ def _handover_sql() -> list[str]:
     with the chosen run's id, expected revision, partition and route, and fresh ids."""
     chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
     # The statement's snapshot still counts the finishing run: at most ``slots`` with it, one is free.
-    within = f"(SELECT count(*) FROM runs WHERE {admission.ADMITTED_OPEN.format(tenant=':h_tenant')}) <= :h_slots"
+    # Counted only if a run is queued: a finish with nobody waiting reads no slot at all.
+    queued = admission.queued_in(":h_tenant")
+    within = f"{admission.held(tenant=':h_tenant', up_to=':h_slots + 1')} <= :h_slots"
     wakeup = (
         "(SELECT jsonb_build_object("
         "  'envelope', t.row -> 'envelope' || jsonb_build_object("
@@ -486,7 +488,7 @@ def _handover_sql() -> list[str]:
     return [
         "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
         f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
-        f"AND {within} RETURNING run_id, partition, revision)",
+        f"AND {queued} AND {within} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
 

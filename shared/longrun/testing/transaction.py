@@ -95,7 +95,7 @@ class MemoryTransaction:
         return replace(stored, admitted=True)
 
     def _has_room(self, tenant_id: str, slots: int) -> bool:
-        """As ``db.admission.TENANT_SLOTS``: fewer admitted open runs than slots, and none queued."""
+        """As ``db.admission.tenant_slots``: fewer admitted open runs than slots, and none queued."""
         rows = [r for r in self.store.runs.values() if r.tenant_id == tenant_id]
         active = sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL)
         queued = any(not r.admitted and r.snapshot.status is QUEUED_STATUS for r in rows)
