@@ -471,7 +471,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/quarantine", "quarantine", "Quarantined messages and why", QuarantineList, _READ,
               query=QuarantineListing, every_tenant=True),
     Operation("POST", "/quarantine/{entry_id}/replay", "replayQuarantined", "Replay one quarantined message "
-              "after re-validating it", ReplayResult, (400, 401, 403, 409, 422, 503), body=Replay, role="operator",
+              "after re-validating it (404: no such entry; 409: replayed already, or not replayable)", ReplayResult,
+              (400, 401, 403, 404, 409, 422, 503), body=Replay, role="operator",
               every_tenant=True),
     Operation("GET", "/tenants/{tenant_id}/policy", "tenantPolicy", "The tenant's policy (404: it has none, or "
               "the caller does not see the tenant)", Policy, (400, 401, 403, 404, 503)),

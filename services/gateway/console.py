@@ -282,6 +282,8 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         try:
             await quarantine_ops.replay(engine, bus, entry_id, actor=principal.subject, reason=body.reason,
                                         replay_window=settings.quarantine_replay_window)
+        except quarantine_ops.NoSuchEntry as e:
+            raise _Refused(404, str(e)) from e
         except quarantine_ops.NotReplayable as e:
             raise _Refused(409, str(e)) from e
         return RedirectResponse(f"{PREFIX}/quarantine?notice=replayed", status_code=303)

@@ -244,6 +244,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         try:
             result = await quarantine_ops.replay(engine, bus, entry_id, actor=principal.subject, reason=body.reason,
                                                  replay_window=settings.quarantine_replay_window)
+        except quarantine_ops.NoSuchEntry as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
         except quarantine_ops.NotReplayable as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(result)

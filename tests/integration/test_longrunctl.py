@@ -185,7 +185,7 @@ async def test_every_other_command_against_the_live_gateway(ana, clean, engine, 
     in_use = await ok("versions")
     assert [(v["kind"], v["open_runs"]) for v in in_use] == [("dependency_upgrade", {"CANCELLING": 1})]
     assert await ok("dlq", "list") == []
-    await refused("Error: 409 Conflict: no quarantine entry 999999", "dlq", "replay", "999999", "--reason", "again")
+    await refused("Error: 404 Not Found: no quarantine entry 999999", "dlq", "replay", "999999", "--reason", "again")
 
 
 TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (

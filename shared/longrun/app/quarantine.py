@@ -37,7 +37,11 @@ from longrun.errors import PoisonMessage
 
 
 class NotReplayable(Exception):
-    pass
+    """The entry is there, and why it is not sent again."""
+
+
+class NoSuchEntry(LookupError):
+    """No quarantine entry of that id."""
 
 
 def destination(queue: str) -> tuple[str, str]:
@@ -87,7 +91,7 @@ async def replay(engine: AsyncEngine, bus: Bus, entry_id: int, *, actor: str, re
         entry = (await conn.execute(select(quarantine, func.now().label("now"))
                                     .where(quarantine.c.id == entry_id))).first()
         if entry is None:
-            raise NotReplayable(f"no quarantine entry {entry_id}")
+            raise NoSuchEntry(f"no quarantine entry {entry_id}")
         if entry.replayed_at is not None:
             raise NotReplayable(f"entry {entry_id} was already replayed by {entry.replayed_by}")
         try:
