@@ -28,6 +28,7 @@ from longrun.domain import (
     RUN_TRANSITIONS,
     TERMINAL,
     UNRECONCILED,
+    ActionRecord,
     ActionStatus,
     RunSnapshot,
     RunStatus,
@@ -217,6 +218,17 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     return {**result, "repeated": False}
 
 
+async def _action_of(tx: RunTransaction, run_id: str, logical_action: str, what: str) -> tuple[StoredRun, ActionRecord]:
+    """The run, locked, and its action ``logical_action``; ``what`` names the operation refused."""
+    stored = await tx.load(run_id, lock=True)
+    if stored is None:
+        raise RunNotFound(run_id)
+    action = stored.snapshot.action(logical_action)
+    if action is None:
+        raise NotPending(run_id, what, f"the run has no action {logical_action!r}")
+    return stored, action
+
+
 async def resolve_action(tx: RunTransaction, run_id: str, *, logical_action: str, done: bool,
                          external_id: str | None, receipt: Mapping[str, Any] | None, actor: str, reason: str,
                          clock: Callable[[], float] = time.time) -> dict[str, Any]:
@@ -231,14 +243,9 @@ async def resolve_action(tx: RunTransaction, run_id: str, *, logical_action: str
         raise ResolutionRefused(run_id, logical_action, "a confirmation needs the external id found on the far side")
     if not done and (external_id or receipt):
         raise ResolutionRefused(run_id, logical_action, "an action not done has no external id or receipt")
-    stored = await tx.load(run_id, lock=True)
-    if stored is None:
-        raise RunNotFound(run_id)
-    run = stored.snapshot
-    action = run.action(logical_action)
     what = f"resolving {logical_action!r}"
-    if action is None:
-        raise NotPending(run_id, what, f"the run has no action {logical_action!r}")
+    stored, action = await _action_of(tx, run_id, logical_action, what)
+    run = stored.snapshot
     if action.status not in UNRECONCILED:
         raise NotPending(run_id, what, f"the action is {action.status.value}, not in doubt")
     at = clock()
@@ -275,14 +282,9 @@ async def retry_action(tx: RunTransaction, run_id: str, *, logical_action: str, 
     idempotency key, so the far side dedups. Only while the run has not ended: a run that ended FAILED
     was announced as such and stays so. A run held in NEEDS_ATTENTION (its ``decide`` asked again for
     the failed action) moves on once nothing else is in doubt, as with ``resolve_action``."""
-    stored = await tx.load(run_id, lock=True)
-    if stored is None:
-        raise RunNotFound(run_id)
-    run = stored.snapshot
-    action = run.action(logical_action)
     what = f"retrying {logical_action!r}"
-    if action is None:
-        raise NotPending(run_id, what, f"the run has no action {logical_action!r}")
+    stored, action = await _action_of(tx, run_id, logical_action, what)
+    run = stored.snapshot
     if action.status is not ActionStatus.FAILED:
         raise NotPending(run_id, what, f"the action is {action.status.value}, not FAILED")
     if run.status in TERMINAL:
