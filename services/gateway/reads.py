@@ -49,15 +49,11 @@ async def search_runs(conn: AsyncConnection, params: api.RunSearch,
     for name, column in (("older_than", runs_table.c.created_at), ("idle_for", runs_table.c.updated_at)):
         if getattr(params, name):
             query = query.where(pages.older_than(name, getattr(params, name), column))
-    if params.cursor:
-        query = query.where(pages.after(params.cursor, runs_table.c.created_at, runs_table.c.run_id))
-    limit = params.limit or pages.DEFAULT_LIMIT
-    rows = (await conn.execute(query.order_by(runs_table.c.created_at.desc(), runs_table.c.run_id.desc())
-                               .limit(limit + 1))).all()
-    page = rows[:limit]
+    page, next_cursor = await pages.newest_first(conn, query, cursor_raw=params.cursor, page_size=params.limit,
+                                                 created=runs_table.c.created_at, row_id=runs_table.c.run_id)
     return {"runs": [{**r._mapping, "labels": r.labels or {}, "created_at": r.created_at.isoformat(),
                       "updated_at": r.updated_at.isoformat()} for r in page],
-            "next_cursor": pages.cursor(page[-1].created_at, page[-1].run_id) if len(rows) > limit else None}
+            "next_cursor": next_cursor}
 
 
 async def run_view(conn: AsyncConnection, run_id: str,
@@ -104,14 +100,9 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
         seen = sorted(tenants)
         query = query.where(or_(audit_log.c.target.in_(seen), exists().where(
             runs_table.c.run_id == audit_log.c.target, runs_table.c.tenant_id.in_(seen))))
-    if params.cursor:
-        query = query.where(pages.after(params.cursor, audit_log.c.at, audit_log.c.id))
-    limit = params.limit or pages.DEFAULT_LIMIT
-    rows = (await conn.execute(query.order_by(audit_log.c.at.desc(), audit_log.c.id.desc())
-                               .limit(limit + 1))).all()
-    page = rows[:limit]
-    return {"entries": [{**r._mapping, "at": r.at.isoformat()} for r in page],
-            "next_cursor": pages.cursor(page[-1].at, page[-1].id) if len(rows) > limit else None}
+    page, next_cursor = await pages.newest_first(conn, query, cursor_raw=params.cursor, page_size=params.limit,
+                                                 created=audit_log.c.at, row_id=audit_log.c.id)
+    return {"entries": [{**r._mapping, "at": r.at.isoformat()} for r in page], "next_cursor": next_cursor}
 
 
 def _call(row: ledger.LedgerRow) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, tuple_
+from sqlalchemy import ColumnElement, Row, Select, func, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.config import duration
 
@@ -59,3 +60,16 @@ def after(raw: str, created: Any, row_id: Any) -> ColumnElement[bool]:
     except (binascii.Error, ValueError, TypeError) as e:
         raise ValueError(f"cursor is not one this API gave out: {raw[:40]!r}") from e
     return tuple_(created, row_id) < tuple_(moment, last)
+
+
+async def newest_first(conn: AsyncConnection, query: Select[Any], *, cursor_raw: str | None, page_size: int | None,
+                       created: Any, row_id: Any) -> tuple[list[Row[Any]], str | None]:
+    """One page of ``query``'s rows, newest first by ``(created, row_id)`` from the cursor on, and
+    the cursor of the next page (None on the last)."""
+    if cursor_raw:
+        query = query.where(after(cursor_raw, created, row_id))
+    size = page_size or DEFAULT_LIMIT
+    rows = (await conn.execute(query.order_by(created.desc(), row_id.desc()).limit(size + 1))).all()
+    page = rows[:size]
+    last = page[-1] if len(rows) > size else None
+    return page, None if last is None else cursor(last._mapping[created.key], last._mapping[row_id.key])
