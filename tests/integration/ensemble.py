@@ -21,6 +21,9 @@ from tests.harness import Process, Services
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_TOKEN = "test-operator-token"
 WEBHOOK_SECRET = "test-webhook-secret"
+SERVICES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
+            "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
+"""Each service by the name the tests give it, and its module."""
 
 
 def free_port() -> int:
@@ -47,6 +50,11 @@ class Ensemble:
 
     def start(self, name: str, module: str, **env: str) -> Process:
         return self.services.start(name, module, **{**self.env, **env})
+
+    def start_services(self, *names: str, **env: str) -> None:
+        """The services ``names`` (of ``SERVICES``), started in that order, each with ``env``."""
+        for name in names:
+            self.start(name, SERVICES[name], **env)
 
     async def wait_http(self, url: str) -> None:
         async def answers() -> bool:

@@ -45,9 +45,7 @@ async def test_a_push_after_the_approval_request_voids_it_and_a_new_one_is_asked
     # Given a run waiting for approval of the merge request at its own last commit (hash H1)
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay")
     await ensemble.configure_forge()
     key = new_key()
     input_ = goal("push")

@@ -35,9 +35,7 @@ async def test_a_run_kind_from_its_own_package_runs_to_completion(clean, engine,
     # Given the services pointed at the author's package by configuration (and nothing else of it)
     path = os.pathsep.join([str(ROOT), str(ROOT / "shared"), str(installed)])
     ensemble = Ensemble(services, tmp_path)
-    for name, module in (("scheduler", "services.scheduler"), ("relay", "services.outbox_relay"),
-                         ("worker", "services.worker")):
-        ensemble.start(name, module, LONGRUN_RUN_KINDS="acme_echo:KINDS", PYTHONPATH=path)
+    ensemble.start_services("scheduler", "relay", "worker", LONGRUN_RUN_KINDS="acme_echo:KINDS", PYTHONPATH=path)
     # When a producer asks for a run of that kind
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_={"words": ["hello", "world"]}, workflow="acme_echo")

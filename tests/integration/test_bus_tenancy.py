@@ -283,9 +283,7 @@ async def test_a_tenants_consumer_sees_its_run_accepted_then_its_status_events_t
     other_user = await asyncio.to_thread(tenant_user, "other")
     # Given the ensemble (scheduler, worker, relay), and each tenant's consumer bound <tenant>.run.#
     ensemble = Ensemble(services, tmp_path)
-    for name, module in (("scheduler", "services.scheduler"), ("worker", "services.worker"),
-                         ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("scheduler", "worker", "relay")
     acme, other = Subscriber(acme_user), Subscriber(other_user)
     await acme.start()
     await other.start()
@@ -440,9 +438,7 @@ async def test_the_python_client_and_the_node_example_work_with_a_tenants_own_us
     acme_user = await asyncio.to_thread(tenant_user, "acme")
     # Given the ensemble, and nothing but acme's broker user for the producers
     ensemble = Ensemble(services, tmp_path)
-    for name, module in (("scheduler", "services.scheduler"), ("worker", "services.worker"),
-                         ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("scheduler", "worker", "relay")
     # When longrun-client creates a run and waits for it
     async with await Client.connect(acme_user.url, producer="tests") as client:
         request = await client.create_run("acme", "steps", {"steps": 2}, idempotency_key=f"py-{uuid.uuid4().hex}")

@@ -70,10 +70,7 @@ async def test_a_run_whose_waits_ended_by_their_events_leaves_no_timer_to_fire_a
     # and for an approval, each wait with its deadline timer
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay"),
-                         ("timer", "services.timer")):
-        ensemble.start(name, module)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer")
     await ensemble.configure_forge()
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("closure"))

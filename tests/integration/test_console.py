@@ -44,9 +44,7 @@ async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
     # tokens: user_42 approving for acme, and an operator of globex
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay")
     await ensemble.configure_forge()
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     approver = await identities.token(engine, "user_42", "approver", tenants=("acme",))

@@ -12,7 +12,6 @@ from longrun.app.advance import Advancer
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import runs
-from longrun.domain import RunStatus
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost
 from longrun.model import ScriptedModel

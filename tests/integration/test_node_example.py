@@ -52,9 +52,7 @@ async def test_the_node_example_creates_a_run_and_prints_its_events_until_it_com
     node = _node()
     # Given the scheduler, a worker and the relay
     ensemble = Ensemble(services, tmp_path)
-    for name, module in (("scheduler", "services.scheduler"), ("worker", "services.worker"),
-                         ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("scheduler", "worker", "relay")
     key = new_key()
     # When the Node.js client creates a `steps` run and follows it
     code, out, err = await _run_example(node, infra, "--tenant", "acme", "--key", key, "--timeout", "60")

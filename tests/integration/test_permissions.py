@@ -219,9 +219,7 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
     # Given the dependency-upgrade agent (forge.* on any repo) and tenant acme3 limited to acme/web
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay")):
-        ensemble.start(name, module)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay")
     await ensemble.configure_forge()
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     set_it = await _longrunctl(ensemble, "tenant", "policy", "acme3", "--tool", "forge.*", "--resource",

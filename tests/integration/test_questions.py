@@ -36,10 +36,7 @@ async def asking(clean, engine, bus, services, tmp_path):  # type: ignore[no-unt
     returns its id once it waits for the answer."""
     ensemble = Ensemble(services, tmp_path)
     ensemble.env["LONGRUN_RUN_KINDS"] = "tests.kinds:ASKING"
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay"),
-                         ("timer", "services.timer")):
-        ensemble.start(name, module)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
 
     async def start(**goal: Any) -> str:

@@ -387,10 +387,7 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     orphan = await _orphan(store)
     ensemble = Ensemble(services, tmp_path)
     env = {**SHORT, "LONGRUN_RETENTION_INTERVAL": "1"}
-    for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                         ("worker", "services.worker"), ("relay", "services.outbox_relay"),
-                         ("reconciler", "services.reconciler")):
-        ensemble.start(name, module, **env)
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", "reconciler", **env)
     create = _create_envelope("acme", "replayed", 2)
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(create))
     run_id = await eventually(lambda: run_id_for(engine, "acme", "replayed"), what="the run")
