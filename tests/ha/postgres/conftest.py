@@ -7,37 +7,22 @@ machine's own broker with a vhost of its own.
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from tests.ha.pg_pair import PgPair, available
-from tests.infra import Infra, find_infra
+from tests.ha.servers import of_the_test, session_on
+from tests.infra import Infra
 
 
 @pytest.fixture
 def pg_pair() -> Iterator[PgPair]:
-    why = available()
-    if why:
-        pytest.skip(why)
-    # Not under pytest's directories: they are private to root, and the servers run as postgres.
-    pair = PgPair(Path(tempfile.mkdtemp(prefix="longrun-pg-pair-")))
-    try:
-        pair.start()
+    with of_the_test(PgPair, available=available, prefix="longrun-pg-pair-") as pair:
         yield pair
-    finally:
-        pair.stop()
 
 
 @pytest.fixture
 def infra(pg_pair: PgPair) -> Iterator[Infra]:
-    found = find_infra()
-    if isinstance(found, str):
-        pytest.exit(found, returncode=3)
-    on_pair = replace(found, database_url=pg_pair.url(), pg_ctlcluster=False)
-    with on_pair.session(f"lrha_{uuid.uuid4().hex[:10]}") as ready:
+    with session_on(database_url=pg_pair.url(), pg_ctlcluster=False) as ready:
         yield ready

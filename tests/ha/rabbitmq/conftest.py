@@ -3,36 +3,22 @@ default vhost is the test's alone) and this session's database on the machine's 
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from tests.ha.rabbit_cluster import RabbitCluster, available
-from tests.infra import Infra, find_infra
+from tests.ha.servers import of_the_test, session_on
+from tests.infra import Infra
 
 
 @pytest.fixture
 def cluster() -> Iterator[RabbitCluster]:
-    why = available()
-    if why:
-        pytest.skip(why)
-    cluster = RabbitCluster(Path(tempfile.mkdtemp(prefix="longrun-rabbit-cluster-")))
-    try:
-        cluster.start()
+    with of_the_test(RabbitCluster, available=available, prefix="longrun-rabbit-cluster-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
 def infra(cluster: RabbitCluster) -> Iterator[Infra]:
-    found = find_infra()
-    if isinstance(found, str):
-        pytest.exit(found, returncode=3)
-    on_cluster = replace(found, amqp_url=cluster.url(), rabbitmqctl=False)
-    with on_cluster.session(f"lrha_{uuid.uuid4().hex[:10]}") as ready:
+    with session_on(amqp_url=cluster.url(), rabbitmqctl=False) as ready:
         yield ready
