@@ -12,16 +12,6 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-  echo "missing Debian packages: ${missing[*]}; install them" \
-       "(apt-get install --no-install-recommends ${missing[*]})" >&2
-  exit 1
-fi
-echo "installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-# --no-install-recommends keeps node-exporter out. The tests run their own server on ports of their
-# own, so a packaged service the install may start (port 9090) is left alone.
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+"$(dirname "$0")/apt-install.sh" "${missing[@]}"
 command -v promtool >/dev/null
 [ -x /usr/bin/chromium ]
