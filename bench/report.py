@@ -203,8 +203,8 @@ def table(r: dict[str, Any]) -> str:
             by = s.get("sql_by_service") or {}
             add("    commits/step by service: " + ", ".join(
                 f"{n} {v['commits']}" for n, v in by.items() if n != "all services"))
-            add(f"    CPU %: " + ", ".join(f"{n} {v:.0f}" for n, v in (s.get("cpu_pct") or {}).items()))
-            add(f"    CPU ms per step: " + ", ".join(f"{n} {v:.2f}" for n, v in (s.get("cpu_ms_per_step") or {}).items()))
+            add("    CPU %: " + ", ".join(f"{n} {v:.0f}" for n, v in (s.get("cpu_pct") or {}).items()))
+            add("    CPU ms per step: " + ", ".join(f"{n} {v:.2f}" for n, v in (s.get("cpu_ms_per_step") or {}).items()))
             add(f"    bottleneck: {s.get('bottleneck')}")
         _profiles(add, ens.get("profile"))
         h = ens.get("half_load") or {}
@@ -263,7 +263,8 @@ def table(r: dict[str, Any]) -> str:
             add(f"  {p['parked']:>9,} parked: {p['storage']['bytes_per_parked_run']:,} B each "
                 f"({p['storage']['total_mib']:,} MiB), loaded in {p['load_s']:g} s; idle: services "
                 f"{p['idle_services_cpu_pct']}%, PostgreSQL {p['idle_cpu_pct'].get('postgres')}% "
-                f"({p['idle_cpu_pct_before_services'].get('postgres')}% before the services started)")
+                f"({p['idle_cpu_pct_before_services'].get('postgres')}% before the services started); "
+                f"steady: services {p['steady_services_cpu_pct']}%, PostgreSQL {p['steady_cpu_pct'].get('postgres')}%")
             add("    sweeps (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["sweeps_ms"].items()))
             add("    GET /metrics (ms): " + ", ".join(f"{k} {v:g}" for k, v in p["scrape_ms"].items()))
             add(f"    woken at once: lateness {_pct(wake['lateness_s'], 2, ' s')}; all fired after "

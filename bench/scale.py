@@ -8,7 +8,7 @@ the store writes (``bench.timers.insert_parked``). The same figures are taken at
 - storage per parked run (runs, their events and timers, with indexes);
 - each of the reconciler's sweeps, and the gauge collector's read behind ``/metrics``, run here on
   the bench database as the reconciler runs them, and a scrape of every service's ``/metrics``;
-- the whole ensemble's CPU while nothing happens;
+- the whole ensemble's CPU while nothing happens: in the first seconds after it starts, then steady;
 - 10,000 of the parked runs woken at once by their timers: the timers' lateness and how long until
   every one fired and every run was taken up again.
 """
@@ -41,6 +41,9 @@ WOKEN = 10_000
 TABLES = ("runs", "run_events", "timers")
 SAMPLES = 3
 """Each sweep is timed this many times; the median is reported."""
+STEADY_SECONDS = 45.0
+"""The second idle window, right after the first (``BENCH_IDLE_SECONDS``, which holds what every
+service does once at start, such as the reconciler's first retention pass): three gauge reads."""
 
 
 def sizes() -> tuple[int, ...]:
@@ -159,15 +162,19 @@ async def _ensemble(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> dict[str
         await services.partitions_owned(engine, "worker")
         await asyncio.sleep(2)  # past start-up
         idle = await watch_idle(services, knobs.idle_seconds)
+        steady = await watch_idle(services, STEADY_SECONDS)
         scrape = await _scrape(services)
         woken = await _wake_at_once(engine)
         errors = services.errors()
     finally:
         services.stop()
-    return {"idle_cpu_pct": idle["cpu_pct"],
-            "idle_services_cpu_pct": round(sum(v for k, v in idle["cpu_pct"].items()
-                                               if k not in ("postgres", "rabbitmq", "machine")), 1),
+    return {"idle_cpu_pct": idle["cpu_pct"], "idle_services_cpu_pct": _services_pct(idle["cpu_pct"]),
+            "steady_cpu_pct": steady["cpu_pct"], "steady_services_cpu_pct": _services_pct(steady["cpu_pct"]),
             "scrape_ms": scrape, "wake": woken, "service_errors": errors}
+
+
+def _services_pct(cpu: dict[str, float]) -> float:
+    return round(sum(v for k, v in cpu.items() if k not in ("postgres", "rabbitmq", "machine")), 1)
 
 
 async def _scrape(services: Services) -> dict[str, float]:
