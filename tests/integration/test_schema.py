@@ -140,12 +140,10 @@ def test_admission_counts_read_only_the_runs_holding_slots(scratch_url: str, que
     engine = _tenant_with_runs(scratch_url, 603, status="CASE WHEN i <= 303 THEN 'READY' ELSE 'COMPLETED' END",
                                admitted_at="CASE WHEN i <= 3 OR i > 303 THEN now() END")
     # When PostgreSQL runs admission's count queries
-    with engine.begin() as conn:
-        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), {"t": "acme", "slots": 4}).scalar()
-        assert conn.execute(text(query), {"t": "acme", "slots": 4}).one()[0] == 3
-    engine.dispose()
+    counted, plan = _explained(engine, query, {"t": "acme", "slots": 4})
     # Then they read the 3 runs holding slots (and, to see whether a run is queued, a few rows at most):
     # neither the queue nor the finished runs are visited
+    assert counted == 3
     indexes, most_rows = _reads(plan)
     assert "ix_runs_holding_slots" in indexes
     assert most_rows <= 10
@@ -155,17 +153,38 @@ def test_admission_counts_read_only_the_runs_holding_slots(scratch_url: str, que
 def test_admission_counts_stop_at_the_tenants_slots(scratch_url: str, query: str) -> None:
     # Given a tenant with 600 runs parked on timers, every one admitted (each holds a slot)
     engine = _tenant_with_runs(scratch_url, 600, status="'RETRY_SCHEDULED'", admitted_at="now()")
-    # When PostgreSQL runs admission's count queries for a tenant of 4 slots (sequential scans off:
-    # on a table this small the planner would read it whole)
-    with engine.begin() as conn:
-        conn.execute(text("SET LOCAL enable_seqscan = off"))
-        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), {"t": "acme", "slots": 4}).scalar()
-        assert conn.execute(text(query), {"t": "acme", "slots": 4}).one()[0] == 4
-    engine.dispose()
+    # When PostgreSQL runs admission's count queries for a tenant of 4 slots
+    counted, plan = _explained(engine, query, {"t": "acme", "slots": 4}, index_only=True)
     # Then every slot is taken, and they read as many runs as there are slots, not all 600
+    assert counted == 4
     indexes, most_rows = _reads(plan)
     assert "ix_runs_holding_slots" in indexes
     assert most_rows <= 4
+
+
+def test_a_finish_with_nobody_queued_reads_no_run_holding_a_slot(scratch_url: str) -> None:
+    # Given a tenant of 1,000 slots with 600 runs parked on timers, every one admitted, and none queued
+    engine = _tenant_with_runs(scratch_url, 600, status="'RETRY_SCHEDULED'", admitted_at="now()")
+    # When PostgreSQL asks, as a finishing run's write does, whether its slot goes to a queued run
+    hands_on, plan = _explained(engine, f"SELECT {admission.hands_on(':t', ':slots')}",
+                                {"t": "acme", "slots": 1000}, index_only=True)
+    # Then it does not, and none of the 600 is read: the count is never made
+    assert hands_on is False
+    assert _reads(plan)[1] <= 1
+
+
+def _explained(engine: Engine, query: str, params: dict[str, object], *,
+               index_only: bool = False) -> tuple[object, list[dict]]:  # type: ignore[type-arg]
+    """``query``'s first column, and its EXPLAIN (ANALYZE, FORMAT JSON) plan. ``index_only``: with
+    sequential scans off, as on a table this small the planner would read it whole (on a real one it
+    does not)."""
+    with engine.begin() as conn:
+        if index_only:
+            conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + query), params).scalar()
+        value = conn.execute(text(query), params).one()[0]
+    engine.dispose()
+    return value, plan
 
 
 def test_admission_picks_from_the_oldest_queued_runs_without_visiting_the_rest(scratch_url: str) -> None:

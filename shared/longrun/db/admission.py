@@ -23,6 +23,14 @@ def queued_in(tenant: str) -> str:
     return f"EXISTS (SELECT 1 FROM runs WHERE tenant_id = {tenant} AND {QUEUED})"
 
 
+def hands_on(tenant: str, slots: str) -> str:
+    """Whether a finishing run's slot goes to a queued run (SQL expressions): one of the tenant's runs
+    is queued, and with the finishing run still counted (the statement's snapshot) its runs hold at
+    most ``slots``. Counted only once a run is known to be queued: a finish with nobody waiting reads
+    no run holding a slot."""
+    return f"{queued_in(tenant)} AND {held(tenant=tenant, up_to=f'{slots} + 1')} <= {slots}"
+
+
 def tenant_slots(tenant: str) -> str:
     """How many slots a tenant's runs hold (up to ``:slots``), and whether one of its runs is queued
     for one (through ix_runs_holding_slots and ix_runs_queued: the length of its queue does not matter)."""

@@ -471,10 +471,6 @@ def _handover_sql() -> list[str]:
     """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
     with the chosen run's id, expected revision, partition and route, and fresh ids."""
     chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
-    # The statement's snapshot still counts the finishing run: at most ``slots`` with it, one is free.
-    # Counted only if a run is queued: a finish with nobody waiting reads no slot at all.
-    queued = admission.queued_in(":h_tenant")
-    within = f"{admission.held(tenant=':h_tenant', up_to=':h_slots + 1')} <= :h_slots"
     wakeup = (
         "(SELECT jsonb_build_object("
         "  'envelope', t.row -> 'envelope' || jsonb_build_object("
@@ -488,7 +484,7 @@ def _handover_sql() -> list[str]:
     return [
         "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
         f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
-        f"AND {queued} AND {within} RETURNING run_id, partition, revision)",
+        f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
 
