@@ -34,10 +34,10 @@ from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import runs
 from longrun.db.errors import is_transient
-from longrun.db.runs import StoredRun
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import Envelope, make
 from longrun.errors import BusUnavailable
+from longrun.ports.runs import StoredRun
 from longrun.testing.invariants import Report, check
 from tests.harness import Process, Services
 from tests.infra import Infra, ctl

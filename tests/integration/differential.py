@@ -20,11 +20,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.db import outbox, runs
-from longrun.db.runs import StoredRun
 from longrun.db.schema import metadata
 from longrun.domain import RunStatus
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
+from longrun.ports.runs import StoredRun
 
 _MISSING = object()
 

@@ -12,7 +12,6 @@ from longrun.app import effects
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
-from longrun.db.runs import StoredRun
 from longrun.domain import (
     ActionStatus,
     EffectKind,
@@ -25,6 +24,7 @@ from longrun.domain import (
     request_hash,
 )
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 from tests.fixtures import PARTITIONS
 
 VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scripted-or-openai-v1",

@@ -19,9 +19,9 @@ from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs, timers
 from longrun.db.driver import Pool
-from longrun.db.runs import Fence, StoredRun
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
+from longrun.ports.runs import Fence, StoredRun
 from tests.fixtures import PARTITIONS
 
 pytestmark = pytest.mark.integration

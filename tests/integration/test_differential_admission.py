@@ -26,11 +26,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.app import admit, effects
 from longrun.bus import topology
 from longrun.db import admission, runs
-from longrun.db.runs import StoredRun
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, evolve, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
+from longrun.ports.runs import StoredRun
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 

@@ -26,11 +26,11 @@ from longrun.app import timers as firing
 from longrun.bus import topology
 from longrun.db import runs
 from longrun.db import timers as timer_store
-from longrun.db.runs import StoredRun
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.errors import DomainError
+from longrun.ports.runs import StoredRun
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 

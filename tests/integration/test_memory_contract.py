@@ -36,7 +36,6 @@ from longrun.authoring import Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
 from longrun.db import inbox, runs, timers
 from longrun.db.driver import Pool
-from longrun.db.runs import Fence, Rides, StoredRun
 from longrun.domain import (
     ActionStatus,
     EffectKind,
@@ -54,6 +53,7 @@ from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.identity import Principal
 from longrun.model import ScriptedModel
+from longrun.ports.runs import Fence, Rides, StoredRun
 from longrun.workflows.steps import ECHO, Steps
 from longrun_dependency_upgrade.webhooks import forge
 from longrun.testing.checkpoints import CrashAt, Crashed

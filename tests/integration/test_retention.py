@@ -29,11 +29,11 @@ from longrun.bus.codec import to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
-from longrun.db.runs import StoredRun
 from longrun.db.schema import actions as actions_table
 from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
+from longrun.ports.runs import StoredRun
 from longrun.workflows import STEPS_VERSIONS, steps
 from services.reconciler.main import horizons
 from tests.fixtures import PARTITIONS, eventually

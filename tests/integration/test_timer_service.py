@@ -24,11 +24,11 @@ from longrun.app import timers as firing
 from longrun.app.timers import fire_due
 from longrun.bus import topology
 from longrun.db import outbox, runs, timers
-from longrun.db.runs import StoredRun
 from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 from services.timer import main as timer_service
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 
 from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
-from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.domain import events as ev
+from longrun.ports.runs import Fence
 from longrun.testing.invariants import _history, _ledger
 from longrun.testing.workers import MemoryWorker, Steps
 from longrun.testing.world import (

@@ -42,7 +42,6 @@ from longrun.db import actions as ledger
 from longrun.db import inbox, runs
 from longrun.db.driver import Pool
 from longrun.db.errors import is_transient
-from longrun.db.runs import Fence, StoredRun
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
@@ -90,6 +89,7 @@ from longrun.domain.breaker import Admission, BreakerState, health_wait
 from longrun.envelope import Envelope
 from longrun.errors import ActionOutcomeUnknown, DecodeError, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
 from longrun.model import ModelAdapter, Proposal, validate_proposal
+from longrun.ports.runs import Fence, StoredRun
 
 logger = logging.getLogger(__name__)
 PRODUCER = "worker"

@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.bus import topology
 from longrun.db import outbox, timers
-from longrun.db.runs import Handover, Rides, StoredRun
 from longrun.domain import (
     RECEIPT_FACT_PREFIX,
     TERMINAL,
@@ -31,6 +30,7 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.envelope import DataClass, Envelope, make
 from longrun.envelope.payloads import RejectionCode
+from longrun.ports.runs import Handover, Rides, StoredRun
 
 ADMISSION_CHANNEL = "longrun_admission"
 

@@ -21,7 +21,6 @@ from longrun.app.ports import LedgerOutcome, RunTransaction
 from longrun.authoring import Registry
 from longrun.identity import Principal
 from longrun.errors import DomainError, ErrorCode
-from longrun.db.runs import StoredRun
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
@@ -37,6 +36,7 @@ from longrun.domain import (
     to_plain,
 )
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 
 PRODUCER = "operator"
 

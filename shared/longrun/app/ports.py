@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
-from longrun.db.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
 from longrun.domain import ActionStatus, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
+from longrun.ports.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
 
 if TYPE_CHECKING:
     from longrun.app.webhooks import Translated

@@ -65,12 +65,12 @@ from longrun.app.reconcile_store import PgReconcileStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
 from longrun.db.errors import is_transient
-from longrun.db.runs import StoredRun
 from longrun.db.schema import HELD_FOR_RECONCILIATION
 from longrun.domain import (RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
                             thaw)
 from longrun.domain import events as ev
 from longrun.errors import TransientError
+from longrun.ports.runs import StoredRun
 
 __all__ = [
     # Settling actions in doubt (this module).

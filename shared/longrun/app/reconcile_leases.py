@@ -26,8 +26,8 @@ from longrun.app.ports import ExpiredLease, ReconcileStore
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_store import PgReconcileStore
 from longrun.db.errors import is_transient
-from longrun.db.runs import StoredRun
 from longrun.domain import WORKER_HAS_WORK
+from longrun.ports.runs import StoredRun
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from longrun.app.webhooks import audit
 from longrun.artifacts import ArtifactStore, register
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
-from longrun.db.runs import StoredRun
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 
 _A = ActionStatus
 

@@ -97,7 +97,6 @@ from longrun.bus import topology
 from longrun.db import actions as ledger_rows
 from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
-from longrun.db.runs import StoredRun
 from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
 from longrun.domain import (
     TERMINAL,
@@ -113,6 +112,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.errors import DomainError
+from longrun.ports.runs import StoredRun
 
 logger = logging.getLogger(__name__)
 

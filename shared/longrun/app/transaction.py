@@ -16,11 +16,11 @@ from longrun.app.ports import LedgerOutcome
 from longrun.app.webhooks import Translated
 from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, policies, runs
-from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
 from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 
 _MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
 

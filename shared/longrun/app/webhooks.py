@@ -25,10 +25,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun import logs, metrics, otel
 from longrun.app import effects
 from longrun.db import inbox
-from longrun.db.runs import StoredRun
 from longrun.db.schema import audit_log
 from longrun.domain import RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 from longrun_client.storable import unstorable
 
 if TYPE_CHECKING:

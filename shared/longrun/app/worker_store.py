@@ -21,9 +21,9 @@ from longrun.db import inbox, policies, runs
 from longrun.db import timers as timer_rows
 from longrun.db.driver import Pool
 from longrun.db.errors import is_unique_violation
-from longrun.db.runs import Fence, Planned, Rides, StoredRun
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
+from longrun.ports.runs import Fence, Planned, Rides, StoredRun
 
 
 class PgWorkerStore:

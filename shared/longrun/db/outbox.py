@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import driver, jsonb
 from longrun.envelope import Envelope
+from longrun.ports.runs import Message
 
 NOTIFY_CHANNEL = "longrun_outbox"
 
@@ -32,16 +33,6 @@ class OutboxRow:
     payload: dict[str, Any]
     run_trace: str | None = None
     """The traceparent of its run's root span, when read ``with_roots``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """An envelope and where the relay will publish it."""
-
-    envelope: Envelope
-    exchange: str
-    routing_key: str
-    partition: int
 
 
 async def enqueue(conn: AsyncConnection, envelope: Envelope, *, exchange: str, routing_key: str,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,38 +43,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """A worker's claim: its writes land only while it still holds this lease."""
-
-    owner: str
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRun:
-    snapshot: RunSnapshot
-    stored_seq: int
-    partition: int
-    lease_owner: str | None
-    lease_until: datetime | None
-    fencing_token: int
-    admitted: bool
-    written: StoredRun | None = None
-    """The run as last written, when this state holds events (``unwritten``) not written yet
-    (``defer``): the next transition writes them first, guarded by that state's revision."""
-    unwritten: tuple[tuple[ev.RunEvent, bool], ...] = ()
-    unwritten_request: Mapping[str, Any] | None = None
-    """The ledger request (``actions.prepare``'s arguments) of a first call recorded among the
-    unwritten events: its row is written with them."""
-    trace_root: str | None = None
-    """The traceparent of the run's root span (``runs.trace_root``), as read."""
-
-    def seq(self, offset: int = 1) -> int:
-        """The seq the ``offset``-th event appended next will take."""
-        return self.stored_seq + offset
+from longrun.ports.runs import AtOnce, Fence, Found, Handover, Planned, Rides, StoredRun
 
 
 def _ts(epoch: float | None) -> datetime | None:
@@ -103,39 +72,6 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
 # Hot statements are built once and compiled once for psycopg, which sends them (db/driver.py).
 _PROJECTED = ("status", "revision", "priority", "wait_kind", "wait_correlation_key", "wait_deadline",
               "approval_id", "approval_owner", "approved_hash", "budget", "cancel_requested", "snapshot")
-
-
-@dataclass(frozen=True, slots=True)
-class Rides:
-    """Rows that commit with a transition, in its statement: nothing is written unless it applies."""
-
-    action: dict[str, Any] | None = None
-    """A ledger row whose idempotency key is new (a used key fails the statement: unique violation)."""
-    messages: Sequence[outbox.Message] = ()
-    notices: Sequence[tuple[str, str]] = field(default=())
-    """(channel, payload) to NOTIFY, delivered at commit."""
-    handover: Handover | None = None
-    timers: Sequence[Mapping[str, Any]] = ()
-    """Timers to schedule (``timers.schedule``'s arguments without the run): a call's timeouts, due
-    from the statement's time."""
-
-
-@dataclass(frozen=True, slots=True)
-class Handover:
-    """The slot of an admitted run that finishes goes to its tenant's best queued run, admitted and
-    woken in the same statement. Admission's count of active runs cannot see one without the
-    other, so no admitter over-admits. A tenant at or above ``slots`` (they were lowered) hands
-    nothing on, so it shrinks to them; whenever no run takes the slot, ``channel`` is notified."""
-
-    tenant_id: str
-    slots: int
-    aging_seconds: float
-    wakeup: outbox.Message
-    """A wakeup for this tenant: the chosen run's id, revision and route replace its own, and its
-    event and wakeup ids are new."""
-    routes: Mapping[int, str]
-    """Routing key of each partition."""
-    channel: str
 
 
 _EVENT_COLUMNS = "run_id, seq, event_id, type, data, applied, fencing_token, occurred_at"
@@ -222,20 +158,6 @@ _RELEASE_LEASE = driver.Statement(update(runs).where(*_IS_FENCED).values(lease_o
 _FENCE_NOW = driver.Statement(
     select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
 _INSERT_EVENTS = insert(run_events)
-
-
-@dataclass(frozen=True, slots=True)
-class AtOnce:
-    """Admission at creation: a run created while its tenant has a free slot and no queued run is
-    admitted and woken in its creating statement, the choice admission would make. The caller holds
-    the tenant's admission lock, so the statement's count is the one admission would see. With a
-    free slot but runs queued, ``channel`` is notified: admission picks among them by priority and
-    age. With no free slot the run stays queued; the run that finishes next hands its slot on."""
-
-    slots: int
-    wakeup: outbox.Message
-    """The new run's wakeup, written only if it is admitted."""
-    channel: str
 
 
 DEADLINE_TIMER_SUFFIX = ":business_deadline"
@@ -381,18 +303,6 @@ async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> S
     return None if row is None else _stored(row)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A run found by its creating key: what a repeated create is answered with."""
-
-    run_id: str
-    input_hash: str
-    partition: int
-    workflow: str
-    versions: PinnedVersions
-    labels: Mapping[str, str]
-
-
 _FIND = select(runs.c.run_id, runs.c.input_hash, runs.c.partition, runs.c.workflow, runs.c.workflow_version,
                runs.c.prompt_version, runs.c.model_policy_version, runs.c.tool_schema_version,
                runs.c.snapshot["labels"].label("labels"))
@@ -407,17 +317,6 @@ async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> F
     versions = PinnedVersions(row.workflow_version, row.prompt_version, row.model_policy_version,
                               row.tool_schema_version)
     return Found(row.run_id, row.input_hash, row.partition, row.workflow, versions, row.labels or {})
-
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """A transition computed in memory: the state after ``events`` and the rows to write."""
-
-    before: StoredRun
-    after: StoredRun
-    rows: tuple[tuple[ev.RunEvent, bool], ...]
-    """Each event with whether it was applied (False: stored as late)."""
-    release_lease: bool
 
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:

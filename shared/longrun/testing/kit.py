@@ -26,9 +26,9 @@ from typing import Any
 
 from longrun.app import advance
 from longrun.authoring import Registry, RunKind
-from longrun.db.runs import Fence
 from longrun.domain import TERMINAL, EffectKind, Question, RunSnapshot, RunStatus, violations
 from longrun.model import ModelAdapter
+from longrun.ports.runs import Fence
 from longrun.testing.checkpoints import CrashAt
 from longrun.testing.invariants import _history, _ledger
 from longrun.testing.workers import MemoryWorker, Steps

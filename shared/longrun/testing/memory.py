@@ -23,13 +23,14 @@ from typing import Any
 from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX, Fence, Found, Planned, StoredRun, plan
+from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX, plan
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
 from longrun.domain.calls import CALL_TIMERS
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
+from longrun.ports.runs import Fence, Found, Planned, StoredRun
 
 class FakeClock:
     """Epoch seconds that move only when told: the database clock of leases and timers, and every writer's."""

@@ -18,9 +18,9 @@ from longrun.app import reconcile, reconcile_leases
 from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
 from longrun.app.reconcile import ABANDONED_AFTER
 from longrun.db import outbox
-from longrun.db.runs import StoredRun
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
 from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun
 
 if TYPE_CHECKING:
     from longrun.testing.memory import ActionRow

@@ -11,10 +11,10 @@ from longrun.app.ports import LedgerOutcome
 from longrun.app.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import AtOnce, Found, StoredRun
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import TERMINAL, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain import events as ev
+from longrun.ports.runs import AtOnce, Found, StoredRun
 
 if TYPE_CHECKING:
     from longrun.testing.world import World

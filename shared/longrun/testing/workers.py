@@ -17,11 +17,11 @@ from longrun.app import webhooks
 from longrun.app.advance import Advancer
 from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome
 from longrun.db.inbox import Duplicate, Handled, Message
-from longrun.db.runs import Fence, Planned, Rides, StoredRun
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
 from longrun.envelope import Envelope
 from longrun.model import ModelAdapter, ScriptedModel
+from longrun.ports.runs import Fence, Planned, Rides, StoredRun
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.memory import UniqueViolation
 from longrun.testing.transaction import MemoryTransaction

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from longrun.authoring import RunKind, Tool
-from longrun.db.runs import Fence, Planned
 from longrun.domain import (
     ActionStatus,
     AskModel,
@@ -31,6 +30,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.model import ScriptedModel
+from longrun.ports.runs import Fence, Planned
 from longrun.testing.kit import Kit, every_crash
 from longrun.testing.workers import MemoryWorker, MemoryWorkerStore
 from longrun.workflows.steps import ECHO, EchoArgs
