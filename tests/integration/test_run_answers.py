@@ -103,7 +103,7 @@ async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_co
                                    what=f"the answer to {key}")
         [(routing_key, answer)] = answers
         assert routing_key == "acme.run.rejected", key
-        assert (answer["type"], answer["schema_version"]) == ("run.rejected", 2), key
+        assert (answer["type"], answer["schema_version"]) == ("run.rejected", 3), key
         assert answer["payload"]["code"] == code and answer["payload"]["reason"], key
         assert answer["payload"]["refused_event_id"] == answer["causation_id"] == body["event_id"], key
     # and the ones that did not parse are kept in quarantine with their reason, the bodyless one too

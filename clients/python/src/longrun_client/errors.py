@@ -96,4 +96,4 @@ class RunRejected(LongrunError):
     def __init__(self, event: Envelope) -> None:
         self.event = event
         self.rejection = event.payload
-        super().__init__(f"run.create refused ({self.rejection.code.value}): {self.rejection.reason}")
+        super().__init__(f"run.create refused ({self.rejection.code}): {self.rejection.reason}")
