@@ -90,6 +90,7 @@ async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_co
         "unknown": (_create("unknown", workflow="no_such_kind"), "unknown_workflow"),
         "pinned": (_create("pinned", workflow_version="99"), "unknown_workflow_version"),
         "large": (_create("large", input={"blob": "x" * 2048}), "input_too_large"),
+        "shapeless": (_create("shapeless", input={"steps": "abc"}), "input_invalid"),
     }
     # When a producer sends each bad create, a body with no envelope, then a good create, on one queue
     for body, _ in refused.values():
@@ -106,12 +107,18 @@ async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_co
         assert (answer["type"], answer["schema_version"]) == ("run.rejected", 3), key
         assert answer["payload"]["code"] == code and answer["payload"]["reason"], key
         assert answer["payload"]["refused_event_id"] == answer["causation_id"] == body["event_id"], key
+    assert "steps: Input should be a valid integer" in follower.of("corr-shapeless")[0][1]["payload"]["reason"]
     # and the ones that did not parse are kept in quarantine with their reason, the bodyless one too
     async with engine.connect() as conn:
         kept = {bytes(r.body): r.error_code for r in await conn.execute(text(
             "SELECT body, error_code FROM quarantine WHERE owner = 'scheduler'"))}
     assert sorted(kept.values()) == ["decode_error", "decode_error", "unknown_schema_version"]
     assert b"this is not an envelope" in kept
+    # and none of them made a run
+    async with engine.connect() as conn:
+        made = (await conn.execute(text("SELECT count(*) FROM runs WHERE idempotency_key = ANY(:keys)"),
+                                   {"keys": list(refused)})).scalar_one()
+    assert made == 0
     # and the good create after them was accepted and completed, its outcome on its terminal event
     run_id = await eventually(lambda: run_id_for(engine, TENANT, "good"), what="the good run")
     events = await eventually(_now(lambda: _terminal(follower.of("corr-good"))), timeout=30, what="its terminal event")

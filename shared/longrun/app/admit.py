@@ -177,6 +177,10 @@ class Refusal:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+INPUT_PROBLEMS_TOLD = 10
+"""Input problems a refusal names; the rest are counted."""
+
+
 def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | Refusal:
     """The run kind a create asks for, or why it is refused."""
     size = len(orjson.dumps(request.input))
@@ -187,10 +191,15 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
     if not kinds.known(request.workflow):
         return Refusal(RejectionCode.UNKNOWN_WORKFLOW, f"unknown workflow {request.workflow!r}")
     try:
-        return (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
+        kind = (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
                 else kinds.newest(request.workflow))
     except LookupError as e:
         return Refusal(RejectionCode.UNKNOWN_WORKFLOW_VERSION, str(e))
+    if problems := kind.input_problems(request.input):
+        more = f"; and {len(problems) - INPUT_PROBLEMS_TOLD} more" if len(problems) > INPUT_PROBLEMS_TOLD else ""
+        return Refusal(RejectionCode.INPUT_INVALID, f"input does not match the input schema of {kind.name!r} "
+                       f"v{kind.versions.workflow}: {'; '.join(problems[:INPUT_PROBLEMS_TOLD])}{more}")
+    return kind
 
 
 ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")
