@@ -308,6 +308,11 @@ class Settings:
     """Root of the filesystem artifact store."""
     tenant_slots: int
     """Admitted, unfinished runs per tenant at most."""
+    producer_tenants: tuple[tuple[str, str], ...]
+    """The tenants each broker user may create runs in: ``user=tenant``, comma-separated, once per
+    tenant (``user=*``: every tenant). The runtime's own user (``LONGRUN_AMQP_URL``'s) may create in
+    every tenant; ``guest`` only when the broker is on this machine (development). A ``run.create``
+    whose AMQP ``user_id`` is missing or not allowed its tenant is refused (``tenant_not_allowed``)."""
     max_input_bytes: int
     """Largest ``run.create`` input accepted, in bytes of its JSON; a larger one is refused with
     ``run.rejected`` (input_too_large). Large inputs belong in the artifact store, referenced by hash."""
@@ -515,6 +520,8 @@ _SPEC: dict[str, _Var] = {
                               "comma-separated name=package.module:attribute", ""),
     "artifact_dir": _var("LONGRUN_ARTIFACT_DIR", _text, "a directory path", "/tmp/longrun-artifacts"),
     "tenant_slots": _var("LONGRUN_TENANT_SLOTS", _positive_int, "an integer >= 1", "4"),
+    "producer_tenants": _var("LONGRUN_PRODUCER_TENANTS", _named_references,
+                             "comma-separated user=tenant (tenant * for every tenant)", ""),
     "max_input_bytes": _var("LONGRUN_MAX_INPUT_BYTES", _positive_int, "bytes, an integer >= 1", "262144"),
     "max_attachment_bytes": _var("LONGRUN_MAX_ATTACHMENT_BYTES", _positive_int, "bytes, an integer >= 1",
                                  str(10 * 1024 * 1024)),

@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import runs
@@ -141,7 +141,7 @@ class Scenario:
         for attempt in range(3):
             await self.bus.ensure_connected()
             try:
-                await self.bus.publish(exchange, routing_key, to_message(envelope))
+                await self.bus.publish(exchange, routing_key, to_message(envelope, user_id=broker_user(self.bus.url)))
                 return
             except BusUnavailable:
                 if attempt == 2:

@@ -34,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.bus import topology
+from longrun.bus.codec import broker_user
 from longrun.bus.connection import Bus
 from longrun.envelope import decode
 from longrun.errors import PoisonMessage
@@ -128,6 +129,7 @@ async def _publish(bus: Bus, specimens: list[Specimen], sent: Sent) -> None:
     channel = await bus.connection.channel(publisher_confirms=True, on_return_raises=True)
     exchanges = {target: await channel.get_exchange(name, ensure=False) for target, name in (
         ("ingress", topology.INGRESS_EXCHANGE), ("worker", topology.work_exchange("worker")))}
+    publisher = broker_user(bus.url)
     for i, specimen in enumerate(specimens):
         if not isinstance(specimen, BusSpecimen):
             continue
@@ -135,7 +137,7 @@ async def _publish(bus: Bus, specimens: list[Specimen], sent: Sent) -> None:
         message = aio_pika.Message(
             body=specimen.body, content_type=specimen.content_type, content_encoding=specimen.content_encoding,
             message_id=specimen.message_id, type=specimen.type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers={**specimen.headers, FUZZ_ID: str(i)})
+            headers={**specimen.headers, FUZZ_ID: str(i)}, user_id=None if specimen.anonymous else publisher)
         try:
             await exchanges[specimen.target].publish(message, routing_key=specimen.routing_key, mandatory=True)
         except (DeliveryError, PublishError):

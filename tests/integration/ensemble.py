@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import Bus
 from longrun.envelope import make
 from tests.fixtures import eventually
@@ -89,7 +89,7 @@ async def publish_create(bus: Bus, *, tenant: str, key: str, input_: dict[str, A
                          workflow: str = "dependency_upgrade") -> str:
     envelope = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": input_,
                                    "priority": priority}, producer="tests", tenant_id=tenant)
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
     return envelope.event_id
 
 

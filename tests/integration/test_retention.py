@@ -25,7 +25,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.app.webhooks import Translated, audit
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
@@ -389,7 +389,7 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     env = {**SHORT, "LONGRUN_RETENTION_INTERVAL": "1"}
     ensemble.start_services("gateway", "scheduler", "worker", "relay", "reconciler", **env)
     create = _create_envelope("acme", "replayed", 2)
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(create))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(create, user_id=broker_user(bus.url)))
     run_id = await eventually(lambda: run_id_for(engine, "acme", "replayed"), what="the run")
     await eventually(lambda: _is(engine, run_id, "COMPLETED"), timeout=60, what="completion")
     async with engine.connect() as conn:

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.bus import topology
+from longrun.bus.codec import broker_user
 from tests.fixtures import eventually
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, new_key, run_id_for
 
@@ -65,7 +66,7 @@ def _create(key: str, *, tenant: str = TENANT, **payload: Any) -> dict[str, Any]
 async def _publish(bus, body: dict[str, Any] | bytes) -> None:  # type: ignore[no-untyped-def]
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create",
-                      aio_pika.Message(raw, content_type="application/json",
+                      aio_pika.Message(raw, content_type="application/json", user_id=broker_user(bus.url),
                                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT))
 
 
