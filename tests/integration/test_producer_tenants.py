@@ -14,11 +14,12 @@ import aiormq
 import pytest
 from sqlalchemy import text
 
+from bench.ensemble import TENANT, Producer
 from longrun.app import quarantine
 from longrun.bus import topology
 from longrun.db import quarantine as quarantine_rows
 from tests.fixtures import eventually
-from tests.integration.ensemble import Ensemble
+from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.test_bus_tenancy import (INGRESS, Subscriber, _connect, producers, publish_create, run_create,
                                                 tenant_user)
 
@@ -116,3 +117,20 @@ async def test_the_broker_refuses_a_user_id_that_is_not_the_connections_user(
                 routing_key="run.create", mandatory=True)
     finally:
         await connection.close()
+
+
+async def test_the_benchs_producer_creates_runs_as_a_tenants_own_user(
+        clean, engine, services, tmp_path, tenant_user) -> None:  # type: ignore[no-untyped-def]
+    bench_user = await asyncio.to_thread(tenant_user, TENANT)
+    # Given the ensemble, with the bench tenant's user allowed its tenant
+    Ensemble(services, tmp_path).start_services("scheduler", "worker", "relay", **producers(bench_user))
+    # When the bench's producer creates a run as that user
+    async with Producer(bench_user.url) as producer:
+        await producer.create("bench-key", 1)
+    # Then the run is created and completes
+    run_id = await eventually(lambda: run_id_for(engine, TENANT, "bench-key"), timeout=60, what="the bench's run")
+    assert await eventually(lambda: _completed(engine, run_id), timeout=60, what="its completion")
+
+
+async def _completed(engine, run_id: str) -> bool:  # type: ignore[no-untyped-def]
+    return await status_of(engine, run_id) == "COMPLETED"
