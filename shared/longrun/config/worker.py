@@ -31,5 +31,3 @@ class WorkerSettings(Concern):
     """Model the worker asks for at that API."""
     model_api_key: str = setting("LONGRUN_MODEL_API_KEY", parse.text, "an API key", "not-needed-locally")
     """API key for that API; keep it in a secret."""
-    tool_timeout: float = setting("LONGRUN_TOOL_TIMEOUT", parse.positive_float, "seconds, a number > 0", "10")
-    """Default attempt (start-to-close) timeout of tool calls; past it an outcome is UNKNOWN, never FAILED."""
