@@ -18,7 +18,7 @@ class ProcessSettings(Concern):
                                f"{socket.gethostname()}-{os.getpid()}")
     """Names this replica in leases, logs and audit rows."""
     partitions: int = setting("LONGRUN_PARTITIONS", parse.positive_int, "an integer >= 1", "8")
-    """P: work partitions per consuming service; changing it is a drain-and-switch migration."""
+    """P: the partitions of the worker's wakeups (and of the outbox the relay publishes); changing it is a drain-and-switch migration."""
     partition_lease_ttl: float = setting("LONGRUN_PARTITION_LEASE_TTL", parse.positive_float,
                                          "seconds, a number > 0", "6")
     """Seconds a replica keeps a partition without renewing its lease."""
