@@ -22,6 +22,7 @@ DEFAULT_PATH = Path("docs/configuration.md")
 # Defaults computed per process: written as what they are made of, so the file is the same everywhere.
 _COMPUTED_DEFAULTS = {"instance_id": "<hostname>-<pid>"}
 
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     concern: str

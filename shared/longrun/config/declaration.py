@@ -2,8 +2,8 @@
 
 A setting is one line and its docstring in the module of its concern::
 
-    partitions: int = setting("LONGRUN_PARTITIONS", parse.positive_int, "an integer >= 1", "8")
-    \"\"\"P: work partitions per consuming service; ...\"\"\"
+    timer_batch: int = setting("LONGRUN_TIMER_BATCH", parse.positive_int, "an integer >= 1", "500")
+    \"\"\"Due timers the timer service fires per transaction. ...\"\"\"
 
 The variable, its parser, what it expects (said in a bad value's message and the reference) and its
 default live in the field's metadata; the docstring is the setting's description in
