@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from longrun import artifacts, run_kinds, webhook_providers
+from longrun import run_kinds, webhook_providers
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
@@ -35,7 +35,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import policies, runs, tokens
+from longrun.db import artifacts, policies, runs, tokens
 from longrun.db.errors import is_transient
 from longrun.db.schema import artifacts as artifacts_table
 from longrun.db.schema import runs as runs_table
