@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,10 +34,8 @@ from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import policies, runs, tokens
+from longrun.db import operator_reads, policies, runs, tokens
 from longrun.db.errors import is_transient
-from longrun.db.schema import artifacts as artifacts_table
-from longrun.db.schema import runs as runs_table
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
@@ -203,12 +200,11 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
-            row = (await conn.execute(select(artifacts_table.c.media_type).where(
-                artifacts_table.c.content_hash == content_hash))).first()
-        if (stored is None or row is None or not principal.sees(stored.snapshot.tenant_id)
+            media_type = await operator_reads.artifact_media_type(conn, content_hash)
+        if (stored is None or media_type is None or not principal.sees(stored.snapshot.tenant_id)
                 or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
-        return Response(await store.get(content_hash), media_type=row.media_type)
+        return Response(await store.get(content_hash), media_type=media_type)
 
     async def search(request: Request, principal: Principal) -> Response:
         """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""
@@ -362,7 +358,7 @@ async def _visible(conn: AsyncConnection, run_id: str, principal: Principal) -> 
     caller learns nothing of other tenants' runs."""
     if principal.tenants is None:
         return
-    tenant = (await conn.execute(select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id))).scalar()
+    tenant = await operator_reads.tenant_of(conn, run_id)
     if tenant is None or not principal.sees(tenant):
         raise operate.RunNotFound(run_id)
 
