@@ -6,7 +6,9 @@ Requests are checked here before anything is read or written: a body that is not
 lacks a required field is refused with 400, one whose fields have the wrong type or a value not
 allowed with 422; a query or path parameter outside its schema, or one the operation does not name,
 with 400. Text cannot hold the NUL
-character (U+0000), which PostgreSQL cannot store; such a request is refused the same way.
+character (U+0000), which PostgreSQL cannot store; such a request is refused the same way. A body
+nested more than 64 arrays or objects deep is refused with 400, and one larger than its route takes
+with 413, as soon as the bytes read pass the limit.
 """
 
 from __future__ import annotations
@@ -276,6 +278,9 @@ class Invalid(ValueError):
         return {"error": str(self), **({"problems": self.problems} if len(self.problems) > 1 else {})}
 
 
+MAX_DEPTH = 64
+"""Arrays and objects a body may nest: far more than any operation's body needs, and few enough that
+every walk over it (validation, storage as JSONB) stays shallow."""
 _MISSING = frozenset({"missing", "string_too_short"})
 """Pydantic's error types that mean a required field is missing or empty (400, not 422)."""
 
@@ -286,8 +291,12 @@ def body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise Invalid(400, [f"the body is not JSON: {e}"]) from None
+    except RecursionError:
+        raise Invalid(400, [f"the body is nested more than {MAX_DEPTH} deep"]) from None
     if not isinstance(data, dict):
         raise Invalid(400, [f"the body must be a JSON object, not {type(data).__name__}"])
+    if _deeper_than(data, MAX_DEPTH):
+        raise Invalid(400, [f"the body is nested more than {MAX_DEPTH} deep"])
     nul = _nul_in(data)
     if nul is not None:
         raise Invalid(422, [f"{nul} holds a NUL character (U+0000), which cannot be stored"])
@@ -349,3 +358,17 @@ def _nul_in(value: Any, where: str = "the body") -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (walked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -39,7 +41,7 @@ from longrun.db.errors import is_transient
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
-from services.gateway import api, console, openapi, reads
+from services.gateway import api, console, edge, openapi, reads, refusals
 
 logger = logging.getLogger(__name__)
 
@@ -93,18 +95,23 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     secrets = webhook_providers.secrets(settings, providers)
     store = FilesystemArtifactStore(settings.artifact_dir)
     authenticator = Authenticator(engine, settings)
+    sampled_refusals = refusals.Sampler()
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
-        body = await request.body()
         if provider not in providers:
             return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
+        body = await request.body()
         why = webhooks.refusal(providers[provider].signature, secrets[provider], request.headers, body,
                                now=time.time(), replay_window=settings.webhook_replay_window)
         if why is not None:
-            async with engine.begin() as conn:
-                await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused", target=provider,
-                                     reason=why, details={"client": request.client.host if request.client else None})
+            unaudited = sampled_refusals.audit(provider)
+            if unaudited is not None:
+                async with engine.begin() as conn:
+                    await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
+                                         target=provider, reason=why,
+                                         details={"client": request.client.host if request.client else None,
+                                                  "refused_unaudited_before": unaudited})
             return JSONResponse({"error": f"refused: {why}"}, status_code=401)
         try:
             payload = webhooks.parse(body)
@@ -269,7 +276,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         async with engine.begin() as conn:
             policy = await policies.put(conn, tenant, scope, by=actor)
             await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body.reason,
-                                 details=_policy_json(policy))
+                                 details=_policy_json(policy), tenant=tenant)
         return JSONResponse(_policy_json(policy))
 
     async def me(request: Request, principal: Principal) -> Response:
@@ -342,8 +349,14 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         Route("/openapi.json", described, methods=["GET"]),
         Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ]
+    limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
+              edge.Limit(re.compile(r"/runs/[^/]+/artifacts"), settings.max_attachment_bytes,
+                         "an artifact (LONGRUN_MAX_ATTACHMENT_BYTES)", method="POST"),
+              edge.Limit(re.compile(f"{console.PREFIX}(/.*)?"), edge.FORM_BYTES, "a console form")]
     return Starlette(routes=[*(intake_routes if intake else []), *(operations if operator_api else []),
                              Route("/healthz", healthz, methods=["GET"])],
+                     middleware=[Middleware(edge.Edge, limits=limits,
+                                            default=edge.Limit(re.compile(".*"), edge.JSON_BYTES, "a request body"))],
                      exception_handlers={HTTPException: _http_error, api.Invalid: _invalid, Refused: _refused})
 
 

@@ -69,7 +69,7 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
                         tenants: Collection[str] | None = None) -> dict[str, Any]:
     """The audit log, newest first, a page at a time (as ``search_runs``), filtered by ``actor``,
     ``action``, ``target``; ``alerts_only``: the part of it the reconciler raised (``alert.*``).
-    Narrowed to ``tenants``: the entries whose target is one of their runs or one of them."""
+    Narrowed to ``tenants``: the entries that concern one of them."""
     page, next_cursor = await operator_reads.audit_entries(
         conn, equal={column: getattr(params, column) for column in operator_reads.AUDIT_FILTERS},
         action_prefix=ALERT_PREFIX if alerts_only else None, cursor=params.cursor, limit=params.limit,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Row, exists, or_, select, text
+from sqlalchemy import Row, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import pages
@@ -54,17 +54,16 @@ async def audit_entries(conn: AsyncConnection, *, equal: Mapping[str, str | None
                         tenants: Collection[str] | None) -> tuple[list[Row[Any]], str | None]:
     """Audit entries whose ``AUDIT_FILTERS`` columns equal the values ``equal`` gives them and whose
     action starts with ``action_prefix``, newest first, a page at a time (as ``search_runs``).
-    Narrowed to ``tenants``: the entries whose target is one of their runs or one of them."""
-    query = select(audit_log)
+    Narrowed to ``tenants``: the entries that concern one of them (``audit_log.tenant_id``)."""
+    query = select(audit_log.c.id, audit_log.c.at, audit_log.c.actor, audit_log.c.action, audit_log.c.target,
+                   audit_log.c.reason, audit_log.c.details)
     for column in AUDIT_FILTERS:
         if equal.get(column):
             query = query.where(audit_log.c[column] == equal[column])
     if action_prefix is not None:
         query = query.where(audit_log.c.action.startswith(action_prefix))
     if tenants is not None:
-        seen = sorted(tenants)
-        query = query.where(or_(audit_log.c.target.in_(seen), exists().where(
-            runs.c.run_id == audit_log.c.target, runs.c.tenant_id.in_(seen))))
+        query = query.where(audit_log.c.tenant_id.in_(sorted(tenants)))
     return await pages.newest_first(conn, query, cursor_raw=cursor, page_size=limit, created=audit_log.c.at,
                                     row_id=audit_log.c.id)
 

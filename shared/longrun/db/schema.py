@@ -410,9 +410,14 @@ audit_log = Table(
     Column("target", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("tenant_id", Text, nullable=True),
 )
+"""``tenant_id``: the tenant the entry concerns (a run's, a policy's), null when none or every
+tenant's; a tenant's viewers see the entries of their tenants by it."""
 # The reconciler checks for its own earlier alerts (action + target) on every pass.
 Index("ix_audit_log_action_target", audit_log.c.action, audit_log.c.target)
+# A tenant-scoped viewer's audit log, newest first.
+Index("ix_audit_log_tenant", audit_log.c.tenant_id, audit_log.c.at, postgresql_where=text("tenant_id IS NOT NULL"))
 
 operator_tokens = Table(
     "operator_tokens", metadata,
