@@ -252,8 +252,9 @@ OPERATIONS: tuple[Operation, ...] = (
               (401, 503)),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,
               query=TokenListing, role="admin", every_tenant=True),
-    Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only",
-              CreatedToken, (400, 401, 403, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
+    Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only "
+              "(409: a live token holds the name)",
+              CreatedToken, (400, 401, 403, 409, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
     Operation("POST", "/tokens/{token_id}/revoke", "revokeToken", "Revoke a named API token: it is refused from "
               "now on", Token, (400, 401, 403, 404, 422, 503), body=Revoke, role="admin", every_tenant=True),
     Operation("GET", "/healthz", "health", "The gateway answers", Health, (), role=None),

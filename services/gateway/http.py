@@ -296,13 +296,16 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         if body.name == BOOTSTRAP_SUBJECT:
             return JSONResponse({"error": f"the name {BOOTSTRAP_SUBJECT!r} is the bootstrap tokens': choose "
                                           "another"}, status_code=422)
-        async with engine.begin() as conn:
-            token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
-                                                tenants=None if body.tenants is None else tuple(body.tenants),
-                                                created_by=principal.subject)
-            await webhooks.audit(conn, actor=principal.subject, action="token.create", target=f"token:{token.id}",
-                                 reason=body.reason, details={"name": token.name, "roles": list(token.roles),
-                                                              "tenants": body.tenants})
+        try:
+            async with engine.begin() as conn:
+                token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
+                                                    tenants=None if body.tenants is None else tuple(body.tenants),
+                                                    created_by=principal.subject)
+                await webhooks.audit(conn, actor=principal.subject, action="token.create",
+                                     target=f"token:{token.id}", reason=body.reason,
+                                     details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants})
+        except tokens.NameInUse as e:
+            return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse({"token": token.to_dict(), "secret": secret})
 
     async def token_revoke(request: Request, principal: Principal) -> Response:

@@ -194,7 +194,7 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
         raise NotPermitted(run_id, actor, str(wait.owner))
     return await _apply_to(
         tx, stored, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
-        details={"approval_id": approval_id, "approved_hash": approved_hash},
+        details={"approval_id": approval_id, "approved_hash": approved_hash, "credential": by.credential},
         build=lambda seq, at: ev.ApprovalDecided(seq=seq, at=at, approval_id=approval_id, approved=approved,
                                                  approved_hash=approved_hash, decided_by=actor))
 
@@ -226,7 +226,8 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     if problems:
         raise AnswerRefused(run_id, question_id, problems)
     result = await _apply_to(
-        tx, stored, "answer", actor=actor, reason=reason, clock=clock, details={"question_id": question_id},
+        tx, stored, "answer", actor=actor, reason=reason, clock=clock,
+        details={"question_id": question_id, "credential": by.credential},
         build=lambda seq, at: ev.QuestionResolved(seq=seq, at=at, question_id=question_id, answer=freeze(answer),
                                                   answered_by=actor))
     return {**result, "repeated": False}

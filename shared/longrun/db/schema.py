@@ -434,3 +434,6 @@ operator_tokens = Table(
 """Named API tokens of operators (``longrun.identity``): only the SHA-256 of each secret is kept, so
 the table leaks no credential. ``name`` is who acts with the token (the audit log's actor);
 ``tenants`` NULL is every tenant. A revoked token stays, for the audit trail."""
+# A live token's name belongs to one holder: approvals owned by a name are decided by its token alone.
+Index("ux_operator_tokens_live_name", operator_tokens.c.name, unique=True,
+      postgresql_where=text("revoked_at IS NULL"))

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import operator_tokens
@@ -46,14 +47,24 @@ def _stored(row: Any) -> StoredToken:
                        row.created_by, row.created_at, row.revoked_at, row.last_used_at)
 
 
+class NameInUse(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a live token is named {name!r} already: a name belongs to one holder (revoke that "
+                         "token first to give the name to another)")
+
+
 async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], tenants: tuple[str, ...] | None,
                  created_by: str) -> tuple[StoredToken, str]:
-    """A new token and its secret, which is not kept: whoever asked must take it now."""
+    """A new token and its secret, which is not kept: whoever asked must take it now. ``NameInUse``
+    when a live token holds the name (whoever asks, an admin included)."""
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    row = (await conn.execute(operator_tokens.insert().values(
+    row = (await conn.execute(insert(operator_tokens).values(
         name=name, secret_sha256=digest(secret), roles=list(roles),
         tenants=None if tenants is None else list(tenants), created_by=created_by)
-        .returning(*operator_tokens.c))).one()
+        .on_conflict_do_nothing(index_elements=[operator_tokens.c.name], index_where=text("revoked_at IS NULL"))
+        .returning(*operator_tokens.c))).first()
+    if row is None:
+        raise NameInUse(name)
     return _stored(row), secret
 
 
