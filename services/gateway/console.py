@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -56,6 +57,7 @@ from longrun.identity import Authenticator, Principal
 from services.gateway import api, reads
 from services.gateway import console_oidc as oidc
 from services.gateway import console_session as sessions
+from services.gateway.console_headers import SecurityHeaders
 
 PREFIX = "/console"
 _TEMPLATES = jinja2.Environment(
@@ -111,7 +113,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         notice = NOTICES.get(request.query_params.get("notice", ""))
         html = _TEMPLATES.get_template(template).render(
             root=PREFIX, principal=seen.principal, csrf=sessions.csrf_token(key, seen.session), notice=notice,
-            oidc=oidc.offered(settings), **values)
+            oidc=oidc.offered(settings), nonce=request.state.csp_nonce, **values)
         response = HTMLResponse(html, status_code=status)
         if seen.fresh:
             _set_cookie(response, request, sessions.seal(key, seen.session))
@@ -320,7 +322,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         Route("/quarantine", signed(quarantine), methods=["GET"]),
         Route("/quarantine/{entry_id}/replay", signed(replay), methods=["POST"]),
         Route("/audit", signed(audit), methods=["GET"]),
-    ], exception_handlers={HTTPException: not_found})
+    ], exception_handlers={HTTPException: not_found}, middleware=[Middleware(SecurityHeaders)])
 
 
 def _next_page(shown: list[tuple[str, str]], cursor: str | None) -> str | None:

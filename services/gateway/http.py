@@ -211,7 +211,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         if (stored is None or media_type is None or not principal.sees(stored.snapshot.tenant_id)
                 or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
-        return Response(await store.get(content_hash), media_type=media_type)
+        # An attachment, never rendered: stored bytes of any media type must not run as a page here.
+        return Response(await store.get(content_hash), media_type=media_type, headers={
+            "content-disposition": f'attachment; filename="{content_hash}"', "x-content-type-options": "nosniff"})
 
     async def search(request: Request, principal: Principal) -> Response:
         """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""

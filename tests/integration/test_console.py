@@ -282,3 +282,26 @@ async def _asked_hash(engine, run_id: str) -> str | None:  # type: ignore[no-unt
             "SELECT snapshot->'wait'->>'approved_hash' FROM runs WHERE run_id = :r AND status = 'WAITING_USER'"),
             {"r": run_id})).scalar()
 
+
+
+async def test_every_console_answer_carries_the_security_headers_and_its_inline_code_the_nonce(
+        clean, engine, gateway) -> None:
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        answers = [await console.get("/"), await console.get("/sign-in"), await console.get("/no-such-page")]
+        await signed_in(console, token)
+        answers += [await console.get("/runs"), await console.get(f"/runs/{run_id}"),
+                    await console.get(f"/runs/{run_id}/live"), await console.get("/audit")]
+    nonces = set()
+    for answer in answers:
+        csp = answer.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, answer.url
+        assert (answer.headers["x-content-type-options"], answer.headers["referrer-policy"],
+                answer.headers["cache-control"]) == ("nosniff", "no-referrer", "no-store"), answer.url
+        nonce = re.search(r"'nonce-([^']+)'", csp)
+        assert nonce is not None
+        nonces.add(nonce.group(1))
+        for tag in re.findall(r"<(?:script|style)[^>]*>", answer.text):
+            assert f'nonce="{nonce.group(1)}"' in tag, (answer.url, tag)
+    assert len(nonces) == len(answers)  # a nonce is drawn for each answer

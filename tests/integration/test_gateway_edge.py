@@ -215,7 +215,13 @@ async def test_an_attachment_one_byte_over_its_limit_is_413_before_anything_is_s
     assert not store.exists() or not any(p.is_file() for p in store.rglob("*"))
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
         at_limit = await http.post(path, content=b"x" * 1000, headers=headers)
-    assert at_limit.status_code == 200
+        assert at_limit.status_code == 200
+        content_hash = at_limit.json()["artifact"]["content_hash"]
+        served = await http.get(f"/runs/{stored.snapshot.run_id}/artifacts/{content_hash}", headers=headers)
+    # Served as an attachment, never sniffed into a page
+    assert served.content == b"x" * 1000
+    assert served.headers["content-disposition"].startswith("attachment")
+    assert served.headers["x-content-type-options"] == "nosniff"
 
 
 # --- refusals and the audit log -------------------------------------------------------------------
