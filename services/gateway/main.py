@@ -5,18 +5,26 @@ ends in front of it, at the ingress (docs/operations.md)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import uvicorn
 
-from longrun import service
+from longrun import service, webhook_providers
 from longrun.bootstrap import keep_connected, open_bus, open_database, watch
 from longrun.config import Settings
+from services.gateway import secrets_check
 from services.gateway.http import create_app
 
 SERVICE = "gateway"
+logger = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    refused = _refused_secrets(settings)
+    if refused:
+        for why in refused:
+            logger.error("gateway cannot start: %s", why)
+        raise SystemExit(2)
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     apart = settings.webhook_port != 0
@@ -44,3 +52,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
 
 def main() -> None:
     service.run(SERVICE, serve)
+
+
+def _refused_secrets(settings: Settings) -> list[str]:
+    own = dict(settings.webhook_secrets)
+    providers = webhook_providers.load(settings)
+    return secrets_check.refusals(settings, shared_webhook_secret_used=any(name not in own for name in providers),
+                                  provider_secrets=sorted(own))

@@ -27,7 +27,7 @@ from longrun.identity import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
-            "token": ("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"),
+            "token": ("LONGRUN_OPERATOR_TOKEN", ""),
             "output": ("LONGRUNCTL_OUTPUT", "table")}
 """Each setting's environment variable and default."""
 EXAMPLES = """\b
@@ -67,7 +67,9 @@ def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, 
 
 def _client(ctx: click.Context) -> httpx.Client:
     opts = ctx.obj
-    return httpx.Client(base_url=opts["url"], timeout=30, headers={"authorization": f"Bearer {opts['token']}"})
+    # No token configured: no Authorization header at all, rather than one a gateway might take.
+    headers = {"authorization": f"Bearer {opts['token']}"} if opts["token"] else {}
+    return httpx.Client(base_url=opts["url"], timeout=30, headers=headers)
 
 
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
