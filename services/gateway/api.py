@@ -40,7 +40,7 @@ from services.gateway.api_responses import (
     TokenList,
     VersionsReport,
 )
-from services.gateway.api_types import RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
+from services.gateway.api_types import DURATION, RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -113,6 +113,8 @@ class TokenRequest(Strict):
     name: Annotated[str, Field(pattern=TOKEN_NAME)]
     roles: Annotated[list[Role], Field(min_length=1)]
     tenants: list[Annotated[str, Field(pattern=TENANT_PATTERN)]] | None
+    expires_in: Text | None = Field(None, description=f"Refused this long after its creation ({DURATION}); "
+                                                      "none: until revoked.")
     reason: Reason
 
 
@@ -126,7 +128,6 @@ Limit = Annotated[int, Field(ge=1, le=pages.MAX_LIMIT,
                               description=f"At most this many (default {pages.DEFAULT_LIMIT})."),
                   BeforeValidator(pages.limit)]
 Cursor = Annotated[Text, Field(description="The ``next_cursor`` of the page before.")]
-DURATION = "seconds, or a number with s, m, h or d: 90s, 15m, 12h, 30d"
 
 
 class RunSearch(Query):

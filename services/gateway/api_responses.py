@@ -221,6 +221,7 @@ class Token(Strict):
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    expires_at: datetime | None = Field(description="Refused from then on; None: until revoked.")
 
 
 class TokenList(RootModel[list[Token]]):

@@ -35,7 +35,7 @@ from longrun.app import versions
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
-from longrun.config import Settings
+from longrun.config import Settings, duration
 from longrun.db import operator_reads, policies, runs, tokens
 from longrun.db.errors import is_transient
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
@@ -299,13 +299,19 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             return JSONResponse({"error": f"the name {BOOTSTRAP_SUBJECT!r} is the bootstrap tokens': choose "
                                           "another"}, status_code=422)
         try:
+            expires_in = None if body.expires_in is None else duration(body.expires_in)
+        except (ValueError, OverflowError):
+            return JSONResponse({"error": f"expires_in: not a duration ({api.DURATION}): {body.expires_in!r}"},
+                                status_code=422)
+        try:
             async with engine.begin() as conn:
                 token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
                                                     tenants=None if body.tenants is None else tuple(body.tenants),
-                                                    created_by=principal.subject)
+                                                    created_by=principal.subject, expires_in=expires_in)
                 await webhooks.audit(conn, actor=principal.subject, action="token.create",
                                      target=f"token:{token.id}", reason=body.reason,
-                                     details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants})
+                                     details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants,
+                                              "expires_at": token.to_dict()["expires_at"]})
         except tokens.NameInUse as e:
             return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse({"token": token.to_dict(), "secret": secret})

@@ -421,7 +421,8 @@ def whoami(ctx: click.Context) -> None:
 
 TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"),
                ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
-               ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
+               ("EXPIRES", "expires_at"), ("REVOKED", "revoked_at")),
+              rows=lambda data: data if isinstance(data, list) else [data])
 
 
 @main.group()
@@ -434,13 +435,14 @@ def token() -> None:
 @click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
               help="repeat for several; each allows what the ones before it allow")
 @click.option("--tenant", "tenants", multiple=True, help="a tenant it sees; repeat for several (none: every tenant)")
+@click.option("--expires-in", help="refused this long after creation: 90m, 12h, 30d (none: until revoked)")
 @click.option("--reason", required=True)
 @click.pass_context
 def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], tenants: tuple[str, ...],
-                 reason: str) -> None:
+                 expires_in: str | None, reason: str) -> None:
     """Create a token for NAME; its secret is printed this once and kept nowhere."""
     created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "tenants": list(tenants) or None,
-                                             "reason": reason})
+                                             "reason": reason, **({"expires_in": expires_in} if expires_in else {})})
     if ctx.obj["output"] != "table":
         _print(ctx, created)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx
@@ -58,10 +59,10 @@ def test_an_upgrade_over_live_tokens_sharing_a_name_stops_naming_them(infra) -> 
                 conn.execute(text("INSERT INTO operator_tokens (name, secret_sha256, roles, created_by) "
                                   "VALUES (:n, md5(random()::text), '[\"viewer\"]', 'tests')"), {"n": holder})
         with pytest.raises(RuntimeError, match=r"'ana' \(tokens 1, 2, 4\)"):
-            migrate.upgrade(url)
+            migrate.upgrade(url, "0027")
         with engine.begin() as conn:
             conn.execute(text("UPDATE operator_tokens SET revoked_at = now() WHERE id IN (1, 2)"))
-        migrate.upgrade(url)
+        migrate.upgrade(url, "0027")
         assert migrate.current_revision(url) == "0027"
     finally:
         engine.dispose()
@@ -69,3 +70,15 @@ def test_an_upgrade_over_live_tokens_sharing_a_name_stops_naming_them(infra) -> 
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+async def test_a_token_with_an_expiry_is_refused_once_it_passes(clean, gateway) -> None:
+    admin = {"authorization": f"Bearer {OPERATOR_TOKEN}"}
+    request = {"name": "temp-ana", "roles": ["viewer"], "tenants": ["acme"], "reason": "an hour of help"}
+    assert (await gateway.post("/tokens", headers=admin, json={**request, "expires_in": "soon"})).status_code == 422
+    created = await gateway.post("/tokens", headers=admin, json={**request, "expires_in": "2s"})
+    assert created.status_code == 200 and created.json()["token"]["expires_at"] is not None
+    temporary = {"authorization": f"Bearer {created.json()['secret']}"}
+    assert (await gateway.get("/me", headers=temporary)).status_code == 200
+    await asyncio.sleep(2.5)
+    assert (await gateway.get("/me", headers=temporary)).status_code == 401
