@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from longrun import artifacts, run_kinds, webhook_providers
+from longrun import run_kinds, webhook_providers
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.app import operate, webhooks
 from longrun.app import quarantine as quarantine_ops
@@ -35,8 +35,9 @@ from longrun.app import versions
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
-from longrun.config import Settings, duration
-from longrun.db import operator_reads, policies, runs, tokens
+from longrun.config import Settings
+from longrun.config.parse import duration
+from longrun.db import artifacts, operator_reads, policies, runs, tokens
 from longrun.db.errors import is_transient
 from longrun.domain import RunSnapshot, Scope, TenantPolicy
 from longrun.errors import DomainError, LongrunError
@@ -207,7 +208,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
-            media_type = await operator_reads.artifact_media_type(conn, content_hash)
+            media_type = await artifacts.media_type(conn, content_hash)
         if (stored is None or media_type is None or not principal.sees(stored.snapshot.tenant_id)
                 or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)

@@ -184,7 +184,7 @@ class Chaos:
         self.deadlines: set[str] = set()
         """Keys of the runs created with a business deadline."""
         self.redelivered: set[str] = set()
-        self.env = {"LONGRUN_TOOL_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
+        self.env = {"LONGRUN_FORGE_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
                     "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
                     "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN)}

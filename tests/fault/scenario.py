@@ -70,7 +70,7 @@ class Scenario:
         self.ensemble = Ensemble(services, tmp)
         self.env = {**self.ensemble.env, "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL),
                     "LONGRUN_PARTITION_LEASE_TTL": str(LEASE_TTL), "LONGRUN_RECONCILE_INTERVAL": "0.5",
-                    "LONGRUN_TOOL_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+                    "LONGRUN_FORGE_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
         self.approved: set[tuple[str, str]] = set()
         self.tokens: dict[str, dict[str, str]] = {}
         """Each approver's authorization headers (a named token minted on first use)."""

@@ -35,7 +35,7 @@ from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, fre
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 from longrun.workflows import STEPS_VERSIONS, steps
-from services.reconciler.main import horizons
+from longrun.app.reconcile_sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.identities import bearer

@@ -67,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> int:
     gateway_port, forge_port = args.port_base, args.port_base + 10
     forge_url = f"http://127.0.0.1:{forge_port}"
     launcher = Launcher(root, gateway_port=gateway_port, health_base=args.port_base + 100,
-                        env={FORGE_URL: forge_url, "LONGRUN_TOOL_TIMEOUT": "3"})
+                        env={FORGE_URL: forge_url, "LONGRUN_FORGE_TIMEOUT": "3"})
     launcher.base_env.update(drawn)
     print("longrun: starting the ensemble")
     launcher.migrate()

@@ -19,9 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
 from longrun.app.reconcile_common import PRODUCER
 from longrun.app.webhooks import audit, tenant_of_run
-from longrun.artifacts import ArtifactStore, register
+from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
+from longrun.db.artifacts import register
 from longrun.db.runs import StoredRun
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table

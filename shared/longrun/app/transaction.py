@@ -19,10 +19,10 @@ from longrun.db import inbox, outbox, policies, runs
 from longrun.db.runs import StoredRun
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_events
-from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
+from longrun.domain import MATCHED_BY_KEY, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 
-_MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
+_MATCHED_BY = sorted(s.value for s in MATCHED_BY_KEY)
 
 
 class PgTransaction:
@@ -59,7 +59,7 @@ class PgTransaction:
     async def waiting_on(self, correlation_key: str) -> str | None:
         return (await self.conn.execute(
             text("SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = ANY(:statuses) LIMIT 1"),
-            {"k": correlation_key, "statuses": list(_MATCHED_BY)})).scalar()
+            {"k": correlation_key, "statuses": _MATCHED_BY})).scalar()
 
     async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
         row = (await self.conn.execute(

@@ -29,7 +29,7 @@ from longrun.db import inbox
 from longrun.db.runs import StoredRun
 from longrun.db.schema import audit_log
 from longrun.db.schema import runs as runs_table
-from longrun.domain import RunStatus, WakeReason, freeze
+from longrun.domain import AWAITING_ANSWER, RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
 from longrun_client.storable import unstorable
 
@@ -40,7 +40,6 @@ PRODUCER = "gateway"
 MAX_EVENT_ID = 200
 MAX_CORRELATION_KEY = 500
 """Characters. Both are index keys, and a btree entry holds at most 2704 bytes (a character takes up to 4)."""
-WAITS = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +185,7 @@ async def deliver(tx: RunTransaction, stored: StoredRun, provider: str, event: T
 async def match_kept(tx: RunTransaction, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
     """Called when a wait starts: an event for its key that arrived earlier ends it now."""
     wait = stored.snapshot.wait
-    if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
+    if stored.snapshot.status not in AWAITING_ANSWER or wait is None or wait.correlation_key is None:
         return stored
     kept = await tx.kept_for(wait.correlation_key)
     if kept is None:

@@ -1,5 +1,5 @@
 """The reads behind the operator API and the web console: run search, the audit log, and the small
-lookups a route makes before it answers (a run's tenant, its next timer, an artifact's media type).
+lookups a route makes before it answers (a run's tenant, its next timer).
 
 ``tenants`` narrows a read to those tenants (None: every tenant), so a caller scoped to some tenants
 never learns of another's runs, not even that they exist. Lists are keyset pages (``db.pages``).
@@ -14,7 +14,7 @@ from sqlalchemy import Row, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import pages
-from longrun.db.schema import artifacts, audit_log, run_labels, runs
+from longrun.db.schema import audit_log, run_labels, runs
 
 RUN_FILTERS = ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key")
 """The columns a run search compares for equality."""
@@ -82,8 +82,3 @@ async def next_timer(conn: AsyncConnection, run_id: str) -> Row[Any] | None:
     """The run's next pending timer (``kind``, ``wake_at``), or None."""
     return (await conn.execute(_NEXT_TIMER, {"r": run_id})).first()
 
-
-async def artifact_media_type(conn: AsyncConnection, content_hash: str) -> str | None:
-    """The media type an artifact was stored with, or None when no artifact has that hash."""
-    return (await conn.execute(select(artifacts.c.media_type).where(
-        artifacts.c.content_hash == content_hash))).scalar()

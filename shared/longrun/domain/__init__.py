@@ -84,6 +84,8 @@ from longrun.domain.invariants import violations
 from longrun.domain.lease import Lease, can_take, is_stale, release, renew, takeover
 from longrun.domain.retry import RetryPolicy, Rng, next_delay, retryable
 from longrun.domain.run import (
+    AWAITING_ANSWER,
+    MATCHED_BY_KEY,
     OPEN,
     RUN_TRANSITIONS,
     TERMINAL,
@@ -124,10 +126,12 @@ __all__ = [
     "ACTION_TRANSITIONS",
     "ANSWER_FACT_PREFIX",
     "APPROVAL_FACT_PREFIX",
+    "AWAITING_ANSWER",
     "DENIED_FACT_PREFIX",
     "EVENT_TYPES",
     "IN_DOUBT",
     "LATE_TOLERANT",
+    "MATCHED_BY_KEY",
     "OPEN",
     "QUESTION_WAIT",
     "RECEIPT_FACT_PREFIX",

@@ -13,14 +13,11 @@ from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import AtOnce, Found, StoredRun
 from longrun.db.schema import QUEUED_STATUS
-from longrun.domain import TERMINAL, PinnedVersions, RunStatus, TenantPolicy
+from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 
 if TYPE_CHECKING:
     from longrun.testing.world import World
-
-MATCHED_BY = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED})
-"""As ``app.transaction.PgTransaction.waiting_on``: a webhook ends the wait of a run in these."""
 
 
 class MemoryTransaction:
@@ -56,7 +53,7 @@ class MemoryTransaction:
     async def waiting_on(self, correlation_key: str) -> str | None:
         for run_id, row in self.store.runs.items():
             wait = row.snapshot.wait
-            if row.snapshot.status in MATCHED_BY and wait is not None and wait.correlation_key == correlation_key:
+            if row.snapshot.status in MATCHED_BY_KEY and wait is not None and wait.correlation_key == correlation_key:
                 return run_id
         return None
 

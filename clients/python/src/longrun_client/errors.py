@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 class ErrorCode(str, Enum):
     CONFIG_INVALID = "config_invalid"
-    DB_UNAVAILABLE = "db_unavailable"
     BUS_UNAVAILABLE = "bus_unavailable"
     UNROUTABLE = "unroutable"
     STALE_REVISION = "stale_revision"

@@ -1,0 +1,48 @@
+"""The gateway: its ports, the webhook intake's secrets, attachments and the console's key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.config import parse
+from longrun.config.declaration import Concern, Problem, setting
+
+
+@dataclass(frozen=True)
+class GatewaySettings(Concern):
+    """Gateway: operator API, webhooks and console"""
+
+    gateway_port: int = setting("LONGRUN_GATEWAY_PORT", parse.port, "a port 0-65535", "8080")
+    """Port the gateway's operator API listens on (and its webhook intake, unless
+    ``LONGRUN_WEBHOOK_PORT`` serves that apart)."""
+    webhook_port: int = setting("LONGRUN_WEBHOOK_PORT", parse.port, "a port 0-65535 (0 = LONGRUN_GATEWAY_PORT)",
+                                "0")
+    """Port the gateway's webhook intake (``POST /webhooks/<provider>``) listens on, apart from the
+    operator API, so the two can be exposed differently (webhooks to the providers, the operator API
+    to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
+    webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", parse.text, "a non-empty secret", "dev-webhook-secret")
+    """HMAC secret shared with webhook senders: every provider's, unless ``LONGRUN_WEBHOOK_SECRETS``
+    gives it its own."""
+    webhook_secrets: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_SECRETS", parse.named_references,
+                                                           "comma-separated provider=secret", "")
+    """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma); a
+    provider not named uses ``LONGRUN_WEBHOOK_SECRET``. Naming a provider the gateway does not know
+    stops it."""
+    webhook_replay_window: float = setting("LONGRUN_WEBHOOK_REPLAY_WINDOW", parse.duration, parse.DURATION, "5m")
+    """How far the time a timestamped webhook was sent may be from the gateway's clock, either way,
+    before the delivery is refused as a replay (providers that sign no time rely on dedup)."""
+    max_attachment_bytes: int = setting("LONGRUN_MAX_ATTACHMENT_BYTES", parse.positive_int,
+                                        "bytes, an integer >= 1", str(10 * 1024 * 1024))
+    """The largest artifact an operator may attach to a run through the gateway."""
+    console_secret: str = setting("LONGRUN_CONSOLE_SECRET", parse.text, "a non-empty secret", "dev-console-secret")
+    """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
+    replica needs the same one, and changing it ends every console session."""
+
+    @staticmethod
+    def conflicts(values: Mapping[str, Any]) -> list[Problem]:
+        if values["webhook_port"] and values["webhook_port"] == values["gateway_port"]:
+            return [("LONGRUN_WEBHOOK_PORT", f"got {values['webhook_port']}; expected 0 or a port other than "
+                     "LONGRUN_GATEWAY_PORT")]
+        return []

@@ -1,0 +1,56 @@
+"""Who the operator API takes: bootstrap tokens and an OIDC issuer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.config import parse
+from longrun.config.declaration import Concern, Problem, declared_variable, setting
+
+
+@dataclass(frozen=True)
+class IdentitySettings(Concern):
+    """Identity: operator tokens and OIDC"""
+
+    operator_tokens: tuple[str, ...] = setting("LONGRUN_OPERATOR_TOKENS", parse.token_list,
+                                               "comma-separated bearer tokens", "dev-operator-token")
+    """Bootstrap tokens, comma separated: each is taken by the operator API as the admin
+    ``bootstrap`` of every tenant, so a fresh install can create named tokens
+    (``longrunctl token create``); keep them secret and few, and use named tokens or OIDC for
+    people."""
+    oidc_issuer: str = setting("LONGRUN_OIDC_ISSUER", parse.optional_url, "an http(s) URL, or empty (off)", "")
+    """The OIDC issuer (its ``iss``) whose bearer JWTs the operator API takes; empty: none is
+    taken. Needs ``LONGRUN_OIDC_AUDIENCE`` and ``LONGRUN_OIDC_JWKS_URL``."""
+    oidc_audience: str = setting("LONGRUN_OIDC_AUDIENCE", str, "the audience tokens are issued for", "")
+    """The audience (``aud``) a JWT must be issued for."""
+    oidc_jwks_url: str = setting("LONGRUN_OIDC_JWKS_URL", parse.optional_url, "an http(s) URL, or empty", "")
+    """Where the issuer publishes its signing keys (JWKS), fetched when a token names a key not yet
+    cached."""
+    oidc_roles_claim: str = setting("LONGRUN_OIDC_ROLES_CLAIM", parse.word, "a claim name", "roles")
+    """The JWT claim holding the operator's roles (viewer, operator, approver, admin)."""
+    oidc_tenants_claim: str = setting("LONGRUN_OIDC_TENANTS_CLAIM", parse.word, "a claim name", "tenants")
+    """The JWT claim holding the tenants the operator sees (``*``: every tenant; none: no tenant)."""
+    oidc_groups_claim: str = setting("LONGRUN_OIDC_GROUPS_CLAIM", parse.word, "a claim name", "groups")
+    """The JWT claim holding the operator's groups (an approval may name a group as its approver)."""
+    oidc_client_id: str = setting("LONGRUN_OIDC_CLIENT_ID", str, "a client id, or empty (off)", "")
+    """The web console's client id at the OIDC issuer: set, the console's sign-in page offers signing
+    in there (the authorization-code flow with PKCE, redirecting back to ``/console/oidc/callback``);
+    empty: named tokens only. The access token it gets must be one the operator API takes."""
+    oidc_client_secret: str = setting("LONGRUN_OIDC_CLIENT_SECRET", str, "a client secret, or empty", "")
+    """The console's client secret at the issuer (empty for a public client, which PKCE protects)."""
+
+    @staticmethod
+    def conflicts(values: Mapping[str, Any]) -> list[Problem]:
+        problems: list[Problem] = []
+        if values["oidc_issuer"]:
+            for name in ("oidc_audience", "oidc_jwks_url"):
+                if not values[name].strip():
+                    declared = declared_variable(IdentitySettings, name)
+                    problems.append((declared.env, "missing; expected it with LONGRUN_OIDC_ISSUER "
+                                                   f"({declared.expected})"))
+        if values["oidc_client_id"] and not values["oidc_issuer"]:
+            problems.append(("LONGRUN_OIDC_CLIENT_ID", "set without LONGRUN_OIDC_ISSUER: the console has no issuer "
+                             "to send operators to"))
+        return problems
