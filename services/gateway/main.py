@@ -12,6 +12,7 @@ import uvicorn
 from longrun import service, webhook_providers
 from longrun.bootstrap import keep_connected, open_bus, open_database, watch
 from longrun.config import Settings
+from longrun.db import tokens
 from services.gateway import secrets_check
 from services.gateway.http import create_app
 
@@ -26,6 +27,12 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
             logger.error("gateway cannot start: %s", why)
         raise SystemExit(2)
     engine = await open_database(settings)
+    async with engine.connect() as conn:
+        off = secrets_check.bootstrap_off_refusal(settings, named_tokens=await tokens.any_live(conn))
+    if off is not None:
+        logger.error("gateway cannot start: %s", off)
+        await engine.dispose()
+        raise SystemExit(2)
     bus = await open_bus(settings, SERVICE)
     apart = settings.webhook_port != 0
     apps = [(create_app(engine, bus, settings, intake=not apart), settings.gateway_port)]

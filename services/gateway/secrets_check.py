@@ -5,7 +5,8 @@ Secrets longrun owns (the bootstrap operator tokens, the console's session key, 
 secret) must be random: one that is not set, is a known development or placeholder string or is
 under ``OWNED_BYTES`` bytes is refused. Secrets a provider issues (a provider's own webhook secret,
 the OIDC client secret) have the provider's format, so only an empty or known string is refused.
-Every refusal names its variable and why, never the value.
+Every refusal names its variable and why, never the value. The bootstrap tokens may be switched
+off (``off``) once named tokens or an OIDC issuer exist.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ def refusals(settings: Settings, *, shared_webhook_secret_used: bool, provider_s
     ``shared_webhook_secret_used``: some provider has no secret of its own; ``provider_secrets``: the
     providers named in ``LONGRUN_WEBHOOK_SECRETS``."""
     problems = [_owned("LONGRUN_CONSOLE_SECRET", settings.console_secret)]
-    tokens = settings.operator_tokens or ("",)
+    tokens = ("",) if settings.operator_tokens is None else settings.operator_tokens
     for i, token in enumerate(tokens, 1):
         why = _owned_why(token)
         if why is not None:
             which = "" if len(tokens) == 1 else f" (token {i} of {len(tokens)})"
-            problems.append(f"LONGRUN_OPERATOR_TOKENS{which} {why}")
+            problems.append(f"LONGRUN_OPERATOR_TOKENS{which} {why}" + ("; or `off` once named tokens or OIDC exist"
+                                                                        if settings.operator_tokens is None else ""))
     if shared_webhook_secret_used:
         problems.append(_owned("LONGRUN_WEBHOOK_SECRET", settings.webhook_secret))
     own = dict(settings.webhook_secrets)
@@ -63,3 +65,12 @@ def _owned_why(value: str) -> str | None:
     if len(value.encode()) < OWNED_BYTES:
         return f"is under {OWNED_BYTES} bytes; {HOW}"
     return None
+
+
+def bootstrap_off_refusal(settings: Settings, *, named_tokens: bool) -> str | None:
+    """Why the bootstrap tokens may not be off: with no OIDC issuer and no live named token, no one
+    could ever call the operator API."""
+    if settings.operator_tokens != () or settings.oidc_issuer or named_tokens:
+        return None
+    return ("LONGRUN_OPERATOR_TOKENS is off, yet no named token is live and no OIDC issuer is set "
+            "(LONGRUN_OIDC_ISSUER): no one could call the operator API; set a bootstrap token to create the first one")

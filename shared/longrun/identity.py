@@ -111,7 +111,7 @@ class Authenticator:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self._engine = engine
         self._settings = settings
-        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens)
+        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens or ())
         self._jwks = (jwt.PyJWKClient(settings.oidc_jwks_url, cache_keys=True, timeout=JWKS_TIMEOUT)
                       if settings.oidc_issuer else None)
 

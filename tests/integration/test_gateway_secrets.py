@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from tests.harness import SECRETS
+from tests.integration.ensemble import Ensemble
+from tests.integration.identities import token
 
 pytestmark = pytest.mark.integration
 
@@ -50,3 +53,15 @@ def test_one_weak_bootstrap_token_among_good_ones_is_refused_naming_which(servic
 def test_a_provider_issued_secret_is_refused_only_when_a_known_string(services) -> None:
     status, output = gateway_exit(services, **SECRETS, LONGRUN_WEBHOOK_SECRETS="forge=CHANGE-ME")
     assert status != 0 and "the secret of provider 'forge'" in output and "CHANGE-ME" not in output
+
+
+async def test_the_bootstrap_tokens_go_off_once_a_named_token_exists(clean, engine, services, tmp_path) -> None:
+    status, output = gateway_exit(services, **{**SECRETS, "LONGRUN_OPERATOR_TOKENS": "off"})
+    assert status != 0 and "LONGRUN_OPERATOR_TOKENS is off, yet no named token is live" in output
+    secret = await token(engine, "ops-admin", "admin")
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_OPERATOR_TOKENS="off")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
+        assert (await http.get("/me", headers={"authorization": f"Bearer {secret}"})).status_code == 200
+        assert (await http.get("/me", headers={"authorization": f"Bearer {SECRETS['LONGRUN_OPERATOR_TOKENS']}"})).status_code == 401

@@ -72,6 +72,9 @@ async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], te
     return _stored(row), secret
 
 
+_LIVE = (operator_tokens.c.revoked_at.is_(None),
+         or_(operator_tokens.c.expires_at.is_(None), operator_tokens.c.expires_at > func.now()))
+"""A token is live while neither revoked nor expired."""
 USE_RECORDED_EVERY = 60
 """Seconds: a token's ``last_used_at`` is written at most this often, not on every request."""
 
@@ -79,8 +82,7 @@ USE_RECORDED_EVERY = 60
 async def find(conn: AsyncConnection, secret: str) -> StoredToken | None:
     """The live (neither revoked nor expired) token whose secret this is, its use recorded; None for any other."""
     row = (await conn.execute(select(operator_tokens).where(
-        operator_tokens.c.secret_sha256 == digest(secret), operator_tokens.c.revoked_at.is_(None),
-        or_(operator_tokens.c.expires_at.is_(None), operator_tokens.c.expires_at > func.now())))).first()
+        operator_tokens.c.secret_sha256 == digest(secret), *_LIVE))).first()
     if row is None:
         return None
     stale = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, USE_RECORDED_EVERY)
@@ -105,3 +107,9 @@ async def revoke(conn: AsyncConnection, token_id: int) -> StoredToken | None:
                        .values(revoked_at=func.now()))
     row = (await conn.execute(select(operator_tokens).where(operator_tokens.c.id == token_id))).first()
     return None if row is None else _stored(row)
+
+
+async def any_live(conn: AsyncConnection) -> bool:
+    """Whether some token is neither revoked nor expired."""
+    found = (await conn.execute(select(operator_tokens.c.id).where(*_LIVE).limit(1))).first()
+    return found is not None

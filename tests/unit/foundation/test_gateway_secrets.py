@@ -41,3 +41,20 @@ def test_random_secrets_pass_and_a_provider_secret_need_only_not_be_known() -> N
     assert refused({**good, "LONGRUN_WEBHOOK_SECRETS": "forge=short"}, provider_secrets=["forge"]) == []
     assert refused({**good, "LONGRUN_WEBHOOK_SECRETS": "forge=dev-hook"}, provider_secrets=["forge"]) != []
     assert refused({**good, "LONGRUN_OIDC_CLIENT_SECRET": "CHANGE-ME"}) != []
+
+
+def test_no_secret_is_built_in_so_every_other_service_starts_without_one() -> None:
+    settings = Settings.from_env({})  # every service parses these settings; none of it needs a secret
+    assert (settings.operator_tokens, settings.webhook_secret, settings.console_secret) == (None, "", "")
+    problems = secrets_check.refusals(settings, shared_webhook_secret_used=True, provider_secrets=())
+    assert sorted(p.split()[0] for p in problems) == sorted(OWNED)
+    assert all("is not set" in p for p in problems)
+
+
+def test_bootstrap_tokens_switched_off_need_a_named_token_or_an_issuer() -> None:
+    off = Settings.from_env({"LONGRUN_OPERATOR_TOKENS": "off"})
+    assert off.operator_tokens == ()
+    problems = secrets_check.refusals(off, shared_webhook_secret_used=False, provider_secrets=())
+    assert not any(p.startswith("LONGRUN_OPERATOR_TOKENS") for p in problems)
+    assert secrets_check.bootstrap_off_refusal(off, named_tokens=False) is not None
+    assert secrets_check.bootstrap_off_refusal(off, named_tokens=True) is None
