@@ -67,8 +67,7 @@ def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, 
 
 def _client(ctx: click.Context) -> httpx.Client:
     opts = ctx.obj
-    # No token configured: no Authorization header at all, rather than one a gateway might take.
-    headers = {"authorization": f"Bearer {opts['token']}"} if opts["token"] else {}
+    headers = {"authorization": f"Bearer {opts['token']}"} if opts["token"] else {}  # none is built in
     return httpx.Client(base_url=opts["url"], timeout=30, headers=headers)
 
 
@@ -419,10 +418,9 @@ def whoami(ctx: click.Context) -> None:
     _print(ctx, _call(ctx, "GET", "/me"))
 
 
-TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"),
+TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"), ("EXPIRES", "expires_at"),
                ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
-               ("EXPIRES", "expires_at"), ("REVOKED", "revoked_at")),
-              rows=lambda data: data if isinstance(data, list) else [data])
+               ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
 
 
 @main.group()
