@@ -99,7 +99,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
 
     async def visit(request: Request) -> Visit:
         now = time.time()
-        session = sessions.unseal(key, request.cookies.get(sessions.COOKIE), now)
+        session = sessions.unseal(key, request.cookies.get(sessions.cookie_name(request.url.scheme == "https")), now)
         if session is None:
             return Visit(sessions.anonymous(now), None, fresh=True)
         if session.token is None:
@@ -374,8 +374,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _set_cookie(response: Response, request: Request, value: str) -> None:
-    response.set_cookie(sessions.COOKIE, value, max_age=sessions.LIFETIME, path=PREFIX, httponly=True,
-                        samesite="lax", secure=request.url.scheme == "https")
+    """The session's cookie: ``__Host-`` and Secure behind TLS (the scheme a trusted proxy forwards,
+    ``LONGRUN_FORWARDED_ALLOW_IPS``), else scoped to the console's path."""
+    https = request.url.scheme == "https"
+    response.set_cookie(sessions.cookie_name(https), value, max_age=sessions.LIFETIME, path="/" if https else PREFIX,
+                        httponly=True, samesite="lax", secure=https)
 
 
 def _run_values(view: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     if apart:
         apps.append((create_app(engine, bus, settings, operator_api=False), settings.webhook_port))
     # log_config=None: uvicorn's records go to the process's handler (``longrun.logs``), JSON like the rest.
+    proxies = settings.forwarded_allow_ips.strip()
     servers = [uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_level=settings.log_level.lower(),
-                                             lifespan="off", log_config=None)) for app, port in apps]
+                                             lifespan="off", log_config=None, proxy_headers=bool(proxies),
+                                             forwarded_allow_ips=proxies or None)) for app, port in apps]
     for server in servers:
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     tasks = [asyncio.create_task(server.serve()) for server in servers]

@@ -305,3 +305,29 @@ async def test_every_console_answer_carries_the_security_headers_and_its_inline_
         for tag in re.findall(r"<(?:script|style)[^>]*>", answer.text):
             assert f'nonce="{nonce.group(1)}"' in tag, (answer.url, tag)
     assert len(nonces) == len(answers)  # a nonce is drawn for each answer
+
+
+async def test_behind_a_trusted_tls_proxy_the_session_cookie_is_host_only_and_secure(
+        clean, engine, services, tmp_path) -> None:
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS="127.0.0.1")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    https = {"x-forwarded-proto": "https"}
+    async with httpx.AsyncClient(base_url=f"{ensemble.gateway_url}/console") as console:
+        page = await console.get("/sign-in", headers=https)
+        cookie = page.headers["set-cookie"]
+        assert cookie.startswith("__Host-longrun_console=") and "Secure" in cookie and "Path=/;" in cookie
+        jar = {"cookie": cookie.split(";")[0]}
+        signed = await console.post("/sign-in", headers={**https, **jar}, data={"token": token, "csrf": _csrf(page)})
+        assert signed.status_code == 303, signed.text
+        session = {"cookie": signed.headers["set-cookie"].split(";")[0]}
+        assert (await console.get("/runs", headers={**https, **session})).status_code == 200
+        # The same cookie over plain HTTP is not the session's: the console asks to sign in
+        assert (await console.get("/runs", headers=session)).status_code == 303
+
+
+async def test_a_forwarded_scheme_from_an_untrusted_peer_is_ignored(clean, gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        page = await console.get("/sign-in", headers={"x-forwarded-proto": "https"})
+    assert page.headers["set-cookie"].startswith("longrun_console=") and "Secure" not in page.headers["set-cookie"]

@@ -37,6 +37,11 @@ class GatewaySettings(Concern):
     max_attachment_bytes: int = setting("LONGRUN_MAX_ATTACHMENT_BYTES", parse.positive_int,
                                         "bytes, an integer >= 1", str(10 * 1024 * 1024))
     """The largest artifact an operator may attach to a run through the gateway."""
+    forwarded_allow_ips: str = setting("LONGRUN_FORWARDED_ALLOW_IPS", str,
+                                       "comma-separated addresses or networks, * for any, or empty", "")
+    """The proxies in front of the gateway (the TLS ingress) whose ``X-Forwarded-Proto`` and
+    ``X-Forwarded-For`` it believes, so the console sees ``https``, sets its ``__Host-`` Secure
+    cookie and builds ``https`` URLs; empty: none is believed."""
     console_secret: str = setting("LONGRUN_CONSOLE_SECRET", str, "a random secret of 32 bytes or more", "")
     """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
     replica needs the same one, and changing it ends every console session. None is built in: the
