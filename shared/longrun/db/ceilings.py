@@ -19,7 +19,7 @@ _LOAD = text("SELECT version, limits FROM tenant_ceilings WHERE tenant_id = :t")
 _PUT = text(
     "INSERT INTO tenant_ceilings (tenant_id, version, limits, updated_by) VALUES (:t, 1, CAST(:limits AS jsonb), :by) "
     "ON CONFLICT (tenant_id) DO UPDATE SET version = tenant_ceilings.version + 1, limits = excluded.limits, "
-    "updated_by = excluded.updated_by, updated_at = now() RETURNING version")
+    "updated_by = excluded.updated_by, updated_at = now()")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,6 @@ async def load(conn: AsyncConnection, tenant_id: str) -> Stored | None:
     return None if row is None else Stored(row.version, row.limits)
 
 
-async def put(conn: AsyncConnection, tenant_id: str, limits: Limits, *, by: str) -> Stored:
+async def put(conn: AsyncConnection, tenant_id: str, limits: Limits, *, by: str) -> None:
     """Replace the tenant's ceiling; the new one has the next version (1 for the first)."""
-    version = (await conn.execute(_PUT, {"t": tenant_id, "limits": json.dumps(dict(limits)), "by": by})).scalar_one()
-    return Stored(version, limits)
+    await conn.execute(_PUT, {"t": tenant_id, "limits": json.dumps(dict(limits)), "by": by})

@@ -85,11 +85,10 @@ def effective(tenant_id: str, stored: Limits | None, in_force: Limits | None, *,
 
 
 def beyond(asked: Limits, ceiling: Ceiling) -> str | None:
-    """Why ``asked`` goes beyond ``ceiling`` (every setting that does, with both values), or None."""
+    """Why ``asked`` (a value for every setting) goes beyond ``ceiling`` (every setting that does, with
+    both values), or None."""
     problems = []
     for setting, compare in COMPARISONS.items():
-        if setting not in asked:
-            continue
         over = compare(asked[setting], ceiling.limits[setting])
         if over:
             origin = ceiling.origins[setting]
