@@ -25,6 +25,7 @@ from services.gateway.api_responses import (
     ActionResult,
     Answered,
     Attached,
+    CeilingView,
     AuditPage,
     CreatedToken,
     Health,
@@ -99,7 +100,8 @@ class Replay(Strict):
 
 
 class PolicyChange(Strict):
-    """The tenant's whole policy: tool names or prefixes ending in ``*``, and the resources tools act on."""
+    """The tenant's whole policy (or ceiling): tool names or prefixes ending in ``*``, and the resources
+    tools act on."""
 
     tools: list[Text]
     resources: list[Text]
@@ -248,7 +250,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/tenants/{tenant_id}/policy", "tenantPolicy", "The tenant's policy (404: it has none, or "
               "the caller does not see the tenant)", Policy, (400, 401, 403, 404, 503)),
     Operation("PUT", "/tenants/{tenant_id}/policy", "setTenantPolicy", "Replace the tenant's policy under the "
-              "next version", Policy, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin"),
+              "next version (403: an admin of one tenant asked beyond its ceiling; nothing changed)", Policy,
+              (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin"),
+    Operation("GET", "/tenants/{tenant_id}/ceiling", "tenantCeiling", "How far the tenant's own admins may set "
+              "its policy (404: the caller does not see the tenant)", CeilingView, (400, 401, 403, 404, 503)),
+    Operation("PUT", "/tenants/{tenant_id}/ceiling", "setTenantCeiling", "Replace the tenant's ceiling under the "
+              "next version", CeilingView, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin",
+              every_tenant=True),
     Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, tenants, groups", Me,
               (401, 503)),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,

@@ -206,6 +206,17 @@ class Policy(Strict):
     resources: list[str]
 
 
+class CeilingView(Strict):
+    """How far the tenant's own admins may set its policy, and where each setting's ceiling comes from."""
+
+    tenant_id: str
+    version: int | None = Field(description="The ceiling's version; None: no ceiling is set.")
+    tools: list[str]
+    resources: list[str]
+    origins: dict[str, str] = Field(description="Per setting: set by an admin of every tenant, the value in "
+                                                "force (no ceiling is set) or the kinds' maximum (neither is).")
+
+
 class Health(Strict):
     ok: Literal[True]
 

@@ -29,7 +29,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from longrun import run_kinds, webhook_providers
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.app import operate, webhooks
+from longrun.app import operate, policy_ceiling, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
 from longrun.app.transaction import PgTransaction
@@ -39,7 +39,7 @@ from longrun.config import Settings
 from longrun.config.parse import duration
 from longrun.db import artifacts, operator_reads, policies, runs, tokens
 from longrun.db.errors import is_transient
-from longrun.domain import RunSnapshot, Scope, TenantPolicy
+from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
 from services.gateway import api, console, edge, openapi, reads, refusals
@@ -270,17 +270,38 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             if policy is None:
                 return JSONResponse({"error": f"tenant {tenant!r} has no policy: its runs may do what their "
                                               "kind allows"}, status_code=404)
-            return JSONResponse(_policy_json(policy))
+            return JSONResponse(policy_ceiling.policy_json(policy))
+        body = api.body(api.PolicyChange, await request.body())
+        try:
+            scope = Scope(tuple(body.tools), tuple(body.resources))
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=422)
+        try:
+            async with engine.begin() as conn:
+                policy = await policy_ceiling.set_policy(conn, tenant, scope, actor=actor, reason=body.reason,
+                                                         every_tenant=principal.tenants is None)
+        except policy_ceiling.BeyondCeiling as e:
+            return JSONResponse({"error": str(e)}, status_code=403)
+        return JSONResponse(policy_ceiling.policy_json(policy))
+
+    async def tenant_ceiling(request: Request, principal: Principal) -> Response:
+        """GET: how far the tenant's own admins may set its policy; PUT ``{"tools", "resources", "reason"}``
+        (an admin of every tenant): replace it (audited), under the next version."""
+        tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
+        if not principal.sees(tenant):
+            return JSONResponse({"error": f"no tenant {tenant!r} among those {principal.subject} sees"},
+                                status_code=404)
+        if request.method == "GET":
+            async with engine.connect() as conn:
+                return JSONResponse(policy_ceiling.ceiling_json(await policy_ceiling.ceiling(conn, tenant)))
         body = api.body(api.PolicyChange, await request.body())
         try:
             scope = Scope(tuple(body.tools), tuple(body.resources))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         async with engine.begin() as conn:
-            policy = await policies.put(conn, tenant, scope, by=actor)
-            await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body.reason,
-                                 details=_policy_json(policy), tenant=tenant)
-        return JSONResponse(_policy_json(policy))
+            held = await policy_ceiling.set_ceiling(conn, tenant, scope, actor=principal.subject, reason=body.reason)
+        return JSONResponse(policy_ceiling.ceiling_json(held))
 
     async def me(request: Request, principal: Principal) -> Response:
         return JSONResponse({"subject": principal.subject, "roles": sorted(principal.roles),
@@ -354,6 +375,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/quarantine", quarantined, ["GET"]),
         route("/quarantine/{entry_id}/replay", replay, ["POST"]),
         route("/tenants/{tenant_id}/policy", tenant_policy, ["GET", "PUT"]),
+        route("/tenants/{tenant_id}/ceiling", tenant_ceiling, ["GET", "PUT"]),
         route("/me", me, ["GET"]),
         route("/tokens", token_list, ["GET"]),
         route("/tokens", token_create, ["POST"]),
@@ -405,11 +427,6 @@ def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
     attached = (f.value for f in run.facts if f.key.startswith(operate.ARTIFACT_FACT_PREFIX))
     return any(isinstance(v, Mapping) and v.get("content_hash") == content_hash for v in attached) or any(
         a.receipt_ref == content_hash for a in run.actions)
-
-
-def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
-    return {"tenant_id": policy.tenant_id, "version": policy.version, "tools": list(policy.scope.tools),
-            "resources": list(policy.scope.resources)}
 
 
 _STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}

@@ -20,7 +20,7 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun import timeline
+from longrun import cli_tenants, timeline
 from longrun.cli_output import FORMATS, View, render
 from longrun.domain import TERMINAL
 from longrun.identity import ROLES
@@ -360,28 +360,15 @@ def _given(**params: object) -> list[tuple[str, str]]:
 
 @main.group()
 def tenant() -> None:
-    """Tenants' policies: what their runs may do, whatever their kind allows."""
+    """Tenants' policies (what their runs may do, whatever their kind allows) and their ceilings."""
 
 
-@tenant.command("policy")
-@click.argument("tenant_id")
-@click.option("--tool", "tools", multiple=True, metavar="PATTERN",
-              help="a tool name or a prefix ending in '*'; repeat for several (with --resource: replaces the policy)")
-@click.option("--resource", "resources", multiple=True, metavar="PATTERN",
-              help="what tools act on (e.g. 'repo:acme/*'); repeat for several")
-@click.option("--reason", help="required to change the policy")
-@click.pass_context
-def tenant_policy(ctx: click.Context, tenant_id: str, tools: tuple[str, ...], resources: tuple[str, ...],
-                  reason: str | None) -> None:
-    """Show the tenant's policy or, given --tool/--resource and --reason, replace it under a new version.
-    Runs created later are narrowed by it; approved calls of open runs are re-validated under it."""
-    if not tools and not resources:
-        _print(ctx, _call(ctx, "GET", f"/tenants/{tenant_id}/policy"))
-        return
-    if not reason:
-        raise click.UsageError("--reason is required to change a policy")
-    _print(ctx, _call(ctx, "PUT", f"/tenants/{tenant_id}/policy",
-                 {"tools": list(tools), "resources": list(resources), "reason": reason}))
+def _ask(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None) -> None:
+    _print(ctx, _call(ctx, method, path, body))
+
+
+for _what in ("policy", "ceiling"):
+    tenant.add_command(cli_tenants.scope_command(_what, _ask))
 
 
 @main.command("versions")
@@ -481,6 +468,7 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("audit",): "audit --target RUN_ID",
     ("alerts",): "alerts --action alert.silent_run",
     ("tenant", "policy"): "tenant policy acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"scope acme\"",
+    ("tenant", "ceiling"): "tenant ceiling acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"acme's contract\"",
     ("versions",): "versions",
     ("dlq", "list"): "dlq list --all",
     ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',

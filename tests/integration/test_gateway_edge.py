@@ -33,6 +33,7 @@ SAMPLES = {
     "/versions": {}, "/audit": {}, "/alerts": {}, "/quarantine": {},
     "/quarantine/{entry_id}/replay": {"entry_id": "1"},
     "/tenants/{tenant_id}/policy": {"tenant_id": "acme"},
+    "/tenants/{tenant_id}/ceiling": {"tenant_id": "acme"},
     "/me": {}, "/tokens": {}, "/tokens/{token_id}/revoke": {"token_id": "1"},
     "/openapi.json": {}, "/healthz": {},
     "/console/": {}, "/console/sign-in": {}, "/console/oidc/start": {}, "/console/oidc/callback": {},

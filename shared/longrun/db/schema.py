@@ -401,6 +401,19 @@ tenant_policies = Table(
 """What each tenant lets its runs do (``domain.scope.TenantPolicy``): one row per tenant, its version
 raised by every change, so an approval re-validated on resume sees whether the policy moved."""
 
+tenant_ceilings = Table(
+    "tenant_ceilings", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("limits", JSONB, nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("version >= 1", name="version_positive"),
+)
+"""How far each tenant's own admins may set its settings (``domain.ceiling``): one document per tenant
+(``{"tools": [...], "resources": [...]}``), set by an admin of every tenant, its version raised by
+every change."""
+
 audit_log = Table(
     "audit_log", metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
