@@ -11,6 +11,7 @@ state, then checks the forge: the merge request must exist exactly once.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import time
 import uuid
@@ -55,8 +56,9 @@ async def main_async(args: argparse.Namespace) -> int:
     root = Path.cwd()
     gateway_port, forge_port = args.port_base, args.port_base + 10
     forge_url = f"http://127.0.0.1:{forge_port}"
+    webhook_secret = settings.webhook_secret or secrets.token_hex(32)  # the forge's, shared with it alone
     launcher = Launcher(root, gateway_port=gateway_port, health_base=args.port_base + 100,
-                        env={FORGE_URL: forge_url, "LONGRUN_FORGE_TIMEOUT": "3"})
+                        env={FORGE_URL: forge_url, "LONGRUN_FORGE_TIMEOUT": "3", "LONGRUN_WEBHOOK_SECRET": webhook_secret})
     print("longrun: starting the ensemble")
     launcher.migrate()
     (launcher.logs.parent / "forge.sqlite").unlink(missing_ok=True)
@@ -69,7 +71,7 @@ async def main_async(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(base_url=forge_url) as forge:
             # The CI reports through a signed webhook, delivered twice: the gateway inbox absorbs the repeat.
             (await forge.post("/_control/webhook", json={
-                "url": f"http://127.0.0.1:{gateway_port}/webhooks/forge", "secret": settings.webhook_secret,
+                "url": f"http://127.0.0.1:{gateway_port}/webhooks/forge", "secret": webhook_secret,
                 "deliver_times": 2})).raise_for_status()
             if args.mr_timeout:
                 (await forge.post("/_control/faults", json={"endpoint": "merge_requests",
