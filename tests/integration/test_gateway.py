@@ -110,7 +110,7 @@ async def test_a_timestamped_delivery_sent_again_outside_the_replay_window_is_re
     ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
                    LONGRUN_WEBHOOK_SECRETS=f"forge={WEBHOOK_SECRET},acme={ACME_SECRET}", LONGRUN_WEBHOOK_REPLAY_WINDOW="5s")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
-    stored = await waiting_for_event(engine, "ci/acme/payments/11")
+    stored = await waiting_for_event(engine, "ci/acme/payments/11", provider="acme")
     body = ci_event("acme-1", 11)
 
     def stamped(sent_at: float) -> dict[str, str]:
