@@ -27,7 +27,7 @@ from longrun.identity import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
-            "token": ("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"),
+            "token": ("LONGRUN_OPERATOR_TOKEN", ""),
             "output": ("LONGRUNCTL_OUTPUT", "table")}
 """Each setting's environment variable and default."""
 EXAMPLES = """\b
@@ -67,7 +67,8 @@ def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, 
 
 def _client(ctx: click.Context) -> httpx.Client:
     opts = ctx.obj
-    return httpx.Client(base_url=opts["url"], timeout=30, headers={"authorization": f"Bearer {opts['token']}"})
+    headers = {"authorization": f"Bearer {opts['token']}"} if opts["token"] else {}  # none is built in
+    return httpx.Client(base_url=opts["url"], timeout=30, headers=headers)
 
 
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
@@ -418,7 +419,7 @@ def whoami(ctx: click.Context) -> None:
     _print(ctx, _call(ctx, "GET", "/me"))
 
 
-TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"),
+TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"), ("EXPIRES", "expires_at"),
                ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
                ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
 
@@ -433,13 +434,14 @@ def token() -> None:
 @click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
               help="repeat for several; each allows what the ones before it allow")
 @click.option("--tenant", "tenants", multiple=True, help="a tenant it sees; repeat for several (none: every tenant)")
+@click.option("--expires-in", help="refused this long after creation: 90m, 12h, 30d (none: until revoked)")
 @click.option("--reason", required=True)
 @click.pass_context
 def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], tenants: tuple[str, ...],
-                 reason: str) -> None:
+                 expires_in: str | None, reason: str) -> None:
     """Create a token for NAME; its secret is printed this once and kept nowhere."""
     created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "tenants": list(tenants) or None,
-                                             "reason": reason})
+                                             "reason": reason, **({"expires_in": expires_in} if expires_in else {})})
     if ctx.obj["output"] != "table":
         _print(ctx, created)
         return

@@ -57,6 +57,9 @@ class Principal:
     tenants: frozenset[str] | None
     """None: every tenant."""
     groups: frozenset[str] = field(default_factory=frozenset)
+    credential: str = ""
+    """What vouched for the principal, recorded with its decisions: ``token:<id>`` (a named token),
+    ``oidc:<issuer>`` or ``bootstrap``; empty for one made in code rather than from a request."""
 
     def may(self, role: str) -> bool:
         """Whether the principal holds ``role`` or a role above it."""
@@ -79,7 +82,7 @@ class Principal:
         return owner == self.subject
 
 
-BOOTSTRAP = Principal(BOOTSTRAP_SUBJECT, frozenset({"admin"}), None)
+BOOTSTRAP = Principal(BOOTSTRAP_SUBJECT, frozenset({"admin"}), None, credential=BOOTSTRAP_SUBJECT)
 
 
 def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: str,
@@ -89,7 +92,7 @@ def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: s
     tenants = _names(claims.get(tenants_claim))
     return Principal(subject=str(claims["sub"]), roles=frozenset(_names(claims.get(roles_claim))) & set(ROLES),
                      tenants=None if EVERY_TENANT in tenants else frozenset(tenants),
-                     groups=frozenset(_names(claims.get(groups_claim))))
+                     groups=frozenset(_names(claims.get(groups_claim))), credential=f"oidc:{claims.get('iss')}")
 
 
 def _names(value: Any) -> list[str]:
@@ -107,7 +110,7 @@ class Authenticator:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self._engine = engine
         self._settings = settings
-        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens)
+        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens or ())
         self._jwks = (KeySet(settings.oidc_jwks_url, ttl=settings.oidc_cache_ttl,
                              refresh_interval=settings.oidc_refresh_interval) if settings.oidc_issuer else None)
 
@@ -124,7 +127,8 @@ class Authenticator:
             if stored is None:
                 return None
             return Principal(stored.name, frozenset(stored.roles),
-                             None if stored.tenants is None else frozenset(stored.tenants))
+                             None if stored.tenants is None else frozenset(stored.tenants),
+                             credential=f"token:{stored.id}")
         if self._jwks is not None and token.count(".") == 2:
             return await asyncio.to_thread(self._verified, token)
         return None

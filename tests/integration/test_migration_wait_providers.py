@@ -1,4 +1,4 @@
-"""Migration 0027 gives the waits of runs waiting today the webhook provider they could only have
+"""Migration 0029 gives the waits of runs waiting today the webhook provider they could only have
 meant, keeps the ids of the deliveries already seen, and stops, naming the runs, when nothing tells."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def at_0025(infra):  # type: ignore[no-untyped-def]
+def before_0029(infra):  # type: ignore[no-untyped-def]
     name = f"lrm_{uuid.uuid4().hex[:10]}"
     url = make_url(infra.database_url).set(database=name).render_as_string(hide_password=False)
     migrate.create_database(url)
-    migrate.upgrade(url, "0025")
+    migrate.upgrade(url, "0028")
     yield url
     admin = create_engine(make_url(infra.database_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -51,8 +51,8 @@ def _providers(url: str) -> dict[str, str | None]:
     return dict(rows)  # type: ignore[arg-type]
 
 
-def test_each_wait_gets_the_provider_of_its_key_else_the_only_one_ever_seen(at_0025: str) -> None:
-    engine = create_engine(at_0025)
+def test_each_wait_gets_the_provider_of_its_key_else_the_only_one_ever_seen(before_0029: str) -> None:
+    engine = create_engine(before_0029)
     with engine.begin() as conn:
         _event(conn, "forge", "f-1", "ci/1")
         _event(conn, "forge", "f-2", "ci/2")
@@ -61,36 +61,36 @@ def test_each_wait_gets_the_provider_of_its_key_else_the_only_one_ever_seen(at_0
         _waiting(conn, "r-acme", "acme/1", "PAUSED")
         _waiting(conn, "r-health", "tool-healthy:forge")
     engine.dispose()
-    migrate.upgrade(at_0025)
-    assert _providers(at_0025) == {"r-acme": "acme", "r-forge": "forge", "r-health": None}
-    engine = create_engine(at_0025)
+    migrate.upgrade(before_0029)
+    assert _providers(before_0029) == {"r-acme": "acme", "r-forge": "forge", "r-health": None}
+    engine = create_engine(before_0029)
     with engine.connect() as conn:
         ids = conn.execute(text("SELECT provider, event_id FROM webhook_deliveries ORDER BY 1, 2")).all()
     engine.dispose()
     assert [tuple(i) for i in ids] == [("acme", "a-1"), ("forge", "f-1"), ("forge", "f-2")]
 
 
-def test_with_one_provider_ever_seen_a_wait_on_a_key_of_no_event_gets_it(at_0025: str) -> None:
-    engine = create_engine(at_0025)
+def test_with_one_provider_ever_seen_a_wait_on_a_key_of_no_event_gets_it(before_0029: str) -> None:
+    engine = create_engine(before_0029)
     with engine.begin() as conn:
         _event(conn, "forge", "f-1", "ci/1")
         _waiting(conn, "r-new", "ci/9")
     engine.dispose()
-    migrate.upgrade(at_0025)
-    assert _providers(at_0025) == {"r-new": "forge"}
+    migrate.upgrade(before_0029)
+    assert _providers(before_0029) == {"r-new": "forge"}
 
 
-def test_when_nothing_tells_the_migration_stops_naming_the_runs_unless_told(at_0025: str,
+def test_when_nothing_tells_the_migration_stops_naming_the_runs_unless_told(before_0029: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = create_engine(at_0025)
+    engine = create_engine(before_0029)
     with engine.begin() as conn:
         _event(conn, "forge", "f-1", "ci/1")
         _event(conn, "acme", "a-1", "acme/1")
         _waiting(conn, "r-unsure", "ci/9")
     engine.dispose()
     with pytest.raises(RuntimeError, match=r"LONGRUN_MIGRATE_WAIT_PROVIDER .*runs: r-unsure"):
-        migrate.upgrade(at_0025)
-    assert migrate.current_revision(at_0025) == "0025"
+        migrate.upgrade(before_0029)
+    assert migrate.current_revision(before_0029) == "0028"
     monkeypatch.setenv("LONGRUN_MIGRATE_WAIT_PROVIDER", "forge")
-    migrate.upgrade(at_0025)
-    assert _providers(at_0025) == {"r-unsure": "forge"}
+    migrate.upgrade(before_0029)
+    assert _providers(before_0029) == {"r-unsure": "forge"}

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.webhooks import audit
+from longrun.app.webhooks import audit, tenant_of_run
 from longrun.authoring import Registry, Tool
 from longrun.db import alerts, outbox, runs
 from longrun.domain import ActionStatus, RunStatus, closure, thaw
@@ -104,7 +104,7 @@ async def _alert_once(conn: AsyncConnection, action: str, target: str, episode: 
     if await alerts.raised_before(conn, action, target, episode):
         return False
     await audit(conn, actor=PRODUCER, action=action, target=target, reason=reason,
-                details={"episode": episode, **details})
+                details={"episode": episode, **details}, tenant=tenant_of_run(target))
     return True
 
 
@@ -187,7 +187,8 @@ async def _open_correction(conn: AsyncConnection, run_id: str, report: closure.R
         await outbox.enqueue_many(conn, [effects.correction_message(stored, correction, producer=PRODUCER,
                                                                     cause=f"reconciler:drift:{report.logical_action}")])
         await audit(conn, actor=PRODUCER, action=CORRECTION_ALERT, target=run_id, reason=correction.reason,
-                    details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
+                    details={"logical_action": correction.logical_action, **thaw(correction.evidence)},
+                    tenant=tenant_of_run(run_id))
         METRICS[CORRECTION_ALERT] += 1
         metrics.ALERTS.labels(CORRECTION_ALERT).inc()
         logger.warning("run %s needs a correction: %s", run_id, correction.reason)

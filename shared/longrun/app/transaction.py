@@ -40,7 +40,7 @@ class PgTransaction:
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         await webhooks.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
-                             details=dict(details))
+                             details=dict(details), tenant=webhooks.tenant_of_run(target))
 
     async def record(self, outcome: LedgerOutcome) -> None:
         await ledger.record(self.conn, outcome.key, outcome.status, **outcome.fields)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import logs, metrics, otel
@@ -30,6 +31,7 @@ from longrun.app import effects
 from longrun.db import inbox
 from longrun.db.runs import StoredRun
 from longrun.db.schema import audit_log
+from longrun.db.schema import runs as runs_table
 from longrun.domain import AWAITING_ANSWER, RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
 from longrun_client.storable import unstorable
@@ -93,19 +95,27 @@ def refusal(signature: Signature, secret: str, headers: Mapping[str, str], body:
         signed = stamp.encode() + b"." + body
     expected = signature.prefix + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     given = headers.get(signature.header)
-    if given is None or not hmac.compare_digest(expected, given):
+    if given is None or not given.isascii() or not hmac.compare_digest(expected, given):
         return "bad or missing signature"
     if sent_at is not None and now - sent_at > replay_window:
         return f"sent {now - sent_at:.0f}s ago, outside the {replay_window:g}s replay window"
     if sent_at is not None and sent_at - now > replay_window:
-        return f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s replay window"
+        return (f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s "
+                "replay window")
     return None
 
 
 async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, reason: str,
-                details: dict[str, Any] | None = None) -> None:
+                details: dict[str, Any] | None = None, tenant: str | ColumnElement[str] | None = None) -> None:
+    """One audit entry; ``tenant``: the tenant it concerns (``tenant_of_run`` for an entry about a
+    run), which alone decides which tenants' viewers see it."""
     await conn.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
-                                                 details=details or {}))
+                                                 details=details or {}, tenant_id=tenant))
+
+
+def tenant_of_run(run_id: str) -> ColumnElement[str]:
+    """The tenant of the run ``run_id``, read in the statement that writes the entry."""
+    return select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id).scalar_subquery()
 
 
 async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],

@@ -22,10 +22,11 @@ class GatewaySettings(Concern):
     """Port the gateway's webhook intake (``POST /webhooks/<provider>``) listens on, apart from the
     operator API, so the two can be exposed differently (webhooks to the providers, the operator API
     to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
-    webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", str, "a secret, or empty", "")
+    webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", str, "a random secret of 32 bytes or more", "")
     """HMAC secret of the webhook provider when the gateway loads one alone; with several, each has
     its own in ``LONGRUN_WEBHOOK_SECRETS`` and this one is not used (no secret is shared across
-    providers)."""
+    providers). None is built in: the gateway refuses to start without it while a lone provider has
+    no secret of its own, or with one that is known or under 32 bytes."""
     webhook_secrets: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_SECRETS", parse.named_references,
                                                            "comma-separated provider=secret", "")
     """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma). The
@@ -37,9 +38,15 @@ class GatewaySettings(Concern):
     max_attachment_bytes: int = setting("LONGRUN_MAX_ATTACHMENT_BYTES", parse.positive_int,
                                         "bytes, an integer >= 1", str(10 * 1024 * 1024))
     """The largest artifact an operator may attach to a run through the gateway."""
-    console_secret: str = setting("LONGRUN_CONSOLE_SECRET", parse.text, "a non-empty secret", "dev-console-secret")
+    forwarded_allow_ips: str = setting("LONGRUN_FORWARDED_ALLOW_IPS", str,
+                                       "comma-separated addresses or networks, * for any, or empty", "")
+    """The proxies in front of the gateway (the TLS ingress) whose ``X-Forwarded-Proto`` and
+    ``X-Forwarded-For`` it believes, so the console sees ``https``, sets its ``__Host-`` Secure
+    cookie and builds ``https`` URLs; empty: none is believed."""
+    console_secret: str = setting("LONGRUN_CONSOLE_SECRET", str, "a random secret of 32 bytes or more", "")
     """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
-    replica needs the same one, and changing it ends every console session."""
+    replica needs the same one, and changing it ends every console session. None is built in: the
+    gateway refuses to start without it, or with one that is known or under 32 bytes."""
 
     @staticmethod
     def conflicts(values: Mapping[str, Any]) -> list[Problem]:

@@ -14,12 +14,13 @@ from longrun.config.declaration import Concern, Problem, declared_variable, sett
 class IdentitySettings(Concern):
     """Identity: operator tokens and OIDC"""
 
-    operator_tokens: tuple[str, ...] = setting("LONGRUN_OPERATOR_TOKENS", parse.token_list,
-                                               "comma-separated bearer tokens", "dev-operator-token")
+    operator_tokens: tuple[str, ...] | None = setting("LONGRUN_OPERATOR_TOKENS", parse.bootstrap_tokens,
+                                                      "comma-separated bearer tokens, or off", "")
     """Bootstrap tokens, comma separated: each is taken by the operator API as the admin
     ``bootstrap`` of every tenant, so a fresh install can create named tokens
     (``longrunctl token create``); keep them secret and few, and use named tokens or OIDC for
-    people."""
+    people. None is built in: the gateway refuses to start without them, or with one that is
+    known or under 32 bytes; ``off`` switches them off once named tokens or OIDC exist."""
     oidc_issuer: str = setting("LONGRUN_OIDC_ISSUER", parse.optional_url, "an http(s) URL, or empty (off)", "")
     """The OIDC issuer (its ``iss``) whose bearer JWTs the operator API takes; empty: none is
     taken. Needs ``LONGRUN_OIDC_AUDIENCE`` and ``LONGRUN_OIDC_JWKS_URL``."""

@@ -84,11 +84,11 @@ def name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
 
-def token_list(raw: str) -> tuple[str, ...]:
-    tokens = name_list(raw)
-    if not tokens:
-        raise ValueError
-    return tokens
+def bootstrap_tokens(raw: str) -> tuple[str, ...] | None:
+    """Comma-separated tokens; ``off``: none, deliberately; empty: not set (None)."""
+    if raw.strip().lower() == "off":
+        return ()
+    return name_list(raw) or None
 
 
 def named_references(raw: str) -> tuple[tuple[str, str], ...]:

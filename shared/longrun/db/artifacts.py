@@ -24,3 +24,9 @@ async def registered_among(conn: AsyncConnection, content_hashes: Sequence[str])
     """Those of ``content_hashes`` a row references."""
     return set((await conn.execute(
         select(artifacts.c.content_hash).where(artifacts.c.content_hash.in_(content_hashes)))).scalars())
+
+
+async def media_type(conn: AsyncConnection, content_hash: str) -> str | None:
+    """The media type an artifact was stored with, or None when no artifact has that hash."""
+    return (await conn.execute(select(artifacts.c.media_type).where(
+        artifacts.c.content_hash == content_hash))).scalar()

@@ -311,7 +311,7 @@ def upcast_snapshot_v6_v7(data: Mapping[str, object]) -> dict[str, object]:
 
 def upcast_snapshot_v7_v8(data: Mapping[str, object]) -> dict[str, object]:
     """Schema 7 -> 8: a wait names the webhook provider whose event ends it. The database migration
-    0027 wrote it into the stored snapshot of each run waiting on a webhook (whatever its schema);
+    0029 wrote it into the stored snapshot of each run waiting on a webhook (whatever its schema);
     any other wait is ended by no webhook. Pure."""
     if data.get("schema_version") != 7:
         raise ValueError(f"upcast_snapshot_v7_v8 takes schema_version 7, got {data.get('schema_version')!r}")

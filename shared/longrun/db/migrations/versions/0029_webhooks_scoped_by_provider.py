@@ -12,8 +12,8 @@ wait's fields), and schema 8 reads it. A wait the runtime ends itself (``tool-he
 long as its signatures are accepted: the gateway inbox forgets after ``LONGRUN_RETAIN_INBOX``, and a
 captured delivery sent again after that is still recognised. Filled here with every id known.
 
-Revision ID: 0027
-Revises: 0025
+Revision ID: 0029
+Revises: 0028
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import os
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0027'
-down_revision = '0025'
+revision = '0029'
+down_revision = '0028'
 branch_labels = None
 depends_on = None
 
