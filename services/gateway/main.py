@@ -66,5 +66,5 @@ def main() -> None:
 def _refused_secrets(settings: Settings) -> list[str]:
     own = dict(settings.webhook_secrets)
     providers = webhook_providers.load(settings)
-    return secrets_check.refusals(settings, shared_webhook_secret_used=any(name not in own for name in providers),
-                                  provider_secrets=sorted(own))
+    lone_without_own = len(providers) == 1 and not set(providers) <= set(own)
+    return secrets_check.refusals(settings, shared_webhook_secret_used=lone_without_own, provider_secrets=sorted(own))

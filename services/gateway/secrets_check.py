@@ -1,9 +1,9 @@
 """The gateway's secrets, checked before it serves: it is the only service that holds any, so the
 check belongs to its start rather than to the settings every service parses.
 
-Secrets longrun owns (the bootstrap operator tokens, the console's session key, the shared webhook
-secret) must be random: one that is not set, is a known development or placeholder string or is
-under ``OWNED_BYTES`` bytes is refused. Secrets a provider issues (a provider's own webhook secret,
+Secrets longrun owns (the bootstrap operator tokens, the console's session key,
+``LONGRUN_WEBHOOK_SECRET``) must be random: one that is not set, is a known development or
+placeholder string or is under ``OWNED_BYTES`` bytes is refused. Secrets a provider issues (a provider's own webhook secret,
 the OIDC client secret) have the provider's format, so only an empty or known string is refused.
 Every refusal names its variable and why, never the value. The bootstrap tokens may be switched
 off (``off``) once named tokens or an OIDC issuer exist.
@@ -30,7 +30,8 @@ def known(value: str) -> bool:
 
 def refusals(settings: Settings, *, shared_webhook_secret_used: bool, provider_secrets: Collection[str]) -> list[str]:
     """Why the gateway may not start with these secrets, one line per variable; empty: it may.
-    ``shared_webhook_secret_used``: some provider has no secret of its own; ``provider_secrets``: the
+    ``shared_webhook_secret_used``: a lone provider takes ``LONGRUN_WEBHOOK_SECRET`` (no secret is
+    shared across providers: ``webhook_providers.secrets``); ``provider_secrets``: the
     providers named in ``LONGRUN_WEBHOOK_SECRETS``."""
     problems = [_owned("LONGRUN_CONSOLE_SECRET", settings.console_secret)]
     tokens = ("",) if settings.operator_tokens is None else settings.operator_tokens

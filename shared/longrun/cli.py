@@ -21,7 +21,7 @@ import click
 import httpx
 
 from longrun import cli_tenants, timeline
-from longrun.cli_output import FORMATS, View, render
+from longrun.cli_output import FORMATS, View, printable, render
 from longrun.domain import TERMINAL
 from longrun.identity import ROLES
 
@@ -74,7 +74,8 @@ def _client(ctx: click.Context) -> httpx.Client:
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
           params: list[tuple[str, str]] | None = None, content: bytes | None = None,
           headers: dict[str, str] | None = None) -> Any:
-    """The gateway's answer; any failure is a one-line error (and exit 1) saying what to check."""
+    """The gateway's answer, stripped of what a terminal would act on (``printable``); any failure is a
+    one-line error (and exit 1) saying what to check."""
     url = ctx.obj["url"]
     try:
         with _client(ctx) as http:
@@ -87,14 +88,14 @@ def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | Non
     except httpx.HTTPError as e:
         raise click.ClickException(f"talking to the gateway at {url}: {_cause(e)}") from None
     try:
-        data = response.json()
+        data = printable(response.json())
     except ValueError:
-        data = {"error": response.text.strip()[:200] or "(empty answer)"}
+        data = {"error": printable(response.text.strip()[:200]) or "(empty answer)"}
     if response.status_code >= 400:
         error = data.get("error", data) if isinstance(data, dict) else data
         hint = {401: " (check --token / LONGRUN_OPERATOR_TOKEN)",
                 403: " (longrunctl whoami shows your roles and tenants)"}.get(response.status_code, "")
-        raise click.ClickException(f"{response.status_code} {response.reason_phrase}: {error}{hint}")
+        raise click.ClickException(f"{response.status_code} {printable(response.reason_phrase)}: {error}{hint}")
     return data
 
 

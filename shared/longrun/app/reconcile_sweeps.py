@@ -110,6 +110,7 @@ def horizons(settings: Settings) -> retention.Horizons:
     return retention.Horizons({
         "outbox": settings.retain_outbox, **{f"inbox_{s}": settings.retain_inbox for s in CONSUMING_SERVICES},
         "timers": settings.retain_timers, "webhook_events": settings.retain_webhook_events,
+        "webhook_events_unmatched": settings.retain_unmatched_webhook_events,
         "delivery_failures": settings.retain_delivery_failures, "quarantine": settings.retain_replayed_quarantine,
         "service_members": settings.retain_dead_members, "audit_log": settings.retain_audit,
     }, settings.retain_finished_runs)

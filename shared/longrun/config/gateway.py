@@ -23,14 +23,15 @@ class GatewaySettings(Concern):
     operator API, so the two can be exposed differently (webhooks to the providers, the operator API
     to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
     webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", str, "a random secret of 32 bytes or more", "")
-    """HMAC secret shared with webhook senders: every provider's, unless ``LONGRUN_WEBHOOK_SECRETS``
-    gives it its own. None is built in: the gateway refuses to start without it while a provider
-    has no secret of its own, or with one that is known or under 32 bytes."""
+    """HMAC secret of the webhook provider when the gateway loads one alone; with several, each has
+    its own in ``LONGRUN_WEBHOOK_SECRETS`` and this one is not used (no secret is shared across
+    providers). None is built in: the gateway refuses to start without it while a lone provider has
+    no secret of its own, or with one that is known or under 32 bytes."""
     webhook_secrets: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_SECRETS", parse.named_references,
                                                            "comma-separated provider=secret", "")
-    """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma); a
-    provider not named uses ``LONGRUN_WEBHOOK_SECRET``. Naming a provider the gateway does not know
-    stops it."""
+    """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma). The
+    gateway stops when a provider it loads has none (a lone provider may take ``LONGRUN_WEBHOOK_SECRET``),
+    when two providers are given the same one, and when a provider named here is not loaded."""
     webhook_replay_window: float = setting("LONGRUN_WEBHOOK_REPLAY_WINDOW", parse.duration, parse.DURATION, "5m")
     """How far the time a timestamped webhook was sent may be from the gateway's clock, either way,
     before the delivery is refused as a replay (providers that sign no time rely on dedup)."""

@@ -28,7 +28,14 @@ class IdentitySettings(Concern):
     """The audience (``aud``) a JWT must be issued for."""
     oidc_jwks_url: str = setting("LONGRUN_OIDC_JWKS_URL", parse.optional_url, "an http(s) URL, or empty", "")
     """Where the issuer publishes its signing keys (JWKS), fetched when a token names a key not yet
-    cached."""
+    cached (see ``LONGRUN_OIDC_REFRESH_INTERVAL``) and when the cached ones run out
+    (``LONGRUN_OIDC_CACHE_TTL``)."""
+    oidc_cache_ttl: float = setting("LONGRUN_OIDC_CACHE_TTL", parse.duration, parse.DURATION, "15m")
+    """How long the issuer's signing keys (JWKS) and discovery document are kept before they are
+    fetched again: a key the issuer withdraws stops verifying tokens within this time."""
+    oidc_refresh_interval: float = setting("LONGRUN_OIDC_REFRESH_INTERVAL", parse.duration, parse.DURATION, "30s")
+    """The least time between two fetches of the JWKS that a token naming an unknown key id causes
+    (the issuer rotated its keys): tokens with made-up key ids cannot make the gateway hammer it."""
     oidc_roles_claim: str = setting("LONGRUN_OIDC_ROLES_CLAIM", parse.word, "a claim name", "roles")
     """The JWT claim holding the operator's roles (viewer, operator, approver, admin)."""
     oidc_tenants_claim: str = setting("LONGRUN_OIDC_TENANTS_CLAIM", parse.word, "a claim name", "tenants")

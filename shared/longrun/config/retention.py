@@ -36,7 +36,12 @@ class RetentionSettings(Concern):
     """How long a fired or cancelled timer is kept after it fired or was cancelled (an open timer of an
     archived run goes with it)."""
     retain_webhook_events: float = setting("LONGRUN_RETAIN_WEBHOOK_EVENTS", parse.duration, parse.DURATION, "30d")
-    """How long a webhook event matched to a run is kept after it was matched (unmatched ones stay)."""
+    """How long a webhook event matched to a run is kept after it was matched."""
+    retain_unmatched_webhook_events: float = setting("LONGRUN_RETAIN_UNMATCHED_WEBHOOK_EVENTS", parse.duration,
+                                                     parse.DURATION, "7d")
+    """How long a webhook event no wait has matched is kept for a wait to start on its key; then it
+    expires (the retention pass deletes it) and no later wait is ended by it. Its delivery id stays
+    (``webhook_deliveries``), so the same delivery sent again is not taken as new."""
     retain_delivery_failures: float = setting("LONGRUN_RETAIN_DELIVERY_FAILURES", parse.duration, parse.DURATION,
                                               "30d")
     """How long a message's count of failed deliveries is kept after its last failure."""

@@ -372,6 +372,16 @@ webhook_events = Table(
 Index("ix_webhook_events_unmatched", webhook_events.c.correlation_key,
       postgresql_where=webhook_events.c.matched_run_id.is_(None))
 
+webhook_deliveries = Table(
+    "webhook_deliveries", metadata,
+    # The id of every delivery of a provider that signs the body alone, kept for as long as its
+    # signatures are accepted: a captured delivery sent again after the inbox forgot it is recognised.
+    Column("provider", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("provider", "event_id"),
+)
+
 tool_health = Table(
     "tool_health", metadata,
     # One circuit breaker per far side (``domain.breaker``), shared by every worker; rows exist only

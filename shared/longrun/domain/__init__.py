@@ -117,6 +117,7 @@ from longrun.domain.snapshot import (
     upcast_snapshot_v4_v5,
     upcast_snapshot_v5_v6,
     upcast_snapshot_v6_v7,
+    upcast_snapshot_v7_v8,
 )
 from longrun.domain.scope import Scope, TenantPolicy, narrow, refusal, revalidated
 from longrun.domain.timeouts import (cancel_end, cancel_refusal, effective_start_to_close, on_business_deadline,
@@ -255,6 +256,7 @@ __all__ = [
     "upcast_snapshot_v4_v5",
     "upcast_snapshot_v5_v6",
     "upcast_snapshot_v6_v7",
+    "upcast_snapshot_v7_v8",
     "violations",
     "wait_for",
     "budget_needs",
