@@ -37,7 +37,7 @@ from bench.common import CpuWatch, Knobs, bottleneck, percentiles, postgres_and_
 from bench.infra import Infra, Services, pg_xacts, pruned_so_far
 from bench.profile import Sampler
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
 
 TENANT = "bench"
@@ -75,7 +75,7 @@ class Producer:
         assert self.exchange is not None
         message = to_message(make("run.create", {"workflow": "steps", "idempotency_key": key,
                                                  "input": {"steps": steps}, "priority": 5},
-                                  producer="bench", tenant_id=TENANT))
+                                  producer="bench", tenant_id=TENANT), user_id=broker_user(self.amqp_url))
         self.published[key] = time.time()
         await self.exchange.publish(message, routing_key="run.create")
 

@@ -31,10 +31,10 @@ from bench.infra import Infra, Services
 from bench.timers import insert_parked, watch_idle
 from longrun import run_kinds
 from longrun.app import gauges, reconcile, tool_health
+from longrun.app.reconcile_sweeps import HEALTH_BATCH, LEASE_BATCH, Sweeper
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.config import Settings
 from longrun.domain import RunStatus
-from services.reconciler.main import HEALTH_BATCH, LEASE_BATCH, Sweeper
 
 WOKEN = 10_000
 """Parked runs whose timers come due at the same instant, at each size."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -62,6 +63,12 @@ class Process:
         self._log.close()
 
 
+SECRETS = {name: secrets.token_urlsafe(32)
+           for name in ("LONGRUN_OPERATOR_TOKENS", "LONGRUN_WEBHOOK_SECRET", "LONGRUN_CONSOLE_SECRET")}
+"""The gateway's secrets for this test session, drawn at random as a deployment's must be: the
+gateway refuses to start with a missing, known or short one."""
+
+
 class Services:
     def __init__(self, infra: Infra, logs: Path, *, partitions: int, delivery_limit: int) -> None:
         self.infra = infra
@@ -72,6 +79,7 @@ class Services:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LONGRUN_")}
+        env.update(SECRETS)
         env.update({
             "LONGRUN_DATABASE_URL": self.infra.database_url,
             "LONGRUN_AMQP_URL": self.infra.amqp_url,

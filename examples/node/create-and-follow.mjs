@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import amqp from 'amqplib';
 import { follow, subscribe } from './consumer.mjs';
-import { publishRunCreate, runCreate } from './producer.mjs';
+import { brokerUser, publishRunCreate, runCreate } from './producer.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -35,7 +35,7 @@ try {
                               idempotencyKey: opts.key });
   connection = await amqp.connect(url);
   const events = await subscribe(connection, opts.tenant);
-  await publishRunCreate(connection, request);
+  await publishRunCreate(connection, request, brokerUser(url));
   console.log(`run.create published event_id=${request.event_id} key=${opts.key}`,
               `correlation_id=${request.correlation_id}`);
   const end = await follow(events, request.correlation_id, { timeoutMs: Number(opts.timeout) * 1000, onEvent: print });

@@ -18,8 +18,15 @@ export function runCreate({ tenant, workflow, input, idempotencyKey, correlation
   };
 }
 
+// The broker user an AMQP URL logs in as (amqplib's default: guest).
+export function brokerUser(url) {
+  return decodeURIComponent(new URL(url).username) || 'guest';
+}
+
 // Resolves once the broker has taken the message (persistent, confirmed, routed to a queue).
-export async function publishRunCreate(connection, envelope) {
+// userId names the publishing connection's user: RabbitMQ checks it, and longrun admits the create
+// only in the tenants that user is allowed.
+export async function publishRunCreate(connection, envelope, userId) {
   const channel = await connection.createConfirmChannel();
   let returned = null;
   let failure = null;
@@ -33,6 +40,7 @@ export async function publishRunCreate(connection, envelope) {
       messageId: envelope.event_id,
       correlationId: envelope.correlation_id,
       type: envelope.type,
+      userId,
       timestamp: Math.floor(Date.parse(envelope.occurred_at) / 1000),
       headers: {
         'cloudEvents:specversion': '1.0',

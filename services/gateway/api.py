@@ -6,40 +6,42 @@ Requests are checked here before anything is read or written: a body that is not
 lacks a required field is refused with 400, one whose fields have the wrong type or a value not
 allowed with 422; a query or path parameter outside its schema, or one the operation does not name,
 with 400. Text cannot hold the NUL
-character (U+0000), which PostgreSQL cannot store; such a request is refused the same way.
+character (U+0000), which PostgreSQL cannot store; such a request is refused the same way. A body
+nested more than 64 arrays or objects deep is refused with 400, and one larger than its route takes
+with 413, as soon as the bytes read pass the limit.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from longrun_client.model import TENANT_PATTERN
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
 
 from longrun.db import pages
-from longrun.domain import ActionStatus, RunStatus
-from longrun.identity import ROLES
-
-Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
-Reason = Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$",
-                              description="Why, for the audit log; required for every operator action.")]
-RUN_STATUS = Literal[tuple(s.value for s in RunStatus)]  # type: ignore[valid-type]
-Role = Literal[ROLES]  # type: ignore[valid-type]
-TOKEN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,199}$"
-"""A token's name is who acts with it: letters, digits, ``.``, ``_``, ``@``, ``-`` (no ``:``, which
-marks an approval's owner as a role or group)."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Query(Strict):
-    """Query parameters: one not named is refused (a misspelt filter would otherwise widen a search)."""
-
+from services.gateway.api_responses import (
+    ActionResult,
+    Answered,
+    Attached,
+    CeilingView,
+    AuditPage,
+    CreatedToken,
+    Health,
+    Me,
+    Migrated,
+    Policy,
+    QuarantineList,
+    ReplayResult,
+    Resolved,
+    RunPage,
+    RunView,
+    Token,
+    TokenList,
+    VersionsReport,
+)
+from services.gateway.api_types import DURATION, RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,7 +100,8 @@ class Replay(Strict):
 
 
 class PolicyChange(Strict):
-    """The tenant's whole policy: tool names or prefixes ending in ``*``, and the resources tools act on."""
+    """The tenant's whole policy (or ceiling): tool names or prefixes ending in ``*``, and the resources
+    tools act on."""
 
     tools: list[Text]
     resources: list[Text]
@@ -112,6 +115,8 @@ class TokenRequest(Strict):
     name: Annotated[str, Field(pattern=TOKEN_NAME)]
     roles: Annotated[list[Role], Field(min_length=1)]
     tenants: list[Annotated[str, Field(pattern=TENANT_PATTERN)]] | None
+    expires_in: Text | None = Field(None, description=f"Refused this long after its creation ({DURATION}); "
+                                                      "none: until revoked.")
     reason: Reason
 
 
@@ -125,7 +130,6 @@ Limit = Annotated[int, Field(ge=1, le=pages.MAX_LIMIT,
                               description=f"At most this many (default {pages.DEFAULT_LIMIT})."),
                   BeforeValidator(pages.limit)]
 Cursor = Annotated[Text, Field(description="The ``next_cursor`` of the page before.")]
-DURATION = "seconds, or a number with s, m, h or d: 90s, 15m, 12h, 30d"
 
 
 class RunSearch(Query):
@@ -175,237 +179,6 @@ PATH_PARAMETERS: dict[str, TypeAdapter[Any]] = {
     "content_hash": TypeAdapter(Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]),
     "token_id": TypeAdapter(Annotated[int, Field(ge=1, le=2**63 - 1)]),
 }
-
-
-# --- responses ------------------------------------------------------------------------------------
-
-class Error(Strict):
-    error: str
-    problems: list[str] | None = Field(None, description="Every violation, where there are several.")
-
-
-class ActionResult(Strict):
-    run_id: str
-    status: RUN_STATUS
-    revision: int
-
-
-class Answered(ActionResult):
-    repeated: bool = Field(description="The same answer was given before; nothing changed.")
-
-
-class SettledAction(Strict):
-    logical_action: str
-    status: Literal[ActionStatus.CONFIRMED.value, ActionStatus.RETRYABLE.value]  # type: ignore[valid-type]
-
-
-class Resolved(ActionResult):
-    action: SettledAction
-
-
-class Versions(Strict):
-    workflow: str
-    prompt: str
-    model_policy: str
-    tool_schemas: str
-
-
-class Migrated(ActionResult):
-    versions: Versions
-
-
-class Lease(Strict):
-    owner: str
-    fencing_token: int
-    until: datetime | None
-
-
-class NextTimer(Strict):
-    kind: str
-    wake_at: datetime
-
-
-class Archived(Strict):
-    at: datetime
-    archive: str
-    location: str
-    media_type: str
-
-
-class RunEvent(BaseModel):
-    """One event of the run's history (``type`` names which; its other fields follow from it)."""
-
-    type: str
-    seq: int
-    at: float
-
-
-class CallView(Strict):
-    """One of the run's calls as its ledger row holds it."""
-
-    logical_action: str
-    tool: str
-    effect_kind: str
-    status: str
-    attempts: int
-    external_id: str | None
-    progress: dict[str, Any] | None = Field(description="What the call's heartbeats last reported.")
-    heartbeat_at: datetime | None
-
-
-class AttachedArtifact(Strict):
-    name: str
-    content_hash: str
-    size: int
-    media_type: str
-
-
-class Attached(ActionResult):
-    artifact: AttachedArtifact
-
-
-class RunView(Strict):
-    snapshot: dict[str, Any] = Field(description="The run's state, as the runtime keeps it.")
-    actions: list[CallView]
-    lease: Lease | None
-    next_timer: NextTimer | None
-    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "retry-action", "pause", "cancel",
-                                     "terminate", "resume"]] = Field(description="What an operator may do to the run now "
-                                                                    "(POST /runs/{run_id}/<operation>).")
-    waiting_for: str | None
-    archived: Archived | None = Field(description="Where the history of an archived run went (its events here "
-                                                  "are then pruned).")
-    events: list[RunEvent]
-
-
-class RunRow(Strict):
-    run_id: str
-    tenant_id: str
-    status: RUN_STATUS
-    workflow: str
-    workflow_version: str
-    wait_kind: str | None
-    awaiting_worker: str | None
-    idempotency_key: str
-    created_at: datetime
-    updated_at: datetime
-    labels: dict[str, str]
-
-
-class RunPage(Strict):
-    runs: list[RunRow]
-    next_cursor: str | None = Field(description="None on the last page.")
-
-
-class AuditEntry(Strict):
-    id: int
-    at: datetime
-    actor: str
-    action: str
-    target: str
-    reason: str
-    details: dict[str, Any]
-
-
-class AuditPage(Strict):
-    entries: list[AuditEntry]
-    next_cursor: str | None
-
-
-class VersionsInUse(Strict):
-    kind: str
-    versions: Versions
-    open_runs: dict[str, int] = Field(description="Open runs by status.")
-    oldest_wait: datetime | None
-    waiting_for_a_worker: int
-    served_by: list[str] = Field(description="The live workers that advertise these versions.")
-
-
-class VersionsReport(RootModel[list[VersionsInUse]]):
-    pass
-
-
-class QuarantineEntry(Strict):
-    id: int
-    owner: str
-    queue: str
-    message_id: str | None
-    message_type: str | None
-    schema_version: int | None
-    error_code: str
-    reason: str
-    headers: dict[str, Any]
-    attempts: int
-    first_failure_at: datetime
-    last_failure_at: datetime
-    quarantined_at: datetime
-    replayed_at: datetime | None
-    replayed_by: str | None
-    body_preview: str
-
-
-class QuarantineList(RootModel[list[QuarantineEntry]]):
-    pass
-
-
-class Replayed(Strict):
-    id: int
-    replayed_to: str = Field(description="exchange/routing key")
-    message_id: str
-
-
-class NotSent(Strict):
-    """Past the replay window, and its effect is there already: marked replayed, not sent again."""
-
-    id: int
-    not_sent: str
-    message_id: str
-
-
-class ReplayResult(RootModel[Replayed | NotSent]):
-    pass
-
-
-class Policy(Strict):
-    tenant_id: str
-    version: int
-    tools: list[str]
-    resources: list[str]
-
-
-class Health(Strict):
-    ok: Literal[True]
-
-
-class Token(Strict):
-    """A named token as kept (its secret is not)."""
-
-    id: int
-    name: str
-    roles: list[str]
-    tenants: list[str] | None = Field(description="None: every tenant.")
-    created_by: str
-    created_at: datetime
-    revoked_at: datetime | None
-    last_used_at: datetime | None
-
-
-class TokenList(RootModel[list[Token]]):
-    pass
-
-
-class CreatedToken(Strict):
-    token: Token
-    secret: str = Field(description="The bearer token; shown this once, kept nowhere.")
-
-
-class Me(Strict):
-    """Who the bearer token names."""
-
-    subject: str
-    roles: list[str]
-    tenants: list[str] | None = Field(description="None: every tenant.")
-    groups: list[str]
 
 
 # --- the route table ------------------------------------------------------------------------------
@@ -477,13 +250,20 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/tenants/{tenant_id}/policy", "tenantPolicy", "The tenant's policy (404: it has none, or "
               "the caller does not see the tenant)", Policy, (400, 401, 403, 404, 503)),
     Operation("PUT", "/tenants/{tenant_id}/policy", "setTenantPolicy", "Replace the tenant's policy under the "
-              "next version", Policy, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin"),
+              "next version (403: an admin of one tenant asked beyond its ceiling; nothing changed)", Policy,
+              (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin"),
+    Operation("GET", "/tenants/{tenant_id}/ceiling", "tenantCeiling", "How far the tenant's own admins may set "
+              "its policy (404: the caller does not see the tenant)", CeilingView, (400, 401, 403, 404, 503)),
+    Operation("PUT", "/tenants/{tenant_id}/ceiling", "setTenantCeiling", "Replace the tenant's ceiling under the "
+              "next version", CeilingView, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin",
+              every_tenant=True),
     Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, tenants, groups", Me,
               (401, 503)),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,
               query=TokenListing, role="admin", every_tenant=True),
-    Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only",
-              CreatedToken, (400, 401, 403, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
+    Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only "
+              "(409: a live token holds the name)",
+              CreatedToken, (400, 401, 403, 409, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
     Operation("POST", "/tokens/{token_id}/revoke", "revokeToken", "Revoke a named API token: it is refused from "
               "now on", Token, (400, 401, 403, 404, 422, 503), body=Revoke, role="admin", every_tenant=True),
     Operation("GET", "/healthz", "health", "The gateway answers", Health, (), role=None),
@@ -508,6 +288,9 @@ class Invalid(ValueError):
         return {"error": str(self), **({"problems": self.problems} if len(self.problems) > 1 else {})}
 
 
+MAX_DEPTH = 64
+"""Arrays and objects a body may nest: far more than any operation's body needs, and few enough that
+every walk over it (validation, storage as JSONB) stays shallow."""
 _MISSING = frozenset({"missing", "string_too_short"})
 """Pydantic's error types that mean a required field is missing or empty (400, not 422)."""
 
@@ -518,8 +301,12 @@ def body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise Invalid(400, [f"the body is not JSON: {e}"]) from None
+    except RecursionError:
+        raise Invalid(400, [f"the body is nested more than {MAX_DEPTH} deep"]) from None
     if not isinstance(data, dict):
         raise Invalid(400, [f"the body must be a JSON object, not {type(data).__name__}"])
+    if _deeper_than(data, MAX_DEPTH):
+        raise Invalid(400, [f"the body is nested more than {MAX_DEPTH} deep"])
     nul = _nul_in(data)
     if nul is not None:
         raise Invalid(422, [f"{nul} holds a NUL character (U+0000), which cannot be stored"])
@@ -581,3 +368,17 @@ def _nul_in(value: Any, where: str = "the body") -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (walked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False

@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -56,6 +57,7 @@ from longrun.identity import Authenticator, Principal
 from services.gateway import api, reads
 from services.gateway import console_oidc as oidc
 from services.gateway import console_session as sessions
+from services.gateway.console_headers import SecurityHeaders
 
 PREFIX = "/console"
 _TEMPLATES = jinja2.Environment(
@@ -97,7 +99,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
 
     async def visit(request: Request) -> Visit:
         now = time.time()
-        session = sessions.unseal(key, request.cookies.get(sessions.COOKIE), now)
+        session = sessions.unseal(key, request.cookies.get(sessions.cookie_name(request.url.scheme == "https")), now)
         if session is None:
             return Visit(sessions.anonymous(now), None, fresh=True)
         if session.token is None:
@@ -111,7 +113,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         notice = NOTICES.get(request.query_params.get("notice", ""))
         html = _TEMPLATES.get_template(template).render(
             root=PREFIX, principal=seen.principal, csrf=sessions.csrf_token(key, seen.session), notice=notice,
-            oidc=oidc.offered(settings), **values)
+            oidc=oidc.offered(settings), nonce=request.state.csp_nonce, **values)
         response = HTMLResponse(html, status_code=status)
         if seen.fresh:
             _set_cookie(response, request, sessions.seal(key, seen.session))
@@ -320,7 +322,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         Route("/quarantine", signed(quarantine), methods=["GET"]),
         Route("/quarantine/{entry_id}/replay", signed(replay), methods=["POST"]),
         Route("/audit", signed(audit), methods=["GET"]),
-    ], exception_handlers={HTTPException: not_found})
+    ], exception_handlers={HTTPException: not_found}, middleware=[Middleware(SecurityHeaders)])
 
 
 def _next_page(shown: list[tuple[str, str]], cursor: str | None) -> str | None:
@@ -372,8 +374,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _set_cookie(response: Response, request: Request, value: str) -> None:
-    response.set_cookie(sessions.COOKIE, value, max_age=sessions.LIFETIME, path=PREFIX, httponly=True,
-                        samesite="lax", secure=request.url.scheme == "https")
+    """The session's cookie: ``__Host-`` and Secure behind TLS (the scheme a trusted proxy forwards,
+    ``LONGRUN_FORWARDED_ALLOW_IPS``), else scoped to the console's path."""
+    https = request.url.scheme == "https"
+    response.set_cookie(sessions.cookie_name(https), value, max_age=sessions.LIFETIME, path="/" if https else PREFIX,
+                        httponly=True, samesite="lax", secure=https)
 
 
 def _run_values(view: dict[str, Any]) -> dict[str, Any]:

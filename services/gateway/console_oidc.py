@@ -5,7 +5,8 @@ PKCE challenge, both remembered in a short-lived sealed cookie; the issuer sends
 ``/console/oidc/callback`` with a code, which the gateway exchanges (with the PKCE verifier and the
 client's credentials) for an access token. That token is what the console session keeps, checked
 on every request like any bearer token of the operator API (``longrun.identity``): the session ends
-when it expires. The endpoints come from the issuer's discovery document.
+when it expires. The endpoints come from the issuer's discovery document, cached, and taken only
+when it names the configured issuer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from urllib.parse import urlencode
 import httpx
 
 from longrun.config import Settings
+from longrun.oidc import Discovery, DiscoveryFailed
 from services.gateway import console_session as sessions
 
 COOKIE = "longrun_console_oidc"
@@ -65,18 +67,18 @@ def offered(settings: Settings) -> bool:
 
 
 async def endpoints(settings: Settings) -> dict[str, Any]:
-    """The issuer's discovery document (``/.well-known/openid-configuration``)."""
-    url = settings.oidc_issuer.rstrip("/") + "/.well-known/openid-configuration"
+    """The issuer's discovery document, cached and checked to name the configured issuer (``longrun.oidc``)."""
+    found = _discovery.get(settings.oidc_issuer)
+    if found is None or found.ttl != settings.oidc_cache_ttl:
+        found = _discovery[settings.oidc_issuer] = Discovery(settings.oidc_issuer, ttl=settings.oidc_cache_ttl)
     try:
-        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
-            answer = await http.get(url)
-            answer.raise_for_status()
-            document = answer.json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise SignInFailed(f"the issuer's discovery document ({url}) could not be read: {e}") from e
-    if not all(isinstance(document.get(k), str) for k in ("authorization_endpoint", "token_endpoint")):
-        raise SignInFailed(f"the issuer's discovery document ({url}) names no authorization and token endpoints")
-    return document  # type: ignore[no-any-return]
+        return await found.document()
+    except DiscoveryFailed as e:
+        raise SignInFailed(str(e)) from e
+
+
+_discovery: dict[str, Discovery] = {}
+"""The gateway's one cache of each issuer's discovery document."""
 
 
 def authorization_url(endpoint: str, settings: Settings, attempt: Attempt, redirect_uri: str) -> str:

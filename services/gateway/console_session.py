@@ -22,6 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 COOKIE = "longrun_console"
+SECURE_COOKIE = "__Host-longrun_console"
+"""Over HTTPS: the browser keeps it only if it is Secure, for the whole host and no other (no Domain,
+Path=/), so neither plain HTTP nor a sibling subdomain can set or read the session."""
+
+
+def cookie_name(https: bool) -> str:
+    return SECURE_COOKIE if https else COOKIE
 LIFETIME = 8 * 3600
 """Seconds a session lasts from sign-in (a working day); then the operator pastes the token again."""
 

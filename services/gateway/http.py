@@ -12,37 +12,37 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from longrun import artifacts, run_kinds, webhook_providers
+from longrun import run_kinds, webhook_providers
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.app import operate, webhooks
+from longrun.app import operate, policy_ceiling, webhooks
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import policies, runs, tokens
+from longrun.config.parse import duration
+from longrun.db import artifacts, operator_reads, policies, runs, tokens
 from longrun.db.errors import is_transient
-from longrun.db.schema import artifacts as artifacts_table
-from longrun.db.schema import runs as runs_table
-from longrun.domain import RunSnapshot, Scope, TenantPolicy
+from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
-from services.gateway import api, console, openapi, reads
+from services.gateway import api, console, edge, openapi, reads, refusals
 
 logger = logging.getLogger(__name__)
 
@@ -96,18 +96,23 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     secrets = webhook_providers.secrets(settings, providers)
     store = FilesystemArtifactStore(settings.artifact_dir)
     authenticator = Authenticator(engine, settings)
+    sampled_refusals = refusals.Sampler()
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
-        body = await request.body()
         if provider not in providers:
             return JSONResponse({"error": f"unknown provider {provider!r}"}, status_code=404)
+        body = await request.body()
         why = webhooks.refusal(providers[provider].signature, secrets[provider], request.headers, body,
                                now=time.time(), replay_window=settings.webhook_replay_window)
         if why is not None:
-            async with engine.begin() as conn:
-                await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused", target=provider,
-                                     reason=why, details={"client": request.client.host if request.client else None})
+            unaudited = sampled_refusals.audit(provider)
+            if unaudited is not None:
+                async with engine.begin() as conn:
+                    await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
+                                         target=provider, reason=why,
+                                         details={"client": request.client.host if request.client else None,
+                                                  "refused_unaudited_before": unaudited})
             return JSONResponse({"error": f"refused: {why}"}, status_code=401)
         try:
             payload = webhooks.parse(body)
@@ -203,12 +208,13 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
-            row = (await conn.execute(select(artifacts_table.c.media_type).where(
-                artifacts_table.c.content_hash == content_hash))).first()
-        if (stored is None or row is None or not principal.sees(stored.snapshot.tenant_id)
+            media_type = await artifacts.media_type(conn, content_hash)
+        if (stored is None or media_type is None or not principal.sees(stored.snapshot.tenant_id)
                 or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
-        return Response(await store.get(content_hash), media_type=row.media_type)
+        # An attachment, never rendered: stored bytes of any media type must not run as a page here.
+        return Response(await store.get(content_hash), media_type=media_type, headers={
+            "content-disposition": f'attachment; filename="{content_hash}"', "x-content-type-options": "nosniff"})
 
     async def search(request: Request, principal: Principal) -> Response:
         """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""
@@ -264,17 +270,38 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             if policy is None:
                 return JSONResponse({"error": f"tenant {tenant!r} has no policy: its runs may do what their "
                                               "kind allows"}, status_code=404)
-            return JSONResponse(_policy_json(policy))
+            return JSONResponse(policy_ceiling.policy_json(policy))
+        body = api.body(api.PolicyChange, await request.body())
+        try:
+            scope = Scope(tuple(body.tools), tuple(body.resources))
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=422)
+        try:
+            async with engine.begin() as conn:
+                policy = await policy_ceiling.set_policy(conn, tenant, scope, actor=actor, reason=body.reason,
+                                                         every_tenant=principal.tenants is None)
+        except policy_ceiling.BeyondCeiling as e:
+            return JSONResponse({"error": str(e)}, status_code=403)
+        return JSONResponse(policy_ceiling.policy_json(policy))
+
+    async def tenant_ceiling(request: Request, principal: Principal) -> Response:
+        """GET: how far the tenant's own admins may set its policy; PUT ``{"tools", "resources", "reason"}``
+        (an admin of every tenant): replace it (audited), under the next version."""
+        tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
+        if not principal.sees(tenant):
+            return JSONResponse({"error": f"no tenant {tenant!r} among those {principal.subject} sees"},
+                                status_code=404)
+        if request.method == "GET":
+            async with engine.connect() as conn:
+                return JSONResponse(policy_ceiling.ceiling_json(await policy_ceiling.ceiling(conn, tenant)))
         body = api.body(api.PolicyChange, await request.body())
         try:
             scope = Scope(tuple(body.tools), tuple(body.resources))
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=422)
         async with engine.begin() as conn:
-            policy = await policies.put(conn, tenant, scope, by=actor)
-            await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant, reason=body.reason,
-                                 details=_policy_json(policy))
-        return JSONResponse(_policy_json(policy))
+            held = await policy_ceiling.set_ceiling(conn, tenant, scope, actor=principal.subject, reason=body.reason)
+        return JSONResponse(policy_ceiling.ceiling_json(held))
 
     async def me(request: Request, principal: Principal) -> Response:
         return JSONResponse({"subject": principal.subject, "roles": sorted(principal.roles),
@@ -293,13 +320,22 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         if body.name == BOOTSTRAP_SUBJECT:
             return JSONResponse({"error": f"the name {BOOTSTRAP_SUBJECT!r} is the bootstrap tokens': choose "
                                           "another"}, status_code=422)
-        async with engine.begin() as conn:
-            token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
-                                                tenants=None if body.tenants is None else tuple(body.tenants),
-                                                created_by=principal.subject)
-            await webhooks.audit(conn, actor=principal.subject, action="token.create", target=f"token:{token.id}",
-                                 reason=body.reason, details={"name": token.name, "roles": list(token.roles),
-                                                              "tenants": body.tenants})
+        try:
+            expires_in = None if body.expires_in is None else duration(body.expires_in)
+        except (ValueError, OverflowError):
+            return JSONResponse({"error": f"expires_in: not a duration ({api.DURATION}): {body.expires_in!r}"},
+                                status_code=422)
+        try:
+            async with engine.begin() as conn:
+                token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
+                                                    tenants=None if body.tenants is None else tuple(body.tenants),
+                                                    created_by=principal.subject, expires_in=expires_in)
+                await webhooks.audit(conn, actor=principal.subject, action="token.create",
+                                     target=f"token:{token.id}", reason=body.reason,
+                                     details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants,
+                                              "expires_at": token.to_dict()["expires_at"]})
+        except tokens.NameInUse as e:
+            return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse({"token": token.to_dict(), "secret": secret})
 
     async def token_revoke(request: Request, principal: Principal) -> Response:
@@ -339,6 +375,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/quarantine", quarantined, ["GET"]),
         route("/quarantine/{entry_id}/replay", replay, ["POST"]),
         route("/tenants/{tenant_id}/policy", tenant_policy, ["GET", "PUT"]),
+        route("/tenants/{tenant_id}/ceiling", tenant_ceiling, ["GET", "PUT"]),
         route("/me", me, ["GET"]),
         route("/tokens", token_list, ["GET"]),
         route("/tokens", token_create, ["POST"]),
@@ -346,8 +383,14 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         Route("/openapi.json", described, methods=["GET"]),
         Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ]
+    limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
+              edge.Limit(re.compile(r"/runs/[^/]+/artifacts"), settings.max_attachment_bytes,
+                         "an artifact (LONGRUN_MAX_ATTACHMENT_BYTES)", method="POST"),
+              edge.Limit(re.compile(f"{console.PREFIX}(/.*)?"), edge.FORM_BYTES, "a console form")]
     return Starlette(routes=[*(intake_routes if intake else []), *(operations if operator_api else []),
                              Route("/healthz", healthz, methods=["GET"])],
+                     middleware=[Middleware(edge.Edge, limits=limits,
+                                            default=edge.Limit(re.compile(".*"), edge.JSON_BYTES, "a request body"))],
                      exception_handlers={HTTPException: _http_error, api.Invalid: _invalid, Refused: _refused})
 
 
@@ -362,7 +405,7 @@ async def _visible(conn: AsyncConnection, run_id: str, principal: Principal) -> 
     caller learns nothing of other tenants' runs."""
     if principal.tenants is None:
         return
-    tenant = (await conn.execute(select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id))).scalar()
+    tenant = await operator_reads.tenant_of(conn, run_id)
     if tenant is None or not principal.sees(tenant):
         raise operate.RunNotFound(run_id)
 
@@ -384,11 +427,6 @@ def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
     attached = (f.value for f in run.facts if f.key.startswith(operate.ARTIFACT_FACT_PREFIX))
     return any(isinstance(v, Mapping) and v.get("content_hash") == content_hash for v in attached) or any(
         a.receipt_ref == content_hash for a in run.actions)
-
-
-def _policy_json(policy: TenantPolicy) -> dict[str, Any]:
-    return {"tenant_id": policy.tenant_id, "version": policy.version, "tools": list(policy.scope.tools),
-            "resources": list(policy.scope.resources)}
 
 
 _STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}

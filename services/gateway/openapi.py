@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from longrun import __version__
-from services.gateway import api
+from services.gateway import api, api_responses
 
 REF = "#/components/schemas/{model}"
 _DESCRIPTION = (
@@ -57,7 +57,7 @@ def render() -> str:
 
 
 def _models() -> list[type[BaseModel]]:
-    seen: list[type[BaseModel]] = [api.Error]
+    seen: list[type[BaseModel]] = [api_responses.Error]
     for op in api.OPERATIONS:
         for model in (op.body, op.response):
             if model is not None and model not in seen:
@@ -80,7 +80,8 @@ def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     responses = {"200": {"description": "OK", "content": {"*/*": binary} if op.response is None
                          else json_content(op.response)}}
     for status in op.errors:
-        responses[str(status)] = {"description": HTTPStatus(status).phrase, "content": json_content(api.Error)}
+        responses[str(status)] = {"description": HTTPStatus(status).phrase,
+                                  "content": json_content(api_responses.Error)}
     operation: dict[str, Any] = {"operationId": op.name, "summary": op.summary, "responses": responses,
                                  "security": [{"operatorToken": []}] if op.role else []}
     if op.role:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import admit, effects
+from longrun.app.producers import producer_tenants
 from longrun.bootstrap import open_bus, open_database, watch
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
@@ -65,11 +66,13 @@ async def _listen(database_url: str, wake: asyncio.Event, stopping: asyncio.Even
 
 
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
+    producers = producer_tenants(settings.producer_tenants, settings.amqp_url)
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     kinds = run_kinds.load(settings)
     creates = admit.Ingress(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
-                            max_input_bytes=settings.max_input_bytes)
+                            max_input_bytes=settings.max_input_bytes,
+                            producers=producers)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=creates.handle, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
                             batch=CREATE_BATCH, prelude=creates.prelude,

@@ -4,7 +4,8 @@ Upload first, then register: the bytes are written (atomically, under their SHA-
 before the transaction that references them commits, so a committed reference never
 points at nothing. A failed transaction leaves an unregistered file behind; the
 orphan sweep removes such files once they are older than a grace period. The
-filesystem store is the default; an S3-compatible store implements the same protocol.
+filesystem store is the default; an S3-compatible store implements the same protocol. The
+references live in PostgreSQL (``longrun.db.artifacts``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import time
 from pathlib import Path
 from typing import Protocol
-
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-from longrun.db.schema import artifacts
 
 INLINE_LIMIT = 4096
 """Receipts larger than this (as JSON) are stored as an artifact and referenced by hash."""
@@ -81,26 +75,3 @@ class FilesystemArtifactStore:
 
     async def delete(self, content_hash: str) -> None:
         await asyncio.to_thread(self._path(content_hash).unlink, missing_ok=True)
-
-
-async def register(conn: AsyncConnection, store: ArtifactStore, content_hash: str, *, size: int, media_type: str,
-                   run_id: str | None) -> None:
-    """Reference an uploaded object from the database, in the caller's transaction."""
-    await conn.execute(insert(artifacts).values(
-        content_hash=content_hash, size_bytes=size, media_type=media_type,
-        location=await store.location(content_hash), run_id=run_id).on_conflict_do_nothing())
-
-
-async def sweep_orphans(engine: AsyncEngine, store: ArtifactStore, *, grace_seconds: float,
-                        clock: float | None = None) -> list[str]:
-    """Delete stored objects that no row references and that are older than the grace period."""
-    candidates = await store.stored_before((clock or time.time()) - grace_seconds)
-    if not candidates:
-        return []
-    async with engine.connect() as conn:
-        registered = set((await conn.execute(
-            select(artifacts.c.content_hash).where(artifacts.c.content_hash.in_(candidates)))).scalars())
-    orphans = [h for h in candidates if h not in registered]
-    for content_hash in orphans:
-        await store.delete(content_hash)
-    return orphans

@@ -14,12 +14,15 @@ timers and recovery.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
@@ -176,10 +179,45 @@ class RunKind:
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks
     about: the n-th entry for its n-th ask. For demos and tests without a model endpoint."""
+    input_schema: type[BaseModel] | Mapping[str, Any] | None = None
+    """What a run's input (run.create's ``input``) must be: a pydantic model (validated strictly, as
+    the JSON it arrived as) or a JSON Schema (draft 2020-12). A create whose input fails it is
+    refused with ``run.rejected`` (``input_invalid``, naming each field that failed) and creates
+    nothing, so ``decide`` never meets an input it cannot read. None: any JSON object."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.input_schema, Mapping):
+            try:
+                Draft202012Validator.check_schema(dict(self.input_schema))
+            except SchemaError as e:
+                raise ValueError(f"run kind {self.name!r}: input_schema is not a JSON Schema: {e.message}") from None
+
+    def input_problems(self, value: Mapping[str, Any]) -> list[str]:
+        """Each way ``value`` fails this kind's input schema, as ``<field>: <why>``; none when it fits."""
+        schema = self.input_schema
+        if schema is None:
+            return []
+        if isinstance(schema, Mapping):
+            return [_problem(e.absolute_path, e.message)
+                    for e in Draft202012Validator(dict(schema)).iter_errors(dict(value))]
+        try:
+            schema.model_validate_json(orjson.dumps(dict(value)), strict=True)
+        except ValidationError as e:
+            return [_problem(item["loc"], item["msg"]) for item in e.errors()]
+        return []
 
     def takes_over(self, run: RunSnapshot) -> bool:
         stages = self.migrates_from.get(run.versions.workflow, ())
         return "*" in stages or run.stage in stages
+
+
+PROBLEM_CHARS = 200
+"""What one input problem may take of a refusal's reason (a message may quote the value)."""
+
+
+def _problem(path: Iterable[str | int], why: str) -> str:
+    where = ".".join(str(part) for part in path) or "input"
+    return f"{where}: {why}"[:PROBLEM_CHARS]
 
 
 _NONE_PUBLIC: Mapping[str, tuple[str, ...]] = MappingProxyType({})

@@ -20,14 +20,14 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun import timeline
-from longrun.cli_output import FORMATS, View, render
+from longrun import cli_tenants, timeline
+from longrun.cli_output import FORMATS, View, printable, render
 from longrun.domain import TERMINAL
 from longrun.identity import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
-            "token": ("LONGRUN_OPERATOR_TOKEN", "dev-operator-token"),
+            "token": ("LONGRUN_OPERATOR_TOKEN", ""),
             "output": ("LONGRUNCTL_OUTPUT", "table")}
 """Each setting's environment variable and default."""
 EXAMPLES = """\b
@@ -67,13 +67,15 @@ def _settings(config: str | None, given: Mapping[str, str | None]) -> dict[str, 
 
 def _client(ctx: click.Context) -> httpx.Client:
     opts = ctx.obj
-    return httpx.Client(base_url=opts["url"], timeout=30, headers={"authorization": f"Bearer {opts['token']}"})
+    headers = {"authorization": f"Bearer {opts['token']}"} if opts["token"] else {}  # none is built in
+    return httpx.Client(base_url=opts["url"], timeout=30, headers=headers)
 
 
 def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None = None,
           params: list[tuple[str, str]] | None = None, content: bytes | None = None,
           headers: dict[str, str] | None = None) -> Any:
-    """The gateway's answer; any failure is a one-line error (and exit 1) saying what to check."""
+    """The gateway's answer, stripped of what a terminal would act on (``printable``); any failure is a
+    one-line error (and exit 1) saying what to check."""
     url = ctx.obj["url"]
     try:
         with _client(ctx) as http:
@@ -86,14 +88,14 @@ def _call(ctx: click.Context, method: str, path: str, body: dict[str, Any] | Non
     except httpx.HTTPError as e:
         raise click.ClickException(f"talking to the gateway at {url}: {_cause(e)}") from None
     try:
-        data = response.json()
+        data = printable(response.json())
     except ValueError:
-        data = {"error": response.text.strip()[:200] or "(empty answer)"}
+        data = {"error": printable(response.text.strip()[:200]) or "(empty answer)"}
     if response.status_code >= 400:
         error = data.get("error", data) if isinstance(data, dict) else data
         hint = {401: " (check --token / LONGRUN_OPERATOR_TOKEN)",
                 403: " (longrunctl whoami shows your roles and tenants)"}.get(response.status_code, "")
-        raise click.ClickException(f"{response.status_code} {response.reason_phrase}: {error}{hint}")
+        raise click.ClickException(f"{response.status_code} {printable(response.reason_phrase)}: {error}{hint}")
     return data
 
 
@@ -359,28 +361,15 @@ def _given(**params: object) -> list[tuple[str, str]]:
 
 @main.group()
 def tenant() -> None:
-    """Tenants' policies: what their runs may do, whatever their kind allows."""
+    """Tenants' policies (what their runs may do, whatever their kind allows) and their ceilings."""
 
 
-@tenant.command("policy")
-@click.argument("tenant_id")
-@click.option("--tool", "tools", multiple=True, metavar="PATTERN",
-              help="a tool name or a prefix ending in '*'; repeat for several (with --resource: replaces the policy)")
-@click.option("--resource", "resources", multiple=True, metavar="PATTERN",
-              help="what tools act on (e.g. 'repo:acme/*'); repeat for several")
-@click.option("--reason", help="required to change the policy")
-@click.pass_context
-def tenant_policy(ctx: click.Context, tenant_id: str, tools: tuple[str, ...], resources: tuple[str, ...],
-                  reason: str | None) -> None:
-    """Show the tenant's policy or, given --tool/--resource and --reason, replace it under a new version.
-    Runs created later are narrowed by it; approved calls of open runs are re-validated under it."""
-    if not tools and not resources:
-        _print(ctx, _call(ctx, "GET", f"/tenants/{tenant_id}/policy"))
-        return
-    if not reason:
-        raise click.UsageError("--reason is required to change a policy")
-    _print(ctx, _call(ctx, "PUT", f"/tenants/{tenant_id}/policy",
-                 {"tools": list(tools), "resources": list(resources), "reason": reason}))
+def _ask(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None) -> None:
+    _print(ctx, _call(ctx, method, path, body))
+
+
+for _what in ("policy", "ceiling"):
+    tenant.add_command(cli_tenants.scope_command(_what, _ask))
 
 
 @main.command("versions")
@@ -417,7 +406,7 @@ def whoami(ctx: click.Context) -> None:
     _print(ctx, _call(ctx, "GET", "/me"))
 
 
-TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"),
+TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"), ("EXPIRES", "expires_at"),
                ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
                ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
 
@@ -432,13 +421,14 @@ def token() -> None:
 @click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
               help="repeat for several; each allows what the ones before it allow")
 @click.option("--tenant", "tenants", multiple=True, help="a tenant it sees; repeat for several (none: every tenant)")
+@click.option("--expires-in", help="refused this long after creation: 90m, 12h, 30d (none: until revoked)")
 @click.option("--reason", required=True)
 @click.pass_context
 def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], tenants: tuple[str, ...],
-                 reason: str) -> None:
+                 expires_in: str | None, reason: str) -> None:
     """Create a token for NAME; its secret is printed this once and kept nowhere."""
     created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "tenants": list(tenants) or None,
-                                             "reason": reason})
+                                             "reason": reason, **({"expires_in": expires_in} if expires_in else {})})
     if ctx.obj["output"] != "table":
         _print(ctx, created)
         return
@@ -479,6 +469,7 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("audit",): "audit --target RUN_ID",
     ("alerts",): "alerts --action alert.silent_run",
     ("tenant", "policy"): "tenant policy acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"scope acme\"",
+    ("tenant", "ceiling"): "tenant ceiling acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"acme's contract\"",
     ("versions",): "versions",
     ("dlq", "list"): "dlq list --all",
     ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',

@@ -1,6 +1,7 @@
 """How longrunctl shows an answer: a table for people (the default), JSON or YAML for scripts.
 
-JSON and YAML print the gateway's answer as it came. A table shows the rows of a list (a page of
+JSON and YAML print the gateway's answer as it came, less what a terminal would act on
+(``printable``). A table shows the rows of a list (a page of
 runs, the audit log) in the columns a ``View`` names, or any other answer as ``key: value`` lines,
 nested values on one line, long ones cut.
 """
@@ -8,6 +9,7 @@ nested values on one line, long ones cut.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,15 @@ import yaml
 FORMATS = ("table", "json", "yaml")
 CELL = 48
 """Widest a table cell or a nested value gets before it is cut."""
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"                # CSI: cursor moves, colours, erasing
+    r"|\x1b[]PX^_].*?(?:\x07|\x1b\\|\x9c|$)"  # OSC, DCS, SOS, PM, APC: titles, hyperlinks, clipboard
+    r"|\x9b[0-?]*[ -/]*[@-~]"                 # the 8-bit CSI
+    r"|\x1b[ -/]*[0-~]?",                     # any other escape
+    re.DOTALL)
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters but tab and newline, and the bidirectional overrides that reorder
+what a line appears to say."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,19 @@ class View:
     columns: tuple[tuple[str, str], ...]
     rows: Callable[[Any], Sequence[Mapping[str, Any]]] = lambda data: data
     footer: Callable[[Any], str | None] = field(default=lambda data: None)
+
+
+def printable(value: Any) -> Any:
+    """``value`` (an answer from the gateway: JSON) with every string, keys included, stripped of
+    terminal escape sequences and other control characters, so nothing the server relays (a run's
+    input, a reason, an error) can move the cursor, retitle the window or hide a line."""
+    if isinstance(value, str):
+        return _CONTROLS.sub("", _ESCAPES.sub("", value))
+    if isinstance(value, Mapping):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
 
 
 def render(data: Any, fmt: str, view: View | None = None) -> str:

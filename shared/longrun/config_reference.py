@@ -1,8 +1,8 @@
 """The configuration reference, docs/configuration.md, rendered from ``longrun.config.Settings``.
 
 Each setting's variable, default and accepted values come from the declaration ``Settings.from_env``
-parses with, and its description from the docstring under the field, so the reference says what the
-code does and nothing more. ``make schemas`` writes the file; a unit test fails when it drifts or
+parses with, and its description from the docstring under the field, concern by concern (one
+section per module of ``longrun.config``), so the reference says what the code does and nothing more. ``make schemas`` writes the file; a unit test fails when it drifts or
 when a field has no variable or no docstring.
 """
 
@@ -14,18 +14,19 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from longrun import config
-from longrun.config import Settings
+from longrun.config import concerns
+from longrun.config.declaration import Concern, variable
 
 DEFAULT_PATH = Path("docs/configuration.md")
 
 # Defaults computed per process: written as what they are made of, so the file is the same everywhere.
 _COMPUTED_DEFAULTS = {"instance_id": "<hostname>-<pid>"}
 
-# Fields config.py has no docstring for yet. An entry must go once its field gets a docstring
-# (``problems`` says so); a new field comes with a docstring instead of an entry here.
+
 @dataclass(frozen=True, slots=True)
 class Setting:
+    concern: str
+    """The heading of the concern's section: its class's docstring."""
     field: str
     env: str
     type: str
@@ -36,14 +37,19 @@ class Setting:
 
 def docstrings() -> dict[str, str]:
     """Settings' attribute docstrings (the string right under a field), whitespace folded."""
-    tree = ast.parse(inspect.getsource(config))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
     found: dict[str, str] = {}
-    for node, after in zip(cls.body, cls.body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _text(after):
-            assert isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-            found[node.target.id] = " ".join(str(after.value.value).split())
+    for concern in concerns():
+        cls = ast.parse(inspect.getsource(concern)).body[0]
+        assert isinstance(cls, ast.ClassDef)
+        for node, after in zip(cls.body, cls.body[1:], strict=False):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _text(after):
+                assert isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                found[node.target.id] = " ".join(str(after.value.value).split())
     return found
+
+
+def _module(concern: type[Concern]) -> str:
+    return "shared/" + concern.__module__.replace(".", "/") + ".py"
 
 
 def _text(node: ast.stmt) -> bool:
@@ -52,29 +58,32 @@ def _text(node: ast.stmt) -> bool:
 
 def problems() -> list[str]:
     """What keeps the reference from describing every setting, each with its fix."""
-    names = [f.name for f in fields(Settings)]
-    docs, spec = docstrings(), config._SPEC
+    docs = docstrings()
     found: list[str] = []
-    for name in names:
-        if name not in spec:
-            found.append(f"Settings.{name} has no LONGRUN_* variable: declare it in _SPEC in shared/longrun/config.py")
-        if name not in docs:
-            found.append(f"Settings.{name} has no docstring: write one under the field in shared/longrun/config.py")
-    found += [f"_SPEC declares {name!r}, which is no Settings field" for name in spec if name not in names]
+    for concern in concerns():
+        for f in fields(concern):
+            if variable(f) is None:
+                found.append(f"Settings.{f.name} has no LONGRUN_* variable: declare it with setting() in "
+                             f"{_module(concern)}")
+            if f.name not in docs:
+                found.append(f"Settings.{f.name} has no docstring: write one under the field in {_module(concern)}")
     return found
 
 
 def settings() -> list[Setting]:
-    """Every setting in declaration order; ValueError naming every problem if one is undescribed."""
+    """Every setting, concern by concern; ValueError naming every problem if one is undescribed."""
     found = problems()
     if found:
         raise ValueError("the configuration reference cannot be rendered:\n" + "\n".join(found))
     docs = docstrings()
     result = []
-    for f in fields(Settings):
-        spec = config._SPEC[f.name]
-        default = _COMPUTED_DEFAULTS.get(f.name, spec.default)
-        result.append(Setting(f.name, spec.env, str(f.type), default, spec.expected, docs[f.name]))
+    for concern in concerns():
+        for f in fields(concern):
+            spec = variable(f)
+            assert spec is not None
+            default = _COMPUTED_DEFAULTS.get(f.name, spec.default)
+            result.append(Setting(inspect.getdoc(concern) or concern.__name__, f.name, spec.env, str(f.type),
+                                  default, spec.expected, docs[f.name]))
     return result
 
 
@@ -99,16 +108,21 @@ def render() -> str:
     """The whole document; the same settings always give the same bytes."""
     rows = settings()
     lines = [
-        "<!-- GENERATED by longrun.config_reference from shared/longrun/config.py. Do not edit: run "
+        "<!-- GENERATED by longrun.config_reference from shared/longrun/config/. Do not edit: run "
         "`make schemas`. Checked by tests/unit/foundation/test_config_reference.py. -->",
         "# Configuration reference", "",
         "Every longrun service is configured only by these environment variables, read once at start",
-        "(`Settings.from_env` in `shared/longrun/config.py`). An unset variable takes its default; a",
-        "bad value stops the service with exit code 2, naming every bad variable at once.", "",
+        "(`Settings.from_env` in `shared/longrun/config/`, each concern's settings in its own module). An",
+        "unset variable takes its default; a bad value stops the service with exit code 2, naming every",
+        "bad variable at once.", "",
         "| variable | default |", "|---|---|",
         *(f"| [`{s.env}`](#{s.env.lower()}) | {_default(s.default)} |" for s in rows), "",
     ]
+    concern = None
     for s in rows:
+        if s.concern != concern:
+            concern = s.concern
+            lines += [f"## {concern}", ""]
         lines += _section(s)
     return "\n".join(lines)
 

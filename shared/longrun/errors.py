@@ -40,10 +40,6 @@ class TransientError(LongrunError):
     """Retry in-process (bounded, with jitter), then give the delivery back."""
 
 
-class DbUnavailable(TransientError):
-    code = ErrorCode.DB_UNAVAILABLE
-
-
 class BusUnavailable(TransientError):
     code = ErrorCode.BUS_UNAVAILABLE
 

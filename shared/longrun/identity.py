@@ -7,7 +7,7 @@ everything they do), their roles and the tenants they see. Three kinds of token 
 - a named API token (``longrunctl token create``), kept hashed in PostgreSQL: its name is the
   subject, its roles and tenants those it was created with;
 - an OIDC bearer token (a JWT) from the configured issuer (``LONGRUN_OIDC_*``), verified against the
-  issuer's JWKS, for its audience: ``sub`` is the subject, the configured claims carry roles,
+  issuer's JWKS (cached for a while, ``longrun.oidc``), for its audience: ``sub`` is the subject, the configured claims carry roles,
   tenants (``*``: every tenant) and groups;
 - a bootstrap token (``LONGRUN_OPERATOR_TOKENS``): an admin of every tenant named ``bootstrap``,
   there so a fresh install can create its first named tokens.
@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.config import Settings
 from longrun.db import tokens
+from longrun.oidc import KeySet
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ GROUP_PREFIX = "group:"
 BOOTSTRAP_SUBJECT = "bootstrap"
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
 """Asymmetric only: the gateway holds no secret an identity provider's tokens could be forged with."""
-JWKS_TIMEOUT = 5
-"""Seconds a JWKS fetch may take; past them the token is refused (401)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +57,9 @@ class Principal:
     tenants: frozenset[str] | None
     """None: every tenant."""
     groups: frozenset[str] = field(default_factory=frozenset)
+    credential: str = ""
+    """What vouched for the principal, recorded with its decisions: ``token:<id>`` (a named token),
+    ``oidc:<issuer>`` or ``bootstrap``; empty for one made in code rather than from a request."""
 
     def may(self, role: str) -> bool:
         """Whether the principal holds ``role`` or a role above it."""
@@ -80,7 +82,7 @@ class Principal:
         return owner == self.subject
 
 
-BOOTSTRAP = Principal(BOOTSTRAP_SUBJECT, frozenset({"admin"}), None)
+BOOTSTRAP = Principal(BOOTSTRAP_SUBJECT, frozenset({"admin"}), None, credential=BOOTSTRAP_SUBJECT)
 
 
 def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: str,
@@ -90,7 +92,7 @@ def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: s
     tenants = _names(claims.get(tenants_claim))
     return Principal(subject=str(claims["sub"]), roles=frozenset(_names(claims.get(roles_claim))) & set(ROLES),
                      tenants=None if EVERY_TENANT in tenants else frozenset(tenants),
-                     groups=frozenset(_names(claims.get(groups_claim))))
+                     groups=frozenset(_names(claims.get(groups_claim))), credential=f"oidc:{claims.get('iss')}")
 
 
 def _names(value: Any) -> list[str]:
@@ -108,9 +110,9 @@ class Authenticator:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self._engine = engine
         self._settings = settings
-        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens)
-        self._jwks = (jwt.PyJWKClient(settings.oidc_jwks_url, cache_keys=True, timeout=JWKS_TIMEOUT)
-                      if settings.oidc_issuer else None)
+        self._bootstrap = tuple(t.encode() for t in settings.operator_tokens or ())
+        self._jwks = (KeySet(settings.oidc_jwks_url, ttl=settings.oidc_cache_ttl,
+                             refresh_interval=settings.oidc_refresh_interval) if settings.oidc_issuer else None)
 
     async def from_bearer(self, token: str) -> Principal | None:
         """The principal the token names, or None: unknown, revoked, expired, forged or malformed."""
@@ -125,7 +127,8 @@ class Authenticator:
             if stored is None:
                 return None
             return Principal(stored.name, frozenset(stored.roles),
-                             None if stored.tenants is None else frozenset(stored.tenants))
+                             None if stored.tenants is None else frozenset(stored.tenants),
+                             credential=f"token:{stored.id}")
         if self._jwks is not None and token.count(".") == 2:
             return await asyncio.to_thread(self._verified, token)
         return None
@@ -136,7 +139,7 @@ class Authenticator:
         assert self._jwks is not None
         settings = self._settings
         try:
-            key = self._jwks.get_signing_key_from_jwt(token)
+            key = self._jwks.key(jwt.get_unverified_header(token).get("kid"))
             claims = jwt.decode(token, key.key, algorithms=list(JWT_ALGORITHMS), audience=settings.oidc_audience,
                                 issuer=settings.oidc_issuer, options={"require": ["exp", "iss", "aud", "sub"]})
         except jwt.PyJWTError as e:

@@ -30,14 +30,30 @@ def load(settings: Settings) -> dict[str, Provider]:
 
 
 def secrets(settings: Settings, providers: dict[str, Provider]) -> dict[str, str]:
-    """Each provider's HMAC secret: its own (``LONGRUN_WEBHOOK_SECRETS``) or the default
-    (``LONGRUN_WEBHOOK_SECRET``); a ``ConfigError`` for a secret of a provider not loaded."""
+    """Each provider's HMAC secret, its own: from ``LONGRUN_WEBHOOK_SECRETS``, or ``LONGRUN_WEBHOOK_SECRET``
+    when one provider alone is loaded. A ``ConfigError`` (naming providers, never a secret) for a
+    secret of a provider not loaded, a provider without a secret, and providers given the same one:
+    a sender of one provider must not be able to sign as another."""
     own = dict(settings.webhook_secrets)
     unknown = sorted(set(own) - set(providers))
     if unknown:
         raise ConfigError([("LONGRUN_WEBHOOK_SECRETS", f"no provider {', '.join(map(repr, unknown))}; known: "
                                                        f"{', '.join(sorted(providers)) or 'none'}")])
-    return {name: own.get(name, settings.webhook_secret) for name in providers}
+    if len(providers) == 1 and settings.webhook_secret:
+        own.setdefault(next(iter(providers)), settings.webhook_secret)
+    problems = []
+    missing = sorted(set(providers) - set(own))
+    if missing:
+        problems.append(("LONGRUN_WEBHOOK_SECRETS", f"no secret for provider {', '.join(map(repr, missing))}: each "
+                         "provider has its own (LONGRUN_WEBHOOK_SECRET serves a lone provider only)"))
+    by_secret: dict[str, list[str]] = {}
+    for name, secret in own.items():
+        by_secret.setdefault(secret, []).append(name)
+    problems += [("LONGRUN_WEBHOOK_SECRETS", f"providers {', '.join(map(repr, sorted(names)))} share a secret; "
+                  "each needs its own") for names in by_secret.values() if len(names) > 1]
+    if problems:
+        raise ConfigError(problems)
+    return own
 
 
 def _add(providers: dict[str, Provider], name: str, target: object, reference: str, where: str) -> None:

@@ -42,7 +42,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import CONNECTION_ERRORS, Bus
 from longrun.db.errors import is_transient
 from longrun_dependency_upgrade.forge import sign_payload
@@ -184,7 +184,7 @@ class Chaos:
         self.deadlines: set[str] = set()
         """Keys of the runs created with a business deadline."""
         self.redelivered: set[str] = set()
-        self.env = {"LONGRUN_TOOL_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
+        self.env = {"LONGRUN_FORGE_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
                     "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
                     "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN)}
@@ -343,7 +343,8 @@ class Chaos:
             try:
                 if not self.bus.connected:
                     await self.bus.ensure_connected()
-                await self.bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
+                await self.bus.publish(topology.INGRESS_EXCHANGE, "run.create",
+                                       to_message(envelope, user_id=broker_user(self.bus.url)))
                 return
             except Exception as e:
                 if attempt == 300 or not isinstance(e, (BusUnavailable, *CONNECTION_ERRORS)) and attempt > 30:

@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import runs
@@ -70,7 +70,7 @@ class Scenario:
         self.ensemble = Ensemble(services, tmp)
         self.env = {**self.ensemble.env, "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL),
                     "LONGRUN_PARTITION_LEASE_TTL": str(LEASE_TTL), "LONGRUN_RECONCILE_INTERVAL": "0.5",
-                    "LONGRUN_TOOL_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+                    "LONGRUN_FORGE_TIMEOUT": "10", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
         self.approved: set[tuple[str, str]] = set()
         self.tokens: dict[str, dict[str, str]] = {}
         """Each approver's authorization headers (a named token minted on first use)."""
@@ -141,7 +141,7 @@ class Scenario:
         for attempt in range(3):
             await self.bus.ensure_connected()
             try:
-                await self.bus.publish(exchange, routing_key, to_message(envelope))
+                await self.bus.publish(exchange, routing_key, to_message(envelope, user_id=broker_user(self.bus.url)))
                 return
             except BusUnavailable:
                 if attempt == 2:

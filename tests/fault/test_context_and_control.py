@@ -75,7 +75,7 @@ async def test_a_run_cancelled_while_a_tool_call_runs_records_the_call_and_start
         scenario: Scenario) -> None:
     # Given the dependency upgrade whose first commit is in flight: the forge made it and holds the answer 3 s
     await scenario.up(*EVERYTHING, forge_faults=({"endpoint": "commits", "mode": "timeout_after_commit",
-                                                   "times": 1, "hold_seconds": 3},), LONGRUN_TOOL_TIMEOUT="10")
+                                                   "times": 1, "hold_seconds": 3},), LONGRUN_FORGE_TIMEOUT="10")
     run_id = await scenario.create()
     await scenario.poll(lambda: _in_flight(scenario, run_id, "commit:1"), timeout=30, what="commit:1 in flight")
     # When the operator cancels the run through the API meanwhile

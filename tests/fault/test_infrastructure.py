@@ -91,7 +91,7 @@ async def test_the_database_restarted_while_a_tool_call_is_in_flight(scenario: S
     # Given the dependency upgrade with commit:1 in flight: the forge made it and holds its answer 3 s
     await scenario.up(*EVERYTHING, forge_faults=(
         {"endpoint": "commits", "mode": "timeout_after_commit", "times": 1, "hold_seconds": 3},),
-        LONGRUN_TOOL_TIMEOUT="10")
+        LONGRUN_FORGE_TIMEOUT="10")
     pids = _pids(scenario)
     run_id = await scenario.create()
     await scenario.poll(lambda: _in_flight(scenario, run_id, "commit:1"), timeout=30, what="commit:1 in flight")
@@ -113,7 +113,7 @@ async def test_database_backends_terminated_mid_run_every_service_reconnects(sce
     # Given the dependency upgrade with commit:1 in flight (the forge holds its answer 2 s)
     await scenario.up(*EVERYTHING, forge_faults=(
         {"endpoint": "commits", "mode": "timeout_after_commit", "times": 1, "hold_seconds": 2},),
-        LONGRUN_TOOL_TIMEOUT="10")
+        LONGRUN_FORGE_TIMEOUT="10")
     pids = _pids(scenario)
     run_id = await scenario.create()
     await scenario.poll(lambda: _in_flight(scenario, run_id, "commit:1"), timeout=30, what="commit:1 in flight")

@@ -46,6 +46,8 @@ class BusSpecimen:
     message_id: str | None = None
     type: str | None = None
     headers: dict[str, Any] = field(default_factory=dict)
+    anonymous: bool = False
+    """Published without a ``user_id`` (a producer that names none is refused at the ingress)."""
 
     @property
     def exchange(self) -> str:
@@ -228,7 +230,7 @@ def bus_specimen(draw: st.DrawFn) -> BusSpecimen:
         content_encoding=draw(st.one_of(st.none(), st.sampled_from(["gzip", "utf-16", "\x00"]))) if odd else None,
         message_id=draw(st.one_of(st.none(), AMQP_TEXT)) if odd else None,
         type=draw(st.one_of(st.none(), AMQP_TEXT)) if odd else None,
-        headers=draw(AMQP_HEADERS) if odd else {})
+        headers=draw(AMQP_HEADERS) if odd else {}, anonymous=odd and draw(st.booleans()))
 
 
 # -- webhooks --------------------------------------------------------------------------------------

@@ -12,15 +12,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import Bus
 from longrun.envelope import make
 from tests.fixtures import eventually
-from tests.harness import Process, Services
+from tests.harness import SECRETS, Process, Services
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_TOKEN = "test-operator-token"
-WEBHOOK_SECRET = "test-webhook-secret"
+OPERATOR_TOKEN = SECRETS["LONGRUN_OPERATOR_TOKENS"]
+WEBHOOK_SECRET = SECRETS["LONGRUN_WEBHOOK_SECRET"]
 SERVICES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
             "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
 """Each service by the name the tests give it, and its module."""
@@ -41,7 +41,6 @@ class Ensemble:
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.tmp = tmp
         self.env = {"LONGRUN_FORGE_URL": self.forge_url, "LONGRUN_GATEWAY_PORT": str(self.gateway_port),
-                    "LONGRUN_OPERATOR_TOKENS": OPERATOR_TOKEN, "LONGRUN_WEBHOOK_SECRET": WEBHOOK_SECRET,
                     "LONGRUN_RUN_LEASE_TTL": "5"}
 
     def start_forge(self) -> Process:
@@ -89,7 +88,7 @@ async def publish_create(bus: Bus, *, tenant: str, key: str, input_: dict[str, A
                          workflow: str = "dependency_upgrade") -> str:
     envelope = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": input_,
                                    "priority": priority}, producer="tests", tenant_id=tenant)
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
     return envelope.event_id
 
 

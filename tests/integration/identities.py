@@ -6,12 +6,25 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.db import tokens
 
+_minted: dict[tuple[str, tuple[str, ...], tuple[str, ...] | None], str] = {}
+"""The secret last minted for each name, roles and tenants: a test asking again gets the same token,
+as a live token's name belongs to one holder."""
+
 
 async def token(engine: AsyncEngine, name: str, *roles: str, tenants: tuple[str, ...] | None = None) -> str:
-    """The secret of a new token naming ``name`` (default role: approver; every tenant by default)."""
+    """The secret of a live token naming ``name`` (default role: approver; every tenant by default):
+    the one minted before for the same roles and tenants, else a new one, replacing (revoking) any
+    other live token of that name."""
+    key = (name, roles or ("approver",), tenants)
     async with engine.begin() as conn:
-        _, secret = await tokens.create(conn, name=name, roles=roles or ("approver",), tenants=tenants,
-                                        created_by="tests")
+        known = _minted.get(key)
+        if known is not None and await tokens.find(conn, known) is not None:
+            return known
+        for live in await tokens.listing(conn, include_revoked=False):
+            if live.name == name:
+                await tokens.revoke(conn, live.id)
+        _, secret = await tokens.create(conn, name=name, roles=key[1], tenants=tenants, created_by="tests")
+    _minted[key] = secret
     return secret
 
 

@@ -41,6 +41,23 @@ class Provider:
                                                                                    key_size=2048))
     codes: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Codes given out, not yet exchanged: their redirect URI and PKCE challenge."""
+    kid: str = KID
+    """The id of ``key``, the only key the JWKS publishes."""
+    claimed_issuer: str | None = None
+    """The issuer the discovery document names, when it is not ``url`` (an impostor's document)."""
+    fetches: dict[str, int] = field(default_factory=lambda: {"discovery": 0, "jwks": 0})
+    """How often the discovery document and the JWKS were served."""
+
+    def rotate(self) -> None:
+        """A new signing key under a new id; the JWKS publishes it alone from now on."""
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.kid = f"test-key-{secrets.token_hex(4)}"
+
+    def sign(self, claims: dict[str, Any], *, kid: str | None = None) -> str:
+        """An access token for ``claims`` (issuer, audience and a 5-minute life added), signed with ``key``."""
+        now = int(time.time())
+        return jwt.encode({"iss": self.url, "aud": self.audience, "iat": now, "exp": now + 300, **claims}, self.key,
+                          algorithm="RS256", headers={"kid": kid or self.kid})
 
     def gateway_env(self) -> dict[str, str]:
         return {"LONGRUN_OIDC_ISSUER": self.url, "LONGRUN_OIDC_AUDIENCE": self.audience,
@@ -49,7 +66,8 @@ class Provider:
 
     def app(self) -> Starlette:
         async def discovery(request: Request) -> Response:
-            return JSONResponse({"issuer": self.url, "authorization_endpoint": f"{self.url}/authorize",
+            self.fetches["discovery"] += 1
+            return JSONResponse({"issuer": self.claimed_issuer or self.url, "authorization_endpoint": f"{self.url}/authorize",
                                  "token_endpoint": f"{self.url}/token", "jwks_uri": f"{self.url}/jwks"})
 
         async def authorize(request: Request) -> Response:
@@ -71,15 +89,12 @@ class Provider:
                     (form.get("client_id"), form.get("client_secret")) != (self.client_id, self.client_secret) or \
                     given != (form.get("redirect_uri"), challenge):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
-            now = int(time.time())
-            claims = {"iss": self.url, "aud": self.audience, "iat": now, "exp": now + 300, **self.user}
-            return JSONResponse({"access_token": jwt.encode(claims, self.key, algorithm="RS256",
-                                                            headers={"kid": KID}),
-                                 "token_type": "Bearer", "expires_in": 300})
+            return JSONResponse({"access_token": self.sign(self.user), "token_type": "Bearer", "expires_in": 300})
 
         async def jwks(request: Request) -> Response:
+            self.fetches["jwks"] += 1
             public = jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
-            return JSONResponse({"keys": [{**public, "kid": KID, "use": "sig", "alg": "RS256"}]})
+            return JSONResponse({"keys": [{**public, "kid": self.kid, "use": "sig", "alg": "RS256"}]})
 
         return Starlette(routes=[Route("/.well-known/openid-configuration", discovery), Route("/authorize", authorize),
                                  Route("/token", token, methods=["POST"]), Route("/jwks", jwks)])

@@ -48,10 +48,11 @@ async def created(engine: AsyncEngine, *, tenant: str = "acme", kind: str = "dep
 
 
 async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadline_in: float = 3600,
-                            tenant: str = "acme") -> StoredRun:
+                            tenant: str = "acme", provider: str = "forge") -> StoredRun:
     stored = await created(engine, tenant=tenant)
     now = time.time()
-    wait = Wait(wait_id=str(uuid.uuid4()), kind="ci", deadline=now + deadline_in, correlation_key=correlation_key)
+    wait = Wait(wait_id=str(uuid.uuid4()), kind="ci", deadline=now + deadline_in, correlation_key=correlation_key,
+                provider=provider)
     async with engine.begin() as conn:
         stored = await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),

@@ -9,7 +9,9 @@ import time
 import pytest
 from sqlalchemy import text
 
-from longrun.artifacts import FilesystemArtifactStore, register, sweep_orphans
+from longrun.app.retention import sweep_orphans
+from longrun.artifacts import FilesystemArtifactStore
+from longrun.db.artifacts import register
 
 pytestmark = pytest.mark.integration
 

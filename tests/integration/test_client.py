@@ -74,7 +74,7 @@ async def test_a_refused_create_raises_with_the_rejection_from_accepted_and_from
         with pytest.raises(RunRejected) as refused:
             await client.accepted("order-404", timeout=60)
         rejection = refused.value.rejection
-        assert (rejection.code.value, rejection.refused_event_id) == ("unknown_workflow", request.event_id)
+        assert (rejection.code, rejection.refused_event_id) == ("unknown_workflow", request.event_id)
         assert "no_such_workflow" in rejection.reason
         with pytest.raises(RunRejected):
             await client.wait(request, timeout=5)

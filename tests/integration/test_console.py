@@ -282,3 +282,52 @@ async def _asked_hash(engine, run_id: str) -> str | None:  # type: ignore[no-unt
             "SELECT snapshot->'wait'->>'approved_hash' FROM runs WHERE run_id = :r AND status = 'WAITING_USER'"),
             {"r": run_id})).scalar()
 
+
+
+async def test_every_console_answer_carries_the_security_headers_and_its_inline_code_the_nonce(
+        clean, engine, gateway) -> None:
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        answers = [await console.get("/"), await console.get("/sign-in"), await console.get("/no-such-page")]
+        await signed_in(console, token)
+        answers += [await console.get("/runs"), await console.get(f"/runs/{run_id}"),
+                    await console.get(f"/runs/{run_id}/live"), await console.get("/audit")]
+    nonces = set()
+    for answer in answers:
+        csp = answer.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, answer.url
+        assert (answer.headers["x-content-type-options"], answer.headers["referrer-policy"],
+                answer.headers["cache-control"]) == ("nosniff", "no-referrer", "no-store"), answer.url
+        nonce = re.search(r"'nonce-([^']+)'", csp)
+        assert nonce is not None
+        nonces.add(nonce.group(1))
+        for tag in re.findall(r"<(?:script|style)[^>]*>", answer.text):
+            assert f'nonce="{nonce.group(1)}"' in tag, (answer.url, tag)
+    assert len(nonces) == len(answers)  # a nonce is drawn for each answer
+
+
+async def test_behind_a_trusted_tls_proxy_the_session_cookie_is_host_only_and_secure(
+        clean, engine, services, tmp_path) -> None:
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS="127.0.0.1")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    https = {"x-forwarded-proto": "https"}
+    async with httpx.AsyncClient(base_url=f"{ensemble.gateway_url}/console") as console:
+        page = await console.get("/sign-in", headers=https)
+        cookie = page.headers["set-cookie"]
+        assert cookie.startswith("__Host-longrun_console=") and "Secure" in cookie and "Path=/;" in cookie
+        jar = {"cookie": cookie.split(";")[0]}
+        signed = await console.post("/sign-in", headers={**https, **jar}, data={"token": token, "csrf": _csrf(page)})
+        assert signed.status_code == 303, signed.text
+        session = {"cookie": signed.headers["set-cookie"].split(";")[0]}
+        assert (await console.get("/runs", headers={**https, **session})).status_code == 200
+        # The same cookie over plain HTTP is not the session's: the console asks to sign in
+        assert (await console.get("/runs", headers=session)).status_code == 303
+
+
+async def test_a_forwarded_scheme_from_an_untrusted_peer_is_ignored(clean, gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        page = await console.get("/sign-in", headers={"x-forwarded-proto": "https"})
+    assert page.headers["set-cookie"].startswith("longrun_console=") and "Secure" not in page.headers["set-cookie"]

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import admit, effects
+from longrun.app.producers import producer_tenants
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -181,7 +182,8 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
 
 def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
     """The scheduler's ingress consumer, wired as the service wires it."""
-    creates = admit.Ingress(kinds=registry(), partitions=8, slots=4, max_input_bytes=MAX_INPUT)
+    creates = admit.Ingress(kinds=registry(), partitions=8, slots=4, max_input_bytes=MAX_INPUT,
+                            producers=producer_tenants((), bus.url))
     return QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
                          handler=creates.handle, prefetch=10, max_attempts=3, batch=16, prelude=creates.prelude,
                          refuser=functools.partial(admit.refuse, partitions=8))

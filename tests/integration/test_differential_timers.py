@@ -22,6 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
+from longrun.app import timer_shortcut as shortcut
 from longrun.app import timers as firing
 from longrun.bus import topology
 from longrun.db import runs
@@ -207,7 +208,7 @@ def _without_wake_from_waiting_event(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _paused_counted_as_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(firing, "_WAITING", firing._WAITING | {_S.PAUSED.value})
+    monkeypatch.setattr(shortcut, "_WAITING", shortcut._WAITING | {_S.PAUSED.value})
 
 
 def _wakeup_correlated_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,11 +231,11 @@ def _broadcast_correlated_by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _question_deadline_taken_the_short_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = firing._quick_verdict
+    real = shortcut.quick_verdict
 
     def mutated(timer: Any, head: Any) -> Any:
         return real(timer._replace(payload={k: v for k, v in timer.payload.items() if k != "question_id"}), head)
-    monkeypatch.setattr(firing, "_quick_verdict", mutated)
+    monkeypatch.setattr(shortcut, "quick_verdict", mutated)
 
 
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]] = {

@@ -23,7 +23,7 @@ async def test_a_stalled_worker_is_fenced_out_and_the_run_finishes_elsewhere(cle
     # Given two workers, and a forge that holds the first commit's answer for a while
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    env = {"LONGRUN_RUN_LEASE_TTL": "3", "LONGRUN_TOOL_TIMEOUT": "20", "LONGRUN_RECONCILE_INTERVAL": "0.5",
+    env = {"LONGRUN_RUN_LEASE_TTL": "3", "LONGRUN_FORGE_TIMEOUT": "20", "LONGRUN_RECONCILE_INTERVAL": "0.5",
            "LONGRUN_AMQP_HEARTBEAT": "2"}
     ensemble.start_services("gateway", "scheduler", "relay", "reconciler", "timer", **env)
     workers = {p.name: p for p in (ensemble.start("worker", "services.worker", **env) for _ in range(2))}

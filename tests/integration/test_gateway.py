@@ -29,6 +29,9 @@ from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 
 pytestmark = pytest.mark.integration
 
+ACME_SECRET = "acme-own-secret"
+"""The stamped acme provider's secret: each provider has its own."""
+
 
 @pytest.fixture
 async def gateway(services, tmp_path):  # type: ignore[no-untyped-def]
@@ -105,14 +108,14 @@ async def test_a_timestamped_delivery_sent_again_outside_the_replay_window_is_re
         clean, engine, services, tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)
     ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
-                   LONGRUN_WEBHOOK_REPLAY_WINDOW="5s")
+                   LONGRUN_WEBHOOK_SECRETS=f"forge={WEBHOOK_SECRET},acme={ACME_SECRET}", LONGRUN_WEBHOOK_REPLAY_WINDOW="5s")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
-    stored = await waiting_for_event(engine, "ci/acme/payments/11")
+    stored = await waiting_for_event(engine, "ci/acme/payments/11", provider="acme")
     body = ci_event("acme-1", 11)
 
     def stamped(sent_at: float) -> dict[str, str]:
         stamp = f"{sent_at:.0f}"
-        digest = hmac.new(WEBHOOK_SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+        digest = hmac.new(ACME_SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
         return {"x-acme-signature": f"sha256={digest}", "x-acme-timestamp": stamp}
 
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:

@@ -188,6 +188,34 @@ async def test_every_other_command_against_the_live_gateway(ana, clean, engine, 
     await refused("Error: 404 Not Found: no quarantine entry 999999", "dlq", "replay", "999999", "--reason", "again")
 
 
+async def test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of_every_tenant_sets(
+        ana, clean, engine, gateway) -> None:
+    tia = await token(engine, "tia", "admin", tenants=("acme",))
+
+    async def as_(secret: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return await ctl(*at(gateway, secret, "-o", "json", "tenant", *args))
+
+    set_ceiling = await as_(ana, "ceiling", "acme", "--tool", "forge.*", "--resource", "repo:acme/*",
+                            "--reason", "acme's contract")
+    assert set_ceiling.returncode == 0, set_ceiling.stderr
+    assert json.loads(set_ceiling.stdout)["version"] == 1
+    shown = json.loads((await as_(tia, "ceiling", "acme")).stdout)
+    assert (shown["tools"], shown["resources"]) == (["forge.*"], ["repo:acme/*"])
+    narrowed = await as_(tia, "policy", "acme", "--tool", "forge.open_merge_request", "--resource", "repo:acme/web",
+                         "--reason", "web only")
+    assert narrowed.returncode == 0 and json.loads(narrowed.stdout)["version"] == 1, narrowed.stderr
+    widened = await as_(tia, "policy", "acme", "--tool", "*", "--resource", "*", "--reason", "everything")
+    assert widened.returncode == 1 and widened.stderr.startswith(
+        "Error: 403 Forbidden: tia may only narrow the policy of tenant 'acme' within its ceiling"), widened.stderr
+    not_hers = await as_(tia, "ceiling", "acme", "--tool", "*", "--resource", "*", "--reason", "mine")
+    assert not_hers.returncode == 1 and "only a principal of every tenant may" in not_hers.stderr
+    no_reason = await as_(ana, "ceiling", "acme", "--tool", "*")
+    assert no_reason.returncode == 2 and "--reason is required to change a ceiling" in no_reason.stderr
+
+
+TESTED[("tenant", "ceiling")] = test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of_every_tenant_sets
+
+
 TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (
     "run pause", "run resume", "run cancel", "run migrate", "run answer", "run resolve", "run retry-action",
     "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})

@@ -22,7 +22,7 @@ from sqlalchemy import text
 
 from longrun import cli, timeline
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
 from tests.fixtures import eventually
 from tests.integration.ensemble import (OPERATOR_TOKEN, Ensemble, event_types, goal, new_key, publish_create,
@@ -55,7 +55,7 @@ async def _create(bus, tenant: str, goal: dict[str, Any], *, workflow: str = "no
     envelope = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": goal, **v3},
                     producer="tests", tenant_id=tenant)
     assert envelope.schema_version == 4  # v3's fields, and no timeouts
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
     return key
 
 

@@ -46,7 +46,7 @@ async def test_prometheus_scrapes_the_ensemble_agrees_with_the_database_and_fire
         port = free_port()
         ports.setdefault(name, []).append(port)
         ensemble.start(name, module, LONGRUN_HEALTH_PORT=str(port), LONGRUN_HEALTH_BIND="127.0.0.1",
-                       LONGRUN_METRICS_INTERVAL="1", LONGRUN_TOOL_TIMEOUT="2",
+                       LONGRUN_METRICS_INTERVAL="1", LONGRUN_FORGE_TIMEOUT="2",
                        # No sweep after the first: an UNKNOWN action stays UNKNOWN.
                        LONGRUN_RECONCILE_INTERVAL="3600")
     await ensemble.configure_forge(deliver_times=2, faults=(

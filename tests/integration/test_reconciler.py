@@ -495,7 +495,7 @@ async def _has_rows(engine: AsyncEngine, sql: str, n: int) -> bool:
 
 
 def _start_ensemble(ensemble: Ensemble, tmp: Path, *, worker_env: dict[str, str]) -> None:
-    common = {"LONGRUN_TOOL_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
+    common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
               "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
     services = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
                 ("reconciler", "services.reconciler"), ("relay", "services.outbox_relay")]
@@ -588,14 +588,14 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
     ensemble.start_forge()
     await ensemble.configure_forge()
     _start_ensemble(ensemble, tmp_path, worker_env={"LONGRUN_CRASH_POINTS": "worker.before_tool_request:6",
-                                                    "LONGRUN_TOOL_TIMEOUT": "30"})
+                                                    "LONGRUN_FORGE_TIMEOUT": "30"})
     crashing = services.started[-1]
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
 
     async def replace_the_dead_worker() -> None:
         if not crashing.alive() and len([p for p in services.started if p.name.startswith("worker")]) == 1:
             assert crashing.popen.returncode == -9, crashing.output()
-            ensemble.start("worker", "services.worker", LONGRUN_TOOL_TIMEOUT="2",
+            ensemble.start("worker", "services.worker", LONGRUN_FORGE_TIMEOUT="2",
                            LONGRUN_ARTIFACT_DIR=str(tmp_path / "artifacts"))
 
     # When the task runs, and the dead worker is replaced by a fresh one

@@ -37,7 +37,7 @@ SERVICES = (("gateway", "services.gateway"), ("scheduler", "services.scheduler")
 
 def _start(ensemble: Ensemble, tmp: Path, **worker_env: str) -> None:
     """Everything but the reconciler: an action in doubt stays so until a person settles it."""
-    common = {"LONGRUN_TOOL_TIMEOUT": "2", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
+    common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
     for name, module in SERVICES:
         ensemble.start(name, module, **common)
     ensemble.start("worker", "services.worker", **common, **worker_env)
@@ -160,7 +160,7 @@ async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_r
 
     await eventually(dead, timeout=60, what="the worker to die before the merge request")
     await _outage(ensemble, 120)
-    ensemble.start("worker", "services.worker", LONGRUN_TOOL_TIMEOUT="2", LONGRUN_RUN_LEASE_TTL="3",
+    ensemble.start("worker", "services.worker", LONGRUN_FORGE_TIMEOUT="2", LONGRUN_RUN_LEASE_TTL="3",
                    LONGRUN_ARTIFACT_DIR=str(tmp_path / "artifacts"))
     row = await eventually(lambda: _deferred(engine, run_id), timeout=60, what="the reconciliation to be stuck")
     assert row.status == "RECONCILING" and row.last_error

@@ -25,7 +25,7 @@ from longrun.app.transaction import PgTransaction
 from longrun.app.webhooks import Translated, audit
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
@@ -35,7 +35,7 @@ from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 from longrun.ports.runs import StoredRun
 from longrun.workflows import STEPS_VERSIONS, steps
-from services.reconciler.main import horizons
+from longrun.app.reconcile_sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.identities import bearer
@@ -50,7 +50,8 @@ LANES = 8
 CHUNK = 125
 SHORT = {"LONGRUN_RETAIN_OUTBOX": HORIZON, "LONGRUN_RETAIN_INBOX": HORIZON,
          "LONGRUN_QUARANTINE_REPLAY_WINDOW": "3s", "LONGRUN_RETAIN_TIMERS": HORIZON,
-         "LONGRUN_RETAIN_WEBHOOK_EVENTS": HORIZON, "LONGRUN_RETAIN_DELIVERY_FAILURES": HORIZON,
+         "LONGRUN_RETAIN_WEBHOOK_EVENTS": HORIZON, "LONGRUN_RETAIN_UNMATCHED_WEBHOOK_EVENTS": HORIZON,
+         "LONGRUN_RETAIN_DELIVERY_FAILURES": HORIZON,
          "LONGRUN_RETAIN_REPLAYED_QUARANTINE": HORIZON, "LONGRUN_RETAIN_DEAD_MEMBERS": HORIZON,
          "LONGRUN_RETAIN_AUDIT": HORIZON, "LONGRUN_RETAIN_FINISHED_RUNS": HORIZON,
          "LONGRUN_ARTIFACT_ORPHAN_GRACE": HORIZON}
@@ -141,14 +142,16 @@ async def _unsettled(conn: AsyncConnection, stored: StoredRun) -> StoredRun:
 
 
 async def _bystanders(conn: AsyncConnection, tag: str, n: int, run_ids: list[str]) -> None:
-    """What else grows, ``n`` of each, written by each table's own writer: done rows, and rows that no
-    horizon removes (unmatched webhook events, unreplayed quarantine entries)."""
+    """What else grows, ``n`` of each, written by each table's own writer: done rows, unmatched webhook
+    events (which expire), and rows that no horizon removes (unreplayed quarantine entries, the ids
+    of webhook deliveries)."""
     tx = PgTransaction(conn)
     for i in range(n):
         event = Translated(f"{tag}-hook-{i}", f"{tag}-corr-{i}", "ci", {"ok": True})
-        await tx.keep("forge", event, {"n": i})
+        await tx.keep("forge", event, {"n": i}, remember=True)
         await tx.matched("forge", event.event_id, run_ids[i])
-        await tx.keep("forge", Translated(f"{tag}-unmatched-{i}", f"{tag}-nobody-{i}", "ci", {}), {"n": i})
+        await tx.keep("forge", Translated(f"{tag}-unmatched-{i}", f"{tag}-nobody-{i}", "ci", {}), {"n": i},
+                      remember=True)
         await quarantine.record_failure(conn, service="worker", message_id=f"{tag}-failing-{i}", error="boom")
         for replayed in (True, False):
             entry = await quarantine.put(conn, owner="worker", queue="longrun.worker.p0", body=b"{}", headers={},
@@ -213,6 +216,7 @@ async def _counts(engine: AsyncEngine) -> dict[str, Any]:
                    (SELECT count(*) FROM timers WHERE cancelled_at IS NOT NULL) AS cancelled,
                    (SELECT count(*) FROM webhook_events WHERE matched_at IS NOT NULL) AS matched,
                    (SELECT count(*) FROM webhook_events WHERE matched_at IS NULL) AS unmatched,
+                   (SELECT count(*) FROM webhook_deliveries) AS deliveries,
                    (SELECT count(*) FROM delivery_failures) AS failures,
                    (SELECT count(*) FROM quarantine WHERE replayed_at IS NOT NULL) AS replayed,
                    (SELECT count(*) FROM quarantine WHERE replayed_at IS NULL) AS unreplayed,
@@ -282,7 +286,7 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     assert (after["inbox_scheduler"], after["inbox_worker"]) == (5, 5)
     # (the terminated run's timer was cancelled when it ended: pruned by the timers' horizon too)
     assert (after["fired"], after["unfired"], after["cancelled"]) == (5, OPEN + 1, 0)
-    assert (after["matched"], after["unmatched"]) == (5, 40 + 5)
+    assert (after["matched"], after["unmatched"], after["deliveries"]) == (5, 5, 2 * (40 + 5))
     assert (after["failures"], after["replayed"], after["unreplayed"]) == (5, 5, 40 + 5)
     assert (after["members"], after["audit"]) == (5 + 1, 5)
     assert (before["fired"], before["unfired"], before["cancelled"]) == (45, FINISHED // CHUNK + OPEN + 1, 1)
@@ -389,7 +393,7 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     env = {**SHORT, "LONGRUN_RETENTION_INTERVAL": "1"}
     ensemble.start_services("gateway", "scheduler", "worker", "relay", "reconciler", **env)
     create = _create_envelope("acme", "replayed", 2)
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(create))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(create, user_id=broker_user(bus.url)))
     run_id = await eventually(lambda: run_id_for(engine, "acme", "replayed"), what="the run")
     await eventually(lambda: _is(engine, run_id, "COMPLETED"), timeout=60, what="completion")
     async with engine.connect() as conn:

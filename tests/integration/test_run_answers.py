@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.bus import topology
+from longrun.bus.codec import broker_user
 from tests.fixtures import eventually
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, new_key, run_id_for
 
@@ -65,7 +66,7 @@ def _create(key: str, *, tenant: str = TENANT, **payload: Any) -> dict[str, Any]
 async def _publish(bus, body: dict[str, Any] | bytes) -> None:  # type: ignore[no-untyped-def]
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create",
-                      aio_pika.Message(raw, content_type="application/json",
+                      aio_pika.Message(raw, content_type="application/json", user_id=broker_user(bus.url),
                                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT))
 
 
@@ -90,6 +91,7 @@ async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_co
         "unknown": (_create("unknown", workflow="no_such_kind"), "unknown_workflow"),
         "pinned": (_create("pinned", workflow_version="99"), "unknown_workflow_version"),
         "large": (_create("large", input={"blob": "x" * 2048}), "input_too_large"),
+        "shapeless": (_create("shapeless", input={"steps": "abc"}), "input_invalid"),
     }
     # When a producer sends each bad create, a body with no envelope, then a good create, on one queue
     for body, _ in refused.values():
@@ -103,15 +105,21 @@ async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_co
                                    what=f"the answer to {key}")
         [(routing_key, answer)] = answers
         assert routing_key == "acme.run.rejected", key
-        assert (answer["type"], answer["schema_version"]) == ("run.rejected", 2), key
+        assert (answer["type"], answer["schema_version"]) == ("run.rejected", 3), key
         assert answer["payload"]["code"] == code and answer["payload"]["reason"], key
         assert answer["payload"]["refused_event_id"] == answer["causation_id"] == body["event_id"], key
+    assert "steps: Input should be a valid integer" in follower.of("corr-shapeless")[0][1]["payload"]["reason"]
     # and the ones that did not parse are kept in quarantine with their reason, the bodyless one too
     async with engine.connect() as conn:
         kept = {bytes(r.body): r.error_code for r in await conn.execute(text(
             "SELECT body, error_code FROM quarantine WHERE owner = 'scheduler'"))}
     assert sorted(kept.values()) == ["decode_error", "decode_error", "unknown_schema_version"]
     assert b"this is not an envelope" in kept
+    # and none of them made a run
+    async with engine.connect() as conn:
+        made = (await conn.execute(text("SELECT count(*) FROM runs WHERE idempotency_key = ANY(:keys)"),
+                                   {"keys": list(refused)})).scalar_one()
+    assert made == 0
     # and the good create after them was accepted and completed, its outcome on its terminal event
     run_id = await eventually(lambda: run_id_for(engine, TENANT, "good"), what="the good run")
     events = await eventually(_now(lambda: _terminal(follower.of("corr-good"))), timeout=30, what="its terminal event")

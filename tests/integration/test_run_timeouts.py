@@ -23,7 +23,7 @@ from longrun.app import operate
 from longrun.app import timers as firing
 from longrun.app.transaction import PgTransaction
 from longrun.bus import topology
-from longrun.bus.codec import to_message
+from longrun.bus.codec import broker_user, to_message
 from longrun.db import runs
 from longrun.domain import PinnedVersions, RunTimeouts, Usage, freeze
 from longrun.domain import events as ev
@@ -65,7 +65,7 @@ async def _create(bus, goal: dict[str, Any], *, version: int = 4, **fields: Any)
         del envelope["payload"]["timeouts"]
         envelope["schema_version"] = 3
     assert envelope["schema_version"] == version
-    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope))
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
     return key
 
 

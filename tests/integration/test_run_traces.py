@@ -27,6 +27,8 @@ from tests.integration.traced_kind import NAP
 
 pytestmark = pytest.mark.integration
 
+SIGNAL_SECRET = "signal-own-secret"
+"""The signal provider's secret: each provider has its own."""
 MODULES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
            "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
 SERVICES = {f"longrun-{name}" for name in ("scheduler", "outbox-relay", "worker", "timer", "gateway")}
@@ -66,6 +68,7 @@ async def test_each_run_is_one_trace_across_every_service_through_a_timer_and_a_
     ensemble = Ensemble(services, tmp_path)
     env = {"LONGRUN_RUN_KINDS": "tests.integration.traced_kind:kinds",
            "LONGRUN_WEBHOOK_PROVIDERS": "signal=tests.integration.traced_kind:signal",
+           "LONGRUN_WEBHOOK_SECRETS": f"forge={WEBHOOK_SECRET},signal={SIGNAL_SECRET}",
            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
            "OTEL_BSP_SCHEDULE_DELAY": "100"}
     for name in ("gateway", "scheduler", "relay", "worker", "reconciler"):
@@ -94,7 +97,7 @@ async def test_each_run_is_one_trace_across_every_service_through_a_timer_and_a_
         for run_id in runs.values():
             body = json.dumps({"id": f"sig-{run_id}", "key": f"signal/{run_id}"}).encode()
             answer = await gateway.post("/webhooks/signal", content=body, headers={
-                "x-forge-signature": sign_payload(WEBHOOK_SECRET, body), "content-type": "application/json"})
+                "x-forge-signature": sign_payload(SIGNAL_SECRET, body), "content-type": "application/json"})
             assert answer.status_code < 300, answer.text
     for run_id in runs.values():
         await eventually(lambda: _status_is(engine, run_id, "COMPLETED"), timeout=30, what=f"{run_id} completed")

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from longrun.app import admit
 from longrun.db import admission, migrate
 from longrun.db.schema import metadata
+from longrun_dependency_upgrade import webhooks as forge
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
@@ -263,24 +264,37 @@ def _plan_nodes(node: dict) -> Iterator[dict]:  # type: ignore[type-arg]
         yield from _plan_nodes(child)
 
 
+WAITING_FORGE_EVENTS = [
+    {"type": "ci.finished", "id": "e1", "repo": "acme/payments", "ci_run_id": 3, "status": "passed", "sha": "s1"},
+    {"type": "ci.finished", "id": "e2", "repo": "acme/payments", "ci_run_id": "ci-7", "status": "failed",
+     "sha": "s2", "log_excerpt": "1 test failed"},
+    {"type": "branch.pushed", "id": "e3", "repo": "acme/payments", "branch": "longrun/upgrade", "sha": "s3",
+     "pusher": "dana"},
+    {"type": "branch.pushed", "id": "e4", "repo": "acme/payments", "branch": "longrun/upgrade", "sha": "s4"},
+]
+
+
 def test_kept_webhook_events_waiting_for_a_run_keep_their_meaning_across_the_upgrade(scratch_url: str) -> None:
-    # Given events kept by a release that stored only the payload: one waiting for a run, one matched
+    # Given events kept by a release that stored only the payload: some waiting for a run, one matched
     migrate.upgrade(scratch_url, "0012")
     engine = create_engine(scratch_url)
-    ci = {"type": "ci.finished", "id": "e1", "repo": "acme/payments", "ci_run_id": 3, "status": "passed", "sha": "s1"}
     insert = text("INSERT INTO webhook_events (provider, event_id, correlation_key, payload, matched_run_id) "
-                  "VALUES (:p, :e, 'ci/acme/payments/3', CAST(:payload AS jsonb), :m)")
+                  "VALUES ('forge', :e, :key, CAST(:payload AS jsonb), :m)")
     with engine.begin() as conn:
-        conn.execute(insert, {"p": "forge", "e": "e1", "payload": json.dumps(ci), "m": None})
-        conn.execute(insert, {"p": "forge", "e": "e0", "payload": json.dumps({**ci, "id": "e0"}), "m": "r0"})
-    # When the database is upgraded with the forge provider installed (the example's entry point)
+        for payload in WAITING_FORGE_EVENTS:
+            conn.execute(insert, {"e": payload["id"], "key": forge.translate(payload).correlation_key,
+                                  "payload": json.dumps(payload), "m": None})
+        matched = {**WAITING_FORGE_EVENTS[0], "id": "e0"}
+        conn.execute(insert, {"e": "e0", "key": "ci/acme/payments/3", "payload": json.dumps(matched), "m": "r0"})
+    # When the database is upgraded (the migration holds its own translation of the forge's events)
     migrate.upgrade(scratch_url)
-    # Then the waiting event holds what the provider makes of it; the matched one is left as it was
+    # Then each waiting event holds what the forge provider makes of it; the matched one is left as it was
     with engine.connect() as conn:
         rows = dict(conn.execute(text("SELECT event_id, jsonb_build_array(fact_key, fact) FROM webhook_events"))
                     .all())
     engine.dispose()
-    assert rows == {"e1": ["ci_result:3", {"status": "passed", "sha": "s1", "log_excerpt": ""}], "e0": [None, None]}
+    translated = {p["id"]: forge.translate(p) for p in WAITING_FORGE_EVENTS}
+    assert rows == {"e0": [None, None], **{e: [t.fact_key, t.fact] for e, t in translated.items()}}
 
 
 def test_an_upgrade_stops_rather_than_lose_a_waiting_event_of_a_provider_not_installed(scratch_url: str) -> None:
@@ -289,7 +303,7 @@ def test_an_upgrade_stops_rather_than_lose_a_waiting_event_of_a_provider_not_ins
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO webhook_events (provider, event_id, correlation_key, payload) "
                           "VALUES ('tracker', 't1', 'issue/1', '{}')"))
-    with pytest.raises(RuntimeError, match="provider 'tracker' waits to be matched"):
+    with pytest.raises(RuntimeError, match="provider 'tracker' waits to be matched, and this migration knows only"):
         migrate.upgrade(scratch_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM webhook_events")).scalar() == 1

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import effects
+from longrun.app import effects, timer_shortcut
 from longrun.app import timers as firing
 from longrun.app.timers import fire_due
 from longrun.bus import topology
@@ -282,7 +282,7 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
         due = {r.run_id: r for r in await conn.execute(text("SELECT timer_key, run_id, kind, payload FROM timers"))}
     if not shortcut:
         # Any difference from the sample's transition turns the shortcut off for the batch.
-        monkeypatch.setattr(firing, "_WAKE_KEYS", frozenset())
+        monkeypatch.setattr(timer_shortcut, "_WAKE_KEYS", frozenset())
     # When they all fire in one batch
     at = time.time()
     assert await fire_due(engine, batch=len(before), clock=lambda: at) == len(before)

@@ -33,7 +33,7 @@ async def test_a_merge_request_that_times_out_after_creation_parks_the_run_in_ac
     # Given the ensemble without a reconciler, and a forge that creates the merge request then hangs
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
-    ensemble.start_services("gateway", "scheduler", "worker", "relay", LONGRUN_TOOL_TIMEOUT="2")
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", LONGRUN_FORGE_TIMEOUT="2")
     await ensemble.configure_forge(faults=({"endpoint": "merge_requests", "mode": "timeout_after_commit",
                                             "times": 1, "hold_seconds": 10},))
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")

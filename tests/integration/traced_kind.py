@@ -65,7 +65,8 @@ class Traced:
             return Complete(evidence=freeze({"signalled": True}))
         if state.last_wake is None or state.last_wake.reason is not WakeReason.DEADLINE:
             return WaitForEvent(kind="nap", correlation_key=f"nap/{state.run_id}", deadline=ctx.now + NAP)
-        return WaitForEvent(kind="signal", correlation_key=f"signal/{state.run_id}", deadline=ctx.now + 600)
+        return WaitForEvent(kind="signal", correlation_key=f"signal/{state.run_id}", deadline=ctx.now + 600,
+                            provider="signal")
 
     def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
         return ()

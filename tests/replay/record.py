@@ -154,7 +154,7 @@ async def live(args: argparse.Namespace) -> None:
         bus = Bus(infra.amqp_url, topology=test_topology(), name="recorder")
         await bus.connect()
         ensemble = Ensemble(services, tmp)
-        common = {"LONGRUN_TOOL_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
+        common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                   "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
                   "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:ASKING"}
         try:

@@ -21,6 +21,8 @@ from longrun_dependency_upgrade.tools import forge_tools
 
 FORGE_URL = "LONGRUN_FORGE_URL"
 DEFAULT_FORGE_URL = "http://127.0.0.1:8090"
+FORGE_TIMEOUT = "LONGRUN_FORGE_TIMEOUT"
+DEFAULT_FORGE_TIMEOUT = "10"
 VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scripted-or-openai-v1",
                           tool_schemas="forge-v1")
 
@@ -39,8 +41,22 @@ def forge_url() -> str:
     return url
 
 
+def forge_timeout() -> float:
+    """``LONGRUN_FORGE_TIMEOUT``: seconds a forge call may take (its start-to-close timeout); past it
+    the call's outcome is unknown, never failed."""
+    raw = os.environ.get(FORGE_TIMEOUT, DEFAULT_FORGE_TIMEOUT)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError([(FORGE_TIMEOUT, f"expected seconds, a number > 0, got {raw!r}")])
+    return seconds
+
+
 def run_kinds(settings: Settings) -> list[RunKind]:
-    """The agent at version 1, its forge tools calling ``LONGRUN_FORGE_URL``."""
-    tools = forge_tools(ForgeClient(forge_url(), timeout=settings.tool_timeout), timeout=settings.tool_timeout)
+    """The agent at version 1, its forge tools calling ``LONGRUN_FORGE_URL`` within ``LONGRUN_FORGE_TIMEOUT``."""
+    timeout = forge_timeout()
+    tools = forge_tools(ForgeClient(forge_url(), timeout=timeout), timeout=timeout)
     return [RunKind(workflow.KIND, VERSIONS, workflow.DependencyUpgrade(), tools, workflow.allowed_actions,
                     model_script=workflow.model_script(), scope=SCOPE)]

@@ -11,6 +11,8 @@ state, then checks the forge: the merge request must exist exactly once.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 import time
 import uuid
@@ -26,6 +28,8 @@ from longrun.launcher import Launcher, follow, run_stoppable
 from longrun_dependency_upgrade import FORGE_URL
 
 TENANT = "acme"
+GATEWAY_SECRETS = ("LONGRUN_OPERATOR_TOKENS", "LONGRUN_WEBHOOK_SECRET", "LONGRUN_CONSOLE_SECRET")
+"""Drawn at random for this demo unless the environment gives them: the gateway has none built in."""
 
 
 async def publish_run_create(settings: Settings, key: str, goal: dict[str, Any]) -> None:
@@ -39,9 +43,15 @@ async def approve(gateway: httpx.AsyncClient, settings: Settings, run_id: str, w
     bootstrap token, as an admin would with ``longrunctl token create``): the gateway records who
     approved from the token, never from what the caller says."""
     print(f"         -> {wait['owner']} reviews {wait['subject']!r} and approves hash {wait['approved_hash'][:12]}")
+    admin = {"authorization": f"Bearer {settings.operator_tokens[0]}"}
+    # A name belongs to one live token: an earlier demo's token for the approver is revoked first.
+    listed = await gateway.get("/tokens", headers=admin)
+    listed.raise_for_status()
+    for earlier in (t for t in listed.json() if t["name"] == wait["owner"]):
+        (await gateway.post(f"/tokens/{earlier['id']}/revoke", headers=admin,
+                            json={"reason": "make run: a new token for the approver"})).raise_for_status()
     created = await gateway.post("/tokens", json={"name": wait["owner"], "roles": ["approver"], "tenants": [TENANT],
-                                                  "reason": "make run: the approver's token"},
-                                 headers={"authorization": f"Bearer {settings.operator_tokens[0]}"})
+                                                  "reason": "make run: the approver's token"}, headers=admin)
     created.raise_for_status()
     response = await gateway.post(
         f"/runs/{run_id}/approve", json={"approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"],
@@ -51,12 +61,14 @@ async def approve(gateway: httpx.AsyncClient, settings: Settings, run_id: str, w
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+    drawn = {name: os.environ.get(name) or secrets.token_urlsafe(32) for name in GATEWAY_SECRETS}
+    settings = Settings.from_env({**os.environ, **drawn})
     root = Path.cwd()
     gateway_port, forge_port = args.port_base, args.port_base + 10
     forge_url = f"http://127.0.0.1:{forge_port}"
     launcher = Launcher(root, gateway_port=gateway_port, health_base=args.port_base + 100,
-                        env={FORGE_URL: forge_url, "LONGRUN_TOOL_TIMEOUT": "3"})
+                        env={FORGE_URL: forge_url, "LONGRUN_FORGE_TIMEOUT": "3"})
+    launcher.base_env.update(drawn)
     print("longrun: starting the ensemble")
     launcher.migrate()
     (launcher.logs.parent / "forge.sqlite").unlink(missing_ok=True)

@@ -40,6 +40,11 @@ MR_TOOL_VERSION = "1"
 CI_TIMEOUT = 3600.0
 APPROVAL_TIMEOUT = 3 * 24 * 3600.0
 MAX_ROUNDS = 3
+FORGE = "forge"
+"""The webhook provider whose events end this kind's waits (``longrun_dependency_upgrade.webhooks``)."""
+WAIT_PROVIDER_PATCH = "wait-names-its-provider"
+"""Waits decided since this patch name the forge as their provider; a history recorded before it
+replays through waits that name none (its runs' waits got the forge from the database migration)."""
 
 
 def _fact(state: RunSnapshot, key: str) -> Any:
@@ -92,7 +97,8 @@ class DependencyUpgrade:
             if result is None:
                 if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE:
                     return Fail(reason=f"CI run {ci_id} did not report within {CI_TIMEOUT:.0f}s")
-                return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT)
+                return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT,
+                                    provider=_provider(ctx))
             if result["status"] == "passed":
                 break
             if round_ >= MAX_ROUNDS:
@@ -117,7 +123,8 @@ class DependencyUpgrade:
         if result is None:
             if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE:
                 return Fail(reason=f"CI run {ci_id} did not report within {CI_TIMEOUT:.0f}s")
-            return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT)
+            return WaitForEvent(kind="ci", correlation_key=ci_key(repo, ci_id), deadline=ctx.now + CI_TIMEOUT,
+                                provider=_provider(ctx))
         if result["status"] != "passed":
             return Fail(reason=f"CI failed on {sha}, which was pushed to the branch by someone else")
         return None
@@ -134,7 +141,8 @@ class DependencyUpgrade:
             return WaitForUser(approval_id=approval_id, owner=goal["owner"],
                                deadline=ctx.now + APPROVAL_TIMEOUT, approved_hash=approved_hash,
                                summary=f"merge {args['source_branch']} at {sha} into main: {args['title']}",
-                               invalidated_by=f"branch/{goal['repo']}/{goal['branch']}")
+                               invalidated_by=f"branch/{goal['repo']}/{goal['branch']}",
+                               provider=_provider(ctx))
         if not decision["approved"]:
             return Fail(reason=f"merge denied by {decision['decided_by']}")
         if not _confirmed(state, "merge_request"):
@@ -183,3 +191,7 @@ def model_script(goal: Mapping[str, Any] | None = None) -> dict[str, list[dict[s
                  "args": {"message": "Fix PaymentClientTest for the 5.x API",
                           "files": {"src/PaymentClientTest.java": "client.create_charge(refund);\n"}}}],
     }
+
+
+def _provider(ctx: DecisionContext) -> str | None:
+    return FORGE if ctx.patched(WAIT_PROVIDER_PATCH) else None

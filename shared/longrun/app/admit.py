@@ -37,9 +37,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun import metrics
 from longrun.app import effects
 from longrun.app.ports import RunTransaction
+from longrun.app.producers import ProducerTenants
 from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
+from longrun.bus.consumer import PUBLISHER
 from longrun.db import admission, outbox, policies, runs
 from longrun.db.schema import QUEUED
 from longrun.domain import RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
@@ -151,8 +153,10 @@ class Ingress:
     """The scheduler's ingress consumer: its ``prelude`` and its ``handle`` share one transaction per
     batch of creates, and what the prelude read."""
 
-    def __init__(self, *, kinds: Registry, partitions: int, slots: int, max_input_bytes: int) -> None:
+    def __init__(self, *, kinds: Registry, partitions: int, slots: int, max_input_bytes: int,
+                 producers: ProducerTenants) -> None:
         self.options = {"kinds": kinds, "partitions": partitions, "slots": slots, "max_input_bytes": max_input_bytes}
+        self.producers = producers
         self._read: WeakKeyDictionary[AsyncConnection, dict[str, TenantPolicy | None]] = WeakKeyDictionary()
 
     async def prelude(self, conn: AsyncConnection, envelopes: list[Envelope]) -> None:
@@ -162,12 +166,29 @@ class Ingress:
                             for tenant in sorted({e.tenant_id for e in envelopes})}
 
     async def handle(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
-        """``create_run`` in the consumer's transaction, under the lock and policy the prelude read."""
+        """``create_run`` in the consumer's transaction, under the lock and policy the prelude read,
+        when the create's publisher may create runs in its tenant."""
         if envelope.type != "run.create":
             # The ingress binds run.create's routing key, but a producer chooses the type in the body.
             raise DecodeError(f"a {envelope.type} on the ingress, where only run.create is read", b"")
+        publisher = PUBLISHER.get()
+        if not self.producers.allows(publisher, envelope.tenant_id):
+            return await refuse_publisher(PgTransaction(conn), envelope, publisher,
+                                          partitions=self.options["partitions"])
         return await create_run(PgTransaction(conn), envelope, **self.options,
                                 locked=Locked(self._read[conn][envelope.tenant_id]))
+
+
+async def refuse_publisher(tx: RunTransaction, envelope: Envelope, publisher: str | None, *,
+                           partitions: int) -> dict[str, Any]:
+    """A create its publisher may not make (``longrun.app.producers``): answered on the create's
+    tenant and audited with the publisher, never quarantined."""
+    reason = (f"the publisher may not create runs in tenant {envelope.tenant_id!r}" if publisher is not None
+              else "the run.create names no publisher: set its AMQP user_id to the connection's user")
+    await tx.audit(actor=f"broker-user:{publisher or '-'}", action="run.create.refused", target=envelope.tenant_id,
+                   reason=reason, details={"publisher": publisher, "event_id": envelope.event_id,
+                                           "idempotency_key": envelope.payload.idempotency_key})
+    return await _reject(tx, envelope, partitions, Refusal(RejectionCode.TENANT_NOT_ALLOWED, reason))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +196,10 @@ class Refusal:
     code: RejectionCode
     reason: str
     details: Mapping[str, Any] = field(default_factory=dict)
+
+
+INPUT_PROBLEMS_TOLD = 10
+"""Input problems a refusal names; the rest are counted."""
 
 
 def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | Refusal:
@@ -187,10 +212,15 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
     if not kinds.known(request.workflow):
         return Refusal(RejectionCode.UNKNOWN_WORKFLOW, f"unknown workflow {request.workflow!r}")
     try:
-        return (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
+        kind = (kinds.get(request.workflow, request.workflow_version) if request.workflow_version
                 else kinds.newest(request.workflow))
     except LookupError as e:
         return Refusal(RejectionCode.UNKNOWN_WORKFLOW_VERSION, str(e))
+    if problems := kind.input_problems(request.input):
+        more = f"; and {len(problems) - INPUT_PROBLEMS_TOLD} more" if len(problems) > INPUT_PROBLEMS_TOLD else ""
+        return Refusal(RejectionCode.INPUT_INVALID, f"input does not match the input schema of {kind.name!r} "
+                       f"v{kind.versions.workflow}: {'; '.join(problems[:INPUT_PROBLEMS_TOLD])}{more}")
+    return kind
 
 
 ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")

@@ -123,9 +123,23 @@ async def _apply(tx: RunTransaction, run_id: str, action: str, *, actor: str, re
                  build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
                  details: dict[str, Any] | None = None, kinds: Registry | None = None) -> dict[str, Any]:
     """``kinds``: for a run this ends, whose tools' public receipt fields its outcome shows."""
+    return await _apply_to(tx, await _locked(tx, run_id), action, actor=actor, reason=reason, build=build,
+                           clock=clock, details=details, kinds=kinds)
+
+
+async def _locked(tx: RunTransaction, run_id: str) -> StoredRun:
+    """The run with its row lock, held to commit: what is checked on it stays true until then."""
     stored = await tx.load(run_id, lock=True)
     if stored is None:
         raise RunNotFound(run_id)
+    return stored
+
+
+async def _apply_to(tx: RunTransaction, stored: StoredRun, action: str, *, actor: str, reason: str,
+                    build: Callable[[int, float], ev.RunEvent], clock: Callable[[], float],
+                    details: dict[str, Any] | None = None, kinds: Registry | None = None) -> dict[str, Any]:
+    """``_apply`` on a run loaded with its lock (``_locked``)."""
+    run_id = stored.snapshot.run_id
     with logs.bound(run_id, stored.snapshot.tenant_id), otel.run_span(
             f"operate {action}", stored.trace_root, attributes={
                 "longrun.run_id": run_id, "longrun.tenant": stored.snapshot.tenant_id, "longrun.operator": actor,
@@ -170,15 +184,17 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The decision names the hash it covers; a decision for any other hash, or by a principal the
     request's owner does not name (a subject, ``role:<role>`` or ``group:<group>``,
-    ``Principal.is_owner``), is refused. ``by.subject`` is recorded as who decided."""
+    ``Principal.is_owner``), is refused. ``by.subject`` is recorded as who decided. The owner is
+    checked on the run as locked for the decision, so a run that starts waiting meanwhile waits for
+    the decision to commit and is never decided by whom it was not checked against."""
     actor = by.subject
-    stored = await tx.load(run_id)
-    wait = stored.snapshot.wait if stored is not None else None
+    stored = await _locked(tx, run_id)
+    wait = stored.snapshot.wait
     if wait is not None and wait.approval_id == approval_id and not by.is_owner(wait.owner):
         raise NotPermitted(run_id, actor, str(wait.owner))
-    return await _apply(
-        tx, run_id, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
-        details={"approval_id": approval_id, "approved_hash": approved_hash},
+    return await _apply_to(
+        tx, stored, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
+        details={"approval_id": approval_id, "approved_hash": approved_hash, "credential": by.credential},
         build=lambda seq, at: ev.ApprovalDecided(seq=seq, at=at, approval_id=approval_id, approved=approved,
                                                  approved_hash=approved_hash, decided_by=actor))
 
@@ -192,9 +208,7 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     and says so (``repeated``); any other answer to a question that is not open is refused, naming
     why."""
     actor = by.subject
-    stored = await tx.load(run_id, lock=True)
-    if stored is None:
-        raise RunNotFound(run_id)
+    stored = await _locked(tx, run_id)
     run = stored.snapshot
     what = f"an answer to question {question_id!r}"
     given = run.fact(ANSWER_FACT_PREFIX + question_id)
@@ -211,8 +225,9 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     problems = questions.answer_problems(question.answer_schema, answer)
     if problems:
         raise AnswerRefused(run_id, question_id, problems)
-    result = await _apply(
-        tx, run_id, "answer", actor=actor, reason=reason, clock=clock, details={"question_id": question_id},
+    result = await _apply_to(
+        tx, stored, "answer", actor=actor, reason=reason, clock=clock,
+        details={"question_id": question_id, "credential": by.credential},
         build=lambda seq, at: ev.QuestionResolved(seq=seq, at=at, question_id=question_id, answer=freeze(answer),
                                                   answered_by=actor))
     return {**result, "repeated": False}

@@ -130,14 +130,16 @@ class RunTransaction(Protocol):
 
     async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None: ...
 
-    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
-        """A verified webhook event, kept (once per provider and id) until a run's wait matches it."""
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any], *, remember: bool) -> bool:
+        """A verified webhook event, kept (once per provider and id) until a run's wait matches it;
+        ``remember``: its delivery id is kept for good too. False, keeping nothing, when the delivery
+        was seen before (an id kept or remembered: a repeat the inbox has forgotten)."""
 
-    async def waiting_on(self, correlation_key: str) -> str | None:
-        """A run whose wait (or paused wait) an event for this key ends."""
+    async def waiting_on(self, provider: str, correlation_key: str) -> str | None:
+        """A run whose wait (or paused wait) an event of this provider for this key ends."""
 
-    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
-        """The oldest kept, unmatched event for this key, locked: (provider, event)."""
+    async def kept_for(self, provider: str, correlation_key: str) -> Translated | None:
+        """The oldest kept, unmatched event of this provider for this key, locked."""
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None: ...
 

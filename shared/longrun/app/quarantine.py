@@ -21,7 +21,6 @@ from typing import Any
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app.webhooks import audit
@@ -30,7 +29,6 @@ from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
 from longrun.db import quarantine as rows
 from longrun.db import runs
-from longrun.db.schema import quarantine
 from longrun.domain import TERMINAL
 from longrun.envelope import Envelope, decode
 from longrun.errors import PoisonMessage
@@ -88,8 +86,7 @@ async def already_applied(conn: AsyncConnection, envelope: Envelope) -> str | No
 async def replay(engine: AsyncEngine, bus: Bus, entry_id: int, *, actor: str, reason: str,
                  replay_window: float) -> dict[str, Any]:
     async with engine.connect() as conn:
-        entry = (await conn.execute(select(quarantine, func.now().label("now"))
-                                    .where(quarantine.c.id == entry_id))).first()
+        entry = await rows.entry(conn, entry_id)
         if entry is None:
             raise NoSuchEntry(f"no quarantine entry {entry_id}")
         if entry.replayed_at is not None:

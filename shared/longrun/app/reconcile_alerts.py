@@ -13,7 +13,7 @@ Invariants:
 - Alerts (audit_log rows by actor "reconciler") never change a run's status or what it
   recorded; a correction is a new event on the finished run, nothing is overwritten.
 - Alerts are deduplicated per episode under an advisory lock (``_alert_once``), so several
-  replicas may raise them at once.
+  replicas may raise them at once. The reads are ``longrun.db.alerts``.
 """
 
 from __future__ import annotations
@@ -25,18 +25,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.webhooks import audit
+from longrun.app.webhooks import audit, tenant_of_run
 from longrun.authoring import Registry, Tool
-from longrun.db.schema import actions, audit_log, sql_names
-from longrun.db.schema import runs as runs_table
-from longrun.db import outbox, runs
-from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus, closure, thaw
+from longrun.db import alerts, outbox, runs
+from longrun.domain import ActionStatus, RunStatus, closure, thaw
 
 logger = logging.getLogger(__name__)
 
@@ -47,22 +44,9 @@ DRIFT_ALERT = f"{ALERT_PREFIX}drift"
 NO_WORKER_ALERT = f"{ALERT_PREFIX}no_compatible_worker"
 CORRECTION_ALERT = f"{ALERT_PREFIX}correction_needed"
 """An outcome that arrived after its run COMPLETED contradicts it (``domain.closure``)."""
-_ALERT_LOCK_NAMESPACE = 0x6C72_6C74
-"""First key of the two-key advisory lock that serialises alerts for one target."""
 
 
 # -- silent runs -----------------------------------------------------------------------------------
-
-
-def silent(limits: Mapping[RunStatus, float]) -> ColumnElement[bool]:
-    """Runs in a status longer than its limit with no live lease (``limits`` not empty)."""
-    since = runs_table.c.snapshot["status_since"].astext.cast(Float)
-    now = func.date_part("epoch", func.now())
-    return and_(or_(*(and_(runs_table.c.status == RunStatus(status).value, since < now - seconds)
-                      for status, seconds in limits.items())),
-                or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
-                # Waiting for a worker that runs its version: that alert says why.
-                runs_table.c.awaiting_worker.is_(None))
 
 
 async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, float], limit: int = 200) -> int:
@@ -73,17 +57,8 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
     """
     if not limits:
         return 0
-    since = runs_table.c.snapshot["status_since"].astext
-    episode = runs_table.c.status + "@" + since
-    now = func.date_part("epoch", func.now())
     async with engine.connect() as conn:
-        rows = (await conn.execute(
-            select(runs_table.c.run_id, runs_table.c.status, since.label("since"), episode.label("episode"),
-                   (now - since.cast(Float)).label("silent_for"))
-            .where(silent(limits),
-                   ~exists().where(audit_log.c.action == SILENT_ALERT, audit_log.c.target == runs_table.c.run_id,
-                                   audit_log.c.details["episode"].astext == episode))
-            .order_by(since.cast(Float)).limit(limit))).all()
+        rows = await alerts.silent_runs(conn, limits=limits, alert=SILENT_ALERT, limit=limit)
     raised = 0
     for row in rows:
         status = RunStatus(row.status)
@@ -103,23 +78,12 @@ async def flag_silent_runs(engine: AsyncEngine, *, limits: Mapping[RunStatus, fl
 
 # -- runs no live worker can run ------------------------------------------------------------------
 
-_WITHOUT_WORKER = text(
-    "SELECT r.run_id, r.awaiting_worker, r.awaiting_worker || '#' || r.revision AS episode FROM runs r "
-    f"WHERE r.awaiting_worker IS NOT NULL AND r.status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
-    "AND NOT EXISTS (SELECT 1 FROM service_members m WHERE m.service = 'worker' AND m.alive_until > now() "
-    "AND m.advertised @> jsonb_build_array(jsonb_build_object('kind', r.workflow, 'workflow', r.workflow_version, "
-    "'prompt', r.prompt_version, 'model_policy', r.model_policy_version, 'tool_schemas', r.tool_schema_version))) "
-    "AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.action = :action AND a.target = r.run_id "
-    "AND a.details->>'episode' = r.awaiting_worker || '#' || r.revision) "
-    "ORDER BY r.updated_at LIMIT :limit")
-
-
 async def flag_runs_without_worker(engine: AsyncEngine, *, limit: int = 200) -> int:
     """One alert per run and wait while no live worker advertises its pins (``service_members``): it
     cannot move until one joins (it then resumes by itself) or an operator migrates it. A wait is
     (what it waits for, revision): the run moving on and waiting again is another."""
     async with engine.connect() as conn:
-        rows = (await conn.execute(_WITHOUT_WORKER, {"action": NO_WORKER_ALERT, "limit": limit})).all()
+        rows = await alerts.runs_without_worker(conn, alert=NO_WORKER_ALERT, limit=limit)
     raised = 0
     for row in rows:
         reason = f"waiting for a compatible worker: {row.awaiting_worker} (no live worker runs it)"
@@ -137,16 +101,10 @@ async def flag_runs_without_worker(engine: AsyncEngine, *, limit: int = 200) -> 
 async def _alert_once(conn: AsyncConnection, action: str, target: str, episode: str, reason: str,
                       details: Mapping[str, Any]) -> bool:
     """Write the alert unless this episode already has one; False when it had."""
-    # Held to commit: a replica raising the same alert waits, then sees this row and stops.
-    await conn.execute(text("SELECT pg_advisory_xact_lock(CAST(:ns AS integer), hashtext(:key))"),
-                       {"ns": _ALERT_LOCK_NAMESPACE, "key": f"{action}:{target}"})
-    raised = (await conn.execute(
-        select(audit_log.c.id).where(audit_log.c.action == action, audit_log.c.target == target,
-                                     audit_log.c.details["episode"].astext == episode).limit(1))).first()
-    if raised is not None:
+    if await alerts.raised_before(conn, action, target, episode):
         return False
     await audit(conn, actor=PRODUCER, action=action, target=target, reason=reason,
-                details={"episode": episode, **details})
+                details={"episode": episode, **details}, tenant=tenant_of_run(target))
     return True
 
 
@@ -169,17 +127,8 @@ async def check_drift(engine: AsyncEngine, registry: Registry, *, limit: int, af
     moves, a merge request is merged), so only a missing object or another external id for
     the same key is reported, once per action and problem. A lookup that fails is skipped.
     """
-    # The batch is chosen from the ledger first, then joined to its runs: joined before the limit,
-    # the planner may read every run to hash them (88 ms at 100,000 runs, growing with them).
-    batch = (select(actions.c.action_id, actions.c.run_id, actions.c.logical_action, actions.c.tool,
-                    actions.c.idempotency_key, actions.c.external_id)
-             .where(actions.c.status == ActionStatus.CONFIRMED.value, actions.c.action_id > after)
-             .order_by(actions.c.action_id).limit(limit).cte("batch"))
     async with engine.connect() as conn:
-        rows = (await conn.execute(
-            select(batch, runs_table.c.workflow, runs_table.c.workflow_version, runs_table.c.status)
-            .join_from(batch, runs_table, batch.c.run_id == runs_table.c.run_id)
-            .order_by(batch.c.action_id))).all()
+        rows = await alerts.confirmed_actions(conn, after=after, limit=limit)
     checks = []
     for row in rows:
         try:
@@ -238,7 +187,8 @@ async def _open_correction(conn: AsyncConnection, run_id: str, report: closure.R
         await outbox.enqueue_many(conn, [effects.correction_message(stored, correction, producer=PRODUCER,
                                                                     cause=f"reconciler:drift:{report.logical_action}")])
         await audit(conn, actor=PRODUCER, action=CORRECTION_ALERT, target=run_id, reason=correction.reason,
-                    details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
+                    details={"logical_action": correction.logical_action, **thaw(correction.evidence)},
+                    tenant=tenant_of_run(run_id))
         METRICS[CORRECTION_ALERT] += 1
         metrics.ALERTS.labels(CORRECTION_ALERT).inc()
         logger.warning("run %s needs a correction: %s", run_id, correction.reason)

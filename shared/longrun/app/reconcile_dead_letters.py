@@ -27,7 +27,6 @@ from typing import Any
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import metrics
@@ -38,7 +37,6 @@ from longrun.bus.topology import QUARANTINE_QUEUE
 from longrun.db import inbox, runs
 from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
-from longrun.db.schema import quarantine
 from longrun.domain import WORKER_HAS_WORK
 from longrun_client.storable import storable
 
@@ -118,10 +116,8 @@ async def _ingest(engine: AsyncEngine, message: AbstractIncomingMessage, deliver
                     entry = await quarantine_rows.put(
                         conn, owner=_owner(death.queue), queue=death.queue, body=message.body,
                         headers=_json_safe(headers), message_id=message.message_id, error_code=death.reason,
-                        reason=reason, attempts=attempts, first_failure_at=death.first)
-                    if death.last is not None:
-                        await conn.execute(update(quarantine).where(quarantine.c.id == entry)
-                                           .values(last_failure_at=death.last))
+                        reason=reason, attempts=attempts, first_failure_at=death.first,
+                        last_failure_at=death.last)
                     if message.type == "run.wakeup" and death.reason == "delivery_limit":
                         await _rewake_dead_lettered(conn, _text(headers.get("cloudEvents:subject")))
                     await inbox.record_outcome(conn, PRODUCER, message_id=inbox_id, outcome={"quarantine_id": entry})
@@ -159,10 +155,7 @@ async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> No
     stored = await runs.load(conn, run_id)
     if stored is None or stored.snapshot.status not in WORKER_HAS_WORK or stored.lease_owner is not None:
         return  # ended, parked (its own wake condition holds), or leased (the lease sweep wakes it)
-    dead = (await conn.execute(
-        select(func.count()).select_from(quarantine)
-        .where(quarantine.c.message_type == "run.wakeup",
-               quarantine.c.headers["cloudEvents:subject"].astext == run_id))).scalar_one()
+    dead = await quarantine_rows.dead_wakeups(conn, run_id)
     if dead > REWAKES_AFTER_DEAD_LETTER:
         logger.error("run %s: %d wakeups dead-lettered; left to an operator", run_id, dead)
         return

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import metrics
@@ -25,6 +24,7 @@ from longrun.app import effects
 from longrun.app.ports import ExpiredLease, ReconcileStore
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_store import PgReconcileStore
+from longrun.db import run_leases
 from longrun.db.errors import is_transient
 from longrun.domain import WORKER_HAS_WORK
 from longrun.ports.runs import StoredRun
@@ -32,14 +32,10 @@ from longrun.ports.runs import StoredRun
 logger = logging.getLogger(__name__)
 
 
-_NEXT_EXPIRY = text("SELECT extract(epoch FROM min(lease_until) - now()) FROM runs WHERE lease_owner IS NOT NULL")
-
-
 async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
     """Seconds (database clock) until the earliest held lease runs out; <= 0 when one has, None when none is held."""
     async with engine.connect() as conn:
-        seconds = (await conn.execute(_NEXT_EXPIRY)).scalar()
-    return None if seconds is None else float(seconds)
+        return await run_leases.seconds_until_one_expires(conn)
 
 
 async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:

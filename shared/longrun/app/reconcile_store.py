@@ -18,10 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
 from longrun.app.reconcile_common import PRODUCER
-from longrun.app.webhooks import audit
-from longrun.artifacts import ArtifactStore, register
+from longrun.app.webhooks import audit, tenant_of_run
+from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
+from longrun.db.artifacts import register
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
@@ -139,7 +140,8 @@ class PgReconcileTransaction:
                        run_id=run_id)
 
     async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
-        await audit(self.conn, actor=PRODUCER, action=action, target=target, reason=reason, details=details)
+        await audit(self.conn, actor=PRODUCER, action=action, target=target, reason=reason, details=details,
+                    tenant=tenant_of_run(target))
 
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:
         rows = await self.conn.execute(_CLEAR_EXPIRED, {"limit": limit})

@@ -16,6 +16,7 @@ the rows it holds are deleted, in the same transaction as the deletion.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,9 +25,9 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun import artifacts
 from longrun.app.webhooks import audit
 from longrun.artifacts import ArtifactStore
+from longrun.db import artifacts
 from longrun.db import retention as rows
 
 logger = logging.getLogger(__name__)
@@ -105,14 +106,27 @@ async def run_pass(engine: AsyncEngine, store: ArtifactStore, horizons: Horizons
     await _archive(engine, store, chosen.archive_before, archive_batch, pruned)
     for rule, before in chosen.cutoffs.items():
         pruned.deleted[rule] = await _delete(engine, rule, before, batch)
-    pruned.orphans = len(await artifacts.sweep_orphans(engine, store, grace_seconds=orphan_grace,
-                                                       clock=now.timestamp()))
+    pruned.orphans = len(await sweep_orphans(engine, store, grace_seconds=orphan_grace, clock=now.timestamp()))
     if pruned.anything:
         logger.info("retention pass as of %s: %s", now.isoformat(), pruned.summary())
         async with engine.begin() as conn:
             await audit(conn, actor=PRODUCER, action="retention.pass", target=now.isoformat(),
                         reason="horizons reached", details=pruned.summary())
     return pruned
+
+
+async def sweep_orphans(engine: AsyncEngine, store: ArtifactStore, *, grace_seconds: float,
+                        clock: float | None = None) -> list[str]:
+    """Delete stored objects that no row references and that are older than the grace period."""
+    candidates = await store.stored_before((clock or time.time()) - grace_seconds)
+    if not candidates:
+        return []
+    async with engine.connect() as conn:
+        registered = await artifacts.registered_among(conn, candidates)
+    orphans = [h for h in candidates if h not in registered]
+    for content_hash in orphans:
+        await store.delete(content_hash)
+    return orphans
 
 
 async def _delete(engine: AsyncEngine, rule: str, before: datetime, batch: int) -> int:

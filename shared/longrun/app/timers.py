@@ -59,9 +59,10 @@ A timer that fails for any other reason (e.g. a snapshot from a newer schema dur
 rollout) fails its batch, which is then fired again with one savepoint per timer: that
 timer is rolled back, logged and left unfired to be tried again, and the rest still fire.
 
-Most timers only end a wait (the run becomes READY, a worker is woken), and decoding,
-evolving and re-encoding each run's snapshot for that cost ~1 ms of CPU per timer. So a
-batch's wakes go the short way: the runs' heads (status, revision, seq, pending wait id) are
+What a timer does through the domain is ``timer_firing`` (``plan_batch``). Most timers only end
+a wait (the run becomes READY, a worker is woken), and decoding, evolving and re-encoding each
+run's snapshot for that cost ~1 ms of CPU per timer. So a batch's wakes go the short way
+(``timer_shortcut``): the runs' heads (status, revision, seq, pending wait id) are
 read and locked without the snapshot, and the batch is written as one statement, every row
 rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, the sample,
 goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff, event and
@@ -79,68 +80,24 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-import random
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
-from enum import Enum
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
-from longrun.app.ports import LedgerOutcome
+from longrun.app import timer_shortcut as shortcut
+from longrun.app.timer_firing import Fired, Outcome, plan_batch
 from longrun.authoring import Registry
-from longrun.bus import topology
 from longrun.db import actions as ledger_rows
 from longrun.db import outbox, runs, timers
 from longrun.db.errors import is_transient
-from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
-from longrun.domain import (
-    TERMINAL,
-    WAITING,
-    ActionRecord,
-    RetryPolicy,
-    Rng,
-    RunSnapshot,
-    RunStatus,
-    WakeReason,
-    calls,
-    on_business_deadline,
-)
-from longrun.domain import events as ev
-from longrun.errors import DomainError
-from longrun.ports.runs import StoredRun
+from longrun.db.timers import DueTimer, RunHead, WakeTemplate
+from longrun.domain import TERMINAL, RetryPolicy, RunStatus
 
 logger = logging.getLogger(__name__)
-
-WAIT_TIMERS = frozenset({"retry_backoff", "sleep", "wait_deadline"})
-_RNG = random.Random()
-# What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
-_WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_wake", "revision", "last_seq",
-                        "terminal_reason"})
-# The same sets as plain strings, as the runs' heads hold them (10,000 verdicts at once).
-_TERMINAL = frozenset(s.value for s in TERMINAL)
-_WAITING = frozenset(s.value for s in WAITING)
-_WAKE_REASONS = frozenset({WakeReason.TIMER.value, WakeReason.DEADLINE.value})
-_WOKEN = frozenset({RunStatus.READY, RunStatus.CANCELLING})
-"""A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
-already refuses the wakeup's take and carries on)."""
-_WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_key", "wait_deadline",
-                           "approval_id", "approval_owner", "approved_hash", "snapshot"})
-
-
-class Outcome(str, Enum):
-    APPLIED = "applied"
-    """The event changed the run."""
-    LATE = "late"
-    """The event was stored as late; the run did not change."""
-    SKIPPED = "skipped"
-    """No event: the timer no longer describes the run, or the domain refused it."""
-    FAILED = "failed"
-    """Rolled back and left unfired; it is claimed again in a later batch."""
 
 
 async def fire_due(engine: AsyncEngine, *, batch: int, clock: Callable[[], float],
@@ -224,7 +181,7 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     full: list[DueTimer] = []
     for timer in ordered:
         head = heads[timer.run_id]
-        applies = _quick_verdict(timer, head) if per_run[timer.run_id] == 1 else None
+        applies = shortcut.quick_verdict(timer, head) if per_run[timer.run_id] == 1 else None
         if applies is None:
             full.append(timer)
         else:
@@ -233,10 +190,10 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     outcomes = (await _fire_together(conn, full, **domain)).outcomes
     sample = next((q for q in quick if q[2]), None)
     if sample is None:
-        template: WakeTemplate | None = _late_only(at)
+        template: WakeTemplate | None = shortcut.late_only(at)
     else:
         planned = await _plan_together(conn, [sample[0]], **domain)
-        template = await _learn(conn, planned, sample, traces[sample[0].timer_key])
+        template = await shortcut.learn(conn, planned, sample, traces[sample[0].timer_key])
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
@@ -245,97 +202,14 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             return {**outcomes, **planned.outcomes, **rest.outcomes}
     if not quick:
         return outcomes
-    # The sample is written the short way too: ``_learn`` checked that this writes what the domain did.
-    await timers.write_wakes(conn, template, [_wake(timer, head, applies, traces[timer.timer_key])
+    # The sample is written the short way too: ``learn`` checked that this writes what the domain did.
+    await timers.write_wakes(conn, template, [shortcut.wake(timer, head, applies, traces[timer.timer_key])
                                               for timer, head, applies in quick],
                              status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
     for _, head, applies in quick:
         if applies:
             metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()
     return {**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}}
-
-
-def _quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
-    """True: the wake applies; False: it is late (``evolve.is_late``); None: only the domain can tell."""
-    if timer.kind not in WAIT_TIMERS or head.queue_timed:
-        return None  # a run with a schedule-to-start is queued with its timer by the domain path
-    wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
-    if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
-        return None
-    if head.status in _TERMINAL or head.wait_id != wait_id:
-        return False
-    if head.status not in _WAITING or (reason == WakeReason.TIMER.value and not head.wait_has_timer):
-        return None  # paused (the wake changes what it resumes to), or a wake the domain refuses
-    if "question_id" in timer.payload:
-        return None  # a question's deadline also closes the question, which the template does not write
-    return True
-
-
-def _wake(timer: DueTimer, head: RunHead, applies: bool, trace: str | None) -> Wake:
-    return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
-                routing_key=topology.partition_key(head.partition), cause=_cause(timer),
-                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value), timer_key=timer.timer_key,
-                trace=trace)
-
-
-def _cause(timer: DueTimer) -> str:
-    """What a broadcast caused by ``timer`` names as its cause."""
-    return f"timer:{timer.timer_key}"
-
-
-def _late_only(at: float) -> WakeTemplate:
-    """For a batch whose wakes are all late: only the event, whose wait and seq each wake fills in."""
-    return WakeTemplate(ev.event_to_dict(ev.RunWoken(seq=1, at=at, wait_id="", reason=WakeReason.TIMER)),
-                        None, None, None)
-
-
-async def _learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, RunHead, bool],
-                 trace: str | None) -> WakeTemplate | None:
-    """The sample's rows (planned, not written) as the template, or None unless PostgreSQL, filling the
-    template in for the sample, renders exactly what the domain planned for it."""
-    timer, head, _ = sample
-    planned = next((p for p in fired.plans if p.before.snapshot.run_id == head.run_id), None)
-    if planned is None or fired.outcomes[timer.timer_key] is not Outcome.APPLIED:
-        return None
-    before, after = planned.before.snapshot.to_dict(), planned.after.snapshot.to_dict()
-    changed = {k: v for k, v in after.items() if before.get(k) != v}
-    was, now = runs.projection(planned.before.snapshot), runs.projection(planned.after.snapshot)
-    columns = {k for k in now if was[k] != now[k]}
-    cleared = _WAKE_COLUMNS - {"status", "revision", "snapshot"}
-    sent = {m.envelope.type: m for m in fired.messages[head.run_id]}
-    if (set(before) != set(after) or not {"revision", "last_seq", "last_wake"} <= set(changed) <= _WAKE_KEYS
-            or after["status"] != RunStatus.READY.value or not columns <= _WAKE_COLUMNS
-            or any(now[k] is not None for k in cleared) or set(sent) != {"run.wakeup", "run.event"}
-            or len(fired.messages[head.run_id]) != 2 or len(planned.rows) != 1):
-        return None
-    wakeup, broadcast = (outbox.row_of(sent[t]) for t in ("run.wakeup", "run.event"))
-    template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
-    own = await timers.render_wake(conn, template, _wake(timer, head, True, trace))
-    if (own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq
-            or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]
-            or any(m["event_id"] != m["payload"].get("event_id") for m in own.messages)):
-        return None
-    return template
-
-
-def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
-    """An outbox row minus what is fresh on every message (its id, and a wakeup's id)."""
-    envelope = {k: v for k, v in row["payload"].items() if k != "event_id"}
-    if isinstance(envelope.get("payload"), dict):
-        envelope["payload"] = {k: v for k, v in envelope["payload"].items() if k != "wakeup_id"}
-    return {**{k: v for k, v in row.items() if k != "event_id"}, "payload": envelope}
-
-
-@dataclass(frozen=True, slots=True)
-class Fired:
-    outcomes: dict[str, Outcome]
-    plans: list[runs.Planned]
-    messages: dict[str, list[outbox.Message]]
-    """Per run, its outbox messages."""
-    ledger: list[LedgerOutcome] = field(default_factory=list)
-    """Ledger rows of calls given up on."""
-    timers: list[dict[str, Any]] = field(default_factory=list)
-    """Timers to schedule (``timers.schedule``'s arguments): the retries of calls given up on."""
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,
@@ -355,77 +229,6 @@ async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: 
         return Fired({}, [], {})
     current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
     return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, retry=retry, traces=traces)
-
-
-def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: float, now: datetime, producer: str,
-               kinds: Registry, retry: RetryPolicy, rng: Rng | None = None,
-               traces: Mapping[str, str | None] | None = None) -> Fired:
-    """What firing ``ordered`` (their runs as ``current``, locked) writes, through the domain: each
-    run's events in one plan, its wakeup and broadcast, the ledger rows and retry timers of calls
-    given up on, and each timer's outcome. Pure but for ``rng`` (a retry's jitter). ``now``: the
-    database's time (leases are judged by it); ``traces``: per timer key, the traceparent the
-    messages it causes carry (none without)."""
-    rng = rng or _RNG
-    current = dict(current)
-    first = dict(current)
-    rows: dict[str, list[tuple[ev.RunEvent, bool]]] = {}
-    released: set[str] = set()
-    woken_by: dict[str, DueTimer] = {}
-    outcomes: dict[str, Outcome] = {}
-    ledger: list[LedgerOutcome] = []
-    for timer in ordered:
-        stored = current[timer.run_id]
-        firing = _firing(timer, stored, at=at, now=now, kinds=kinds, retry=retry, rng=rng)
-        if firing is None:
-            outcomes[timer.timer_key] = Outcome.SKIPPED
-            continue
-        try:
-            planned = runs.plan(stored, firing.events, release_lease=firing.release)
-        except DomainError as e:
-            with logs.bound(timer.run_id, stored.snapshot.tenant_id):
-                logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,
-                               timer.kind, e)
-            outcomes[timer.timer_key] = Outcome.SKIPPED
-            continue
-        current[timer.run_id] = planned.after
-        rows.setdefault(timer.run_id, []).extend(planned.rows)
-        if firing.release:
-            released.add(timer.run_id)
-        if firing.ledger is not None:
-            ledger.append(firing.ledger)
-        applied = planned.after.snapshot.revision != stored.snapshot.revision
-        if applied:
-            woken_by[timer.run_id] = timer
-        outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
-    plans = [runs.Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
-    messages: dict[str, list[outbox.Message]] = {}
-    waits: list[dict[str, Any]] = []
-    # Each run's messages carry its own timer's trace (the one that woke it, else its last).
-    run_traces = {t.run_id: (traces or {}).get(t.timer_key) for t in ordered}
-    run_traces.update({r: (traces or {}).get(t.timer_key) for r, t in woken_by.items()})
-    for p in plans:
-        with otel.passing(run_traces.get(p.after.snapshot.run_id)):
-            waits += _plan_messages(p, messages, woken_by, at=at, producer=producer, kinds=kinds)
-    return Fired(outcomes, plans, messages, ledger, waits)
-
-
-def _plan_messages(p: runs.Planned, messages: dict[str, list[outbox.Message]], woken_by: dict[str, DueTimer], *,
-                   at: float, producer: str, kinds: Registry) -> list[dict[str, Any]]:
-    """The wakeup and broadcast ``p`` sends, into ``messages``; the retry timer of a call given up on."""
-    run = p.after.snapshot
-    sent = messages.setdefault(run.run_id, [])
-    cause = woken_by.get(run.run_id)
-    if run.status in _WOKEN and run.revision != p.before.snapshot.revision:
-        assert cause is not None
-        sent.append(effects.wake_message(p.after, reason=f"timer:{cause.kind}", producer=producer))
-    broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
-                                          public=kinds.public_receipts(run.kind, run.versions.workflow),
-                                          cause=None if cause is None else _cause(cause))
-    if broadcast is not None:
-        sent.append(broadcast)
-    if cause is not None and cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
-        return effects.wait_timers(run, decided_at=at)  # a timed-out call's retry
-    return []
 
 
 async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
@@ -460,70 +263,6 @@ async def _fire_isolated(conn: AsyncConnection, timer: DueTimer, *, at: float, n
         with logs.bound(timer.run_id, None):
             logger.exception("timer %s (run %s, %s) failed; left unfired", timer.timer_key, timer.run_id, timer.kind)
         return Outcome.FAILED
-
-
-@dataclass(frozen=True, slots=True)
-class Firing:
-    """What one timer does to its run: its events, whether the run's lease is released with them, and
-    the ledger row of a call given up on."""
-
-    events: list[ev.RunEvent]
-    release: bool
-    ledger: LedgerOutcome | None = None
-
-
-def _firing(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime, kinds: Registry, retry: RetryPolicy,
-            rng: Rng) -> Firing | None:
-    """What ``timer`` does, or None when it no longer describes the run."""
-    run = stored.snapshot
-    seq = stored.seq(1)
-    if timer.kind in WAIT_TIMERS:
-        wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
-        if not isinstance(wait_id, str) or reason not in (WakeReason.TIMER.value, WakeReason.DEADLINE.value):
-            logger.warning("timer %s: payload %r names no wait to wake", timer.timer_key, timer.payload)
-            return None
-        # Late (stored, not applied) when this wait is no longer pending: evolve decides.
-        return Firing([ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))], release=False)
-    if run.status in TERMINAL:
-        return None
-    if timer.kind == "business_deadline":
-        # The worker holding the run keeps it and carries the cancel protocol out on its next write.
-        verdict = on_business_deadline(run)
-        return Firing([ev.DeadlinePassed(seq=seq, at=at, reason=verdict.why)], release=False) if verdict.cancel \
-            else None
-    # A run that leaves RUNNING or finishes here no longer belongs to the worker holding it.
-    if timer.kind == "schedule_to_start":
-        if run.status is not RunStatus.READY or run.revision != timer.payload.get("revision"):
-            return None
-        if stored.lease_owner is not None and stored.lease_until is not None and stored.lease_until > now:
-            return None  # a worker took it (its move to RUNNING is written with its first step)
-        return Firing([ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.TIMED_OUT,
-                                           reason="schedule_to_start: no worker started the run in time")],
-                      release=True)
-    if timer.kind in calls.CALL_TIMERS:
-        name = timer.payload.get("logical_action")
-        record = run.action(name) if isinstance(name, str) else None
-        abandoned = calls.abandon(run, kind=timer.kind, payload=timer.payload,
-                                  lease_token=None if stored.lease_owner is None else stored.fencing_token,
-                                  seq=seq, at=at, policy=_call_retry(kinds, run, record, retry), rng=rng,
-                                  new_id=lambda: str(uuid.uuid4()))
-        if abandoned is None or record is None:
-            return None
-        # The attempt is given up on: its lease goes with it, so the worker still holding it is fenced out.
-        return Firing(list(abandoned.events), release=True,
-                      ledger=LedgerOutcome(record.idempotency_key, abandoned.status, {"last_error": abandoned.error}))
-    # A kind added to TIMER_KINDS but not handled here stays unfired (and logged) until it is.
-    raise ValueError(f"timer {timer.timer_key}: no handling for kind {timer.kind!r}")
-
-
-def _call_retry(kinds: Registry, run: RunSnapshot, record: ActionRecord | None, default: RetryPolicy) -> RetryPolicy:
-    """The retry policy of the tool ``record`` was called with, as the worker would use it."""
-    try:
-        kind = kinds.get(run.kind, run.versions.workflow)
-    except LookupError:
-        return default
-    tool = kind.tools.get(record.tool) if record is not None else None
-    return tool.retry if tool is not None and tool.retry is not None else default
 
 
 def _log_batch(due: list[DueTimer], outcomes: dict[str, Outcome], fired_at: datetime) -> None:

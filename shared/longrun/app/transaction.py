@@ -17,12 +17,12 @@ from longrun.app.webhooks import Translated
 from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, policies, runs
 from longrun.db.schema import runs as runs_table
-from longrun.db.schema import webhook_events
-from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
+from longrun.db.schema import webhook_deliveries, webhook_events
+from longrun.domain import MATCHED_BY_KEY, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun
 
-_MATCHED_BY = tuple(s.value for s in (RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED))
+_MATCHED_BY = sorted(s.value for s in MATCHED_BY_KEY)
 
 
 class PgTransaction:
@@ -40,7 +40,7 @@ class PgTransaction:
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         await webhooks.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
-                             details=dict(details))
+                             details=dict(details), tenant=webhooks.tenant_of_run(target))
 
     async def record(self, outcome: LedgerOutcome) -> None:
         await ledger.record(self.conn, outcome.key, outcome.status, **outcome.fields)
@@ -51,25 +51,31 @@ class PgTransaction:
     async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None:
         await inbox.record_outcome(self.conn, service, message_id=message_id, outcome=dict(outcome))
 
-    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
-        await self.conn.execute(insert(webhook_events).values(
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any], *, remember: bool) -> bool:
+        if remember and (await self.conn.execute(
+                insert(webhook_deliveries).values(provider=provider, event_id=event.event_id)
+                .on_conflict_do_nothing().returning(webhook_deliveries.c.event_id))).first() is None:
+            return False
+        return (await self.conn.execute(insert(webhook_events).values(
             provider=provider, event_id=event.event_id, correlation_key=event.correlation_key,
-            payload=dict(payload), fact_key=event.fact_key, fact=dict(event.fact)).on_conflict_do_nothing())
+            payload=dict(payload), fact_key=event.fact_key, fact=dict(event.fact))
+            .on_conflict_do_nothing().returning(webhook_events.c.event_id))).first() is not None
 
-    async def waiting_on(self, correlation_key: str) -> str | None:
+    async def waiting_on(self, provider: str, correlation_key: str) -> str | None:
         return (await self.conn.execute(
-            text("SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = ANY(:statuses) LIMIT 1"),
-            {"k": correlation_key, "statuses": list(_MATCHED_BY)})).scalar()
+            text("SELECT run_id FROM runs WHERE wait_correlation_key = :k AND status = ANY(:statuses) "
+                 "AND snapshot #>> '{wait,provider}' = :p LIMIT 1"),
+            {"k": correlation_key, "statuses": _MATCHED_BY, "p": provider})).scalar()
 
-    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
+    async def kept_for(self, provider: str, correlation_key: str) -> Translated | None:
         row = (await self.conn.execute(
-            select(webhook_events.c.provider, webhook_events.c.event_id, webhook_events.c.fact_key,
-                   webhook_events.c.fact)
-            .where(webhook_events.c.correlation_key == correlation_key, webhook_events.c.matched_run_id.is_(None))
+            select(webhook_events.c.event_id, webhook_events.c.fact_key, webhook_events.c.fact)
+            .where(webhook_events.c.correlation_key == correlation_key, webhook_events.c.provider == provider,
+                   webhook_events.c.matched_run_id.is_(None))
             .order_by(webhook_events.c.received_at).limit(1).with_for_update(skip_locked=True))).first()
         if row is None:
             return None
-        return row.provider, Translated(row.event_id, correlation_key, row.fact_key, row.fact)
+        return Translated(row.event_id, correlation_key, row.fact_key, row.fact)
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None:
         await self.conn.execute(update(webhook_events)

@@ -7,34 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import runs, service_members
-from longrun.domain import TERMINAL, WAITING
-
-_PINS = (runs.c.workflow, runs.c.workflow_version, runs.c.prompt_version, runs.c.model_policy_version,
-         runs.c.tool_schema_version)
-_OPEN = runs.c.status.notin_([s.value for s in TERMINAL])
-_IN_FLIGHT = (select(*_PINS, runs.c.status, func.count().label("runs"),
-                     func.min(runs.c.updated_at).filter(runs.c.status.in_([s.value for s in WAITING]))
-                     .label("oldest_wait"),
-                     func.count().filter(runs.c.awaiting_worker.isnot(None)).label("awaiting_worker"))
-              .where(_OPEN).group_by(*_PINS, runs.c.status))
-_LIVE = select(service_members.c.instance_id, service_members.c.advertised).where(
-    service_members.c.service == "worker", service_members.c.alive_until > func.now())
+from longrun.db import versions as pins
 
 
 async def report(conn: AsyncConnection) -> list[dict[str, Any]]:
     """One entry per (kind, pins) with open runs or a live worker serving it, oldest version first."""
     entries: dict[tuple[str, ...], dict[str, Any]] = {}
-    for row in await conn.execute(_IN_FLIGHT):
+    for row in await pins.in_flight(conn):
         entry = entries.setdefault(tuple(row[:5]), _entry(*row[:5]))
         entry["open_runs"][row.status] = row.runs
         entry["waiting_for_a_worker"] += row.awaiting_worker
         if row.oldest_wait is not None and (entry["oldest_wait"] is None or row.oldest_wait < entry["oldest_wait"]):
             entry["oldest_wait"] = row.oldest_wait
-    for member in await conn.execute(_LIVE):
+    for member in await pins.live_workers(conn):
         for pin in member.advertised:
             key = (pin["kind"], pin["workflow"], pin["prompt"], pin["model_policy"], pin["tool_schemas"])
             entries.setdefault(key, _entry(*key))["served_by"].append(member.instance_id)

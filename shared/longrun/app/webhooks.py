@@ -2,11 +2,14 @@
 
 Each provider declares how it signs a delivery (``Signature``) and with it how a captured request
 is kept from being sent again: a provider that signs the time of sending has a delivery outside the
-replay window refused; for the others, dedup by the provider's event id is the protection.
+replay window refused; for the others, whose signatures never run out, the delivery's id is kept
+for as long as they are accepted (``webhook_deliveries``, beyond the inbox's horizon).
 A verified event is stored once (the gateway inbox absorbs redeliveries, so the same
-webhook three times makes one transition). When a run waits on its correlation key,
-the event's fact and the wake are appended to that run in the same transaction;
-otherwise the event is kept and matched the moment a wait on that key starts.
+webhook three times makes one transition). Correlation keys are the provider's: a wait declares
+the provider whose event ends it (``Wait.provider``), and an event matches only a wait of its
+provider. When a run waits on the event's provider and key, the event's fact and the wake are
+appended to that run in the same transaction; otherwise the event is kept and matched the moment
+such a wait starts (until ``LONGRUN_RETAIN_UNMATCHED_WEBHOOK_EVENTS`` runs out).
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import logs, metrics, otel
 from longrun.app import effects
 from longrun.db import inbox
 from longrun.db.schema import audit_log
-from longrun.domain import RunStatus, WakeReason, freeze
+from longrun.db.schema import runs as runs_table
+from longrun.domain import AWAITING_ANSWER, RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun
 from longrun_client.storable import unstorable
@@ -38,7 +43,6 @@ PRODUCER = "gateway"
 MAX_EVENT_ID = 200
 MAX_CORRELATION_KEY = 500
 """Characters. Both are index keys, and a btree entry holds at most 2704 bytes (a character takes up to 4)."""
-WAITS = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,25 +95,34 @@ def refusal(signature: Signature, secret: str, headers: Mapping[str, str], body:
         signed = stamp.encode() + b"." + body
     expected = signature.prefix + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     given = headers.get(signature.header)
-    if given is None or not hmac.compare_digest(expected, given):
+    if given is None or not given.isascii() or not hmac.compare_digest(expected, given):
         return "bad or missing signature"
     if sent_at is not None and now - sent_at > replay_window:
         return f"sent {now - sent_at:.0f}s ago, outside the {replay_window:g}s replay window"
     if sent_at is not None and sent_at - now > replay_window:
-        return f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s replay window"
+        return (f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s "
+                "replay window")
     return None
 
 
 async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, reason: str,
-                details: dict[str, Any] | None = None) -> None:
+                details: dict[str, Any] | None = None, tenant: str | ColumnElement[str] | None = None) -> None:
+    """One audit entry; ``tenant``: the tenant it concerns (``tenant_of_run`` for an entry about a
+    run), which alone decides which tenants' viewers see it."""
     await conn.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
-                                                 details=details or {}))
+                                                 details=details or {}, tenant_id=tenant))
+
+
+def tenant_of_run(run_id: str) -> ColumnElement[str]:
+    """The tenant of the run ``run_id``, read in the statement that writes the entry."""
+    return select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id).scalar_subquery()
 
 
 async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],
                   clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Store and match one verified event; a repeat returns the first outcome and changes nothing."""
-    return await intake(tx, provider, bounded(providers[provider].translate(payload)), payload, clock=clock)
+    return await intake(tx, provider, bounded(providers[provider].translate(payload)), payload, clock=clock,
+                        stamped=providers[provider].signature.timestamp_header is not None)
 
 
 def bounded(event: Translated) -> Translated:
@@ -122,26 +135,32 @@ def bounded(event: Translated) -> Translated:
 
 
 async def intake(tx: RunTransaction, provider: str, event: Translated, payload: Mapping[str, Any], *,
-                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """``receive`` of an event already translated."""
+                 clock: Callable[[], float] = time.time, stamped: bool = False) -> dict[str, Any]:
+    """``receive`` of an event already translated. The delivery id of a provider that signs the body
+    alone (not ``stamped``) is kept for good: its signature never runs out, so a captured delivery
+    sent again after the inbox forgot it is still a repeat, answered as one and matched to nothing."""
     message_id = f"webhook:{provider}:{event.event_id}"
     claim = await tx.claim("gateway", message_id, f"webhook.{provider}")
     if isinstance(claim, inbox.Duplicate):
         metrics.DUPLICATES.labels("gateway").inc()
         return {**claim.outcome, "duplicate": True}
-    await tx.keep(provider, event, payload)
-    run_id = await _match(tx, provider, event, clock)
-    outcome = {"event_id": event.event_id, "correlation_key": event.correlation_key, "matched_run_id": run_id}
+    outcome = {"event_id": event.event_id, "correlation_key": event.correlation_key, "matched_run_id": None}
+    if not await tx.keep(provider, event, payload, remember=not stamped):
+        metrics.DUPLICATES.labels("gateway").inc()
+        await tx.record_outcome("gateway", message_id, outcome)
+        return {**outcome, "duplicate": True}
+    outcome["matched_run_id"] = await _match(tx, provider, event, clock)
     await tx.record_outcome("gateway", message_id, outcome)
     return outcome
 
 
 async def _match(tx: RunTransaction, provider: str, event: Translated, clock: Callable[[], float]) -> str | None:
-    run_id = await tx.waiting_on(event.correlation_key)
+    run_id = await tx.waiting_on(provider, event.correlation_key)
     if run_id is None:
         return None
     stored = await tx.load(run_id, lock=True)
-    if stored is None or stored.snapshot.wait is None or stored.snapshot.wait.correlation_key != event.correlation_key:
+    wait = None if stored is None else stored.snapshot.wait
+    if stored is None or wait is None or (wait.provider, wait.correlation_key) != (provider, event.correlation_key):
         return None
     with logs.bound(run_id, stored.snapshot.tenant_id), otel.run_span(
             f"webhook {provider}", stored.trace_root, kind=SpanKind.SERVER, attributes={
@@ -176,13 +195,13 @@ async def deliver(tx: RunTransaction, stored: StoredRun, provider: str, event: T
 async def match_kept(tx: RunTransaction, stored: StoredRun, *, clock: Callable[[], float] = time.time) -> StoredRun:
     """Called when a wait starts: an event for its key that arrived earlier ends it now."""
     wait = stored.snapshot.wait
-    if stored.snapshot.status not in WAITS or wait is None or wait.correlation_key is None:
+    if stored.snapshot.status not in AWAITING_ANSWER or wait is None or wait.correlation_key is None or \
+            wait.provider is None:
         return stored
-    kept = await tx.kept_for(wait.correlation_key)
-    if kept is None:
+    event = await tx.kept_for(wait.provider, wait.correlation_key)
+    if event is None:
         return stored
-    provider, event = kept
-    return await deliver(tx, stored, provider, event, clock)
+    return await deliver(tx, stored, wait.provider, event, clock)
 
 
 def parse(body: bytes) -> dict[str, Any]:

@@ -15,10 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun.app import effects, webhooks
 from longrun.app.ports import Artifact, LedgerKeyTaken, LedgerOutcome
 from longrun.app.transaction import PgTransaction
-from longrun.artifacts import ArtifactStore, register
+from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
 from longrun.db import inbox, policies, runs
 from longrun.db import timers as timer_rows
+from longrun.db.artifacts import register
 from longrun.db.driver import Pool
 from longrun.db.errors import is_unique_violation
 from longrun.domain import TenantPolicy

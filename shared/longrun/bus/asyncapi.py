@@ -232,7 +232,9 @@ def _ingress_channel(message_ids: list[str]) -> dict[str, Any]:
         "title": "Ingress: create a run",
         "description": (
             f"Producers publish run.create to the `{topology.INGRESS_EXCHANGE}` exchange with routing key "
-            f"`{key}`, persistent and with publisher confirms. The same (tenant_id, idempotency_key) makes "
+            f"`{key}`, persistent and with publisher confirms, the AMQP user_id property set to the "
+            "connection's broker user: a create is admitted only in a tenant that user is allowed "
+            "(else tenant_not_allowed). The same (tenant_id, idempotency_key) makes "
             "one run: a repeat is answered with run.accepted (repeated = true). A refused create is answered "
             "with run.rejected on the tenant's key; a body with no parseable envelope goes to quarantine only."),
         "messages": _refs(message_ids),

@@ -3,6 +3,6 @@ as the runtime does) and re-exported here for the runtime."""
 
 from __future__ import annotations
 
-from longrun_client.codec import to_message
+from longrun_client.codec import broker_user, to_message
 
-__all__ = ["to_message"]
+__all__ = ["broker_user", "to_message"]

@@ -23,6 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,10 @@ from longrun.errors import LongrunError, PoisonMessage
 logger = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
+
+PUBLISHER: ContextVar[str | None] = ContextVar("longrun_publisher", default=None)
+"""While a handler runs: the broker user that published its message (the AMQP ``user_id``, which
+RabbitMQ checked against the publishing connection), or None when the message named none."""
 
 Handler = Callable[[AsyncConnection, Envelope], Awaitable[dict[str, Any]]]
 Prelude = Callable[[AsyncConnection, list[Envelope]], Awaitable[None]]
@@ -152,7 +157,7 @@ class QueueConsumer:
         if not decoded:
             return
         try:
-            results = await self._handle_together([envelope for _, envelope in decoded])
+            results = await self._handle_together(decoded)
         except Exception as e:
             logger.warning("%s: a batch of %d failed (%r); handling its messages one at a time",
                            self.queue, len(decoded), e)
@@ -166,9 +171,10 @@ class QueueConsumer:
             for result in results:
                 await self.on_outcome(result)
 
-    async def _handle_together(self, envelopes: list[Envelope]) -> list[Outcome]:
+    async def _handle_together(self, decoded: list[tuple[AbstractIncomingMessage, Envelope]]) -> list[Outcome]:
         """``_handle_once`` for several messages in one transaction; a repeated id within the batch
         is a duplicate of its first copy."""
+        envelopes = [envelope for _, envelope in decoded]
         firsts: dict[str, Envelope] = {}
         for envelope in envelopes:
             firsts.setdefault(envelope.event_id, envelope)
@@ -179,7 +185,7 @@ class QueueConsumer:
                 inbox.Message(e.event_id, e.type, e.run_id) for e in firsts.values()])
             done: dict[str, Outcome] = {}
             results: list[Outcome] = []
-            for envelope in envelopes:
+            for message, envelope in decoded:
                 claim, first = claims[envelope.event_id], done.get(envelope.event_id)
                 recorded = (first.outcome if first is not None
                             else claim.outcome if isinstance(claim, inbox.Duplicate) else None)
@@ -188,7 +194,7 @@ class QueueConsumer:
                     results.append(Outcome(envelope, recorded, duplicate=True))
                     continue
                 assert not isinstance(self.handler, OwnClaim)
-                with self._span(envelope, None):
+                with self._span(message, envelope, None):
                     result = Outcome(envelope, await self.handler(conn, envelope), duplicate=False)
                 done[envelope.event_id] = result
                 results.append(result)
@@ -205,20 +211,24 @@ class QueueConsumer:
 
     async def _traced_handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
         root = (message.headers or {}).get(otel.RUN_TRACE_HEADER)
-        with self._span(envelope, root if isinstance(root, str) else None):
+        with self._span(message, envelope, root if isinstance(root, str) else None):
             await self._handle(message, envelope)
 
     @contextmanager
-    def _span(self, envelope: Envelope, run_root: str | None) -> Iterator[None]:
+    def _span(self, message: AbstractIncomingMessage, envelope: Envelope, run_root: str | None) -> Iterator[None]:
         """The message's ``process`` span, a child of its run's root when the relay said which; log
-        records written meanwhile name its run and tenant."""
-        with logs.bound(envelope.run_id, envelope.tenant_id), otel.run_span(
-                f"process {self.queue}", run_root, cause=envelope.trace, kind=SpanKind.CONSUMER, attributes={
-                    "messaging.system": "rabbitmq", "messaging.destination.name": self.queue,
-                    "messaging.message.id": envelope.event_id, "messaging.operation.name": "process",
-                    "messaging.operation.type": "process", "longrun.run_id": envelope.run_id or "",
-                    "longrun.tenant": envelope.tenant_id}):
-            yield
+        records written meanwhile name its run and tenant, and ``PUBLISHER`` its publisher."""
+        publisher = PUBLISHER.set(message.user_id)
+        try:
+            with logs.bound(envelope.run_id, envelope.tenant_id), otel.run_span(
+                    f"process {self.queue}", run_root, cause=envelope.trace, kind=SpanKind.CONSUMER, attributes={
+                        "messaging.system": "rabbitmq", "messaging.destination.name": self.queue,
+                        "messaging.message.id": envelope.event_id, "messaging.operation.name": "process",
+                        "messaging.operation.type": "process", "longrun.run_id": envelope.run_id or "",
+                        "longrun.tenant": envelope.tenant_id}):
+                yield
+        finally:
+            PUBLISHER.reset(publisher)
 
     async def _handle(self, message: AbstractIncomingMessage, envelope: Envelope) -> None:
         attempt = 0

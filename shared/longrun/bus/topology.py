@@ -1,10 +1,13 @@
 """The RabbitMQ topology, declared as data and applied idempotently by every service.
 
-- ``longrun.ingress`` (topic): producers publish ``run.create`` here from any AMQP client.
-- ``longrun.work.<service>`` (direct): P partitions per consuming service. The publisher
+- ``longrun.ingress`` (topic): producers publish ``run.create`` here from any AMQP client; the
+  scheduler consumes it from one queue, ``longrun.scheduler.ingress``.
+- ``longrun.work.worker`` (direct): the worker's wakeups in P partitions. The publisher
   computes ``partition_of(run_id, P)`` and uses routing key ``p.<k>``; each partition
   is a quorum queue with single-active-consumer, an explicit delivery-limit (3.10 has
-  no default) and at-least-once dead-lettering into the quarantine.
+  no default) and at-least-once dead-lettering into the quarantine. Only the worker is
+  partitioned: nothing a producer sets says which tenant and key a ``run.create`` is for
+  before the scheduler reads it.
 - ``longrun.quarantine`` (fanout): poison messages, with their reason in headers.
 - ``longrun.events`` (topic): run events for the outside world, routing key
   ``<tenant>.run.<event>`` (``event_key``), so a consumer binds its own tenant's keys only and
@@ -35,7 +38,7 @@ from longrun_client.bus import (
 SCHEDULER_INGRESS_QUEUE = "longrun.scheduler.ingress"
 QUARANTINE_EXCHANGE = "longrun.quarantine"
 QUARANTINE_QUEUE = "longrun.quarantine"
-PARTITIONED_SERVICES = ("scheduler", "worker")
+PARTITIONED_SERVICES = ("worker",)
 VHOST = "/"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, Select, func, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.config import duration
+from longrun.config.parse import duration
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -17,17 +17,18 @@ from longrun.db.schema import delivery_failures, quarantine
 
 async def put(conn: AsyncConnection, *, owner: str, queue: str, body: bytes, headers: dict[str, Any],
               message_id: str | None, error_code: str, reason: str, attempts: int,
-              first_failure_at: datetime | None = None) -> int:
+              first_failure_at: datetime | None = None, last_failure_at: datetime | None = None) -> int:
     """Keep a message whatever it holds: the body as it came, the text around it made storable (a
-    quarantined message may be one because of a U+0000 in it)."""
+    quarantined message may be one because of a U+0000 in it). Failure times not given are now."""
     message_type, schema_version = _peek(body)
     first = first_failure_at if first_failure_at is not None else func.now()
+    last = last_failure_at if last_failure_at is not None else func.now()
     row = await conn.execute(insert(quarantine).values(
         owner=storable(owner), queue=storable(queue),
         message_id=None if message_id is None else storable(message_id),
         message_type=None if message_type is None else storable(message_type), schema_version=schema_version,
         error_code=storable(error_code), reason=storable(reason), body=body, headers=storable_json(headers),
-        attempts=attempts, first_failure_at=first, last_failure_at=func.now(),
+        attempts=attempts, first_failure_at=first, last_failure_at=last,
     ).returning(quarantine.c.id))
     return int(row.scalar_one())
 
@@ -66,6 +67,20 @@ async def list_entries(conn: AsyncConnection, *, include_replayed: bool = False)
     if not include_replayed:
         query = query.where(quarantine.c.replayed_at.is_(None))
     return [dict(r._mapping) for r in await conn.execute(query)]
+
+
+async def entry(conn: AsyncConnection, entry_id: int) -> Row | None:  # type: ignore[type-arg]
+    """One entry, with the database's time as ``now`` (None: no such entry)."""
+    return (await conn.execute(select(quarantine, func.now().label("now"))
+                               .where(quarantine.c.id == entry_id))).first()
+
+
+async def dead_wakeups(conn: AsyncConnection, run_id: str) -> int:
+    """How many of ``run_id``'s wakeups the quarantine holds."""
+    return int((await conn.execute(
+        select(func.count()).select_from(quarantine)
+        .where(quarantine.c.message_type == "run.wakeup",
+               quarantine.c.headers["cloudEvents:subject"].astext == run_id))).scalar_one())
 
 
 async def mark_replayed(conn: AsyncConnection, entry_id: int, *, by: str) -> None:

@@ -37,6 +37,7 @@ RULES: dict[str, Rule] = {
     "timers": Rule("timers", "fired_at < :before OR cancelled_at < :before OR (fired_at IS NULL AND EXISTS "
                    "(SELECT 1 FROM runs r WHERE r.run_id = timers.run_id AND r.archived_at IS NOT NULL))"),
     "webhook_events": Rule("webhook_events", "matched_at < :before"),
+    "webhook_events_unmatched": Rule("webhook_events", "matched_run_id IS NULL AND received_at < :before"),
     "delivery_failures": Rule("delivery_failures", "last_failure_at < :before"),
     "quarantine": Rule("quarantine", "replayed_at < :before"),
     "service_members": Rule("service_members", "alive_until < :before"),

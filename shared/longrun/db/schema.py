@@ -372,6 +372,16 @@ webhook_events = Table(
 Index("ix_webhook_events_unmatched", webhook_events.c.correlation_key,
       postgresql_where=webhook_events.c.matched_run_id.is_(None))
 
+webhook_deliveries = Table(
+    "webhook_deliveries", metadata,
+    # The id of every delivery of a provider that signs the body alone, kept for as long as its
+    # signatures are accepted: a captured delivery sent again after the inbox forgot it is recognised.
+    Column("provider", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("provider", "event_id"),
+)
+
 tool_health = Table(
     "tool_health", metadata,
     # One circuit breaker per far side (``domain.breaker``), shared by every worker; rows exist only
@@ -401,6 +411,19 @@ tenant_policies = Table(
 """What each tenant lets its runs do (``domain.scope.TenantPolicy``): one row per tenant, its version
 raised by every change, so an approval re-validated on resume sees whether the policy moved."""
 
+tenant_ceilings = Table(
+    "tenant_ceilings", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("limits", JSONB, nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("version >= 1", name="version_positive"),
+)
+"""How far each tenant's own admins may set its settings (``domain.ceiling``): one document per tenant
+(``{"tools": [...], "resources": [...]}``), set by an admin of every tenant, its version raised by
+every change."""
+
 audit_log = Table(
     "audit_log", metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
@@ -410,9 +433,14 @@ audit_log = Table(
     Column("target", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("tenant_id", Text, nullable=True),
 )
+"""``tenant_id``: the tenant the entry concerns (a run's, a policy's), null when none or every
+tenant's; a tenant's viewers see the entries of their tenants by it."""
 # The reconciler checks for its own earlier alerts (action + target) on every pass.
 Index("ix_audit_log_action_target", audit_log.c.action, audit_log.c.target)
+# A tenant-scoped viewer's audit log, newest first.
+Index("ix_audit_log_tenant", audit_log.c.tenant_id, audit_log.c.at, postgresql_where=text("tenant_id IS NOT NULL"))
 
 operator_tokens = Table(
     "operator_tokens", metadata,
@@ -425,7 +453,12 @@ operator_tokens = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
     Column("last_used_at", DateTime(timezone=True), nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
 )
 """Named API tokens of operators (``longrun.identity``): only the SHA-256 of each secret is kept, so
 the table leaks no credential. ``name`` is who acts with the token (the audit log's actor);
-``tenants`` NULL is every tenant. A revoked token stays, for the audit trail."""
+``tenants`` NULL is every tenant; ``expires_at`` NULL: until revoked. A revoked or expired token
+stays, for the audit trail (an expired one keeps its name until it is revoked)."""
+# A live token's name belongs to one holder: approvals owned by a name are decided by its token alone.
+Index("ux_operator_tokens_live_name", operator_tokens.c.name, unique=True,
+      postgresql_where=text("revoked_at IS NULL"))

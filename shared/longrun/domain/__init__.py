@@ -84,6 +84,8 @@ from longrun.domain.invariants import violations
 from longrun.domain.lease import Lease, can_take, is_stale, release, renew, takeover
 from longrun.domain.retry import RetryPolicy, Rng, next_delay, retryable
 from longrun.domain.run import (
+    AWAITING_ANSWER,
+    MATCHED_BY_KEY,
     OPEN,
     RUN_TRANSITIONS,
     TERMINAL,
@@ -115,6 +117,7 @@ from longrun.domain.snapshot import (
     upcast_snapshot_v4_v5,
     upcast_snapshot_v5_v6,
     upcast_snapshot_v6_v7,
+    upcast_snapshot_v7_v8,
 )
 from longrun.domain.scope import Scope, TenantPolicy, narrow, refusal, revalidated
 from longrun.domain.timeouts import (cancel_end, cancel_refusal, effective_start_to_close, on_business_deadline,
@@ -124,10 +127,12 @@ __all__ = [
     "ACTION_TRANSITIONS",
     "ANSWER_FACT_PREFIX",
     "APPROVAL_FACT_PREFIX",
+    "AWAITING_ANSWER",
     "DENIED_FACT_PREFIX",
     "EVENT_TYPES",
     "IN_DOUBT",
     "LATE_TOLERANT",
+    "MATCHED_BY_KEY",
     "OPEN",
     "QUESTION_WAIT",
     "RECEIPT_FACT_PREFIX",
@@ -251,6 +256,7 @@ __all__ = [
     "upcast_snapshot_v4_v5",
     "upcast_snapshot_v5_v6",
     "upcast_snapshot_v6_v7",
+    "upcast_snapshot_v7_v8",
     "violations",
     "wait_for",
     "budget_needs",

@@ -51,6 +51,9 @@ class WaitForEvent:
     kind: str
     correlation_key: str
     deadline: float
+    provider: str | None = None
+    """The webhook provider (``POST /webhooks/<provider>``) whose event with ``correlation_key`` ends
+    the wait: another provider's event with the same key does not. None: no webhook ends it."""
 
 
 @_decision
@@ -65,6 +68,8 @@ class WaitForUser:
     invalidated_by: str | None = None
     """Correlation key of an outside change (e.g. a push to the branch) that voids this request:
     such an event ends the wait, so ``decide`` computes what to ask for now."""
+    provider: str | None = None
+    """The webhook provider whose event ``invalidated_by`` names."""
 
 
 @_decision
@@ -169,14 +174,14 @@ def wait_for(
     if isinstance(decision, WaitForEvent):
         wait = Wait(
             wait_id=wait_id, kind=decision.kind, deadline=decision.deadline,
-            correlation_key=decision.correlation_key,
+            correlation_key=decision.correlation_key, provider=decision.provider,
         )  # fmt: skip
         return RunStatus.WAITING_EVENT, wait
     if isinstance(decision, WaitForUser):
         wait = Wait(
             wait_id=wait_id, kind="approval", deadline=decision.deadline, approval_id=decision.approval_id,
             owner=decision.owner, approved_hash=decision.approved_hash, subject=decision.summary,
-            correlation_key=decision.invalidated_by,
+            correlation_key=decision.invalidated_by, provider=decision.provider,
         )  # fmt: skip
         return RunStatus.WAITING_USER, wait
     if isinstance(decision, AskUser):

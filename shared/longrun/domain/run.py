@@ -64,6 +64,14 @@ RETRY_SCHEDULED waits on its backoff timer. ACTION_UNKNOWN is deliberately not h
 the reconciler wakes it by scanning unknown actions, not by a timer or a correlation key.
 """
 
+AWAITING_ANSWER: frozenset[RunStatus] = frozenset({_S.WAITING_EVENT, _S.WAITING_USER})
+"""Statuses parked until something outside the run answers: an event for its correlation key, a
+person (an approval or an answer), or its deadline."""
+
+MATCHED_BY_KEY: frozenset[RunStatus] = AWAITING_ANSWER | {_S.PAUSED}
+"""An event for a run's pending wait's correlation key is delivered to the run in these: a paused
+run's wait still ends (the event changes what the run resumes to)."""
+
 _IMPOSED = frozenset({_S.CANCELLING, _S.PAUSED, _S.TERMINATED, _S.TIMED_OUT, _S.BUDGET_EXHAUSTED})
 
 

@@ -31,10 +31,10 @@ from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 7
+SNAPSHOT_SCHEMA_VERSION = 8
 """2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
-``Question.answer_schema``), 6 ``permissions`` as a ``Scope``, 7 ``timeouts`` and ``deadline_passed``; older
-ones are upcast on read."""
+``Question.answer_schema``), 6 ``permissions`` as a ``Scope``, 7 ``timeouts`` and ``deadline_passed``, 8
+``Wait.provider``; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 DENIED_FACT_PREFIX = "permission_denied:"
@@ -100,6 +100,9 @@ class Wait:
     question_id: str | None = None
     """The open question whose answer ends this wait (kind "question"); its text and answer schema
     are in ``RunSnapshot.open_questions``."""
+    provider: str | None = None
+    """The webhook provider whose event ``correlation_key`` names: only its events end the wait (or
+    void the approval). None: no webhook does (a timer or a key the runtime itself sends)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +309,18 @@ def upcast_snapshot_v6_v7(data: Mapping[str, object]) -> dict[str, object]:
             "deadline_passed": False}
 
 
+def upcast_snapshot_v7_v8(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 7 -> 8: a wait names the webhook provider whose event ends it. The database migration
+    0029 wrote it into the stored snapshot of each run waiting on a webhook (whatever its schema);
+    any other wait is ended by no webhook. Pure."""
+    if data.get("schema_version") != 7:
+        raise ValueError(f"upcast_snapshot_v7_v8 takes schema_version 7, got {data.get('schema_version')!r}")
+    wait = data.get("wait")
+    return {**data, "schema_version": 8,
+            "wait": {**wait, "provider": wait.get("provider")} if isinstance(wait, Mapping) else wait}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
     1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5,
-    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7}
+    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7, 7: upcast_snapshot_v7_v8}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

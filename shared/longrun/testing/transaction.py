@@ -12,15 +12,12 @@ from longrun.app.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS
-from longrun.domain import TERMINAL, PinnedVersions, RunStatus, TenantPolicy
+from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 from longrun.ports.runs import AtOnce, Found, StoredRun
 
 if TYPE_CHECKING:
     from longrun.testing.world import World
-
-MATCHED_BY = frozenset({RunStatus.WAITING_EVENT, RunStatus.WAITING_USER, RunStatus.PAUSED})
-"""As ``app.transaction.PgTransaction.waiting_on``: a webhook ends the wait of a run in these."""
 
 
 class MemoryTransaction:
@@ -50,20 +47,24 @@ class MemoryTransaction:
     async def record_outcome(self, service: str, message_id: str, outcome: Mapping[str, Any]) -> None:
         self.store.record_outcome(service, message_id=message_id, outcome=dict(outcome))
 
-    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any]) -> None:
-        self.world.kept.setdefault((provider, event.event_id), (event, None))
+    async def keep(self, provider: str, event: Translated, payload: Mapping[str, Any], *, remember: bool) -> bool:
+        if (provider, event.event_id) in self.world.kept:
+            return False
+        self.world.kept[(provider, event.event_id)] = (event, None)
+        return True
 
-    async def waiting_on(self, correlation_key: str) -> str | None:
+    async def waiting_on(self, provider: str, correlation_key: str) -> str | None:
         for run_id, row in self.store.runs.items():
             wait = row.snapshot.wait
-            if row.snapshot.status in MATCHED_BY and wait is not None and wait.correlation_key == correlation_key:
+            if row.snapshot.status in MATCHED_BY_KEY and wait is not None and \
+                    (wait.provider, wait.correlation_key) == (provider, correlation_key):
                 return run_id
         return None
 
-    async def kept_for(self, correlation_key: str) -> tuple[str, Translated] | None:
-        for (provider, _), (event, matched) in self.world.kept.items():
-            if matched is None and event.correlation_key == correlation_key:
-                return provider, event
+    async def kept_for(self, provider: str, correlation_key: str) -> Translated | None:
+        for (kept_by, _), (event, matched) in self.world.kept.items():
+            if matched is None and (kept_by, event.correlation_key) == (provider, correlation_key):
+                return event
         return None
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None:

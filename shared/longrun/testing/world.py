@@ -164,7 +164,8 @@ class Gated:
         if state.fact(f"ci_result:{state.run_id}") is None:
             if deadline_passed:
                 return Fail(reason="CI did not report before its deadline")
-            return WaitForEvent(kind="ci", correlation_key=ci_key(state.run_id), deadline=ctx.now + CI_TIMEOUT)
+            return WaitForEvent(kind="ci", correlation_key=ci_key(state.run_id), deadline=ctx.now + CI_TIMEOUT,
+                                provider="forge")
         approved_hash = publish_hash(state)
         decision = state.fact(f"approval.{APPROVAL_ID}")
         value = thaw(decision.value) if decision is not None else None

@@ -14,7 +14,8 @@ STEPS_VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none"
 def builtin(settings: Settings) -> list[RunKind]:
     """``LONGRUN_RUN_KINDS``' default: the benchmark's ``steps`` (K echo steps, then complete).
     Agents come from their own packages (``longrun.run_kinds`` entry points or this variable)."""
-    return [RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {steps.ECHO.name: steps.ECHO})]
+    return [RunKind(steps.KIND, STEPS_VERSIONS, steps.Steps(), {steps.ECHO.name: steps.ECHO},
+                    input_schema=steps.StepsInput)]
 
 
 def model_adapter(settings: Settings, kinds: Registry) -> ModelAdapter:

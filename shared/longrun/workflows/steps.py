@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from longrun.authoring import Tool, ToolResult
 from longrun.domain import (
@@ -27,6 +27,12 @@ from longrun.domain import (
 )
 
 KIND = "steps"
+
+
+class StepsInput(BaseModel):
+    """A steps run's input: how many steps (other keys are carried along, unread)."""
+
+    steps: int = Field(default=3, ge=0)
 
 
 class EchoArgs(BaseModel):

@@ -72,7 +72,7 @@ async def test_a_refusal_ends_the_create_and_raises_with_its_payload() -> None:
     assert pending.finished
     with pytest.raises(RunRejected) as refused:
         pending.accepted()
-    assert refused.value.rejection.code.value == "unknown_workflow"
+    assert refused.value.rejection.code == "unknown_workflow"
     with pytest.raises(RunRejected):
         pending.outcome()
 

@@ -18,8 +18,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from longrun.domain import (
     ACTION_TRANSITIONS,
+    AWAITING_ANSWER,
     IN_DOUBT,
     LATE_TOLERANT,
+    MATCHED_BY_KEY,
     OPEN,
     RUN_TRANSITIONS,
     TERMINAL,
@@ -410,3 +412,9 @@ class RunMachine(RuleBasedStateMachine):
 
 RunMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None, database=None)
 TestRunMachine = RunMachine.TestCase
+
+
+def test_a_key_matches_a_run_waiting_on_an_answer_or_paused_on_one() -> None:
+    assert AWAITING_ANSWER == WAITING - {RunStatus.RETRY_SCHEDULED}
+    assert MATCHED_BY_KEY == AWAITING_ANSWER | {RunStatus.PAUSED}
+    assert not MATCHED_BY_KEY & TERMINAL

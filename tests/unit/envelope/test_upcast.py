@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from longrun.envelope import LATEST, decode
+from longrun.envelope import LATEST, decode, encode, make
+from longrun.envelope.payloads import RejectionCode, RejectionCodeV2
 from longrun.errors import DecodeError
 from longrun.envelope.upcast import (UPCASTERS, upcast_run_create_v1_v2, upcast_run_create_v2_v3,
                                     upcast_run_create_v3_v4, upcast_run_rejected_v1_v2)
@@ -90,7 +91,8 @@ def test_every_upcaster_has_a_golden_file(key: tuple[str, int]) -> None:
 
 
 @pytest.mark.parametrize(("type_", "old", "latest"),
-                         [("run.event", 1, 3), ("run.event", 2, 3), ("run.rejected", 1, 2)])
+                         [("run.event", 1, 3), ("run.event", 2, 3), ("run.rejected", 1, 3),
+                          ("run.rejected", 2, 3)])
 def test_older_broadcasts_upcast_to_the_newest_exactly_as_recorded(type_: str, old: int, latest: int) -> None:
     recorded = json.loads((GOLDEN / f"{type_}.v{old}.json").read_text())
     expected = json.loads((GOLDEN / f"{type_}.v{old}-as-v{latest}.json").read_text())
@@ -104,3 +106,39 @@ def test_a_v1_refusal_gets_the_code_its_hashes_tell() -> None:
                                         "offered_input_hash": "b", "existing_run_id": "run-1"})
     unknown = upcast_run_rejected_v1_v2({"idempotency_key": "k", "reason": "unknown run kind 'x'"})
     assert (reused["code"], unknown["code"]) == ("idempotency_key_reused", "unknown_workflow")
+
+
+V2_CODES = ("invalid_payload", "unknown_schema_version", "unknown_workflow", "unknown_workflow_version",
+            "input_too_large", "idempotency_key_reused")
+
+
+@pytest.mark.parametrize("code", V2_CODES)
+def test_every_v2_refusal_decodes_as_v3_with_its_code(code: str) -> None:
+    v2 = json.loads((GOLDEN / "run.rejected.v2.json").read_text())
+    v2["payload"]["code"] = code
+    decoded = decode(json.dumps(v2).encode())
+    assert (decoded.schema_version, decoded.payload.code) == (3, code)
+    assert decoded.payload.code == RejectionCode(code)
+
+
+def test_v2_keeps_its_closed_list_and_v3_takes_every_code_known_and_to_come() -> None:
+    v2 = json.loads((GOLDEN / "run.rejected.v2.json").read_text())
+    v3 = json.loads((GOLDEN / "run.rejected.v2-as-v3.json").read_text())
+    assert {code.value for code in RejectionCodeV2} == set(V2_CODES)
+    for code in [*RejectionCode, "quota_exceeded"]:
+        code = getattr(code, "value", code)
+        decoded = decode(json.dumps({**v3, "payload": {**v3["payload"], "code": code}}).encode())
+        assert decoded.payload.code == code
+    for new in ("input_invalid", "tenant_not_allowed"):
+        with pytest.raises(DecodeError, match="payload.code"):
+            decode(json.dumps({**v2, "payload": {**v2["payload"], "code": new}}).encode())
+    for malformed in ("", "Input Invalid", "tenant.not_allowed", "x" * 65):
+        with pytest.raises(DecodeError, match="payload.code"):
+            decode(json.dumps({**v3, "payload": {**v3["payload"], "code": malformed}}).encode())
+
+
+def test_the_runtime_sends_v3_refusals() -> None:
+    made = make("run.rejected", {"code": RejectionCode.TENANT_NOT_ALLOWED, "reason": "r"}, producer="scheduler",
+                tenant_id="acme")
+    assert (made.schema_version, LATEST["run.rejected"]) == (3, 3)
+    assert decode(encode(made)).payload.code == "tenant_not_allowed"

@@ -91,7 +91,7 @@ def test_an_oidc_issuer_needs_its_audience_and_jwks_and_the_webhook_port_differs
     with pytest.raises(ConfigError) as refused:
         Settings.from_env({"LONGRUN_OIDC_ISSUER": "https://id.example.test", "LONGRUN_GATEWAY_PORT": "8080",
                            "LONGRUN_WEBHOOK_PORT": "8080"})
-    assert [name for name, _ in refused.value.problems] == [
+    assert sorted(name for name, _ in refused.value.problems) == [
         "LONGRUN_OIDC_AUDIENCE", "LONGRUN_OIDC_JWKS_URL", "LONGRUN_WEBHOOK_PORT"]
     with pytest.raises(ConfigError, match="LONGRUN_OIDC_JWKS_URL: got 'ftp://keys'"):
         Settings.from_env({"LONGRUN_OIDC_JWKS_URL": "ftp://keys"})

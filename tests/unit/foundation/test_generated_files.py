@@ -27,7 +27,7 @@ def test_rabbitmq_definitions_match_the_declared_topology() -> None:
 def test_every_partition_queue_is_a_quorum_queue_with_sac_a_delivery_limit_and_quarantine() -> None:
     definitions = json.loads((ROOT / "infra/rabbitmq/definitions.json").read_text())
     partition_queues = [q for q in definitions["queues"] if ".p" in q["name"]]
-    assert len(partition_queues) == 2 * 8
+    assert [q["name"] for q in partition_queues] == [f"longrun.worker.p{k}" for k in range(8)]
     for queue in partition_queues:
         assert queue["arguments"] == {
             "x-queue-type": "quorum", "x-single-active-consumer": True, "x-delivery-limit": 5,

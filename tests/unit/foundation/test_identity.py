@@ -49,9 +49,9 @@ def test_an_owner_names_a_subject_a_role_or_a_group(owner: str | None, who: Prin
 
 def test_claims_make_a_principal_keeping_known_roles_and_reading_lists_or_spaced_names() -> None:
     made = from_claims({"sub": "ana@example.test", "roles": "approver root", "tenants": ["acme", 7],
-                        "groups": ["release"]}, **CLAIMS)
+                        "groups": ["release"], "iss": "https://id.example.test"}, **CLAIMS)
     assert made == Principal("ana@example.test", frozenset({"approver"}), frozenset({"acme"}),
-                             frozenset({"release"}))
+                             frozenset({"release"}), credential="oidc:https://id.example.test")
     assert from_claims({"sub": "root", "roles": ["admin"], "tenants": "*"}, **CLAIMS).tenants is None
     bare = from_claims({"sub": "x"}, **CLAIMS)
     assert bare.roles == frozenset() and bare.tenants == frozenset() and bare.groups == frozenset()

@@ -8,7 +8,7 @@ import pytest
 from starlette.datastructures import QueryParams
 
 from longrun.domain import RunStatus
-from services.gateway import api, openapi
+from services.gateway import api, api_responses, openapi
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENT = ROOT / "schemas" / "openapi.json"
@@ -32,7 +32,7 @@ def test_every_operation_is_described_with_its_errors_in_json() -> None:
 
 
 def test_every_action_a_run_may_allow_has_an_operation() -> None:
-    allowed = api.RunView.model_fields["allowed_operations"].annotation.__args__[0].__args__  # type: ignore[union-attr]
+    allowed = api_responses.RunView.model_fields["allowed_operations"].annotation.__args__[0].__args__  # type: ignore[union-attr]
     assert set(allowed) < set(api.RUN_ACTIONS)
 
 

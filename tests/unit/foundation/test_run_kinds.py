@@ -31,7 +31,7 @@ NOT_A_KIND = 42
 BAD_VERSION = _kind("three", "latest")
 
 def from_settings(settings):
-    return _kind("four", "2") if settings.tool_timeout > 0 else []
+    return _kind("four", "2") if settings.worker_concurrency > 0 else []
 
 def failing(settings):
     raise RuntimeError("the forge URL is required")

@@ -91,7 +91,8 @@ def test_an_installed_distribution_brings_its_providers_by_entry_point(author: s
 
 async def test_the_gateway_refuses_a_provider_it_was_not_given_naming_it() -> None:
     # Refused before the signature is checked or anything stored: no database or broker needed.
-    app = create_app(cast(AsyncEngine, None), cast(Bus, None), settings(""))
+    app = create_app(cast(AsyncEngine, None), cast(Bus, None),
+                     Settings.from_env({"LONGRUN_WEBHOOK_SECRET": "forge-own-secret"}))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
         response = await http.post("/webhooks/tracker", content=b"{}")
     assert (response.status_code, response.json()) == (404, {"error": "unknown provider 'tracker'"})
@@ -137,3 +138,23 @@ def test_a_timestamped_signature_covers_the_time_and_is_refused_outside_the_wind
     assert refused(STAMPED, Headers({"x-acme-signature": "sha256=00"}), now=now) == "missing x-acme-timestamp header"
     assert refused(STAMPED, Headers({"x-acme-signature": "sha256=00", "x-acme-timestamp": "yesterday"}),
                    now=now) == "x-acme-timestamp is not Unix seconds: 'yesterday'"
+
+
+def test_no_secret_is_shared_across_providers(author: str) -> None:
+    both = f"tracker={author}:tracker"
+    # a lone provider may take LONGRUN_WEBHOOK_SECRET; by default there is none, and the gateway stops
+    assert webhook_providers.secrets(Settings.from_env({"LONGRUN_WEBHOOK_SECRET": "s-forge"}),
+                                     {"forge": forge}) == {"forge": "s-forge"}
+    with pytest.raises(ConfigError, match="no secret for provider 'forge'"):
+        webhook_providers.secrets(Settings.from_env({}), {"forge": forge})
+    # with two, LONGRUN_WEBHOOK_SECRET serves neither: each needs its own, and no two the same
+    two = Settings.from_env({"LONGRUN_WEBHOOK_PROVIDERS": both, "LONGRUN_WEBHOOK_SECRET": "the-one-secret"})
+    with pytest.raises(ConfigError, match="no secret for provider 'forge', 'tracker'") as missing:
+        webhook_providers.secrets(two, webhook_providers.load(two))
+    assert "the-one-secret" not in str(missing.value)
+    shared = Settings.from_env({"LONGRUN_WEBHOOK_PROVIDERS": both, "LONGRUN_WEBHOOK_SECRETS": "forge=s1,tracker=s1"})
+    with pytest.raises(ConfigError, match="providers 'forge', 'tracker' share a secret; each needs its own") as same:
+        webhook_providers.secrets(shared, webhook_providers.load(shared))
+    assert "s1" not in str(same.value).replace("LONGRUN_WEBHOOK_SECRETS", "")
+    own = Settings.from_env({"LONGRUN_WEBHOOK_PROVIDERS": both, "LONGRUN_WEBHOOK_SECRETS": "forge=s1,tracker=s2"})
+    assert webhook_providers.secrets(own, webhook_providers.load(own)) == {"forge": "s1", "tracker": "s2"}

@@ -151,7 +151,7 @@ def test_compose_worker_runs_two_replicas_with_a_longer_grace_and_reaches_the_fo
     assert worker["environment"]["LONGRUN_FORGE_URL"] == f"http://forge:{forge_port}"
     assert "--host" in services["forge"]["command"] and "0.0.0.0" in services["forge"]["command"]
     assert _seconds(worker["stop_grace_period"]) >= 30
-    assert "8080:8080" in services["gateway"]["ports"]
+    assert "127.0.0.1:8080:8080" in services["gateway"]["ports"]
 
 
 def test_every_compose_command_names_a_real_module_or_console_script() -> None:
@@ -185,7 +185,10 @@ def test_each_compose_environment_is_complete_and_valid_for_settings() -> None:
     assert {s.partitions for s in parsed.values()} == {p}, "P differs between services or the broker"
     assert {s.delivery_limit for s in parsed.values()} == {limit}
     gateway = parsed["gateway"]
-    assert compose()["services"]["gateway"]["ports"] == [f"{gateway.gateway_port}:{gateway.gateway_port}"]
+    # Published on this machine only, and started only with secrets the environment gives (none built in)
+    assert compose()["services"]["gateway"]["ports"] == [f"127.0.0.1:{gateway.gateway_port}:{gateway.gateway_port}"]
+    for secret in ("LONGRUN_WEBHOOK_SECRET", "LONGRUN_OPERATOR_TOKENS", "LONGRUN_CONSOLE_SECRET"):
+        assert compose()["services"]["gateway"]["environment"][secret].startswith(f"${{{secret}:?"), secret
 
 
 # --- Dockerfile ----------------------------------------------------------------------------

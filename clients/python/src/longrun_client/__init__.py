@@ -12,7 +12,7 @@ from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, Pub
 from longrun_client.model import DataClass, Envelope
 from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunCreateV2, RunCreateV3,
                                      RunCreateV4, RunEventV2, RunEventV3, RunOutcome, RunOutcomeV3, RunRejectedV2,
-                                     RunScope, RunSummary, RunTimeouts)
+                                     RunRejectedV3, RunScope, RunSummary, RunTimeouts)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.stream import EventStream
@@ -20,5 +20,5 @@ from longrun_client.stream import EventStream
 __all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
            "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunCreateV3",
            "RunCreateV4", "RunEventV2", "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
-           "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of", "decode", "encode",
-           "make"]
+           "RunRejectedV3", "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of",
+           "decode", "encode", "make"]

@@ -25,7 +25,7 @@ from opentelemetry import trace
 
 from longrun_client.bus import (CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, TENANT_PATTERN,
                                 tenant_pattern)
-from longrun_client.codec import to_message
+from longrun_client.codec import broker_user, to_message
 from longrun_client.errors import PoisonMessage, PublishNotConfirmed
 from longrun_client.model import Envelope
 from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
@@ -47,8 +47,9 @@ class Client:
     """
 
     def __init__(self, connection: AbstractRobustConnection, ingress: AbstractExchange,
-                 consumer: AbstractChannel, *, producer: str, keep_finished: int) -> None:
+                 consumer: AbstractChannel, *, producer: str, keep_finished: int, user_id: str) -> None:
         self._connection = connection
+        self._user_id = user_id
         self._ingress = ingress
         self._consumer = consumer
         self._producer = producer
@@ -65,7 +66,9 @@ class Client:
         """Connect (reconnecting on its own afterwards) and check the ingress exchange exists.
 
         ``producer`` names this client in every envelope it sends; ``keep_finished`` is how many
-        finished creates ``accepted`` and ``wait`` still answer for after their run ended."""
+        finished creates ``accepted`` and ``wait`` still answer for after their run ended. Every
+        create carries the URL's user as its ``user_id``: longrun admits it only in the tenants
+        that broker user is allowed."""
         connection = await aio_pika.connect_robust(url)
         try:
             publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -74,7 +77,8 @@ class Client:
         except BaseException:
             await connection.close()
             raise
-        return cls(connection, ingress, consumer, producer=producer, keep_finished=keep_finished)
+        return cls(connection, ingress, consumer, producer=producer, keep_finished=keep_finished,
+                   user_id=broker_user(url))
 
     async def __aenter__(self) -> Client:
         return self
@@ -223,7 +227,8 @@ class Client:
 
     async def _publish(self, request: Envelope) -> None:
         try:
-            await self._ingress.publish(to_message(request), routing_key=CREATE_KEY, mandatory=True)
+            await self._ingress.publish(to_message(request, user_id=self._user_id), routing_key=CREATE_KEY,
+                                        mandatory=True)
         except aio_pika.exceptions.PublishError as e:
             raise PublishNotConfirmed(INGRESS_EXCHANGE, CREATE_KEY, f"returned unroutable ({e})") from e
         except aio_pika.exceptions.DeliveryError as e:

@@ -10,14 +10,29 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
 from longrun_client.model import Envelope
 
 
-def to_message(envelope: Envelope | dict[str, Any]) -> aio_pika.Message:
-    """A persistent message; a dict is an envelope already in its JSON form (as the outbox keeps it)."""
+DEVELOPMENT_USER = "guest"
+"""RabbitMQ's development user, and the user of an AMQP URL that names none."""
+
+
+def broker_user(url: str) -> str:
+    """The user an AMQP URL logs in as: what a ``run.create`` published on it sets as ``user_id``."""
+    user = urlsplit(url).username
+    return unquote(user) if user else DEVELOPMENT_USER
+
+
+def to_message(envelope: Envelope | dict[str, Any], *, user_id: str | None = None) -> aio_pika.Message:
+    """A persistent message; a dict is an envelope already in its JSON form (as the outbox keeps it).
+
+    ``user_id``: the publishing connection's broker user (``broker_user``), which a ``run.create``
+    must carry: RabbitMQ checks it against the connection, and longrun admits a create only in the
+    tenants that user is allowed."""
     data = envelope.model_dump(mode="json") if isinstance(envelope, Envelope) else envelope
     headers: dict[str, Any] = {
         "cloudEvents:specversion": "1.0",
@@ -42,6 +57,7 @@ def to_message(envelope: Envelope | dict[str, Any]) -> aio_pika.Message:
         type=data["type"],
         timestamp=datetime.fromisoformat(data["occurred_at"]),
         headers=headers,
+        user_id=user_id,
     )
 
 

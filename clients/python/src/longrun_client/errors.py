@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 class ErrorCode(str, Enum):
     CONFIG_INVALID = "config_invalid"
-    DB_UNAVAILABLE = "db_unavailable"
     BUS_UNAVAILABLE = "bus_unavailable"
     UNROUTABLE = "unroutable"
     STALE_REVISION = "stale_revision"
@@ -96,4 +95,4 @@ class RunRejected(LongrunError):
     def __init__(self, event: Envelope) -> None:
         self.event = event
         self.rejection = event.payload
-        super().__init__(f"run.create refused ({self.rejection.code.value}): {self.rejection.reason}")
+        super().__init__(f"run.create refused ({self.rejection.code}): {self.rejection.reason}")

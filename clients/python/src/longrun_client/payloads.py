@@ -223,7 +223,11 @@ class RunEventV3(Strict):
 
 
 class RejectionCode(str, Enum):
-    """Why a run.create was refused, for machines; ``reason`` says it for people."""
+    """Why a run.create was refused, for machines; ``reason`` says it for people.
+
+    The codes known to this version of the contract. run.rejected v3's ``code`` is open: a consumer
+    may meet a code added later, and handles one it does not know as a refusal whose ``reason``
+    says why."""
 
     INVALID_PAYLOAD = "invalid_payload"
     UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
@@ -231,6 +235,17 @@ class RejectionCode(str, Enum):
     UNKNOWN_WORKFLOW_VERSION = "unknown_workflow_version"
     INPUT_TOO_LARGE = "input_too_large"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    INPUT_INVALID = "input_invalid"
+    TENANT_NOT_ALLOWED = "tenant_not_allowed"
+
+
+# run.rejected v2's closed list, frozen as v2 published it (its schema names it RejectionCode).
+RejectionCodeV2 = Enum("RejectionCode", [  # type: ignore[misc]
+    (code.name, code.value) for code in list(RejectionCode)[:6]], type=str)
+RejectionCodeV2.__doc__ = "Why a run.create was refused, for machines; ``reason`` says it for people."
+
+REJECTION_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+"""What any refusal code looks like, those added later included."""
 
 
 class RunRejectedV1(Strict):
@@ -246,8 +261,24 @@ class RunRejectedV1(Strict):
 class RunRejectedV2(Strict):
     """A run.create that was refused: a code, the reason and, for key reuse, both hashes."""
 
-    code: RejectionCode
+    code: RejectionCodeV2  # type: ignore[valid-type]
     reason: str
+    idempotency_key: str | None = Field(default=None, description="None when the payload could not be read.")
+    refused_event_id: str | None = Field(default=None, description="event_id of the refused run.create.")
+    existing_run_id: str | None = None
+    recorded_input_hash: str | None = None
+    offered_input_hash: str | None = None
+
+
+class RunRejectedV3(Strict):
+    """A run.create that was refused: a code, the reason and, for key reuse, both hashes.
+
+    The code is open (v2's was a closed list): handle a code you do not know as a refusal whose
+    reason says why; new codes need no new version."""
+
+    code: str = Field(pattern=REJECTION_CODE_PATTERN, description=(
+        "Why, for machines: one of RejectionCode's values or a code added later (lower case, digits and '_')."))
+    reason: str = Field(description="Why, for people; for input_invalid it names each field that failed.")
     idempotency_key: str | None = Field(default=None, description="None when the payload could not be read.")
     refused_event_id: str | None = Field(default=None, description="event_id of the refused run.create.")
     existing_run_id: str | None = None

@@ -34,6 +34,7 @@ PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
     ("run.event", 3): payloads.RunEventV3,
     ("run.rejected", 1): payloads.RunRejectedV1,
     ("run.rejected", 2): payloads.RunRejectedV2,
+    ("run.rejected", 3): payloads.RunRejectedV3,
 }
 
 

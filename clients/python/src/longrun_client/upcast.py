@@ -45,6 +45,11 @@ def upcast_run_rejected_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "code": "idempotency_key_reused" if reused else "unknown_workflow"}
 
 
+def upcast_run_rejected_v2_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2's closed list of codes is a subset of v3's open ones: the payload is the same."""
+    return dict(payload)
+
+
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.create", 1): upcast_run_create_v1_v2,
     ("run.create", 2): upcast_run_create_v2_v3,
@@ -52,6 +57,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.event", 1): upcast_run_event_v1_v2,
     ("run.event", 2): upcast_run_event_v2_v3,
     ("run.rejected", 1): upcast_run_rejected_v1_v2,
+    ("run.rejected", 2): upcast_run_rejected_v2_v3,
 }
 
 

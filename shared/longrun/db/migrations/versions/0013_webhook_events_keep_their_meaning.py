@@ -2,9 +2,11 @@
 or timer that matches it to a wait later needs no provider: providers are plugged into the gateway
 (``longrun.webhook_providers``), not into every service.
 
-Events still waiting to be matched are translated here, by the providers this deployment installs
-(the migration runs with the services' configuration); one whose provider is not installed stops the
-migration, naming it, rather than lose the event. Matched events are history and stay as they are.
+Events still waiting to be matched are translated here. Releases before this one accepted the
+``forge`` provider's events only, so the migration holds that translation as it was then (a
+migration imports no runtime code: providers change, this revision must not); an event of any other
+provider stops the migration, naming it, rather than lose the event. Matched events are history and
+stay as they are.
 
 Revision ID: 0013
 Revises: 0012
@@ -13,6 +15,7 @@ Revises: 0012
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -24,27 +27,30 @@ branch_labels = None
 depends_on = None
 
 
+def _forge_fact(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What the forge provider made of an event (its fact key and fact) when this revision was
+    written; the gateway refused every other event type."""
+    if payload.get("type") == "branch.pushed":
+        return f"head:{payload['branch']}", {"sha": payload["sha"], "pusher": payload.get("pusher", "")}
+    return (f"ci_result:{payload['ci_run_id']}",
+            {"status": payload["status"], "sha": payload["sha"], "log_excerpt": payload.get("log_excerpt", "")})
+
+
 def upgrade() -> None:
     op.add_column('webhook_events', sa.Column('fact_key', sa.Text(), nullable=True))
     op.add_column('webhook_events', sa.Column('fact', JSONB(), nullable=True))
     conn = op.get_bind()
     waiting = conn.execute(sa.text("SELECT provider, event_id, payload FROM webhook_events "
                                    "WHERE matched_run_id IS NULL")).all()
-    if not waiting:
-        return
-    from longrun import webhook_providers
-    from longrun.config import Settings
-
-    providers = webhook_providers.load(Settings.from_env())
     for row in waiting:
-        if row.provider not in providers:
+        if row.provider != "forge":
             raise RuntimeError(f"webhook event {row.event_id} of provider {row.provider!r} waits to be matched, and "
-                               f"no installed provider is called {row.provider!r} (LONGRUN_WEBHOOK_PROVIDERS or a "
-                               "longrun.webhook_providers entry point): install it and migrate again")
-        event = providers[row.provider].translate(row.payload)
+                               "this migration knows only the forge provider's events, the only ones accepted "
+                               "before it: match or delete the event and migrate again")
+        fact_key, fact = _forge_fact(row.payload)
         conn.execute(sa.text("UPDATE webhook_events SET fact_key = :k, fact = CAST(:f AS jsonb) "
                              "WHERE provider = :p AND event_id = :e"),
-                     {"k": event.fact_key, "f": json.dumps(event.fact), "p": row.provider, "e": row.event_id})
+                     {"k": fact_key, "f": json.dumps(fact), "p": row.provider, "e": row.event_id})
 
 
 def downgrade() -> None:

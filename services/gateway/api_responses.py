@@ -1,0 +1,253 @@
+"""The operator API's answers: one model per response body, rendered into ``schemas/openapi.json``
+by ``services.gateway.openapi`` and checked against what the gateway answers by the contract test."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, RootModel
+
+from longrun.domain import ActionStatus
+from services.gateway.api_types import RUN_STATUS, Strict
+
+
+class Error(Strict):
+    error: str
+    problems: list[str] | None = Field(None, description="Every violation, where there are several.")
+
+
+class ActionResult(Strict):
+    run_id: str
+    status: RUN_STATUS
+    revision: int
+
+
+class Answered(ActionResult):
+    repeated: bool = Field(description="The same answer was given before; nothing changed.")
+
+
+class SettledAction(Strict):
+    logical_action: str
+    status: Literal[ActionStatus.CONFIRMED.value, ActionStatus.RETRYABLE.value]  # type: ignore[valid-type]
+
+
+class Resolved(ActionResult):
+    action: SettledAction
+
+
+class Versions(Strict):
+    workflow: str
+    prompt: str
+    model_policy: str
+    tool_schemas: str
+
+
+class Migrated(ActionResult):
+    versions: Versions
+
+
+class Lease(Strict):
+    owner: str
+    fencing_token: int
+    until: datetime | None
+
+
+class NextTimer(Strict):
+    kind: str
+    wake_at: datetime
+
+
+class Archived(Strict):
+    at: datetime
+    archive: str
+    location: str
+    media_type: str
+
+
+class RunEvent(BaseModel):
+    """One event of the run's history (``type`` names which; its other fields follow from it)."""
+
+    type: str
+    seq: int
+    at: float
+
+
+class CallView(Strict):
+    """One of the run's calls as its ledger row holds it."""
+
+    logical_action: str
+    tool: str
+    effect_kind: str
+    status: str
+    attempts: int
+    external_id: str | None
+    progress: dict[str, Any] | None = Field(description="What the call's heartbeats last reported.")
+    heartbeat_at: datetime | None
+
+
+class AttachedArtifact(Strict):
+    name: str
+    content_hash: str
+    size: int
+    media_type: str
+
+
+class Attached(ActionResult):
+    artifact: AttachedArtifact
+
+
+class RunView(Strict):
+    snapshot: dict[str, Any] = Field(description="The run's state, as the runtime keeps it.")
+    actions: list[CallView]
+    lease: Lease | None
+    next_timer: NextTimer | None
+    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "retry-action", "pause", "cancel",
+                                     "terminate", "resume"]] = Field(description="What an operator may do to the run now "
+                                                                    "(POST /runs/{run_id}/<operation>).")
+    waiting_for: str | None
+    archived: Archived | None = Field(description="Where the history of an archived run went (its events here "
+                                                  "are then pruned).")
+    events: list[RunEvent]
+
+
+class RunRow(Strict):
+    run_id: str
+    tenant_id: str
+    status: RUN_STATUS
+    workflow: str
+    workflow_version: str
+    wait_kind: str | None
+    awaiting_worker: str | None
+    idempotency_key: str
+    created_at: datetime
+    updated_at: datetime
+    labels: dict[str, str]
+
+
+class RunPage(Strict):
+    runs: list[RunRow]
+    next_cursor: str | None = Field(description="None on the last page.")
+
+
+class AuditEntry(Strict):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    reason: str
+    details: dict[str, Any]
+
+
+class AuditPage(Strict):
+    entries: list[AuditEntry]
+    next_cursor: str | None
+
+
+class VersionsInUse(Strict):
+    kind: str
+    versions: Versions
+    open_runs: dict[str, int] = Field(description="Open runs by status.")
+    oldest_wait: datetime | None
+    waiting_for_a_worker: int
+    served_by: list[str] = Field(description="The live workers that advertise these versions.")
+
+
+class VersionsReport(RootModel[list[VersionsInUse]]):
+    pass
+
+
+class QuarantineEntry(Strict):
+    id: int
+    owner: str
+    queue: str
+    message_id: str | None
+    message_type: str | None
+    schema_version: int | None
+    error_code: str
+    reason: str
+    headers: dict[str, Any]
+    attempts: int
+    first_failure_at: datetime
+    last_failure_at: datetime
+    quarantined_at: datetime
+    replayed_at: datetime | None
+    replayed_by: str | None
+    body_preview: str
+
+
+class QuarantineList(RootModel[list[QuarantineEntry]]):
+    pass
+
+
+class Replayed(Strict):
+    id: int
+    replayed_to: str = Field(description="exchange/routing key")
+    message_id: str
+
+
+class NotSent(Strict):
+    """Past the replay window, and its effect is there already: marked replayed, not sent again."""
+
+    id: int
+    not_sent: str
+    message_id: str
+
+
+class ReplayResult(RootModel[Replayed | NotSent]):
+    pass
+
+
+class Policy(Strict):
+    tenant_id: str
+    version: int
+    tools: list[str]
+    resources: list[str]
+
+
+class CeilingView(Strict):
+    """How far the tenant's own admins may set its policy, and where each setting's ceiling comes from."""
+
+    tenant_id: str
+    version: int | None = Field(description="The ceiling's version; None: no ceiling is set.")
+    tools: list[str]
+    resources: list[str]
+    origins: dict[str, str] = Field(description="Per setting: set by an admin of every tenant, the value in "
+                                                "force (no ceiling is set) or the kinds' maximum (neither is).")
+
+
+class Health(Strict):
+    ok: Literal[True]
+
+
+class Token(Strict):
+    """A named token as kept (its secret is not)."""
+
+    id: int
+    name: str
+    roles: list[str]
+    tenants: list[str] | None = Field(description="None: every tenant.")
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    expires_at: datetime | None = Field(description="Refused from then on; None: until revoked.")
+
+
+class TokenList(RootModel[list[Token]]):
+    pass
+
+
+class CreatedToken(Strict):
+    token: Token
+    secret: str = Field(description="The bearer token; shown this once, kept nowhere.")
+
+
+class Me(Strict):
+    """Who the bearer token names."""
+
+    subject: str
+    roles: list[str]
+    tenants: list[str] | None = Field(description="None: every tenant.")
+    groups: list[str]

@@ -1,0 +1,29 @@
+"""What the scheduler admits: a tenant's slots, an input's size, waiting's weight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longrun.config import parse
+from longrun.config.declaration import Concern, setting
+
+
+@dataclass(frozen=True)
+class AdmissionSettings(Concern):
+    """Admission: the scheduler's slots and limits"""
+
+    tenant_slots: int = setting("LONGRUN_TENANT_SLOTS", parse.positive_int, "an integer >= 1", "4")
+    """Admitted, unfinished runs per tenant at most."""
+    producer_tenants: tuple[tuple[str, str], ...] = setting(
+        "LONGRUN_PRODUCER_TENANTS", parse.named_references, "comma-separated user=tenant (tenant * for every tenant)",
+        "")
+    """The tenants each broker user may create runs in: ``user=tenant``, comma-separated, once per
+    tenant (``user=*``: every tenant). The runtime's own user (``LONGRUN_AMQP_URL``'s) may create in
+    every tenant; ``guest`` only when the broker is on this machine (development). A ``run.create``
+    whose AMQP ``user_id`` is missing or not allowed its tenant is refused (``tenant_not_allowed``)."""
+    max_input_bytes: int = setting("LONGRUN_MAX_INPUT_BYTES", parse.positive_int, "bytes, an integer >= 1",
+                                   "262144")
+    """Largest ``run.create`` input accepted, in bytes of its JSON; a larger one is refused with
+    ``run.rejected`` (input_too_large). Large inputs belong in the artifact store, referenced by hash."""
+    priority_aging: float = setting("LONGRUN_PRIORITY_AGING", parse.positive_float, "seconds, a number > 0", "30")
+    """Seconds of waiting that count as one priority point (so nothing starves)."""
