@@ -18,16 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
 from longrun.domain import ActionStatus, PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
 from longrun.ports.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
-
-if TYPE_CHECKING:
-    from longrun.app.webhooks import Translated
+from longrun.ports.webhooks import Translated
 
 CrashPoints = Callable[[str], None]
 """Called with a point's name where a worker may die (``faults.crash_point`` in a process: SIGKILL

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun import otel
 from longrun.app import webhooks
 from longrun.app.ports import LedgerOutcome
-from longrun.app.webhooks import Translated
+from longrun.ports.webhooks import Translated
 from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, policies, runs
 from longrun.db.schema import runs as runs_table

@@ -34,6 +34,7 @@ from longrun.db.schema import runs as runs_table
 from longrun.domain import AWAITING_ANSWER, RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun
+from longrun.ports.webhooks import Translated
 from longrun_client.storable import unstorable
 
 if TYPE_CHECKING:
@@ -43,16 +44,6 @@ PRODUCER = "gateway"
 MAX_EVENT_ID = 200
 MAX_CORRELATION_KEY = 500
 """Characters. Both are index keys, and a btree entry holds at most 2704 bytes (a character takes up to 4)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Translated:
-    """What a provider's event means to longrun: which wait it answers and the fact it proves."""
-
-    event_id: str
-    correlation_key: str
-    fact_key: str
-    fact: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from longrun.app.ports import LedgerOutcome
-from longrun.app.webhooks import Translated
+from longrun.ports.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
 from longrun.app import admit, effects, operate, timers, webhooks
-from longrun.app.webhooks import Translated
+from longrun.ports.webhooks import Translated
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.domain import (
     ActionStatus,
