@@ -61,6 +61,9 @@ async def test_a_created_run_is_accepted_then_ends_with_its_outcome_and_its_even
         repeated = await client.accepted(again, timeout=60)
         assert (repeated.payload.run_id, repeated.payload.repeated) == (accepted.payload.run_id, True)
         assert repeated.event_id != accepted.event_id
+        # and, the run having ended, the answer carries its outcome: waiting on the repeat returns at once
+        assert repeated.payload.outcome == outcome
+        assert await client.wait(again, timeout=1) == outcome
 
 
 @pytest.mark.timeout(120)

@@ -44,7 +44,7 @@ from longrun.bus import topology
 from longrun.bus.consumer import PUBLISHER
 from longrun.db import admission, outbox, policies, runs
 from longrun.db.schema import QUEUED
-from longrun.domain import RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
+from longrun.domain import TERMINAL, RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
@@ -111,7 +111,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
     if isinstance(kind, Refusal):
         found = await tx.find(envelope.tenant_id, request.idempotency_key)
         if found is not None:  # created while it was acceptable: the run stands
-            return await _existing(tx, envelope, found, offered, partitions)
+            return await _existing(tx, envelope, found, offered, partitions, kinds)
         return await _reject(tx, envelope, partitions, kind)
     # Admission's lock first: the creating statement's count of the tenant's slots is then the one
     # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
@@ -142,7 +142,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await tx.find(envelope.tenant_id, request.idempotency_key)
         assert found is not None
-        return await _existing(tx, envelope, found, offered, partitions)
+        return await _existing(tx, envelope, found, offered, partitions, kinds)
     if stored.admitted:
         metrics.ADMISSION_DELAY.labels(kind.name).observe(max(0.0, clock() - envelope.occurred_at.timestamp()))
         return {"run_id": run_id, "created": True, "admitted": True}
@@ -227,16 +227,22 @@ ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")
 
 
 async def _existing(tx: RunTransaction, envelope: Envelope, found: runs.Found, offered: str,
-                    partitions: int) -> dict[str, Any]:
-    """A repeated create: announced again (a new event, the same run), or refused if its input differs."""
+                    partitions: int, kinds: Registry) -> dict[str, Any]:
+    """A repeated create: announced again (a new event, the same run), or refused if its input differs.
+    A run that has ended is announced with its outcome: its terminal event is not published again,
+    so the repeat's producer would otherwise wait for it forever."""
     if found.input_hash != offered:
         return await _reject(tx, envelope, partitions, Refusal(
             RejectionCode.IDEMPOTENCY_KEY_REUSED, "idempotency key reused with a different input",
             {"existing_run_id": found.run_id, "recorded_input_hash": found.input_hash,
              "offered_input_hash": offered}))
+    stored = await tx.load(found.run_id)
+    outcome = None
+    if stored is not None and stored.snapshot.status in TERMINAL:
+        outcome = effects.run_outcome(stored.snapshot, kinds.public_receipts(found.workflow, found.versions.workflow))
     await tx.send([effects.accepted_message(
         envelope, run_id=found.run_id, partition=found.partition, workflow=found.workflow, versions=found.versions,
-        labels=found.labels, repeated=True, producer=PRODUCER)])
+        labels=found.labels, repeated=True, producer=PRODUCER, outcome=outcome)])
     return {"run_id": found.run_id, "created": False}
 
 

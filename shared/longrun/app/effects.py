@@ -112,12 +112,14 @@ def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, produce
 
 
 def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow: str, versions: PinnedVersions,
-                     labels: Mapping[str, str], repeated: bool, producer: str) -> outbox.Message:
-    """The answer to a ``run.create``: the run it made (or, repeated, had made), on the run's partition
-    so it is published before the run's status events."""
+                     labels: Mapping[str, str], repeated: bool, producer: str,
+                     outcome: Mapping[str, Any] | None = None) -> outbox.Message:
+    """The answer to a ``run.create``: the run it made (or, repeated, had made, with its ``outcome``
+    if it has ended), on the run's partition so it is published before the run's status events."""
     key = create.payload.idempotency_key
     envelope = make("run.accepted", {"run_id": run_id, "idempotency_key": key, "workflow": workflow,
-                                     "versions": to_plain(versions), "labels": dict(labels), "repeated": repeated},
+                                     "versions": to_plain(versions), "labels": dict(labels), "repeated": repeated,
+                                     "outcome": outcome},
                     producer=producer, tenant_id=create.tenant_id, run_id=run_id,
                     correlation_id=create.correlation_id or key, causation_id=create.event_id,
                     data_class=DataClass.PUBLIC)

@@ -38,7 +38,8 @@ INGRESS_TYPE = "run.create"
 EVENT_CHANNELS: dict[str, tuple[str, str, str]] = {
     "runAccepted": ("run.accepted", "accepted", (
         "Sent in the transaction that creates the run, before the run's first status event. A repeated "
-        "create re-announces the run: new event_id, same run_id, repeated = true.")),
+        "create re-announces the run: new event_id, same run_id, repeated = true, and, if the run has "
+        "ended, its outcome (its terminal run.event is not published again).")),
     "runRejected": ("run.rejected", "rejected", (
         "Answers a refused run.create: correlation_id is the create's, payload.refused_event_id its "
         "event_id; the refused message is also kept in quarantine.")),

@@ -82,3 +82,13 @@ async def test_closing_settles_what_is_still_awaited() -> None:
     pending.close()
     with pytest.raises(ConnectionError):
         pending.accepted()
+
+
+async def test_a_repeat_accepted_with_the_outcome_of_a_run_that_had_ended_ends_the_create_at_once() -> None:
+    request = _create()
+    pending = PendingCreate(request)
+    outcome = {"status": "COMPLETED", "terminal_reason": "acceptance check passed"}
+    pending.offer(_answer(request, "run.accepted", {"run_id": "r-1", "idempotency_key": "k-1", "workflow": "steps",
+                                                    "versions": VERSIONS, "repeated": True, "outcome": outcome}))
+    assert pending.finished
+    assert (pending.outcome().status, pending.outcome().terminal_reason) == ("COMPLETED", "acceptance check passed")

@@ -142,3 +142,13 @@ def test_the_runtime_sends_v3_refusals() -> None:
                 tenant_id="acme")
     assert (made.schema_version, LATEST["run.rejected"]) == (3, 3)
     assert decode(encode(made)).payload.code == "tenant_not_allowed"
+
+
+def test_run_accepted_v1_upcasts_to_v2_without_an_outcome_exactly_as_recorded() -> None:
+    v1 = json.loads((GOLDEN / "run.accepted.v1.json").read_text())
+    expected = json.loads((GOLDEN / "run.accepted.v1-as-v2.json").read_text())
+    decoded = decode(json.dumps(v1).encode())
+    assert decoded.schema_version == LATEST["run.accepted"] == 2
+    assert decoded.model_dump(mode="json") == expected
+    # v1 never said whether the run had ended: a v1 repeat carries no outcome
+    assert decoded.payload.repeated is True and decoded.payload.outcome is None

@@ -10,15 +10,15 @@ from longrun_client.client import Client
 from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, PublishNotConfirmed, RunRejected,
                                    UnknownSchemaVersion)
 from longrun_client.model import DataClass, Envelope
-from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunCreateV2, RunCreateV3,
-                                     RunCreateV4, RunEventV2, RunEventV3, RunOutcome, RunOutcomeV3, RunRejectedV2,
-                                     RunRejectedV3, RunScope, RunSummary, RunTimeouts)
+from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunAcceptedV2, RunCreateV2,
+                                     RunCreateV3, RunCreateV4, RunEventV2, RunEventV3, RunOutcome, RunOutcomeV3,
+                                     RunRejectedV2, RunRejectedV3, RunScope, RunSummary, RunTimeouts)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.stream import EventStream
 
 __all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
-           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunCreateV2", "RunCreateV3",
-           "RunCreateV4", "RunEventV2", "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
-           "RunRejectedV3", "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of",
-           "decode", "encode", "make"]
+           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunAcceptedV2",
+           "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2", "RunEventV3", "RunOutcome",
+           "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunRejectedV3", "RunScope", "RunSummary",
+           "RunTimeouts", "UnknownSchemaVersion", "correlation_id_of", "decode", "encode", "make"]

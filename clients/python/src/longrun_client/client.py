@@ -151,9 +151,8 @@ class Client:
         """How the run a create made ended: the terminal run.event's outcome (status, reason,
         acceptance evidence, receipts). ``timeout`` None waits as long as it takes.
 
-        Only an end seen by this client counts: a repeated create of a run that had already ended
-        is answered (``accepted``) but its end is not published again, so this times out.
-        Raises RunRejected if the create was refused, TimeoutError if the run did not end in time."""
+        A repeated create of a run that had already ended is answered at once: its run.accepted
+        carries the outcome. Raises RunRejected if the create was refused, TimeoutError if the run did not end in time."""
         pending = self._find(request)
         await _within(pending.end, timeout, f"the run of run.create {pending.request.event_id} did not end")
         return pending.outcome()

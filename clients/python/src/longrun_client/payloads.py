@@ -222,6 +222,21 @@ class RunEventV3(Strict):
     outcome: RunOutcomeV3 | None = Field(default=None, description="Set on the terminal status change only.")
 
 
+class RunAcceptedV2(Strict):
+    """A run.create became (or, repeated, already was) this run. Sent in the creating transaction;
+    answering a repeated create of a run that had already ended, it carries that run's outcome."""
+
+    run_id: str
+    idempotency_key: str
+    workflow: str
+    versions: PinnedVersionsV1
+    labels: dict[str, str] = Field(default_factory=dict)
+    repeated: bool = Field(default=False, description="True when the key had made this run before.")
+    outcome: RunOutcomeV3 | None = Field(default=None, description=(
+        "Set only on a repeat whose run had already ended: how it ended, as its terminal run.event said "
+        "(that event is not published again)."))
+
+
 class RejectionCode(str, Enum):
     """Why a run.create was refused, for machines; ``reason`` says it for people.
 

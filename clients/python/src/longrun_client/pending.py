@@ -46,6 +46,8 @@ class PendingCreate:
         if event.type == "run.accepted" and event.causation_id == sent:
             self.run_id = event.payload.run_id
             _settle(self.answer, event)
+            if event.payload.outcome is not None:  # a repeat of a run that had ended: nothing more comes
+                _settle(self.end, event)
         elif event.type == "run.rejected" and sent in (event.causation_id, event.payload.refused_event_id):
             _settle(self.answer, event)
             _settle(self.end, event)
@@ -64,6 +66,8 @@ class PendingCreate:
     def outcome(self) -> RunOutcomeV3:
         """How the run ended, from its terminal event; RunRejected for a refusal."""
         event = _unless_rejected(self.end.result(), "ended")
+        if event.type == "run.accepted":
+            return event.payload.outcome
         return event.payload.outcome or RunOutcomeV3(status=event.payload.status)
 
 

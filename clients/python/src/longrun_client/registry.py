@@ -29,6 +29,7 @@ PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
     ("run.create", 4): payloads.RunCreateV4,
     ("run.wakeup", 1): payloads.RunWakeupV1,
     ("run.accepted", 1): payloads.RunAcceptedV1,
+    ("run.accepted", 2): payloads.RunAcceptedV2,
     ("run.event", 1): payloads.RunEventV1,
     ("run.event", 2): payloads.RunEventV2,
     ("run.event", 3): payloads.RunEventV3,

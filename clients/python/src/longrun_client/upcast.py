@@ -29,6 +29,11 @@ def upcast_run_create_v3_v4(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "timeouts": None}
 
 
+def upcast_run_accepted_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 never carried an outcome: a v1 repeat's run is not known to have ended."""
+    return {**payload, "outcome": None}
+
+
 def upcast_run_event_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 carried no labels and no outcome: none are known."""
     return {**payload, "labels": {}, "outcome": None}
@@ -54,6 +59,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("run.create", 1): upcast_run_create_v1_v2,
     ("run.create", 2): upcast_run_create_v2_v3,
     ("run.create", 3): upcast_run_create_v3_v4,
+    ("run.accepted", 1): upcast_run_accepted_v1_v2,
     ("run.event", 1): upcast_run_event_v1_v2,
     ("run.event", 2): upcast_run_event_v2_v3,
     ("run.rejected", 1): upcast_run_rejected_v1_v2,
