@@ -311,7 +311,7 @@ async def test_a_tenants_consumer_sees_its_run_accepted_then_its_status_events_t
         mine = acme.of(correlation)
         accepted, statuses = mine[0], mine[1:]
         assert accepted.envelope["type"] == "run.accepted", [s.routing_key for s in mine]
-        assert accepted.envelope["schema_version"] == 1
+        assert accepted.envelope["schema_version"] == 2
         assert accepted.routing_key == "acme.run.accepted"
         run_id = accepted.envelope["payload"]["run_id"]
         assert accepted.envelope["run_id"] == run_id
