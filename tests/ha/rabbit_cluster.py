@@ -117,15 +117,18 @@ class RabbitCluster:
         os.kill(node.pid, signal.SIGKILL)
 
     def cut_off(self, node: Node) -> None:
-        """Drop the node's distribution traffic both ways (its port, and what it opened itself)."""
+        """Refuse the node's distribution traffic both ways (its port, and what it opened itself).
+
+        Refused with a reset rather than dropped: a connection attempt begun during the cut then
+        fails at once instead of retrying a dropped SYN with a backoff that outlasts the heal, so
+        the healed node reconnects as soon as it asks again."""
         chain = self._chain
         self._cut = True
         _iptables("-N", chain)
         _iptables("-I", "OUTPUT", "-j", chain)
-        for rule in (["--dport", str(node.dist_port)], ["--sport", str(node.dist_port)]):
-            _iptables("-A", chain, "-p", "tcp", *rule, "-j", "DROP")
-        _iptables("-A", chain, "-s", node.source_ip, "-j", "DROP")
-        _iptables("-A", chain, "-d", node.source_ip, "-j", "DROP")
+        for rule in (["--dport", str(node.dist_port)], ["--sport", str(node.dist_port)],
+                     ["-s", node.source_ip], ["-d", node.source_ip]):
+            _iptables("-A", chain, "-p", "tcp", *rule, "-j", "REJECT", "--reject-with", "tcp-reset")
 
     def heal(self) -> None:
         if not self._cut:
@@ -157,7 +160,17 @@ class RabbitCluster:
         self.ctl(node, "wait", str(node.base / "pid"), "--timeout", str(int(timeout)))
 
     def node_running(self, node: Node) -> bool:
-        return self.ctl(node, "-q", "status", check=False).returncode == 0
+        try:
+            return self.ctl(node, "-q", "status", check=False, timeout=15).returncode == 0
+        except subprocess.TimeoutExpired:  # a node still rejoining may not answer yet
+            return False
+
+    def log_tail(self, node: Node, lines: int = 40) -> str:
+        """The end of the node's own log: what a failed wait for it shows."""
+        logs = sorted((node.base / "log").glob("*.log"))
+        if not logs:
+            return f"{node.name} wrote no log"
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
         self.heal()
@@ -166,7 +179,10 @@ class RabbitCluster:
                 pid = node.pid
             except (FileNotFoundError, ValueError):  # never started, or stopped already
                 continue
-            self.ctl(node, "stop", check=False, timeout=60)
+            try:
+                self.ctl(node, "stop", check=False, timeout=60)
+            except subprocess.TimeoutExpired:
+                pass  # a node that does not answer is killed below
             try:
                 os.kill(pid, signal.SIGKILL)  # a node that did not stop in time (it removed its pid file if it did)
             except ProcessLookupError:

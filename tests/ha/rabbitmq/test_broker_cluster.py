@@ -82,11 +82,15 @@ async def test_the_node_leading_most_queues_killed_and_restarted_loses_nothing(
 
 
 @PROTECTIONS
+@pytest.mark.timeout(300)
 async def test_a_node_cut_off_from_the_other_two_pauses_and_rejoins_losing_nothing(
         scenario: Scenario, cluster: RabbitCluster, all_nodes: bool) -> None:
     async def healed(node: Node) -> None:
         cluster.heal()
-        await scenario.poll(lambda: asyncio.to_thread(cluster.node_running, node), timeout=60,
-                            what=f"{node.name} running again after the heal")
+        try:
+            await scenario.poll(lambda: asyncio.to_thread(cluster.node_running, node), timeout=90,
+                                what=f"{node.name} running again after the heal")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{cluster.log_tail(node)}") from None
 
     await _node_away(scenario, cluster, all_nodes, cluster.cut_off, healed)
