@@ -1,5 +1,5 @@
 """worker service: partition leases pick the wakeup queues; each wakeup takes a run's lease and advances
-it. A run of a version this worker does not run waits for a worker that does (``Advancer.adopt_waiting``)."""
+it. A run of a version this worker does not run waits for a worker that does (``Worker.adopt_waiting``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 from longrun import run_kinds, service
 from longrun.app import effects
-from longrun.app.advance import Advancer
+from longrun.app.worker.loop import Worker
 from longrun.app.tool_health import Breakers
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
@@ -28,7 +28,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
-    advancer = Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds,
+    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings, kinds),
                                     artifacts=FilesystemArtifactStore(settings.artifact_dir),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
@@ -39,24 +39,24 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     retry=settings.retry_policy(),
                                     breakers=Breakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
                                     health_max_wait=settings.breaker_max_wait)
-    adopting = asyncio.create_task(_adopt_waiting(advancer, stopping))
+    adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
-        await consume_partitions(settings, service=SERVICE, handler=OwnClaim(advancer.on_wakeup),
-                                 stopping=stopping, health=health, on_outcome=advancer.after_ack,
+        await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),
+                                 stopping=stopping, health=health, on_outcome=worker.after_ack,
                                  advertised=kinds.pins())
     finally:
         adopting.cancel()
-        await advancer.drain()
+        await worker.drain()
         await statements.close()
         await engine.dispose()
 
 
-async def _adopt_waiting(advancer: Advancer, stopping: asyncio.Event) -> None:
+async def _adopt_waiting(worker: Worker, stopping: asyncio.Event) -> None:
     """Runs whose wakeup reached a worker that cannot run them wait for one that can: take them
     over when this is one (a worker that just joined, or one serving the version they were migrated to)."""
     while not stopping.is_set():
         try:
-            while await advancer.adopt_waiting():
+            while await worker.adopt_waiting():
                 pass
         except Exception as e:
             logger.warning("taking over waiting runs failed (%r); trying again", e)

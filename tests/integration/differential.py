@@ -1,5 +1,5 @@
 """Differential checks of the SQL fast paths against the domain: the rows a fast path stored, read
-back from PostgreSQL, against the rows the domain's pure path (``evolve`` through ``runs.plan``, the
+back from PostgreSQL, against the rows the domain's pure path (``evolve`` through ``ports.runs.plan``, the
 envelope builders in ``app/effects.py``) says it should have stored, column by column.
 
 Each check returns its mismatches, one line each naming the row and the column (a nested JSON

@@ -3,7 +3,7 @@ finished, queued runs of random priority and age, paused and finished runs that 
 admitted runs finish one after another in ONE transaction, each finishing write carrying its
 ``runs.Handover`` (``effects.broadcast_rides``), so PostgreSQL picks and admits the tenant's best
 queued run and renders its wakeup from the template. Compared column by column with a pure model:
-the finishing transitions through ``runs.plan`` (``evolve``), slots held by admitted runs whose
+the finishing transitions through ``ports.runs.plan`` (``evolve``), slots held by admitted runs whose
 status is not in the domain's ``TERMINAL``, the queue as the runs in ``READY`` not admitted, the best
 by priority plus age over ``aging``, and the wakeup from ``effects.wake_message_of``.
 
@@ -32,7 +32,7 @@ from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
-from longrun.ports.runs import Fence, StoredRun
+from longrun.ports.runs import Fence, StoredRun, plan
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 
@@ -186,7 +186,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         for n, run_id in enumerate(order):
             stored, fence = before[run_id], fences.get(run_id)
             kind = rng.choice(_FINISHES) if stored.admitted else "timed_out"
-            planned[run_id] = runs.plan(stored, [_event(kind, stored, at)], release_lease=fence is not None)
+            planned[run_id] = plan(stored, [_event(kind, stored, at)], release_lease=fence is not None)
             rides = effects.broadcast_rides(stored.snapshot, planned[run_id].after, producer=PRODUCER,
                                             cause=f"step-{n}", handover=effects.SlotHandover(
                                                 slots[stored.snapshot.tenant_id], AGING, PARTITIONS))
@@ -239,11 +239,11 @@ async def test_the_handover_stores_what_the_domain_makes_of_every_finishing_run(
 @contextmanager
 def _statements_rebuilt() -> Iterator[None]:
     """The transition statements built again from what the mutant changed, and again after it."""
-    runs._write.cache_clear()
+    runs._compile.cache_clear()
     try:
         yield
     finally:
-        runs._write.cache_clear()
+        runs._compile.cache_clear()
 
 
 def _timed_out_holds_a_slot(monkeypatch: pytest.MonkeyPatch) -> None:

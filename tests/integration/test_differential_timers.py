@@ -1,7 +1,7 @@
 """The timer's bulk wake against the domain: seeded random batches of due wait timers (many runs,
 several tenants, each with its own labels, stage and correlation) fired in ONE batch by ``fire_due``,
 whose wakes go the short way (``timers.write_wakes``: one statement rendering every row from a
-template learnt from one sample), compared column by column with what ``runs.plan`` (``evolve``) and
+template learnt from one sample), compared column by column with what ``ports.runs.plan`` (``evolve``) and
 the envelope builders (``effects.wake_message``, ``effects.broadcast_message``) make of each timer.
 
 The mutants change a transition table, the fast path's status set, or an envelope field the
@@ -31,7 +31,7 @@ from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, f
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.errors import DomainError
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import StoredRun, plan
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 
@@ -147,7 +147,7 @@ async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
     finally:
         timer_store.write_wakes = real_write  # type: ignore[assignment]
     found = [] if fired == len(due) else [f"batch: {fired} timer(s) marked fired of {len(due)}"]
-    # The domain's path: each run's timers in wake order, through runs.plan (evolve) and the builders.
+    # The domain's path: each run's timers in wake order, through ports.runs.plan (evolve) and the builders.
     per_run: dict[str, list[Any]] = {}
     for timer in sorted(due, key=lambda t: (t.run_id, t.wake_at)):
         per_run.setdefault(timer.run_id, []).append(timer)
@@ -159,7 +159,7 @@ async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
             event = ev.RunWoken(seq=current.seq(1), at=fire_at, wait_id=timer.payload["wait_id"],
                                 reason=WakeReason(timer.payload["reason"]))
             try:
-                planned = runs.plan(current, [event])
+                planned = plan(current, [event])
             except DomainError:
                 verdicts[run_id] = "refused"
                 continue

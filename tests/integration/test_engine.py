@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import operate
-from longrun.app.advance import Advancer
+from longrun.app.worker.loop import Lease, Worker
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import runs
@@ -149,7 +149,7 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     kinds = registry()
     model = ScriptedModel(dependency_upgrade.model_script())
     store = FilesystemArtifactStore(ensemble.tmp / "artifacts")
-    workers = [Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
+    workers = [Worker.on_postgres(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
                         instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
 
     # When each takes a wakeup of its own at the same moment
@@ -180,7 +180,7 @@ async def test_one_wakeup_handled_twice_at_once_takes_the_run_once(clean, engine
     async with engine.connect() as conn:
         before = await runs.load(conn, run_id)
     assert before is not None
-    workers = [Advancer.on_postgres(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
+    workers = [Worker.on_postgres(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
                         artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id=f"w{i}",
                         lease_ttl=30) for i in (1, 2)]
     message = wakeup(run_id, "twice")
@@ -258,7 +258,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
-    worker = Advancer.on_postgres(engine=engine, statements=statements, kinds=registry(),
+    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=registry(),
                       model=ScriptedModel(dependency_upgrade.model_script()),
                       artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
                       lease_ttl=1.5, concurrency=1)
@@ -269,7 +269,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
     assert at_wakeup is not None
     # When it is woken while its only slot is busy for twice the lease
     async with worker._slots:
-        worker.start(run_id, fence)
+        worker.start(Lease(run_id, fence))
         await asyncio.sleep(3.0)
         # Then nobody else can take the run meanwhile: its lease is kept alive
         async with engine.begin() as conn:

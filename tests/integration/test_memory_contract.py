@@ -26,8 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects, operate, reconcile, reconcile_leases, webhooks
-from longrun.app.advance import Advancer
-from longrun.app.ports import LedgerOutcome
+from longrun.app.worker.loop import Worker
 from longrun.app.reconcile_store import PgReconcileStore
 from longrun.app.transaction import PgTransaction
 from longrun.app.worker_store import PgWorkerStore
@@ -53,7 +52,7 @@ from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.identity import Principal
 from longrun.model import ScriptedModel
-from longrun.ports.runs import Fence, Rides, StoredRun
+from longrun.ports.runs import Fence, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition, plan
 from longrun.workflows.steps import ECHO, Steps
 from longrun_dependency_upgrade.webhooks import forge
 from longrun.testing.checkpoints import CrashAt, Crashed
@@ -331,12 +330,12 @@ def _wakeup(port: Port, name: str, run_id: str) -> inbox.Message:
     return inbox.Message(f"{port.prefix}-{name}", "run.wakeup", run_id)
 
 
-def _request(port: Port, run_id: str, fence: Fence, *, step: int = 0, hash_: str = "a" * 64) -> dict[str, Any]:
-    """``Advancer._request``'s shape: a ledger request under ``fence``."""
-    return {"action_id": f"{port.prefix}-a{step}-{hash_[0]}-{fence.token}", "run_id": run_id,
-            "logical_action": f"step:{step}", "tool": "bench.echo", "tool_version": "1",
-            "effect_kind": EffectKind.PURE.value, "idempotency_key": f"{port.prefix}-k{step}",
-            "request_hash": hash_, "request": {"step": step}, "fencing_token": fence.token}
+def _request(port: Port, run_id: str, fence: Fence, *, step: int = 0, hash_: str = "a" * 64) -> LedgerRequest:
+    """A ledger request under ``fence``, as the worker makes one."""
+    return LedgerRequest(action_id=f"{port.prefix}-a{step}-{hash_[0]}-{fence.token}", run_id=run_id,
+                         logical_action=f"step:{step}", tool="bench.echo", tool_version="1",
+                         effect_kind=EffectKind.PURE.value, idempotency_key=f"{port.prefix}-k{step}",
+                         request_hash=hash_, request={"step": step}, fencing_token=fence.token)
 
 
 async def _taken(port: Port, seen: list[Any], stored: StoredRun, owner: str) -> Fence:
@@ -381,23 +380,22 @@ async def a_write_carries_its_ledger_row_and_refuses_a_known_key(port: Port, see
     fence = await _taken(port, seen, stored, "w1")
     stored = await observe(port, seen, "worker.load", run_id)
     request = _request(port, run_id, fence)
-    planned = runs.plan(stored, [ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken")])
-    after = await observe(port, seen, "worker.write", planned, fence, Rides(action=ledger.first_row(**request)))
-    await observe(port, seen, "ledger.get", request["idempotency_key"])
-    await observe(port, seen, "worker.write", planned, fence, Rides())  # the same revision again: stale
-    await observe(port, seen, "worker.write", planned, Fence("w9", 9), Rides())  # not the lease holder
-    charged = runs.plan(after, [ev.BudgetCharged(seq=3, at=1002.0, tool_calls=1)])
-    # The key is on the ledger already: nothing written ...
-    await observe(port, seen, "worker.write", charged, fence, Rides(action=ledger.first_row(**request)))
+    planned = plan(stored, [ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken")])
+    after = await observe(port, seen, "worker.commit", Transition(planned, fence, call=request))
+    await observe(port, seen, "ledger.get", request.idempotency_key)
+    await observe(port, seen, "worker.commit", Transition(planned, fence))  # the same revision again: stale
+    await observe(port, seen, "worker.commit", Transition(planned, Fence("w9", 9)))  # not the lease holder
+    charged = plan(after, [ev.BudgetCharged(seq=3, at=1002.0, tool_calls=1)])
+    # A first call whose key is on the ledger already: refused for another request (nothing written) ...
+    await observe(port, seen, "worker.commit", Transition(charged, fence, call=_request(port, run_id, fence,
+                                                                                        hash_="b" * 64)))
     await observe(port, seen, "worker.load", run_id)
-    # ... so the transition goes with one more attempt of the same request, or is refused for another.
-    await observe(port, seen, "worker.write_together", charged, fence, Rides(),
-                  attempt=_request(port, run_id, fence, hash_="b" * 64))
-    await observe(port, seen, "worker.write_together", charged, fence, Rides(), attempt=request)
-    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    # ... and one more attempt of the same one, written with the transition.
+    await observe(port, seen, "worker.commit", Transition(charged, fence, call=request))
+    await observe(port, seen, "ledger.get", request.idempotency_key)
     await observe(port, seen, "worker.resend", run_id, fence, 30, request, ())
     await observe(port, seen, "worker.resend", run_id, Fence("w9", 9), 30, request, ())  # LeaseLost, nothing recorded
-    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    await observe(port, seen, "ledger.get", request.idempotency_key)
 
 
 async def a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_end_with_its_outcome(
@@ -406,26 +404,25 @@ async def a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_
     run_id = stored.snapshot.run_id
     fence = await _taken(port, seen, stored, "w1")
     stored = await observe(port, seen, "worker.load", run_id)
-    request = {**_request(port, run_id, fence), "effect_kind": EffectKind.IDEMPOTENT_WRITE.value}
+    request = replace(_request(port, run_id, fence), effect_kind=EffectKind.IDEMPOTENT_WRITE.value)
     watched = calls.call_timers(run_id, "step:0", token=fence.token, start_to_close=TTL, heartbeat_timeout=TTL)
-    planned = runs.plan(stored, [
+    planned = plan(stored, [
         ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"),
         ev.ActionPrepared(seq=3, at=1001.0, logical_action="step:0", tool="bench.echo", tool_version="1",
-                          effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=request["idempotency_key"],
-                          request_hash=request["request_hash"]),
+                          effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=request.idempotency_key,
+                          request_hash=request.request_hash),
         ev.ActionSubmitted(seq=4, at=1001.0, logical_action="step:0")])
-    after = await observe(port, seen, "worker.write", planned, fence,
-                          Rides(action=ledger.first_row(**request), timers=watched))
+    after = await observe(port, seen, "worker.commit", Transition(planned, fence, Rides(timers=watched), call=request))
     # A heartbeat lands for its own attempt only, and moves its heartbeat timer past the start-to-close
     for token in (fence.token, fence.token + 1):
-        await observe(port, seen, "worker.beat", request["idempotency_key"], token, {"done": token},
+        await observe(port, seen, "worker.beat", request.idempotency_key, token, {"done": token},
                       timer_key=watched[1]["timer_key"], due_in=TTL * 10)
-    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    await observe(port, seen, "ledger.get", request.idempotency_key)
     await port.sleep(TTL * 5)  # past start-to-close and its grace
     await observe(port, seen, "timers.claim_due", limit=10)
     # The outcome cancels both: nothing is due, not even once the heartbeat's would have been
-    answered = runs.plan(after, [ev.ActionConfirmed(seq=5, at=1002.0, logical_action="step:0")])
-    await observe(port, seen, "worker.write", answered, fence, Rides())
+    answered = plan(after, [ev.ActionConfirmed(seq=5, at=1002.0, logical_action="step:0")])
+    await observe(port, seen, "worker.commit", Transition(answered, fence))
     await port.sleep(TTL * 10)
     await observe(port, seen, "timers.claim_due", limit=10)
 
@@ -437,18 +434,18 @@ async def an_outcome_and_a_wait_commit_with_their_transition(port: Port, seen: l
     stored = await observe(port, seen, "worker.load", run_id)
     request = _request(port, run_id, fence)
     now = 1001.0  # the deciding clock: a wait's deadline is scheduled relative to it
-    planned = runs.plan(stored, [ev.RunStatusChanged(seq=2, at=now, to=RunStatus.RUNNING, reason="taken")])
-    after = await observe(port, seen, "worker.write", planned, fence, Rides(action=ledger.first_row(**request)))
-    confirmed = runs.plan(after, [ev.BudgetCharged(seq=3, at=now, tool_calls=1)])
-    after = await observe(port, seen, "worker.write_together", confirmed, fence, Rides(), outcome=LedgerOutcome(
-        request["idempotency_key"], ActionStatus.CONFIRMED, {"external_id": "x-1", "receipt": {"step": 0}}))
-    await observe(port, seen, "ledger.get", request["idempotency_key"])
+    planned = plan(stored, [ev.RunStatusChanged(seq=2, at=now, to=RunStatus.RUNNING, reason="taken")])
+    after = await observe(port, seen, "worker.commit", Transition(planned, fence, call=request))
+    confirmed = plan(after, [ev.BudgetCharged(seq=3, at=now, tool_calls=1)])
+    after = await observe(port, seen, "worker.commit", Transition(confirmed, fence, outcome=LedgerOutcome(
+        request.idempotency_key, ActionStatus.CONFIRMED, {"external_id": "x-1", "receipt": {"step": 0}})))
+    await observe(port, seen, "ledger.get", request.idempotency_key)
     # A wait that parks the run releases the lease and schedules its deadline, a broadcast riding along.
     wait = Wait(wait_id="w1", kind="ci", deadline=now + TTL, correlation_key=f"ci/{port.prefix}")
-    parked = runs.plan(after, [ev.WaitStarted(seq=4, at=now, status=RunStatus.WAITING_EVENT, wait=wait)],
+    parked = plan(after, [ev.WaitStarted(seq=4, at=now, status=RunStatus.WAITING_EVENT, wait=wait)],
                        release_lease=True)
     rides = effects.broadcast_rides(after.snapshot, parked.after, producer="contract")
-    await observe(port, seen, "worker.write_together", parked, fence, rides, settle_wait=True)
+    await observe(port, seen, "worker.commit", Transition(parked, fence, rides))
     await observe(port, seen, "worker.load", run_id)
     await port.sleep(TTL * 2.5)
     await observe(port, seen, "timers.claim_due", limit=10)
@@ -654,9 +651,9 @@ async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen:
                             partition=3)).snapshot.run_id
     for owner, crash in (("w1", CrashAt("worker.after_commit", 2)), ("w2", CrashAt())):
         # The receipts are small: nothing is uploaded to the artifact store.
-        worker = Advancer(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
-                          artifacts=MemoryArtifacts(), instance_id=owner, lease_ttl=TTL, clock=port.now,
-                          crash_points=crash)
+        worker = Worker(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
+                        artifacts=MemoryArtifacts(), instance_id=owner, lease_ttl=TTL, clock=port.now,
+                        crash_points=crash)
         taken = (await worker.on_wakeup(make("run.wakeup", {"wakeup_id": owner, "reason": "test"}, producer="tests",
                                               tenant_id=port.prefix, run_id=run_id))).outcome
         with contextlib.suppress(Crashed):

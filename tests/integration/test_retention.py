@@ -33,7 +33,7 @@ from longrun.db.schema import actions as actions_table
 from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import LedgerRequest, StoredRun, plan
 from longrun.workflows import STEPS_VERSIONS, steps
 from longrun.app.reconcile_sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
@@ -89,7 +89,7 @@ def _finished(stored: StoredRun) -> tuple[runs.Planned, outbox.Message, dict[str
     """READY -> RUNNING, its one step recorded with its answer, COMPLETED (and its summary): the worker's
     last transition, its status broadcast and its ledger row."""
     at, (key, hashed) = time.time(), _request(stored)
-    planned = runs.plan(stored, [
+    planned = plan(stored, [
         ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
         ev.ActionRecorded(seq=stored.seq(2), at=at, logical_action="step:0", tool=steps.ECHO.name, tool_version="1",
                           effect_kind=EffectKind.PURE, idempotency_key=key, request_hash=hashed,
@@ -117,14 +117,14 @@ async def _calling(conn: AsyncConnection, stored: StoredRun) -> StoredRun:
     at, (key, hashed) = time.time(), _request(stored)
     request = dict(logical_action="step:0", tool=steps.ECHO.name, tool_version="1", effect_kind=EffectKind.PURE,
                    idempotency_key=key, request_hash=hashed)
-    planned = runs.plan(stored, [
+    planned = plan(stored, [
         ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
         ev.ActionPrepared(seq=stored.seq(2), at=at, **request),
         ev.ActionSubmitted(seq=stored.seq(3), at=at, logical_action="step:0")])
-    after = await runs.write(conn, planned, rides=runs.Rides(action=ledger.first_row(
+    after = await runs.write(conn, planned, call=LedgerRequest(
         action_id=str(uuid.uuid4()), run_id=stored.snapshot.run_id, logical_action="step:0", tool=steps.ECHO.name,
         tool_version="1", effect_kind=EffectKind.PURE.value, idempotency_key=key, request_hash=hashed, request=ECHO,
-        fencing_token=0)))
+        fencing_token=0))
     await timers.schedule(conn, timer_key=f"{stored.snapshot.run_id}:heartbeat", run_id=stored.snapshot.run_id,
                           kind="heartbeat", delay=3600, payload={})
     return after

@@ -28,7 +28,7 @@ from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import StoredRun, plan
 from services.timer import main as timer_service
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar
@@ -287,13 +287,13 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
     at = time.time()
     assert await fire_due(engine, batch=len(before), clock=lambda: at) == len(before)
     assert ("shortcut disagrees" in caplog.text) is not shortcut
-    # Then every run row, event and outbox message is what runs.plan and effects make of the wake
+    # Then every run row, event and outbox message is what ports.runs.plan and effects make of the wake
     woken = 0
     for run_id, was in before.items():
         timer = due[run_id]
         event = ev.RunWoken(seq=was.seq(1), at=at, wait_id=timer.payload["wait_id"],
                             reason=WakeReason(timer.payload["reason"]))
-        planned = runs.plan(was, [event])
+        planned = plan(was, [event])
         applied = planned.after.snapshot.revision != was.snapshot.revision
         assert applied is run_id.startswith(("run-b-approval", "run-b-ci", "run-b-retry")), run_id
         row = (await _rows(engine, "SELECT * FROM runs WHERE run_id = :r", r=run_id))[0]._mapping

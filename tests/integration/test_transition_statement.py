@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects
-from longrun.app.advance import Advancer
+from longrun.app.worker.loop import Lease, Worker
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
@@ -28,6 +28,7 @@ from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
 from longrun.workflows import STEPS_VERSIONS, steps
+from longrun.ports.runs import LedgerRequest, plan
 from tests.kinds import registry
 from tests import ci_gate
 from tests.fixtures import PARTITIONS
@@ -69,12 +70,12 @@ async def test_a_transition_whose_ledger_key_is_taken_writes_nothing(clean, engi
         await ledger.prepare(conn, **_ledger_row(run_id, hash_of={"step": 0}))
     before = await _seen(engine, run_id)
     # When a transition carrying a first ledger row with that key is written
-    planned = runs.plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="k", value=freeze({}),
+    planned = plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="k", value=freeze({}),
                                                  source="test")])
-    row = ledger.first_row(**{**_ledger_row(run_id, hash_of={"step": 0}), "logical_action": "other"})
+    call = LedgerRequest(**{**_ledger_row(run_id, hash_of={"step": 0}), "logical_action": "other"})
     with pytest.raises(Exception, match="duplicate key"):
         async with engine.connect() as conn:
-            await runs.write(conn, planned, rides=runs.Rides(action=row))
+            await runs.write(conn, planned, call=call)
     # Then neither the run, nor its events, nor the ledger changed
     assert await _seen(engine, run_id) == before
 
@@ -87,13 +88,12 @@ async def test_a_stale_transition_writes_none_of_its_rides(clean, engine) -> Non
                                                          value=freeze({}), source="test")])
     before = await _seen(engine, stored.snapshot.run_id)
     # When a transition planned on the old state is written with a ledger row and a NOTIFY
-    planned = runs.plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="b", value=freeze({}),
+    planned = plan(stored, [ev.FactRecorded(seq=stored.seq(1), at=time.time(), key="b", value=freeze({}),
                                                  source="test")])
-    rides = runs.Rides(action=ledger.first_row(**_ledger_row(stored.snapshot.run_id, hash_of={"step": 0})),
-                       notices=(("longrun_test", "x"),))
+    call = LedgerRequest(**_ledger_row(stored.snapshot.run_id, hash_of={"step": 0}))
     with pytest.raises(StaleRevision):
         async with engine.connect() as conn:
-            await runs.write(conn, planned, rides=rides)
+            await runs.write(conn, planned, rides=runs.Rides(notices=(("longrun_test", "x"),)), call=call)
     # Then nothing of it was written
     assert await _seen(engine, stored.snapshot.run_id) == before
 
@@ -174,13 +174,13 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
     """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
     statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
     await statements.open()
-    worker = Advancer.on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
+    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
     try:
-        taken = (await worker.on_wakeup(wakeup(run_id, "go"))).outcome
-        assert taken["taken"]
-        await worker.advance(run_id, runs.Fence(taken["owner"], taken["token"]))
+        taken = await worker.on_wakeup(wakeup(run_id, "go"))
+        assert taken.outcome["taken"] and isinstance(taken.carried, Lease)
+        await worker.advance(taken.carried)
     finally:
         await statements.close()
 

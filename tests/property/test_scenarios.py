@@ -1,4 +1,4 @@
-"""Named interleavings of the use cases over the in-memory ports (the real ``Advancer`` on the memory
+"""Named interleavings of the use cases over the in-memory ports (the real ``Worker`` on the memory
 store, stepped one checkpoint at a time), each one a story the random
 machine (``test_use_cases.py``) can reach but rarely does: the publish request (a non-idempotent
 write) lost at every point of its life, a cancel or a pause landing while a tool call is out,

@@ -1,5 +1,5 @@
 """The use cases under random interleavings, over in-memory ports (``longrun.testing``): the workers are
-the real ``Advancer`` on the memory store, stepped one checkpoint at a time.
+the real ``Worker`` on the memory store, stepped one checkpoint at a time.
 
 Where ``tests/unit/domain/test_run_machine.py`` drives ``evolve`` with events, this machine
 drives the USE CASES: wakeups delivered (and delivered again), workers that take a lease and
@@ -96,7 +96,7 @@ class UseCases(RuleBasedStateMachine):
         self.seen: set[str] = set()
         """What this example exercised (reported as hypothesis events: the coverage of the search)."""
         self.log = _Failures()
-        logging.getLogger("longrun.app.advance").addHandler(self.log)
+        logging.getLogger("longrun.app.worker").addHandler(self.log)
 
     def _driver(self, worker: str) -> MemoryWorker:
         return MemoryWorker(self.world, f"{worker}.{self.generation[worker]}", lease_ttl=TTL)
@@ -338,7 +338,7 @@ class UseCases(RuleBasedStateMachine):
         try:
             self.settle_and_check()
         finally:
-            logging.getLogger("longrun.app.advance").removeHandler(self.log)
+            logging.getLogger("longrun.app.worker").removeHandler(self.log)
             self.world.close()
 
     def settle_and_check(self) -> None:

@@ -51,7 +51,7 @@ from longrun.domain import (
     thaw,
     to_plain,
 )
-from longrun.app.advance import MODEL_RETRY_FACT_PREFIX
+from longrun.app.worker.model_call import MODEL_RETRY_FACT_PREFIX
 from longrun.domain import events as ev
 from longrun.domain.breaker import TOOL_HEALTHY_WAIT
 from tests.kinds import ASKING, registry

@@ -17,7 +17,7 @@ from typing import Any
 
 from longrun import logs, otel
 from longrun.app import effects, questions
-from longrun.app.ports import LedgerOutcome, RunTransaction
+from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
 from longrun.identity import Principal
 from longrun.errors import DomainError, ErrorCode
@@ -36,7 +36,7 @@ from longrun.domain import (
     to_plain,
 )
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import LedgerOutcome, StoredRun
 
 PRODUCER = "operator"
 

@@ -1,4 +1,4 @@
-"""What the use cases ask of storage: the worker's step loop (``app.advance.Advancer``) a
+"""What the use cases ask of storage: the worker's step loop (``app.worker``) a
 ``WorkerStore``, the operator's and the gateway's a ``RunTransaction``, the reconciler's sweeps that
 move runs (actions in doubt, expired leases) a ``ReconcileStore``.
 
@@ -22,31 +22,14 @@ from typing import Any, Protocol
 
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate, Handled, Message
-from longrun.domain import ActionStatus, PinnedVersions, RunStatus, TenantPolicy
+from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
-from longrun.ports.runs import AtOnce, Fence, Found, Planned, Rides, StoredRun
+from longrun.ports.runs import Artifact, AtOnce, Fence, Found, LedgerOutcome, LedgerRequest, StoredRun, Transition
 from longrun.ports.webhooks import Translated
 
 CrashPoints = Callable[[str], None]
 """Called with a point's name where a worker may die (``faults.crash_point`` in a process: SIGKILL
 when armed; in memory, an exception the test arms)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Artifact:
-    """An uploaded receipt (``ArtifactStore.put``), registered in the transaction that refers to it."""
-
-    ref: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerOutcome:
-    """What the far side answered for the ledger row of ``key``: its status and columns."""
-
-    key: str
-    status: ActionStatus
-    fields: Mapping[str, Any]
 
 
 class WorkerStore(Protocol):
@@ -71,22 +54,17 @@ class WorkerStore(Protocol):
 
     async def release_lease(self, run_id: str, fence: Fence) -> None: ...
 
-    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
-        """The transition and its rides, all or nothing; ``LedgerKeyTaken`` (nothing written) when
-        ``rides.action``'s idempotency key is on the ledger already."""
-
-    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
-                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
-                             settle_wait: bool = False) -> StoredRun:
-        """One transaction: ``artifact`` registered, the transition written, then ``attempt`` (a request's
-        ``ledger.first_row`` arguments: one more attempt of a known key, or refused if its request hash
-        differs) or ``outcome`` recorded; with ``settle_wait``, the timers of the wait the run parked
-        in and any event kept for its key (which ends the wait at once)."""
+    async def commit(self, transition: Transition) -> StoredRun:
+        """The transition and everything with it, all or nothing (``Transition``): the move guarded by
+        its revision and fence, a first call's ledger row (or, for a key the ledger holds already, one
+        more attempt of the same request, refused if its hash differs), the far side's answer, an
+        uploaded receipt, the timers of the wait it parks in and any event kept for the wait's key
+        (which ends it at once). The common step is one statement; the state after it is returned."""
 
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's current policy, read only to re-validate an approved call (not on the common step)."""
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: LedgerRequest,
                      timers: Sequence[Mapping[str, Any]]) -> None:
         """The lease extended and one more attempt of a known request on the ledger, watched by
         ``timers`` (the action's earlier call timers cancelled); ``LeaseLost`` if the fence no longer holds."""
@@ -96,12 +74,6 @@ class WorkerStore(Protocol):
         """A call's heartbeat on its ledger row (``progress``, and when) with its heartbeat timer
         ``timer_key`` moved to ``due_in`` seconds from now, in one statement; False, and nothing
         written, unless the row is SUBMITTED under ``fencing_token``."""
-
-
-class LedgerKeyTaken(Exception):
-    """``WorkerStore.write``: the first ledger row riding with the transition names a key the ledger
-    holds already; nothing was written. Never leaves the worker: it writes the transition again
-    with one more attempt of that key (``write_together``)."""
 
 
 class RunTransaction(Protocol):

@@ -56,7 +56,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import logs, metrics, otel
 from longrun.app import effects
-from longrun.app.ports import Artifact, Doubtful, LedgerOutcome, ReconcileStore, ReconcileTransaction
+from longrun.app.ports import Doubtful, ReconcileStore, ReconcileTransaction
 from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
@@ -70,7 +70,7 @@ from longrun.domain import (RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectK
                             thaw)
 from longrun.domain import events as ev
 from longrun.errors import TransientError
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 
 __all__ = [
     # Settling actions in doubt (this module).

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
+from longrun.app.ports import Doubtful, ExpiredLease
 from longrun.app.reconcile_common import PRODUCER
 from longrun.app.webhooks import audit, tenant_of_run
 from longrun.artifacts import ArtifactStore
@@ -27,7 +27,7 @@ from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 
 _A = ActionStatus
 

@@ -19,10 +19,9 @@ from typing import Any
 
 from longrun import logs, otel
 from longrun.app import effects
-from longrun.app.ports import LedgerOutcome
 from longrun.authoring import Registry
 from longrun.db import outbox, runs
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import LedgerOutcome, StoredRun, plan
 from longrun.db.timers import DueTimer
 from longrun.domain import (
     TERMINAL,
@@ -109,7 +108,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
             outcomes[timer.timer_key] = Outcome.SKIPPED
             continue
         try:
-            planned = runs.plan(stored, firing.events, release_lease=firing.release)
+            planned = plan(stored, firing.events, release_lease=firing.release)
         except DomainError as e:
             with logs.bound(timer.run_id, stored.snapshot.tenant_id):
                 logger.warning("timer %s (run %s, %s) refused by the domain: %s", timer.timer_key, timer.run_id,

@@ -65,7 +65,7 @@ run's snapshot for that cost ~1 ms of CPU per timer. So a batch's wakes go the s
 (``timer_shortcut``): the runs' heads (status, revision, seq, pending wait id) are
 read and locked without the snapshot, and the batch is written as one statement, every row
 rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, the sample,
-goes through the domain in full (``runs.plan``, ``effects``); its snapshot diff, event and
+goes through the domain in full (``ports.runs.plan``, ``effects``); its snapshot diff, event and
 outbox rows are the template for the others, and if PostgreSQL, filling the template in for
 the sample, does not render exactly those rows (the domain changed), the batch falls back to
 the domain for every timer. Everything else (run timeouts, paused runs, timers the domain

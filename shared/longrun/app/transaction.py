@@ -12,7 +12,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import otel
 from longrun.app import webhooks
-from longrun.app.ports import LedgerOutcome
 from longrun.ports.webhooks import Translated
 from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, policies, runs
@@ -20,7 +19,7 @@ from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_deliveries, webhook_events
 from longrun.domain import MATCHED_BY_KEY, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import LedgerOutcome, StoredRun
 
 _MATCHED_BY = sorted(s.value for s in MATCHED_BY_KEY)
 

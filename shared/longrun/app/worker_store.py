@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects, webhooks
-from longrun.app.ports import Artifact, LedgerKeyTaken, LedgerOutcome
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
@@ -24,7 +23,7 @@ from longrun.db.driver import Pool
 from longrun.db.errors import is_unique_violation
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
-from longrun.ports.runs import Fence, Planned, Rides, StoredRun
+from longrun.ports.runs import Fence, LedgerRequest, StoredRun, Transition
 
 
 class PgWorkerStore:
@@ -60,28 +59,30 @@ class PgWorkerStore:
         async with self.statements.connection() as conn:
             await runs.release_lease(conn, run_id, fence)
 
-    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
-        try:
-            async with self.statements.connection() as conn:
-                return await runs.write(conn, planned, fence=fence, rides=rides)
-        except Exception as e:
-            if rides.action is not None and is_unique_violation(e):
-                raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
-            raise
-
-    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
-                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
-                             settle_wait: bool = False) -> StoredRun:
+    async def commit(self, transition: Transition) -> StoredRun:
+        planned, fence, rides, call = transition.planned, transition.fence, transition.rides, transition.call
+        riding = call if transition.first_call else None  # a first ledger row rides in the statement
+        if transition.alone:
+            try:
+                async with self.statements.connection() as conn:
+                    return await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
+            except Exception as e:
+                if riding is None or not is_unique_violation(e):
+                    raise
+            # The key is on the ledger after all: the move goes with one more attempt of the same
+            # request, or is refused naming both hashes.
+            riding = None
         async with self.engine.begin() as conn:
-            if artifact is not None:
-                await register(conn, self.artifacts, artifact.ref, size=artifact.size,
+            if transition.artifact is not None:
+                await register(conn, self.artifacts, transition.artifact.ref, size=transition.artifact.size,
                                media_type="application/json", run_id=planned.before.snapshot.run_id)
-            after = await runs.write(conn, planned, fence=fence, rides=rides)
-            if attempt is not None:
-                await ledger.prepare(conn, **attempt)
-            if outcome is not None:
+            after = await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
+            if call is not None and riding is None:
+                await ledger.prepare(conn, **call.row())
+            if transition.outcome is not None:
+                outcome = transition.outcome
                 await ledger.record(conn, outcome.key, outcome.status, **outcome.fields)
-            if settle_wait:
+            if transition.settles_wait:
                 await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(PgTransaction(conn), after, clock=self.clock)
         return after
@@ -90,13 +91,13 @@ class PgWorkerStore:
         async with self.engine.connect() as conn:
             return await policies.load(conn, tenant_id)
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: LedgerRequest,
                      timers: Sequence[Mapping[str, Any]]) -> None:
         async with self.engine.begin() as conn:
             if not await runs.extend_lease(conn, run_id, fence, ttl):
                 raise LeaseLost(run_id, fence.token)
-            await ledger.prepare(conn, **attempt)
-            await timer_rows.cancel_calls(conn, run_id, attempt["logical_action"])
+            await ledger.prepare(conn, **attempt.row())
+            await timer_rows.cancel_calls(conn, run_id, attempt.logical_action)
             for timer in timers:
                 await timer_rows.schedule(conn, run_id=run_id, **timer)
 

@@ -61,6 +61,9 @@ class Outcome:
     envelope: Envelope
     outcome: dict[str, Any]
     duplicate: bool
+    carried: object = None
+    """What an ``OwnClaim`` handler hands to the after-ack hook with the outcome (the worker: the
+    run's lease, with the run as taken): the hook runs after the ack, in the same task."""
 
 
 OutcomeHook = Callable[[Outcome], Awaitable[None]]

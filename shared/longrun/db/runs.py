@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
 from longrun.db import admission, driver, inbox, jsonb, outbox
+from longrun.db.actions import first_row as ledger_first_row
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
@@ -38,12 +39,11 @@ from longrun.domain import (
     calls,
     closure,
     evolve,
-    is_late,
     queue_stint_starts,
 )
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
-from longrun.ports.runs import AtOnce, Fence, Found, Handover, Planned, Rides, StoredRun
+from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, plan
 
 
 def _ts(epoch: float | None) -> datetime | None:
@@ -90,76 +90,6 @@ _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timer
                   + _ENDED.format(t="timers", every=":c_all", wait=":c_wait", calls=":c_calls"))
 
 
-def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
-    return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
-
-
-@functools.cache
-def _write(*, fenced: bool, release: bool, action: bool, messages: bool, notices: bool,
-           handover: bool, cancel: bool = False, queued: bool = False, timed: bool = False) -> driver.Statement:
-    """The transition statement for one shape of rides (built once per shape)."""
-    guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq"
-    if fenced:
-        guard += " AND lease_owner = :f_owner AND fencing_token = :f_token"
-    sets = ", ".join(f"{c} = :{c}" for c in (*_PROJECTED, "last_seq"))
-    if release:
-        sets += ", lease_owner = NULL, lease_until = NULL"
-    token = "CAST(:f_token AS bigint)" if fenced else "NULL"
-    parts = [
-        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id, admitted_at)",
-        f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
-        f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
-        f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
-        f"AS e(seq bigint, data jsonb, applied boolean, occurred_at timestamptz))"]
-    if action:
-        values = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
-        parts.append(f"ledger AS (INSERT INTO actions ({', '.join(_ACTION_COLUMNS)}) SELECT {values} FROM moved)")
-    if messages:
-        parts.append(f"sent AS ({outbox.insert_sql('moved, ' + outbox.from_param('messages'))})")
-    if notices:
-        parts.append("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
-                     "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))")
-    if handover:
-        parts += _handover_sql()
-    if cancel:
-        parts.append(f"cancelled AS ({_CANCEL_TIMERS})")
-    if queued:
-        parts.append(f"queued AS ({_queue_timer_sql('moved')})")
-    if timed:
-        parts.append("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
-                     "SELECT t.timer_key, moved.run_id, t.kind, now() + make_interval(secs => t.delay), t.payload "
-                     "FROM moved, jsonb_to_recordset(CAST(:timers AS jsonb)) "
-                     "AS t(timer_key text, kind text, delay float8, payload jsonb) "
-                     "ON CONFLICT (timer_key) DO NOTHING)")
-    # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
-    counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for name, used in
-                      (("told", notices), ("unfilled", handover)) if used)
-    statement = text(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM moved) AS moved{counted}")
-    binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
-    binds.append(bindparam("events", type_=run_events.c.data.type))
-    if action:
-        binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for c in _ACTION_COLUMNS if c != "run_id"]
-    return driver.Statement(statement.bindparams(*binds))
-
-
-_TTL = bindparam("ttl", type_=Interval())
-# WHERE parameters of an UPDATE must not be named like a column: those names belong to SET.
-_IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bindparam("owner"),
-              runs.c.fencing_token == bindparam("token"))
-_TAKE_LEASE = (update(runs)
-               .where(runs.c.run_id == bindparam("b_run_id"),
-                      runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
-               .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
-                       fencing_token=runs.c.fencing_token + 1))
-_TAKE_LEASE_TOKEN = driver.Statement(_TAKE_LEASE.returning(runs.c.fencing_token))
-_EXTEND_LEASE = driver.Statement(
-    update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id))
-_RELEASE_LEASE = driver.Statement(update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None))
-_FENCE_NOW = driver.Statement(
-    select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
-_INSERT_EVENTS = insert(run_events)
-
-
 DEADLINE_TIMER_SUFFIX = ":business_deadline"
 """A run's business deadline timer is ``<run_id>:business_deadline``."""
 QUEUE_TIMER_SUFFIX = ":schedule_to_start:"
@@ -180,6 +110,111 @@ def _queue_timer_sql(source: str) -> str:
 def _queue_params(snapshot: RunSnapshot) -> dict[str, Any]:
     return {"q_suffix": QUEUE_TIMER_SUFFIX, "q_revision": snapshot.revision,
             "q_seconds": snapshot.timeouts.schedule_to_start}
+
+
+def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
+    return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
+
+
+def _handover_sql() -> list[str]:
+    """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
+    with the chosen run's id, expected revision, partition and route, and fresh ids."""
+    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
+    wakeup = (
+        "(SELECT jsonb_build_object("
+        "  'envelope', t.row -> 'envelope' || jsonb_build_object("
+        "     'run_id', handed.run_id, 'event_id', CAST(gen_random_uuid() AS text),"
+        "     'expected_state_version', handed.revision,"
+        "     'payload', t.row -> 'envelope' -> 'payload' || jsonb_build_object("
+        "        'wakeup_id', CAST(gen_random_uuid() AS text))),"
+        "  'exchange', t.row -> 'exchange', 'partition', handed.partition,"
+        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n "
+        " FROM handed, (SELECT CAST(:h_wakeup AS jsonb) -> 0 AS row) AS t) AS r")
+    return [
+        "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
+        f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
+        f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
+        f"woken AS ({outbox.insert_sql(wakeup)})",
+        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A piece of the transition statement: a guard on the run's row, columns it sets, CTEs that
+    write only if the row moved, and the names of CTEs whose row counts the statement returns."""
+
+    guard: str = ""
+    sets: str = ""
+    ctes: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+    """Parameters typed by a column: ``a_<column>`` of ``actions``."""
+    counted: tuple[str, ...] = ()
+
+
+_ACTION_VALUES = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
+def _parts() -> dict[str, _Part]:
+    """Every part a transition statement may hold, by name, in the order they are written (made for
+    each statement compiled, from the admission rules as they are then)."""
+    return {
+        "fenced": _Part(guard=" AND lease_owner = :f_owner AND fencing_token = :f_token"),
+        "release": _Part(sets=", lease_owner = NULL, lease_until = NULL"),
+        "call": _Part(ctes=(f"ledger AS (INSERT INTO actions ({', '.join(_ACTION_COLUMNS)}) "
+                            f"SELECT {_ACTION_VALUES} FROM moved)",),
+                      binds=tuple(c for c in _ACTION_COLUMNS if c != "run_id")),
+        "messages": _Part(ctes=(f"sent AS ({outbox.insert_sql('moved, ' + outbox.from_param('messages'))})",)),
+        "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
+                               "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
+                         counted=("told",)),
+        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled",)),
+        "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
+        "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
+        "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
+                             "SELECT t.timer_key, moved.run_id, t.kind, now() + make_interval(secs => t.delay), t.payload "
+                             "FROM moved, jsonb_to_recordset(CAST(:timers AS jsonb)) "
+                             "AS t(timer_key text, kind text, delay float8, payload jsonb) "
+                             "ON CONFLICT (timer_key) DO NOTHING)",)),
+    }
+
+
+@functools.cache
+def _compile(names: tuple[str, ...]) -> driver.Statement:
+    """The transition statement made of the parts ``names`` (compiled once per combination)."""
+    parts = [_parts()[name] for name in names]
+    guard = "run_id = :b_run_id AND revision = :b_revision AND last_seq = :b_last_seq" + "".join(p.guard for p in parts)
+    sets = ", ".join(f"{c} = :{c}" for c in (*_PROJECTED, "last_seq")) + "".join(p.sets for p in parts)
+    token = "CAST(:f_token AS bigint)" if "fenced" in names else "NULL"
+    ctes = [
+        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id, admitted_at)",
+        f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
+        f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
+        f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
+        f"AS e(seq bigint, data jsonb, applied boolean, occurred_at timestamptz))",
+        *(cte for p in parts for cte in p.ctes)]
+    # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
+    counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for p in parts for name in p.counted)
+    binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
+    binds.append(bindparam("events", type_=run_events.c.data.type))
+    binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for p in parts for c in p.binds]
+    return driver.Statement(
+        text(f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM moved) AS moved{counted}").bindparams(*binds))
+
+
+_TTL = bindparam("ttl", type_=Interval())
+# WHERE parameters of an UPDATE must not be named like a column: those names belong to SET.
+_IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bindparam("owner"),
+              runs.c.fencing_token == bindparam("token"))
+_TAKE_LEASE = (update(runs)
+               .where(runs.c.run_id == bindparam("b_run_id"),
+                      runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
+               .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
+                       fencing_token=runs.c.fencing_token + 1))
+_TAKE_LEASE_TOKEN = driver.Statement(_TAKE_LEASE.returning(runs.c.fencing_token))
+_EXTEND_LEASE = driver.Statement(
+    update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id))
+_RELEASE_LEASE = driver.Statement(update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None))
+_FENCE_NOW = driver.Statement(
+    select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
+_INSERT_EVENTS = insert(run_events)
 
 
 _OPEN_QUEUE_TIMER = "timers.kind = 'schedule_to_start' AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL"
@@ -319,40 +354,6 @@ async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> F
     return Found(row.run_id, row.input_hash, row.partition, row.workflow, versions, row.labels or {})
 
 
-def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
-    """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
-    finishes the run, whoever writes it, records its ``run.summary`` after them and releases its lease
-    (a worker still running it is fenced out)."""
-    snapshot = stored.snapshot
-    rows = list(stored.unwritten)
-    for event in events:
-        late = is_late(snapshot, event)
-        snapshot = evolve(snapshot, event)
-        rows.append((event, not late))
-    if events and closure.finishes(stored.snapshot, snapshot):
-        summary = ev.RunSummarized(seq=max(stored.stored_seq, *(e.seq for e in events)) + 1,
-                                   at=snapshot.status_since, summary=closure.summarize(snapshot))
-        snapshot = evolve(snapshot, summary)
-        rows.append((summary, True))
-        events = [*events, summary]
-        release_lease = True
-    after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
-                      None if release_lease else stored.lease_owner,
-                      None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
-    return Planned(stored.written or stored, after, tuple(rows), release_lease)
-
-
-def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *,
-          request: Mapping[str, Any] | None = None) -> StoredRun:
-    """``events`` applied in memory only, to be written with the run's next transition (``plan``);
-    ``request``: the ledger request of the first call they record (one per write)."""
-    if request is not None and stored.unwritten_request is not None:
-        raise ValueError(f"run {stored.snapshot.run_id}: a call is deferred already; write it first")
-    planned = plan(stored, events)
-    return replace(planned.after, written=planned.before, unwritten=planned.rows,
-                   unwritten_request=request or stored.unwritten_request)
-
-
 def _values(planned: Planned) -> dict[str, Any]:
     values = {**projection(planned.after.snapshot), "last_seq": planned.after.stored_seq}
     if planned.release_lease:
@@ -366,32 +367,12 @@ async def append(conn: driver.Connection, stored: StoredRun, events: Sequence[ev
     return await write(conn, plan(stored, events, release_lease=release_lease), fence=fence)
 
 
-def _handover_sql() -> list[str]:
-    """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
-    with the chosen run's id, expected revision, partition and route, and fresh ids."""
-    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
-    wakeup = (
-        "(SELECT jsonb_build_object("
-        "  'envelope', t.row -> 'envelope' || jsonb_build_object("
-        "     'run_id', handed.run_id, 'event_id', CAST(gen_random_uuid() AS text),"
-        "     'expected_state_version', handed.revision,"
-        "     'payload', t.row -> 'envelope' -> 'payload' || jsonb_build_object("
-        "        'wakeup_id', CAST(gen_random_uuid() AS text))),"
-        "  'exchange', t.row -> 'exchange', 'partition', handed.partition,"
-        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n "
-        " FROM handed, (SELECT CAST(:h_wakeup AS jsonb) -> 0 AS row) AS t) AS r")
-    return [
-        "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
-        f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
-        f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
-        f"woken AS ({outbox.insert_sql(wakeup)})",
-        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
-
-
 async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | None = None,
-                rides: Rides = Rides()) -> StoredRun:
-    """Write a planned transition and its rides as one statement; return the new state."""
+                rides: Rides = Rides(), call: LedgerRequest | None = None) -> StoredRun:
+    """Write a planned transition and what rides with it as one statement; return the new state.
+    ``call``: a first ledger row (a key on the ledger already fails the statement: unique violation)."""
     stored = planned.before
+    names: list[str] = []
     params: dict[str, Any] = {
         **projection(planned.after.snapshot), "last_seq": planned.after.stored_seq,
         "b_run_id": stored.snapshot.run_id, "b_revision": stored.snapshot.revision, "b_last_seq": stored.stored_seq,
@@ -399,32 +380,37 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                     "occurred_at": datetime.fromtimestamp(event.at, UTC).isoformat()}
                    for event, applied in planned.rows]}
     if fence is not None:
+        names.append("fenced")
         params.update(f_owner=fence.owner, f_token=fence.token)
-    if rides.action is not None:
-        params.update({f"a_{c}": rides.action.get(c) for c in _ACTION_COLUMNS if c != "run_id"})
+    if planned.release_lease:
+        names.append("release")
+    if call is not None:
+        names.append("call")
+        row = ledger_first_row(**call.row())
+        params.update({f"a_{c}": row.get(c) for c in _ACTION_COLUMNS if c != "run_id"})
     if rides.messages:
+        names.append("messages")
         params["messages"] = outbox.rows_json(rides.messages)
     if rides.notices:
+        names.append("notices")
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
-    if rides.timers:
-        params["timers"] = jsonb.dumps([dict(t) for t in rides.timers])
     if rides.handover is not None:
+        names.append("handover")
         handover = rides.handover
         params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
                       h_channel=handover.channel,
                       h_wakeup=outbox.rows_json([handover.wakeup]),
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
-    cancel = closure.timers_to_cancel(stored.snapshot, planned.after.snapshot)
-    if cancel is not None:
-        params.update(_cancelling(cancel))
-    queued = queue_stint_starts(stored.snapshot, planned.after.snapshot)
-    if queued:
+    if planned.cancel is not None:
+        names.append("cancel")
+        params.update(_cancelling(planned.cancel))
+    if planned.queue_stint:
+        names.append("queued")
         params.update(_queue_params(planned.after.snapshot))
-    statement = _write(fenced=fence is not None, release=planned.release_lease, action=rides.action is not None,
-                       messages=bool(rides.messages), notices=bool(rides.notices),
-                       handover=rides.handover is not None, cancel=cancel is not None, queued=queued,
-                       timed=bool(rides.timers))
-    if not (await driver.one(conn, statement, params)).moved:
+    if rides.timers:
+        names.append("timed")
+        params["timers"] = jsonb.dumps([dict(t) for t in rides.timers])
+    if not (await driver.one(conn, _compile(tuple(names)), params)).moved:
         await _conflict(conn, stored, fence)
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
     return planned.after
@@ -458,15 +444,14 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
     await conn.execute(_INSERT_EVENTS, [
         _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
-    ended = [{"run_id": p.before.snapshot.run_id, "every": cancel.everything, "wait_id": cancel.wait_id,
-              "calls": list(cancel.calls)} for p in planned
-             if (cancel := closure.timers_to_cancel(p.before.snapshot, p.after.snapshot)) is not None]
+    ended = [{"run_id": p.before.snapshot.run_id, "every": p.cancel.everything, "wait_id": p.cancel.wait_id,
+              "calls": list(p.cancel.calls)} for p in planned if p.cancel is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
     # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
     for p in planned:
         metrics.transitioned(p.before.snapshot, p.after.snapshot)
-        if queue_stint_starts(p.before.snapshot, p.after.snapshot):
+        if p.queue_stint:
             await driver.execute(conn, _QUEUE_ONE, {"run_id": p.after.snapshot.run_id,
                                                     **_queue_params(p.after.snapshot)})
 

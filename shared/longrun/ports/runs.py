@@ -1,16 +1,17 @@
 """The values the stores take and give for runs: a worker's fence, a run as stored, a transition
-planned in memory and what rides along with it, and the answers of creation (``AtOnce``,
-``Found``). The adapters under ``longrun.db`` and ``longrun.testing`` implement the stores over
-them; the use cases import them from here, never from an adapter."""
+planned in memory (``plan``, ``defer``) and what commits with it (``Transition``), a ledger
+request, and the answers of creation (``AtOnce``, ``Found``). The adapters under ``longrun.db``
+and ``longrun.testing`` implement the stores over them; the use cases import them from here,
+never from an adapter. Everything here is pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from longrun.domain import PinnedVersions, RunSnapshot
+from longrun.domain import ActionStatus, PinnedVersions, RunSnapshot, closure, evolve, is_late, queue_stint_starts
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 
@@ -46,9 +47,9 @@ class StoredRun:
     """The run as last written, when this state holds events (``unwritten``) not written yet
     (``defer``): the next transition writes them first, guarded by that state's revision."""
     unwritten: tuple[tuple[ev.RunEvent, bool], ...] = ()
-    unwritten_request: Mapping[str, Any] | None = None
-    """The ledger request (``actions.prepare``'s arguments) of a first call recorded among the
-    unwritten events: its row is written with them."""
+    unwritten_request: LedgerRequest | None = None
+    """The ledger request of a first call recorded among the unwritten events: its row is written
+    with them."""
     trace_root: str | None = None
     """The traceparent of the run's root span (``runs.trace_root``), as read."""
 
@@ -61,8 +62,6 @@ class StoredRun:
 class Rides:
     """Rows that commit with a transition, in its statement: nothing is written unless it applies."""
 
-    action: dict[str, Any] | None = None
-    """A ledger row whose idempotency key is new (a used key fails the statement: unique violation)."""
     messages: Sequence[Message] = ()
     notices: Sequence[tuple[str, str]] = field(default=())
     """(channel, payload) to NOTIFY, delivered at commit."""
@@ -118,10 +117,128 @@ class Found:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """A transition computed in memory: the state after ``events`` and the rows to write."""
+    """A transition computed in memory: the state after ``events``, the rows to write, and what
+    the move ends and starts besides (its closure, a queue stint), decided here for every writer."""
 
     before: StoredRun
     after: StoredRun
     rows: tuple[tuple[ev.RunEvent, bool], ...]
     """Each event with whether it was applied (False: stored as late)."""
     release_lease: bool
+    cancel: closure.Cancel | None = None
+    """The open timers the move leaves without a purpose (``closure.timers_to_cancel``)."""
+    queue_stint: bool = False
+    """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
+
+
+def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
+    """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
+    finishes the run, whoever writes it, records its ``run.summary`` after them and releases its lease
+    (a worker still running it is fenced out)."""
+    snapshot = stored.snapshot
+    rows = list(stored.unwritten)
+    for event in events:
+        late = is_late(snapshot, event)
+        snapshot = evolve(snapshot, event)
+        rows.append((event, not late))
+    if events and closure.finishes(stored.snapshot, snapshot):
+        summary = ev.RunSummarized(seq=max(stored.stored_seq, *(e.seq for e in events)) + 1,
+                                   at=snapshot.status_since, summary=closure.summarize(snapshot))
+        snapshot = evolve(snapshot, summary)
+        rows.append((summary, True))
+        events = [*events, summary]
+        release_lease = True
+    after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
+                      None if release_lease else stored.lease_owner,
+                      None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
+    before = stored.written or stored
+    return Planned(before, after, tuple(rows), release_lease,
+                   cancel=closure.timers_to_cancel(before.snapshot, snapshot),
+                   queue_stint=queue_stint_starts(before.snapshot, snapshot))
+
+
+def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRequest | None = None) -> StoredRun:
+    """``events`` applied in memory only, to be written with the run's next transition (``plan``);
+    ``request``: the ledger request of the first call they record (one per write)."""
+    if request is not None and stored.unwritten_request is not None:
+        raise ValueError(f"run {stored.snapshot.run_id}: a call is deferred already; write it first")
+    planned = plan(stored, events)
+    return replace(planned.after, written=planned.before, unwritten=planned.rows,
+                   unwritten_request=request or stored.unwritten_request)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRequest:
+    """A call as the action ledger records it: the request and, for a call recorded only once it
+    answered, the answer's columns (``answer``: status CONFIRMED with them)."""
+
+    action_id: str
+    run_id: str
+    logical_action: str
+    tool: str
+    tool_version: str
+    effect_kind: str
+    idempotency_key: str
+    request_hash: str
+    request: Mapping[str, Any]
+    fencing_token: int
+    answer: Mapping[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The arguments of the ledger's ``first_row`` and ``prepare``."""
+        fields = {name: getattr(self, name) for name in self.__slots__ if name != "answer"}  # type: ignore[attr-defined]
+        fields["request"] = dict(self.request)
+        if self.answer is not None:
+            fields.update(status=ActionStatus.CONFIRMED, **self.answer)
+        return fields
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerOutcome:
+    """What the far side answered for the ledger row of ``key``: its status and columns."""
+
+    key: str
+    status: ActionStatus
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An uploaded receipt (``ArtifactStore.put``), registered in the transaction that refers to it."""
+
+    ref: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One step of a worker, as a value: the planned move and everything that commits with it, all
+    or nothing (``WorkerStore.commit``). The adapters only persist it."""
+
+    planned: Planned
+    fence: Fence
+    rides: Rides = Rides()
+    """Rows that ride in the transition's statement: broadcasts, NOTIFYs, a slot's hand-over, a
+    call's timers."""
+    call: LedgerRequest | None = None
+    """A call recorded with the move: a first attempt when the run has no ledger row for its logical
+    action, else one more attempt of the same request (refused if its hash differs)."""
+    first_call: bool = True
+    """Whether ``call`` is the logical action's first attempt (its key is new to the run)."""
+    outcome: LedgerOutcome | None = None
+    """What the far side answered, for the ledger row of its key."""
+    artifact: Artifact | None = None
+    """An uploaded receipt the move refers to, registered with it."""
+
+    @property
+    def settles_wait(self) -> bool:
+        """The move parks the run in a wait: its timers are scheduled and an event kept for its key
+        ends it at once."""
+        return self.planned.release_lease and self.planned.after.snapshot.wait is not None
+
+    @property
+    def alone(self) -> bool:
+        """Whether one statement writes it all (no transaction around it): a move with at most a first
+        call riding along, nothing uploaded, no outcome and no wait to settle."""
+        return (self.artifact is None and self.outcome is None and not self.settles_wait
+                and (self.call is None or self.first_call))

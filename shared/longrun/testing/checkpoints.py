@@ -28,7 +28,7 @@ class Crashed(BaseException):
 
 
 class CrashAt:
-    """``Advancer(crash_points=...)`` in memory: raise ``Crashed`` the ``nth`` time ``name`` is reached."""
+    """``Worker(crash_points=...)`` in memory: raise ``Crashed`` the ``nth`` time ``name`` is reached."""
 
     def __init__(self, name: str | None = None, nth: int = 1) -> None:
         self.name = name

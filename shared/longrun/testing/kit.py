@@ -6,7 +6,7 @@
     kit.answer(run_id, {"module": "billing"})  # the question the run asks, checked against its schema
     assert kit.status(run_id) is RunStatus.COMPLETED and kit.check() == []
 
-The workers are the runtime's own ``Advancer`` over the memory store (``testing.workers``); the
+The workers are the runtime's own ``Worker`` (``app.worker``) over the memory store (``testing.workers``); the
 rest of the ensemble (creation, timers, webhooks, operators, the reconciler) is ``testing.world``.
 Each tool of the kind keeps its name, version, effect kind and argument schema; its calls go to the
 kit's far side, which answers with the test's ``answers`` (or a receipt echoing the arguments),
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longrun.app import advance
+from longrun.app.worker import loop
 from longrun.authoring import Registry, RunKind
 from longrun.domain import TERMINAL, EffectKind, Question, RunSnapshot, RunStatus, violations
 from longrun.model import ModelAdapter
@@ -185,7 +185,7 @@ class Kit:
 
     def _run(self, steps: Steps) -> None:
         errors = _Errors()
-        worker_log = logging.getLogger(advance.__name__)
+        worker_log = logging.getLogger(loop.logger.name)
         worker_log.addHandler(errors)
         try:
             for _ in steps:

@@ -8,7 +8,7 @@ nothing written); late events stored with ``applied=False``; leases that expire 
 (the database clock), a fencing token that grows on every takeover; an inbox claim that answers a
 repeat with the recorded outcome; one ledger row per idempotency key, refusing another request hash.
 ``transaction()`` gives the all-or-nothing of a database transaction. It reuses the pure
-``runs.plan``.
+``ports.runs.plan``.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import Any
 from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
-from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX, plan
+from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
 from longrun.domain.calls import CALL_TIMERS
 from longrun.domain import events as ev
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
-from longrun.ports.runs import Fence, Found, Planned, StoredRun
+from longrun.ports.runs import Fence, Found, Planned, StoredRun, plan
 
 class FakeClock:
     """Epoch seconds that move only when told: the database clock of leases and timers, and every writer's."""
@@ -196,7 +196,8 @@ class MemoryStore:
         if created.deadline is not None:
             self.schedule(timer_key=created.run_id + DEADLINE_TIMER_SUFFIX, run_id=created.run_id,
                           kind="business_deadline", delay=created.deadline - created.at, payload={})
-        self._queue(None, snapshot)
+        if queue_stint_starts(None, snapshot):
+            self._queue(snapshot)
         return StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=False)
 
     def load(self, run_id: str) -> StoredRun | None:
@@ -252,20 +253,19 @@ class MemoryStore:
             EventRow(event, applied, fence.token if fence else None) for event, applied in planned.rows)
         if fence is not None:
             self.writes = (*self.writes, Write(run_id, fence, row.lease_owner, row.fencing_token))
-        cancel = closure.timers_to_cancel(planned.before.snapshot, after.snapshot)
-        if cancel is not None:
+        if planned.cancel is not None:
             for key, timer in self.timers.items():
-                if timer.run_id == run_id and timer.open and _ends(cancel, timer):
+                if timer.run_id == run_id and timer.open and _ends(planned.cancel, timer):
                     self.timers[key] = replace(timer, cancelled_at=self.clock())
-        self._queue(planned.before.snapshot, after.snapshot)
+        if planned.queue_stint:
+            self._queue(after.snapshot)
 
-    def _queue(self, before: RunSnapshot | None, after: RunSnapshot) -> None:
+    def _queue(self, after: RunSnapshot) -> None:
         """``db.runs``: the schedule-to-start timer of the queue stint a write starts."""
-        if queue_stint_starts(before, after):
-            assert after.timeouts.schedule_to_start is not None
-            self.schedule(timer_key=f"{after.run_id}{QUEUE_TIMER_SUFFIX}{after.revision}", run_id=after.run_id,
-                          kind="schedule_to_start", delay=after.timeouts.schedule_to_start,
-                          payload={"revision": after.revision})
+        assert after.timeouts.schedule_to_start is not None
+        self.schedule(timer_key=f"{after.run_id}{QUEUE_TIMER_SUFFIX}{after.revision}", run_id=after.run_id,
+                      kind="schedule_to_start", delay=after.timeouts.schedule_to_start,
+                      payload={"revision": after.revision})
 
     def write_many(self, planned: Sequence[Planned]) -> None:
         """Transitions of runs the caller holds (the timer's batch): the revision guard still applies."""

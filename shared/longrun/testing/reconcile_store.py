@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from longrun.app import reconcile, reconcile_leases
-from longrun.app.ports import Artifact, Doubtful, ExpiredLease, LedgerOutcome
+from longrun.app.ports import Doubtful, ExpiredLease
 from longrun.app.reconcile import ABANDONED_AFTER
 from longrun.db import outbox
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 
 if TYPE_CHECKING:
     from longrun.testing.memory import ActionRow

@@ -7,14 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from longrun.app.ports import LedgerOutcome
 from longrun.ports.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
-from longrun.ports.runs import AtOnce, Found, StoredRun
+from longrun.ports.runs import AtOnce, Found, LedgerOutcome, StoredRun
 
 if TYPE_CHECKING:
     from longrun.testing.world import World

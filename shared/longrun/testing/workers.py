@@ -1,4 +1,4 @@
-"""Workers in memory: the real ``Advancer`` over the ``World``'s tables (``MemoryWorkerStore``, the
+"""Workers in memory: the real ``Worker`` over the ``World``'s tables (``MemoryWorkerStore``, the
 ``app.ports.WorkerStore`` of memory), its runs stepped one checkpoint at a time.
 
 Each store call first awaits a ``checkpoint``, so a test can stop (or kill) a worker before any of
@@ -14,16 +14,15 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.app import webhooks
-from longrun.app.advance import Advancer
-from longrun.app.ports import Artifact, CrashPoints, LedgerKeyTaken, LedgerOutcome
+from longrun.app.worker.loop import Worker
+from longrun.app.ports import CrashPoints
 from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
 from longrun.envelope import Envelope
 from longrun.model import ModelAdapter, ScriptedModel
-from longrun.ports.runs import Fence, Planned, Rides, StoredRun
+from longrun.ports.runs import Fence, LedgerRequest, Rides, StoredRun, Transition
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
-from longrun.testing.memory import UniqueViolation
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.world import World
 
@@ -78,27 +77,20 @@ class MemoryWorkerStore:
         await checkpoint("release lease")
         self.store.release_lease(run_id, fence)
 
-    async def write(self, planned: Planned, fence: Fence, rides: Rides) -> StoredRun:
-        await checkpoint("write")
+    async def commit(self, transition: Transition) -> StoredRun:
+        await checkpoint("commit")
+        planned, call = transition.planned, transition.call
         with self.store.transaction():
-            after = self.store.write(planned, fence=fence)
-            self._ride(planned.before.snapshot.run_id, rides)
-        return after
-
-    async def write_together(self, planned: Planned, fence: Fence, rides: Rides, *, artifact: Artifact | None = None,
-                             attempt: Mapping[str, Any] | None = None, outcome: LedgerOutcome | None = None,
-                             settle_wait: bool = False) -> StoredRun:
-        await checkpoint("write together")
-        with self.store.transaction():
-            if artifact is not None:
-                self.world.artifacts[artifact.ref] = artifact.size
-            after = self.store.write(planned, fence=fence)
-            self._ride(planned.before.snapshot.run_id, rides)
-            if attempt is not None:
-                self.store.prepare(**attempt)
-            if outcome is not None:
+            if transition.artifact is not None:
+                self.world.artifacts[transition.artifact.ref] = transition.artifact.size
+            after = self.store.write(planned, fence=transition.fence)
+            self._ride(planned.before.snapshot.run_id, transition.rides)
+            if call is not None:
+                self.store.prepare(**call.row())
+            if transition.outcome is not None:
+                outcome = transition.outcome
                 self.store.record(outcome.key, outcome.status, **outcome.fields)
-            if settle_wait:
+            if transition.settles_wait:
                 self.world.schedule_wait_timers(after.snapshot, decided_at=planned.rows[-1][0].at)
                 after = await webhooks.match_kept(MemoryTransaction(self.world), after, clock=self.world.clock)
         return after
@@ -107,14 +99,14 @@ class MemoryWorkerStore:
         await checkpoint("tenant policy")
         return self.world.policies.get(tenant_id)
 
-    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: Mapping[str, Any],
+    async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: LedgerRequest,
                      timers: Sequence[Mapping[str, Any]]) -> None:
         await checkpoint("resend")
         with self.store.transaction():
             if not self.store.extend_lease(run_id, fence, ttl):
                 raise LeaseLost(run_id, fence.token)
-            self.store.prepare(**attempt)
-            self.store.cancel_calls(run_id, attempt["logical_action"])
+            self.store.prepare(**attempt.row())
+            self.store.cancel_calls(run_id, attempt.logical_action)
             for timer in timers:
                 self.store.schedule(run_id=run_id, **timer)
 
@@ -126,12 +118,7 @@ class MemoryWorkerStore:
 
     def _ride(self, run_id: str, rides: Rides) -> None:
         if rides.handover is not None:
-            raise ValueError("the memory world keeps no tenant slots: build the Advancer without a handover")
-        if rides.action is not None:
-            try:
-                self.store.insert_first(rides.action)
-            except UniqueViolation as e:
-                raise LedgerKeyTaken(rides.action["idempotency_key"]) from e
+            raise ValueError("the memory world keeps no tenant slots: build the Worker without a handover")
         for timer in rides.timers:
             self.store.schedule(run_id=run_id, **timer)
         self.world.send(rides.messages)
@@ -158,24 +145,24 @@ def _no_crash(name: str) -> None:
 
 
 class MemoryWorker:
-    """One worker process: the real ``Advancer`` on the world's store, its clock and its run kinds."""
+    """One worker process: the real ``Worker`` on the world's store, its clock and its run kinds."""
 
     def __init__(self, world: World, instance_id: str, *, lease_ttl: float, model: ModelAdapter | None = None,
                  crash_points: CrashPoints = _no_crash) -> None:
         self.world = world
-        self.advancer = Advancer(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
-                                 artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
-                                 clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+        self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
+                             artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
+                             clock=world.clock, rng=random.Random(0), crash_points=crash_points)
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:
         """The wakeup's inbox row and the lease: (outcome, duplicate)."""
-        outcome = self.world.loop.run_until_complete(self.advancer.on_wakeup(message))
+        outcome = self.world.loop.run_until_complete(self.worker.on_wakeup(message))
         return outcome.outcome, outcome.duplicate
 
     def advance(self, run_id: str, fence: Fence) -> Steps:
         """The step loop under ``fence``, stopped at its first checkpoint; each ``next`` lets it run to
         the next one (and yields its name) until the run leaves the worker."""
-        return Steps(Turnstile(self.world.loop, self.advancer.run_steps(run_id, fence)))
+        return Steps(Turnstile(self.world.loop, self.worker.run_steps(run_id, fence)))
 
 
 class Steps(Iterator[str]):

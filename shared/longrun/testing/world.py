@@ -3,7 +3,7 @@ scheduler's creation, the timer service, the gateway's webhook intake, the opera
 reconciler's sweeps — each the runtime's own use case (``app.admit``, ``app.timers.plan_batch``,
 ``app.webhooks``, ``app.operate``, ``app.reconcile``) over the in-memory adapters
 (``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
-real ``Advancer`` over ``testing.workers.MemoryWorkerStore``.
+real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
 
 Beside them, what tests drive the engine with: ``FarSide``, the external system (it counts
 executions per idempotency key, keeps one object per key, answers lookups, fails calls on request

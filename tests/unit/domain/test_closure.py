@@ -21,6 +21,7 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.errors import EventRejected
 from longrun.timeline import describe
+from longrun.ports.runs import plan
 from tests.unit.domain.support import History
 
 
@@ -102,14 +103,14 @@ def test_an_open_run_has_no_summary() -> None:
 def test_the_transition_that_finishes_a_run_records_its_summary_whoever_writes_it() -> None:
     history = _waiting()
     stored = runs.StoredRun(history.snapshot, len(history.events), 0, None, None, 0, admitted=True)
-    planned = runs.plan(stored, [history.event(ev.RunTerminated, by="op", reason="stop")])
+    planned = plan(stored, [history.event(ev.RunTerminated, by="op", reason="stop")])
     summary, applied = planned.rows[-1]
     assert isinstance(summary, ev.RunSummarized) and applied
     assert summary.seq == planned.after.stored_seq == stored.stored_seq + 2
     assert summary.summary == closure.summarize(planned.after.snapshot)
     assert planned.after.snapshot.status is RunStatus.TERMINATED and planned.after.snapshot.last_seq == summary.seq
     # and a transition that does not finish the run records none
-    woken = runs.plan(stored, [history.event(ev.RunWoken, wait_id="ci-1", reason=WakeReason.EVENT,
+    woken = plan(stored, [history.event(ev.RunWoken, wait_id="ci-1", reason=WakeReason.EVENT,
                                              correlation_key="ci:1")])
     assert [type(e) for e, _ in woken.rows] == [ev.RunWoken]
 

@@ -54,7 +54,7 @@ def test_core_module_imports_no_example(path: Path) -> None:
 def test_the_walk_sees_the_core_and_the_examples() -> None:
     assert "longrun_dependency_upgrade" in EXAMPLE_PACKAGES
     names = {str(p.relative_to(ROOT)) for p in CORE}
-    assert {"shared/longrun/app/advance.py", "services/worker/main.py", "shared/longrun/workflows/__init__.py"} <= names
+    assert {"shared/longrun/app/worker/loop.py", "services/worker/main.py", "shared/longrun/workflows/__init__.py"} <= names
 
 
 def test_the_check_catches_an_example_import() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from longrun.app import advance
+from longrun.app.worker import tool_call
 from longrun.authoring import RunKind, ToolResult
 from longrun_dependency_upgrade.forge_client import ForgeClient
 from longrun.domain import ActionStatus, RecoveryPolicy, RunSnapshot, RunStatus
@@ -136,9 +136,9 @@ def test_a_worker_killed_at_every_ledger_point_still_makes_one_merge_request() -
 
 
 def test_the_crash_test_catches_an_engine_that_blindly_retries_a_merge_request(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A mutant Advancer that re-sends a SUBMITTED non-idempotent write after a crash instead of
+    """A mutant worker that re-sends a SUBMITTED non-idempotent write after a crash instead of
     reconciling it: the worker killed between the forge's answer and its record makes two."""
-    monkeypatch.setattr(advance, "recovery_policy", lambda effect: RecoveryPolicy.RERUN)
+    monkeypatch.setattr(tool_call, "recovery_policy", lambda effect: RecoveryPolicy.RERUN)
     outcomes = every_crash(upgrade_kind(), upgrade, answers=forge(),
                            model=ScriptedModel(dependency_upgrade.model_script()))
     caught = [(o.point, o.kit.executions(MR)) for o in outcomes if o.kit.check()]

@@ -30,7 +30,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.model import ScriptedModel
-from longrun.ports.runs import Fence, Planned
+from longrun.ports.runs import Fence, Transition
 from longrun.testing.kit import Kit, every_crash
 from longrun.testing.workers import MemoryWorker, MemoryWorkerStore
 from longrun.workflows.steps import ECHO, EchoArgs
@@ -54,15 +54,13 @@ def after_marker(kit: Kit, run_id: str) -> ev.RunEvent:
 def writes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The event types of each write the workers make, write by write."""
     seen: list[list[str]] = []
-    for name in ("write", "write_together"):
-        original = getattr(MemoryWorkerStore, name)
+    original = MemoryWorkerStore.commit
 
-        async def recording(self: MemoryWorkerStore, planned: Planned, *args: Any, _original: Any = original,
-                            **kwargs: Any) -> Any:
-            seen.append([e.type for e, _ in planned.rows])
-            return await _original(self, planned, *args, **kwargs)
+    async def recording(self: MemoryWorkerStore, transition: Transition) -> Any:
+        seen.append([e.type for e, _ in transition.planned.rows])
+        return await original(self, transition)
 
-        monkeypatch.setattr(MemoryWorkerStore, name, recording)
+    monkeypatch.setattr(MemoryWorkerStore, "commit", recording)
     return seen
 
 
@@ -113,7 +111,7 @@ def test_a_decision_that_loses_its_write_to_an_operator_writes_its_patch_when_de
         steps = worker.advance(run_id, Fence(taken["owner"], taken["token"]))
         for point in steps:
             run = kit.snapshot(run_id)
-            if point == "write" and run.fact("receipt:ci:1") is not None and run.action("ci:2") is None:
+            if point == "commit" and run.fact("receipt:ci:1") is not None and run.action("ci:2") is None:
                 kit.world.operate(run_id, "pause")  # lands between the retry's decision and its write
         assert kit.status(run_id) is RunStatus.PAUSED and markers(kit, run_id) == []
         kit.world.operate(run_id, "resume")

@@ -1,0 +1,180 @@
+"""The worker's loop: take a run's lease with its wakeup, keep it alive, and play rounds until the run
+leaves this worker (parks, finishes, or the lease is lost).
+
+A wakeup takes the lease and reads the run in the statement that records the wakeup in the
+worker's inbox (so the delivery is acked at once); the lease travels with the consumer's outcome
+to the hook that runs after the ack, and the rounds run from the run as taken, outside any
+delivery. Each round's writes carry the expected revision AND the fencing token: a worker that
+lost its lease changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from longrun import faults, logs, metrics, otel
+from longrun.app import effects
+from longrun.app.ports import CrashPoints, WorkerStore
+from longrun.app.tool_health import Breakers
+from longrun.app.worker.commit import Step
+from longrun.app.worker.far_side import FarSide
+from longrun.app.worker.rounds import play
+from longrun.app.worker_store import PgWorkerStore
+from longrun.artifacts import ArtifactStore
+from longrun.authoring import Registry
+from longrun.bus.consumer import Outcome
+from longrun.db import inbox
+from longrun.db.driver import Pool
+from longrun.db.errors import is_transient
+from longrun.domain import RetryPolicy
+from longrun.envelope import Envelope
+from longrun.errors import DecodeError, LeaseLost, StaleRevision
+from longrun.model import ModelAdapter
+from longrun.ports.runs import Fence, StoredRun
+
+logger = logging.getLogger("longrun.app.worker")
+ADOPT_BATCH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A run this worker took: its fence, the run as taken (None: read it when its turn comes), the
+    message that caused the take (``cause``, what its broadcasts name) and its trace context."""
+
+    run_id: str
+    fence: Fence
+    taken: StoredRun | None = None
+    cause: str | None = None
+    trace: str | None = None
+
+
+class Worker:
+    def __init__(self, *, store: WorkerStore, kinds: Registry, model: ModelAdapter, artifacts: ArtifactStore,
+                 instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
+                 crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
+                 breakers: Breakers | None = None, health_max_wait: float = 600.0) -> None:
+        """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
+        the same statement (without it, admission is notified and does that). ``retry``: the policy
+        of tools and models that declare none. ``breakers``: the far sides' health (without them,
+        every far side is called whatever it answered before); a run waiting for one to be healthy
+        looks again by itself after ``health_max_wait`` seconds."""
+        self.store = store
+        self.kinds = kinds
+        self.instance_id = instance_id
+        self.lease_ttl = lease_ttl
+        self.clock = clock
+        self.handover = handover
+        self.crash_point = crash_points
+        self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
+                           breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl)
+        self.served = frozenset(kinds.serves())
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def on_postgres(cls, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
+                    clock: Callable[[], float] = time.time, **options: Any) -> Worker:
+        """The runtime's worker: its store is PostgreSQL (``app.worker_store``)."""
+        store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=clock)
+        return cls(store=store, artifacts=artifacts, clock=clock, **options)
+
+    # -- bus side -----------------------------------------------------------------------
+    async def on_wakeup(self, envelope: Envelope) -> Outcome:
+        """Consumer handler (``OwnClaim``): the wakeup's inbox row and the take of the run's lease in one
+        statement; the lease, with the run as taken, is carried to ``after_ack``."""
+        if envelope.run_id is None:
+            raise DecodeError(f"a {envelope.type} on a worker's queue names no run to wake", b"")
+        handled, stored = await self.store.take_on_wakeup(
+            inbox.Message(envelope.event_id, envelope.type, envelope.run_id), self.instance_id, self.lease_ttl,
+            self.served)
+        lease = None
+        if stored is not None:
+            metrics.TAKE_DELAY.observe(max(0.0, self.clock() - envelope.occurred_at.timestamp()))
+            fence = Fence(handled.outcome["owner"], handled.outcome["token"])
+            lease = Lease(envelope.run_id, fence, stored, cause=envelope.event_id, trace=envelope.trace)
+        return Outcome(envelope, handled.outcome, handled.duplicate, carried=lease)
+
+    async def after_ack(self, outcome: Outcome) -> None:
+        if isinstance(outcome.carried, Lease):
+            self.start(outcome.carried)
+
+    async def adopt_waiting(self, limit: int = ADOPT_BATCH) -> int:
+        """Take over runs waiting for a worker that runs them, if this is one, and advance them: their
+        wakeup reached a worker that could not. Returns how many."""
+        adopted = await self.store.adopt(self.instance_id, self.lease_ttl, self.served, limit)
+        for stored in adopted:
+            run = stored.snapshot
+            metrics.RECOVERIES.labels("taken_over").inc()
+            with logs.bound(run.run_id, run.tenant_id):
+                logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
+                self.start(Lease(run.run_id, Fence(self.instance_id, stored.fencing_token), stored))
+        return len(adopted)
+
+    def start(self, lease: Lease) -> None:
+        task = asyncio.create_task(self.advance(lease), name=f"advance {lease.run_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """On shutdown: stop stepping; leases expire or are released, and the runs move on elsewhere."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- the turn -------------------------------------------------------------------------
+    async def advance(self, lease: Lease) -> None:
+        # The lease was taken with the wakeup: keep it alive while the run waits for a free slot too.
+        heartbeat = asyncio.create_task(self._heartbeat(lease.run_id, lease.fence))
+        taken = lease.taken
+        if self._slots.locked():
+            taken = None  # it will wait for a slot: others may append meanwhile, so read it then
+        try:
+            async with self._slots:
+                # A child of the run's root: the wakeup's consumer knew it (``otel.root``), else the take read it.
+                run_root = otel.root() or (taken.trace_root if taken is not None else None)
+                with otel.run_span("advance run", run_root, cause=lease.trace, attributes={
+                        "longrun.run_id": lease.run_id, "longrun.fencing_token": lease.fence.token}):
+                    await self.run_steps(lease.run_id, lease.fence, taken, cause=lease.cause)
+        finally:
+            heartbeat.cancel()
+
+    async def run_steps(self, run_id: str, fence: Fence, taken: StoredRun | None = None, *,
+                        cause: str | None = None) -> None:
+        """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
+        is logged and leaves the lease to expire."""
+        step = Step(self.store, self.kinds, fence, self.clock, self.crash_point, self.handover, cause)
+        try:
+            stored = taken if taken is not None else await step.load(run_id)
+            while stored is not None:
+                started, kind = time.perf_counter(), stored.snapshot.kind
+                try:
+                    stored = await play(self.far, step, stored, self.kinds, self.served)
+                    metrics.step(kind).observe(time.perf_counter() - started)
+                except StaleRevision:
+                    # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
+                    stored = await step.load(run_id)
+        except LeaseLost:
+            logger.warning("run %s: lease %d lost; another worker owns it now", run_id, fence.token)
+        except Exception as e:
+            if not is_transient(e):
+                logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
+            else:
+                logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
+
+    async def _heartbeat(self, run_id: str, fence: Fence) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                if not await self.store.extend_lease(run_id, fence, self.lease_ttl):
+                    return
+            except Exception as e:
+                logger.warning("run %s: heartbeat failed (%r)", run_id, e)

@@ -1,0 +1,83 @@
+"""A decision's question to the model: asked with the run's resume context, its proposal recorded as a
+fact and charged; a model that does not answer is retried on a durable timer by the retry policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+
+from longrun import metrics, otel
+from longrun.app.worker.commit import Step
+from longrun.app.worker.far_side import FarSide
+from longrun.authoring import RunKind
+from longrun.domain import AskModel, RunStatus, ScheduleRetry, build_resume_context, compact, freeze, thaw, to_plain, wait_for
+from longrun.domain import events as ev
+from longrun.errors import ToolUnavailable
+from longrun.model import ModelAdapter, Proposal, validate_proposal
+from longrun.ports.runs import StoredRun
+
+MODEL_RETRY_FACT_PREFIX = "model_retry:"
+"""The model answered unavailable for the n-th ask of a purpose: the fact ``model_retry:<purpose>:<n>``
+counts its attempts (what the retry policy reads, whichever worker asks next)."""
+MODEL_CONTEXT_ITEMS = 40
+
+
+async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, decision: AskModel) -> StoredRun | None:
+    run = stored.snapshot
+    allowed = tuple(kind.allowed_actions(run, decision.purpose))
+    context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
+    context["run_stage"], context["stage"] = context.get("stage"), decision.purpose
+    context["stage_attempt"] = sum(1 for f in run.facts if f.key.startswith(f"proposal:{decision.purpose}:"))
+    try:
+        answer = await _traced_propose(far.model, decision.purpose, context, allowed)
+    except ToolUnavailable as e:
+        await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
+        return None
+    proposal = validate_proposal(answer, allowed)
+    metrics.MODEL_TOKENS.labels(run.kind, "input").inc(proposal.usage.input_tokens)
+    metrics.MODEL_TOKENS.labels(run.kind, "output").inc(proposal.usage.output_tokens)
+    metrics.MODEL_COST.labels(run.kind).inc(proposal.usage.cost_usd)
+    key = f"proposal:{decision.purpose}:{context['stage_attempt'] + 1}"
+    return await step.commit(stored, [
+        step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
+        step.event(stored, ev.FactRecorded, offset=2, key=key, source="agent",
+                   value=freeze({"action": proposal.action, "args": dict(proposal.args),
+                                 "rationale": proposal.rationale})),
+    ])
+
+
+async def _unavailable(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, purpose: str, ask: int,
+                       error: ToolUnavailable) -> None:
+    """The model did not answer: the attempt is charged and counted (a fact, so any worker reads the
+    count), and the run waits for the retry policy's delay; past its attempts, NEEDS_ATTENTION."""
+    fact_key = f"{MODEL_RETRY_FACT_PREFIX}{purpose}:{ask}"
+    previous = stored.snapshot.fact(fact_key)
+    attempts = (thaw(previous.value)["attempts"] if previous is not None else 0) + 1  # type: ignore[index]
+    delay, failure = far.retry_delay(kind.model_retry or far.retry, attempts, error, str(error))
+    events = [step.event(stored, ev.BudgetCharged, model_calls=1),
+              step.event(stored, ev.FactRecorded, offset=2, key=fact_key, source="runtime",
+                         value=freeze({"attempts": attempts, "error": str(error)}))]
+    if delay is None:
+        events.append(step.event(stored, ev.RunStatusChanged, offset=3, to=RunStatus.NEEDS_ATTENTION,
+                                 reason=f"model for {purpose!r}: {failure}"))
+    else:
+        status, wait = wait_for(ScheduleRetry(logical_action=f"model:{purpose}", delay=delay), far.context())
+        events.append(step.event(stored, ev.WaitStarted, offset=3, status=status, wait=wait))
+    await step.commit(stored, events, release=True)
+
+
+async def _traced_propose(model: ModelAdapter, purpose: str, context: dict[str, Any],
+                          allowed: tuple[str, ...]) -> Proposal:
+    """A model call, in its span (GenAI's ``chat``: model, tokens in and out, cost) when spans are exported."""
+    if not otel.exporting():
+        return await model.propose(context=context, allowed_actions=allowed)
+    name = getattr(model, "model", type(model).__name__)
+    with otel.tracer.start_as_current_span(f"chat {name}", kind=SpanKind.CLIENT, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": name, "longrun.model.purpose": purpose}) as span:
+        answer = await model.propose(context=context, allowed_actions=allowed)
+        span.set_attributes({"gen_ai.usage.input_tokens": answer.usage.input_tokens,
+                             "gen_ai.usage.output_tokens": answer.usage.output_tokens,
+                             "longrun.model.cost_usd": answer.usage.cost_usd,
+                             "longrun.model.proposed_action": answer.action})
+        return answer

@@ -1,0 +1,136 @@
+"""One round of a run's turn: the checks that need nothing but the run (finished or parked, moved to a
+version this worker lacks, cancelling, an action in doubt, budget), then the workflow's pure
+``decide``, and the decision carried out. What needs no call out is written with the round after
+it (``defer``): a READY run's move to RUNNING with its first step, the patches a decision took
+with what it writes next."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from longrun.app import questions
+from longrun.app.worker.cancelling import cancel
+from longrun.app.worker.commit import Step
+from longrun.app.worker.far_side import FarSide
+from longrun.app.worker.model_call import ask_model
+from longrun.app.worker.tool_call import call_tool
+from longrun.authoring import Registry, pins_key
+from longrun.domain import (
+    ANSWER_FACT_PREFIX,
+    UNRECONCILED,
+    WORKER_HAS_WORK,
+    AskModel,
+    AskUser,
+    CallTool,
+    Complete,
+    DecisionContext,
+    Fail,
+    Reconcile,
+    RunStatus,
+    ScheduleRetry,
+    WaitForEvent,
+    WaitForUser,
+    budget_needs,
+    exhausted,
+    wait_for,
+)
+from longrun.domain import events as ev
+from longrun.ports.runs import StoredRun, defer
+
+logger = logging.getLogger("longrun.app.worker")
+
+
+async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
+               served: frozenset[str]) -> StoredRun | None:
+    """One decision; the state to continue from, or None once the run left this worker."""
+    run = stored.snapshot
+    if run.status not in WORKER_HAS_WORK:  # finished or parked meanwhile
+        await step.commit(stored, [], release=True)
+        return None
+    if pins_key(run.kind, run.versions) not in served:
+        # Migrated since it was taken, to a version this worker lacks: a worker that runs it takes it.
+        logger.warning("run %s: %s@%s is not run here; handed over", run.run_id, run.kind, run.versions.workflow)
+        await step.store.hand_over(run.run_id, step.fence)
+        return None
+    if run.status is RunStatus.READY:
+        # Written with the round's own transition: one statement (and snapshot written) per run less.
+        stored = defer(stored, [step.event(stored, ev.RunStatusChanged, to=RunStatus.RUNNING,
+                                           reason=f"taken by {step.fence.owner}")])
+        run = stored.snapshot
+    if run.status is RunStatus.CANCELLING:
+        return await cancel(step, stored, kinds)
+    doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
+    if doubtful:
+        # What to do next depends on whether that effect happened (e.g. its outcome was recorded
+        # while the run was paused): park until the reconciler settles it and wakes the run.
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
+                          reason=f"{', '.join(doubtful)} awaits reconciliation")
+        return None
+    kind = kinds.get(run.kind, run.versions.workflow)
+    ctx = far.context()
+    decision = kind.workflow.decide(run, ctx)
+    spent = exhausted(run.budget, budget_needs(decision, run))
+    if spent is not None:
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED, reason=f"budget {spent} exhausted")
+        return None
+    if isinstance(decision, (AskModel, CallTool)) and stored.unwritten_request is not None:
+        # The step before is on record before anything more is asked of the world.
+        stored = await step.commit(stored, [])
+    stored = _with_patches(step, stored, ctx.taken)
+    if isinstance(decision, AskModel):
+        return await ask_model(far, step, stored, kind, decision)
+    if isinstance(decision, CallTool):
+        return await call_tool(far, step, stored, kind, decision)
+    if isinstance(decision, (WaitForEvent, WaitForUser, ScheduleRetry)):
+        status, wait = wait_for(decision, ctx)
+        await step.finish(stored, ev.WaitStarted, status=status, wait=wait)
+    elif isinstance(decision, AskUser):
+        await _ask_user(step, stored, decision, ctx)
+    elif isinstance(decision, Complete):
+        unmet = kind.workflow.accept(run, decision.evidence)
+        if unmet:
+            await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
+                              reason="acceptance check failed: " + "; ".join(unmet))
+        else:
+            step.crash_point("worker.before_completion")
+            await step.finish(stored, ev.RunCompleted, evidence=decision.evidence)
+    elif isinstance(decision, Fail):
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.FAILED, reason=decision.reason)
+    else:
+        assert isinstance(decision, Reconcile)
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
+                          reason=f"{decision.logical_action} needs reconciliation")
+    return None
+
+
+async def _ask_user(step: Step, stored: StoredRun, decision: AskUser, ctx: DecisionContext) -> None:
+    """The question and the wait for its answer, in one commit; a question that cannot be asked
+    (its schema is not one, or its id was answered before) goes to a person instead."""
+    name = decision.question_id
+    problem = questions.schema_problem(decision.answer_schema)
+    if problem is not None:
+        reason = f"question {name!r}: its answer schema is not a JSON Schema (draft 2020-12): {problem}"
+    elif stored.snapshot.fact(ANSWER_FACT_PREFIX + name) is not None:
+        reason = f"decide asked question {name!r} again, answered already"
+    else:
+        status, wait = wait_for(decision, ctx)
+        await step.commit(stored, [
+            step.event(stored, ev.QuestionOpened, question_id=name, text=decision.text,
+                       answer_schema=decision.answer_schema),
+            step.event(stored, ev.WaitStarted, offset=2, status=status, wait=wait)], release=True)
+        return
+    await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION, reason=reason)
+
+
+def _with_patches(step: Step, stored: StoredRun, patches: Sequence[str]) -> StoredRun:
+    """A ``run.patch_taken`` for each of ``patches`` the run had not taken, deferred: written with
+    what the decision writes next, before its events, and never without them, so a replay takes
+    the patched branch exactly where the run took it."""
+    run = stored.snapshot
+    new = [patch for patch in patches if patch not in run.patches]
+    if not new:
+        return stored
+    return defer(stored, [step.event(stored, ev.PatchTaken, offset=i, patch=patch,
+                                     workflow_version=run.versions.workflow)
+                          for i, patch in enumerate(new, 1)])
