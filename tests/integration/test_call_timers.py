@@ -17,11 +17,12 @@ from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.db import actions as ledger
+from longrun.db import leases
 from longrun.db import runs, timers
 from longrun.db.driver import Pool
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
-from longrun.ports.runs import Fence, StoredRun
+from longrun.ports.runs import Fence, LedgerRequest, StoredRun
 from tests.fixtures import PARTITIONS
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ async def _calling(conn: AsyncConnection, run_id: str, effect: EffectKind, *,
     stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h",
                                partition=topology.partition_of(run_id, PARTITIONS))
     assert stored is not None
-    fence = await runs.take_lease(conn, run_id, "worker-1", ttl=600)
+    fence = await leases.take_lease(conn, run_id, "worker-1", ttl=600)
     assert fence is not None
     key = f"key-{run_id}"
     request = {"logical_action": "work", "tool": "probe.work", "tool_version": "1", "effect_kind": effect,
@@ -122,7 +123,7 @@ async def test_a_call_timer_whose_attempt_is_over_changes_nothing(clean, engine)
         await _calling(conn, "run-taken", EffectKind.IDEMPOTENT_WRITE)
         await conn.execute(text("UPDATE runs SET lease_until = now() - interval '1 second' "
                                 "WHERE run_id = 'run-taken'"))
-        assert await runs.take_lease(conn, "run-taken", "worker-2", ttl=600) is not None
+        assert await leases.take_lease(conn, "run-taken", "worker-2", ttl=600) is not None
         answered, fence = await _calling(conn, "run-answered", EffectKind.IDEMPOTENT_WRITE)
         await runs.append(conn, answered, [ev.ActionConfirmed(seq=answered.seq(1), at=time.time(),
                                                               logical_action="work")], fence=fence)
@@ -164,11 +165,12 @@ async def test_a_heartbeat_moves_only_its_own_attempt_s_timer_and_a_resend_repla
         async with engine.begin() as conn:
             await conn.execute(text("UPDATE runs SET lease_until = now() - interval '1 second' "
                                     "WHERE run_id = 'run-beat'"))
-            taken = await runs.take_lease(conn, "run-beat", "worker-2", ttl=600)
+            taken = await leases.take_lease(conn, "run-beat", "worker-2", ttl=600)
         assert taken is not None
-        attempt = {"action_id": str(uuid.uuid4()), "run_id": "run-beat", "logical_action": "work",
-                   "tool": "probe.work", "tool_version": "1", "effect_kind": "read", "idempotency_key": "key-run-beat",
-                   "request_hash": "h", "request": {}, "fencing_token": taken.token}
+        attempt = LedgerRequest(action_id=str(uuid.uuid4()), run_id="run-beat", logical_action="work",
+                                tool="probe.work", tool_version="1", effect_kind="read",
+                                idempotency_key="key-run-beat", request_hash="h", request={},
+                                fencing_token=taken.token)
         await store.resend("run-beat", taken, 600, attempt, calls.call_timers(
             "run-beat", "work", token=taken.token, start_to_close=5, heartbeat_timeout=2))
     finally:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun.app import effects, operate, timers as firing
 from longrun.app.transaction import PgTransaction
 from longrun.bus import topology
-from longrun.db import runs, timers
+from longrun.db import leases, runs, timers
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from tests.fixtures import PARTITIONS, eventually
@@ -158,7 +158,7 @@ async def test_a_terminated_run_has_no_outstanding_timer_nor_lease_and_its_summa
     await _parked_with_deadlines(engine, run_id)
     assert len([t for t in await _timers(engine, run_id) if t.cancelled_at is None]) == 2
     async with engine.begin() as conn:
-        fence = await runs.take_lease(conn, run_id, "worker-1", ttl=60)
+        fence = await leases.take_lease(conn, run_id, "worker-1", ttl=60)
     assert fence is not None
     # When an operator terminates it
     async with engine.begin() as conn:
@@ -166,7 +166,7 @@ async def test_a_terminated_run_has_no_outstanding_timer_nor_lease_and_its_summa
     # Then its lease was released with it: the worker holding it is fenced out
     async with engine.connect() as conn:
         released = await runs.load(conn, run_id)
-        assert not await runs.extend_lease(conn, run_id, fence, ttl=60)
+        assert not await leases.extend_lease(conn, run_id, fence, ttl=60)
     assert released is not None and (released.lease_owner, released.lease_until) == (None, None)
     # Then the termination cancelled every one of its timers in its own transaction, and none ever fires
     assert sorted((t.kind, t.fired_at, t.cancelled_at is not None) for t in await _timers(engine, run_id)) == [

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import admit, effects
 from longrun.bus import topology
-from longrun.db import admission, runs
+from longrun.db import admission, leases, runs
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
@@ -115,7 +115,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
                 if n < running:
                     finishing.append(stored.snapshot.run_id)
                     if rng.random() < 0.6:  # a worker's write, fenced, releasing its lease
-                        fence = await runs.take_lease(conn, stored.snapshot.run_id, f"w-{n}", ttl=60)
+                        fence = await leases.take_lease(conn, stored.snapshot.run_id, f"w-{n}", ttl=60)
                         assert fence is not None
                         fences[stored.snapshot.run_id] = fence
                     continue

@@ -11,7 +11,7 @@ from longrun.app import operate
 from longrun.app.worker.loop import Lease, Worker
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.db import runs
+from longrun.db import leases, runs
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost
 from longrun.model import ScriptedModel
@@ -204,10 +204,10 @@ async def test_a_stale_worker_is_fenced_out_after_its_lease_is_taken_over(clean,
     await publish_create(bus, tenant="acme", key=key, input_=goal("stale"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
     async with engine.begin() as conn:
-        old = await runs.take_lease(conn, run_id, "old-worker", ttl=0.2)
+        old = await leases.take_lease(conn, run_id, "old-worker", ttl=0.2)
     await asyncio.sleep(0.5)
     async with engine.begin() as conn:
-        new = await runs.take_lease(conn, run_id, "new-worker", ttl=30)
+        new = await leases.take_lease(conn, run_id, "new-worker", ttl=30)
     assert old is not None and new is not None and new.token == old.token + 1
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
@@ -273,7 +273,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
         await asyncio.sleep(3.0)
         # Then nobody else can take the run meanwhile: its lease is kept alive
         async with engine.begin() as conn:
-            assert await runs.take_lease(conn, run_id, "w2", ttl=30) is None
+            assert await leases.take_lease(conn, run_id, "w2", ttl=30) is None
     # and once the slot frees, the run is advanced under the same fence
     await eventually(lambda: _advanced_since(engine, run_id, at_wakeup.stored_seq), what="the run advanced by w1")
     async with engine.connect() as conn:

@@ -33,6 +33,7 @@ from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
+from longrun.db import leases
 from longrun.db import inbox, runs, timers
 from longrun.db.driver import Pool
 from longrun.domain import (
@@ -115,7 +116,7 @@ class Real:
         if name == "outbox.sent":
             async with self.engine.connect() as conn:
                 return _sent((await conn.execute(text("SELECT payload FROM outbox"))).scalars(), self.prefix)
-        target = {"runs": runs, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
+        target = {"runs": runs, "leases": leases, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
 
@@ -251,27 +252,27 @@ async def late_events_are_stored_not_applied(port: Port, seen: list[Any]) -> Non
 async def leases_fence_stale_workers(port: Port, seen: list[Any]) -> None:
     stored = await new_run(port, seen)
     run_id = stored.snapshot.run_id
-    old = await observe(port, seen, "runs.take_lease", run_id, "w-old", TTL)
-    await observe(port, seen, "runs.take_lease", run_id, "w-new", TTL)  # live: refused
-    await observe(port, seen, "runs.extend_lease", run_id, old, TTL)
+    old = await observe(port, seen, "leases.take_lease", run_id, "w-old", TTL)
+    await observe(port, seen, "leases.take_lease", run_id, "w-new", TTL)  # live: refused
+    await observe(port, seen, "leases.extend_lease", run_id, old, TTL)
     await port.sleep(TTL * 2.5)
-    new = await observe(port, seen, "runs.take_lease", run_id, "w-new", 30)
+    new = await observe(port, seen, "leases.take_lease", run_id, "w-new", 30)
     current = await observe(port, seen, "runs.load", run_id)
     take = [ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken")]
     await observe(port, seen, "runs.append", current, take, fence=old)  # stale: LeaseLost
-    await observe(port, seen, "runs.extend_lease", run_id, old, TTL)
-    await observe(port, seen, "runs.release_lease", run_id, old)  # a no-op for a stale fence
+    await observe(port, seen, "leases.extend_lease", run_id, old, TTL)
+    await observe(port, seen, "leases.release_lease", run_id, old)  # a no-op for a stale fence
     await observe(port, seen, "runs.load", run_id)
     await observe(port, seen, "runs.append", current, take, fence=new)
     await observe(port, seen, "runs.append", current, take, fence=new)  # the same revision twice: stale
-    await observe(port, seen, "runs.release_lease", run_id, new)
+    await observe(port, seen, "leases.release_lease", run_id, new)
     after = await observe(port, seen, "runs.load", run_id)
     yielded = [ev.RunStatusChanged(seq=3, at=1002.0, to=RunStatus.READY, reason="yield")]
     await observe(port, seen, "runs.append", after, yielded, fence=new)  # released: the fence is gone
-    await observe(port, seen, "runs.take_lease", run_id, "w-third", 30)  # the token grows on every takeover
+    await observe(port, seen, "leases.take_lease", run_id, "w-third", 30)  # the token grows on every takeover
     await observe(port, seen, "runs.append", after, yielded, fence=Fence("w-third", 3), release_lease=True)
     await observe(port, seen, "runs.load", run_id)
-    await observe(port, seen, "runs.take_lease", f"{port.prefix}-ghost", "w", 30)
+    await observe(port, seen, "leases.take_lease", f"{port.prefix}-ghost", "w", 30)
 
 
 async def one_ledger_row_per_idempotency_key(port: Port, seen: list[Any]) -> None:
@@ -609,7 +610,7 @@ async def expired_leases_are_cleared_and_runs_with_work_woken(port: Port, seen: 
     for name, events in after_taking.items():
         stored = await new_run(port, seen, name)
         run_ids.append(stored.snapshot.run_id)
-        fence = await observe(port, seen, "runs.take_lease", run_ids[-1], name, 30 if name == "alive" else TTL)
+        fence = await observe(port, seen, "leases.take_lease", run_ids[-1], name, 30 if name == "alive" else TTL)
         await observe(port, seen, "runs.append", stored, [
             ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"), *events], fence=fence)
     await observe(port, seen, "reconcile_leases.rewake_expired", limit=10)

@@ -34,6 +34,7 @@ from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
+from longrun.db import leases
 from longrun.db import runs
 from longrun.domain import (
     TERMINAL,
@@ -280,7 +281,7 @@ async def test_an_expired_lease_is_rewoken_once_and_taken_with_a_higher_fencing_
     stored = await _created(engine)
     run_id = stored.snapshot.run_id
     async with engine.begin() as conn:
-        dead = await runs.take_lease(conn, run_id, "worker-dead", 0.2)
+        dead = await leases.take_lease(conn, run_id, "worker-dead", 0.2)
         assert dead is not None
         stored = await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=time.time(),
                                                                       to=RunStatus.RUNNING, reason="taken")],
@@ -293,7 +294,7 @@ async def test_an_expired_lease_is_rewoken_once_and_taken_with_a_higher_fencing_
     assert await _wakeups(engine, run_id, "lease expired") == 1
     # and the next worker takes it with a higher token, while the old holder can no longer write
     async with engine.begin() as conn:
-        taken = await runs.take_lease(conn, run_id, "worker-b", 30)
+        taken = await leases.take_lease(conn, run_id, "worker-b", 30)
     assert taken is not None and taken.token > dead.token
     with pytest.raises(LeaseLost):
         async with engine.begin() as conn:
@@ -312,7 +313,7 @@ async def test_a_dead_workers_leases_are_cleared_in_one_sweep_and_only_open_runs
     for name, ttl in leases.items():
         stored = await _created(engine)
         async with engine.begin() as conn:
-            fence = await runs.take_lease(conn, stored.snapshot.run_id, f"worker-{name}", ttl)
+            fence = await leases.take_lease(conn, stored.snapshot.run_id, f"worker-{name}", ttl)
             assert fence is not None
             stored = await runs.append(conn, stored, [ev.RunStatusChanged(
                 seq=stored.seq(1), at=time.time(), to=RunStatus.RUNNING, reason="taken")], fence=fence)
@@ -624,7 +625,7 @@ async def test_an_expired_lease_is_rewoken_when_it_runs_out_not_a_round_later(cl
     stored = await _created(engine)
     run_id = stored.snapshot.run_id
     async with engine.begin() as conn:
-        dead = await runs.take_lease(conn, run_id, "worker-dead", 6)
+        dead = await leases.take_lease(conn, run_id, "worker-dead", 6)
         assert dead is not None
         await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=time.time(),
                                                              to=RunStatus.RUNNING, reason="taken")], fence=dead)

@@ -16,6 +16,7 @@ from longrun.app import effects, webhooks
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
+from longrun.db import leases
 from longrun.db import inbox, policies, runs
 from longrun.db import timers as timer_rows
 from longrun.db.artifacts import register
@@ -37,15 +38,15 @@ class PgWorkerStore:
     async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
                              served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
         async with self.statements.connection() as conn:
-            return await runs.take_on_wakeup(conn, message, owner, ttl, served)
+            return await leases.take_on_wakeup(conn, message, owner, ttl, served)
 
     async def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
         async with self.statements.connection() as conn:
-            return await runs.adopt(conn, owner, ttl, served, limit)
+            return await leases.adopt(conn, owner, ttl, served, limit)
 
     async def hand_over(self, run_id: str, fence: Fence) -> None:
         async with self.statements.connection() as conn:
-            await runs.hand_over(conn, run_id, fence)
+            await leases.hand_over(conn, run_id, fence)
 
     async def load(self, run_id: str) -> StoredRun | None:
         async with self.statements.connection() as conn:
@@ -53,11 +54,11 @@ class PgWorkerStore:
 
     async def extend_lease(self, run_id: str, fence: Fence, ttl: float) -> bool:
         async with self.engine.begin() as conn:
-            return await runs.extend_lease(conn, run_id, fence, ttl)
+            return await leases.extend_lease(conn, run_id, fence, ttl)
 
     async def release_lease(self, run_id: str, fence: Fence) -> None:
         async with self.statements.connection() as conn:
-            await runs.release_lease(conn, run_id, fence)
+            await leases.release_lease(conn, run_id, fence)
 
     async def commit(self, transition: Transition) -> StoredRun:
         planned, fence, rides, call = transition.planned, transition.fence, transition.rides, transition.call
@@ -94,7 +95,7 @@ class PgWorkerStore:
     async def resend(self, run_id: str, fence: Fence, ttl: float, attempt: LedgerRequest,
                      timers: Sequence[Mapping[str, Any]]) -> None:
         async with self.engine.begin() as conn:
-            if not await runs.extend_lease(conn, run_id, fence, ttl):
+            if not await leases.extend_lease(conn, run_id, fence, ttl):
                 raise LeaseLost(run_id, fence.token)
             await ledger.prepare(conn, **attempt.row())
             await timer_rows.cancel_calls(conn, run_id, attempt.logical_action)

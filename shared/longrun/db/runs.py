@@ -1,4 +1,4 @@
-"""Runs, their events and their leases: the store behind every run transition.
+"""Runs and their events: the store behind every run transition (their leases: ``db.leases``).
 
 A transition is ONE statement: the update of ``runs`` guarded by the expected revision
 and stored seq (and, for a worker, its lease owner and fencing token), with its
@@ -19,21 +19,19 @@ the snapshot's ``last_seq`` is the highest *applied* one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Interval, bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
-from longrun.db import admission, driver, inbox, jsonb, outbox
+from longrun.db import admission, driver, jsonb, outbox
 from longrun.db.actions import first_row as ledger_first_row
-from longrun.authoring import PIN_SEPARATOR
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
-    WORKER_HAS_WORK,
     PinnedVersions,
     RunSnapshot,
     calls,
@@ -199,33 +197,10 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
         text(f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM moved) AS moved{counted}").bindparams(*binds))
 
 
-_TTL = bindparam("ttl", type_=Interval())
-# WHERE parameters of an UPDATE must not be named like a column: those names belong to SET.
-_IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bindparam("owner"),
-              runs.c.fencing_token == bindparam("token"))
-_TAKE_LEASE = (update(runs)
-               .where(runs.c.run_id == bindparam("b_run_id"),
-                      runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
-               .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
-                       fencing_token=runs.c.fencing_token + 1))
-_TAKE_LEASE_TOKEN = driver.Statement(_TAKE_LEASE.returning(runs.c.fencing_token))
-_EXTEND_LEASE = driver.Statement(
-    update(runs).where(*_IS_FENCED).values(lease_until=func.now() + _TTL).returning(runs.c.run_id))
-_RELEASE_LEASE = driver.Statement(update(runs).where(*_IS_FENCED).values(lease_owner=None, lease_until=None))
 _FENCE_NOW = driver.Statement(
     select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
 _INSERT_EVENTS = insert(run_events)
 
-
-_OPEN_QUEUE_TIMER = "timers.kind = 'schedule_to_start' AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL"
-_UNQUEUE = ("UPDATE timers SET cancelled_at = now() WHERE EXISTS (SELECT 1 FROM taken WHERE schedule_to_start IS "
-            f"NOT NULL) AND timers.run_id = :b_run_id AND {_OPEN_QUEUE_TIMER}")
-"""A take cancels the run's open queue timer, in its statement. The EXISTS is a one-time filter,
-tested before anything else: for a run without the setting (the column is NULL) it is false, and the
-timers are not even looked at (``EXPLAIN ANALYZE``: the scan under it is never executed)."""
-_UNQUEUE_ADOPTED = ("UPDATE timers SET cancelled_at = now() WHERE timers.run_id = ANY(ARRAY("
-                    f"SELECT run_id FROM taken WHERE schedule_to_start IS NOT NULL)) AND {_OPEN_QUEUE_TIMER}")
-"""``_UNQUEUE`` for the runs an adoption took."""
 
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
                     "prompt_version", "model_policy_version", "tool_schema_version", "partition", "last_seq",
@@ -321,21 +296,22 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
                      admitted=at_once is not None and bool(row.admitted))
 
 
-_COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
+COLUMNS = (runs.c.snapshot, runs.c.last_seq, runs.c.partition, runs.c.lease_owner, runs.c.lease_until,
             runs.c.fencing_token, runs.c.admitted_at, runs.c.trace_root)
-_LOAD = select(*_COLUMNS).where(runs.c.run_id == bindparam("run_id"))
+_LOAD = select(*COLUMNS).where(runs.c.run_id == bindparam("run_id"))
 _LOAD_ONE = driver.Statement(_LOAD)
 _LOAD_LOCKED = driver.Statement(_LOAD.with_for_update())
 
 
-def _stored(row: Any) -> StoredRun:
+def stored_run(row: Any) -> StoredRun:
+    """A run as a statement returning ``COLUMNS`` read it."""
     return StoredRun(RunSnapshot.from_dict(row.snapshot), row.last_seq, row.partition, row.lease_owner,
                      row.lease_until, row.fencing_token, row.admitted_at is not None, trace_root=row.trace_root)
 
 
 async def load(conn: driver.Connection, run_id: str, *, lock: bool = False) -> StoredRun | None:
     row = await driver.first(conn, _LOAD_LOCKED if lock else _LOAD_ONE, {"run_id": run_id})
-    return None if row is None else _stored(row)
+    return None if row is None else stored_run(row)
 
 
 _FIND = select(runs.c.run_id, runs.c.input_hash, runs.c.partition, runs.c.workflow, runs.c.workflow_version,
@@ -418,10 +394,10 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
 
 async def load_many(conn: AsyncConnection, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, StoredRun]:
     """Several runs in one query; locked in run_id order, so concurrent batches cannot deadlock."""
-    query = select(*_COLUMNS, runs.c.run_id).where(runs.c.run_id.in_(sorted(set(run_ids)))).order_by(runs.c.run_id)
+    query = select(*COLUMNS, runs.c.run_id).where(runs.c.run_id.in_(sorted(set(run_ids)))).order_by(runs.c.run_id)
     if lock:
         query = query.with_for_update()
-    return {row.run_id: _stored(row) for row in await conn.execute(query)}
+    return {row.run_id: stored_run(row) for row in await conn.execute(query)}
 
 
 async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
@@ -489,88 +465,3 @@ async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
     rows = await conn.execute(select(run_events.c.data).where(run_events.c.run_id == run_id)
                               .order_by(run_events.c.seq))
     return [ev.event_from_dict(r.data) for r in rows]
-
-
-async def take_lease(conn: driver.Connection, run_id: str, owner: str, ttl: float) -> Fence | None:
-    """Take the run if its lease is free or expired (database time); the token always grows."""
-    row = await driver.first(conn, _TAKE_LEASE_TOKEN, {"b_run_id": run_id, "owner": owner,
-                                                      "ttl": timedelta(seconds=ttl)})
-    return None if row is None else Fence(owner, row.fencing_token)
-
-
-PINS_KEY = (f"concat_ws(chr({ord(PIN_SEPARATOR)}), workflow, workflow_version, prompt_version, "
-            "model_policy_version, tool_schema_version)")
-"""A run's ``authoring.pins_key`` from its columns: what a worker must serve to run it."""
-NEEDS_WORKER = "workflow || '@' || workflow_version"
-"""What ``awaiting_worker`` shows: the kind and workflow version the run waits for a worker of."""
-_SERVED = f"{PINS_KEY} = ANY(CAST(:served AS text[]))"
-_LEASE_FREE = "(lease_owner IS NULL OR lease_until < now())"
-_COLUMN_NAMES = ", ".join(c.name for c in _COLUMNS)
-_TAKEN_NAMES = f"runs.run_id, runs.schedule_to_start, {', '.join(f'runs.{c.name}' for c in _COLUMNS)}"
-"""What a take returns to its statement: the run as ``_stored`` reads it, and what ``_UNQUEUE`` joins on."""
-
-_TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
-    "worker",
-    change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
-            "fencing_token = fencing_token + 1, awaiting_worker = NULL WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND {_SERVED} AND NOT EXISTS (SELECT 1 FROM seen) RETURNING {_TAKEN_NAMES})",
-            # A run this worker cannot run is not taken: it waits, named, for a worker that can.
-            f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
-            # Tested first, once: a taken run (the common case) is not looked up again.
-            "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)",
-            f"unqueued AS ({_UNQUEUE})"],
-    outcome="COALESCE((SELECT jsonb_build_object('taken', true, 'owner', lease_owner, 'token', fencing_token) "
-            "FROM taken), (SELECT jsonb_build_object('taken', false, 'reason', "
-            "'this worker does not run ' || awaiting_worker) FROM declined), CAST(:not_taken AS jsonb))",
-    result=f"{', '.join(f'taken.{c.name}' for c in _COLUMNS)} FROM (VALUES (1)) AS one(x) LEFT JOIN taken ON true")
-).bindparams(_TTL))
-
-
-async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str, ttl: float,
-                         served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
-    """``take_lease`` with the worker's inbox row for the wakeup that asks for it, in one statement
-    sent on its own: the outcome recorded (taken, with owner and token, or why not) and the run as
-    taken (no second read). A run whose pins are not among ``served`` (``Registry.serves``) is not
-    taken: it is marked as waiting for a worker that runs it (``adopt``)."""
-    handled = await inbox.handle(conn, _TAKE_ON_WAKEUP, message, {
-        "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
-        "not_taken": jsonb.dumps({"taken": False, "reason": "another worker holds the lease"})})
-    taken = handled.row.snapshot is not None and not handled.duplicate
-    return handled, _stored(handled.row) if taken else None
-
-
-_ADOPT = driver.Statement(text(
-    "WITH waiting AS (SELECT run_id FROM runs WHERE awaiting_worker IS NOT NULL "
-    f"AND {_SERVED} AND {_LEASE_FREE} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
-    "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
-    f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_TAKEN_NAMES}), "
-    f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT {_COLUMN_NAMES} FROM taken"
-).bindparams(_TTL))
-_HAND_OVER = driver.Statement(text(
-    f"UPDATE runs SET lease_owner = NULL, lease_until = NULL, awaiting_worker = {NEEDS_WORKER} "
-    "WHERE run_id = :b_run_id AND lease_owner = :owner AND fencing_token = :token"))
-
-
-async def adopt(conn: driver.Connection, owner: str, ttl: float, served: Collection[str], limit: int) -> list[StoredRun]:
-    """Take the lease of up to ``limit`` runs waiting for a worker that runs them, if this is one:
-    a wakeup reached a worker that could not run them (or one that lost them to a migration)."""
-    rows = await driver.rows(conn, _ADOPT, {"owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
-                                            "limit": limit})
-    return [_stored(row) for row in rows]
-
-
-async def hand_over(conn: driver.Connection, run_id: str, fence: Fence) -> None:
-    """Give up a run this worker cannot run (it was migrated to a version the worker lacks): the
-    lease released and the run marked as waiting for a worker that can, in one statement."""
-    await driver.execute(conn, _HAND_OVER, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})
-
-
-async def extend_lease(conn: driver.Connection, run_id: str, fence: Fence, ttl: float) -> bool:
-    row = await driver.first(conn, _EXTEND_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token,
-                                                  "ttl": timedelta(seconds=ttl)})
-    return row is not None
-
-
-async def release_lease(conn: driver.Connection, run_id: str, fence: Fence) -> None:
-    await driver.execute(conn, _RELEASE_LEASE, {"b_run_id": run_id, "owner": fence.owner, "token": fence.token})

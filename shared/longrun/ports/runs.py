@@ -130,6 +130,14 @@ class Planned:
     queue_stint: bool = False
     """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
 
+    @classmethod
+    def between(cls, before: StoredRun, after: StoredRun, rows: Sequence[tuple[ev.RunEvent, bool]],
+                release_lease: bool) -> Planned:
+        """The move from ``before`` to ``after`` writing ``rows``, with what it ends and starts."""
+        return cls(before, after, tuple(rows), release_lease,
+                   cancel=closure.timers_to_cancel(before.snapshot, after.snapshot),
+                   queue_stint=queue_stint_starts(before.snapshot, after.snapshot))
+
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
     """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
@@ -151,10 +159,7 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
                       None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
-    before = stored.written or stored
-    return Planned(before, after, tuple(rows), release_lease,
-                   cancel=closure.timers_to_cancel(before.snapshot, snapshot),
-                   queue_stint=queue_stint_starts(before.snapshot, snapshot))
+    return Planned.between(stored.written or stored, after, rows, release_lease)
 
 
 def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRequest | None = None) -> StoredRun:

@@ -303,7 +303,7 @@ class MemoryStore:
         return pins_key(row.snapshot.kind, row.snapshot.versions) in served
 
     def decline(self, run_id: str) -> str | None:
-        """``db.runs.take_on_wakeup`` for a run the worker does not serve: marked as waiting for a
+        """``db.leases.take_on_wakeup`` for a run the worker does not serve: marked as waiting for a
         worker that does, if one has work for it; what it waits for."""
         row = self.runs.get(run_id)
         if row is None or not self._lease_free(row) or row.snapshot.status not in WORKER_HAS_WORK:
@@ -313,13 +313,13 @@ class MemoryStore:
         return needs
 
     def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[str]:
-        """``db.runs.adopt``: the runs taken."""
+        """``db.leases.adopt``: the runs taken."""
         waiting = [run_id for run_id, row in self.runs.items()
                    if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)]
         return [run_id for run_id in waiting[:limit] if self.take_lease(run_id, owner, ttl) is not None]
 
     def hand_over(self, run_id: str, fence: Fence) -> None:
-        """``db.runs.hand_over``."""
+        """``db.leases.hand_over``."""
         row = self.runs.get(run_id)
         if row is not None and row.lease_owner == fence.owner and row.fencing_token == fence.token:
             self.runs[run_id] = replace(row, lease_owner=None, lease_until=None,
