@@ -6,15 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import effects
 from longrun.app.worker.loop import Worker
+from longrun.app.worker_store import PgWorkerStore
 from longrun.app.tool_health import Breakers
-from longrun.artifacts import FilesystemArtifactStore
+from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
+from longrun.db.driver import Pool
 from longrun.workflows import model_adapter
 
 SERVICE = "worker"
@@ -28,7 +34,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
-    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=kinds,
+    worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings, kinds),
                                     artifacts=FilesystemArtifactStore(settings.artifact_dir),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
@@ -49,6 +55,13 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         await worker.drain()
         await statements.close()
         await engine.dispose()
+
+
+def on_postgres(*, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
+                clock: Callable[[], float] = time.time, **options: Any) -> Worker:
+    """The runtime's worker: its store is PostgreSQL (``app.worker_store``)."""
+    store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=clock)
+    return Worker(store=store, artifacts=artifacts, clock=clock, **options)
 
 
 async def _adopt_waiting(worker: Worker, stopping: asyncio.Event) -> None:

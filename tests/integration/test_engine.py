@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import operate
-from longrun.app.worker.loop import Lease, Worker
+from services.worker.main import on_postgres
+from longrun.app.worker.loop import Lease
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import leases, runs
@@ -149,7 +150,7 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
     kinds = registry()
     model = ScriptedModel(dependency_upgrade.model_script())
     store = FilesystemArtifactStore(ensemble.tmp / "artifacts")
-    workers = [Worker.on_postgres(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
+    workers = [on_postgres(engine=engine, statements=statements, kinds=kinds, model=model, artifacts=store,
                         instance_id=f"w{i}", lease_ttl=30) for i in (1, 2)]
 
     # When each takes a wakeup of its own at the same moment
@@ -180,7 +181,7 @@ async def test_one_wakeup_handled_twice_at_once_takes_the_run_once(clean, engine
     async with engine.connect() as conn:
         before = await runs.load(conn, run_id)
     assert before is not None
-    workers = [Worker.on_postgres(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
+    workers = [on_postgres(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
                         artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id=f"w{i}",
                         lease_ttl=30) for i in (1, 2)]
     message = wakeup(run_id, "twice")
@@ -258,7 +259,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
-    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=registry(),
+    worker = on_postgres(engine=engine, statements=statements, kinds=registry(),
                       model=ScriptedModel(dependency_upgrade.model_script()),
                       artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
                       lease_ttl=1.5, concurrency=1)

@@ -14,7 +14,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects
-from longrun.app.worker.loop import Lease, Worker
+from services.worker.main import on_postgres
+from longrun.app.worker.loop import Lease
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
@@ -174,7 +175,7 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
     """A worker in this process takes the run's wakeup and advances it until it leaves the worker."""
     statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
     await statements.open()
-    worker = Worker.on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
+    worker = on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
     try:

@@ -20,10 +20,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from longrun.db import outbox
-from longrun.db.inbox import Claimed, Duplicate, Handled, Message
+from longrun.ports import inbox
+from longrun.ports.inbox import Claimed, Duplicate, Handled
 from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
+from longrun.ports.runs import Message as Outgoing
 from longrun.ports.runs import Artifact, AtOnce, Fence, Found, LedgerOutcome, LedgerRequest, StoredRun, Transition
 from longrun.ports.webhooks import Translated
 
@@ -33,7 +34,7 @@ when armed; in memory, an exception the test arms)."""
 
 
 class WorkerStore(Protocol):
-    async def take_on_wakeup(self, message: Message, owner: str, ttl: float,
+    async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
                              served: Collection[str]) -> tuple[Handled, StoredRun | None]:
         """The wakeup's inbox row and the lease, together: the outcome (taken, with owner and token,
         or why not; a repeat gets the recorded one) and the run as taken. A run whose pins
@@ -75,6 +76,10 @@ class WorkerStore(Protocol):
         ``timer_key`` moved to ``due_in`` seconds from now, in one statement; False, and nothing
         written, unless the row is SUBMITTED under ``fencing_token``."""
 
+    def unreachable(self, error: BaseException) -> bool:
+        """Whether ``error`` says the store could not be reached (nothing was decided): a step that
+        failed so leaves its lease to expire without alarm."""
+
 
 class RunTransaction(Protocol):
     """What the scheduler's, the operator's and the gateway's use cases (``app.admit``, ``app.operate``,
@@ -87,7 +92,7 @@ class RunTransaction(Protocol):
         """The events, guarded by the run's revision (``StaleRevision``); refused by the domain
         (``DomainError``) changes nothing."""
 
-    async def send(self, messages: Sequence[outbox.Message]) -> None:
+    async def send(self, messages: Sequence[Outgoing]) -> None:
         """Published once the transaction commits (the outbox)."""
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None: ...
@@ -125,7 +130,7 @@ class RunTransaction(Protocol):
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None: ...
 
     async def create(self, created: RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
-                     at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+                     at_once: AtOnce, announce: Sequence[Outgoing]) -> StoredRun | None:
         """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
         its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""
 
@@ -180,7 +185,7 @@ class ReconcileTransaction(Protocol):
     async def record(self, outcome: LedgerOutcome) -> None:
         """The ledger row's status and columns; restarts its staleness."""
 
-    async def send(self, messages: Sequence[outbox.Message]) -> None:
+    async def send(self, messages: Sequence[Outgoing]) -> None:
         """Published once the transaction commits (the outbox)."""
 
     async def register(self, artifact: Artifact, run_id: str) -> None:

@@ -21,7 +21,7 @@ from longrun.db import inbox, policies, runs
 from longrun.db import timers as timer_rows
 from longrun.db.artifacts import register
 from longrun.db.driver import Pool
-from longrun.db.errors import is_unique_violation
+from longrun.db.errors import is_transient, is_unique_violation
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun, Transition
@@ -108,3 +108,6 @@ class PgWorkerStore:
             return await ledger.beat(conn, idempotency_key, fencing_token=fencing_token,
                                      progress=None if progress is None else dict(progress), timer_key=timer_key,
                                      due_in=due_in)
+
+    def unreachable(self, error: BaseException) -> bool:
+        return is_transient(error)

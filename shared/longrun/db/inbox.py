@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, select, text, update
@@ -21,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert
 from longrun.db import driver, jsonb
 from longrun.db.errors import is_unique_violation
 from longrun.db.schema import inboxes
+from longrun.ports.inbox import Claimed, Duplicate, Handled, Message
 
 # Built once per inbox table; every message of every consumer sends them (db/driver.py).
 _CLAIM = {service: driver.Statement(insert(table).values(
@@ -32,17 +32,6 @@ _OUTCOME = {service: driver.Statement(select(table.c.outcome).where(table.c.mess
 _RECORD_OUTCOME = {service: driver.Statement(update(table).where(table.c.message_id == bindparam("id"))
                                              .values(outcome=bindparam("outcome", type_=table.c.outcome.type)))
                    for service, table in inboxes.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    message_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Duplicate:
-    message_id: str
-    outcome: dict[str, Any]
 
 
 async def claim(conn: driver.Connection, service: str, *, message_id: str, message_type: str,
@@ -73,13 +62,6 @@ _RECORD_OUTCOMES = {service: driver.Statement(text(
     "FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(message_id text, outcome jsonb) "
     "WHERE i.message_id = r.message_id"))
     for service, table in inboxes.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    message_id: str
-    message_type: str
-    run_id: str | None
 
 
 async def claim_many(conn: driver.Connection, service: str,
@@ -117,14 +99,6 @@ def handled_once(service: str, *, change: Sequence[str], outcome: str, result: s
             f"claimed AS (INSERT INTO {table} (message_id, message_type, run_id, outcome) "
             f"SELECT :m_id, :m_type, :m_run_id, {outcome} WHERE NOT EXISTS (SELECT 1 FROM seen) RETURNING outcome) "
             f"SELECT (SELECT outcome FROM seen) AS recorded, (SELECT outcome FROM claimed) AS outcome, {result}")
-
-
-@dataclass(frozen=True, slots=True)
-class Handled:
-    outcome: dict[str, Any]
-    duplicate: bool
-    row: Any
-    """The statement's row: what its change returned (nulls for a duplicate)."""
 
 
 async def handle(conn: driver.Connection, statement: driver.Statement, message: Message,

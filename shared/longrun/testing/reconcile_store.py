@@ -21,10 +21,10 @@ from longrun.db import outbox
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
 from longrun.domain import events as ev
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
+from longrun.testing.tables import Tables
 
 if TYPE_CHECKING:
     from longrun.testing.memory import ActionRow
-    from longrun.testing.world import World
 
 _A = ActionStatus
 SWEEP = 10_000
@@ -34,20 +34,20 @@ SWEEP = 10_000
 # -- what the World calls ---------------------------------------------------------------------------------
 
 
-def in_doubt(world: World, *, abandoned_after: float = ABANDONED_AFTER) -> list[tuple[str, str]]:
+def in_doubt(world: Tables, *, abandoned_after: float = ABANDONED_AFTER) -> list[tuple[str, str]]:
     """What the next ``reconcile_unknown`` would try to claim (``app.reconcile.in_doubt``)."""
     return world.loop.run_until_complete(reconcile.in_doubt(MemoryReconcileStore(world), limit=SWEEP,
                                                             abandoned_after=abandoned_after))
 
 
-def reconcile_unknown(world: World, *, abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
+def reconcile_unknown(world: Tables, *, abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
     """``app.reconcile.settle_in_doubt`` over the world, its tools asking ``World.far_side``; receipts
     are kept inline."""
     return world.loop.run_until_complete(reconcile.settle_in_doubt(
         MemoryReconcileStore(world), world.kinds, limit=SWEEP, clock=world.clock, abandoned_after=abandoned_after))
 
 
-def rewake_expired_leases(world: World) -> int:
+def rewake_expired_leases(world: Tables) -> int:
     """``app.reconcile_leases.rewake_expired`` over the world: the wakeups sent."""
     return world.loop.run_until_complete(reconcile_leases.rewake_expired(MemoryReconcileStore(world), limit=SWEEP))
 
@@ -56,7 +56,7 @@ def rewake_expired_leases(world: World) -> int:
 
 
 class MemoryReconcileStore:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Tables) -> None:
         self.world = world
         self.store = world.store
 
@@ -94,7 +94,7 @@ class MemoryReconcileStore:
 
 
 class MemoryReconcileTransaction:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Tables) -> None:
         self.world = world
         self.store = world.store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from longrun.ports.webhooks import Translated
 from longrun.db import outbox
@@ -14,13 +14,12 @@ from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 from longrun.ports.runs import AtOnce, Found, LedgerOutcome, StoredRun
+from longrun.testing.tables import Tables
 
-if TYPE_CHECKING:
-    from longrun.testing.world import World
 
 
 class MemoryTransaction:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Tables) -> None:
         self.world = world
         self.store = world.store
 

@@ -16,9 +16,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
@@ -27,17 +24,14 @@ from longrun.app.tool_health import Breakers
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.rounds import play
-from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.bus.consumer import Outcome
-from longrun.db import inbox
-from longrun.db.driver import Pool
-from longrun.db.errors import is_transient
 from longrun.domain import RetryPolicy
 from longrun.envelope import Envelope
 from longrun.errors import DecodeError, LeaseLost, StaleRevision
 from longrun.model import ModelAdapter
+from longrun.ports import inbox
 from longrun.ports.runs import Fence, StoredRun
 
 logger = logging.getLogger("longrun.app.worker")
@@ -79,13 +73,6 @@ class Worker:
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @classmethod
-    def on_postgres(cls, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                    clock: Callable[[], float] = time.time, **options: Any) -> Worker:
-        """The runtime's worker: its store is PostgreSQL (``app.worker_store``)."""
-        store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=clock)
-        return cls(store=store, artifacts=artifacts, clock=clock, **options)
 
     # -- bus side -----------------------------------------------------------------------
     async def on_wakeup(self, envelope: Envelope) -> Outcome:
@@ -165,7 +152,7 @@ class Worker:
         except LeaseLost:
             logger.warning("run %s: lease %d lost; another worker owns it now", run_id, fence.token)
         except Exception as e:
-            if not is_transient(e):
+            if not self.store.unreachable(e):
                 logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
             else:
                 logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)

@@ -1,0 +1,107 @@
+"""Guards that keep the code's shape: no import cycle in ``shared/longrun``, no module over 500 lines
+and no service entrypoint over 150, and the use-case packages free of drivers and of the PostgreSQL
+adapters. Each guard is a function of a source tree; each has a mutant of the real tree it must
+catch, so a guard that stopped looking fails too."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.unit.architecture.imports import cycles, graph, modules
+
+ROOT = Path(__file__).resolve().parents[3]
+MODULE_LINES = 500
+ENTRYPOINT_LINES = 150
+ENTRYPOINTS = ("main.py", "__main__.py")
+USE_CASE_PACKAGES = ("longrun.app.worker",)
+"""The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
+bus through the ports (``longrun.ports``, ``longrun.app.ports``)."""
+DRIVERS = ("sqlalchemy", "psycopg", "aio_pika", "aiormq", "longrun.db")
+
+
+def import_cycles(root: Path) -> list[str]:
+    return [" <-> ".join(cycle) for cycle in cycles(graph(root / "shared", "longrun"))]
+
+
+def oversized(root: Path) -> list[str]:
+    found = []
+    for path in sorted([*(root / "shared").rglob("*.py"), *(root / "services").rglob("*.py")]):
+        if "node_modules" in path.parts:
+            continue
+        lines = len(path.read_text().splitlines())
+        entrypoint = path.parent.parent == root / "services" and path.name in ENTRYPOINTS
+        limit = ENTRYPOINT_LINES if entrypoint else MODULE_LINES
+        if lines > limit:
+            found.append(f"{path.relative_to(root)}: {lines} lines (at most {limit})")
+    return found
+
+
+def impure_use_cases(root: Path) -> list[str]:
+    known = modules(root / "shared", "longrun")
+    found = []
+    for package in USE_CASE_PACKAGES:
+        members = [name for name in known if name == package or name.startswith(package + ".")]
+        if len(members) <= 1:
+            found.append(f"{package}: no such package, or it holds no module")
+        for name in members:
+            for imported in _imports(known[name]):
+                if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
+                    found.append(f"{name} imports {imported}")
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    """The absolute names a module imports (``from a import b``: ``a`` and ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+    return names
+
+
+GUARDS = {"import cycles": import_cycles, "module size": oversized, "use-case purity": impure_use_cases}
+
+
+@pytest.mark.parametrize("guard", GUARDS)
+def test_the_tree_keeps_its_shape(guard: str) -> None:
+    assert GUARDS[guard](ROOT) == []
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One file of the real tree changed: ``text`` appended to it."""
+
+    path: str
+    text: str
+
+    def applied(self, tmp: Path) -> Path:
+        for top in ("shared", "services"):
+            shutil.copytree(ROOT / top, tmp / top, ignore=shutil.ignore_patterns("node_modules", "__pycache__"))
+        target = tmp / self.path
+        target.write_text(target.read_text() + self.text)
+        return tmp
+
+
+MUTANTS = {
+    "a cycle through the ports": ("import cycles", Mutant("shared/longrun/ports/runs.py",
+                                                          "\nfrom longrun.app.worker import commit\n")),
+    "a module over 500 lines": ("module size", Mutant("shared/longrun/app/worker/rounds.py", "\n" * MODULE_LINES)),
+    "an entrypoint over 150 lines": ("module size", Mutant("services/worker/main.py", "\n" * ENTRYPOINT_LINES)),
+    "a use case reaching an adapter": ("use-case purity", Mutant("shared/longrun/app/worker/commit.py",
+                                                                 "\nfrom longrun.db import runs\n")),
+    "a use case importing a driver": ("use-case purity", Mutant("shared/longrun/app/worker/rounds.py",
+                                                                "\nimport sqlalchemy\n")),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_each_guard_catches_its_mutant(mutant: str, tmp_path: Path) -> None:
+    guard, change = MUTANTS[mutant]
+    assert GUARDS[guard](change.applied(tmp_path)) != []
