@@ -168,7 +168,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
             partition = topology.partition_of(created.run_id, PARTITIONS)
             wakeup = effects.wake_message_of(tenant_id=created.tenant_id, run_id=created.run_id,
                                              revision=evolve(None, created).revision, partition=partition,
-                                             reason="admitted", producer=PRODUCER)
+                                             reason="admitted", producer=PRODUCER, cause=f"create:{created.run_id}")
             made[created.run_id] = await _create(conn, created, at_once=runs.AtOnce(SLOTS, wakeup,
                                                                                     effects.ADMISSION_CHANNEL))
     # The domain's path: each tenant with a queue gets its free slots' worth of its best queued runs.
@@ -184,7 +184,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
             expected_runs[run_id] = replace(expected_runs[run_id], admitted=True)
             expected_messages[run_id] = [effects.wake_message_of(
                 tenant_id=tenant, run_id=run_id, revision=row.revision, partition=row.partition,
-                reason="admitted", producer=PRODUCER)]
+                reason="admitted", producer=PRODUCER, cause=f"admission:{tenant}")]
         chosen += best
     # and a run created into a tenant with a free slot and nobody queued is admitted at once.
     expected_events: dict[str, list[dict[str, Any]]] = {r: [] for r in before}
@@ -200,7 +200,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
         if at_once:
             expected_messages[run_id] = [effects.wake_message_of(
                 tenant_id=tenant, run_id=run_id, revision=snapshot.revision, partition=partition,
-                reason="admitted", producer=PRODUCER)]
+                reason="admitted", producer=PRODUCER, cause=f"create:{run_id}")]
     found = [] if admitted == chosen else [f"admission: admitted {admitted}, the domain {chosen}"]
     found += [f"run {r}: created {made[r] is not None}, admitted at once "
               f"{made[r] is not None and made[r].admitted}; the domain: {expected_runs[r].admitted}"

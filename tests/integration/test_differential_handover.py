@@ -218,7 +218,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         row = model[best]
         expected_messages[best] = [effects.wake_message_of(tenant_id=tenant, run_id=best, revision=row.revision,
                                                            partition=row.partition, reason="admitted",
-                                                           producer=PRODUCER)]
+                                                           producer=PRODUCER, cause=f"slot:{run_id}")]
     found: list[str] = []
     async with engine.connect() as conn:
         stored_rows = await diff.stored_runs(conn, before)

@@ -169,11 +169,13 @@ async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
             rows += [diff.event_row(run_id, e, a) for e, a in planned.rows]
             current = planned.after
         messages = []
-        if current.snapshot.status is _S.READY and woken_by is not None:
-            messages.append(effects.wake_message(current, reason=f"timer:{woken_by.kind}", producer=PRODUCER))
-        broadcast = effects.broadcast_message(before.snapshot, current, producer=PRODUCER,
-                                              cause=None if woken_by is None else f"timer:{woken_by.timer_key}")
-        messages += [broadcast] if broadcast is not None else []
+        if woken_by is not None:  # else every wake was late: nothing moved
+            cause = f"timer:{woken_by.timer_key}"
+            if current.snapshot.status is _S.READY:
+                messages.append(effects.wake_message(current, reason=f"timer:{woken_by.kind}", producer=PRODUCER,
+                                                     cause=cause))
+            broadcast = effects.broadcast_message(before.snapshot, current, producer=PRODUCER, cause=cause)
+            messages += [broadcast] if broadcast is not None else []
         expected[run_id] = (current, rows, messages)
     # Every single wake of a fast shape went the short way, with the domain's verdict; no other did.
     meant = {run_id: verdicts[run_id] for run_id, (shape, _) in cases.items() if shape in FAST}

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from longrun.app import operate
 from services.worker.main import on_postgres
-from longrun.app.worker.loop import Lease
+from longrun.app.worker.loop import Taken
 from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import leases, runs
@@ -270,7 +270,7 @@ async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_ge
     assert at_wakeup is not None
     # When it is woken while its only slot is busy for twice the lease
     async with worker._slots:
-        worker.start(Lease(run_id, fence))
+        worker.start(Taken(run_id, fence, "test:queued"))
         await asyncio.sleep(3.0)
         # Then nobody else can take the run meanwhile: its lease is kept alive
         async with engine.begin() as conn:

@@ -445,7 +445,7 @@ async def an_outcome_and_a_wait_commit_with_their_transition(port: Port, seen: l
     wait = Wait(wait_id="w1", kind="ci", deadline=now + TTL, correlation_key=f"ci/{port.prefix}")
     parked = plan(after, [ev.WaitStarted(seq=4, at=now, status=RunStatus.WAITING_EVENT, wait=wait)],
                        release_lease=True)
-    rides = effects.broadcast_rides(after.snapshot, parked.after, producer="contract")
+    rides = effects.broadcast_rides(after.snapshot, parked.after, producer="contract", cause="contract")
     await observe(port, seen, "worker.commit", Transition(parked, fence, rides))
     await observe(port, seen, "worker.load", run_id)
     await port.sleep(TTL * 2.5)
@@ -655,10 +655,11 @@ async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen:
         worker = Worker(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
                         artifacts=MemoryArtifacts(), instance_id=owner, lease_ttl=TTL, clock=port.now,
                         crash_points=crash)
-        taken = (await worker.on_wakeup(make("run.wakeup", {"wakeup_id": owner, "reason": "test"}, producer="tests",
-                                              tenant_id=port.prefix, run_id=run_id))).outcome
+        wakeup = make("run.wakeup", {"wakeup_id": owner, "reason": "test"}, producer="tests", tenant_id=port.prefix,
+                      run_id=run_id)
+        taken = (await worker.on_wakeup(wakeup)).outcome
         with contextlib.suppress(Crashed):
-            await worker.run_steps(run_id, Fence(taken["owner"], taken["token"]))
+            await worker.run_steps(run_id, Fence(taken["owner"], taken["token"]), wakeup.event_id)
         seen.append((owner, crash.reached, [e.type for e in await port.call("runs.history", run_id)]))
         await port.sleep(TTL * 2.5)  # the dead worker's lease expires
     history = await port.call("runs.history", run_id)

@@ -44,6 +44,9 @@ async def test_each_runs_messages_are_handled_in_publish_order(clean, engine, se
     services.start("consumer", "tests.probe_consumer")
     services.start("consumer", "tests.probe_consumer")
     services.start("relay", "services.outbox_relay")
+    # (each holding its share of the partitions: one replica alone would drain 1,000 messages before
+    # the other's first lease)
+    await eventually(lambda: _owners_are(engine, 2), timeout=30, what="both replicas holding partitions")
     # When 1,000 messages over 200 runs (8 partitions) are committed, each run's in sequence
     runs = [f"run-{i}" for i in range(200)]
     for seq in range(5):
@@ -303,6 +306,11 @@ def _one_run_per_partition() -> list[str]:
 async def _split_evenly(engine) -> bool:  # type: ignore[no-untyped-def]
     held = await owners(engine)
     return sorted(len(v) for v in held.values()) == [PARTITIONS // 2, PARTITIONS // 2]
+
+
+async def _owners_are(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return await scalar(engine, "SELECT count(DISTINCT owner) FROM partition_leases "
+                                "WHERE service = 'worker' AND lease_until > now()") == n
 
 
 async def _count_is(engine, n: int) -> bool:  # type: ignore[no-untyped-def]

@@ -308,9 +308,9 @@ async def test_a_dead_workers_leases_are_cleared_in_one_sweep_and_only_open_runs
         clean, engine, monkeypatch, together) -> None:
     # Given two running runs whose worker died, one it had finished before dying, and one whose
     # worker is alive and renewing
-    leases = {"dead-a": 0.2, "dead-b": 0.2, "dead-finished": 0.2, "alive": 60.0}
+    ttls = {"dead-a": 0.2, "dead-b": 0.2, "dead-finished": 0.2, "alive": 60.0}
     ids: dict[str, str] = {}
-    for name, ttl in leases.items():
+    for name, ttl in ttls.items():
         stored = await _created(engine)
         async with engine.begin() as conn:
             fence = await leases.take_lease(conn, stored.snapshot.run_id, f"worker-{name}", ttl)

@@ -95,7 +95,7 @@ def _finished(stored: StoredRun) -> tuple[runs.Planned, outbox.Message, dict[str
                           effect_kind=EffectKind.PURE, idempotency_key=key, request_hash=hashed,
                           receipt=freeze(ECHO)),
         ev.RunCompleted(seq=stored.seq(3), at=at, evidence=freeze({"steps": 1}))])
-    broadcast = effects.broadcast_message(stored.snapshot, planned.after, producer="worker")
+    broadcast = effects.broadcast_message(stored.snapshot, planned.after, producer="worker", cause="test")
     assert broadcast is not None
     return planned, broadcast, ledger.first_row(
         action_id=str(uuid.uuid4()), run_id=stored.snapshot.run_id, logical_action="step:0", tool=steps.ECHO.name,
@@ -372,7 +372,7 @@ def _request_key(run_id: str) -> str:
 def _wakeup(run_id: str) -> Envelope:
     return effects.wake_message_of(tenant_id="acme", run_id=run_id, revision=1,
                                    partition=topology.partition_of(run_id, PARTITIONS), reason="admitted",
-                                   producer="scheduler").envelope
+                                   producer="scheduler", cause="test").envelope
 
 
 async def _quarantined(engine: AsyncEngine, envelope: Envelope, queue: str) -> int:

@@ -306,7 +306,8 @@ async def test_wakes_fired_in_one_batch_write_exactly_what_the_domain_writes(
                                                datetime.fromtimestamp(at, UTC))], run_id
         messages = []
         if applied:
-            messages.append(effects.wake_message(planned.after, reason=f"timer:{timer.kind}", producer="timer"))
+            messages.append(effects.wake_message(planned.after, reason=f"timer:{timer.kind}", producer="timer",
+                                                 cause=f"timer:{timer.timer_key}"))
         broadcast = effects.broadcast_message(was.snapshot, planned.after, producer="timer",
                                               cause=f"timer:{timer.timer_key}")
         messages += [broadcast] if broadcast is not None else []
@@ -363,7 +364,7 @@ async def test_a_wake_rendered_from_its_template_carries_any_text_verbatim(engin
     assert wakeup == {"aggregate_type": odd, "aggregate_id": f"run {odd}", "partition": 3, "exchange": "runs",
                       "routing_key": "p.3", "type": "run.wakeup", "traceparent": f"own {odd}",
                       "payload": {"type": "run.wakeup", "note": odd, "tenant_id": odd, "run_id": f"run {odd}",
-                                  "trace": f"own {odd}",
+                                  "trace": f"own {odd}", "causation_id": odd,
                                   "expected_state_version": 8, "payload": {"reason": odd}}}
     assert broadcast == {"aggregate_type": "run", "aggregate_id": f"run {odd}", "partition": 3,
                          "exchange": "events", "routing_key": odd, "type": "run.event",

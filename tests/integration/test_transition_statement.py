@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import admit, effects
 from services.worker.main import on_postgres
-from longrun.app.worker.loop import Lease
+from longrun.app.worker.loop import Taken
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
@@ -180,7 +180,7 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
                       handover=handover)
     try:
         taken = await worker.on_wakeup(wakeup(run_id, "go"))
-        assert taken.outcome["taken"] and isinstance(taken.carried, Lease)
+        assert taken.outcome["taken"] and isinstance(taken.carried, Taken)
         await worker.advance(taken.carried)
     finally:
         await statements.close()

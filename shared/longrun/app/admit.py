@@ -132,7 +132,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
     partition = topology.partition_of(run_id, partitions)
     wakeup = effects.wake_message_of(tenant_id=envelope.tenant_id, run_id=run_id,
                                      revision=evolve(None, created).revision, partition=partition,
-                                     reason="admitted", producer=PRODUCER)
+                                     reason="admitted", producer=PRODUCER, cause=envelope.event_id)
     accepted = effects.accepted_message(envelope, run_id=run_id, partition=partition, workflow=kind.name,
                                         versions=kind.versions, labels=request.labels, repeated=False,
                                         producer=PRODUCER)
@@ -326,7 +326,7 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
             metrics.ADMISSION_DELAY.labels(r.workflow).observe(max(0.0, float(r.waited)))
         await outbox.enqueue_many(conn, [effects.wake_message_of(
             tenant_id=r.tenant_id, run_id=r.run_id, revision=r.revision, partition=r.partition, reason="admitted",
-            producer=PRODUCER) for r in chosen])
+            producer=PRODUCER, cause=f"admission:{tenant}") for r in chosen])
         admitted += [r.run_id for r in chosen]
     return admitted
 

@@ -35,18 +35,19 @@ from longrun.ports.runs import Handover, Rides, StoredRun
 ADMISSION_CHANNEL = "longrun_admission"
 
 
-def wake_message(stored: StoredRun, *, reason: str, producer: str) -> outbox.Message:
-    """Ask a worker to advance the run (the message names the run, the state is in PostgreSQL)."""
+def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -> outbox.Message:
+    """Ask a worker to advance the run (the message names the run, the state is in PostgreSQL);
+    ``cause``: what made the run ready (a message's event_id, or who acted)."""
     run = stored.snapshot
     return wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=run.revision,
-                           partition=stored.partition, reason=reason, producer=producer)
+                           partition=stored.partition, reason=reason, producer=producer, cause=cause)
 
 
 def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: int, reason: str,
-                    producer: str) -> outbox.Message:
+                    producer: str, cause: str) -> outbox.Message:
     """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""
     envelope = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": reason}, producer=producer,
-                    tenant_id=tenant_id, run_id=run_id, expected_state_version=revision)
+                    tenant_id=tenant_id, run_id=run_id, expected_state_version=revision, causation_id=cause)
     return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
 
 
@@ -56,7 +57,7 @@ EXTERNAL_IDS_ONLY: PublicReceipts = MappingProxyType({})
 """For a writer that does not know the run's kind: its outcome shows external ids alone."""
 
 
-def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
+def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str,
                       public: PublicReceipts = EXTERNAL_IDS_ONLY) -> outbox.Message | None:
     """Status changes go to the events topic for downstream consumers, under the run's tenant, with
     the producer's correlation id and the run's labels; a terminal one carries the run's outcome.
@@ -97,7 +98,7 @@ def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
 
 
 def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, producer: str,
-                       cause: str | None = None) -> outbox.Message:
+                       cause: str) -> outbox.Message:
     """A correction a COMPLETED run needs, for downstream consumers: public, like its status events,
     naming the action and why (the far side's ids, never a receipt's private fields)."""
     run = stored.snapshot
@@ -149,7 +150,7 @@ class SlotHandover:
     partitions: int
 
 
-def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str | None = None,
+def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str,
                     public: PublicReceipts = EXTERNAL_IDS_ONLY, handover: SlotHandover | None = None) -> Rides:
     """``broadcast`` as rows riding with the transition's own statement (``runs.write``); with
     ``handover``, a run that finishes gives its slot to the next queued run of its tenant at once
@@ -163,24 +164,14 @@ def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cau
     if handover is None:
         return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, run.tenant_id),))
     template = wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=0, partition=0,
-                               reason="admitted", producer=producer)
+                               reason="admitted", producer=producer, cause=f"slot:{run.run_id}")
     routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
     return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
                                                         template, routes, ADMISSION_CHANNEL))
 
 
-async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str) -> None:
-    await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer)])
-
-
-async def broadcast(conn: AsyncConnection, before: RunSnapshot, after: StoredRun, *, producer: str,
-                    cause: str | None = None, public: PublicReceipts = EXTERNAL_IDS_ONLY) -> None:
-    message = broadcast_message(before, after, producer=producer, cause=cause, public=public)
-    if message is None:
-        return
-    await outbox.enqueue_many(conn, [message])
-    if after.snapshot.status in TERMINAL:
-        await notify_admission(conn, [after.snapshot.tenant_id])
+async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str, cause: str) -> None:
+    await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer, cause=cause)])
 
 
 async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ from longrun.authoring import Registry
 from longrun.identity import Principal
 from longrun.errors import DomainError, ErrorCode
 from longrun.domain import (
+    WAKE_A_WORKER,
     ANSWER_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     RUN_TRANSITIONS,
@@ -174,8 +175,8 @@ async def _publish(tx: RunTransaction, stored: StoredRun, after: StoredRun, *, a
     public = effects.EXTERNAL_IDS_ONLY if kinds is None else kinds.public_receipts(run.kind, run.versions.workflow)
     broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"operator:{actor}",
                                           public=public)
-    wakeup = (effects.wake_message(after, reason=action, producer=PRODUCER)
-              if run.status in (RunStatus.READY, RunStatus.CANCELLING) else None)
+    wakeup = (effects.wake_message(after, reason=action, producer=PRODUCER, cause=f"operator:{actor}")
+              if run.status in WAKE_A_WORKER else None)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
 
 

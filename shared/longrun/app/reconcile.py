@@ -65,8 +65,7 @@ from longrun.app.reconcile_store import PgReconcileStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
 from longrun.db.errors import is_transient
-from longrun.db.schema import HELD_FOR_RECONCILIATION
-from longrun.domain import (RECEIPT_FACT_PREFIX, TERMINAL, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
+from longrun.domain import (HELD_FOR_RECONCILIATION, RECEIPT_FACT_PREFIX, TERMINAL, WAKE_A_WORKER, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
                             thaw)
 from longrun.domain import events as ev
 from longrun.errors import TransientError
@@ -355,8 +354,9 @@ async def _record(tx: ReconcileTransaction, stored: StoredRun, claim_events: Seq
                        details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
         logger.warning("run %s needs a correction: %s", stored.snapshot.run_id, correction.reason)
     # A cancelling run waits for its actions to settle before it can finish: it has work again too.
-    if after.snapshot.status in (RunStatus.READY, RunStatus.CANCELLING):
-        await tx.send([effects.wake_message(after, reason=f"reconciled {logical_action}", producer=PRODUCER)])
+    if after.snapshot.status in WAKE_A_WORKER:
+        await tx.send([effects.wake_message(after, reason=f"reconciled {logical_action}", producer=PRODUCER,
+                                            cause=f"reconciler:{key}")])
     logger.info("run %s: %s reconciled %s (%s)", stored.snapshot.run_id, logical_action, verdict.outcome.value,
                 verdict.note)
 

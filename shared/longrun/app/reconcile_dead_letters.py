@@ -159,7 +159,7 @@ async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> No
     if dead > REWAKES_AFTER_DEAD_LETTER:
         logger.error("run %s: %d wakeups dead-lettered; left to an operator", run_id, dead)
         return
-    await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER)
+    await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER, cause=f"dead-letter:{run_id}")
     METRICS["quarantine.rewoken"] += 1
     metrics.RECOVERIES.labels("wakeup_dead_lettered").inc()
     logger.warning("run %s: its wakeup was dead-lettered (%d so far); woken again", run_id, dead)

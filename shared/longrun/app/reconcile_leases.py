@@ -27,6 +27,7 @@ from longrun.app.reconcile_store import PgReconcileStore
 from longrun.db import run_leases
 from longrun.db.errors import is_transient
 from longrun.domain import WORKER_HAS_WORK
+from longrun.ports.runs import Message as Outgoing
 from longrun.ports.runs import StoredRun
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,8 @@ async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
             if not expired:
                 return 0
             stored = await tx.load_many([lease.run_id for lease in expired])
-            woken = [stored[lease.run_id] for lease in expired
-                     if stored[lease.run_id].snapshot.status in WORKER_HAS_WORK]
-            await tx.send([effects.wake_message(s, reason="lease expired", producer=PRODUCER) for s in woken])
+            woken = [lease for lease in expired if stored[lease.run_id].snapshot.status in WORKER_HAS_WORK]
+            await tx.send([_rewake(stored[lease.run_id], lease) for lease in woken])
     except Exception as e:
         if is_transient(e):
             raise
@@ -91,7 +91,7 @@ async def _rewake_one_by_one(store: ReconcileStore, *, limit: int) -> int:
                 assert stored is not None
                 wake = stored.snapshot.status in WORKER_HAS_WORK
                 if wake:
-                    await tx.send([effects.wake_message(stored, reason="lease expired", producer=PRODUCER)])
+                    await tx.send([_rewake(stored, lease)])
         except Exception as e:
             if is_transient(e) or current is None:
                 raise
@@ -112,3 +112,9 @@ def _count_expiry(lease: ExpiredLease, stored: StoredRun, *, wake: bool) -> None
         metrics.RECOVERIES.labels("lease_expired").inc()
     logger.info("run %s: lease %d of %s expired (%s)%s", lease.run_id, lease.fencing_token, lease.lease_owner,
                 stored.snapshot.status.value, "; woken" if wake else "")
+
+
+def _rewake(stored: StoredRun, lease: ExpiredLease) -> Outgoing:
+    """The run's wakeup after its lease expired, naming that lease as its cause."""
+    return effects.wake_message(stored, reason="lease expired", producer=PRODUCER,
+                                cause=f"lease-expired:{lease.lease_owner}:{lease.fencing_token}")

@@ -31,7 +31,7 @@ from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 
 _A = ActionStatus
 
-_EXPIRED = "lease_owner IS NOT NULL AND lease_until < now()"
+_EXPIRED = "lease_owner IS NOT NULL AND lease_until <= now()"
 _CLEAR_EXPIRED = text(
     "UPDATE runs AS r SET lease_owner = NULL, lease_until = NULL "
     f"FROM (SELECT run_id, lease_owner, fencing_token FROM runs WHERE {_EXPIRED} "

@@ -24,6 +24,7 @@ from longrun.db import outbox, runs
 from longrun.ports.runs import LedgerOutcome, Planned, StoredRun, plan
 from longrun.db.timers import DueTimer
 from longrun.domain import (
+    WAKE_A_WORKER,
     TERMINAL,
     ActionRecord,
     RetryPolicy,
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 WAIT_TIMERS = frozenset({"retry_backoff", "sleep", "wait_deadline"})
 _RNG = random.Random()
-_WOKEN = frozenset({RunStatus.READY, RunStatus.CANCELLING})
 """A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
 already refuses the wakeup's take and carries on)."""
 
@@ -143,15 +143,17 @@ def _plan_messages(p: runs.Planned, messages: dict[str, list[outbox.Message]], w
     run = p.after.snapshot
     sent = messages.setdefault(run.run_id, [])
     cause = woken_by.get(run.run_id)
-    if run.status in _WOKEN and run.revision != p.before.snapshot.revision:
-        assert cause is not None
-        sent.append(effects.wake_message(p.after, reason=f"timer:{cause.kind}", producer=producer))
+    if cause is None:  # every wake of the run was late: nothing moved, nothing to say
+        return []
+    if run.status in WAKE_A_WORKER and run.revision != p.before.snapshot.revision:
+        sent.append(effects.wake_message(p.after, reason=f"timer:{cause.kind}", producer=producer,
+                                         cause=cause_of(cause)))
     broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
                                           public=kinds.public_receipts(run.kind, run.versions.workflow),
-                                          cause=None if cause is None else cause_of(cause))
+                                          cause=cause_of(cause))
     if broadcast is not None:
         sent.append(broadcast)
-    if cause is not None and cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
+    if cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
         return effects.wait_timers(run, decided_at=at)  # a timed-out call's retry
     return []
 

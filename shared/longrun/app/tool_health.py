@@ -136,6 +136,6 @@ async def _wake(tx: PgTransaction, run_id: str, key: str, at: float, *, reason: 
     after = await tx.append(stored, [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id,
                                                  reason=WakeReason.EVENT, correlation_key=key)])
     broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=key)
-    wakeup = effects.wake_message(after, reason=f"{key}: {reason}", producer=PRODUCER)
+    wakeup = effects.wake_message(after, reason=f"{key}: {reason}", producer=PRODUCER, cause=key)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
     return 1

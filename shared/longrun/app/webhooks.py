@@ -175,9 +175,9 @@ async def deliver(tx: RunTransaction, stored: StoredRun, provider: str, event: T
                     correlation_key=event.correlation_key),
     ])
     await tx.matched(provider, event.event_id, stored.snapshot.run_id)
-    broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER,
-                                          cause=f"webhook:{provider}:{event.event_id}")
-    wakeup = (effects.wake_message(after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER)
+    cause = f"webhook:{provider}:{event.event_id}"
+    broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=cause)
+    wakeup = (effects.wake_message(after, reason=f"webhook {provider}:{event.event_id}", producer=PRODUCER, cause=cause)
               if after.snapshot.status is RunStatus.READY else None)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
     return after

@@ -23,7 +23,7 @@ def silent(limits: Mapping[RunStatus, float]) -> ColumnElement[bool]:
     now = func.date_part("epoch", func.now())
     return and_(or_(*(and_(runs_table.c.status == RunStatus(status).value, since < now - seconds)
                       for status, seconds in limits.items())),
-                or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until < func.now()),
+                or_(runs_table.c.lease_owner.is_(None), runs_table.c.lease_until <= func.now()),
                 # Waiting for a worker that runs its version: that alert says why.
                 runs_table.c.awaiting_worker.is_(None))
 

@@ -11,11 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.alerts import silent
 from longrun.db.schema import actions, outbox, quarantine, runs
-from longrun.domain import ActionStatus, RunStatus
+from longrun.domain import AWAITING_RECONCILER, RunStatus
 from longrun.metrics import Figures
-
-IN_DOUBT = (ActionStatus.UNKNOWN.value, ActionStatus.RECONCILING.value)
-
 
 def _age(column: object) -> object:
     return func.coalesce(func.extract("epoch", func.now() - func.min(column)), 0).cast(Float)
@@ -29,7 +26,7 @@ async def read(conn: AsyncConnection, *, silence_limits: Mapping[RunStatus, floa
                                    .group_by(runs.c.workflow, runs.c.status, tenant))
     by_action = await conn.execute(select(actions.c.status, func.count()).group_by(actions.c.status))
     oldest_doubt = (await conn.execute(select(_age(actions.c.updated_at))
-                                       .where(actions.c.status.in_(IN_DOUBT)))).scalar_one()
+                                       .where(actions.c.status.in_(sorted(s.value for s in AWAITING_RECONCILER))))).scalar_one()
     backlog = (await conn.execute(select(func.count(), _age(outbox.c.created_at))
                                   .where(outbox.c.published_at.is_(None)))).one()
     kept = await conn.execute(select(quarantine.c.owner, quarantine.c.error_code, func.count())

@@ -23,7 +23,7 @@ _IS_FENCED = (runs.c.run_id == bindparam("b_run_id"), runs.c.lease_owner == bind
               runs.c.fencing_token == bindparam("token"))
 _TAKE_LEASE = (update(runs)
                .where(runs.c.run_id == bindparam("b_run_id"),
-                      runs.c.lease_owner.is_(None) | (runs.c.lease_until < func.now()))
+                      runs.c.lease_owner.is_(None) | (runs.c.lease_until <= func.now()))
                .values(lease_owner=bindparam("owner"), lease_until=func.now() + _TTL,
                        fencing_token=runs.c.fencing_token + 1))
 _TAKE_LEASE_TOKEN = driver.Statement(_TAKE_LEASE.returning(runs.c.fencing_token))
@@ -55,7 +55,8 @@ PINS_KEY = (f"concat_ws(chr({ord(PIN_SEPARATOR)}), workflow, workflow_version, p
 NEEDS_WORKER = "workflow || '@' || workflow_version"
 """What ``awaiting_worker`` shows: the kind and workflow version the run waits for a worker of."""
 _SERVED = f"{PINS_KEY} = ANY(CAST(:served AS text[]))"
-_LEASE_FREE = "(lease_owner IS NULL OR lease_until < now())"
+_LEASE_FREE = "(lease_owner IS NULL OR lease_until <= now())"
+"""``domain.lease.can_take`` in SQL: a lease is free from its expiry on, by the database's clock."""
 _COLUMN_NAMES = ", ".join(c.name for c in COLUMNS)
 _TAKEN_NAMES = f"runs.run_id, runs.schedule_to_start, {', '.join(f'runs.{c.name}' for c in COLUMNS)}"
 """What a take returns to its statement: the run as ``stored_run`` reads it, and what ``_UNQUEUE`` joins on."""

@@ -62,7 +62,7 @@ async def acquire(conn: AsyncConnection, service: str, instance_id: str, partiti
     rows = await conn.execute(
         update(table)
         .where(table.c.service == service, table.c.partition.in_(sorted(partitions)),
-               (table.c.owner.is_(None)) | (table.c.owner == instance_id) | (table.c.lease_until < func.now()))
+               (table.c.owner.is_(None)) | (table.c.owner == instance_id) | (table.c.lease_until <= func.now()))
         .values(owner=instance_id, lease_until=func.now() + timedelta(seconds=ttl),
                 fencing_token=table.c.fencing_token
                 + text("CASE WHEN partition_leases.owner IS DISTINCT FROM :me THEN 1 ELSE 0 END")

@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.breaker import BreakerState
-from longrun.domain.run import TERMINAL, RunStatus
+from longrun.domain.run import AWAITING_ANSWER, HELD_FOR_RECONCILIATION, TERMINAL, RunStatus
 from longrun.domain.snapshot import QUESTION_WAIT
 
 metadata = MetaData(
@@ -129,7 +129,7 @@ runs = Table(
     # A half-set lease would be invisible to both takeover and renewal.
     CheckConstraint("(lease_owner IS NULL) = (lease_until IS NULL)", name="lease_whole"),
     # A waiting run that nobody can wake, or that waits forever, is a lost run.
-    CheckConstraint(f"status NOT IN ({sql_names((RunStatus.WAITING_EVENT, RunStatus.WAITING_USER))}) "
+    CheckConstraint(f"status NOT IN ({sql_names(sorted(AWAITING_ANSWER))}) "
                     "OR wait_deadline IS NOT NULL", name="wait_has_deadline"),
     CheckConstraint(f"status <> {sql_name(RunStatus.WAITING_EVENT)} OR wait_correlation_key IS NOT NULL "
                     "OR wait_kind IS NOT DISTINCT FROM 'timer'", name="wait_has_wake_condition"),
@@ -147,10 +147,7 @@ Index("ix_runs_wait_correlation_key", runs.c.wait_correlation_key,
 Index("ix_runs_lease_until", runs.c.lease_until, postgresql_where=runs.c.lease_owner.isnot(None))
 # Workers' hand-over sweep: runs waiting for a worker that can run them.
 Index("ix_runs_awaiting_worker", runs.c.awaiting_worker, postgresql_where=runs.c.awaiting_worker.isnot(None))
-HELD_FOR_RECONCILIATION = (RunStatus.ACTION_UNKNOWN, RunStatus.CANCELLING, RunStatus.PAUSED)
-"""Held runs whose snapshot may list an action in doubt the ledger does not show (the reconciler's
-second source, ``app.reconcile.in_doubt``)."""
-HELD = f"status IN ({sql_names(HELD_FOR_RECONCILIATION)})"
+HELD = f"status IN ({sql_names(sorted(HELD_FOR_RECONCILIATION))})"
 """As SQL; the reconciler's query uses exactly this text, so the planner matches the index below."""
 # Reconciler, every round: the held runs, a handful, among however many runs wait or are kept.
 # Keyed on status alone, already indexed, so no update that was HOT stops being one.

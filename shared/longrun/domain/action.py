@@ -77,6 +77,9 @@ IN_DOUBT: frozenset[ActionStatus] = frozenset(
 UNRECONCILED: frozenset[ActionStatus] = frozenset({_A.UNKNOWN, _A.RECONCILING, _A.NEEDS_ATTENTION})
 """Outcomes only reconciliation or an operator can settle; they hold a run in ACTION_UNKNOWN."""
 
+AWAITING_RECONCILER: frozenset[ActionStatus] = frozenset({_A.UNKNOWN, _A.RECONCILING})
+"""Outcomes the reconciler has yet to settle (the oldest of them is what an operator watches)."""
+
 
 def check_action_transition(from_: ActionStatus, to: ActionStatus) -> None:
     """Raise ``IllegalTransition("action", from_, to)`` unless the table allows the move."""

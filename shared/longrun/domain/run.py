@@ -56,6 +56,14 @@ OPEN: frozenset[RunStatus] = frozenset(RunStatus) - TERMINAL
 WORKER_HAS_WORK: frozenset[RunStatus] = frozenset({_S.READY, _S.RUNNING, _S.CANCELLING})
 """A worker has something to do for these once the lease is free; the rest are parked or finished."""
 
+WAKE_A_WORKER: frozenset[RunStatus] = WORKER_HAS_WORK - {_S.RUNNING}
+"""A writer other than a worker that leaves a run in one of these sends it a wakeup: it has work no
+worker has started (RUNNING is a worker's own status)."""
+
+HELD_FOR_RECONCILIATION: frozenset[RunStatus] = frozenset({_S.ACTION_UNKNOWN, _S.CANCELLING, _S.PAUSED})
+"""Held runs whose snapshot may list an action in doubt the ledger does not show (the reconciler
+looks for them too)."""
+
 WAITING: frozenset[RunStatus] = frozenset({_S.WAITING_EVENT, _S.WAITING_USER, _S.RETRY_SCHEDULED})
 """Statuses parked until a wake condition fires; each holds a ``Wait`` with a deadline.
 

@@ -13,7 +13,8 @@
   the late events the far side's reports were stored as, since only the ledger moves on;
   there RETRYABLE, "proved not to have happened", is an explained end too);
 - every open run has a wake condition, and every run is in an explainable terminal
-  or waiting state.
+  or waiting state;
+- every message the runtime sent (wakeups, status events, answers to creates) names its cause.
 """
 
 from __future__ import annotations
@@ -67,11 +68,24 @@ async def check(engine: AsyncEngine, *, effects: list[dict[str, Any]] | None = N
             keys.update(r.idempotency_key for r in rows)
             problems += _ledger(stored, rows, settled=settled, history=history)
             problems += await _wake_condition(conn, stored, settled=settled)
+        problems += await _uncaused(conn)
     for effect in effects or []:
         if effect["idempotency_key"] not in keys:
             problems.append(f"external effect {effect['kind']} under key {effect['idempotency_key']} "
                             f"belongs to no action in the ledger")
     return Report(len(run_ids), action_count, len(effects or []), tuple(problems))
+
+
+CAUSED = ("run.wakeup", "run.event", "run.accepted", "run.rejected")
+"""What the runtime sends: each names what caused it (a message's event_id, or who acted)."""
+
+
+async def _uncaused(conn: Any) -> list[str]:
+    rows = await conn.execute(text(
+        "SELECT type, count(*) AS n, min(payload ->> 'event_id') AS example FROM outbox "
+        "WHERE type = ANY(:types) AND payload ->> 'causation_id' IS NULL GROUP BY type ORDER BY type"),
+        {"types": list(CAUSED)})
+    return [f"{row.n} {row.type} message(s) name no cause (e.g. {row.example})" for row in rows]
 
 
 def _history(run_id: str, history: list[Any], stored: runs.StoredRun) -> list[str]:

@@ -24,6 +24,7 @@ from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX
+from longrun.domain.lease import Lease, can_take
 from longrun.db.timers import DueBatch, DueTimer, RunHead
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
@@ -140,6 +141,13 @@ class Write:
 
 def _ts(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def _lease(row: RunRow) -> Lease | None:
+    """The run's lease as the domain's rule reads it (None: nobody holds it)."""
+    if row.lease_owner is None or row.lease_until is None:
+        return None
+    return Lease(row.lease_owner, row.lease_until, row.fencing_token)
 
 
 def _ends(cancel: closure.Cancel, timer: TimerRow) -> bool:
@@ -296,7 +304,7 @@ class MemoryStore:
         return Fence(owner, token)
 
     def _lease_free(self, row: RunRow) -> bool:
-        return row.lease_owner is None or (row.lease_until is not None and row.lease_until < self.clock())
+        return can_take(_lease(row), self.clock())
 
     @staticmethod
     def served(row: RunRow, served: Collection[str]) -> bool:
@@ -340,7 +348,7 @@ class MemoryStore:
     def expired_leases(self) -> list[str]:
         now = self.clock()
         held = [(r.lease_until, run_id) for run_id, r in self.runs.items()
-                if r.lease_owner is not None and r.lease_until is not None and r.lease_until < now]
+                if r.lease_owner is not None and r.lease_until is not None and can_take(_lease(r), now)]
         return [run_id for _, run_id in sorted(held)]
 
     def clear_lease(self, run_id: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.app import webhooks
-from longrun.app.worker.loop import Worker
+from longrun.app.worker.loop import Taken, Worker
 from longrun.app.ports import CrashPoints
 from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.domain import TenantPolicy
@@ -156,16 +156,22 @@ class MemoryWorker:
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
                              artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
                              clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+        self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:
-        """The wakeup's inbox row and the lease: (outcome, duplicate)."""
+        """The wakeup's inbox row and the lease: (outcome, duplicate). A lease taken is kept for ``advance``."""
         outcome = self.world.loop.run_until_complete(self.worker.on_wakeup(message))
+        if isinstance(outcome.carried, Taken):
+            self._taken[outcome.carried.fence] = outcome.carried
         return outcome.outcome, outcome.duplicate
 
     def advance(self, run_id: str, fence: Fence) -> Steps:
-        """The step loop under ``fence``, stopped at its first checkpoint; each ``next`` lets it run to
-        the next one (and yields its name) until the run leaves the worker."""
-        return Steps(Turnstile(self.world.loop, self.worker.run_steps(run_id, fence)))
+        """The step loop under ``fence`` (a lease ``on_wakeup`` took), stopped at its first checkpoint;
+        each ``next`` lets it run to the next one (and yields its name) until the run leaves the worker."""
+        lease = self._taken.pop(fence, None)
+        if lease is None or lease.run_id != run_id:
+            raise ValueError(f"run {run_id}: this worker took no lease {fence}")
+        return Steps(Turnstile(self.world.loop, self.worker.run_steps(run_id, fence, lease.cause)))
 
 
 class Steps(Iterator[str]):

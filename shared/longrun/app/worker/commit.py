@@ -60,15 +60,15 @@ class ToolRequest:
 @dataclass(frozen=True, slots=True)
 class Step:
     """A run's turn on this worker: whose writes count (``fence``) and what caused the turn
-    (``cause``, the wakeup's event id)."""
+    (``cause``: the wakeup's event id, or the adoption that took the run over)."""
 
     store: WorkerStore
     kinds: Registry
     fence: Fence
+    cause: str
     clock: Callable[[], float]
     crash_point: CrashPoints
     handover: effects.SlotHandover | None = None
-    cause: str | None = None
 
     def event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)

@@ -39,14 +39,14 @@ ADOPT_BATCH = 32
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    """A run this worker took: its fence, the run as taken (None: read it when its turn comes), the
-    message that caused the take (``cause``, what its broadcasts name) and its trace context."""
+class Taken:
+    """A run this worker took: its fence, what caused the take (``cause``: what every message of the
+    turn names), the run as taken (None: read it when its turn comes) and the trace context."""
 
     run_id: str
     fence: Fence
+    cause: str
     taken: StoredRun | None = None
-    cause: str | None = None
     trace: str | None = None
 
 
@@ -87,11 +87,11 @@ class Worker:
         if stored is not None:
             metrics.TAKE_DELAY.observe(max(0.0, self.clock() - envelope.occurred_at.timestamp()))
             fence = Fence(handled.outcome["owner"], handled.outcome["token"])
-            lease = Lease(envelope.run_id, fence, stored, cause=envelope.event_id, trace=envelope.trace)
+            lease = Taken(envelope.run_id, fence, envelope.event_id, stored, trace=envelope.trace)
         return Outcome(envelope, handled.outcome, handled.duplicate, carried=lease)
 
     async def after_ack(self, outcome: Outcome) -> None:
-        if isinstance(outcome.carried, Lease):
+        if isinstance(outcome.carried, Taken):
             self.start(outcome.carried)
 
     async def adopt_waiting(self, limit: int = ADOPT_BATCH) -> int:
@@ -103,10 +103,11 @@ class Worker:
             metrics.RECOVERIES.labels("taken_over").inc()
             with logs.bound(run.run_id, run.tenant_id):
                 logger.info("run %s: taken over (%s@%s)", run.run_id, run.kind, run.versions.workflow)
-                self.start(Lease(run.run_id, Fence(self.instance_id, stored.fencing_token), stored))
+                fence = Fence(self.instance_id, stored.fencing_token)
+                self.start(Taken(run.run_id, fence, f"adopted:{fence.owner}:{fence.token}", stored))
         return len(adopted)
 
-    def start(self, lease: Lease) -> None:
+    def start(self, lease: Taken) -> None:
         task = asyncio.create_task(self.advance(lease), name=f"advance {lease.run_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -118,7 +119,7 @@ class Worker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- the turn -------------------------------------------------------------------------
-    async def advance(self, lease: Lease) -> None:
+    async def advance(self, lease: Taken) -> None:
         # The lease was taken with the wakeup: keep it alive while the run waits for a free slot too.
         heartbeat = asyncio.create_task(self._heartbeat(lease.run_id, lease.fence))
         taken = lease.taken
@@ -130,15 +131,14 @@ class Worker:
                 run_root = otel.root() or (taken.trace_root if taken is not None else None)
                 with otel.run_span("advance run", run_root, cause=lease.trace, attributes={
                         "longrun.run_id": lease.run_id, "longrun.fencing_token": lease.fence.token}):
-                    await self.run_steps(lease.run_id, lease.fence, taken, cause=lease.cause)
+                    await self.run_steps(lease.run_id, lease.fence, lease.cause, taken)
         finally:
             heartbeat.cancel()
 
-    async def run_steps(self, run_id: str, fence: Fence, taken: StoredRun | None = None, *,
-                        cause: str | None = None) -> None:
+    async def run_steps(self, run_id: str, fence: Fence, cause: str, taken: StoredRun | None = None) -> None:
         """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
-        is logged and leaves the lease to expire."""
-        step = Step(self.store, self.kinds, fence, self.clock, self.crash_point, self.handover, cause)
+        is logged and leaves the lease to expire. ``cause``: what the turn's messages name."""
+        step = Step(self.store, self.kinds, fence, cause, self.clock, self.crash_point, self.handover)
         try:
             stored = taken if taken is not None else await step.load(run_id)
             while stored is not None:
