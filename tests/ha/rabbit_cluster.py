@@ -165,12 +165,25 @@ class RabbitCluster:
         except subprocess.TimeoutExpired:  # a node still rejoining may not answer yet
             return False
 
-    def log_tail(self, node: Node, lines: int = 40) -> str:
+    def log_tail(self, node: Node, lines: int = 30) -> str:
         """The end of the node's own log: what a failed wait for it shows."""
-        logs = sorted((node.base / "log").glob("*.log"))
-        if not logs:
+        log = node.base / "log" / f"{node.name}.log"
+        if not log.exists():
             return f"{node.name} wrote no log"
-        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def restart(self, node: Node) -> None:
+        """SIGKILL the node and start it again (what a liveness probe does with a node that hangs)."""
+        try:
+            self.kill(node)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            pass  # it is not running
+        launcher = self._launchers.get(node.letter)
+        if launcher is not None:
+            launcher.wait(timeout=30)
+        (node.base / "pid").unlink(missing_ok=True)
+        self.start_node(node)
+        self.wait_node(node)
 
     def stop(self) -> None:
         self.heal()
