@@ -125,7 +125,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
         if applied:
             woken_by[timer.run_id] = timer
         outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
-    plans = [Planned.between(first[r], current[r], events, r in released) for r, events in rows.items()]
+    plans = [Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
     messages: dict[str, list[outbox.Message]] = {}
     waits: list[dict[str, Any]] = []
     # Each run's messages carry its own timer's trace (the one that woke it, else its last).

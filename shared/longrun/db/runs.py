@@ -377,9 +377,10 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                       h_channel=handover.channel,
                       h_wakeup=outbox.rows_json([handover.wakeup]),
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
-    if planned.cancel is not None:
+    cancel = planned.cancel
+    if cancel is not None:
         names.append("cancel")
-        params.update(_cancelling(planned.cancel))
+        params.update(_cancelling(cancel))
     if planned.queue_stint:
         names.append("queued")
         params.update(_queue_params(planned.after.snapshot))
@@ -420,8 +421,8 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
             raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
     await conn.execute(_INSERT_EVENTS, [
         _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
-    ended = [{"run_id": p.before.snapshot.run_id, "every": p.cancel.everything, "wait_id": p.cancel.wait_id,
-              "calls": list(p.cancel.calls)} for p in planned if p.cancel is not None]
+    ended = [{"run_id": p.before.snapshot.run_id, "every": cancel.everything, "wait_id": cancel.wait_id,
+              "calls": list(cancel.calls)} for p in planned if (cancel := p.cancel) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
     # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).

@@ -118,25 +118,24 @@ class Found:
 @dataclass(frozen=True, slots=True)
 class Planned:
     """A transition computed in memory: the state after ``events``, the rows to write, and what
-    the move ends and starts besides (its closure, a queue stint), decided here for every writer."""
+    the move ends and starts besides (its closure, a queue stint), decided here for every writer
+    (when it is written: a move deferred to the next write is never asked)."""
 
     before: StoredRun
     after: StoredRun
     rows: tuple[tuple[ev.RunEvent, bool], ...]
     """Each event with whether it was applied (False: stored as late)."""
     release_lease: bool
-    cancel: closure.Cancel | None = None
-    """The open timers the move leaves without a purpose (``closure.timers_to_cancel``)."""
-    queue_stint: bool = False
-    """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
 
-    @classmethod
-    def between(cls, before: StoredRun, after: StoredRun, rows: Sequence[tuple[ev.RunEvent, bool]],
-                release_lease: bool) -> Planned:
-        """The move from ``before`` to ``after`` writing ``rows``, with what it ends and starts."""
-        return cls(before, after, tuple(rows), release_lease,
-                   cancel=closure.timers_to_cancel(before.snapshot, after.snapshot),
-                   queue_stint=queue_stint_starts(before.snapshot, after.snapshot))
+    @property
+    def cancel(self) -> closure.Cancel | None:
+        """The open timers the move leaves without a purpose (``closure.timers_to_cancel``)."""
+        return closure.timers_to_cancel(self.before.snapshot, self.after.snapshot)
+
+    @property
+    def queue_stint(self) -> bool:
+        """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
+        return queue_stint_starts(self.before.snapshot, self.after.snapshot)
 
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
@@ -159,7 +158,7 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
                       None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
-    return Planned.between(stored.written or stored, after, rows, release_lease)
+    return Planned(stored.written or stored, after, tuple(rows), release_lease)
 
 
 def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRequest | None = None) -> StoredRun:

@@ -261,9 +261,10 @@ class MemoryStore:
             EventRow(event, applied, fence.token if fence else None) for event, applied in planned.rows)
         if fence is not None:
             self.writes = (*self.writes, Write(run_id, fence, row.lease_owner, row.fencing_token))
-        if planned.cancel is not None:
+        cancel = planned.cancel
+        if cancel is not None:
             for key, timer in self.timers.items():
-                if timer.run_id == run_id and timer.open and _ends(planned.cancel, timer):
+                if timer.run_id == run_id and timer.open and _ends(cancel, timer):
                     self.timers[key] = replace(timer, cancelled_at=self.clock())
         if planned.queue_stint:
             self._queue(after.snapshot)

@@ -81,18 +81,21 @@ async def call_tool(far: FarSide, step: Step, stored: StoredRun, kind: RunKind,
     # same submission, charged when it was first made.
     pending: list[ev.RunEvent] = []
     limit = start_to_close(tool, run)
-    # A call on record before it runs is watched by durable timers, scheduled with that record.
-    timers = calls.call_timers(run.run_id, name, token=step.fence.token, start_to_close=limit,
-                               heartbeat_timeout=tool.heartbeat_timeout)
+
+    def timers() -> tuple[dict[str, Any], ...]:
+        """A call on record before it runs is watched by durable timers, scheduled with that record."""
+        return calls.call_timers(run.run_id, name, token=step.fence.token, start_to_close=limit,
+                                 heartbeat_timeout=tool.heartbeat_timeout)
+
     if record is None or record.status is ActionStatus.RETRYABLE:
         events.append(step.event(stored, ev.ActionSubmitted, offset=len(events) + 1, logical_action=name))
         events.append(step.event(stored, ev.BudgetCharged, offset=len(events) + 1, tool_calls=1))
         if record is None and tool.effect in answers.RECORDED_WITH_THE_ANSWER and tool.heartbeat_timeout is None:
             pending = events
         else:
-            stored = await step.commit(stored, events, call=call, timers=timers)
+            stored = await step.commit(stored, events, call=call, timers=timers())
     else:
-        await step.resend(stored, call, far.lease_ttl, timers)
+        await step.resend(stored, call, far.lease_ttl, timers())
     step.crash_point("worker.before_tool_request")
     try:
         result = await supervise(_traced_call(tool, name, args, key, step.fence.token),
