@@ -6,7 +6,7 @@ Server-rendered HTML (Jinja2 templates in ``templates/console``) rather than a f
 npm packages: there is no build step to run, ship or keep in step with the API; nothing is fetched
 from outside, so it works on an air-gapped cluster; every page is a URL an operator can bookmark or
 paste into an incident; and each page reads and acts through the same functions as the operator API
-(``services.gateway.reads``, ``longrun.app.operate``), so the console cannot drift from it. The one
+(``services.gateway.reads``, ``longrun.app.gateway.operate``), so the console cannot drift from it. The one
 script is the run page's: it polls ``/console/runs/{id}/live`` and reloads the page when the run
 changed, unless the operator is typing into one of its forms.
 
@@ -46,11 +46,11 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from longrun import timeline
-from longrun.app import operate
 from longrun.app import quarantine as quarantine_ops
-from longrun.app.transaction import PgTransaction
+from longrun.app.gateway import operate
 from longrun.bus.connection import Bus
 from longrun.config import Settings
+from longrun.db.transaction import PgTransaction
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Principal

@@ -28,17 +28,19 @@ from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import run_kinds, webhook_providers
-from longrun.artifacts import FilesystemArtifactStore
-from longrun.app import operate, policy_ceiling, webhooks
+from longrun.app import policy_ceiling
 from longrun.app import quarantine as quarantine_ops
 from longrun.app import versions
-from longrun.app.transaction import PgTransaction
+from longrun.app.gateway import operate, webhooks
+from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.config.parse import duration
 from longrun.db import artifacts, operator_reads, policies, runs, tokens
+from longrun.db import audit as audit_log
 from longrun.db.errors import is_transient
+from longrun.db.transaction import PgTransaction
 from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
@@ -109,7 +111,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             unaudited = sampled_refusals.audit(provider)
             if unaudited is not None:
                 async with engine.begin() as conn:
-                    await webhooks.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
+                    await audit_log.audit(conn, actor=f"webhook:{provider}", action="webhook.refused",
                                          target=provider, reason=why,
                                          details={"client": request.client.host if request.client else None,
                                                   "refused_unaudited_before": unaudited})
@@ -330,7 +332,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
                 token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
                                                     tenants=None if body.tenants is None else tuple(body.tenants),
                                                     created_by=principal.subject, expires_in=expires_in)
-                await webhooks.audit(conn, actor=principal.subject, action="token.create",
+                await audit_log.audit(conn, actor=principal.subject, action="token.create",
                                      target=f"token:{token.id}", reason=body.reason,
                                      details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants,
                                               "expires_at": token.to_dict()["expires_at"]})
@@ -345,7 +347,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             token = await tokens.revoke(conn, token_id)
             if token is None:
                 return JSONResponse({"error": f"no token {token_id}"}, status_code=404)
-            await webhooks.audit(conn, actor=principal.subject, action="token.revoke", target=f"token:{token_id}",
+            await audit_log.audit(conn, actor=principal.subject, action="token.revoke", target=f"token:{token_id}",
                                  reason=body.reason, details={"name": token.name})
         return JSONResponse(token.to_dict())
 

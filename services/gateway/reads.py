@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.app import operate
+from longrun.app.gateway import operate
 from longrun.app.reconcile_alerts import ALERT_PREFIX
 from longrun.app.retention import ARCHIVE_MEDIA_TYPE
 from longrun.db import actions as ledger

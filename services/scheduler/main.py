@@ -10,13 +10,15 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import admit, effects
+from longrun.app import effects
 from longrun.app.producers import producer_tenants
 from longrun.bootstrap import open_bus, open_database, watch
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
 from longrun.db.engine import autocommit, psycopg_dsn
+from services.scheduler import admitting
+from services.scheduler.ingress import Ingress, refuse
 
 SERVICE = "scheduler"
 CREATE_BATCH = 16
@@ -36,11 +38,11 @@ async def admission_loop(engine: AsyncEngine, settings: Settings, stopping: asyn
                 # Most rounds find nobody queued (a finished run's slot found no taker): one
                 # statement then, no transaction.
                 async with autocommit(engine) as conn:
-                    queued = await admit.queued_tenants(conn)
+                    queued = await admitting.queued_tenants(conn)
                 if queued:
                     async with engine.begin() as conn:
-                        admitted = await admit.admit(conn, slots=settings.tenant_slots,
-                                                     aging_seconds=settings.priority_aging, tenants=queued)
+                        admitted = await admitting.admit(conn, slots=settings.tenant_slots,
+                                                         aging_seconds=settings.priority_aging, tenants=queued)
                     if admitted:
                         logger.info("admitted %d run(s)", len(admitted))
             except Exception:
@@ -70,13 +72,12 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
     kinds = run_kinds.load(settings)
-    creates = admit.Ingress(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
-                            max_input_bytes=settings.max_input_bytes,
-                            producers=producers)
+    creates = Ingress(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
+                      max_input_bytes=settings.max_input_bytes, producers=producers)
     ingress = QueueConsumer(bus=bus, engine=engine, service=SERVICE, queue=topology.SCHEDULER_INGRESS_QUEUE,
                             handler=creates.handle, prefetch=settings.prefetch, max_attempts=settings.delivery_limit,
                             batch=CREATE_BATCH, prelude=creates.prelude,
-                            refuser=functools.partial(admit.refuse, partitions=settings.partitions))
+                            refuser=functools.partial(refuse, partitions=settings.partitions))
     await ingress.start()
     admission = asyncio.create_task(admission_loop(engine, settings, stopping))
     watch(health, engine=engine, bus=bus)

@@ -4,6 +4,7 @@ it. A run of a version this worker does not run waits for a worker that does (``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -13,14 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import effects
-from longrun.app.worker.loop import Worker
-from longrun.app.worker_store import PgWorkerStore
+from longrun.app.gateway import webhooks
 from longrun.app.tool_health import Breakers
+from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
 from longrun.db.driver import Pool
+from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
 
 SERVICE = "worker"
@@ -59,8 +61,9 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
 
 def on_postgres(*, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
                 clock: Callable[[], float] = time.time, **options: Any) -> Worker:
-    """The runtime's worker: its store is PostgreSQL (``app.worker_store``)."""
-    store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=clock)
+    """The runtime's worker: its store is PostgreSQL (``db.worker_store``)."""
+    store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts,
+                          match_kept=functools.partial(webhooks.match_kept, clock=clock))
     return Worker(store=store, artifacts=artifacts, clock=clock, **options)
 
 

@@ -3,16 +3,16 @@ configuration, so a run kind's package brings the providers of the far sides it 
 
 Two sources: ``LONGRUN_WEBHOOK_PROVIDERS`` (``name=package.module:attribute``, comma-separated) and
 the ``longrun.webhook_providers`` entry points of the installed distributions (the entry point's
-name is the provider's). A provider (``app.webhooks.Provider``) declares how its deliveries are
+name is the provider's). A provider (``ports.webhooks.Provider``) declares how its deliveries are
 signed and turns a verified payload into a ``Translated``. A reference that cannot be loaded, or one name given twice, stops the
 process with a ``ConfigError`` naming where it came from, the reference and why.
 """
 
 from __future__ import annotations
 
-from longrun.app.webhooks import Provider
 from longrun.config import Settings
 from longrun.errors import ConfigError
+from longrun.ports.webhooks import Provider
 from longrun.run_kinds import import_reference, installed_entry_points
 
 VARIABLE = "LONGRUN_WEBHOOK_PROVIDERS"
@@ -58,7 +58,7 @@ def secrets(settings: Settings, providers: dict[str, Provider]) -> dict[str, str
 
 def _add(providers: dict[str, Provider], name: str, target: object, reference: str, where: str) -> None:
     if not isinstance(target, Provider):
-        raise ConfigError([(where, f"{reference!r} is not a provider (a longrun.app.webhooks.Provider): "
+        raise ConfigError([(where, f"{reference!r} is not a provider (a longrun.ports.webhooks.Provider): "
                                    f"got {type(target).__name__}")])
     if name in providers and providers[name] is not target:
         raise ConfigError([(where, f"provider {name!r} is named twice, here as {reference!r}")])

@@ -8,10 +8,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects
 from longrun.bus import topology
 from longrun.db import actions as ledger
-from longrun.db import runs
+from longrun.db import runs, timers
 from longrun.domain import (
     ActionStatus,
     EffectKind,
@@ -57,7 +56,7 @@ async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadli
         stored = await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
             ev.WaitStarted(seq=stored.seq(2), at=now, status=RunStatus.WAITING_EVENT, wait=wait)])
-        await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=now)
+        await timers.schedule_wait(conn, stored.snapshot, decided_at=now)
     return stored
 
 

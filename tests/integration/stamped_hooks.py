@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from longrun.app.webhooks import Provider, Signature, Translated
+from longrun.ports.webhooks import Provider, Signature, Translated
 
 
 def ci_finished(payload: dict[str, Any]) -> Translated:

@@ -11,13 +11,13 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from longrun.app import operate
-from longrun.app.transaction import PgTransaction
+from longrun.app.gateway import operate
 from longrun.db import runs
-from longrun.ports.runs import StoredRun
+from longrun.db.transaction import PgTransaction
 from longrun.domain import RunStatus, Wait
 from longrun.domain import events as ev
 from longrun.identity import Principal
+from longrun.ports.runs import StoredRun
 from tests.integration.runs_factory import created
 
 pytestmark = pytest.mark.integration

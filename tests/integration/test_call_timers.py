@@ -12,14 +12,15 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from longrun.app.gateway import webhooks
 from longrun.app.timers import fire_due
-from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import leases
 from longrun.db import runs, timers
 from longrun.db.driver import Pool
+from longrun.db.worker_store import PgWorkerStore
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun
@@ -148,7 +149,7 @@ async def test_a_heartbeat_moves_only_its_own_attempt_s_timer_and_a_resend_repla
     statements = Pool(engine.url.render_as_string(hide_password=False), size=2)
     await statements.open()
     store = PgWorkerStore(engine=engine, statements=statements, artifacts=FilesystemArtifactStore(tmp_path),
-                          clock=time.time)
+                          match_kept=webhooks.match_kept)
     heartbeat_key = calls.call_timer_key("run-beat", "work", fence.token, calls.HEARTBEAT)
     try:
         # When the call heartbeats, its progress lands on its row and its heartbeat timer moves to 3 s from now

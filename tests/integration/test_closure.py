@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects, operate, timers as firing
-from longrun.app.transaction import PgTransaction
+from longrun.app import timers as firing
+from longrun.app.gateway import operate
 from longrun.bus import topology
 from longrun.db import leases, runs, timers
+from longrun.db.transaction import PgTransaction
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from tests.fixtures import PARTITIONS, eventually
@@ -145,7 +146,7 @@ async def _parked_with_deadlines(engine: AsyncEngine, run_id: str) -> runs.Store
             ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
             ev.BudgetCharged(seq=stored.seq(2), at=at, model_calls=2, cost=0.125),
             ev.WaitStarted(seq=stored.seq(3), at=at, status=RunStatus.WAITING_EVENT, wait=wait)])
-        await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
+        await timers.schedule_wait(conn, stored.snapshot, decided_at=at)
         await timers.schedule(conn, timer_key=f"{run_id}:business", run_id=run_id, kind="business_deadline",
                               delay=3600, payload={})
     return stored

@@ -1,4 +1,4 @@
-"""Creating and admitting runs (app/admit.py) against the real database and broker."""
+"""Creating and admitting runs (app/scheduler/admit.py) against the real database and broker."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from longrun.app import admit, effects
+from longrun.app import effects
 from longrun.app.producers import producer_tenants
-from longrun.app.transaction import PgTransaction
+from longrun.app.scheduler import admit
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.db.engine import psycopg_dsn
+from longrun.db.transaction import PgTransaction
 from longrun.envelope import Envelope, decode, make
+from services.scheduler import admitting, ingress
 from tests.kinds import registry
 from tests.fixtures import eventually
 from tests.integration.ensemble import publish_create
@@ -125,8 +127,8 @@ async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, en
             expected = (await conn.execute(text(
                 "SELECT run_id FROM runs WHERE tenant_id = 'acme' AND admitted_at IS NULL AND status = 'READY' "
                 "ORDER BY priority + extract(epoch FROM now() - created_at) / 30 DESC, created_at LIMIT :n"),
-                {"n": slots - await admit._active(conn, "acme", slots)})).scalars().all()
-            admitted = await admit.admit(conn, slots=slots, aging_seconds=30, tenants=["acme"])
+                {"n": slots - await admitting._active(conn, "acme", slots)})).scalars().all()
+            admitted = await admitting.admit(conn, slots=slots, aging_seconds=30, tenants=["acme"])
         assert admitted == list(expected)
     async with engine.connect() as conn:
         counts = dict((await conn.execute(text(
@@ -182,11 +184,11 @@ async def test_a_create_handled_alone_waits_for_its_tenants_admission_lock(clean
 
 def _ingress(bus, engine) -> QueueConsumer:  # type: ignore[no-untyped-def]
     """The scheduler's ingress consumer, wired as the service wires it."""
-    creates = admit.Ingress(kinds=registry(), partitions=8, slots=4, max_input_bytes=MAX_INPUT,
+    creates = ingress.Ingress(kinds=registry(), partitions=8, slots=4, max_input_bytes=MAX_INPUT,
                             producers=producer_tenants((), bus.url))
     return QueueConsumer(bus=bus, engine=engine, service="scheduler", queue=topology.SCHEDULER_INGRESS_QUEUE,
                          handler=creates.handle, prefetch=10, max_attempts=3, batch=16, prelude=creates.prelude,
-                         refuser=functools.partial(admit.refuse, partitions=8))
+                         refuser=functools.partial(ingress.refuse, partitions=8))
 
 
 @asynccontextmanager

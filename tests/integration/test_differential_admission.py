@@ -1,6 +1,6 @@
 """Admission's candidate query against the domain: seeded random tenants (admitted runs in every
 open status and finished ones, queued runs of random priority and age, paused, cancelling and
-finished runs never admitted) put through ONE admission round (``admit.admit``: ``ADMIT_BEST`` per
+finished runs never admitted) put through ONE admission round (``admitting.admit``: ``ADMIT_BEST`` per
 tenant) and then one creation per tenant admitted at once when its tenant has room
 (``runs.create`` with ``AtOnce``: ``tenant_slots``), all in one transaction. Compared column by column
 with a pure model: slots held by admitted runs whose status is not in the domain's ``TERMINAL``, the
@@ -23,7 +23,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import admit, effects
+from longrun.app import effects
+from longrun.app.scheduler import admit
 from longrun.bus import topology
 from longrun.db import admission, runs
 from longrun.db.schema import sql_names
@@ -31,6 +32,7 @@ from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, evolve, freez
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.ports.runs import StoredRun
+from services.scheduler import admitting
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 
@@ -117,7 +119,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
                 stored = await _create(conn, _created(rng, tenant, n, priority=rng.randrange(4), at=at))
                 assert stored is not None
                 admitted.append(stored)
-            await admit.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
+            await admitting.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
             for stored, kind in zip(admitted, kinds):
                 await runs.append(conn, stored, _events(kind, stored, at))
             queued = []
@@ -162,7 +164,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
                  for r in await conn.execute(text(
                      "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
                      "revision, partition FROM runs"))}
-        admitted = await admit.admit(conn, slots=SLOTS, aging_seconds=AGING)
+        admitted = await admitting.admit(conn, slots=SLOTS, aging_seconds=AGING)
         made: dict[str, StoredRun | None] = {}
         for created in fresh:
             partition = topology.partition_of(created.run_id, PARTITIONS)

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import admit, effects
+from longrun.app import effects
 from longrun.bus import topology
 from longrun.db import admission, leases, runs
 from longrun.db.schema import sql_names
@@ -33,6 +33,7 @@ from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.ports.runs import Fence, StoredRun, plan
+from services.scheduler import admitting
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 
@@ -108,7 +109,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
             done = ["timed_out"] if first else rng.sample(_FINISHES, rng.randint(0, 2))
             admitted = [await _create(conn, rng, tenant, n, priority=rng.randrange(4), at=at)
                         for n in range(running + len(holding) + len(done))]
-            await admit.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
+            await admitting.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
             finishing = []
             for n, stored in enumerate(admitted):
                 stored = await runs.append(conn, stored, [_event("running", stored, at)])

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from longrun.app import operate
+from longrun.app.gateway import operate
 from services.worker.main import on_postgres
 from longrun.app.worker.loop import Taken
-from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import leases, runs
+from longrun.db.transaction import PgTransaction
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost
 from longrun.model import ScriptedModel

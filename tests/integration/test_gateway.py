@@ -17,11 +17,12 @@ import pytest
 from sqlalchemy import text
 
 from longrun import webhook_providers
-from longrun.app import webhooks
+from longrun.app.gateway import webhooks
 from longrun.config import Settings
-from longrun.errors import ConfigError
-from longrun.app.transaction import PgTransaction
+from longrun.db import audit as audit_log
 from longrun.db import runs
+from longrun.db.transaction import PgTransaction
+from longrun.errors import ConfigError
 from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import OPERATOR_TOKEN, WEBHOOK_SECRET, Ensemble
 from tests.integration.identities import bearer
@@ -236,7 +237,7 @@ async def test_the_audit_log_and_the_alerts_are_readable_newest_first(ana, clean
         assert (await gateway.post(f"/runs/{run_id}/{action}", headers=ana,
                                    json={"reason": f"{action} to look"})).status_code == 200
     async with engine.begin() as conn:
-        await webhooks.audit(conn, actor="reconciler", action="alert.silent_run", target=run_id, reason="silent")
+        await audit_log.audit(conn, actor="reconciler", action="alert.silent_run", target=run_id, reason="silent")
     trail = (await gateway.get("/audit", headers=ana, params={"target": run_id})).json()
     assert [(e["actor"], e["action"], e["reason"]) for e in trail["entries"]] == [
         ("reconciler", "alert.silent_run", "silent"), ("ana", "resume", "resume to look"),
@@ -254,7 +255,7 @@ async def test_longrunctl_pages_runs_attaches_and_reads_the_audit_log_and_alerts
                                                                                   tmp_path: Path) -> None:
     made = [(await waiting_for_event(engine, f"ci/acme/payments/c{i}")).snapshot.run_id for i in range(2)]
     async with engine.begin() as conn:
-        await webhooks.audit(conn, actor="reconciler", action="alert.drift", target=made[0], reason="drifted")
+        await audit_log.audit(conn, actor="reconciler", action="alert.drift", target=made[0], reason="drifted")
 
     def ctl(*args: str) -> Any:
         done = subprocess.run([str(Path(sys.executable).parent / "longrunctl"), "--url", str(gateway.base_url),

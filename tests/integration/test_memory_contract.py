@@ -3,8 +3,8 @@
 ``longrun.testing.memory.MemoryStore`` and the worker's port over it
 (``longrun.testing.workers.MemoryWorkerStore``) stand in for PostgreSQL in the property tests and
 in run kinds' own tests. Each scenario here is one sequence of calls (``db/runs.py``,
-``db/actions.py``, ``db/inbox.py``, ``db/timers.py``, and the worker's ``app.ports.WorkerStore``),
-run once against PostgreSQL (each ``db`` call its own transaction; ``app.worker_store``) and once
+``db/actions.py``, ``db/inbox.py``, ``db/timers.py``, and the worker's ``ports.stores.WorkerStore``),
+run once against PostgreSQL (each ``db`` call its own transaction; ``db.worker_store``) and once
 in memory; what every call returned or raised is recorded, normalised (ids, clocks) and must be
 identical. A divergence means the model the tests trust has drifted from the runtime.
 """
@@ -25,17 +25,19 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import admit, effects, operate, reconcile, reconcile_leases, webhooks
+from longrun.app import effects, reconcile, reconcile_leases
+from longrun.app.gateway import operate, webhooks
+from longrun.app.scheduler import admit
 from longrun.app.worker.loop import Worker
-from longrun.app.reconcile_store import PgReconcileStore
-from longrun.app.transaction import PgTransaction
-from longrun.app.worker_store import PgWorkerStore
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
-from longrun.db import leases
 from longrun.db import inbox, runs, timers
+from longrun.db import leases
 from longrun.db.driver import Pool
+from longrun.db.reconcile_store import PgReconcileStore
+from longrun.db.transaction import PgTransaction
+from longrun.db.worker_store import PgWorkerStore
 from longrun.domain import (
     ActionStatus,
     EffectKind,
@@ -54,13 +56,13 @@ from longrun.errors import ToolUnavailable
 from longrun.identity import Principal
 from longrun.model import ScriptedModel
 from longrun.ports.runs import Fence, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition, plan
-from longrun.workflows.steps import ECHO, Steps
-from longrun_dependency_upgrade.webhooks import forge
 from longrun.testing.checkpoints import CrashAt, Crashed
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.workers import MemoryArtifacts, MemoryWorkerStore
 from longrun.testing.world import World
+from longrun.workflows.steps import ECHO, Steps
+from longrun_dependency_upgrade.webhooks import forge
 from tests import ci_gate
 
 pytestmark = pytest.mark.integration
@@ -95,7 +97,8 @@ class Real:
 
     def __init__(self, engine: AsyncEngine, statements: Pool, artifacts: FilesystemArtifactStore) -> None:
         self.engine = engine
-        self.worker = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts, clock=time.time)
+        self.worker = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts,
+                                    match_kept=webhooks.match_kept)
         self.prefix = f"pg{uuid.uuid4().hex[:6]}"
 
     def now(self) -> float:
@@ -324,7 +327,7 @@ async def timers_fire_once_when_due(port: Port, seen: list[Any]) -> None:
     await observe(port, seen, "timers.claim_due", limit=10)
 
 
-# -- the worker's store (app.ports.WorkerStore) ------------------------------------------------------
+# -- the worker's store (ports.stores.WorkerStore) ------------------------------------------------------
 
 
 def _wakeup(port: Port, name: str, run_id: str) -> inbox.Message:

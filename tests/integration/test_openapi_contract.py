@@ -23,9 +23,10 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from longrun.app import operate, webhooks
-from longrun.app.transaction import PgTransaction
+from longrun.app.gateway import operate
+from longrun.db import audit as audit_log
 from longrun.db import policies, quarantine, tokens
+from longrun.db.transaction import PgTransaction
 from longrun.domain import Scope
 from services.gateway import openapi
 from tests.integration.bus_helpers import wakeup
@@ -62,7 +63,7 @@ async def seeded(engine) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     async with engine.begin() as conn:
         await operate.pause(PgTransaction(conn), ids["paused"], actor="ana", reason="look")
         await policies.put(conn, "acme", Scope(("forge.*",), ("repo:acme/*",)), by="ana")
-        await webhooks.audit(conn, actor="reconciler", action="alert.silent_run", target=ids["paused"],
+        await audit_log.audit(conn, actor="reconciler", action="alert.silent_run", target=ids["paused"],
                              reason="silent")
         entries = [await quarantine.put(conn, owner="worker", queue="longrun.worker.p3", body=body, headers={},
                                         message_id=None, error_code="E", reason="test", attempts=5)

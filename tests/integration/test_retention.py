@@ -19,23 +19,25 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import admit, effects, retention
+from longrun.app import effects, retention
 from longrun.app import quarantine as quarantine_ops
-from longrun.app.transaction import PgTransaction
-from longrun.app.webhooks import Translated, audit
+from longrun.app.reconcile_sweeps import horizons
+from longrun.app.scheduler import admit
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
+from longrun.db.audit import audit
 from longrun.db.schema import actions as actions_table
+from longrun.db.transaction import PgTransaction
 from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, freeze, idempotency_key, request_hash
 from longrun.domain import events as ev
 from longrun.envelope import Envelope, make
 from longrun.ports.runs import LedgerRequest, StoredRun, plan
+from longrun.ports.webhooks import Translated
 from longrun.workflows import STEPS_VERSIONS, steps
-from longrun.app.reconcile_sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.identities import bearer

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from longrun.app import operate
 from longrun.app import timers as firing
-from longrun.app.transaction import PgTransaction
+from longrun.app.gateway import operate
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.db import runs
+from longrun.db.transaction import PgTransaction
 from longrun.domain import PinnedVersions, RunTimeouts, Usage, freeze
 from longrun.domain import events as ev
 from longrun.envelope import make

@@ -1,7 +1,7 @@
 """Timer service: each due timer becomes its run event exactly once, whatever kills the service.
 
 Runs are built through the domain events and ``longrun.db.runs`` (or, for the load test,
-the same events folded and inserted in bulk), parked with ``effects.schedule_wait_timers``,
+the same events folded and inserted in bulk), parked with ``timers.schedule_wait``,
 and fired by the real ``services.timer`` process, or by ``fire_due`` in-process where only
 the use case's decision is under test. Every check reads PostgreSQL: run events, the
 timers table, and the outbox rows the firing wrote.
@@ -64,7 +64,7 @@ async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait,
         stored = await _running(conn, run_id, tenant, labels)
         at = time.time()
         stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=at, status=status, wait=wait)])
-        await effects.schedule_wait_timers(conn, stored.snapshot, decided_at=at)
+        await timers.schedule_wait(conn, stored.snapshot, decided_at=at)
     return stored
 
 

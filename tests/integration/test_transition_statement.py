@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import admit, effects
+from longrun.app import effects
 from services.worker.main import on_postgres
 from longrun.app.worker.loop import Taken
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
@@ -28,8 +28,9 @@ from longrun.domain import events as ev
 from longrun.envelope import decode
 from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
-from longrun.workflows import STEPS_VERSIONS, steps
 from longrun.ports.runs import LedgerRequest, plan
+from longrun.workflows import STEPS_VERSIONS, steps
+from services.scheduler import admitting
 from tests.kinds import registry
 from tests import ci_gate
 from tests.fixtures import PARTITIONS
@@ -228,7 +229,7 @@ async def test_a_finishing_run_hands_its_slot_to_the_next_queued_run_and_wakes_i
     # Given a tenant with one slot, taken by an admitted run, and a run queued behind it
     first = await _steps_run(engine)
     async with engine.begin() as conn:
-        assert await admit.admit(conn, slots=1, aging_seconds=30) == [first.snapshot.run_id]
+        assert await admitting.admit(conn, slots=1, aging_seconds=30) == [first.snapshot.run_id]
     queued = await _steps_run(engine)
     async with engine.connect() as conn:
         await conn.execute(text("DELETE FROM outbox"))
@@ -261,7 +262,7 @@ async def test_a_finishing_run_with_nobody_queued_notifies_admission_and_admits_
     # Given a tenant's only run, admitted, and a listener on admission's channel
     only = await _steps_run(engine)
     async with engine.begin() as conn:
-        await admit.admit(conn, slots=1, aging_seconds=30)
+        await admitting.admit(conn, slots=1, aging_seconds=30)
     listener = await psycopg.AsyncConnection.connect(psycopg_dsn(str(engine.url.render_as_string(False))),
                                                      autocommit=True)
     try:
@@ -281,7 +282,7 @@ async def test_a_tenant_above_its_slots_hands_nothing_on_so_it_shrinks_to_them(c
     # Given a tenant with two admitted runs and one queued, whose slots were lowered to one
     running = [await _steps_run(engine) for _ in range(2)]
     async with engine.begin() as conn:
-        await admit.admit(conn, slots=2, aging_seconds=30)
+        await admitting.admit(conn, slots=2, aging_seconds=30)
     queued = await _steps_run(engine)
     # When a worker that knows the new limit finishes one of the admitted runs
     await _finish_with_handover(engine, tmp_path, running[0].snapshot.run_id, slots=1)

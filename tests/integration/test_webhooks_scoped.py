@@ -11,14 +11,14 @@ import time
 
 import httpx
 import pytest
-from sqlalchemy import text
 
-from longrun.app import retention, webhooks
+from longrun.app import retention
+from longrun.app.gateway import webhooks
 from longrun.app.reconcile_sweeps import horizons
-from longrun.app.transaction import PgTransaction
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.config import Settings
 from longrun.db import runs
+from longrun.db.transaction import PgTransaction
 from longrun_dependency_upgrade.forge import sign_payload
 from tests.integration.ensemble import WEBHOOK_SECRET, Ensemble
 from tests.integration.runs_factory import waiting_for_event

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from longrun.app.webhooks import Provider, Signature, Translated
 from longrun.authoring import RunKind, Tool, ToolResult
 from longrun.config import Settings
+from longrun.ports.webhooks import Provider, Signature, Translated
 from longrun.domain import (
     ActionStatus,
     AskModel,

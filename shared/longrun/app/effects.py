@@ -1,28 +1,23 @@
-"""Side effects that ride along with a run transition: wakeups, broadcasts and timers.
+"""The messages that ride along with a run transition: wakeups, broadcasts, answers to creates.
 
 Kept in one place so every writer (worker, scheduler, timer, gateway, reconciler, operator)
-wakes runs, broadcasts status changes and schedules deadlines the same way.
+wakes runs and broadcasts status changes the same way. Pure: the writers send what it makes.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from longrun.bus import topology
-from longrun.db import outbox, timers
 from longrun.domain import (
     RECEIPT_FACT_PREFIX,
     TERMINAL,
     PinnedVersions,
     RunSnapshot,
-    RunStatus,
     thaw,
     closure,
     to_plain,
@@ -30,12 +25,12 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.envelope import DataClass, Envelope, make
 from longrun.envelope.payloads import RejectionCode
-from longrun.ports.runs import Handover, Rides, StoredRun
+from longrun.ports.runs import Handover, Message, Rides, StoredRun
 
 ADMISSION_CHANNEL = "longrun_admission"
 
 
-def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -> outbox.Message:
+def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -> Message:
     """Ask a worker to advance the run (the message names the run, the state is in PostgreSQL);
     ``cause``: what made the run ready (a message's event_id, or who acted)."""
     run = stored.snapshot
@@ -44,11 +39,11 @@ def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -
 
 
 def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: int, reason: str,
-                    producer: str, cause: str) -> outbox.Message:
+                    producer: str, cause: str) -> Message:
     """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""
     envelope = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": reason}, producer=producer,
                     tenant_id=tenant_id, run_id=run_id, expected_state_version=revision, causation_id=cause)
-    return outbox.Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
+    return Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
 
 
 PublicReceipts = Mapping[str, tuple[str, ...]]
@@ -58,7 +53,7 @@ EXTERNAL_IDS_ONLY: PublicReceipts = MappingProxyType({})
 
 
 def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str,
-                      public: PublicReceipts = EXTERNAL_IDS_ONLY) -> outbox.Message | None:
+                      public: PublicReceipts = EXTERNAL_IDS_ONLY) -> Message | None:
     """Status changes go to the events topic for downstream consumers, under the run's tenant, with
     the producer's correlation id and the run's labels; a terminal one carries the run's outcome.
     Facts stay private. ``cause``: the id of what caused the change (a message's event_id)."""
@@ -73,7 +68,7 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, c
                                   "outcome": run_outcome(run, public) if run.status in TERMINAL else None},
                     producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
                     causation_id=cause, data_class=DataClass.PUBLIC)
-    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
+    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
                           after.partition)
 
 
@@ -98,7 +93,7 @@ def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
 
 
 def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, producer: str,
-                       cause: str) -> outbox.Message:
+                       cause: str) -> Message:
     """A correction a COMPLETED run needs, for downstream consumers: public, like its status events,
     naming the action and why (the far side's ids, never a receipt's private fields)."""
     run = stored.snapshot
@@ -108,13 +103,13 @@ def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, produce
                                   "labels": thaw(run.labels), "outcome": None},
                     producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
                     causation_id=cause, data_class=DataClass.PUBLIC)
-    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
+    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
                           stored.partition)
 
 
 def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow: str, versions: PinnedVersions,
                      labels: Mapping[str, str], repeated: bool, producer: str,
-                     outcome: Mapping[str, Any] | None = None) -> outbox.Message:
+                     outcome: Mapping[str, Any] | None = None) -> Message:
     """The answer to a ``run.create``: the run it made (or, repeated, had made, with its ``outcome``
     if it has ended), on the run's partition so it is published before the run's status events."""
     key = create.payload.idempotency_key
@@ -124,19 +119,19 @@ def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow:
                     producer=producer, tenant_id=create.tenant_id, run_id=run_id,
                     correlation_id=create.correlation_id or key, causation_id=create.event_id,
                     data_class=DataClass.PUBLIC)
-    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(create.tenant_id, "accepted"),
+    return Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(create.tenant_id, "accepted"),
                           partition)
 
 
 def rejected_message(*, tenant_id: str, correlation_id: str | None, refused_event_id: str,
                      idempotency_key: str | None, code: RejectionCode, reason: str, partitions: int, producer: str,
-                     **details: Any) -> outbox.Message:
+                     **details: Any) -> Message:
     """The answer to a refused ``run.create``: why, for machines (``code``) and people (``reason``)."""
     envelope = make("run.rejected", {"code": code, "reason": reason, "idempotency_key": idempotency_key,
                                      "refused_event_id": refused_event_id, **details},
                     producer=producer, tenant_id=tenant_id, correlation_id=correlation_id,
                     causation_id=refused_event_id, data_class=DataClass.PUBLIC)
-    return outbox.Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(tenant_id, "rejected"),
+    return Message(envelope, topology.EVENTS_EXCHANGE, topology.event_key(tenant_id, "rejected"),
                           topology.partition_of(refused_event_id, partitions))
 
 
@@ -168,42 +163,3 @@ def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cau
     routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
     return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
                                                         template, routes, ADMISSION_CHANNEL))
-
-
-async def wake(conn: AsyncConnection, stored: StoredRun, *, reason: str, producer: str, cause: str) -> None:
-    await outbox.enqueue_many(conn, [wake_message(stored, reason=reason, producer=producer, cause=cause)])
-
-
-async def notify_admission(conn: AsyncConnection, tenants: Sequence[str]) -> None:
-    """A finished run frees a tenant slot: let the scheduler admit the next one now."""
-    for tenant in sorted(set(tenants)):
-        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": ADMISSION_CHANNEL, "t": tenant})
-
-
-def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
-    """The durable timers a parked run's wait needs (``timers.schedule``'s arguments): its deadline
-    (naming the question, for a question's) and, for retries and sleeps, its wake-up time. Pure.
-
-    The wait's times were computed from the deciding process's clock at ``decided_at``; only the
-    delays are kept, counted from the store's clock (a worker minutes fast must not delay a retry).
-    """
-    wait = run.wait
-    if wait is None:
-        return []
-    due = []
-    if wait.wake_at is not None:
-        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:wake", "run_id": run.run_id,
-                    "kind": "retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
-                    "delay": wait.wake_at - decided_at, "payload": {"wait_id": wait.wait_id, "reason": "timer"}})
-    if wait.deadline is not None and wait.deadline != wait.wake_at:
-        # A question's deadline closes the question too: the timer service leaves it to the domain.
-        question = {} if wait.question_id is None else {"question_id": wait.question_id}
-        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:deadline", "run_id": run.run_id,
-                    "kind": "wait_deadline", "delay": wait.deadline - decided_at,
-                    "payload": {"wait_id": wait.wait_id, "reason": "deadline", **question}})
-    return due
-
-
-async def schedule_wait_timers(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
-    for timer in wait_timers(run, decided_at=decided_at):
-        await timers.schedule(conn, **timer)

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.app import webhooks
+from longrun.db import audit as audit_log
 from longrun.db import ceilings, policies
 from longrun.domain import Scope, TenantPolicy
 from longrun.domain.ceiling import Ceiling, beyond, effective, scope_limits
@@ -46,7 +46,7 @@ async def set_policy(conn: AsyncConnection, tenant_id: str, scope: Scope, *, act
             raise BeyondCeiling(f"{actor} may only narrow the policy of tenant {tenant_id!r} within its ceiling; "
                                 f"{why}")
     policy = await policies.put(conn, tenant_id, scope, by=actor)
-    await webhooks.audit(conn, actor=actor, action="tenant_policy.set", target=tenant_id, reason=reason,
+    await audit_log.audit(conn, actor=actor, action="tenant_policy.set", target=tenant_id, reason=reason,
                          details=policy_json(policy), tenant=tenant_id)
     return policy
 
@@ -56,7 +56,7 @@ async def set_ceiling(conn: AsyncConnection, tenant_id: str, scope: Scope, *, ac
     await ceilings.lock(conn, tenant_id)
     await ceilings.put(conn, tenant_id, scope_limits(scope), by=actor)
     now = await ceiling(conn, tenant_id)
-    await webhooks.audit(conn, actor=actor, action="tenant_ceiling.set", target=tenant_id, reason=reason,
+    await audit_log.audit(conn, actor=actor, action="tenant_ceiling.set", target=tenant_id, reason=reason,
                          details=ceiling_json(now), tenant=tenant_id)
     return now
 

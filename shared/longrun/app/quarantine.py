@@ -23,12 +23,12 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app.webhooks import audit
 from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
 from longrun.db import quarantine as rows
 from longrun.db import runs
+from longrun.db.audit import audit
 from longrun.domain import TERMINAL
 from longrun.envelope import Envelope, decode
 from longrun.errors import PoisonMessage

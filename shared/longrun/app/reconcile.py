@@ -36,8 +36,8 @@ Invariants:
   CANCELLING run is woken too: it finishes cancelling once its actions are settled).
 - Several replicas may run every sweep at once; each sweep's module says how. Here claims
   lock the run with SKIP LOCKED.
-- The decisions are written once, against ``app.ports.ReconcileStore``: PostgreSQL in
-  ``app.reconcile_store`` (``reconcile_unknown``, the service's entry), memory in
+- The decisions are written once, against ``ports.stores.ReconcileStore``: PostgreSQL in
+  ``db.reconcile_store`` (``reconcile_unknown``, the service's entry), memory in
   ``longrun.testing.reconcile_store`` (the property tests' world).
 """
 
@@ -56,15 +56,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import logs, metrics, otel
 from longrun.app import effects
-from longrun.app.ports import Doubtful, ReconcileStore, ReconcileTransaction
 from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
 from longrun.app.reconcile_leases import rewake_expired, rewake_expired_leases, seconds_until_a_lease_expires
-from longrun.app.reconcile_store import PgReconcileStore
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
 from longrun.db.errors import is_transient
+from longrun.db.reconcile_store import PgReconcileStore
+from longrun.ports.stores import Doubtful, ReconcileStore, ReconcileTransaction
 from longrun.domain import (HELD_FOR_RECONCILIATION, RECEIPT_FACT_PREFIX, TERMINAL, WAKE_A_WORKER, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
                             thaw)
 from longrun.domain import events as ev
@@ -350,8 +350,8 @@ async def _record(tx: ReconcileTransaction, stored: StoredRun, claim_events: Seq
     await _broadcast(tx, stored, after, key)
     for correction in opened:
         await tx.send([effects.correction_message(after, correction, producer=PRODUCER, cause=f"reconciler:{key}")])
-        await tx.alert(action=CORRECTION_ALERT, target=stored.snapshot.run_id, reason=correction.reason,
-                       details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
+        await tx.alert(actor=PRODUCER, action=CORRECTION_ALERT, target=stored.snapshot.run_id,
+                       reason=correction.reason, details={"logical_action": correction.logical_action, **thaw(correction.evidence)})
         logger.warning("run %s needs a correction: %s", stored.snapshot.run_id, correction.reason)
     # A cancelling run waits for its actions to settle before it can finish: it has work again too.
     if after.snapshot.status in WAKE_A_WORKER:

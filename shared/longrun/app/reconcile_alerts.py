@@ -30,9 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.webhooks import audit, tenant_of_run
 from longrun.authoring import Registry, Tool
 from longrun.db import alerts, outbox, runs
+from longrun.db.audit import audit, tenant_of_run
 from longrun.domain import ActionStatus, RunStatus, closure, thaw
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from longrun.app import effects
 from longrun.app.reconcile_common import METRICS, PRODUCER
 from longrun.bus.connection import Bus
 from longrun.bus.topology import QUARANTINE_QUEUE
-from longrun.db import inbox, runs
+from longrun.db import inbox, outbox, runs
 from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
 from longrun.domain import WORKER_HAS_WORK
@@ -159,7 +159,8 @@ async def _rewake_dead_lettered(conn: AsyncConnection, run_id: str | None) -> No
     if dead > REWAKES_AFTER_DEAD_LETTER:
         logger.error("run %s: %d wakeups dead-lettered; left to an operator", run_id, dead)
         return
-    await effects.wake(conn, stored, reason="wakeup dead-lettered", producer=PRODUCER, cause=f"dead-letter:{run_id}")
+    await outbox.enqueue_many(conn, [effects.wake_message(stored, reason="wakeup dead-lettered", producer=PRODUCER,
+                                                          cause=f"dead-letter:{run_id}")])
     METRICS["quarantine.rewoken"] += 1
     metrics.RECOVERIES.labels("wakeup_dead_lettered").inc()
     logger.warning("run %s: its wakeup was dead-lettered (%d so far); woken again", run_id, dead)

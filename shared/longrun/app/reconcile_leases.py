@@ -2,8 +2,8 @@
 
 Responsibility:
 - ``rewake_expired`` (``rewake_expired_leases`` on PostgreSQL): clear expired leases, waking each
-  run a worker has work for; written against ``app.ports.ReconcileStore`` (PostgreSQL:
-  ``app.reconcile_store``, memory: ``longrun.testing.reconcile_store``).
+  run a worker has work for; written against ``ports.stores.ReconcileStore`` (PostgreSQL:
+  ``db.reconcile_store``, memory: ``longrun.testing.reconcile_store``).
 - ``seconds_until_a_lease_expires``: how long the service may sleep before the next lease runs out.
 
 Invariants:
@@ -21,14 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import metrics
 from longrun.app import effects
-from longrun.app.ports import ExpiredLease, ReconcileStore
 from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.reconcile_store import PgReconcileStore
 from longrun.db import run_leases
 from longrun.db.errors import is_transient
+from longrun.db.reconcile_store import PgReconcileStore
 from longrun.domain import WORKER_HAS_WORK
 from longrun.ports.runs import Message as Outgoing
 from longrun.ports.runs import StoredRun
+from longrun.ports.stores import ExpiredLease, ReconcileStore
 
 logger = logging.getLogger(__name__)
 

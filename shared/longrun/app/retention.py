@@ -25,10 +25,10 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app.webhooks import audit
 from longrun.artifacts import ArtifactStore
 from longrun.db import artifacts
 from longrun.db import retention as rows
+from longrun.db.audit import audit
 
 logger = logging.getLogger(__name__)
 

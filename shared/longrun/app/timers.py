@@ -10,7 +10,7 @@ it back and the timers fire again later; after the commit they are never claimed
 What each timer kind does (the kind names the timer; the payload identifies what it is for):
 
 - ``retry_backoff``, ``sleep``, ``wait_deadline`` (payload ``{"wait_id", "reason"}``, written
-  by ``effects.schedule_wait_timers``): ``RunWoken(wait_id, reason=TIMER | DEADLINE)``. The
+  by ``db.timers.schedule_wait``): ``RunWoken(wait_id, reason=TIMER | DEADLINE)``. The
   pending wait ends, the run becomes READY and a worker is woken; its ``decide`` reads
   ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
   (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
@@ -92,7 +92,7 @@ from longrun.app import timer_shortcut as shortcut
 from longrun.app.timer_firing import Fired, Outcome, plan_batch
 from longrun.authoring import Registry
 from longrun.db import actions as ledger_rows
-from longrun.db import outbox, runs, timers
+from longrun.db import admission, outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.timers import DueTimer, RunHead, WakeTemplate
 from longrun.domain import TERMINAL, RetryPolicy, RunStatus
@@ -238,8 +238,8 @@ async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
     for timer in fired.timers:
         await timers.schedule(conn, **timer)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
-    await effects.notify_admission(conn, [p.after.snapshot.tenant_id for p in fired.plans
-                                          if p.after.snapshot.status in TERMINAL])
+    await admission.notify(conn, effects.ADMISSION_CHANNEL, [p.after.snapshot.tenant_id for p in fired.plans
+                                                              if p.after.snapshot.status in TERMINAL])
 
 
 async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
-from longrun.app.transaction import PgTransaction
 from longrun.db import tool_health
+from longrun.db.transaction import PgTransaction
 from longrun.domain import RunStatus, WakeReason
 from longrun.domain import breaker as machine
 from longrun.domain import events as ev

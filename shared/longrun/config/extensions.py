@@ -21,5 +21,5 @@ class ExtensionSettings(Concern):
     webhook_providers: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_PROVIDERS", parse.named_references,
                                                              "comma-separated name=package.module:attribute", "")
     """Webhook providers by name (``POST /webhooks/<name>``): ``name=package.module:attribute``,
-    comma-separated, each a ``longrun.app.webhooks.Provider``; installed
+    comma-separated, each a ``longrun.ports.webhooks.Provider``; installed
     distributions' ``longrun.webhook_providers`` entry points are loaded too."""

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.schema import HOLDS_SLOT, QUEUED
 
@@ -81,3 +84,10 @@ TENANT_LOCK = "pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"
 LOCK_TENANT = text(f"SELECT {TENANT_LOCK}")
 """A tenant's admission lock (``:t``), held to the end of the transaction: creates and admissions of
 one tenant count its slots one after another."""
+
+
+async def notify(conn: AsyncConnection, channel: str, tenants: Sequence[str]) -> None:
+    """Finished runs freed slots of ``tenants``: let the scheduler (listening on ``channel``) admit the
+    next ones now."""
+    for tenant in sorted(set(tenants)):
+        await conn.execute(text("SELECT pg_notify(:c, :t)"), {"c": channel, "t": tenant})

@@ -28,8 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import driver, jsonb, outbox
 from longrun.db.schema import sql_names, timers
+from longrun.domain import RunSnapshot
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
+from longrun.ports.runs import wait_timers
 
 
 # A batch builds one DueTimer, RunHead and Wake per timer: named tuples cost a fifth of what frozen
@@ -49,6 +51,12 @@ async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: 
     await conn.execute(insert(timers).values(
         timer_key=timer_key, run_id=run_id, kind=kind, wake_at=func.now() + timedelta(seconds=delay),
         payload=payload).on_conflict_do_nothing(index_elements=["timer_key"]))
+
+
+async def schedule_wait(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
+    """The timers of the wait ``run`` is parked in (``ports.runs.wait_timers``)."""
+    for timer in wait_timers(run, decided_at=decided_at):
+        await schedule(conn, **timer)
 
 
 _CANCEL_CALLS = driver.Statement(text(

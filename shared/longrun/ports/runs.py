@@ -11,7 +11,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from longrun.domain import ActionStatus, PinnedVersions, RunSnapshot, closure, evolve, is_late, queue_stint_starts
+from longrun.domain import (
+    ActionStatus,
+    PinnedVersions,
+    RunSnapshot,
+    RunStatus,
+    closure,
+    evolve,
+    is_late,
+    queue_stint_starts,
+)
 from longrun.domain import events as ev
 from longrun.envelope import Envelope
 
@@ -171,6 +180,30 @@ def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRe
                    unwritten_request=request or stored.unwritten_request)
 
 
+def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
+    """The durable timers a parked run's wait needs (``timers.schedule``'s arguments): its deadline
+    (naming the question, for a question's) and, for retries and sleeps, its wake-up time. Pure.
+
+    The wait's times were computed from the deciding process's clock at ``decided_at``; only the
+    delays are kept, counted from the store's clock (a worker minutes fast must not delay a retry).
+    """
+    wait = run.wait
+    if wait is None:
+        return []
+    due = []
+    if wait.wake_at is not None:
+        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:wake", "run_id": run.run_id,
+                    "kind": "retry_backoff" if run.status is RunStatus.RETRY_SCHEDULED else "sleep",
+                    "delay": wait.wake_at - decided_at, "payload": {"wait_id": wait.wait_id, "reason": "timer"}})
+    if wait.deadline is not None and wait.deadline != wait.wake_at:
+        # A question's deadline closes the question too: the timer service leaves it to the domain.
+        question = {} if wait.question_id is None else {"question_id": wait.question_id}
+        due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:deadline", "run_id": run.run_id,
+                    "kind": "wait_deadline", "delay": wait.deadline - decided_at,
+                    "payload": {"wait_id": wait.wait_id, "reason": "deadline", **question}})
+    return due
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerRequest:
     """A call as the action ledger records it: the request and, for a call recorded only once it
@@ -239,6 +272,13 @@ class Transition:
         """The move parks the run in a wait: its timers are scheduled and an event kept for its key
         ends it at once."""
         return self.planned.release_lease and self.planned.after.snapshot.wait is not None
+
+    @property
+    def wait_timers(self) -> list[dict[str, Any]]:
+        """The timers of the wait it parks the run in (none when it settles no wait)."""
+        if not self.settles_wait:
+            return []
+        return wait_timers(self.planned.after.snapshot, decided_at=self.planned.rows[-1][0].at)
 
     @property
     def alone(self) -> bool:

@@ -1,4 +1,4 @@
-"""The reconciler's sweeps that move runs (``app.ports.ReconcileStore``) in memory, over the ``World``'s
+"""The reconciler's sweeps that move runs (``ports.stores.ReconcileStore``) in memory, over the ``World``'s
 tables, and the entry points the ``World`` calls: the real ``app.reconcile`` and ``app.reconcile_leases``
 use cases, run on ``World.loop``.
 
@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from longrun.app import reconcile, reconcile_leases
-from longrun.app.ports import Doubtful, ExpiredLease
 from longrun.app.reconcile import ABANDONED_AFTER
 from longrun.db import outbox
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
 from longrun.domain import events as ev
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
+from longrun.ports.stores import Doubtful, ExpiredLease
 from longrun.testing.tables import Tables
 
 if TYPE_CHECKING:
@@ -138,8 +138,8 @@ class MemoryReconcileTransaction:
     async def register(self, artifact: Artifact, run_id: str) -> None:
         self.world.artifacts[artifact.ref] = artifact.size
 
-    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
-        self.world.audit_log.append({"actor": reconcile.PRODUCER, "action": action, "target": target,
+    async def alert(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        self.world.audit_log.append({"actor": actor, "action": action, "target": target,
                                      "reason": reason, "details": dict(details)})
 
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:

@@ -1,4 +1,4 @@
-"""The scheduler's, the operator's and the gateway's transaction (``app.ports.RunTransaction``) in
+"""The scheduler's, the operator's and the gateway's transaction (``ports.stores.RunTransaction``) in
 memory: the ``World``'s tables, inside ``World.in_transaction`` (all or nothing)."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from longrun.ports.webhooks import Translated
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 from longrun.ports.runs import AtOnce, Found, LedgerOutcome, StoredRun
+from longrun.ports.webhooks import Translated
 from longrun.testing.tables import Tables
 
 

@@ -1,5 +1,5 @@
 """Workers in memory: the real ``Worker`` over the ``World``'s tables (``MemoryWorkerStore``, the
-``app.ports.WorkerStore`` of memory), its runs stepped one checkpoint at a time.
+``ports.stores.WorkerStore`` of memory), its runs stepped one checkpoint at a time.
 
 Each store call first awaits a ``checkpoint``, so a test can stop (or kill) a worker before any of
 its reads and writes. What rides with a transition lands where the relay would take it: wakeups in
@@ -13,15 +13,15 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from longrun.app import webhooks
+from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Taken, Worker
-from longrun.app.ports import CrashPoints
 from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.domain import TenantPolicy
-from longrun.errors import LeaseLost
 from longrun.envelope import Envelope
+from longrun.errors import LeaseLost
 from longrun.model import ModelAdapter, ScriptedModel
 from longrun.ports.runs import Fence, LedgerRequest, Rides, StoredRun, Transition
+from longrun.ports.stores import CrashPoints
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.world import World
@@ -91,7 +91,8 @@ class MemoryWorkerStore:
                 outcome = transition.outcome
                 self.store.record(outcome.key, outcome.status, **outcome.fields)
             if transition.settles_wait:
-                self.world.schedule_wait_timers(after.snapshot, decided_at=planned.rows[-1][0].at)
+                for timer in transition.wait_timers:
+                    self.store.schedule(**timer)
                 after = await webhooks.match_kept(MemoryTransaction(self.world), after, clock=self.world.clock)
         return after
 

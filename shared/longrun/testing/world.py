@@ -1,7 +1,7 @@
 """The ensemble around the workers, in memory: the bus (pending and delivered messages), the
 scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
-reconciler's sweeps — each the runtime's own use case (``app.admit``, ``app.timers.plan_batch``,
-``app.webhooks``, ``app.operate``, ``app.reconcile``) over the in-memory adapters
+reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timers.plan_batch``,
+``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconcile``) over the in-memory adapters
 (``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
 real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
 
@@ -24,9 +24,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import admit, effects, operate, timers, webhooks
-from longrun.ports.webhooks import Translated
+from longrun.app import timers
+from longrun.app.gateway import operate, webhooks
+from longrun.app.scheduler import admit
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
+from longrun.ports.webhooks import Translated
 from longrun.domain import (
     ActionStatus,
     CallTool,
@@ -47,12 +49,12 @@ from longrun.domain import (
     request_hash,
     thaw,
 )
+from longrun.db import outbox
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
-from longrun.db import outbox
 from longrun.identity import GROUP_PREFIX, Principal
-from longrun.testing.checkpoints import checkpoint
 from longrun.testing import reconcile_store
+from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
 from longrun.testing.transaction import MemoryTransaction
 from longrun.workflows import steps
@@ -282,15 +284,10 @@ class World:
     def new_id(self, prefix: str = "id") -> str:
         return f"{prefix}-{next(self._ids)}"
 
-    # -- effects (app/effects.py) ---------------------------------------------------------------------
-    def schedule_wait_timers(self, run: RunSnapshot, *, decided_at: float) -> None:
-        for timer in effects.wait_timers(run, decided_at=decided_at):
-            self.store.schedule(**timer)
-
-    # -- the scheduler (app/admit.py) ------------------------------------------------------------------
+    # -- the scheduler (app/scheduler/admit.py) ------------------------------------------------------------------
     def create(self, *, tenant_id: str, key: str, kind: str, goal: Mapping[str, Any],
                tool_calls: int = 50, timeouts: Mapping[str, float] | None = None) -> str:
-        """The scheduler's create (``app.admit.create_run``): the run (or the one made under ``key``),
+        """The scheduler's create (``app.scheduler.admit.create_run``): the run (or the one made under ``key``),
         announced and admitted at once; its id."""
         request = make("run.create", {"workflow": kind, "idempotency_key": key, "input": dict(goal),
                                       "budget": {"model_calls": 5, "tool_calls": tool_calls, "cost_usd": 5.0},
@@ -326,7 +323,7 @@ class World:
 
     # -- one transaction of the runtime's use cases ---------------------------------------------------
     def in_transaction(self, use_case: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
-        """Run an operator's or the gateway's use case (``app.operate``, ``app.webhooks``) all or nothing."""
+        """Run an operator's or the gateway's use case (``app.gateway.operate``, ``app.gateway.webhooks``) all or nothing."""
         kept, sent, audited = dict(self.kept), (list(self.pending), list(self.broadcasts)), list(self.audit_log)
         try:
             with self.store.transaction():
@@ -341,7 +338,7 @@ class World:
         for message in messages:
             (self.pending if message.envelope.type == "run.wakeup" else self.broadcasts).append(message.envelope)
 
-    # -- the gateway (app/webhooks.py) -------------------------------------------------------------------
+    # -- the gateway (app/gateway/webhooks.py) -------------------------------------------------------------------
     def receive_webhook(self, hook: Webhook) -> dict[str, Any]:
         return self.in_transaction(lambda tx: webhooks.intake(tx, PROVIDER, hook, {}, clock=self.clock))
 
@@ -349,7 +346,7 @@ class World:
         return [hook for hook, matched in self.kept.values()
                 if matched is None and hook.correlation_key == correlation_key]
 
-    # -- the operator (app/operate.py) ---------------------------------------------------------------------
+    # -- the operator (app/gateway/operate.py) ---------------------------------------------------------------------
     def operate(self, run_id: str, action: str, *, actor: str = "ops", reason: str = "test") -> dict[str, Any]:
         """An operator's cancel, pause, resume or terminate; refused (``DomainError``) changes nothing."""
         if action == "terminate":

@@ -1,4 +1,4 @@
-"""The worker's watch over one tool call (``app.calls``): start-to-close, the heartbeat watchdog,
+"""The worker's watch over one tool call (``app.worker.calls``): start-to-close, the heartbeat watchdog,
 a call that ignores cancellation, and heartbeats' progress written at most every interval."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from longrun.app.calls import UNRECORDED, Call, supervise
+from longrun.app.worker.calls import UNRECORDED, Call, supervise
 from longrun.authoring import Tool, heartbeat
 from longrun.domain import EffectKind
 from longrun.errors import CallTimedOut, LeaseLost

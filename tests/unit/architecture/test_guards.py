@@ -1,7 +1,7 @@
 """Guards that keep the code's shape: no import cycle in ``shared/longrun``, no module over 500 lines
-and no service entrypoint over 150, and the use-case packages free of drivers and of the PostgreSQL
-adapters. Each guard is a function of a source tree; each has a mutant of the real tree it must
-catch, so a guard that stopped looking fails too."""
+and no service entrypoint over 150, the use-case packages free of drivers and of the PostgreSQL
+adapters, and the adapters and ports free of use cases. Each guard is a function of a source tree;
+each has a mutant of the real tree it must catch, so a guard that stopped looking fails too."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parents[3]
 MODULE_LINES = 500
 ENTRYPOINT_LINES = 150
 ENTRYPOINTS = ("main.py", "__main__.py")
-USE_CASE_PACKAGES = ("longrun.app.worker",)
+USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler")
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
-bus through the ports (``longrun.ports``, ``longrun.app.ports``)."""
+bus through the ports (``longrun.ports``)."""
+SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions")
+"""What several services' use cases share (the messages a transition sends, a question's answer check):
+as pure as the packages."""
 DRIVERS = ("sqlalchemy", "psycopg", "aio_pika", "aiormq", "longrun.db")
 
 
@@ -43,15 +46,39 @@ def oversized(root: Path) -> list[str]:
 
 def impure_use_cases(root: Path) -> list[str]:
     known = modules(root / "shared", "longrun")
-    found = []
+    found: list[str] = []
+    checked: list[str] = []
     for package in USE_CASE_PACKAGES:
         members = [name for name in known if name == package or name.startswith(package + ".")]
         if len(members) <= 1:
             found.append(f"{package}: no such package, or it holds no module")
-        for name in members:
-            for imported in _imports(known[name]):
-                if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
-                    found.append(f"{name} imports {imported}")
+        checked.extend(members)
+    for module in SHARED_USE_CASE_MODULES:
+        if module not in known:
+            found.append(f"{module}: no such module")
+        else:
+            checked.append(module)
+    for name in checked:
+        for imported in _imports(known[name]):
+            if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
+                found.append(f"{name} imports {imported}")
+    return found
+
+
+ADAPTERS_AND_PORTS = ("longrun.db", "longrun.ports")
+"""The PostgreSQL adapters and the ports: use cases call them, never the other way round (a use case a
+store needs, such as matching a kept webhook event, is handed to it by its service)."""
+
+
+def adapters_calling_use_cases(root: Path) -> list[str]:
+    known = modules(root / "shared", "longrun")
+    found = []
+    for name in sorted(known):
+        if not any(name == p or name.startswith(p + ".") for p in ADAPTERS_AND_PORTS):
+            continue
+        for imported in sorted(_imports(known[name])):
+            if imported == "longrun.app" or imported.startswith("longrun.app."):
+                found.append(f"{name} imports {imported}")
     return found
 
 
@@ -66,7 +93,8 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-GUARDS = {"import cycles": import_cycles, "module size": oversized, "use-case purity": impure_use_cases}
+GUARDS = {"import cycles": import_cycles, "module size": oversized, "use-case purity": impure_use_cases,
+          "adapters below use cases": adapters_calling_use_cases}
 
 
 @pytest.mark.parametrize("guard", GUARDS)
@@ -98,6 +126,12 @@ MUTANTS = {
                                                                  "\nfrom longrun.db import runs\n")),
     "a use case importing a driver": ("use-case purity", Mutant("shared/longrun/app/worker/rounds.py",
                                                                 "\nimport sqlalchemy\n")),
+    "a gateway use case importing the bus client": ("use-case purity", Mutant(
+        "shared/longrun/app/gateway/operate.py", "\nimport aio_pika\n")),
+    "a store calling a use case": ("adapters below use cases", Mutant(
+        "shared/longrun/db/worker_store.py", "\nfrom longrun.app.gateway import webhooks\n")),
+    "a shared use case reaching an adapter": ("use-case purity", Mutant("shared/longrun/app/effects.py",
+                                                                       "\nfrom longrun.db import outbox\n")),
 }
 
 
@@ -105,3 +139,9 @@ MUTANTS = {
 def test_each_guard_catches_its_mutant(mutant: str, tmp_path: Path) -> None:
     guard, change = MUTANTS[mutant]
     assert GUARDS[guard](change.applied(tmp_path)) != []
+
+
+def test_a_listed_use_case_package_that_is_gone_fails_the_purity_guard(tmp_path: Path) -> None:
+    tree = Mutant("shared/longrun/app/gateway/__init__.py", "").applied(tmp_path)
+    shutil.rmtree(tree / "shared/longrun/app/gateway")
+    assert impure_use_cases(tree) == ["longrun.app.gateway: no such package, or it holds no module"]

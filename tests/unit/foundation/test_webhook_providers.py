@@ -18,15 +18,16 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import webhook_providers
-from longrun.app.webhooks import Signature, Translated, refusal
+from longrun.app.gateway.webhooks import refusal
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.errors import ConfigError
+from longrun.ports.webhooks import Signature, Translated
 from longrun_dependency_upgrade.webhooks import forge
 from services.gateway.http import create_app
 
 HOOKS_MODULE = '''
-from longrun.app.webhooks import Provider, Signature, Translated
+from longrun.ports.webhooks import Provider, Signature, Translated
 
 def closed(payload):
     return Translated(str(payload["id"]), f"issue/{payload['issue']}", "issue_closed", {"by": payload["by"]})
@@ -59,7 +60,7 @@ def test_a_named_reference_and_an_installed_entry_point_are_both_providers(autho
     ("tracker=acme_missing:tracker", "'acme_missing:tracker': cannot import acme_missing: ModuleNotFoundError"),
     ("tracker=acme_hooks:nothing", "acme_hooks has no attribute 'nothing'"),
     ("tracker=acme_hooks:NOT_A_PROVIDER", "'acme_hooks:NOT_A_PROVIDER' is not a provider (a "
-     "longrun.app.webhooks.Provider): got function"),
+     "longrun.ports.webhooks.Provider): got function"),
     ("forge=acme_hooks:tracker", "provider 'forge' is named twice"),
 ])
 def test_a_bad_reference_names_where_it_came_from_the_reference_and_why(author: str, reference: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from longrun.app.operate import AnswerRefused, NotPending, NotPermitted
+from longrun.app.gateway.operate import AnswerRefused, NotPending, NotPermitted
 from longrun.authoring import RunKind
 from longrun.domain import (
     AskUser,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longrun.app import effects
-from longrun.app.ports import CrashPoints, WorkerStore
 from longrun.authoring import Registry, Tool
 from longrun.domain import ActionStatus, request_hash
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
+from longrun.ports.stores import CrashPoints, WorkerStore
 from longrun.ports.runs import (
     Artifact,
     Fence,

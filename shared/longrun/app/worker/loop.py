@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
-from longrun.app.ports import CrashPoints, WorkerStore
 from longrun.app.tool_health import Breakers
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
@@ -33,6 +32,7 @@ from longrun.errors import DecodeError, LeaseLost, StaleRevision
 from longrun.model import ModelAdapter
 from longrun.ports import inbox
 from longrun.ports.runs import Fence, StoredRun
+from longrun.ports.stores import CrashPoints, WorkerStore
 
 logger = logging.getLogger("longrun.app.worker")
 ADOPT_BATCH = 32

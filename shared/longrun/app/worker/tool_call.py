@@ -10,8 +10,8 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import otel
-from longrun.app.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.worker import tool_answers as answers
+from longrun.app.worker.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.worker.commit import Step, ToolRequest
 from longrun.app.worker.far_side import FarSide, start_to_close
 from longrun.app.worker.scope import refuse, scope_check

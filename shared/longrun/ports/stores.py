@@ -2,8 +2,8 @@
 ``WorkerStore``, the operator's and the gateway's a ``RunTransaction``, the reconciler's sweeps that
 move runs (actions in doubt, expired leases) a ``ReconcileStore``.
 
-Two adapters keep each contract: PostgreSQL (``app.worker_store``, ``app.transaction``,
-``app.reconcile_store``: the runtime, with its one-statement fast paths) and memory
+Two adapters keep each contract: PostgreSQL (``db.worker_store``, ``db.transaction``,
+``db.reconcile_store``: the runtime, with its one-statement fast paths) and memory
 (``longrun.testing.workers``, ``longrun.testing.transaction``, ``longrun.testing.reconcile_store``:
 for property tests and run kinds' own tests). ``tests/integration/test_memory_contract.py`` runs the
 same calls against both and demands the same answers.
@@ -15,17 +15,17 @@ either way nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from longrun.ports import inbox
-from longrun.ports.inbox import Claimed, Duplicate, Handled
 from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.events import RunCreated, RunEvent
-from longrun.ports.runs import Message as Outgoing
+from longrun.ports import inbox
+from longrun.ports.inbox import Claimed, Duplicate, Handled
 from longrun.ports.runs import Artifact, AtOnce, Fence, Found, LedgerOutcome, LedgerRequest, StoredRun, Transition
+from longrun.ports.runs import Message as Outgoing
 from longrun.ports.webhooks import Translated
 
 CrashPoints = Callable[[str], None]
@@ -82,8 +82,8 @@ class WorkerStore(Protocol):
 
 
 class RunTransaction(Protocol):
-    """What the scheduler's, the operator's and the gateway's use cases (``app.admit``, ``app.operate``,
-    ``app.webhooks``) do inside one transaction: all of it commits together or none of it does."""
+    """What the scheduler's, the operator's and the gateway's use cases (``app.scheduler.admit``, ``app.gateway.operate``,
+    ``app.gateway.webhooks``) do inside one transaction: all of it commits together or none of it does."""
 
     async def load(self, run_id: str, *, lock: bool = False) -> StoredRun | None:
         """``lock``: held until the transaction ends (another writer of the run waits)."""
@@ -133,6 +133,11 @@ class RunTransaction(Protocol):
                      at_once: AtOnce, announce: Sequence[Outgoing]) -> StoredRun | None:
         """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
         its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""
+
+
+MatchKept = Callable[[RunTransaction, StoredRun], Awaitable[StoredRun]]
+"""Run where a wait starts, in the transaction that parks the run: an event kept for the wait's key
+ends it at once (``app.gateway.webhooks.match_kept``, given to the worker's store by its service)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +196,8 @@ class ReconcileTransaction(Protocol):
     async def register(self, artifact: Artifact, run_id: str) -> None:
         """An uploaded receipt, referenced from the run."""
 
-    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
-        """An alert for a person (an audit row by the reconciler), written with the transaction."""
+    async def alert(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        """An alert for a person (an audit row by ``actor``), written with the transaction."""
 
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:
         """Up to ``limit`` expired leases, earliest expiry first, cleared (their runs locked;

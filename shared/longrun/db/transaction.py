@@ -1,4 +1,4 @@
-"""The scheduler's, the operator's and the gateway's transaction (``app.ports.RunTransaction``) on
+"""The scheduler's, the operator's and the gateway's transaction (``ports.stores.RunTransaction``) on
 PostgreSQL: one connection inside a transaction (``engine.begin()``, or a consumer's)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import otel
-from longrun.app import webhooks
-from longrun.ports.webhooks import Translated
 from longrun.db import actions as ledger
+from longrun.db import audit as audit_log
 from longrun.db import inbox, outbox, policies, runs
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_deliveries, webhook_events
 from longrun.domain import MATCHED_BY_KEY, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
 from longrun.ports.runs import LedgerOutcome, StoredRun
+from longrun.ports.webhooks import Translated
 
 _MATCHED_BY = sorted(s.value for s in MATCHED_BY_KEY)
 
@@ -38,8 +38,8 @@ class PgTransaction:
         await outbox.enqueue_many(self.conn, messages)
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
-        await webhooks.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
-                             details=dict(details), tenant=webhooks.tenant_of_run(target))
+        await audit_log.audit(self.conn, actor=actor, action=action, target=target, reason=reason,
+                             details=dict(details), tenant=audit_log.tenant_of_run(target))
 
     async def record(self, outcome: LedgerOutcome) -> None:
         await ledger.record(self.conn, outcome.key, outcome.status, **outcome.fields)

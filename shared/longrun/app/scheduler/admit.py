@@ -24,34 +24,25 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from weakref import WeakKeyDictionary
 from typing import Any
 
 import orjson
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from longrun import metrics
 from longrun.app import effects
-from longrun.app.ports import RunTransaction
-from longrun.app.producers import ProducerTenants
-from longrun.app.transaction import PgTransaction
 from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
-from longrun.bus.consumer import PUBLISHER
-from longrun.db import admission, outbox, policies, runs
-from longrun.db.schema import QUEUED
 from longrun.domain import TERMINAL, RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
+from longrun.domain.timeouts import resolve
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
-from longrun.domain.timeouts import resolve
 from longrun.envelope.payloads import RejectionCode, RunScope
 from longrun.envelope.payloads import RunTimeouts as RunTimeoutsV4
-from longrun.errors import DecodeError, PoisonMessage, UnknownSchemaVersion
+from longrun.ports.runs import AtOnce, Found
+from longrun.ports.stores import RunTransaction
 from longrun_client.storable import unstorable
 
 PRODUCER = "scheduler"
@@ -138,7 +129,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
                                         producer=PRODUCER)
     stored = await tx.create(created, idempotency_key=request.idempotency_key, input_hash=offered,
                              partition=partition, announce=[accepted],
-                             at_once=runs.AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
+                             at_once=AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await tx.find(envelope.tenant_id, request.idempotency_key)
         assert found is not None
@@ -147,36 +138,6 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         metrics.ADMISSION_DELAY.labels(kind.name).observe(max(0.0, clock() - envelope.occurred_at.timestamp()))
         return {"run_id": run_id, "created": True, "admitted": True}
     return {"run_id": run_id, "created": True}
-
-
-class Ingress:
-    """The scheduler's ingress consumer: its ``prelude`` and its ``handle`` share one transaction per
-    batch of creates, and what the prelude read."""
-
-    def __init__(self, *, kinds: Registry, partitions: int, slots: int, max_input_bytes: int,
-                 producers: ProducerTenants) -> None:
-        self.options = {"kinds": kinds, "partitions": partitions, "slots": slots, "max_input_bytes": max_input_bytes}
-        self.producers = producers
-        self._read: WeakKeyDictionary[AsyncConnection, dict[str, TenantPolicy | None]] = WeakKeyDictionary()
-
-    async def prelude(self, conn: AsyncConnection, envelopes: list[Envelope]) -> None:
-        """Before any create, the batch takes its tenants' admission locks in tenant order, so two
-        batches cannot deadlock, each with the tenant's policy in the same statement."""
-        self._read[conn] = {tenant: await policies.lock_and_load(conn, tenant)
-                            for tenant in sorted({e.tenant_id for e in envelopes})}
-
-    async def handle(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
-        """``create_run`` in the consumer's transaction, under the lock and policy the prelude read,
-        when the create's publisher may create runs in its tenant."""
-        if envelope.type != "run.create":
-            # The ingress binds run.create's routing key, but a producer chooses the type in the body.
-            raise DecodeError(f"a {envelope.type} on the ingress, where only run.create is read", b"")
-        publisher = PUBLISHER.get()
-        if not self.producers.allows(publisher, envelope.tenant_id):
-            return await refuse_publisher(PgTransaction(conn), envelope, publisher,
-                                          partitions=self.options["partitions"])
-        return await create_run(PgTransaction(conn), envelope, **self.options,
-                                locked=Locked(self._read[conn][envelope.tenant_id]))
 
 
 async def refuse_publisher(tx: RunTransaction, envelope: Envelope, publisher: str | None, *,
@@ -223,10 +184,7 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
     return kind
 
 
-ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")
-
-
-async def _existing(tx: RunTransaction, envelope: Envelope, found: runs.Found, offered: str,
+async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offered: str,
                     partitions: int, kinds: Registry) -> dict[str, Any]:
     """A repeated create: announced again (a new event, the same run), or refused if its input differs.
     A run that has ended is announced with its outcome: its terminal event is not published again,
@@ -284,57 +242,3 @@ def readable_outer(body: bytes) -> Outer | None:
 def _text(value: Any) -> str | None:
     """A string the answer can carry (PostgreSQL keeps it in the outbox), else None."""
     return value if isinstance(value, str) and unstorable(value) is None else None
-
-
-async def refuse(conn: AsyncConnection, body: bytes, error: PoisonMessage, *, partitions: int) -> None:
-    """The ingress's answer to a run.create it cannot read: ``run.rejected`` to its producer when
-    its envelope names a tenant (and so a routing key) and an id; nothing otherwise."""
-    outer = readable_outer(body)
-    if outer is None:
-        return
-    code = (RejectionCode.UNKNOWN_SCHEMA_VERSION if isinstance(error, UnknownSchemaVersion)
-            else RejectionCode.INVALID_PAYLOAD)
-    await outbox.enqueue_many(conn, [effects.rejected_message(
-        tenant_id=outer.tenant_id, correlation_id=outer.correlation_id, refused_event_id=outer.event_id,
-        idempotency_key=outer.idempotency_key, code=code, reason=str(error), partitions=partitions,
-        producer=PRODUCER)])
-
-
-QUEUED_TENANTS = text(f"SELECT DISTINCT tenant_id FROM runs WHERE {QUEUED}")
-
-
-async def queued_tenants(conn: AsyncConnection) -> list[str]:
-    """Tenants with a run waiting for a slot."""
-    return list((await conn.execute(QUEUED_TENANTS)).scalars())
-
-
-async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
-                tenants: Sequence[str] | None = None) -> list[str]:
-    """Admit what the free slots of ``tenants`` (default: every tenant with a queued run) allow;
-    returns the admitted run ids."""
-    if tenants is None:
-        tenants = await queued_tenants(conn)
-    admitted: list[str] = []
-    for tenant in sorted(tenants):
-        await _lock_tenant(conn, tenant)
-        free = slots - await _active(conn, tenant, slots)
-        if free <= 0:
-            continue
-        rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
-        chosen = sorted(rows, key=lambda r: (-r.score, r.created_at))
-        for r in chosen:
-            metrics.ADMISSION_DELAY.labels(r.workflow).observe(max(0.0, float(r.waited)))
-        await outbox.enqueue_many(conn, [effects.wake_message_of(
-            tenant_id=r.tenant_id, run_id=r.run_id, revision=r.revision, partition=r.partition, reason="admitted",
-            producer=PRODUCER, cause=f"admission:{tenant}") for r in chosen])
-        admitted += [r.run_id for r in chosen]
-    return admitted
-
-
-async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
-    await conn.execute(admission.LOCK_TENANT, {"t": tenant})
-
-
-async def _active(conn: AsyncConnection, tenant: str, slots: int) -> int:
-    """The slots the tenant's runs hold, counted up to ``slots``."""
-    return (await conn.execute(ACTIVE, {"t": tenant, "slots": slots})).scalar_one()

@@ -19,54 +19,26 @@ import hmac
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind
-from sqlalchemy import ColumnElement, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import logs, metrics, otel
 from longrun.app import effects
-from longrun.db import inbox
-from longrun.db.schema import audit_log
-from longrun.db.schema import runs as runs_table
 from longrun.domain import AWAITING_ANSWER, RunStatus, WakeReason, freeze
 from longrun.domain import events as ev
+from longrun.ports import inbox
 from longrun.ports.runs import StoredRun
-from longrun.ports.webhooks import Translated
+from longrun.ports.webhooks import Provider, Signature, Translated
 from longrun_client.storable import unstorable
 
 if TYPE_CHECKING:
-    from longrun.app.ports import RunTransaction
+    from longrun.ports.stores import RunTransaction
 
 PRODUCER = "gateway"
 MAX_EVENT_ID = 200
 MAX_CORRELATION_KEY = 500
 """Characters. Both are index keys, and a btree entry holds at most 2704 bytes (a character takes up to 4)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Signature:
-    """How a provider signs a delivery: HMAC-SHA256 with the shared secret, hex, after ``prefix``, in
-    the request header ``header``."""
-
-    header: str
-    prefix: str = "sha256="
-    timestamp_header: str | None = None
-    """For a provider that signs the time of sending with the body (``<timestamp>.<body>``, Unix
-    seconds, the timestamp in this header): a delivery sent outside the replay window
-    (``LONGRUN_WEBHOOK_REPLAY_WINDOW``) is refused, so a captured request cannot be sent again later.
-    None: the provider signs the body alone, and dedup by its event id is the protection."""
-
-
-@dataclass(frozen=True, slots=True)
-class Provider:
-    """A webhook provider (``POST /webhooks/<name>``), loaded by ``longrun.webhook_providers``."""
-
-    translate: Callable[[dict[str, Any]], Translated]
-    """Its verified payload to what it means to longrun (``ValueError`` when it means nothing longrun knows)."""
-    signature: Signature
 
 
 def refusal(signature: Signature, secret: str, headers: Mapping[str, str], body: bytes, *, now: float,
@@ -94,19 +66,6 @@ def refusal(signature: Signature, secret: str, headers: Mapping[str, str], body:
         return (f"stamped {sent_at - now:.0f}s ahead of the gateway's clock, outside the {replay_window:g}s "
                 "replay window")
     return None
-
-
-async def audit(conn: AsyncConnection, *, actor: str, action: str, target: str, reason: str,
-                details: dict[str, Any] | None = None, tenant: str | ColumnElement[str] | None = None) -> None:
-    """One audit entry; ``tenant``: the tenant it concerns (``tenant_of_run`` for an entry about a
-    run), which alone decides which tenants' viewers see it."""
-    await conn.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
-                                                 details=details or {}, tenant_id=tenant))
-
-
-def tenant_of_run(run_id: str) -> ColumnElement[str]:
-    """The tenant of the run ``run_id``, read in the statement that writes the entry."""
-    return select(runs_table.c.tenant_id).where(runs_table.c.run_id == run_id).scalar_subquery()
 
 
 async def receive(tx: RunTransaction, provider: str, payload: dict[str, Any], *, providers: Mapping[str, Provider],

@@ -1,4 +1,4 @@
-"""The reconciler's sweeps that move runs (``app.ports.ReconcileStore``) on PostgreSQL: candidates read
+"""The reconciler's sweeps that move runs (``ports.stores.ReconcileStore``) on PostgreSQL: candidates read
 on a connection of their own, each claim, settlement or lease sweep one transaction (``engine.begin()``).
 
 Staleness and lease expiry are measured by the database clock (``now()``), so reconcilers on hosts
@@ -16,18 +16,17 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app.ports import Doubtful, ExpiredLease
-from longrun.app.reconcile_common import PRODUCER
-from longrun.app.webhooks import audit, tenant_of_run
 from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
 from longrun.db.artifacts import register
+from longrun.db.audit import audit, tenant_of_run
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
 from longrun.domain import events as ev
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
+from longrun.ports.stores import Doubtful, ExpiredLease
 
 _A = ActionStatus
 
@@ -139,8 +138,8 @@ class PgReconcileTransaction:
         await register(self.conn, self.artifacts, artifact.ref, size=artifact.size, media_type="application/json",
                        run_id=run_id)
 
-    async def alert(self, *, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
-        await audit(self.conn, actor=PRODUCER, action=action, target=target, reason=reason, details=details,
+    async def alert(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
+        await audit(self.conn, actor=actor, action=action, target=target, reason=reason, details=details,
                     tenant=tenant_of_run(target))
 
     async def clear_expired(self, limit: int) -> list[ExpiredLease]:

@@ -17,10 +17,10 @@ from typing import Any
 
 from longrun import logs, otel
 from longrun.app import effects, questions
-from longrun.app.ports import RunTransaction
 from longrun.authoring import Registry
-from longrun.identity import Principal
 from longrun.errors import DomainError, ErrorCode
+from longrun.identity import Principal
+from longrun.ports.stores import RunTransaction
 from longrun.domain import (
     WAKE_A_WORKER,
     ANSWER_FACT_PREFIX,

@@ -1,4 +1,4 @@
-"""The worker's store (``app.ports.WorkerStore``) on PostgreSQL.
+"""The worker's store (``ports.stores.WorkerStore``) on PostgreSQL.
 
 The common step is one statement sent on its own (``statements``, no transaction around it);
 whatever needs several statements — an artifact's registration, a ledger key used before, a
@@ -7,33 +7,33 @@ wait's timers and kept events — gets a transaction of the engine's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects, webhooks
-from longrun.app.transaction import PgTransaction
 from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
-from longrun.db import leases
-from longrun.db import inbox, policies, runs
+from longrun.db import leases, policies, runs
 from longrun.db import timers as timer_rows
 from longrun.db.artifacts import register
 from longrun.db.driver import Pool
 from longrun.db.errors import is_transient, is_unique_violation
+from longrun.db.transaction import PgTransaction
 from longrun.domain import TenantPolicy
 from longrun.errors import LeaseLost
+from longrun.ports import inbox
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun, Transition
+from longrun.ports.stores import MatchKept
 
 
 class PgWorkerStore:
     def __init__(self, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                 clock: Callable[[], float]) -> None:
+                 match_kept: MatchKept) -> None:
         self.engine = engine
         self.statements = statements
         self.artifacts = artifacts
-        self.clock = clock
+        self.match_kept = match_kept
 
     async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
                              served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
@@ -84,8 +84,9 @@ class PgWorkerStore:
                 outcome = transition.outcome
                 await ledger.record(conn, outcome.key, outcome.status, **outcome.fields)
             if transition.settles_wait:
-                await effects.schedule_wait_timers(conn, after.snapshot, decided_at=planned.rows[-1][0].at)
-                after = await webhooks.match_kept(PgTransaction(conn), after, clock=self.clock)
+                for timer in transition.wait_timers:
+                    await timer_rows.schedule(conn, **timer)
+                after = await self.match_kept(PgTransaction(conn), after)
         return after
 
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
