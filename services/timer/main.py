@@ -1,6 +1,6 @@
 """timer service: fires due timers exactly once per timer key, sharing the work among replicas.
 
-The loop fires batches (``longrun.app.timers.fire_due``, one transaction each, SKIP LOCKED
+The loop fires batches (``services.timer.batches.fire_due``, one transaction each, SKIP LOCKED
 so any number of replicas run side by side) until less than a full batch was due, then
 sleeps until the earliest unfired timer is due, asking PostgreSQL once per round (never
 per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by other
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import timers
 from longrun.authoring import Registry
 from longrun.bootstrap import open_database, watch
 from longrun.config import Settings
-from longrun.domain import RetryPolicy
 from longrun.db.errors import is_transient
+from longrun.domain import RetryPolicy
+from services.timer import batches
 
 SERVICE = "timer"
 MAX_SLEEP = 0.5
@@ -44,14 +44,14 @@ async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
                     clock: Callable[[], float] = time.time, kinds: Registry | None = None,
                     retry: RetryPolicy = RetryPolicy()) -> None:
     async def drain() -> None:
-        while not stopping.is_set() and await timers.fire_due(
+        while not stopping.is_set() and await batches.fire_due(
                 engine, batch=batch, clock=clock, producer=SERVICE, kinds=kinds, retry=retry) == batch:
             pass
 
     burst = False
     while not stopping.is_set():
         try:
-            if burst or await timers.fire_due(engine, batch=batch, clock=clock, producer=SERVICE,
+            if burst or await batches.fire_due(engine, batch=batch, clock=clock, producer=SERVICE,
                                               kinds=kinds, retry=retry) == batch:
                 # A lane that fails stops; the others finish the backlog, then the first error is handled.
                 failed = [r for r in await asyncio.gather(*(drain() for _ in range(LANES)), return_exceptions=True)
@@ -73,7 +73,7 @@ async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
 
 async def _sleep_for(engine: AsyncEngine, batch: int) -> tuple[float, bool]:
     """How long to sleep, and whether a whole batch will be due on waking."""
-    coming = await timers.next_wakes(engine, batch=batch)
+    coming = await batches.next_wakes(engine, batch=batch)
     if coming.first_in is None or coming.first_in <= 0:
         # Nothing unfired, or what is due is held by another replica (which keeps firing until
         # it runs out) or is a timer left unfired after a failure: no reason to spin on it.

@@ -13,7 +13,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app.gateway import webhooks
-from longrun.app.timers import fire_due
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.db import actions as ledger
@@ -24,6 +23,7 @@ from longrun.db.worker_store import PgWorkerStore
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun
+from services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS
 
 pytestmark = pytest.mark.integration

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import timers as firing
 from longrun.app.gateway import operate
 from longrun.bus import topology
 from longrun.db import leases, runs, timers
 from longrun.db.transaction import PgTransaction
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
+from services.timer import batches as firing
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.test_approval_binding import approval_requests, approve

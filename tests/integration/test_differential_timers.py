@@ -22,8 +22,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
-from longrun.app import timer_shortcut as shortcut
-from longrun.app import timers as firing
 from longrun.bus import topology
 from longrun.db import runs
 from longrun.db import timers as timer_store
@@ -32,6 +30,8 @@ from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.errors import DomainError
 from longrun.ports.runs import StoredRun, plan
+from services.timer import shortcut
+from services.timer import batches as firing
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 

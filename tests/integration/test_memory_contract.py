@@ -56,6 +56,7 @@ from longrun.errors import ToolUnavailable
 from longrun.identity import Principal
 from longrun.model import ScriptedModel
 from longrun.ports.runs import Fence, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition, plan
+from longrun.ports.timers import DueTimer
 from longrun.testing.checkpoints import CrashAt, Crashed
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
@@ -185,7 +186,7 @@ def _plain(value: Any) -> Any:
         return {"timers": _plain(value.timers), "heads": {k: _plain(v) for k, v in value.heads.items()}}
     if isinstance(value, ledger.LedgerRow):  # its heartbeat's time is each store's own clock
         return {**asdict(value), "heartbeat_at": value.heartbeat_at is not None}
-    if isinstance(value, timers.DueTimer):
+    if isinstance(value, DueTimer):
         return {"timer_key": value.timer_key, "run_id": value.run_id, "kind": value.kind, "payload": value.payload}
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from longrun.app import timers as firing
 from longrun.app.gateway import operate
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
@@ -29,6 +28,7 @@ from longrun.domain import PinnedVersions, RunTimeouts, Usage, freeze
 from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import IllegalTransition
+from services.timer import batches as firing
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, event_types, new_key, run_id_for, status_of
 from tests.integration.timed_kinds import DEFAULTS

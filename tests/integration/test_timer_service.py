@@ -19,9 +19,7 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import effects, timer_shortcut
-from longrun.app import timers as firing
-from longrun.app.timers import fire_due
+from longrun.app import effects
 from longrun.bus import topology
 from longrun.db import outbox, runs, timers
 from longrun.db.schema import run_events
@@ -29,7 +27,10 @@ from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun, plan
+from services.timer import shortcut as timer_shortcut
+from services.timer import batches as firing
 from services.timer import main as timer_service
+from services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar
 

@@ -32,18 +32,11 @@ from longrun.domain import RunSnapshot
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
 from longrun.ports.runs import wait_timers
+from longrun.ports.timers import DueTimer
 
 
 # A batch builds one DueTimer, RunHead and Wake per timer: named tuples cost a fifth of what frozen
 # dataclasses cost to build (their __init__ sets each field through object.__setattr__).
-class DueTimer(NamedTuple):
-    timer_key: str
-    run_id: str
-    kind: str
-    wake_at: datetime
-    payload: dict[str, Any]
-
-
 async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: str, delay: float,
                    payload: dict[str, Any]) -> None:
     """Due ``delay`` seconds from now by the database's clock: the timer service compares with

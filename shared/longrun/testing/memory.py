@@ -24,12 +24,13 @@ from longrun.authoring import pins_key
 from longrun.db.actions import LedgerRow, first_row
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX
+from longrun.db.timers import DueBatch, RunHead
 from longrun.domain.lease import Lease, can_take
-from longrun.db.timers import DueBatch, DueTimer, RunHead
+from longrun.ports.timers import DueTimer
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
-from longrun.domain.calls import CALL_TIMERS
 from longrun.domain import events as ev
+from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 from longrun.ports.runs import Fence, Found, Planned, StoredRun, plan
 

@@ -1,6 +1,6 @@
 """The ensemble around the workers, in memory: the bus (pending and delivered messages), the
 scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
-reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timers.plan_batch``,
+reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timer.firing.plan_batch``,
 ``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconcile``) over the in-memory adapters
 (``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
 real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
-from longrun.app import timers
 from longrun.app.gateway import operate, webhooks
 from longrun.app.scheduler import admit
+from longrun.app.timer import firing
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.ports.webhooks import Translated
 from longrun.domain import (
@@ -302,7 +302,7 @@ class World:
 
     # -- the timer service (app/timers.py, wait timers) -------------------------------------------------
     def fire_due_timers(self) -> int:
-        """The timer service's batch through the domain (``app.timers.plan_batch``; the bulk SQL path
+        """The timer service's batch through the domain (``app.timer.firing.plan_batch``; the bulk SQL path
         is held to it by tests/integration/test_differential_timers.py): how many timers fired."""
         with self.store.transaction():
             claimed = self.store.claim_due(limit=10_000)
@@ -310,7 +310,7 @@ class World:
                 return 0
             ordered = sorted(claimed.timers, key=lambda t: (t.run_id, t.wake_at))
             current = {t.run_id: self.store.load(t.run_id) for t in ordered}
-            fired = timers.plan_batch(ordered, current, at=self.clock(), now=claimed.now,  # type: ignore[arg-type]
+            fired = firing.plan_batch(ordered, current, at=self.clock(), now=claimed.now,  # type: ignore[arg-type]
                                       producer="timer", kinds=self.kinds, retry=RetryPolicy(), rng=random.Random(0))
             self.store.write_many(fired.plans)
             for outcome in fired.ledger:

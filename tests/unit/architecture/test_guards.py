@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MODULE_LINES = 500
 ENTRYPOINT_LINES = 150
 ENTRYPOINTS = ("main.py", "__main__.py")
-USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler")
+USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler", "longrun.app.timer")
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
 bus through the ports (``longrun.ports``)."""
 SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions")

@@ -59,10 +59,10 @@ A timer that fails for any other reason (e.g. a snapshot from a newer schema dur
 rollout) fails its batch, which is then fired again with one savepoint per timer: that
 timer is rolled back, logged and left unfired to be tried again, and the rest still fire.
 
-What a timer does through the domain is ``timer_firing`` (``plan_batch``). Most timers only end
+What a timer does through the domain is ``app.timer.firing`` (``plan_batch``). Most timers only end
 a wait (the run becomes READY, a worker is woken), and decoding, evolving and re-encoding each
 run's snapshot for that cost ~1 ms of CPU per timer. So a batch's wakes go the short way
-(``timer_shortcut``): the runs' heads (status, revision, seq, pending wait id) are
+(``shortcut``): the runs' heads (status, revision, seq, pending wait id) are
 read and locked without the snapshot, and the batch is written as one statement, every row
 rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, the sample,
 goes through the domain in full (``ports.runs.plan``, ``effects``); its snapshot diff, event and
@@ -88,14 +88,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
-from longrun.app import timer_shortcut as shortcut
-from longrun.app.timer_firing import Fired, Outcome, plan_batch
+from longrun.app.timer.firing import Fired, Outcome, plan_batch
 from longrun.authoring import Registry
 from longrun.db import actions as ledger_rows
 from longrun.db import admission, outbox, runs, timers
 from longrun.db.errors import is_transient
-from longrun.db.timers import DueTimer, RunHead, WakeTemplate
+from longrun.db.timers import RunHead, WakeTemplate
 from longrun.domain import TERMINAL, RetryPolicy, RunStatus
+from longrun.ports.timers import DueTimer
+from services.timer import shortcut
 
 logger = logging.getLogger(__name__)
 

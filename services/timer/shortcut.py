@@ -11,12 +11,13 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.app.timer_firing import WAIT_TIMERS, Fired, Outcome, cause_of
+from longrun.app.timer.firing import WAIT_TIMERS, Fired, Outcome, cause_of
 from longrun.bus import topology
 from longrun.db import outbox, runs, timers
-from longrun.db.timers import DueTimer, RunHead, Wake, WakeTemplate
+from longrun.db.timers import RunHead, Wake, WakeTemplate
 from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
 from longrun.domain import events as ev
+from longrun.ports.timers import DueTimer
 
 # What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
 _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_wake", "revision", "last_seq",

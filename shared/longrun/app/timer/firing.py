@@ -1,4 +1,4 @@
-"""What a due timer does to its run, through the domain (``longrun.app.timers`` fires them).
+"""What a due timer does to its run, through the domain (the timer service, ``services/timer``, fires them).
 
 ``plan_batch`` turns a batch of timers and their runs (loaded and locked) into what firing them
 writes: each run's events in one plan, its wakeup and broadcast, the ledger rows and retry timers
@@ -20,9 +20,8 @@ from typing import Any
 from longrun import logs, otel
 from longrun.app import effects
 from longrun.authoring import Registry
-from longrun.db import outbox, runs
-from longrun.ports.runs import LedgerOutcome, Planned, StoredRun, plan
-from longrun.db.timers import DueTimer
+from longrun.ports.runs import LedgerOutcome, Message, Planned, StoredRun, plan
+from longrun.ports.timers import DueTimer
 from longrun.domain import (
     WAKE_A_WORKER,
     TERMINAL,
@@ -60,8 +59,8 @@ class Outcome(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Fired:
     outcomes: dict[str, Outcome]
-    plans: list[runs.Planned]
-    messages: dict[str, list[outbox.Message]]
+    plans: list[Planned]
+    messages: dict[str, list[Message]]
     """Per run, its outbox messages."""
     ledger: list[LedgerOutcome] = field(default_factory=list)
     """Ledger rows of calls given up on."""
@@ -126,7 +125,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
             woken_by[timer.run_id] = timer
         outcomes[timer.timer_key] = Outcome.APPLIED if applied else Outcome.LATE
     plans = [Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
-    messages: dict[str, list[outbox.Message]] = {}
+    messages: dict[str, list[Message]] = {}
     waits: list[dict[str, Any]] = []
     # Each run's messages carry its own timer's trace (the one that woke it, else its last).
     run_traces = {t.run_id: (traces or {}).get(t.timer_key) for t in ordered}
@@ -137,7 +136,7 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
     return Fired(outcomes, plans, messages, ledger, waits)
 
 
-def _plan_messages(p: runs.Planned, messages: dict[str, list[outbox.Message]], woken_by: dict[str, DueTimer], *,
+def _plan_messages(p: Planned, messages: dict[str, list[Message]], woken_by: dict[str, DueTimer], *,
                    at: float, producer: str, kinds: Registry) -> list[dict[str, Any]]:
     """The wakeup and broadcast ``p`` sends, into ``messages``; the retry timer of a call given up on."""
     run = p.after.snapshot
