@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from longrun.domain import RunStatus
-from longrun.identity import ROLES
+from longrun.principals import ROLES
 
 Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 Reason = Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$",

@@ -53,7 +53,8 @@ from longrun.config import Settings
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
 from longrun.errors import DomainError, LongrunError
-from longrun.identity import Authenticator, Principal
+from longrun.identity import Authenticator
+from longrun.principals import Principal
 from services.gateway import api, reads
 from services.gateway import console_oidc as oidc
 from services.gateway import console_session as sessions

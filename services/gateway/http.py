@@ -43,7 +43,8 @@ from longrun.db.errors import is_transient
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
-from longrun.identity import BOOTSTRAP_SUBJECT, Authenticator, Principal
+from longrun.identity import Authenticator
+from longrun.principals import BOOTSTRAP_SUBJECT, Principal
 from services.gateway import api, console, edge, openapi, reads, refusals
 
 logger = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun import run_kinds, service
 from longrun.app import effects
 from longrun.app.gateway import webhooks
-from longrun.app.tool_health import Breakers
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.bootstrap import consume_partitions, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
+from longrun.db.breakers import PgBreakers
 from longrun.db.driver import Pool
 from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
@@ -45,7 +45,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     handover=effects.SlotHandover(settings.tenant_slots, settings.priority_aging,
                                                                   settings.partitions),
                                     retry=settings.retry_policy(),
-                                    breakers=Breakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
+                                    breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
                                     health_max_wait=settings.breaker_max_wait)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:

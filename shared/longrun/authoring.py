@@ -143,7 +143,7 @@ class ScopeApproval:
     """Who may let a run make one call outside its scope, and how long the run waits for them."""
 
     owner: str
-    """A subject, ``role:<role>`` or ``group:<group>`` (``longrun.identity``)."""
+    """A subject, ``role:<role>`` or ``group:<group>`` (``longrun.principals``)."""
     timeout: float
     """Seconds; unanswered past them, the run goes to NEEDS_ATTENTION (a refused call asks once)."""
 

@@ -23,7 +23,7 @@ import httpx
 from longrun import cli_tenants, timeline
 from longrun.cli_output import FORMATS, View, printable, render
 from longrun.domain import TERMINAL
-from longrun.identity import ROLES
+from longrun.principals import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),

@@ -16,8 +16,8 @@ from longrun.db import runs
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RunStatus, Wait
 from longrun.domain import events as ev
-from longrun.identity import Principal
 from longrun.ports.runs import StoredRun
+from longrun.principals import Principal
 from tests.integration.runs_factory import created
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from longrun.bus import topology
-from longrun.bus.consumer import Outcome, QueueConsumer
+from longrun.bus.consumer import QueueConsumer
+from longrun.ports.inbox import Outcome
 from tests.fixtures import eventually
 from tests.integration.bus_helpers import applied, create_probe_table, publish, route, scalar, wakeup
 from tests.probe_consumer import make_handler

@@ -53,10 +53,10 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
-from longrun.identity import Principal
 from longrun.model import ScriptedModel
 from longrun.ports.runs import Fence, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition, plan
 from longrun.ports.timers import DueTimer
+from longrun.principals import Principal
 from longrun.testing.checkpoints import CrashAt, Crashed
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction

@@ -9,8 +9,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import otel
 from longrun.bus import topology
-from longrun.bus.consumer import Outcome, QueueConsumer
+from longrun.bus.consumer import QueueConsumer
 from longrun.envelope import Envelope
+from longrun.ports.inbox import Outcome
 from tests.fixtures import eventually
 from tests.integration.bus_helpers import publish, route, wakeup
 

@@ -38,6 +38,7 @@ from longrun.db import quarantine as quarantine_rows
 from longrun.db.errors import is_transient
 from longrun.envelope import Envelope, decode
 from longrun.errors import LongrunError, PoisonMessage
+from longrun.ports.inbox import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +55,6 @@ e.g. to take their locks in one order, before any handler."""
 Refuser = Callable[[AsyncConnection, bytes, PoisonMessage], Awaitable[None]]
 """Runs in the transaction that quarantines an unreadable message, with its body and why: e.g. to
 answer its producer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    envelope: Envelope
-    outcome: dict[str, Any]
-    duplicate: bool
-    carried: object = None
-    """What an ``OwnClaim`` handler hands to the after-ack hook with the outcome (the worker: the
-    run's lease, with the run as taken): the hook runs after the ack, in the same task."""
 
 
 OutcomeHook = Callable[[Outcome], Awaitable[None]]

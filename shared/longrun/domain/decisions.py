@@ -60,7 +60,7 @@ class WaitForEvent:
 class WaitForUser:
     approval_id: str
     owner: str
-    """Who may decide: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.identity``)."""
+    """Who may decide: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.principals``)."""
     deadline: float
     approved_hash: str
     """Hash of the exact request being approved; use ``request_hash`` of the gated action."""
@@ -86,7 +86,7 @@ class AskUser:
     """A JSON Schema (draft 2020-12); the worker refuses a schema that is not one."""
     deadline: float
     owner: str | None = None
-    """Who may answer: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.identity``); None
+    """Who may answer: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.principals``); None
     lets anyone who may answer (an approver) answer."""
 
 

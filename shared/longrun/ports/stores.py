@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
+from longrun.domain.breaker import Admission, Breaker
 from longrun.domain.events import RunCreated, RunEvent
 from longrun.ports import inbox
 from longrun.ports.inbox import Claimed, Duplicate, Handled
@@ -133,6 +134,20 @@ class RunTransaction(Protocol):
                      at_once: AtOnce, announce: Sequence[Outgoing]) -> StoredRun | None:
         """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
         its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""
+
+
+class Breakers(Protocol):
+    """The far sides' circuit breakers as the worker asks them (``domain.breaker``), shared by every
+    worker: whether a call may go now, and what its answer did to the breaker."""
+
+    async def admit(self, far_side: str, run_id: str) -> Admission:
+        """Whether ``run_id`` may call ``far_side`` now: a call, the probe, or a wait."""
+
+    async def failed(self, far_side: str) -> Breaker:
+        """An unavailable answer counted; the breaker after it."""
+
+    async def succeeded(self, far_side: str, *, probe: bool) -> None:
+        """A call answered: the breaker closes."""
 
 
 MatchKept = Callable[[RunTransaction, StoredRun], Awaitable[StoredRun]]

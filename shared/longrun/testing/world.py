@@ -52,7 +52,7 @@ from longrun.domain import (
 from longrun.db import outbox
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
-from longrun.identity import GROUP_PREFIX, Principal
+from longrun.principals import GROUP_PREFIX, Principal
 from longrun.testing import reconcile_store
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore

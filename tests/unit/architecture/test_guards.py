@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.architecture.imports import cycles, graph, modules
+from tests.unit.architecture.imports import cycles, graph, modules, reaches
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE_LINES = 500
@@ -20,7 +20,8 @@ ENTRYPOINT_LINES = 150
 ENTRYPOINTS = ("main.py", "__main__.py")
 USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler", "longrun.app.timer")
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
-bus through the ports (``longrun.ports``)."""
+bus through the ports (``longrun.ports``). Pure means nothing they import, directly or not, imports a
+driver."""
 SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions")
 """What several services' use cases share (the messages a transition sends, a question's answer check):
 as pure as the packages."""
@@ -58,10 +59,13 @@ def impure_use_cases(root: Path) -> list[str]:
             found.append(f"{module}: no such module")
         else:
             checked.append(module)
+    edges = graph(root / "shared", "longrun")
     for name in checked:
-        for imported in _imports(known[name]):
-            if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
-                found.append(f"{name} imports {imported}")
+        for module in [name, *sorted(reaches(edges, name))]:
+            for imported in sorted(_imports(known[module])):
+                if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
+                    via = "" if module == name else f" through {module}"
+                    found.append(f"{name} imports {imported}{via}")
     return found
 
 
@@ -126,6 +130,8 @@ MUTANTS = {
                                                                  "\nfrom longrun.db import runs\n")),
     "a use case importing a driver": ("use-case purity", Mutant("shared/longrun/app/worker/rounds.py",
                                                                 "\nimport sqlalchemy\n")),
+    "a use case reaching a driver through what it imports": ("use-case purity", Mutant(
+        "shared/longrun/authoring.py", "\nimport psycopg\n")),
     "a gateway use case importing the bus client": ("use-case purity", Mutant(
         "shared/longrun/app/gateway/operate.py", "\nimport aio_pika\n")),
     "a store calling a use case": ("adapters below use cases", Mutant(

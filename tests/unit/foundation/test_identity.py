@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from longrun.identity import ROLES, Principal, from_claims
+from longrun.principals import ROLES, Principal, from_claims
 
 CLAIMS = {"roles_claim": "roles", "tenants_claim": "tenants", "groups_claim": "groups"}
 

@@ -19,8 +19,8 @@ from longrun import logs, otel
 from longrun.app import effects, questions
 from longrun.authoring import Registry
 from longrun.errors import DomainError, ErrorCode
-from longrun.identity import Principal
 from longrun.ports.stores import RunTransaction
+from longrun.principals import Principal
 from longrun.domain import (
     WAKE_A_WORKER,
     ANSWER_FACT_PREFIX,

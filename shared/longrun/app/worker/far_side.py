@@ -8,11 +8,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from longrun.app.tool_health import Breakers
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Tool
 from longrun.domain import DecisionContext, RetryPolicy, RunSnapshot, effective_start_to_close, next_delay, retryable
 from longrun.model import ModelAdapter
+from longrun.ports.stores import Breakers
 
 
 @dataclass(frozen=True, slots=True)

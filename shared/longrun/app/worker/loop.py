@@ -19,20 +19,19 @@ from dataclasses import dataclass
 
 from longrun import faults, logs, metrics, otel
 from longrun.app import effects
-from longrun.app.tool_health import Breakers
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.rounds import play
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
-from longrun.bus.consumer import Outcome
 from longrun.domain import RetryPolicy
 from longrun.envelope import Envelope
 from longrun.errors import DecodeError, LeaseLost, StaleRevision
 from longrun.model import ModelAdapter
 from longrun.ports import inbox
+from longrun.ports.inbox import Outcome
 from longrun.ports.runs import Fence, StoredRun
-from longrun.ports.stores import CrashPoints, WorkerStore
+from longrun.ports.stores import Breakers, CrashPoints, WorkerStore
 
 logger = logging.getLogger("longrun.app.worker")
 ADOPT_BATCH = 32
