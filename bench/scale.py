@@ -30,11 +30,11 @@ from bench.common import CpuWatch, Knobs, percentiles, postgres_and_broker_pids
 from bench.infra import Infra, Services
 from bench.timers import insert_parked, watch_idle
 from longrun import run_kinds
-from longrun.app import gauges, reconcile, tool_health
-from longrun.app.reconcile_sweeps import HEALTH_BATCH, LEASE_BATCH, Sweeper
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.config import Settings
 from longrun.domain import RunStatus
+from services.reconciler import alerts, gauges, sweeps, tool_health
+from services.reconciler.sweeps import HEALTH_BATCH, LEASE_BATCH, Sweeper
 
 WOKEN = 10_000
 """Parked runs whose timers come due at the same instant, at each size."""
@@ -130,14 +130,14 @@ async def _sweeps(infra: Infra, engine: AsyncEngine) -> dict[str, float]:
     kinds = run_kinds.load(settings)
     sweeper = Sweeper(engine, kinds, FilesystemArtifactStore(settings.artifact_dir), settings)
     steps: dict[str, Callable[[], Awaitable[object]]] = {
-        "reconcile unknown actions": lambda: reconcile.reconcile_unknown(engine, kinds, limit=50, clock=time.time,
+        "reconcile unknown actions": lambda: sweeps.reconcile_unknown(engine, kinds, limit=50, clock=time.time,
                                                                          artifacts=sweeper.artifacts),
-        "flag silent runs": lambda: reconcile.flag_silent_runs(engine, limits=settings.silence_limits),
-        "flag runs without a worker": lambda: reconcile.flag_runs_without_worker(engine),
+        "flag silent runs": lambda: alerts.flag_silent_runs(engine, limits=settings.silence_limits),
+        "flag runs without a worker": lambda: alerts.flag_runs_without_worker(engine),
         "wake for tool health": lambda: tool_health.wake_for_health(engine, settings.breaker(), limit=HEALTH_BATCH),
-        "drift walk (one batch)": lambda: reconcile.check_drift(engine, kinds, limit=20, after=""),
-        "rewake expired leases": lambda: reconcile.rewake_expired_leases(engine, limit=LEASE_BATCH),
-        "next lease expiry": lambda: reconcile.seconds_until_a_lease_expires(engine),
+        "drift walk (one batch)": lambda: alerts.check_drift(engine, kinds, limit=20, after=""),
+        "rewake expired leases": lambda: sweeps.rewake_expired_leases(engine, limit=LEASE_BATCH),
+        "next lease expiry": lambda: sweeps.seconds_until_a_lease_expires(engine),
         "gauges read (behind /metrics)": lambda: gauges.collect_once(
             engine, silence_limits=settings.silence_limits, tenants=settings.metrics_tenant_label),
     }

@@ -46,7 +46,6 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from longrun import timeline
-from longrun.app import quarantine as quarantine_ops
 from longrun.app.gateway import operate
 from longrun.bus.connection import Bus
 from longrun.config import Settings
@@ -58,6 +57,7 @@ from longrun.principals import Principal
 from services.gateway import api, reads
 from services.gateway import console_oidc as oidc
 from services.gateway import console_session as sessions
+from services.gateway import quarantine as quarantine_ops
 from services.gateway.console_headers import SecurityHeaders
 
 PREFIX = "/console"

@@ -28,9 +28,6 @@ from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import run_kinds, webhook_providers
-from longrun.app import policy_ceiling
-from longrun.app import quarantine as quarantine_ops
-from longrun.app import versions
 from longrun.app.gateway import operate, webhooks
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry
@@ -46,6 +43,8 @@ from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
 from services.gateway import api, console, edge, openapi, reads, refusals
+from services.gateway import policy_ceiling, versions
+from services.gateway import quarantine as quarantine_ops
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app.gateway import operate
-from longrun.app.reconcile_alerts import ALERT_PREFIX
-from longrun.app.retention import ARCHIVE_MEDIA_TYPE
+from longrun.app.reconciler.common import ALERT_PREFIX
 from longrun.db import actions as ledger
 from longrun.db import operator_reads, retention, runs
 from longrun.domain import event_to_dict
@@ -61,7 +60,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
             "waiting_for": f"a compatible worker: {needs}" if needs else None,
             "archived": None if archived is None else {
                 "at": archived.at.isoformat(), "archive": archived.archive,
-                "location": archived.location, "media_type": ARCHIVE_MEDIA_TYPE},
+                "location": archived.location, "media_type": retention.ARCHIVE_MEDIA_TYPE},
             "events": [event_to_dict(e) for e in history]}
 
 

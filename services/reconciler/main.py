@@ -1,8 +1,8 @@
 """reconciler service: the sweeps that keep runs moving when nothing else would, plus the dead-letter keeper.
 
-Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round of sweeps runs (``longrun.app.reconcile_sweeps``
+Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round of sweeps runs (``services.reconciler.sweeps``
 says which, and in what order). All their work lives in PostgreSQL, so any number of replicas may
-run side by side (see ``longrun.app.reconcile``).
+run side by side (see ``longrun.app.reconciler``).
 
 Runs whose lease expired are re-woken by their own loop, which sleeps until the earliest held
 lease runs out (never longer than the interval): a dead worker's runs wait out its lease, not
@@ -10,9 +10,9 @@ the lease and then the rest of a round.
 
 The quarantine ingester is its own consumer task on ``longrun.quarantine``, and retention its own
 loop: every ``LONGRUN_RETENTION_INTERVAL`` a pass prunes what the horizons no longer keep, archives
-finished runs and sweeps orphaned artifacts (``longrun.app.retention``). The database gauges of
+finished runs and sweeps orphaned artifacts (``services.reconciler.retention``). The database gauges of
 ``/metrics`` are a loop too: every ``LONGRUN_METRICS_INTERVAL`` the replica holding the collector's
-lease reads them (``longrun.app.gauges``).
+lease reads them (``services.reconciler.gauges``).
 
 SIGTERM: the round in flight finishes (its lookups are bounded by the tools' timeouts),
 then the ingester is cancelled (a message not yet acked goes back to the queue, and the
@@ -25,11 +25,11 @@ import asyncio
 import logging
 
 from longrun import run_kinds, service
-from longrun.app import gauges, reconcile
-from longrun.app.reconcile_sweeps import Sweeper, keep_horizons
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import open_bus, open_database, watch
 from longrun.config import Settings
+from services.reconciler import dead_letters, gauges
+from services.reconciler.sweeps import Sweeper, keep_horizons
 
 SERVICE = "reconciler"
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     store = FilesystemArtifactStore(settings.artifact_dir)
     sweeper = Sweeper(engine, run_kinds.load(settings), store, settings)
     ingester = asyncio.create_task(
-        reconcile.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),
+        dead_letters.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),
         name="quarantine ingester")
 
     def ingester_ended(task: asyncio.Task[None]) -> None:

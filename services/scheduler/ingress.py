@@ -9,7 +9,6 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
-from longrun.app.producers import ProducerTenants
 from longrun.app.scheduler.admit import PRODUCER, Locked, create_run, readable_outer, refuse_publisher
 from longrun.authoring import Registry
 from longrun.bus.consumer import PUBLISHER
@@ -19,6 +18,7 @@ from longrun.domain import TenantPolicy
 from longrun.envelope import Envelope
 from longrun.envelope.payloads import RejectionCode
 from longrun.errors import DecodeError, PoisonMessage, UnknownSchemaVersion
+from services.scheduler.producers import ProducerTenants
 
 
 class Ingress:

@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import effects
-from longrun.app.producers import producer_tenants
 from longrun.bootstrap import open_bus, open_database, watch
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
@@ -19,6 +18,7 @@ from longrun.config import Settings
 from longrun.db.engine import autocommit, psycopg_dsn
 from services.scheduler import admitting
 from services.scheduler.ingress import Ingress, refuse
+from services.scheduler.producers import producer_tenants
 
 SERVICE = "scheduler"
 CREATE_BATCH = 16

@@ -9,9 +9,9 @@ import time
 import pytest
 from sqlalchemy import text
 
-from longrun.app.retention import sweep_orphans
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db.artifacts import register
+from services.reconciler.retention import sweep_orphans
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app import effects
-from longrun.app.producers import producer_tenants
 from longrun.app.scheduler import admit
 from longrun.authoring import Registry
 from longrun.bus import topology
@@ -22,9 +21,10 @@ from longrun.db.engine import psycopg_dsn
 from longrun.db.transaction import PgTransaction
 from longrun.envelope import Envelope, decode, make
 from services.scheduler import admitting, ingress
-from tests.kinds import registry
+from services.scheduler.producers import producer_tenants
 from tests.fixtures import eventually
 from tests.integration.ensemble import publish_create
+from tests.kinds import registry
 
 pytestmark = pytest.mark.integration
 MAX_INPUT = 1 << 20

@@ -19,12 +19,13 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import text
 
 from longrun.app.gateway import operate
-from longrun.app.reconcile import ENDED_WHILE_SUBMITTED, reconcile_unknown
+from longrun.app.reconciler.settle import ENDED_WHILE_SUBMITTED
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
 from longrun.db.transaction import PgTransaction
+from services.reconciler.sweeps import reconcile_unknown
 from longrun.domain import (
     ActionStatus,
     EffectKind,

@@ -7,9 +7,9 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import gauges
 from longrun.db.schema import metadata
 from longrun.domain import RunStatus
+from services.reconciler import gauges
 from tests.integration import runs_factory
 
 RUNS = 10_000

@@ -10,11 +10,11 @@ import aio_pika
 import pytest
 from sqlalchemy import text
 
-from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
 from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.bus.consumer import QueueConsumer
 from longrun.envelope import make
+from services.reconciler.dead_letters import ingest_quarantine_queue
 from tests.fixtures import DELIVERY_LIMIT, eventually
 from tests.integration.bus_helpers import create_probe_table, publish, route, wakeup
 from tests.integration.ensemble import Ensemble, new_key, publish_create, run_id_for

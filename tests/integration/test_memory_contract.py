@@ -25,8 +25,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects, reconcile, reconcile_leases
+from longrun.app import effects
 from longrun.app.gateway import operate, webhooks
+from longrun.app.reconciler import leases as lease_sweep
+from longrun.app.reconciler import settle
 from longrun.app.scheduler import admit
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import FilesystemArtifactStore
@@ -70,7 +72,7 @@ pytestmark = pytest.mark.integration
 
 USE_CASES = {"admit": admit, "operate": operate, "webhooks": webhooks}
 """Called with a ``RunTransaction`` of the port's store, each call a transaction of its own."""
-SWEEPS = {"reconcile": reconcile, "reconcile_leases": reconcile_leases}
+SWEEPS = {"settle": settle, "lease_sweep": lease_sweep}
 """Called with a ``ReconcileStore`` of the port's store: each sweep runs its transactions itself."""
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="contract-v1")
 SERVED = frozenset({pins_key("steps", VERSIONS)})
@@ -594,9 +596,9 @@ async def actions_in_doubt_are_settled_by_what_the_far_side_answers(port: Port, 
     # Once abandoned, the deferred claim and the terminated run's request are taken; a live run's never is.
     for pause in (0.0, TTL * 2.5):
         await port.sleep(pause)
-        await observe(port, seen, "reconcile.in_doubt", limit=50, abandoned_after=TTL)
+        await observe(port, seen, "settle.in_doubt", limit=50, abandoned_after=TTL)
         for _ in range(2):  # the second sweep finds nothing left
-            await observe(port, seen, "reconcile.settle_in_doubt", kinds, limit=50, clock=_at(2000.0),
+            await observe(port, seen, "settle.settle_in_doubt", kinds, limit=50, clock=_at(2000.0),
                           abandoned_after=TTL)
     for run_id, key in settled:
         for name, arg in (("runs.load", run_id), ("runs.history", run_id), ("ledger.get", key)):
@@ -617,11 +619,11 @@ async def expired_leases_are_cleared_and_runs_with_work_woken(port: Port, seen: 
         fence = await observe(port, seen, "leases.take_lease", run_ids[-1], name, 30 if name == "alive" else TTL)
         await observe(port, seen, "runs.append", stored, [
             ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"), *events], fence=fence)
-    await observe(port, seen, "reconcile_leases.rewake_expired", limit=10)
+    await observe(port, seen, "lease_sweep.rewake_expired", limit=10)
     await port.sleep(TTL * 2.5)
     # Every expired lease is cleared; only the run a worker has work for is woken, once.
     for _ in range(2):
-        await observe(port, seen, "reconcile_leases.rewake_expired", limit=10)
+        await observe(port, seen, "lease_sweep.rewake_expired", limit=10)
     for run_id in run_ids:
         await observe(port, seen, "runs.load", run_id)
     await observe(port, seen, "outbox.sent")

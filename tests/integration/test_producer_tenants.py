@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 
 from bench.ensemble import TENANT, Producer
-from longrun.app import quarantine
 from longrun.bus import topology
 from longrun.db import quarantine as quarantine_rows
+from services.gateway import quarantine
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.test_bus_tenancy import (INGRESS, Subscriber, _connect, producers, publish_create, run_create,

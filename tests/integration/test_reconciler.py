@@ -24,11 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app.reconcile import FOUND_NOTE, reconcile_unknown
-from longrun.app.reconcile_alerts import CORRECTION_ALERT, DRIFT_ALERT, SILENT_ALERT, check_drift, flag_silent_runs
-from longrun.app.reconcile_common import METRICS
-from longrun.app.reconcile_dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
-from longrun.app.reconcile_leases import rewake_expired_leases
+from longrun.app.reconciler.common import CORRECTION_ALERT, DRIFT_ALERT, SILENT_ALERT
+from longrun.app.reconciler.common import METRICS
+from longrun.app.reconciler.settle import FOUND_NOTE
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
@@ -36,6 +34,9 @@ from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import leases
 from longrun.db import runs
+from services.reconciler.alerts import check_drift, flag_silent_runs
+from services.reconciler.dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
+from services.reconciler.sweeps import reconcile_unknown, rewake_expired_leases
 from longrun.domain import (
     TERMINAL,
     ActionStatus,

@@ -19,9 +19,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from longrun.app import effects, retention
-from longrun.app import quarantine as quarantine_ops
-from longrun.app.reconcile_sweeps import horizons
+from longrun.app import effects
 from longrun.app.scheduler import admit
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
@@ -38,6 +36,9 @@ from longrun.envelope import Envelope, make
 from longrun.ports.runs import LedgerRequest, StoredRun, plan
 from longrun.ports.webhooks import Translated
 from longrun.workflows import STEPS_VERSIONS, steps
+from services.gateway import quarantine as quarantine_ops
+from services.reconciler import retention
+from services.reconciler.sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.identities import bearer

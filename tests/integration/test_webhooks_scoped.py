@@ -12,14 +12,14 @@ import time
 import httpx
 import pytest
 
-from longrun.app import retention
 from longrun.app.gateway import webhooks
-from longrun.app.reconcile_sweeps import horizons
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.config import Settings
 from longrun.db import runs
 from longrun.db.transaction import PgTransaction
 from longrun_dependency_upgrade.forge import sign_payload
+from services.reconciler import retention
+from services.reconciler.sweeps import horizons
 from tests.integration.ensemble import WEBHOOK_SECRET, Ensemble
 from tests.integration.runs_factory import waiting_for_event
 from tests.integration.test_gateway import ci_event, count

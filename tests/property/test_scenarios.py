@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from longrun.app.reconcile import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
+from longrun.app.reconciler.settle import ABANDONED_AFTER, ENDED_WHILE_SUBMITTED
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.domain import events as ev
 from longrun.ports.runs import Fence

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from longrun.app.reconcile import ABANDONED_AFTER
+from longrun.app.reconciler.settle import ABANDONED_AFTER
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, violations
 from longrun.errors import DomainError
 from longrun.ports.runs import Fence

@@ -21,6 +21,7 @@ from longrun.db import actions as ledger
 from longrun.db import outbox, runs
 from longrun.db.artifacts import register
 from longrun.db.audit import audit, tenant_of_run
+from longrun.db.errors import is_transient
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
 from longrun.domain import TERMINAL, ActionStatus, RunStatus
@@ -56,6 +57,9 @@ class PgReconcileStore:
     def __init__(self, engine: AsyncEngine, artifacts: ArtifactStore | None = None) -> None:
         self.engine = engine
         self.artifacts = artifacts
+
+    def unreachable(self, error: BaseException) -> bool:
+        return is_transient(error)
 
     async def in_doubt(self, *, limit: int, abandoned_after: float,
                        held: Collection[RunStatus]) -> list[tuple[str, str]]:

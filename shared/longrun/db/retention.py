@@ -22,6 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.db.schema import CONSUMING_SERVICES, TO_ARCHIVE, inboxes, sql_names
 from longrun.domain import ActionStatus
 
+ARCHIVE_MEDIA_TYPE = "application/x-ndjson"
+"""A finished run's archive: its events, one JSON object a line."""
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:

@@ -179,7 +179,7 @@ class ExpiredLease:
 
 
 class ReconcileTransaction(Protocol):
-    """What the reconciler's run-moving sweeps (``app.reconcile``, ``app.reconcile_leases``) do inside one
+    """What the reconciler's run-moving sweeps (``app.reconciler``) do inside one
     transaction: all of it commits together or none of it does."""
 
     async def lock_run(self, run_id: str) -> StoredRun | None:
@@ -225,6 +225,10 @@ class ReconcileTransaction(Protocol):
 class ReconcileStore(Protocol):
     """The reconciler's storage: a read of candidates, and one transaction per claim, settlement or sweep,
     so no transaction is held while the far side is asked."""
+
+    def unreachable(self, error: BaseException) -> bool:
+        """Whether ``error`` means the store is away (the sweep stops, to run again), rather than that
+        one run could not be handled (skipped, the sweep goes on)."""
 
     async def in_doubt(self, *, limit: int, abandoned_after: float,
                        held: Collection[RunStatus]) -> list[tuple[str, str]]:

@@ -1,5 +1,5 @@
 """The reconciler's sweeps that move runs (``ports.stores.ReconcileStore``) in memory, over the ``World``'s
-tables, and the entry points the ``World`` calls: the real ``app.reconcile`` and ``app.reconcile_leases``
+tables, and the entry points the ``World`` calls: the real ``app.reconciler.settle`` and ``app.reconciler.leases``
 use cases, run on ``World.loop``.
 
 The world's clock stands for the database clock: a ledger row is stale once its last write
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from longrun.app import reconcile, reconcile_leases
-from longrun.app.reconcile import ABANDONED_AFTER
+from longrun.app.reconciler import leases, settle
+from longrun.app.reconciler.settle import ABANDONED_AFTER
 from longrun.db import outbox
 from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
 from longrun.domain import events as ev
@@ -35,21 +35,21 @@ SWEEP = 10_000
 
 
 def in_doubt(world: Tables, *, abandoned_after: float = ABANDONED_AFTER) -> list[tuple[str, str]]:
-    """What the next ``reconcile_unknown`` would try to claim (``app.reconcile.in_doubt``)."""
-    return world.loop.run_until_complete(reconcile.in_doubt(MemoryReconcileStore(world), limit=SWEEP,
+    """What the next ``reconcile_unknown`` would try to claim (``app.settle.in_doubt``)."""
+    return world.loop.run_until_complete(settle.in_doubt(MemoryReconcileStore(world), limit=SWEEP,
                                                             abandoned_after=abandoned_after))
 
 
 def reconcile_unknown(world: Tables, *, abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
-    """``app.reconcile.settle_in_doubt`` over the world, its tools asking ``World.far_side``; receipts
+    """``app.settle.settle_in_doubt`` over the world, its tools asking ``World.far_side``; receipts
     are kept inline."""
-    return world.loop.run_until_complete(reconcile.settle_in_doubt(
+    return world.loop.run_until_complete(settle.settle_in_doubt(
         MemoryReconcileStore(world), world.kinds, limit=SWEEP, clock=world.clock, abandoned_after=abandoned_after))
 
 
 def rewake_expired_leases(world: Tables) -> int:
-    """``app.reconcile_leases.rewake_expired`` over the world: the wakeups sent."""
-    return world.loop.run_until_complete(reconcile_leases.rewake_expired(MemoryReconcileStore(world), limit=SWEEP))
+    """``app.leases.rewake_expired`` over the world: the wakeups sent."""
+    return world.loop.run_until_complete(leases.rewake_expired(MemoryReconcileStore(world), limit=SWEEP))
 
 
 # -- the port --------------------------------------------------------------------------------------------
@@ -59,6 +59,9 @@ class MemoryReconcileStore:
     def __init__(self, world: Tables) -> None:
         self.world = world
         self.store = world.store
+
+    def unreachable(self, error: BaseException) -> bool:
+        return False  # memory is always there
 
     async def in_doubt(self, *, limit: int, abandoned_after: float,
                        held: Collection[RunStatus]) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """The ensemble around the workers, in memory: the bus (pending and delivered messages), the
 scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
 reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timer.firing.plan_batch``,
-``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconcile``) over the in-memory adapters
+``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconciler``) over the in-memory adapters
 (``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
 real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from longrun.app.quarantine import NotReplayable, already_applied, past_window
 from longrun.envelope import make
+from services.gateway.quarantine import NotReplayable, already_applied, past_window
 
 WINDOW = 3600.0
 

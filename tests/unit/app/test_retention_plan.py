@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from longrun.app.reconcile_sweeps import horizons
-from longrun.app.retention import Horizons, archive_lines, block_ranges, plan
 from longrun.config import Settings
 from longrun.db.retention import RULES
 from longrun.errors import ConfigError
+from services.reconciler.retention import Horizons, archive_lines, block_ranges, plan
+from services.reconciler.sweeps import horizons
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 

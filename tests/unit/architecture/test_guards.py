@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 MODULE_LINES = 500
 ENTRYPOINT_LINES = 150
 ENTRYPOINTS = ("main.py", "__main__.py")
-USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler", "longrun.app.timer")
+USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.scheduler", "longrun.app.timer",
+                     "longrun.app.reconciler")
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
 bus through the ports (``longrun.ports``). Pure means nothing they import, directly or not, imports a
 driver."""
@@ -59,6 +60,8 @@ def impure_use_cases(root: Path) -> list[str]:
             found.append(f"{module}: no such module")
         else:
             checked.append(module)
+    found += [f"{name}: in none of the use-case packages, nor a shared use-case module" for name in sorted(known)
+              if name.startswith("longrun.app.") and name not in checked]
     edges = graph(root / "shared", "longrun")
     for name in checked:
         for module in [name, *sorted(reaches(edges, name))]:
@@ -108,7 +111,7 @@ def test_the_tree_keeps_its_shape(guard: str) -> None:
 
 @dataclass(frozen=True)
 class Mutant:
-    """One file of the real tree changed: ``text`` appended to it."""
+    """One file of the real tree changed: ``text`` appended to it (a file that is not there is made)."""
 
     path: str
     text: str
@@ -117,7 +120,7 @@ class Mutant:
         for top in ("shared", "services"):
             shutil.copytree(ROOT / top, tmp / top, ignore=shutil.ignore_patterns("node_modules", "__pycache__"))
         target = tmp / self.path
-        target.write_text(target.read_text() + self.text)
+        target.write_text((target.read_text() if target.exists() else "") + self.text)
         return tmp
 
 
@@ -132,6 +135,8 @@ MUTANTS = {
                                                                 "\nimport sqlalchemy\n")),
     "a use case reaching a driver through what it imports": ("use-case purity", Mutant(
         "shared/longrun/authoring.py", "\nimport psycopg\n")),
+    "a use case outside the packages": ("use-case purity", Mutant("shared/longrun/app/stray.py",
+                                                                 '"""A use case beside the packages."""\n')),
     "a gateway use case importing the bus client": ("use-case purity", Mutant(
         "shared/longrun/app/gateway/operate.py", "\nimport aio_pika\n")),
     "a store calling a use case": ("adapters below use cases", Mutant(

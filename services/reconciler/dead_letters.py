@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import metrics
 from longrun.app import effects
-from longrun.app.reconcile_common import METRICS, PRODUCER
+from longrun.app.reconciler.common import METRICS, PRODUCER
 from longrun.bus.connection import Bus
 from longrun.bus.topology import QUARANTINE_QUEUE
 from longrun.db import inbox, outbox, runs

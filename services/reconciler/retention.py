@@ -32,7 +32,6 @@ from longrun.db.audit import audit
 
 logger = logging.getLogger(__name__)
 
-ARCHIVE_MEDIA_TYPE = "application/x-ndjson"
 BLOCK_SPAN = 1024
 """Blocks (8 KiB each) one delete statement reads at most: a bounded scan per statement."""
 PRODUCER = "reconciler"
@@ -152,7 +151,7 @@ async def _archive(engine: AsyncEngine, store: ArtifactStore, before: datetime, 
                 data = archive_lines(await rows.archived_rows(conn, found.run_ids))
                 # Stored before the transaction that deletes what it holds commits (upload, then register).
                 archive = await store.put(data)
-                await artifacts.register(conn, store, archive, size=len(data), media_type=ARCHIVE_MEDIA_TYPE,
+                await artifacts.register(conn, store, archive, size=len(data), media_type=rows.ARCHIVE_MEDIA_TYPE,
                                          run_id=None)
                 events, actions = await rows.prune_archived(conn, found.run_ids, archive)
                 pruned.runs_archived += len(found.run_ids)

@@ -1,47 +1,30 @@
 """The reconciler's sweep of expired leases: a run whose worker stopped renewing its lease gets one wakeup.
 
 Responsibility:
-- ``rewake_expired`` (``rewake_expired_leases`` on PostgreSQL): clear expired leases, waking each
-  run a worker has work for; written against ``ports.stores.ReconcileStore`` (PostgreSQL:
-  ``db.reconcile_store``, memory: ``longrun.testing.reconcile_store``).
-- ``seconds_until_a_lease_expires``: how long the service may sleep before the next lease runs out.
+- ``rewake_expired``: clear expired leases, waking each run a worker has work for; written against
+  ``ports.stores.ReconcileStore`` (PostgreSQL: ``db.reconcile_store``, run by the reconciler service's
+  sweeps; memory: ``longrun.testing.reconcile_store``).
 
 Invariants:
 - A lease is cleared in the transaction that enqueues its wakeup, so each expiry wakes its run
   once, however many replicas sweep at once.
 - ``WORKER_HAS_WORK`` (what a worker has work for once the lease is free) is also the rule by which
-  ``reconcile_dead_letters`` wakes a run again whose wakeup was dead-lettered.
+  the reconciler's dead-letter sweep wakes a run again whose wakeup was dead-lettered.
 """
 
 from __future__ import annotations
 
 import logging
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from longrun import metrics
 from longrun.app import effects
-from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.db import run_leases
-from longrun.db.errors import is_transient
-from longrun.db.reconcile_store import PgReconcileStore
+from longrun.app.reconciler.common import METRICS, PRODUCER
 from longrun.domain import WORKER_HAS_WORK
 from longrun.ports.runs import Message as Outgoing
 from longrun.ports.runs import StoredRun
 from longrun.ports.stores import ExpiredLease, ReconcileStore
 
 logger = logging.getLogger(__name__)
-
-
-async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
-    """Seconds (database clock) until the earliest held lease runs out; <= 0 when one has, None when none is held."""
-    async with engine.connect() as conn:
-        return await run_leases.seconds_until_one_expires(conn)
-
-
-async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
-    """``rewake_expired`` on PostgreSQL: the reconciler service's sweep."""
-    return await rewake_expired(PgReconcileStore(engine), limit=limit)
 
 
 async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
@@ -67,7 +50,7 @@ async def rewake_expired(store: ReconcileStore, *, limit: int) -> int:
             woken = [lease for lease in expired if stored[lease.run_id].snapshot.status in WORKER_HAS_WORK]
             await tx.send([_rewake(stored[lease.run_id], lease) for lease in woken])
     except Exception as e:
-        if is_transient(e):
+        if store.unreachable(e):
             raise
         logger.warning("re-waking expired leases together failed (%r); run by run", e)
         return await _rewake_one_by_one(store, limit=limit)
@@ -93,7 +76,7 @@ async def _rewake_one_by_one(store: ReconcileStore, *, limit: int) -> int:
                 if wake:
                     await tx.send([_rewake(stored, lease)])
         except Exception as e:
-            if is_transient(e) or current is None:
+            if store.unreachable(e) or current is None:
                 raise
             logger.exception("run %s: could not re-wake after its lease expired; skipped this sweep", current)
             failed.add(current)

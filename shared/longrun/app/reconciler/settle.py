@@ -52,33 +52,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import SpanKind
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import logs, metrics, otel
 from longrun.app import effects
-from longrun.app.reconcile_alerts import CORRECTION_ALERT, check_drift, flag_runs_without_worker, flag_silent_runs
-from longrun.app.reconcile_common import METRICS, PRODUCER
-from longrun.app.reconcile_dead_letters import ingest_quarantine_queue
-from longrun.app.reconcile_leases import rewake_expired, rewake_expired_leases, seconds_until_a_lease_expires
+from longrun.app.reconciler.common import CORRECTION_ALERT, METRICS, PRODUCER
 from longrun.artifacts import INLINE_LIMIT, ArtifactStore
 from longrun.authoring import Registry, Tool, ToolResult
-from longrun.db.errors import is_transient
-from longrun.db.reconcile_store import PgReconcileStore
 from longrun.ports.stores import Doubtful, ReconcileStore, ReconcileTransaction
 from longrun.domain import (HELD_FOR_RECONCILIATION, RECEIPT_FACT_PREFIX, TERMINAL, WAKE_A_WORKER, ActionStatus, EffectKind, RunStatus, closure, evolve, freeze,
                             thaw)
 from longrun.domain import events as ev
 from longrun.errors import TransientError
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
-
-__all__ = [
-    # Settling actions in doubt (this module).
-    "ABANDONED_AFTER", "ENDED_WHILE_SUBMITTED", "FOUND_NOTE", "Verdict", "contradictions", "in_doubt", "look_up",
-    "reconcile_unknown", "settle_in_doubt",
-    # The other sweeps and the counters, as the reconciler service runs and reports them.
-    "METRICS", "check_drift", "flag_runs_without_worker", "flag_silent_runs", "ingest_quarantine_queue",
-    "rewake_expired", "rewake_expired_leases", "seconds_until_a_lease_expires",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +101,6 @@ class _Claim:
     """The traceparent of the run's root span: the lookup's span is its child."""
 
 
-async def reconcile_unknown(engine: AsyncEngine, registry: Registry, *, limit: int, clock: Callable[[], float],
-                            artifacts: ArtifactStore | None = None,
-                            abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
-    """``settle_in_doubt`` on PostgreSQL: the reconciler service's sweep."""
-    return await settle_in_doubt(PgReconcileStore(engine, artifacts), registry, limit=limit, clock=clock,
-                                 artifacts=artifacts, abandoned_after=abandoned_after)
-
-
 async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: int, clock: Callable[[], float],
                           artifacts: ArtifactStore | None = None,
                           abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
@@ -135,7 +112,7 @@ async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: i
     claims: list[_Claim] = []
     tally: Counter[str] = Counter()
     for run_id, logical_action in await in_doubt(store, limit=limit, abandoned_after=abandoned_after):
-        claimed = await _isolated(_claim(store, registry, run_id, logical_action, clock=clock,
+        claimed = await _isolated(store, _claim(store, registry, run_id, logical_action, clock=clock,
                                          abandoned_after=abandoned_after), f"claim {run_id}/{logical_action}")
         if isinstance(claimed, _Claim):
             claims.append(claimed)
@@ -143,7 +120,7 @@ async def settle_in_doubt(store: ReconcileStore, registry: Registry, *, limit: i
             tally[claimed.value] += 1
     verdicts = await asyncio.gather(*(_traced_look_up(c) for c in claims))
     for claim, verdict in zip(claims, verdicts, strict=True):
-        settled = await _isolated(_settle(store, claim, verdict, clock=clock, artifacts=artifacts),
+        settled = await _isolated(store, _settle(store, claim, verdict, clock=clock, artifacts=artifacts),
                                   f"settle {claim.run_id}/{claim.logical_action}")
         if isinstance(settled, str):
             tally[settled] += 1
@@ -376,12 +353,12 @@ def _status_after(stored: StoredRun, events: Sequence[ev.RunEvent]) -> RunStatus
     return snapshot.status
 
 
-async def _isolated(work: Any, what: str) -> Any:
+async def _isolated(store: ReconcileStore, work: Any, what: str) -> Any:
     """One item's failure is logged and skipped, so it cannot stall the rest of the sweep."""
     try:
         return await work
     except Exception as e:
-        if is_transient(e):
+        if store.unreachable(e):
             raise
         logger.exception("%s failed; left for a later sweep", what)
         return None

@@ -29,22 +29,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun import metrics
 from longrun.app import effects
-from longrun.app.reconcile_common import METRICS, PRODUCER
+from longrun.app.reconciler.common import (
+    CORRECTION_ALERT,
+    DRIFT_ALERT,
+    METRICS,
+    NO_WORKER_ALERT,
+    PRODUCER,
+    SILENT_ALERT,
+)
 from longrun.authoring import Registry, Tool
 from longrun.db import alerts, outbox, runs
 from longrun.db.audit import audit, tenant_of_run
 from longrun.domain import ActionStatus, RunStatus, closure, thaw
 
 logger = logging.getLogger(__name__)
-
-ALERT_PREFIX = "alert."
-"""Every alert is an audit row whose action starts so (the operator API's ``/alerts``)."""
-SILENT_ALERT = f"{ALERT_PREFIX}silent_run"
-DRIFT_ALERT = f"{ALERT_PREFIX}drift"
-NO_WORKER_ALERT = f"{ALERT_PREFIX}no_compatible_worker"
-CORRECTION_ALERT = f"{ALERT_PREFIX}correction_needed"
-"""An outcome that arrived after its run COMPLETED contradicts it (``domain.closure``)."""
-
 
 # -- silent runs -----------------------------------------------------------------------------------
 

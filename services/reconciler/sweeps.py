@@ -13,16 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import reconcile, retention, tool_health
+from longrun.app.reconciler.common import METRICS
+from longrun.app.reconciler.leases import rewake_expired
+from longrun.app.reconciler.settle import ABANDONED_AFTER, settle_in_doubt
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.config import Settings
+from longrun.db import run_leases
 from longrun.db.errors import is_transient
+from longrun.db.reconcile_store import PgReconcileStore
 from longrun.db.schema import CONSUMING_SERVICES
+from services.reconciler import alerts, retention, tool_health
 
 RECONCILE_BATCH = 50
 LEASE_BATCH = 200
@@ -49,11 +55,11 @@ class Sweeper:
         self._reported: dict[str, int] = {}
 
     async def round(self) -> None:
-        await self._step("reconcile", lambda: reconcile.reconcile_unknown(
+        await self._step("reconcile", lambda: reconcile_unknown(
             self.engine, self.kinds, limit=RECONCILE_BATCH, clock=self.clock, artifacts=self.artifacts))
-        await self._step("silence", lambda: reconcile.flag_silent_runs(
+        await self._step("silence", lambda: alerts.flag_silent_runs(
             self.engine, limits=self.settings.silence_limits))
-        await self._step("without worker", lambda: reconcile.flag_runs_without_worker(self.engine))
+        await self._step("without worker", lambda: alerts.flag_runs_without_worker(self.engine))
         await self._step("tool health", lambda: tool_health.wake_for_health(
             self.engine, self.settings.breaker(), limit=HEALTH_BATCH, clock=self.clock))
         if time.monotonic() >= self._drift_due:
@@ -64,9 +70,9 @@ class Sweeper:
         while not stopping.is_set():
             delay = self.settings.reconcile_interval
             try:
-                if await reconcile.rewake_expired_leases(self.engine, limit=LEASE_BATCH) == LEASE_BATCH:
+                if await rewake_expired_leases(self.engine, limit=LEASE_BATCH) == LEASE_BATCH:
                     continue
-                until = await reconcile.seconds_until_a_lease_expires(self.engine)
+                until = await seconds_until_a_lease_expires(self.engine)
                 # None: no lease held. <= 0: an expired lease is left (more than a batch, or one whose
                 # wakeup failed: see the log); the next interval sweeps again rather than spinning.
                 if until is not None and until > 0:
@@ -82,7 +88,7 @@ class Sweeper:
                 pass
 
     async def _drift(self) -> None:
-        sweep = await reconcile.check_drift(self.engine, self.kinds, limit=DRIFT_BATCH, after=self._drift_after)
+        sweep = await alerts.check_drift(self.engine, self.kinds, limit=DRIFT_BATCH, after=self._drift_after)
         self._drift_after = sweep.next_after
         # Walk on without pause until the end of the confirmed actions, then rest.
         if not sweep.next_after:
@@ -99,7 +105,7 @@ class Sweeper:
 
     def _report(self) -> None:
         """Log the counters that moved since the last report (``/metrics`` exports them as Prometheus counters)."""
-        moved = {k: v for k, v in reconcile.METRICS.items() if self._reported.get(k) != v}
+        moved = {k: v for k, v in METRICS.items() if self._reported.get(k) != v}
         if moved:
             logger.info("counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(moved.items())))
             self._reported.update(moved)
@@ -134,3 +140,22 @@ async def keep_horizons(engine: AsyncEngine, store: ArtifactStore, settings: Set
             await asyncio.wait_for(stopping.wait(), timeout=settings.retention_interval)
         except TimeoutError:
             pass
+
+
+async def reconcile_unknown(engine: AsyncEngine, registry: Registry, *, limit: int, clock: Callable[[], float],
+                            artifacts: ArtifactStore | None = None,
+                            abandoned_after: float = ABANDONED_AFTER) -> Counter[str]:
+    """``settle_in_doubt`` (``app.reconciler.settle``) on PostgreSQL."""
+    return await settle_in_doubt(PgReconcileStore(engine, artifacts), registry, limit=limit, clock=clock,
+                                 artifacts=artifacts, abandoned_after=abandoned_after)
+
+
+async def rewake_expired_leases(engine: AsyncEngine, *, limit: int) -> int:
+    """``rewake_expired`` (``app.reconciler.leases``) on PostgreSQL."""
+    return await rewake_expired(PgReconcileStore(engine), limit=limit)
+
+
+async def seconds_until_a_lease_expires(engine: AsyncEngine) -> float | None:
+    """Seconds (database clock) until the earliest held lease runs out; <= 0 when one has, None when none is held."""
+    async with engine.connect() as conn:
+        return await run_leases.seconds_until_one_expires(conn)
