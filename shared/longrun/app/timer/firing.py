@@ -20,7 +20,7 @@ from typing import Any
 from longrun import logs, otel
 from longrun.app import effects
 from longrun.authoring import Registry
-from longrun.ports.runs import LedgerOutcome, Message, Planned, StoredRun, plan
+from longrun.ports.runs import LedgerOutcome, Message, Planned, StoredRun, plan, wait_timers
 from longrun.ports.timers import DueTimer
 from longrun.domain import (
     WAKE_A_WORKER,
@@ -153,7 +153,7 @@ def _plan_messages(p: Planned, messages: dict[str, list[Message]], woken_by: dic
     if broadcast is not None:
         sent.append(broadcast)
     if cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
-        return effects.wait_timers(run, decided_at=at)  # a timed-out call's retry
+        return wait_timers(run, decided_at=at)  # a timed-out call's retry
     return []
 
 
