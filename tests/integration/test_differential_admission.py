@@ -237,7 +237,7 @@ def _needs_attention_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _sql_counts_timed_out_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     retyped = sql_names(sorted(domain_run.TERMINAL - {_S.TIMED_OUT}))
-    monkeypatch.setattr(admit, "ACTIVE", text(
+    monkeypatch.setattr(admitting, "ACTIVE", text(
         f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
 
 
