@@ -82,7 +82,7 @@ async def million(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> dict[str, 
 
 
 async def _schedule_wakes(engine: AsyncEngine) -> None:
-    """Each RETRY_SCHEDULED run's wake timer, as ``db.timers.schedule_wait`` writes it."""
+    """Each RETRY_SCHEDULED run's wake timer, as ``ports.runs.wait_timers`` makes it."""
     async with engine.begin() as conn:
         await conn.execute(text(
             "INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "

@@ -2,7 +2,7 @@
 
 Parked runs are folded from their domain events (RunCreated -> RUNNING -> WaitStarted)
 and inserted in bulk with ``runs.projection`` — the same rows ``runs.append`` writes —
-with the timers ``db.timers.schedule_wait`` would schedule for them.
+with the timers ``ports.runs.wait_timers`` would make for them.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _parked(i: int, at: float, *, status: RunStatus, partitions: int, wake_in: f
                "data": ev.event_to_dict(e), "applied": True, "occurred_at": datetime.fromtimestamp(e.at, UTC)}
               for e in history]
     timer = None
-    if status is RunStatus.WAITING_EVENT:  # its deadline, as db.timers.schedule_wait writes it
+    if status is RunStatus.WAITING_EVENT:  # its deadline, as ports.runs.wait_timers makes it
         timer = {"timer_key": f"{run_id}:{wait.wait_id}:deadline", "run_id": run_id, "kind": "wait_deadline",
                  "wake_at": datetime.fromtimestamp(wait.deadline, UTC),
                  "payload": {"wait_id": wait.wait_id, "reason": "deadline"}}

@@ -10,7 +10,7 @@ it back and the timers fire again later; after the commit they are never claimed
 What each timer kind does (the kind names the timer; the payload identifies what it is for):
 
 - ``retry_backoff``, ``sleep``, ``wait_deadline`` (payload ``{"wait_id", "reason"}``, written
-  by ``db.timers.schedule_wait``): ``RunWoken(wait_id, reason=TIMER | DEADLINE)``. The
+  with the wait, ``ports.runs.wait_timers``): ``RunWoken(wait_id, reason=TIMER | DEADLINE)``. The
   pending wait ends, the run becomes READY and a worker is woken; its ``decide`` reads
   ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
   (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
@@ -236,8 +236,7 @@ async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
     await runs.write_many(conn, fired.plans)
     for outcome in fired.ledger:
         await ledger_rows.record(conn, outcome.key, outcome.status, **outcome.fields)
-    for timer in fired.timers:
-        await timers.schedule(conn, **timer)
+    await timers.schedule_all(conn, fired.timers)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
     await admission.notify(conn, effects.ADMISSION_CHANNEL, [p.after.snapshot.tenant_id for p in fired.plans
                                                               if p.after.snapshot.status in TERMINAL])

@@ -23,7 +23,7 @@ from longrun.domain import (
     request_hash,
 )
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun
+from longrun.ports.runs import StoredRun, wait_timers
 from tests.fixtures import PARTITIONS
 
 VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scripted-or-openai-v1",
@@ -56,7 +56,7 @@ async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadli
         stored = await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
             ev.WaitStarted(seq=stored.seq(2), at=now, status=RunStatus.WAITING_EVENT, wait=wait)])
-        await timers.schedule_wait(conn, stored.snapshot, decided_at=now)
+        await timers.schedule_all(conn, wait_timers(stored.snapshot, decided_at=now))
     return stored
 
 

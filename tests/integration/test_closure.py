@@ -17,6 +17,7 @@ from longrun.db import leases, runs, timers
 from longrun.db.transaction import PgTransaction
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
+from longrun.ports.runs import wait_timers
 from services.timer import batches as firing
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for, status_of
@@ -146,7 +147,7 @@ async def _parked_with_deadlines(engine: AsyncEngine, run_id: str) -> runs.Store
             ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken"),
             ev.BudgetCharged(seq=stored.seq(2), at=at, model_calls=2, cost=0.125),
             ev.WaitStarted(seq=stored.seq(3), at=at, status=RunStatus.WAITING_EVENT, wait=wait)])
-        await timers.schedule_wait(conn, stored.snapshot, decided_at=at)
+        await timers.schedule_all(conn, wait_timers(stored.snapshot, decided_at=at))
         await timers.schedule(conn, timer_key=f"{run_id}:business", run_id=run_id, kind="business_deadline",
                               delay=3600, payload={})
     return stored

@@ -29,9 +29,9 @@ from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, f
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.errors import DomainError
-from longrun.ports.runs import StoredRun, plan
-from services.timer import shortcut
+from longrun.ports.runs import StoredRun, plan, wait_timers
 from services.timer import batches as firing
+from services.timer import shortcut
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 
@@ -68,7 +68,7 @@ def _wait_of(rng: random.Random, base: str, run_id: str, at: float) -> tuple[Run
 
 async def _make_cases(engine: AsyncEngine, rng: random.Random, *, extra: int) -> dict[str, tuple[str, StoredRun]]:
     """One run of every shape per tenant plus ``extra`` random ones, parked with their timers (by
-    ``timers.schedule_wait``, as a worker does), all due now; by run id: (shape, state)."""
+    ``timers.schedule_all`` of ``wait_timers``, as a worker does), all due now; by run id: (shape, state)."""
     shapes = [(tenant, shape) for tenant in TENANTS for shape in (*FAST, *SLOW)]
     shapes += [(rng.choice(TENANTS), rng.choice((*FAST, *SLOW))) for _ in range(extra)]
     cases: dict[str, tuple[str, StoredRun]] = {}
@@ -96,7 +96,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random, *, extra: int) ->
             stored = await runs.append(conn, stored, [
                 ev.RunStatusChanged(seq=stored.seq(1), at=at, to=_S.RUNNING, reason="taken"), *asked,
                 ev.WaitStarted(seq=stored.seq(2 + len(asked)), at=at, status=status, wait=wait)])
-            await timer_store.schedule_wait(conn, stored.snapshot, decided_at=at)
+            await timer_store.schedule_all(conn, wait_timers(stored.snapshot, decided_at=at))
             then: list[ev.RunEvent] = []
             if shape == "ended":
                 then = [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id, reason=WakeReason.EVENT,

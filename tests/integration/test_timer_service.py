@@ -1,7 +1,7 @@
 """Timer service: each due timer becomes its run event exactly once, whatever kills the service.
 
 Runs are built through the domain events and ``longrun.db.runs`` (or, for the load test,
-the same events folded and inserted in bulk), parked with ``timers.schedule_wait``,
+the same events folded and inserted in bulk), parked with ``timers.schedule_all`` of ``wait_timers``,
 and fired by the real ``services.timer`` process, or by ``fire_due`` in-process where only
 the use case's decision is under test. Every check reads PostgreSQL: run events, the
 timers table, and the outbox rows the firing wrote.
@@ -26,10 +26,10 @@ from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
-from longrun.ports.runs import StoredRun, plan
-from services.timer import shortcut as timer_shortcut
+from longrun.ports.runs import StoredRun, plan, wait_timers
 from services.timer import batches as firing
 from services.timer import main as timer_service
+from services.timer import shortcut as timer_shortcut
 from services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar
@@ -65,7 +65,7 @@ async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait,
         stored = await _running(conn, run_id, tenant, labels)
         at = time.time()
         stored = await runs.append(conn, stored, [ev.WaitStarted(seq=stored.seq(1), at=at, status=status, wait=wait)])
-        await timers.schedule_wait(conn, stored.snapshot, decided_at=at)
+        await timers.schedule_all(conn, wait_timers(stored.snapshot, decided_at=at))
     return stored
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -28,10 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import driver, jsonb, outbox
 from longrun.db.schema import sql_names, timers
-from longrun.domain import RunSnapshot
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
-from longrun.ports.runs import wait_timers
 from longrun.ports.timers import DueTimer
 
 
@@ -46,9 +44,9 @@ async def schedule(conn: AsyncConnection, *, timer_key: str, run_id: str, kind: 
         payload=payload).on_conflict_do_nothing(index_elements=["timer_key"]))
 
 
-async def schedule_wait(conn: AsyncConnection, run: RunSnapshot, *, decided_at: float) -> None:
-    """The timers of the wait ``run`` is parked in (``ports.runs.wait_timers``)."""
-    for timer in wait_timers(run, decided_at=decided_at):
+async def schedule_all(conn: AsyncConnection, due: Sequence[Mapping[str, Any]]) -> None:
+    """Each of ``due`` (``schedule``'s arguments), e.g. a wait's timers (``ports.runs.wait_timers``)."""
+    for timer in due:
         await schedule(conn, **timer)
 
 

@@ -84,8 +84,7 @@ class PgWorkerStore:
                 outcome = transition.outcome
                 await ledger.record(conn, outcome.key, outcome.status, **outcome.fields)
             if transition.settles_wait:
-                for timer in transition.wait_timers:
-                    await timer_rows.schedule(conn, **timer)
+                await timer_rows.schedule_all(conn, transition.wait_timers)
                 after = await self.match_kept(PgTransaction(conn), after)
         return after
 
@@ -100,8 +99,7 @@ class PgWorkerStore:
                 raise LeaseLost(run_id, fence.token)
             await ledger.prepare(conn, **attempt.row())
             await timer_rows.cancel_calls(conn, run_id, attempt.logical_action)
-            for timer in timers:
-                await timer_rows.schedule(conn, run_id=run_id, **timer)
+            await timer_rows.schedule_all(conn, [{"run_id": run_id, **timer} for timer in timers])
 
     async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
                    timer_key: str | None, due_in: float) -> bool:
