@@ -1,6 +1,6 @@
 """A consumer replica for bus tests: the library's partitioned consumer with a probe handler.
 
-The handler records each message it applies in ``probe_handled`` (created by the
+The handler records each message it applies in ``probe_handled`` by its label, the wakeup's reason (created by the
 tests) inside the consumer's transaction, so the table shows exactly what was applied,
 by whom and in which order.
 """
@@ -31,8 +31,8 @@ def make_handler(instance_id: str):  # type: ignore[no-untyped-def]
     async def handle(conn: AsyncConnection, envelope: Envelope) -> dict[str, object]:
         await conn.execute(
             text("INSERT INTO probe_handled (run_id, wakeup_id, consumer) VALUES (:r, :w, :c)"),
-            {"r": envelope.run_id, "w": envelope.payload.wakeup_id, "c": instance_id})
-        return {"applied_by": instance_id, "wakeup_id": envelope.payload.wakeup_id}
+            {"r": envelope.run_id, "w": envelope.payload.reason, "c": instance_id})
+        return {"applied_by": instance_id, "wakeup_id": envelope.payload.reason}
 
     return handle
 

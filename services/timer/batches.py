@@ -63,12 +63,13 @@ What a timer does through the domain is ``app.timer.firing`` (``plan_batch``). M
 a wait (the run becomes READY, a worker is woken), and decoding, evolving and re-encoding each
 run's snapshot for that cost ~1 ms of CPU per timer. So a batch's wakes go the short way
 (``shortcut``): the runs' heads (status, revision, seq, pending wait id) are
-read and locked without the snapshot, and the batch is written as one statement, every row
-rendered by PostgreSQL, the snapshot patched in place. One wake of every batch, the sample,
-goes through the domain in full (``ports.runs.plan``, ``effects``); its snapshot diff, event and
-outbox rows are the template for the others, and if PostgreSQL, filling the template in for
-the sample, does not render exactly those rows (the domain changed), the batch falls back to
-the domain for every timer. Everything else (run timeouts, paused runs, timers the domain
+read and locked without the snapshot, and the batch is written as one statement, each event
+rendered by PostgreSQL, the snapshot patched in place, the messages made by ``effects`` from the
+heads. One wake of every batch, the sample, goes through the domain in full (``ports.runs.plan``,
+``effects``); its snapshot diff and event are the template for the others, and if PostgreSQL,
+filling the template in for the sample, does not render exactly those rows, or the messages made
+from its head are not the domain's (the domain changed), the batch falls back to the domain for
+every timer. Everything else (run timeouts, paused runs, timers the domain
 refuses, several timers of one run in a batch, questions' deadlines, and the wakes of runs with a
 schedule-to-start, whose next queue stint ``runs.write_many`` times) always takes the domain path.
 
@@ -194,7 +195,7 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
         template: WakeTemplate | None = shortcut.late_only(at)
     else:
         planned = await _plan_together(conn, [sample[0]], **domain)
-        template = await shortcut.learn(conn, planned, sample, traces[sample[0].timer_key])
+        template = await shortcut.learn(conn, planned, sample, traces[sample[0].timer_key], producer)
         if template is None:
             logger.warning("timer shortcut disagrees with the domain; batch of %d fired through the domain",
                            len(ordered))
@@ -204,9 +205,10 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     if not quick:
         return outcomes
     # The sample is written the short way too: ``learn`` checked that this writes what the domain did.
-    await timers.write_wakes(conn, template, [shortcut.wake(timer, head, applies, traces[timer.timer_key])
-                                              for timer, head, applies in quick],
-                             status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
+    sent = [m for timer, head, applies in quick if applies
+            for m in shortcut.messages(timer, head, producer=producer, trace=traces[timer.timer_key])]
+    await timers.write_wakes(conn, template, [shortcut.wake(timer, head, applies) for timer, head, applies in quick],
+                             sent, status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
     for _, head, applies in quick:
         if applies:
             metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()

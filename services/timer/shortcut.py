@@ -1,8 +1,10 @@
 """The timer service's short way for wakes: most timers only end a wait, so a batch's wakes are
-written in one statement from the runs' heads (``db.timers.write_wakes``), every row rendered by
-PostgreSQL from a template. ``quick_verdict`` says from a run's head whether a wake applies, is late
+written in one statement from the runs' heads (``db.timers.write_wakes``), each run's event and
+snapshot patch rendered by PostgreSQL from a template, its messages made by ``app.effects`` as the
+domain path makes them. ``quick_verdict`` says from a run's head whether a wake applies, is late
 or needs the domain; ``learn`` takes the template from the batch's sample, planned through the
-domain, and keeps it only if PostgreSQL, filling it in for the sample, renders exactly those rows.
+domain, and keeps it only if PostgreSQL, filling it in for the sample, renders exactly those rows,
+and the messages made from the sample's head are the domain's.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun import otel
+from longrun.app import effects
 from longrun.app.timer.firing import WAIT_TIMERS, Fired, Outcome, cause_of
-from longrun.bus import topology
 from longrun.db import outbox, runs, timers
 from longrun.db.timers import RunHead, Wake, WakeTemplate
 from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
 from longrun.domain import events as ev
+from longrun.ports.runs import Message
 from longrun.ports.timers import DueTimer
 
 # What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
@@ -46,23 +50,34 @@ def quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     return True
 
 
-def wake(timer: DueTimer, head: RunHead, applies: bool, trace: str | None) -> Wake:
-    return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, wake_reason=f"timer:{timer.kind}",
-                routing_key=topology.partition_key(head.partition), cause=cause_of(timer),
-                broadcast_key=topology.status_key(head.tenant_id, RunStatus.READY.value), timer_key=timer.timer_key,
-                trace=trace)
+def wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
+    return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, timer.timer_key)
+
+
+def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None) -> list[Message]:
+    """What a wake that applies sends, from its run's head: the wakeup and the status broadcast the
+    domain path sends for it (``app.timer.firing``), carrying ``trace``."""
+    cause = cause_of(timer)
+    with otel.passing(trace):
+        return [effects.wake_message_of(tenant_id=head.tenant_id, run_id=head.run_id, revision=head.revision + 1,
+                                        partition=head.partition, reason=f"timer:{timer.kind}", producer=producer,
+                                        cause=cause),
+                effects.status_message(tenant_id=head.tenant_id, run_id=head.run_id, partition=head.partition,
+                                       seq=head.stored_seq + 1, status=RunStatus.READY.value, was=head.status,
+                                       stage=head.stage, reason="", labels=head.labels, outcome=None,
+                                       correlation_id=head.correlation_id, producer=producer, cause=cause)]
 
 
 def late_only(at: float) -> WakeTemplate:
     """For a batch whose wakes are all late: only the event, whose wait and seq each wake fills in."""
-    return WakeTemplate(ev.event_to_dict(ev.RunWoken(seq=1, at=at, wait_id="", reason=WakeReason.TIMER)),
-                        None, None, None)
+    return WakeTemplate(ev.event_to_dict(ev.RunWoken(seq=1, at=at, wait_id="", reason=WakeReason.TIMER)), None)
 
 
 async def learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, RunHead, bool],
-                 trace: str | None) -> WakeTemplate | None:
+                trace: str | None, producer: str) -> WakeTemplate | None:
     """The sample's rows (planned, not written) as the template, or None unless PostgreSQL, filling the
-    template in for the sample, renders exactly what the domain planned for it."""
+    template in for the sample, renders exactly what the domain planned for it, and ``messages``
+    makes the messages the domain sends for it."""
     timer, head, _ = sample
     planned = next((p for p in fired.plans if p.before.snapshot.run_id == head.run_id), None)
     if planned is None or fired.outcomes[timer.timer_key] is not Outcome.APPLIED:
@@ -72,25 +87,22 @@ async def learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, Run
     was, now = runs.projection(planned.before.snapshot), runs.projection(planned.after.snapshot)
     columns = {k for k in now if was[k] != now[k]}
     cleared = _WAKE_COLUMNS - {"status", "revision", "snapshot"}
-    sent = {m.envelope.type: m for m in fired.messages[head.run_id]}
     if (set(before) != set(after) or not {"revision", "last_seq", "last_wake"} <= set(changed) <= _WAKE_KEYS
             or after["status"] != RunStatus.READY.value or not columns <= _WAKE_COLUMNS
-            or any(now[k] is not None for k in cleared) or set(sent) != {"run.wakeup", "run.event"}
-            or len(fired.messages[head.run_id]) != 2 or len(planned.rows) != 1):
+            or any(now[k] is not None for k in cleared) or len(planned.rows) != 1):
         return None
-    wakeup, broadcast = (outbox.row_of(sent[t]) for t in ("run.wakeup", "run.event"))
-    template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed, wakeup, broadcast)
-    own = await timers.render_wake(conn, template, wake(timer, head, True, trace))
-    if (own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq
-            or [_without_ids(m) for m in own.messages] != [_without_ids(wakeup), _without_ids(broadcast)]
-            or any(m["event_id"] != m["payload"].get("event_id") for m in own.messages)):
+    made = [_without_fresh(m) for m in messages(timer, head, producer=producer, trace=trace)]
+    if [_without_fresh(m) for m in fired.messages[head.run_id]] != made:
+        return None
+    template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed)
+    own = await timers.render_wake(conn, template, wake(timer, head, True))
+    if own.patch != changed or own.event != template.event or own.event.get("seq") != planned.after.stored_seq:
         return None
     return template
 
 
-def _without_ids(row: dict[str, Any]) -> dict[str, Any]:
-    """An outbox row minus what is fresh on every message (its id, and a wakeup's id)."""
-    envelope = {k: v for k, v in row["payload"].items() if k != "event_id"}
-    if isinstance(envelope.get("payload"), dict):
-        envelope["payload"] = {k: v for k, v in envelope["payload"].items() if k != "wakeup_id"}
-    return {**{k: v for k, v in row.items() if k != "event_id"}, "payload": envelope}
+def _without_fresh(message: Message) -> tuple[Any, ...]:
+    """A message as the outbox keeps it and where it goes, minus what is fresh on every message (its id
+    and time)."""
+    kept = {k: v for k, v in outbox.kept(message.envelope).items() if k not in ("event_id", "occurred_at")}
+    return kept, message.exchange, message.routing_key, message.partition

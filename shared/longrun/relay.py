@@ -84,7 +84,7 @@ class Relay:
                 results = await self._publish_traced(rows)
             else:
                 results = await self.bus.publish_many(
-                    [(row.exchange, row.routing_key, to_message(row.payload)) for row in rows])
+                    [(row.exchange, row.routing_key, to_message(row.envelope())) for row in rows])
             broken: set[int] = set()
             confirmed = []
             for row, error in zip(rows, results, strict=True):
@@ -107,18 +107,19 @@ class Relay:
         span that made it; the message tells its consumer the root (``otel.RUN_TRACE_HEADER``)."""
         spans, items = [], []
         for row in rows:
-            message = to_message(row.payload)
+            envelope = row.envelope()
+            message = to_message(envelope)
             if row.run_trace:
                 message.headers[otel.RUN_TRACE_HEADER] = row.run_trace
             items.append((row.exchange, row.routing_key, message))
-            spans.append(otel.start_run_span(f"publish {row.exchange}", row.run_trace, cause=row.payload.get("trace"),
+            spans.append(otel.start_run_span(f"publish {row.exchange}", row.run_trace, cause=envelope.get("trace"),
                                              kind=SpanKind.PRODUCER, attributes={
                                                  "messaging.system": "rabbitmq", "messaging.operation.name": "publish",
                                                  "messaging.operation.type": "send",
                                                  "messaging.destination.name": row.exchange,
                                                  "messaging.rabbitmq.destination.routing_key": row.routing_key,
                                                  "messaging.message.id": row.event_id,
-                                                 "longrun.run_id": row.payload.get("run_id") or ""}))
+                                                 "longrun.run_id": envelope.get("run_id") or ""}))
         results = await self.bus.publish_many(items)
         for span, error in zip(spans, results, strict=True):
             if error is not None:

@@ -32,7 +32,7 @@ from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
-from longrun.db import runs
+from longrun.db import outbox, runs
 from longrun.db.errors import is_transient
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import Envelope, make
@@ -255,7 +255,8 @@ class Scenario:
 
     async def wakeups(self, run_id: str, reason: str | None = None) -> int:
         rows = await self.rows("SELECT payload FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup'", r=run_id)
-        return sum(1 for row in rows if reason is None or row.payload["payload"]["reason"] == reason)
+        return sum(1 for row in rows
+                   if reason is None or outbox.envelope_of("run.wakeup", row.payload)["payload"]["reason"] == reason)
 
     async def scalar(self, sql: str, **params: Any) -> Any:
         async def work(conn: AsyncConnection) -> Any:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from longrun.bus import topology
+from longrun.db import outbox
 from longrun.domain import RunStatus
 from longrun.envelope import make
 from longrun_dependency_upgrade import workflow as dependency_upgrade
@@ -128,8 +129,8 @@ async def test_wakeups_delayed_and_delivered_out_of_order_change_nothing(scenari
                         what="the old deadline fired")
     # and two stale wakeups reach the worker: the admission wakeup once more (a redelivery), and a
     # copy of it under a new id (a late duplicate from another producer), both for revision 1
-    admitted = await scenario.scalar(
-        "SELECT payload FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup' ORDER BY id LIMIT 1", r=run_id)
+    admitted = outbox.envelope_of("run.wakeup", await scenario.scalar(
+        "SELECT payload FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup' ORDER BY id LIMIT 1", r=run_id))
     stale = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": "delayed copy"}, producer="fault-tests",
                  tenant_id="acme", run_id=run_id, expected_state_version=admitted["expected_state_version"])
     redelivered = stale.model_copy(update={"event_id": admitted["event_id"]})

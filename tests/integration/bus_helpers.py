@@ -14,8 +14,9 @@ from tests.fixtures import PARTITIONS
 from tests.probe_consumer import PROBE_TABLE
 
 
-def wakeup(run_id: str, wakeup_id: str) -> Envelope:
-    return make("run.wakeup", {"wakeup_id": wakeup_id, "reason": "probe"}, producer="tests",
+def wakeup(run_id: str, label: str) -> Envelope:
+    """A probe wakeup; ``label`` travels as its reason (what the outbox keeps of it) and its wakeup id."""
+    return make("run.wakeup", {"wakeup_id": label, "reason": label}, producer="tests",
                 tenant_id="tenant-a", run_id=run_id)
 
 

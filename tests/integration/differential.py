@@ -68,8 +68,13 @@ def event_row(run_id: str, event: ev.RunEvent, applied: bool, fencing_token: int
 
 
 def outbox_row(message: outbox.Message) -> dict[str, Any]:
-    """The outbox row the domain's message is, less what is fresh on every message."""
-    return _without_fresh(outbox.row_of(message))
+    """The outbox row the domain's message is, its payload the envelope published, less what is fresh
+    on every message."""
+    envelope = message.envelope.model_dump(mode="json")
+    return _without_fresh({
+        "aggregate_type": "run", "aggregate_id": envelope["run_id"] or envelope["event_id"],
+        "partition": message.partition, "exchange": message.exchange, "routing_key": message.routing_key,
+        "type": envelope["type"], "payload": envelope, "traceparent": envelope["trace"]})
 
 
 def _without_fresh(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,10 +114,11 @@ async def outbox_mark(conn: AsyncConnection) -> int:
 
 
 async def stored_messages(conn: AsyncConnection, after: int) -> list[dict[str, Any]]:
-    """The outbox rows written after ``after``, in id order, by column."""
+    """The outbox rows written after ``after``, in id order, by column; each payload the envelope the
+    relay publishes for it (``outbox.envelope_of``)."""
     rows = await conn.execute(text(f"SELECT id, {', '.join(outbox.COLUMNS)} FROM outbox WHERE id > :after "
                                    "ORDER BY id"), {"after": after})
-    return [dict(r._mapping) for r in rows]
+    return [{**r._mapping, "payload": outbox.envelope_of(r.type, r.payload)} for r in rows]
 
 
 def compare_events(run_id: str, stored: Sequence[Mapping[str, Any]],
@@ -139,7 +145,7 @@ def compare_messages(where: str, stored: Sequence[Mapping[str, Any]],
             found.append(f"{at}: event_id {row['event_id']!r} is not its envelope's fresh id")
         inner = row["payload"].get("payload")
         for name in FRESH_PAYLOAD_FIELDS:
-            domain_has = name in (outbox.row_of(message)["payload"].get("payload") or {})
+            domain_has = name in (message.envelope.model_dump(mode="json").get("payload") or {})
             if domain_has and not (isinstance(inner, Mapping) and _is_uuid(inner.get(name))):
                 found.append(f"{at}: payload.payload.{name} is no fresh id: {inner!r}")
     return found

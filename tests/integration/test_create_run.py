@@ -17,6 +17,7 @@ from longrun.app.scheduler import admit
 from longrun.authoring import Registry
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
+from longrun.db import outbox
 from longrun.db.engine import psycopg_dsn
 from longrun.db.transaction import PgTransaction
 from longrun.envelope import Envelope, decode, make
@@ -63,7 +64,7 @@ async def _create(engine, key: str, *, slots: int) -> dict:  # type: ignore[no-u
 
 async def _wakeups(engine) -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def,type-arg]
     async with engine.connect() as conn:
-        return [(r.aggregate_id, r.payload) for r in await conn.execute(text(
+        return [(r.aggregate_id, outbox.envelope_of("run.wakeup", r.payload)) for r in await conn.execute(text(
             "SELECT aggregate_id, payload FROM outbox WHERE type = 'run.wakeup' ORDER BY id"))]
 
 

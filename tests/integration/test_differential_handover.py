@@ -2,7 +2,7 @@
 finished, queued runs of random priority and age, paused and finished runs that are not queued) whose
 admitted runs finish one after another in ONE transaction, each finishing write carrying its
 ``runs.Handover`` (``effects.broadcast_rides``), so PostgreSQL picks and admits the tenant's best
-queued run and renders its wakeup from the template. Compared column by column with a pure model:
+queued run and keeps its wakeup as data (``bus.wakeup``), rendered as the relay publishes it. Compared column by column with a pure model:
 the finishing transitions through ``ports.runs.plan`` (``evolve``), slots held by admitted runs whose
 status is not in the domain's ``TERMINAL``, the queue as the runs in ``READY`` not admitted, the best
 by priority plus age over ``aging``, and the wakeup from ``effects.wake_message_of``.
@@ -279,7 +279,7 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     "sql-terminal-set-without-timed-out": (_sql_counts_timed_out_as_holding, "admitted: sql False != domain True"),
     # The queue's status set the SQL is rendered from, retyped with PAUSED.
     "sql-queued-set-with-paused": (_sql_queue_takes_paused, "admitted: sql True != domain False"),
-    # An envelope field the wakeup builder sets per run, which the SQL copies from the template.
+    # An envelope field the wakeup builder sets per run, which the handover's kept wake does not carry.
     "envelope-wakeup-correlation-per-run": (_wakeup_correlated_by_run, "run.wakeup: payload.correlation_id"),
 }
 

@@ -1,8 +1,9 @@
 """The timer's bulk wake against the domain: seeded random batches of due wait timers (many runs,
 several tenants, each with its own labels, stage and correlation) fired in ONE batch by ``fire_due``,
-whose wakes go the short way (``timers.write_wakes``: one statement rendering every row from a
-template learnt from one sample), compared column by column with what ``ports.runs.plan`` (``evolve``) and
-the envelope builders (``effects.wake_message``, ``effects.broadcast_message``) make of each timer.
+whose wakes go the short way (``timers.write_wakes``: one statement rendering every run's event and
+snapshot patch from a template learnt from one sample, the messages made by ``effects`` from the runs'
+heads), compared column by column with what ``ports.runs.plan`` (``evolve``) and the envelope builders
+(``effects.wake_message``, ``effects.broadcast_message``) make of each timer.
 
 The mutants change a transition table, the fast path's status set, or an envelope field the
 builders set, and expect the differential check to report mismatches.
@@ -136,9 +137,9 @@ async def timer_mismatches(engine: AsyncEngine, *, seed: int, extra: int = 12,
     short: dict[str, bool] = {}
     real_write = timer_store.write_wakes
 
-    async def noted(conn: Any, template: Any, wakes: Any, **kwargs: Any) -> None:
+    async def noted(conn: Any, template: Any, wakes: Any, messages: Any, **kwargs: Any) -> None:
         short.update((w.head.run_id, w.applies) for w in wakes)
-        await real_write(conn, template, wakes, **kwargs)
+        await real_write(conn, template, wakes, messages, **kwargs)
 
     fire_at = time.time()
     timer_store.write_wakes = noted  # type: ignore[assignment]
@@ -213,15 +214,6 @@ def _paused_counted_as_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shortcut, "_WAITING", shortcut._WAITING | {_S.PAUSED.value})
 
 
-def _wakeup_correlated_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = effects.wake_message_of
-
-    def mutated(**kwargs: Any) -> Any:
-        message = real(**kwargs)
-        return replace(message, envelope=message.envelope.model_copy(update={"correlation_id": kwargs["run_id"]}))
-    monkeypatch.setattr(effects, "wake_message_of", mutated)
-
-
 def _broadcast_correlated_by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
     real = effects.broadcast_message
 
@@ -246,9 +238,8 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]]
     "transition-waiting-event-to-ready-removed": (_without_wake_from_waiting_event, ("'refused'",)),
     # The fast path's status set: a paused run's wake taken for a waiting run's.
     "status-set-paused-as-waiting": (_paused_counted_as_waiting, ("(paused): status", "short way")),
-    # An envelope field the builder sets per run, which the template would copy from its sample.
-    "envelope-wakeup-correlation-per-run": (_wakeup_correlated_by_run, ("run.wakeup: payload.correlation_id",)),
-    # An envelope field the SQL sets per run (from the run's snapshot), which the builder now sets otherwise.
+    # An envelope field the domain path's builder now sets otherwise than the one the short way calls
+    # (its messages are made by ``effects`` from the runs' heads, not copied from the sample).
     "envelope-broadcast-correlation-per-tenant": (_broadcast_correlated_by_tenant,
                                                   ("run.event: payload.correlation_id", "short way")),
     # A question's deadline woken the short way: the template does not close the question.

@@ -34,7 +34,7 @@ from longrun.app.worker.loop import Worker
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
-from longrun.db import inbox, runs, timers
+from longrun.db import inbox, outbox, runs, timers
 from longrun.db import leases
 from longrun.db.driver import Pool
 from longrun.db.reconcile_store import PgReconcileStore
@@ -121,7 +121,8 @@ class Real:
             return await getattr(SWEEPS[module], function)(PgReconcileStore(self.engine), *args, **kwargs)
         if name == "outbox.sent":
             async with self.engine.connect() as conn:
-                return _sent((await conn.execute(text("SELECT payload FROM outbox"))).scalars(), self.prefix)
+                rows = await conn.execute(text("SELECT type, payload FROM outbox"))
+                return _sent([outbox.envelope_of(r.type, r.payload) for r in rows], self.prefix)
         target = {"runs": runs, "leases": leases, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)

@@ -33,7 +33,7 @@ from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import leases
-from longrun.db import runs
+from longrun.db import outbox, runs
 from services.reconciler.alerts import check_drift, flag_silent_runs
 from services.reconciler.dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
 from services.reconciler.sweeps import reconcile_unknown, rewake_expired_leases
@@ -157,7 +157,8 @@ async def _events(engine: AsyncEngine, run_id: str) -> list[tuple[str, dict[str,
 
 async def _wakeups(engine: AsyncEngine, run_id: str, reason: str | None = None) -> int:
     rows = await _rows(engine, "SELECT payload FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup'", r=run_id)
-    return sum(1 for r in rows if reason is None or r.payload["payload"]["reason"] == reason)
+    reasons = [outbox.envelope_of("run.wakeup", r.payload)["payload"]["reason"] for r in rows]
+    return sum(1 for r in reasons if reason is None or r == reason)
 
 
 async def _state(engine: AsyncEngine, run_id: str, key: str) -> tuple[runs.StoredRun, ledger.LedgerRow]:
@@ -473,7 +474,8 @@ async def test_a_wakeup_dead_lettered_after_its_consumers_kept_dying_wakes_its_r
         rewakes = await eventually(lambda: _rows(
             engine, "SELECT payload FROM outbox WHERE type = 'run.wakeup' AND aggregate_id = :r", r=run_id),
             what="a new wakeup")
-        assert [r.payload["payload"]["reason"] for r in rewakes] == ["wakeup dead-lettered"]
+        assert [outbox.envelope_of("run.wakeup", r.payload)["payload"]["reason"] for r in rewakes] == [
+            "wakeup dead-lettered"]
         # And when every wakeup of the run keeps dying (one that kills each worker that takes it)
         for n in range(2, REWAKES_AFTER_DEAD_LETTER + 3):
             await publish(bus, wakeup(run_id, f"w-stranded-{n}"))

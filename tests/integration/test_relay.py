@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from longrun.bus.wakeup import KEPT as WAKE_KEPT
 from longrun.db import outbox
-from longrun.envelope import make
+from longrun.envelope import decode, make
 from longrun.errors import BusUnavailable
 from longrun.relay import Relay
 from tests.fixtures import eventually
@@ -65,7 +66,7 @@ async def test_relay_publishes_a_row_that_commits_late(clean, engine, services) 
 
 
 class _FailingBus:
-    """Confirms every publish except those of the wakeup ids it is told to fail."""
+    """Confirms every publish except those of the wakeups (by reason) it is told to fail."""
 
     def __init__(self, failing: set[str]) -> None:
         self.failing = failing
@@ -77,7 +78,7 @@ class _FailingBus:
     async def publish_many(self, items: Sequence[tuple[str, str, Any]]) -> list[BaseException | None]:
         results: list[BaseException | None] = []
         for _, _, message in items:
-            wakeup_id = json.loads(message.body)["payload"]["wakeup_id"]
+            wakeup_id = json.loads(message.body)["payload"]["reason"]
             self.published.append(wakeup_id)
             results.append(BusUnavailable("refused") if wakeup_id in self.failing else None)
         return results
@@ -88,7 +89,7 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
     # Given unpublished rows in partitions 1, 2 and 5, of which the relay owns 1 and 2
     async with engine.begin() as conn:
         for partition, wakeup_id in ((1, "p1-a"), (2, "p2-a"), (1, "p1-b"), (5, "p5-a"), (2, "p2-b")):
-            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": "probe"}, producer="tests",
+            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": wakeup_id}, producer="tests",
                             tenant_id="tenant-a", run_id=f"run-{wakeup_id}")
             await outbox.enqueue(conn, envelope, exchange="x", routing_key="k", partition=partition)
     bus = _FailingBus(failing={"p1-a"})
@@ -111,9 +112,8 @@ async def test_one_read_serves_every_owned_partition_and_a_failed_publish_holds_
     # and partition 2 was marked, while partition 1 keeps its failed row and the row behind it,
     # to be published again in their order
     async with engine.connect() as conn:
-        left = (await conn.execute(text("SELECT payload -> 'payload' ->> 'wakeup_id' FROM outbox "
-                                         "WHERE published_at IS NULL ORDER BY id"))).scalars()
-        assert list(left) == ["p1-a", "p1-b", "p5-a"]
+        left = await conn.execute(text("SELECT type, payload FROM outbox WHERE published_at IS NULL ORDER BY id"))
+        assert [outbox.envelope_of(r.type, r.payload)["payload"]["reason"] for r in left] == ["p1-a", "p1-b", "p5-a"]
     bus.failing.clear()
     await relay.drain()
     assert bus.published[4:] == ["p1-a", "p1-b"]
@@ -124,7 +124,7 @@ async def test_a_busy_relay_sends_one_statement_per_round_marking_with_the_next_
     # Given five unpublished rows of an owned partition, and a relay reading two at a time
     async with engine.begin() as conn:
         for wakeup_id in ("a", "b", "c", "d", "e"):
-            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": "probe"}, producer="tests",
+            envelope = make("run.wakeup", {"wakeup_id": wakeup_id, "reason": wakeup_id}, producer="tests",
                             tenant_id="tenant-a", run_id=f"run-{wakeup_id}")
             await outbox.enqueue(conn, envelope, exchange="x", routing_key="k", partition=1)
     bus = _FailingBus(failing=set())
@@ -164,10 +164,11 @@ async def _duplicates_logged(process, n: int) -> bool:  # type: ignore[no-untype
     return process.output().count("dropped on longrun.worker") >= n
 
 
-async def test_row_of_is_the_row_enqueue_writes(clean, engine) -> None:
+async def test_the_outbox_keeps_a_wakeup_as_its_wake_and_any_other_message_whole(clean, engine) -> None:
     # Given a run's wakeup carrying a trace, and a rejection that names no run
     traced = make("run.wakeup", {"wakeup_id": "w-1", "reason": "probe"}, producer="tests", tenant_id="tenant-a",
-                  run_id="run-row", trace="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+                  run_id="run-row", trace="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                  expected_state_version=3, causation_id="cause-1", event_id="w-1")
     rejected = make("run.rejected", {"code": "idempotency_key_reused", "idempotency_key": "k",
                                      "reason": "input differs", "existing_run_id": "run-x"},
                     producer="tests", tenant_id="tenant-a")
@@ -175,10 +176,16 @@ async def test_row_of_is_the_row_enqueue_writes(clean, engine) -> None:
     # When both are enqueued together
     async with engine.begin() as conn:
         await outbox.enqueue_many(conn, messages)
-    # Then each stored row is, column by column, what row_of says it is
+    # Then each row is routed as its message, the wakeup kept as its wake, the rejection whole
     async with engine.connect() as conn:
         stored = [dict(r._mapping) for r in await conn.execute(
             text(f"SELECT {', '.join(outbox.COLUMNS)} FROM outbox ORDER BY id"))]
-    assert stored == [outbox.row_of(m) for m in messages]
-    assert [r["aggregate_id"] for r in stored] == ["run-row", rejected.event_id]
-    assert stored[0]["traceparent"] == traced.trace
+    assert [(r["event_id"], r["aggregate_type"], r["aggregate_id"], r["partition"], r["exchange"], r["routing_key"],
+             r["type"], r["traceparent"]) for r in stored] == [
+        ("w-1", "run", "run-row", 1, "work", "p.1", "run.wakeup", traced.trace),
+        (rejected.event_id, "run", rejected.event_id, 0, "events", "run.rejected", "run.rejected", None)]
+    assert set(stored[0]["payload"]) == set(WAKE_KEPT)
+    assert stored[1]["payload"] == rejected.model_dump(mode="json")
+    # and what the relay publishes for each is its message
+    assert [decode(json.dumps(outbox.envelope_of(r["type"], r["payload"])).encode()) for r in stored] == [
+        traced, rejected]

@@ -20,7 +20,7 @@ from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.bus import topology
 from longrun.db import actions as ledger
-from longrun.db import runs
+from longrun.db import outbox, runs
 from longrun.db.driver import Pool
 from longrun.db.engine import psycopg_dsn
 from longrun.domain import ActionStatus, EffectKind, freeze, idempotency_key, request_hash
@@ -249,10 +249,10 @@ async def test_a_finishing_run_hands_its_slot_to_the_next_queued_run_and_wakes_i
     assert admitted == {first.snapshot.run_id: True, queued.snapshot.run_id: True}
     assert admitted_at == finished_at  # one transaction: its now() is both
     assert len(woken) == 1
-    envelope = decode(json.dumps(woken[0].payload).encode())
+    envelope = decode(json.dumps(outbox.envelope_of("run.wakeup", woken[0].payload)).encode())
     assert (envelope.type, envelope.run_id, envelope.tenant_id, envelope.expected_state_version) == (
         "run.wakeup", queued.snapshot.run_id, "acme", queued.snapshot.revision)
-    assert envelope.payload.reason == "admitted"
+    assert (envelope.payload.reason, envelope.causation_id) == ("admitted", f"slot:{first.snapshot.run_id}")
     assert (woken[0].exchange, woken[0].routing_key, woken[0].partition) == (
         topology.work_exchange("worker"), topology.partition_key(queued.partition), queued.partition)
 

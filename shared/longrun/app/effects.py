@@ -6,13 +6,12 @@ wakes runs and broadcasts status changes the same way. Pure: the writers send wh
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from longrun.bus import topology
+from longrun.bus import topology, wakeup
 from longrun.domain import (
     RECEIPT_FACT_PREFIX,
     TERMINAL,
@@ -24,6 +23,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.envelope import DataClass, Envelope, make
+from longrun.envelope.registry import traceparent
 from longrun.envelope.payloads import RejectionCode
 from longrun.ports.runs import Handover, Message, Rides, StoredRun
 
@@ -41,9 +41,9 @@ def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -
 def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: int, reason: str,
                     producer: str, cause: str) -> Message:
     """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""
-    envelope = make("run.wakeup", {"wakeup_id": str(uuid.uuid4()), "reason": reason}, producer=producer,
-                    tenant_id=tenant_id, run_id=run_id, expected_state_version=revision, causation_id=cause)
-    return Message(envelope, topology.work_exchange("worker"), topology.partition_key(partition), partition)
+    kept = wakeup.wake(tenant_id=tenant_id, run_id=run_id, revision=revision, reason=reason, cause=cause,
+                       producer=producer, trace=traceparent())
+    return Message(wakeup.envelope(kept), topology.work_exchange("worker"), topology.partition_key(partition), partition)
 
 
 PublicReceipts = Mapping[str, tuple[str, ...]]
@@ -60,16 +60,23 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, c
     run = after.snapshot
     if run.status is before.status:
         return None
-    envelope = make("run.event", {"seq": run.last_seq, "event_type": "run.status_changed",
-                                  "status": run.status.value,
-                                  "data": {"from": before.status.value, "stage": run.stage,
-                                           "reason": run.terminal_reason or ""},
-                                  "labels": thaw(run.labels),
-                                  "outcome": run_outcome(run, public) if run.status in TERMINAL else None},
-                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
+    return status_message(tenant_id=run.tenant_id, run_id=run.run_id, partition=after.partition, seq=run.last_seq,
+                          status=run.status.value, was=before.status.value, stage=run.stage,
+                          reason=run.terminal_reason or "", labels=thaw(run.labels),
+                          outcome=run_outcome(run, public) if run.status in TERMINAL else None,
+                          correlation_id=run.correlation_id, producer=producer, cause=cause)
+
+
+def status_message(*, tenant_id: str, run_id: str, partition: int, seq: int, status: str, was: str, stage: str,
+                   reason: str, labels: Mapping[str, str], outcome: dict[str, Any] | None,
+                   correlation_id: str | None, producer: str, cause: str) -> Message:
+    """``broadcast_message`` from the run's columns, for a writer that did not read its snapshot."""
+    envelope = make("run.event", {"seq": seq, "event_type": "run.status_changed", "status": status,
+                                  "data": {"from": was, "stage": stage, "reason": reason},
+                                  "labels": dict(labels), "outcome": outcome},
+                    producer=producer, tenant_id=tenant_id, run_id=run_id, correlation_id=correlation_id,
                     causation_id=cause, data_class=DataClass.PUBLIC)
-    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
-                          after.partition)
+    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(tenant_id, status), partition)
 
 
 def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
@@ -158,8 +165,9 @@ def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cau
         return Rides(messages=(message,))
     if handover is None:
         return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, run.tenant_id),))
-    template = wake_message_of(tenant_id=run.tenant_id, run_id=run.run_id, revision=0, partition=0,
-                               reason="admitted", producer=producer, cause=f"slot:{run.run_id}")
+    wake = {"tenant_id": run.tenant_id, "reason": "admitted", "cause": f"slot:{run.run_id}", "producer": producer,
+            "trace": traceparent()}
     routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
     return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
-                                                        template, routes, ADMISSION_CHANNEL))
+                                                        wake, topology.work_exchange("worker"), routes,
+                                                        ADMISSION_CHANNEL))

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.bus import wakeup
 from longrun.db import driver, jsonb
 from longrun.envelope import Envelope
 from longrun.ports.runs import Message
@@ -33,6 +34,10 @@ class OutboxRow:
     payload: dict[str, Any]
     run_trace: str | None = None
     """The traceparent of its run's root span, when read ``with_roots``."""
+
+    def envelope(self) -> dict[str, Any]:
+        """What the relay publishes for this row (``envelope_of``)."""
+        return envelope_of(self.type, self.payload)
 
 
 async def enqueue(conn: AsyncConnection, envelope: Envelope, *, exchange: str, routing_key: str,
@@ -59,11 +64,10 @@ def insert_columns_sql(select: str) -> str:
 def insert_sql(rows: str) -> str:
     """INSERT of the rows ``rows`` yields as ``r(row, n)``: each row as ``rows_json`` writes one, in n order."""
     return insert_columns_sql(
-        "SELECT m.payload ->> 'event_id', 'run', coalesce(m.payload ->> 'run_id', m.payload ->> 'event_id'), "
-        "       CAST(m.route ->> 'partition' AS smallint), m.route ->> 'exchange', m.route ->> 'routing_key', "
-        "       m.payload ->> 'type', m.payload, m.payload ->> 'trace' "
-        f"FROM {rows}, LATERAL (SELECT r.row -> 'envelope' AS payload, r.row AS route) AS m "
-        "ORDER BY r.n")
+        "SELECT r.row -> 'payload' ->> 'event_id', 'run', "
+        "       coalesce(r.row -> 'payload' ->> 'run_id', r.row -> 'payload' ->> 'event_id'), "
+        "       CAST(r.row ->> 'partition' AS smallint), r.row ->> 'exchange', r.row ->> 'routing_key', "
+        f"       r.row ->> 'type', r.row -> 'payload', r.row -> 'payload' ->> 'trace' FROM {rows} ORDER BY r.n")
 
 
 def from_param(param: str) -> str:
@@ -76,18 +80,24 @@ _INSERT = text(insert_sql(from_param("rows")))
 
 
 def rows_json(messages: Sequence[Message]) -> str:
-    return jsonb.dumps([{"envelope": m.envelope.model_dump(mode="json"), "exchange": m.exchange,
-                         "routing_key": m.routing_key, "partition": m.partition} for m in messages])
+    return jsonb.dumps([row_json(m) for m in messages])
 
 
-def row_of(message: Message) -> dict[str, Any]:
-    """The row ``enqueue_many`` writes for ``message``, by column (its payload as the relay will read it)."""
-    envelope = message.envelope.model_dump(mode="json")
-    run_id, trace = envelope.get("run_id"), envelope.get("trace")
-    return {"event_id": envelope["event_id"], "aggregate_type": "run",
-            "aggregate_id": envelope["event_id"] if run_id is None else run_id, "partition": message.partition,
-            "exchange": message.exchange, "routing_key": message.routing_key, "type": envelope["type"],
-            "payload": envelope, "traceparent": trace}
+def row_json(message: Message) -> dict[str, Any]:
+    """``message`` as one of ``insert_sql``'s rows: its payload as the outbox keeps it (``kept``)."""
+    return {"payload": kept(message.envelope), "type": message.envelope.type, "exchange": message.exchange,
+            "routing_key": message.routing_key, "partition": message.partition}
+
+
+def kept(envelope: Envelope) -> dict[str, Any]:
+    """What the outbox keeps of ``envelope``: a wakeup's wake (``bus.wakeup``), any other whole."""
+    return wakeup.kept_of(envelope) if envelope.type == wakeup.TYPE else envelope.model_dump(mode="json")
+
+
+def envelope_of(type_: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The envelope an outbox row of ``type_`` publishes, in its JSON form: what the relay sends, and
+    how tests and the bench read the outbox."""
+    return wakeup.render(payload) if type_ == wakeup.TYPE else payload
 
 
 def _unpublished(*, marks: bool, roots: bool) -> driver.Statement:

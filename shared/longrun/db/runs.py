@@ -28,6 +28,7 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
+from longrun.bus.wakeup import TYPE as WAKEUP
 from longrun.db import admission, driver, jsonb, outbox
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
@@ -115,19 +116,15 @@ def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
 
 
 def _handover_sql() -> list[str]:
-    """``Handover``'s CTEs: only if the run that moved was admitted; the wakeup is the template's,
-    with the chosen run's id, expected revision, partition and route, and fresh ids."""
+    """``Handover``'s CTEs: only if the run that moved was admitted; the chosen run's wakeup is kept
+    as data (``bus.wakeup``): the handover's wake with that run, its revision, a fresh id and the time."""
     chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
     wakeup = (
         "(SELECT jsonb_build_object("
-        "  'envelope', t.row -> 'envelope' || jsonb_build_object("
-        "     'run_id', handed.run_id, 'event_id', CAST(gen_random_uuid() AS text),"
-        "     'expected_state_version', handed.revision,"
-        "     'payload', t.row -> 'envelope' -> 'payload' || jsonb_build_object("
-        "        'wakeup_id', CAST(gen_random_uuid() AS text))),"
-        "  'exchange', t.row -> 'exchange', 'partition', handed.partition,"
-        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n "
-        " FROM handed, (SELECT CAST(:h_wakeup AS jsonb) -> 0 AS row) AS t) AS r")
+        "  'payload', CAST(:h_wake AS jsonb) || jsonb_build_object('event_id', CAST(gen_random_uuid() AS text), "
+        "     'occurred_at', now(), 'run_id', handed.run_id, 'revision', handed.revision), "
+        f"  'type', '{WAKEUP}', 'exchange', CAST(:h_exchange AS text), 'partition', handed.partition, "
+        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n FROM handed) AS r")
     return [
         "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
         f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
@@ -375,7 +372,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         handover = rides.handover
         params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
                       h_channel=handover.channel,
-                      h_wakeup=outbox.rows_json([handover.wakeup]),
+                      h_wake=jsonb.dumps(handover.wake), h_exchange=handover.exchange,
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
     cancel = planned.cancel
     if cancel is not None:

@@ -7,9 +7,9 @@ whose wait or run ended another way is cancelled (``cancelled_at``) by the write
 
 The statements from ``claim_due`` on are the timer service's batch form of ``runs.append``
 for the one transition it makes most, a wake: they read what the wake depends on without
-the snapshot, and write a whole batch of wakes as one statement: every row is rendered by
-PostgreSQL from one template and each wake's run and wait, each run guarded by its revision
-and seq like ``runs.append``.
+the snapshot, and write a whole batch of wakes as one statement: each run's event and snapshot
+patch are rendered by PostgreSQL from one template and the wake's run and wait, each run guarded by
+its revision and seq like ``runs.append``; the messages come made (``app.effects``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from longrun.db import driver, jsonb, outbox
 from longrun.db.schema import sql_names, timers
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
+from longrun.ports.runs import Message
 from longrun.ports.timers import DueTimer
 
 
@@ -160,19 +161,17 @@ async def claim_due(conn: AsyncConnection, *, limit: int) -> DueBatch | None:
 
 @dataclass(frozen=True, slots=True)
 class WakeTemplate:
-    """What every wake of a batch writes, learnt from one run's full transition through the domain.
+    """What every wake of a batch writes to its run, learnt from one run's full transition through the domain.
 
     Each wake writes these with its own run and wait filled in by PostgreSQL (``_RENDERED``), so
-    a batch of wakes is one statement whatever its size, and no row is built in Python.
+    a batch of wakes is one statement whatever its size. Its messages are made by the caller, as
+    the domain path makes them, and written only for the wakes that applied.
     """
 
     event: dict[str, Any]
     """The ``RunWoken`` as ``events.event_to_dict`` stores it."""
     patch: dict[str, Any] | None
     """Top-level snapshot keys the wake changed; None when every wake of the batch is late."""
-    wakeup: dict[str, Any] | None
-    """The wakeup's outbox row, by column (``outbox.row_of``)."""
-    broadcast: dict[str, Any] | None
 
 
 class Wake(NamedTuple):
@@ -183,62 +182,29 @@ class Wake(NamedTuple):
     reason: str
     applies: bool
     """False: stored late (``applied = false``), the run unchanged, no message."""
-    wake_reason: str
-    """The reason its ``run.wakeup`` gives."""
-    routing_key: str
-    """Where its ``run.wakeup`` goes (its run's partition)."""
-    cause: str
-    """What its broadcast names as its cause (the timer)."""
-    broadcast_key: str
-    """Where its broadcast goes (its tenant's status key)."""
     timer_key: str
     """The timer that wakes it: its wait's other timers are cancelled, not it (it fires)."""
-    trace: str | None = None
-    """The traceparent its messages carry: its own run's (never the template's)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """A wake's rows as the batch statement writes them (fresh message ids included)."""
+    """A wake's rows as the batch statement writes them."""
 
     event: dict[str, Any]
     patch: dict[str, Any] | None
-    messages: list[dict[str, Any]]
-    """Outbox rows, by column."""
 
 
 def _json(column: str) -> str:
     return f"coalesce(to_json({column}), 'null')"
 
 
-_UUID = "to_json(CAST(gen_random_uuid() AS text))"
 # Per template, what each wake writes into it: a path in the document -> the wake's value there, as
-# JSON. The rest of each document is the sample's, as the domain wrote it. A message's id is drawn
-# once per wake (``w``): it is in its envelope and in its outbox row.
+# JSON. The rest of each document is the sample's, as the domain wrote it.
 _PER_WAKE: dict[str, dict[tuple[str, ...], str]] = {
     "event": {("seq",): "w.stored + 1", ("wait_id",): _json("w.wait_id"), ("reason",): _json("w.reason")},
     "patch": {("revision",): "w.revision + 1", ("last_seq",): "w.stored + 1",
               ("last_wake", "wait_id"): _json("w.wait_id"), ("last_wake", "reason"): _json("w.reason")},
-    "wakeup": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"), ("trace",): _json("w.trace"),
-               ("event_id",): "to_json(w.wakeup_event)", ("expected_state_version",): "w.revision + 1",
-               ("causation_id",): _json("w.cause"), ("payload", "wakeup_id"): _UUID,
-               ("payload", "reason"): _json("w.wake_reason")},
-    "broadcast": {("tenant_id",): _json("w.tenant_id"), ("run_id",): _json("w.run_id"), ("trace",): _json("w.trace"),
-                  ("event_id",): "to_json(w.broadcast_event)", ("correlation_id",): _json("w.correlation_id"),
-                  ("causation_id",): _json("w.cause"), ("payload", "seq"): "w.stored + 1",
-                  ("payload", "data", "from"): _json("w.status"), ("payload", "data", "stage"): _json("w.stage"),
-                  ("payload", "labels"): _json("w.labels")},
 }
-# Per message, the outbox columns each wake fills in; its payload is its envelope (``_PER_WAKE``), every
-# other column the sample's row's (``:wakeup_exchange``, ...).
-_PER_ROW: dict[str, dict[str, str]] = {
-    "wakeup": {"event_id": "w.wakeup_event", "aggregate_id": "w.run_id", "partition": "w.partition",
-               "routing_key": "w.routing_key", "traceparent": "w.trace"},
-    "broadcast": {"event_id": "w.broadcast_event", "aggregate_id": "w.run_id", "partition": "w.partition",
-                  "routing_key": "w.broadcast_key", "traceparent": "w.trace"},
-}
-_SAMPLES = {name: [c for c in outbox.COLUMNS if c not in per_row and c != "payload"]
-            for name, per_row in _PER_ROW.items()}
 
 
 def _format_of(document: dict[str, Any], name: str) -> str:
@@ -263,27 +229,18 @@ def _format_of(document: dict[str, Any], name: str) -> str:
 # The templates and the wakes (one JSON array of objects) are read once per statement, not per row.
 _INPUTS = (
     "t AS MATERIALIZED (SELECT CAST(:event AS text) AS event, CAST(:event_type AS text) AS event_type, "
-    "                          CAST(:patch AS text) AS patch, "
-    "                          CAST(:wakeup AS text) AS wakeup, CAST(:broadcast AS text) AS broadcast, "
-    + ", ".join(f"CAST(:{name}_{c} AS text) AS {name}_{c}" for name, columns in _SAMPLES.items() for c in columns)
-    + "), "
-    "w AS MATERIALIZED (SELECT *, CAST(gen_random_uuid() AS text) AS wakeup_event, "
-    "                          CAST(gen_random_uuid() AS text) AS broadcast_event "
-    "  FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
-    "    n bigint, run_id text, tenant_id text, partition smallint, status text, stage text, revision bigint, "
-    "    stored bigint, wait_id text, reason text, applies boolean, wake_reason text, routing_key text, "
-    "    correlation_id text, labels jsonb, cause text, broadcast_key text, timer_key text, trace text))")
-# Per wake: what each template becomes for its run. The envelopes are stored as json (checked, not parsed).
-_RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS {'json' if name in _PER_ROW else 'jsonb'})"
+    "                          CAST(:patch AS text) AS patch), "
+    "w AS MATERIALIZED (SELECT * FROM jsonb_to_recordset(CAST(:wakes AS jsonb)) AS w("
+    "    n bigint, run_id text, revision bigint, stored bigint, wait_id text, reason text, applies boolean, "
+    "    timer_key text))")
+# Per wake: what each template becomes for its run.
+_RENDERED = {name: f"CAST(format(t.{name}, {', '.join(values.values())}) AS jsonb)"
              for name, values in _PER_WAKE.items()}
-# Per wake, its messages' outbox rows: ``outbox.COLUMNS`` in order, ``x.k`` their order within the wake.
-_MESSAGE_ROWS = "FROM w CROSS JOIN t CROSS JOIN LATERAL (VALUES " + ", ".join(
-    "(" + ", ".join([str(k), *(_RENDERED[name] if c == "payload" else _PER_ROW[name].get(c, f"t.{name}_{c}")
-                               for c in outbox.COLUMNS)]) + ")"
-    for k, name in enumerate(_PER_ROW, start=1)) + f") AS x(k, {', '.join(outbox.COLUMNS)})"
-_ROW_COLUMNS = ", ".join(f"x.{c}" for c in outbox.COLUMNS)
-_RENDER = text(f"WITH {_INPUTS} SELECT {_RENDERED['event']} AS event, {_RENDERED['patch']} AS patch, {_ROW_COLUMNS} "
-               f"{_MESSAGE_ROWS} ORDER BY w.n, x.k")
+_RENDER = text(f"WITH {_INPUTS} SELECT {_RENDERED['event']} AS event, {_RENDERED['patch']} AS patch "
+               "FROM w CROSS JOIN t ORDER BY w.n")
+# The wakes' messages, only those of runs the statement moved.
+_SENT = ("(SELECT e.row, e.n FROM jsonb_array_elements(CAST(:messages AS jsonb)) WITH ORDINALITY AS e(row, n) "
+         "WHERE e.row -> 'payload' ->> 'run_id' IN (SELECT run_id FROM applied)) AS r")
 # A wake clears the pending wait, so its projected columns go with it; ``snapshot || patch``
 # replaces exactly the top-level keys the domain changed. Events and messages are written only
 # for runs whose guard (revision and seq, as in ``runs.append``) matched.
@@ -313,46 +270,37 @@ _WRITE = text(
     "    SELECT o.timer_key FROM timers AS o JOIN w ON o.run_id = w.run_id AND o.payload ->> 'wait_id' = w.wait_id "
     "    WHERE w.applies AND w.run_id IN (SELECT run_id FROM applied) AND o.fired_at IS NULL "
     "    AND o.cancelled_at IS NULL AND o.timer_key <> w.timer_key FOR UPDATE OF o SKIP LOCKED)), "
-    "sent AS (" + outbox.insert_columns_sql(
-        f"SELECT {_ROW_COLUMNS} {_MESSAGE_ROWS} WHERE w.run_id IN (SELECT run_id FROM applied) ORDER BY w.n, x.k")
-    + ") SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
+    f"sent AS ({outbox.insert_sql(_SENT)}) "
+    "SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
 
 
 async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake) -> Rendered:
     """What ``write_wakes`` would write for ``wake``, without writing it: to check a template against the domain."""
-    rows = (await conn.execute(_RENDER, _params(template, [wake]))).all()
-    messages = [dict(zip(outbox.COLUMNS, row[2:], strict=True)) for row in rows]
-    return Rendered(rows[0].event, rows[0].patch, messages)
+    row = (await conn.execute(_RENDER, _params(template, [wake]))).one()
+    return Rendered(row.event, row.patch)
 
 
-async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake], *, status: str,
-                      occurred_at: datetime) -> None:
-    """Store each wake's event; a wake that applies moves its run to ``status`` and sends its wakeup and
-    broadcast, a late one only stores its event. One statement for the whole batch.
+async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake],
+                      messages: Sequence[Message], *, status: str, occurred_at: datetime) -> None:
+    """Store each wake's event; a wake that applies moves its run to ``status`` and sends its
+    ``messages`` (of every wake, by run: those of a run that did not move are dropped), a late one
+    only stores its event. One statement for the whole batch.
 
     Every run must be locked by ``claim_due`` in this transaction and unchanged since.
     """
     if not wakes:
         return
-    params = {**_params(template, wakes), "status": status, "occurred_at": occurred_at}
+    params = {**_params(template, wakes), "messages": outbox.rows_json(messages), "status": status,
+              "occurred_at": occurred_at}
     applied, late = (await conn.execute(_WRITE, params)).one()
     if applied + late != len(wakes):
         raise StaleRevision(wakes[0].head.run_id, wakes[0].head.revision)
 
 
 def _params(template: WakeTemplate, wakes: Sequence[Wake]) -> dict[str, Any]:
-    params = {"event": _format_of(template.event, "event"), "event_type": template.event["type"],
-              "patch": None if template.patch is None else _format_of(template.patch, "patch")}
-    for name, columns in _SAMPLES.items():
-        row = getattr(template, name)
-        params[name] = None if row is None else _format_of(row["payload"], name)
-        params.update({f"{name}_{c}": None if row is None else row[c] for c in columns})
-    return {**params,
+    return {"event": _format_of(template.event, "event"), "event_type": template.event["type"],
+            "patch": None if template.patch is None else _format_of(template.patch, "patch"),
             "wakes": jsonb.dumps([
-                {"n": n, "run_id": w.head.run_id, "tenant_id": w.head.tenant_id, "partition": w.head.partition,
-                 "status": w.head.status, "stage": w.head.stage, "revision": w.head.revision,
-                 "stored": w.head.stored_seq, "wait_id": w.wait_id, "reason": w.reason, "applies": w.applies,
-                 "wake_reason": w.wake_reason, "routing_key": w.routing_key,
-                 "correlation_id": w.head.correlation_id, "labels": w.head.labels, "cause": w.cause,
-                 "broadcast_key": w.broadcast_key, "timer_key": w.timer_key, "trace": w.trace}
+                {"n": n, "run_id": w.head.run_id, "revision": w.head.revision, "stored": w.head.stored_seq,
+                 "wait_id": w.wait_id, "reason": w.reason, "applies": w.applies, "timer_key": w.timer_key}
                 for n, w in enumerate(wakes)])}

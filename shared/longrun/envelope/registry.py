@@ -7,6 +7,6 @@ propagator ``longrun.otel`` uses, so what a service makes carries the trace it c
 
 from __future__ import annotations
 
-from longrun_client.registry import ENVELOPES, LATEST, PAYLOADS, decode, encode, known_versions, make
+from longrun_client.registry import ENVELOPES, LATEST, PAYLOADS, decode, encode, known_versions, make, traceparent
 
-__all__ = ["ENVELOPES", "LATEST", "PAYLOADS", "decode", "encode", "known_versions", "make"]
+__all__ = ["ENVELOPES", "LATEST", "PAYLOADS", "decode", "encode", "known_versions", "make", "traceparent"]

@@ -90,9 +90,11 @@ class Handover:
     tenant_id: str
     slots: int
     aging_seconds: float
-    wakeup: Message
-    """A wakeup for this tenant: the chosen run's id, revision and route replace its own, and its
-    event and wakeup ids are new."""
+    wake: Mapping[str, Any]
+    """The chosen run's wakeup as the outbox keeps it (``bus.wakeup.wake``), but for the run, its
+    revision, and the wakeup's own id and time, which the statement adds."""
+    exchange: str
+    """Where wakeups are published."""
     routes: Mapping[int, str]
     """Routing key of each partition."""
     channel: str

@@ -26,7 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.db import actions as ledger
-from longrun.db import runs
+from longrun.db import outbox, runs
 from longrun.domain import ACTION_TRANSITIONS, TERMINAL, ActionStatus, RunStatus, fold
 from longrun.domain import events as ev
 
@@ -81,11 +81,14 @@ CAUSED = ("run.wakeup", "run.event", "run.accepted", "run.rejected")
 
 
 async def _uncaused(conn: Any) -> list[str]:
-    rows = await conn.execute(text(
-        "SELECT type, count(*) AS n, min(payload ->> 'event_id') AS example FROM outbox "
-        "WHERE type = ANY(:types) AND payload ->> 'causation_id' IS NULL GROUP BY type ORDER BY type"),
-        {"types": list(CAUSED)})
-    return [f"{row.n} {row.type} message(s) name no cause (e.g. {row.example})" for row in rows]
+    rows = await conn.execute(text("SELECT type, payload FROM outbox WHERE type = ANY(:types) ORDER BY id"),
+                              {"types": list(CAUSED)})
+    uncaused: dict[str, list[str]] = {}
+    for row in rows:
+        envelope = outbox.envelope_of(row.type, row.payload)
+        if envelope.get("causation_id") is None:
+            uncaused.setdefault(row.type, []).append(envelope["event_id"])
+    return [f"{len(ids)} {kind} message(s) name no cause (e.g. {min(ids)})" for kind, ids in sorted(uncaused.items())]
 
 
 def _history(run_id: str, history: list[Any], stored: runs.StoredRun) -> list[str]:
