@@ -13,59 +13,55 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun import otel
 from longrun.app import effects
 from longrun.app.timer.firing import WAIT_TIMERS, Fired, Outcome, cause_of
+from longrun.bus import wakeup
 from longrun.db import outbox, runs, timers
 from longrun.db.timers import RunHead, Wake, WakeTemplate
-from longrun.domain import TERMINAL, WAITING, RunStatus, WakeReason
+from longrun.domain import RunStatus, WakeReason, timer_wake
 from longrun.domain import events as ev
-from longrun.ports.runs import Message
 from longrun.ports.timers import DueTimer
 
 # What a wake may change in a snapshot and in the runs row; anything more and the shortcut is off.
 _WAKE_KEYS = frozenset({"status", "status_since", "wait", "paused_from", "last_wake", "revision", "last_seq",
                         "terminal_reason"})
-# The same sets as plain strings, as the runs' heads hold them (10,000 verdicts at once).
-_TERMINAL = frozenset(s.value for s in TERMINAL)
-_WAITING = frozenset(s.value for s in WAITING)
 _WAKE_REASONS = frozenset({WakeReason.TIMER.value, WakeReason.DEADLINE.value})
 _WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_key", "wait_deadline",
                            "approval_id", "approval_owner", "approved_hash", "snapshot"})
 
 
 def quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
-    """True: the wake applies; False: it is late (``evolve.is_late``); None: only the domain can tell."""
+    """The domain's wake rule (``domain.timer_wake``) from the run's head: True, the wake applies; False,
+    it is late; None: only the domain can tell, or the template does not write what it does."""
     if timer.kind not in WAIT_TIMERS or head.queue_timed:
         return None  # a run with a schedule-to-start is queued with its timer by the domain path
     wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
     if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
         return None
-    if head.status in _TERMINAL or head.wait_id != wait_id:
-        return False
-    if head.status not in _WAITING or (reason == WakeReason.TIMER.value and not head.wait_has_timer):
-        return None  # paused (the wake changes what it resumes to), or a wake the domain refuses
-    if "question_id" in timer.payload:
+    verdict = timer_wake(RunStatus(head.status), head.wait_id, head.wait_has_timer, wait_id, WakeReason(reason))
+    if verdict and "question_id" in timer.payload:
         return None  # a question's deadline also closes the question, which the template does not write
-    return True
+    return verdict
 
 
 def wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
     return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, timer.timer_key)
 
 
-def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None) -> list[Message]:
-    """What a wake that applies sends, from its run's head: the wakeup and the status broadcast the
-    domain path sends for it (``app.timer.firing``), carrying ``trace``."""
+def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None) -> list[dict[str, Any]]:
+    """What a wake that applies sends, from its run's head, as outbox rows (``outbox.row``): the wakeup
+    and the status broadcast the domain path sends for it (``app.timer.firing``), carrying ``trace``,
+    made by the same functions and left unparsed (the batch's sample checks them against the domain's)."""
     cause = cause_of(timer)
-    with otel.passing(trace):
-        return [effects.wake_message_of(tenant_id=head.tenant_id, run_id=head.run_id, revision=head.revision + 1,
-                                        partition=head.partition, reason=f"timer:{timer.kind}", producer=producer,
-                                        cause=cause),
-                effects.status_message(tenant_id=head.tenant_id, run_id=head.run_id, partition=head.partition,
-                                       seq=head.stored_seq + 1, status=RunStatus.READY.value, was=head.status,
-                                       stage=head.stage, reason="", labels=head.labels, outcome=None,
-                                       correlation_id=head.correlation_id, producer=producer, cause=cause)]
+    ready = RunStatus.READY.value
+    kept = wakeup.wake(tenant_id=head.tenant_id, run_id=head.run_id, revision=head.revision + 1,
+                       reason=f"timer:{timer.kind}", cause=cause, producer=producer, trace=trace)
+    status = effects.status_envelope(tenant_id=head.tenant_id, run_id=head.run_id, seq=head.stored_seq + 1,
+                                     status=ready, was=head.status, stage=head.stage, reason="", labels=head.labels,
+                                     outcome=None, correlation_id=head.correlation_id, producer=producer,
+                                     cause=cause, trace=trace)
+    return [outbox.row(kept, wakeup.TYPE, *effects.wakeup_route(head.partition), head.partition),
+            outbox.row(status, effects.STATUS_TYPE, *effects.status_route(head.tenant_id, ready), head.partition)]
 
 
 def late_only(at: float) -> WakeTemplate:
@@ -92,7 +88,7 @@ async def learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, Run
             or any(now[k] is not None for k in cleared) or len(planned.rows) != 1):
         return None
     made = [_without_fresh(m) for m in messages(timer, head, producer=producer, trace=trace)]
-    if [_without_fresh(m) for m in fired.messages[head.run_id]] != made:
+    if [_without_fresh(outbox.row_json(m)) for m in fired.messages[head.run_id]] != made:
         return None
     template = WakeTemplate(ev.event_to_dict(planned.rows[0][0]), changed)
     own = await timers.render_wake(conn, template, wake(timer, head, True))
@@ -101,8 +97,6 @@ async def learn(conn: AsyncConnection, fired: Fired, sample: tuple[DueTimer, Run
     return template
 
 
-def _without_fresh(message: Message) -> tuple[Any, ...]:
-    """A message as the outbox keeps it and where it goes, minus what is fresh on every message (its id
-    and time)."""
-    kept = {k: v for k, v in outbox.kept(message.envelope).items() if k not in ("event_id", "occurred_at")}
-    return kept, message.exchange, message.routing_key, message.partition
+def _without_fresh(row: dict[str, Any]) -> dict[str, Any]:
+    """An outbox row (``outbox.row``) minus what is fresh on every message: its id and time."""
+    return {**row, "payload": {k: v for k, v in row["payload"].items() if k not in ("event_id", "occurred_at")}}

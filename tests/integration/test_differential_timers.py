@@ -11,6 +11,7 @@ builders set, and expect the differential check to report mismatches.
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 from collections.abc import Callable
@@ -47,6 +48,8 @@ SLOW = ("paused", "two_timers", "no_timer", "question")
 """Shapes the domain handles: a wake while paused, two timers of one run, a wake the domain refuses,
 a question's deadline (which closes the question too)."""
 _S = RunStatus
+domain_evolve = importlib.import_module("longrun.domain.evolve")
+"""The module (``longrun.domain`` exports its function ``evolve`` under the same name)."""
 
 
 def _wait_of(rng: random.Random, base: str, run_id: str, at: float) -> tuple[RunStatus, Wait]:
@@ -211,7 +214,7 @@ def _without_wake_from_waiting_event(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _paused_counted_as_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shortcut, "_WAITING", shortcut._WAITING | {_S.PAUSED.value})
+    monkeypatch.setattr(domain_evolve, "WAITING", domain_evolve.WAITING | {_S.PAUSED})
 
 
 def _broadcast_correlated_by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,7 +239,8 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], tuple[str, ...]]]
     # A transition table entry: the domain no longer wakes WAITING_EVENT to READY; the bulk wake still
     # does (or, when the batch's sample is such a run, the batch falls back to the domain).
     "transition-waiting-event-to-ready-removed": (_without_wake_from_waiting_event, ("'refused'",)),
-    # The fast path's status set: a paused run's wake taken for a waiting run's.
+    # The wake rule's status set (the domain's, which only the fast path reads; ``evolve`` follows the
+    # transition table): a paused run's wake taken for a waiting run's.
     "status-set-paused-as-waiting": (_paused_counted_as_waiting, ("(paused): status", "short way")),
     # An envelope field the domain path's builder now sets otherwise than the one the short way calls
     # (its messages are made by ``effects`` from the runs' heads, not copied from the sample).

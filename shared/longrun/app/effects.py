@@ -22,7 +22,8 @@ from longrun.domain import (
     to_plain,
 )
 from longrun.domain import events as ev
-from longrun.envelope import DataClass, Envelope, make
+from longrun.envelope import ENVELOPES, LATEST, DataClass, Envelope, make
+from longrun.envelope.model import new_event_id, utcnow
 from longrun.envelope.registry import traceparent
 from longrun.envelope.payloads import RejectionCode
 from longrun.ports.runs import Handover, Message, Rides, StoredRun
@@ -43,7 +44,12 @@ def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: in
     """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""
     kept = wakeup.wake(tenant_id=tenant_id, run_id=run_id, revision=revision, reason=reason, cause=cause,
                        producer=producer, trace=traceparent())
-    return Message(wakeup.envelope(kept), topology.work_exchange("worker"), topology.partition_key(partition), partition)
+    return Message(wakeup.envelope(kept), *wakeup_route(partition), partition)
+
+
+def wakeup_route(partition: int) -> tuple[str, str]:
+    """Where a wakeup of a run in ``partition`` is published: its exchange and routing key."""
+    return topology.work_exchange("worker"), topology.partition_key(partition)
 
 
 PublicReceipts = Mapping[str, tuple[str, ...]]
@@ -71,12 +77,33 @@ def status_message(*, tenant_id: str, run_id: str, partition: int, seq: int, sta
                    reason: str, labels: Mapping[str, str], outcome: dict[str, Any] | None,
                    correlation_id: str | None, producer: str, cause: str) -> Message:
     """``broadcast_message`` from the run's columns, for a writer that did not read its snapshot."""
-    envelope = make("run.event", {"seq": seq, "event_type": "run.status_changed", "status": status,
-                                  "data": {"from": was, "stage": stage, "reason": reason},
-                                  "labels": dict(labels), "outcome": outcome},
-                    producer=producer, tenant_id=tenant_id, run_id=run_id, correlation_id=correlation_id,
-                    causation_id=cause, data_class=DataClass.PUBLIC)
-    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(tenant_id, status), partition)
+    envelope = status_envelope(tenant_id=tenant_id, run_id=run_id, seq=seq, status=status, was=was, stage=stage,
+                               reason=reason, labels=labels, outcome=outcome, correlation_id=correlation_id,
+                               producer=producer, cause=cause, trace=traceparent())
+    return Message(ENVELOPES[(STATUS_TYPE, LATEST[STATUS_TYPE])].model_validate(envelope),
+                   *status_route(tenant_id, status), partition)
+
+
+STATUS_TYPE = "run.event"
+
+
+def status_envelope(*, tenant_id: str, run_id: str, seq: int, status: str, was: str, stage: str, reason: str,
+                    labels: Mapping[str, str], outcome: dict[str, Any] | None, correlation_id: str | None,
+                    producer: str, cause: str, trace: str | None) -> dict[str, Any]:
+    """A run's status change as its ``run.event`` envelope in JSON form, with a fresh id and time: what
+    ``status_message`` sends, and what a writer of many (the timer's bulk wake) writes as it is."""
+    return {"event_id": new_event_id(), "type": STATUS_TYPE, "schema_version": LATEST[STATUS_TYPE],
+            "producer": producer, "tenant_id": tenant_id, "trace": trace, "run_id": run_id, "step_id": None,
+            "attempt_id": None, "causation_id": cause, "correlation_id": correlation_id,
+            "expected_state_version": None, "occurred_at": utcnow().isoformat(), "data_class": DataClass.PUBLIC.value,
+            "payload": {"seq": seq, "event_type": "run.status_changed", "status": status,
+                        "data": {"from": was, "stage": stage, "reason": reason}, "labels": dict(labels),
+                        "outcome": outcome}}
+
+
+def status_route(tenant_id: str, status: str) -> tuple[str, str]:
+    """Where a status change of a run of ``tenant_id`` to ``status`` is published: exchange and routing key."""
+    return topology.EVENTS_EXCHANGE, topology.status_key(tenant_id, status)
 
 
 def run_outcome(run: RunSnapshot, public: PublicReceipts) -> dict[str, Any]:
@@ -167,7 +194,7 @@ def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cau
         return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, run.tenant_id),))
     wake = {"tenant_id": run.tenant_id, "reason": "admitted", "cause": f"slot:{run.run_id}", "producer": producer,
             "trace": traceparent()}
-    routes = {k: topology.partition_key(k) for k in range(handover.partitions)}
+    routes = {k: wakeup_route(k)[1] for k in range(handover.partitions)}
     return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
-                                                        wake, topology.work_exchange("worker"), routes,
+                                                        wake, wakeup_route(0)[0], routes,
                                                         ADMISSION_CHANNEL))

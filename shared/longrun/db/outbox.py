@@ -85,8 +85,14 @@ def rows_json(messages: Sequence[Message]) -> str:
 
 def row_json(message: Message) -> dict[str, Any]:
     """``message`` as one of ``insert_sql``'s rows: its payload as the outbox keeps it (``kept``)."""
-    return {"payload": kept(message.envelope), "type": message.envelope.type, "exchange": message.exchange,
-            "routing_key": message.routing_key, "partition": message.partition}
+    return row(kept(message.envelope), message.envelope.type, message.exchange, message.routing_key,
+               message.partition)
+
+
+def row(payload: dict[str, Any], type_: str, exchange: str, routing_key: str, partition: int) -> dict[str, Any]:
+    """One of ``insert_sql``'s rows: ``payload`` as the outbox keeps it, of type ``type_``, and its route."""
+    return {"payload": payload, "type": type_, "exchange": exchange, "routing_key": routing_key,
+            "partition": partition}
 
 
 def kept(envelope: Envelope) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from longrun.db import driver, jsonb, outbox
 from longrun.db.schema import sql_names, timers
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import StaleRevision
-from longrun.ports.runs import Message
 from longrun.ports.timers import DueTimer
 
 
@@ -164,8 +163,8 @@ class WakeTemplate:
     """What every wake of a batch writes to its run, learnt from one run's full transition through the domain.
 
     Each wake writes these with its own run and wait filled in by PostgreSQL (``_RENDERED``), so
-    a batch of wakes is one statement whatever its size. Its messages are made by the caller, as
-    the domain path makes them, and written only for the wakes that applied.
+    a batch of wakes is one statement whatever its size. Its messages are made by the caller, by the
+    functions the domain path makes them with, and written only for the wakes that applied.
     """
 
     event: dict[str, Any]
@@ -281,16 +280,16 @@ async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake)
 
 
 async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake],
-                      messages: Sequence[Message], *, status: str, occurred_at: datetime) -> None:
+                      messages: Sequence[Mapping[str, Any]], *, status: str, occurred_at: datetime) -> None:
     """Store each wake's event; a wake that applies moves its run to ``status`` and sends its
-    ``messages`` (of every wake, by run: those of a run that did not move are dropped), a late one
-    only stores its event. One statement for the whole batch.
+    ``messages`` (outbox rows, ``outbox.row``, of every wake: those of a run that did not move are
+    dropped), a late one only stores its event. One statement for the whole batch.
 
     Every run must be locked by ``claim_due`` in this transaction and unchanged since.
     """
     if not wakes:
         return
-    params = {**_params(template, wakes), "messages": outbox.rows_json(messages), "status": status,
+    params = {**_params(template, wakes), "messages": jsonb.dumps(list(messages)), "status": status,
               "occurred_at": occurred_at}
     applied, late = (await conn.execute(_WRITE, params)).one()
     if applied + late != len(wakes):

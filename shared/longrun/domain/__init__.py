@@ -80,7 +80,7 @@ from longrun.domain.events import (
     event_from_dict,
     event_to_dict,
 )
-from longrun.domain.evolve import LATE_TOLERANT, evolve, fold, is_late
+from longrun.domain.evolve import LATE_TOLERANT, evolve, fold, is_late, timer_wake, wake_is_late
 from longrun.domain.invariants import violations
 from longrun.domain.lease import Lease, can_take, is_stale, release, renew, takeover
 from longrun.domain.retry import RetryPolicy, Rng, next_delay, retryable
@@ -239,6 +239,8 @@ __all__ = [
     "from_plain",
     "idempotency_key",
     "is_late",
+    "timer_wake",
+    "wake_is_late",
     "is_stale",
     "narrow",
     "next_delay",

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from longrun.domain import events as ev
 from longrun.domain import ledger, lifecycle
 from longrun.domain.invariants import violations
-from longrun.domain.run import TERMINAL, RunStatus
-from longrun.domain.snapshot import RunSnapshot
+from longrun.domain.run import TERMINAL, WAITING, RunStatus
+from longrun.domain.snapshot import RunSnapshot, WakeReason
 from longrun.errors import EventRejected, IllegalTransition
 
 LATE_TOLERANT: frozenset[str] = frozenset(
@@ -60,12 +60,31 @@ def is_late(state: RunSnapshot | None, event: ev.RunEvent) -> bool:
     if state.status in TERMINAL:
         return event.type in LATE_TOLERANT
     if isinstance(event, ev.RunWoken):
-        return state.wait is None or state.wait.wait_id != event.wait_id
+        return wake_is_late(state.status, None if state.wait is None else state.wait.wait_id, event.wait_id)
     if isinstance(event, ev.ApprovalDecided):
         return state.wait is None or state.wait.approval_id != event.approval_id
     if isinstance(event, ev.QuestionResolved):
         return state.wait is None or state.wait.question_id != event.question_id
     return False
+
+
+def wake_is_late(status: RunStatus, pending_wait_id: str | None, wait_id: str) -> bool:
+    """The wake rule's lateness: a wake of wait ``wait_id`` is late when its run has ended or that wait
+    is no longer the one pending (``pending_wait_id``)."""
+    return status in TERMINAL or pending_wait_id != wait_id
+
+
+def timer_wake(status: RunStatus, pending_wait_id: str | None, wait_has_timer: bool, wait_id: str,
+               reason: WakeReason) -> bool | None:
+    """The wake rule for a timer's wake (``RunWoken``, reason TIMER or DEADLINE) from a run's columns, for
+    a writer that does not decode its snapshot: True, it ends the wait and readies the run; False, it is
+    late (``wake_is_late``); None, only ``evolve`` can tell (a paused run's wake changes what the run
+    resumes to; a TIMER wake of a wait without a timer is refused, as ``lifecycle`` refuses it)."""
+    if wake_is_late(status, pending_wait_id, wait_id):
+        return False
+    if status not in WAITING or (reason is WakeReason.TIMER and not wait_has_timer):
+        return None
+    return True
 
 
 def evolve(state: RunSnapshot | None, event: ev.RunEvent) -> RunSnapshot:
