@@ -205,10 +205,12 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
     if not quick:
         return outcomes
     # The sample is written the short way too: ``learn`` checked that this writes what the domain did.
+    occurred_at = datetime.fromtimestamp(at, UTC)
+    sent_at = occurred_at.isoformat()
     sent = [m for timer, head, applies in quick if applies
-            for m in shortcut.messages(timer, head, producer=producer, trace=traces[timer.timer_key])]
+            for m in shortcut.messages(timer, head, producer=producer, trace=traces[timer.timer_key], at=sent_at)]
     await timers.write_wakes(conn, template, [shortcut.wake(timer, head, applies) for timer, head, applies in quick],
-                             sent, status=RunStatus.READY.value, occurred_at=datetime.fromtimestamp(at, UTC))
+                             sent, status=RunStatus.READY.value, occurred_at=occurred_at)
     for _, head, applies in quick:
         if applies:
             metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()

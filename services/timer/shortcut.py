@@ -48,18 +48,20 @@ def wake(timer: DueTimer, head: RunHead, applies: bool) -> Wake:
     return Wake(head, timer.payload["wait_id"], timer.payload["reason"], applies, timer.timer_key)
 
 
-def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None) -> list[dict[str, Any]]:
+def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None,
+             at: str | None = None) -> list[dict[str, Any]]:
     """What a wake that applies sends, from its run's head, as outbox rows (``outbox.row``): the wakeup
     and the status broadcast the domain path sends for it (``app.timer.firing``), carrying ``trace``,
-    made by the same functions and left unparsed (the batch's sample checks them against the domain's)."""
+    made by the same functions and left unparsed (the batch's sample checks them against the domain's);
+    ``at``: their time (ISO 8601), now unless given."""
     cause = cause_of(timer)
     ready = RunStatus.READY.value
     kept = wakeup.wake(tenant_id=head.tenant_id, run_id=head.run_id, revision=head.revision + 1,
-                       reason=f"timer:{timer.kind}", cause=cause, producer=producer, trace=trace)
+                       reason=f"timer:{timer.kind}", cause=cause, producer=producer, trace=trace, occurred_at=at)
     status = effects.status_envelope(tenant_id=head.tenant_id, run_id=head.run_id, seq=head.stored_seq + 1,
                                      status=ready, was=head.status, stage=head.stage, reason="", labels=head.labels,
                                      outcome=None, correlation_id=head.correlation_id, producer=producer,
-                                     cause=cause, trace=trace)
+                                     cause=cause, trace=trace, occurred_at=at)
     return [outbox.row(kept, wakeup.TYPE, *effects.wakeup_route(head.partition), head.partition),
             outbox.row(status, effects.STATUS_TYPE, *effects.status_route(head.tenant_id, ready), head.partition)]
 

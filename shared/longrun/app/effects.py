@@ -89,13 +89,15 @@ STATUS_TYPE = "run.event"
 
 def status_envelope(*, tenant_id: str, run_id: str, seq: int, status: str, was: str, stage: str, reason: str,
                     labels: Mapping[str, str], outcome: dict[str, Any] | None, correlation_id: str | None,
-                    producer: str, cause: str, trace: str | None) -> dict[str, Any]:
-    """A run's status change as its ``run.event`` envelope in JSON form, with a fresh id and time: what
-    ``status_message`` sends, and what a writer of many (the timer's bulk wake) writes as it is."""
+                    producer: str, cause: str, trace: str | None, occurred_at: str | None = None) -> dict[str, Any]:
+    """A run's status change as its ``run.event`` envelope in JSON form, with a fresh id, at the time
+    now unless given (ISO 8601 text): what ``status_message`` sends, and what a writer of many (the
+    timer's bulk wake) writes as it is."""
     return {"event_id": new_event_id(), "type": STATUS_TYPE, "schema_version": LATEST[STATUS_TYPE],
             "producer": producer, "tenant_id": tenant_id, "trace": trace, "run_id": run_id, "step_id": None,
             "attempt_id": None, "causation_id": cause, "correlation_id": correlation_id,
-            "expected_state_version": None, "occurred_at": utcnow().isoformat(), "data_class": DataClass.PUBLIC.value,
+            "expected_state_version": None, "occurred_at": occurred_at or utcnow().isoformat(),
+            "data_class": DataClass.PUBLIC.value,
             "payload": {"seq": seq, "event_type": "run.status_changed", "status": status,
                         "data": {"from": was, "stage": stage, "reason": reason}, "labels": dict(labels),
                         "outcome": outcome}}

@@ -10,7 +10,6 @@ not a message; every wakeup on the bus is rendered here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from longrun.envelope import ENVELOPES, LATEST, Envelope
@@ -22,10 +21,11 @@ KEPT = ("event_id", "occurred_at", "tenant_id", "run_id", "revision", "reason", 
 
 
 def wake(*, tenant_id: str, run_id: str | None, revision: int | None, reason: str, cause: str | None, producer: str,
-         trace: str | None = None, event_id: str | None = None, occurred_at: datetime | None = None) -> dict[str, Any]:
+         trace: str | None = None, event_id: str | None = None, occurred_at: str | None = None) -> dict[str, Any]:
     """A wakeup as the outbox keeps it: the run it wakes at ``revision``, ``reason`` and ``cause`` (what
-    made the run ready: a message's event_id, or who acted), with a fresh id and time unless given."""
-    return {"event_id": event_id or new_event_id(), "occurred_at": (occurred_at or utcnow()).isoformat(),
+    made the run ready: a message's event_id, or who acted), with a fresh id and the time now unless
+    given (``occurred_at``: ISO 8601 text, which a batch of wakes made at one time shares)."""
+    return {"event_id": event_id or new_event_id(), "occurred_at": occurred_at or utcnow().isoformat(),
             "tenant_id": tenant_id, "run_id": run_id, "revision": revision, "reason": reason, "cause": cause,
             "producer": producer, "trace": trace}
 
@@ -49,4 +49,4 @@ def kept_of(envelope: Envelope) -> dict[str, Any]:
     """What the outbox keeps of a wakeup made elsewhere (a test's, an operator tool's): its wake."""
     return wake(tenant_id=envelope.tenant_id, run_id=envelope.run_id, revision=envelope.expected_state_version,
                 reason=envelope.payload.reason, cause=envelope.causation_id, producer=envelope.producer,
-                trace=envelope.trace, event_id=envelope.event_id, occurred_at=envelope.occurred_at)
+                trace=envelope.trace, event_id=envelope.event_id, occurred_at=envelope.occurred_at.isoformat())
