@@ -63,7 +63,7 @@ def messages(timer: DueTimer, head: RunHead, *, producer: str, trace: str | None
                                      outcome=None, correlation_id=head.correlation_id, producer=producer,
                                      cause=cause, trace=trace, occurred_at=at)
     return [outbox.row(kept, wakeup.TYPE, *effects.wakeup_route(head.partition), head.partition),
-            outbox.row(status, effects.STATUS_TYPE, *effects.status_route(head.tenant_id, ready), head.partition)]
+            outbox.row(status, effects.RUN_EVENT, *effects.status_route(head.tenant_id, ready), head.partition)]
 
 
 def late_only(at: float) -> WakeTemplate:

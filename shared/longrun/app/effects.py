@@ -80,27 +80,40 @@ def status_message(*, tenant_id: str, run_id: str, partition: int, seq: int, sta
     envelope = status_envelope(tenant_id=tenant_id, run_id=run_id, seq=seq, status=status, was=was, stage=stage,
                                reason=reason, labels=labels, outcome=outcome, correlation_id=correlation_id,
                                producer=producer, cause=cause, trace=traceparent())
-    return Message(ENVELOPES[(STATUS_TYPE, LATEST[STATUS_TYPE])].model_validate(envelope),
-                   *status_route(tenant_id, status), partition)
+    return Message(_parsed(envelope), *status_route(tenant_id, status), partition)
 
 
-STATUS_TYPE = "run.event"
+RUN_EVENT = "run.event"
 
 
 def status_envelope(*, tenant_id: str, run_id: str, seq: int, status: str, was: str, stage: str, reason: str,
                     labels: Mapping[str, str], outcome: dict[str, Any] | None, correlation_id: str | None,
                     producer: str, cause: str, trace: str | None, occurred_at: str | None = None) -> dict[str, Any]:
-    """A run's status change as its ``run.event`` envelope in JSON form, with a fresh id, at the time
-    now unless given (ISO 8601 text): what ``status_message`` sends, and what a writer of many (the
-    timer's bulk wake) writes as it is."""
-    return {"event_id": new_event_id(), "type": STATUS_TYPE, "schema_version": LATEST[STATUS_TYPE],
+    """A run's status change as its ``run.event`` (``run_event_envelope``): what ``status_message`` sends,
+    and what a writer of many (the timer's bulk wake) writes as it is."""
+    return run_event_envelope(tenant_id=tenant_id, run_id=run_id, seq=seq, event_type="run.status_changed",
+                              status=status, data={"from": was, "stage": stage, "reason": reason}, labels=labels,
+                              outcome=outcome, correlation_id=correlation_id, producer=producer, cause=cause,
+                              trace=trace, occurred_at=occurred_at)
+
+
+def run_event_envelope(*, tenant_id: str, run_id: str, seq: int, event_type: str, status: str,
+                       data: dict[str, Any], labels: Mapping[str, str], outcome: dict[str, Any] | None,
+                       correlation_id: str | None, producer: str, cause: str, trace: str | None,
+                       occurred_at: str | None = None) -> dict[str, Any]:
+    """A ``run.event`` envelope in JSON form, public, with a fresh id, at the time now unless given
+    (ISO 8601 text): every ``run.event`` is made here."""
+    return {"event_id": new_event_id(), "type": RUN_EVENT, "schema_version": LATEST[RUN_EVENT],
             "producer": producer, "tenant_id": tenant_id, "trace": trace, "run_id": run_id, "step_id": None,
             "attempt_id": None, "causation_id": cause, "correlation_id": correlation_id,
             "expected_state_version": None, "occurred_at": occurred_at or utcnow().isoformat(),
             "data_class": DataClass.PUBLIC.value,
-            "payload": {"seq": seq, "event_type": "run.status_changed", "status": status,
-                        "data": {"from": was, "stage": stage, "reason": reason}, "labels": dict(labels),
+            "payload": {"seq": seq, "event_type": event_type, "status": status, "data": data, "labels": dict(labels),
                         "outcome": outcome}}
+
+
+def _parsed(envelope: dict[str, Any]) -> Envelope:
+    return ENVELOPES[(envelope["type"], envelope["schema_version"])].model_validate(envelope)
 
 
 def status_route(tenant_id: str, status: str) -> tuple[str, str]:
@@ -133,14 +146,13 @@ def correction_message(stored: StoredRun, event: ev.CorrectionNeeded, *, produce
     """A correction a COMPLETED run needs, for downstream consumers: public, like its status events,
     naming the action and why (the far side's ids, never a receipt's private fields)."""
     run = stored.snapshot
-    envelope = make("run.event", {"seq": event.seq, "event_type": event.type, "status": run.status.value,
-                                  "data": {"logical_action": event.logical_action, "reason": event.reason,
-                                           "evidence": thaw(event.evidence)},
-                                  "labels": thaw(run.labels), "outcome": None},
-                    producer=producer, tenant_id=run.tenant_id, run_id=run.run_id, correlation_id=run.correlation_id,
-                    causation_id=cause, data_class=DataClass.PUBLIC)
-    return Message(envelope, topology.EVENTS_EXCHANGE, topology.status_key(run.tenant_id, run.status.value),
-                          stored.partition)
+    envelope = run_event_envelope(tenant_id=run.tenant_id, run_id=run.run_id, seq=event.seq, event_type=event.type,
+                                  status=run.status.value,
+                                  data={"logical_action": event.logical_action, "reason": event.reason,
+                                        "evidence": thaw(event.evidence)},
+                                  labels=thaw(run.labels), outcome=None, correlation_id=run.correlation_id,
+                                  producer=producer, cause=cause, trace=traceparent())
+    return Message(_parsed(envelope), *status_route(run.tenant_id, run.status.value), stored.partition)
 
 
 def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow: str, versions: PinnedVersions,
