@@ -56,7 +56,8 @@ from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.model import ScriptedModel
-from longrun.ports.runs import Fence, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition, plan
+from longrun.ports.runs import (Fence, Handover, LedgerOutcome, LedgerRequest, Rides, StoredRun, Transition,
+                                plan)
 from longrun.ports.timers import DueTimer
 from longrun.principals import Principal
 from longrun.testing.checkpoints import CrashAt, Crashed
@@ -538,6 +539,43 @@ async def creates_are_admitted_at_once_while_their_tenant_has_room(port: Port, s
         await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
 
 
+async def a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run(port: Port, seen: list[Any]) -> None:
+    ids = iter(range(1, 100))
+    registry = Registry([RunKind("steps", VERSIONS, Steps(), {})])
+    for key in ("k1", "k2", "k3"):  # one slot: the first admitted at once, the others queued, oldest first
+        request = make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": 1}},
+                       producer="contract", tenant_id=port.prefix)
+        await observe(port, seen, "admit.create_run", request, kinds=registry, partitions=1, slots=1,
+                      max_input_bytes=1000, clock=_at(1000.0), new_id=lambda: f"{port.prefix}-r{next(ids)}")
+        await port.sleep(0.01)
+    first = f"{port.prefix}-r1"
+    fence = await _taken(port, seen, await port.call("worker.load", first), "w1")
+    stored = await observe(port, seen, "worker.load", first)
+    handover = Handover(port.prefix, slots=1, aging_seconds=1e9, exchange="runs", routes={0: "p.0"},
+                        channel="admission",
+                        wake={"tenant_id": port.prefix, "reason": "admitted", "cause": f"slot:{first}",
+                              "producer": "contract", "trace": None})
+    # When the admitted run fails, carrying the handover
+    failed = plan(stored, [ev.RunStatusChanged(seq=stored.seq(1), at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+                           ev.RunStatusChanged(seq=stored.seq(2), at=1001.0, to=RunStatus.FAILED, reason="gave up")],
+                  release_lease=True)
+    await observe(port, seen, "worker.commit", Transition(failed, fence, Rides(handover=handover)))
+    # Then the oldest queued run took its slot and was woken, and the other stays queued
+    for name in ("r1", "r2", "r3"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+    await observe(port, seen, "outbox.sent")
+    # and the end of a run that held no slot hands nothing on
+    last = f"{port.prefix}-r3"
+    fence = await _taken(port, seen, await port.call("worker.load", last), "w2")
+    queued = await observe(port, seen, "worker.load", last)
+    ended = plan(queued, [ev.RunTerminated(seq=queued.seq(1), at=1002.0, by="ops", reason="not needed")],
+                 release_lease=True)
+    await observe(port, seen, "worker.commit", Transition(ended, fence, Rides(handover=handover)))
+    for name in ("r2", "r3"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+    await observe(port, seen, "outbox.sent")
+
+
 # -- the reconciler's sweeps over a ReconcileStore -------------------------------------------------------
 
 LOOKED_UP, PURE_STEP, BLIND = "probe.open_pr", "probe.echo", "probe.post"
@@ -696,6 +734,7 @@ SCENARIOS: list[Scenario] = [
     operators_migrate_a_run_only_to_a_version_that_takes_it_over,
     webhooks_match_a_waiting_run_now_or_when_it_waits,
     creates_are_admitted_at_once_while_their_tenant_has_room,
+    a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
     a_patch_is_written_once_with_the_decision_it_changed,

@@ -15,12 +15,15 @@ from typing import Any
 
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Taken, Worker
+from longrun.bus import wakeup
 from longrun.db.inbox import Duplicate, Handled, Message
-from longrun.domain import TenantPolicy
+from longrun.db.schema import QUEUED_STATUS
+from longrun.domain import TERMINAL, TenantPolicy
 from longrun.envelope import Envelope
 from longrun.errors import LeaseLost
 from longrun.model import ModelAdapter, ScriptedModel
-from longrun.ports.runs import Fence, LedgerRequest, Rides, StoredRun, Transition
+from longrun.ports.runs import Fence, Handover, LedgerRequest, Rides, StoredRun, Transition
+from longrun.ports.runs import Message as OutboxMessage
 from longrun.ports.stores import CrashPoints
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.transaction import MemoryTransaction
@@ -121,12 +124,32 @@ class MemoryWorkerStore:
         return False  # memory is always there
 
     def _ride(self, run_id: str, rides: Rides) -> None:
-        if rides.handover is not None:
-            raise ValueError("the memory world keeps no tenant slots: build the Worker without a handover")
         for timer in rides.timers:
             self.store.schedule(run_id=run_id, **timer)
         self.world.send(rides.messages)
-        # rides.notices wake admission in PostgreSQL; the memory world admits at creation.
+        if rides.handover is not None and self.store.runs[run_id].admitted:
+            self._hand_over(rides.handover)
+        # rides.notices, and a freed slot no queued run takes, wake admission in PostgreSQL; the memory
+        # world admits at creation.
+
+    def _hand_over(self, handover: Handover) -> None:
+        """As ``db.runs``' handover: the finished run's slot goes to its tenant's best queued run (priority
+        plus one point per ``aging_seconds`` waited, then age; ``db.admission``), admitted and woken with
+        the handover's wake, while the tenant's runs hold fewer slots than ``slots``."""
+        rows = [r for r in self.store.runs.values() if r.tenant_id == handover.tenant_id]
+        if sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL) >= handover.slots:
+            return
+        now = self.world.clock()
+        queued = [r for r in rows if not r.admitted and r.snapshot.status is QUEUED_STATUS]
+        if not queued:
+            return
+        best = max(queued, key=lambda r: (r.snapshot.priority + (now - r.snapshot.created_at) / handover.aging_seconds,
+                                          -r.snapshot.created_at))
+        run = best.snapshot
+        self.store.admit(run.run_id)
+        kept = wakeup.wake(**handover.wake, run_id=run.run_id, revision=run.revision)
+        self.world.send([OutboxMessage(wakeup.envelope(kept), handover.exchange, handover.routes[best.partition],
+                                       best.partition)])
 
 
 class MemoryArtifacts:
