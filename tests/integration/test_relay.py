@@ -66,11 +66,12 @@ async def test_relay_publishes_a_row_that_commits_late(clean, engine, services) 
 
 
 class _FailingBus:
-    """Confirms every publish except those of the wakeups (by reason) it is told to fail."""
+    """Confirms every publish except those of the wakeups (by reason) it is told to fail; keeps their bodies."""
 
     def __init__(self, failing: set[str]) -> None:
         self.failing = failing
         self.published: list[str] = []
+        self.bodies: list[dict[str, Any]] = []
 
     async def ensure_connected(self) -> None:
         pass
@@ -78,8 +79,10 @@ class _FailingBus:
     async def publish_many(self, items: Sequence[tuple[str, str, Any]]) -> list[BaseException | None]:
         results: list[BaseException | None] = []
         for _, _, message in items:
-            wakeup_id = json.loads(message.body)["payload"]["reason"]
+            body = json.loads(message.body)
+            wakeup_id = body["payload"]["reason"]
             self.published.append(wakeup_id)
+            self.bodies.append(body)
             results.append(BusUnavailable("refused") if wakeup_id in self.failing else None)
         return results
 
@@ -189,3 +192,22 @@ async def test_the_outbox_keeps_a_wakeup_as_its_wake_and_any_other_message_whole
     # and what the relay publishes for each is its message
     assert [decode(json.dumps(outbox.envelope_of(r["type"], r["payload"])).encode()) for r in stored] == [
         traced, rejected]
+
+
+async def test_a_wakeup_written_whole_before_the_upgrade_is_published_as_written(clean, engine, statements) -> None:
+    # Given a wakeup row as writers wrote them before wakeups were kept as data: the whole envelope
+    old = make("run.wakeup", {"wakeup_id": "w-old", "reason": "before the upgrade"}, producer="scheduler",
+               tenant_id="tenant-a", run_id="run-old", expected_state_version=2, causation_id="cause-old")
+    async with engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, partition, exchange, routing_key, type, "
+            "payload) VALUES (:e, 'run', 'run-old', 1, 'x', 'k', 'run.wakeup', CAST(:p AS json))"),
+            {"e": old.event_id, "p": old.model_dump_json()})
+    bus = _FailingBus(failing=set())
+    relay = Relay(statements, bus, batch=10, poll_interval=1.0)  # type: ignore[arg-type]
+    await relay.acquire({1})
+    # When the relay drains it
+    await relay.drain()
+    # Then it went out as it was written, and is marked published
+    assert bus.published == ["before the upgrade"] and bus.bodies == [old.model_dump(mode="json")]
+    assert await _unpublished_is(engine, 0)

@@ -1,7 +1,7 @@
 """A ``run.wakeup`` as the outbox keeps it, the wake as data, and the one function that renders it.
 
 A wakeup asks a worker to advance a run: it names the run and the revision it expects, why and who
-woke it, and carries its own id and time. The outbox keeps exactly that (``kept``), and the relay
+woke it, and carries its own id and time. The outbox keeps exactly that (``wake``), and the relay
 renders the envelope when it publishes (``render``). So a statement that chooses the run it wakes,
 a finished run's slot handed on (``db.runs``) or a batch of timers (``db.timers``), writes data,
 not a message; every wakeup on the bus is rendered here.
