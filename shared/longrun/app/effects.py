@@ -66,21 +66,12 @@ def broadcast_message(before: RunSnapshot, after: StoredRun, *, producer: str, c
     run = after.snapshot
     if run.status is before.status:
         return None
-    return status_message(tenant_id=run.tenant_id, run_id=run.run_id, partition=after.partition, seq=run.last_seq,
-                          status=run.status.value, was=before.status.value, stage=run.stage,
-                          reason=run.terminal_reason or "", labels=thaw(run.labels),
-                          outcome=run_outcome(run, public) if run.status in TERMINAL else None,
-                          correlation_id=run.correlation_id, producer=producer, cause=cause)
-
-
-def status_message(*, tenant_id: str, run_id: str, partition: int, seq: int, status: str, was: str, stage: str,
-                   reason: str, labels: Mapping[str, str], outcome: dict[str, Any] | None,
-                   correlation_id: str | None, producer: str, cause: str) -> Message:
-    """``broadcast_message`` from the run's columns, for a writer that did not read its snapshot."""
-    envelope = status_envelope(tenant_id=tenant_id, run_id=run_id, seq=seq, status=status, was=was, stage=stage,
-                               reason=reason, labels=labels, outcome=outcome, correlation_id=correlation_id,
-                               producer=producer, cause=cause, trace=traceparent())
-    return Message(_parsed(envelope), *status_route(tenant_id, status), partition)
+    envelope = status_envelope(tenant_id=run.tenant_id, run_id=run.run_id, seq=run.last_seq, status=run.status.value,
+                               was=before.status.value, stage=run.stage, reason=run.terminal_reason or "",
+                               labels=thaw(run.labels),
+                               outcome=run_outcome(run, public) if run.status in TERMINAL else None,
+                               correlation_id=run.correlation_id, producer=producer, cause=cause, trace=traceparent())
+    return Message(_parsed(envelope), *status_route(run.tenant_id, run.status.value), after.partition)
 
 
 RUN_EVENT = "run.event"
@@ -89,7 +80,7 @@ RUN_EVENT = "run.event"
 def status_envelope(*, tenant_id: str, run_id: str, seq: int, status: str, was: str, stage: str, reason: str,
                     labels: Mapping[str, str], outcome: dict[str, Any] | None, correlation_id: str | None,
                     producer: str, cause: str, trace: str | None, occurred_at: str | None = None) -> dict[str, Any]:
-    """A run's status change as its ``run.event`` (``run_event_envelope``): what ``status_message`` sends,
+    """A run's status change as its ``run.event`` (``run_event_envelope``): what ``broadcast_message`` sends,
     and what a writer of many (the timer's bulk wake) writes as it is."""
     return run_event_envelope(tenant_id=tenant_id, run_id=run_id, seq=seq, event_type="run.status_changed",
                               status=status, data={"from": was, "stage": stage, "reason": reason}, labels=labels,
