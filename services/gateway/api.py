@@ -227,6 +227,8 @@ OPERATIONS: tuple[Operation, ...] = (
               "idempotency key (the run must not have ended)"),
     _on_a_run("pause", Steer, ActionResult, "Pause the run"),
     _on_a_run("resume", Steer, ActionResult, "Resume a paused run"),
+    _on_a_run("retry", Steer, ActionResult, "Send a run that needs attention back to work (e.g. once its kind's "
+              "code that raised is fixed); its failed steps count anew"),
     _on_a_run("cancel", Steer, ActionResult, "Cancel the run (its cleanup runs)"),
     _on_a_run("terminate", Steer, ActionResult, "End the run now, skipping cleanup"),
     _on_a_run("migrate", Migrate, Migrated, "Move the run to another workflow version of its kind"),

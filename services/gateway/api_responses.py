@@ -102,8 +102,8 @@ class RunView(Strict):
     actions: list[CallView]
     lease: Lease | None
     next_timer: NextTimer | None
-    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "retry-action", "pause", "cancel",
-                                     "terminate", "resume"]] = Field(description="What an operator may do to the run now "
+    allowed_operations: list[Literal["approve", "deny", "answer", "resolve", "retry-action", "retry", "pause",
+                                     "cancel", "terminate", "resume"]] = Field(description="What an operator may do to the run now "
                                                                     "(POST /runs/{run_id}/<operation>).")
     waiting_for: str | None
     archived: Archived | None = Field(description="Where the history of an archived run went (its events here "

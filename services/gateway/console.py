@@ -67,7 +67,7 @@ _TEMPLATES = jinja2.Environment(
 _TEMPLATES.filters["when"] = lambda at: "none" if at is None else datetime.fromtimestamp(at, UTC).isoformat(
     timespec="seconds")
 NOTICES = {"approved": "Approved.", "denied": "Denied.", "resolved": "Resolution recorded.",
-           "replayed": "Replay done.", "signed-out": "Signed out.",
+           "retried": "Sent back to work.", "replayed": "Replay done.", "signed-out": "Signed out.",
            "ended": "Your session ended: its token is no longer accepted. Sign in again."}
 """What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
 
@@ -242,18 +242,21 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         return JSONResponse({"revision": snapshot["revision"], "status": snapshot["status"]})
 
     async def act(request: Request, seen: Visit, principal: Principal) -> Response:
-        """Approve, deny or resolve, as the principal; a refusal shows the run page with why."""
+        """Approve, deny, resolve or retry, as the principal; a refusal shows the run page with why."""
         name = request.path_params["action"]
         run_id = request.path_params["run_id"]
-        if name not in ("approve", "deny", "resolve"):
-            raise _Refused(404, f"No console action {name!r}: approve, deny or resolve.")
+        if name not in ("approve", "deny", "resolve", "retry"):
+            raise _Refused(404, f"No console action {name!r}: approve, deny, resolve or retry.")
         await load(principal, run_id)  # a run of a tenant not seen is not found, before anything is done
         form = request.state.form
         _may(principal, api.RUN_ACTIONS[name])
         try:
             async with engine.begin() as conn:
                 tx = PgTransaction(conn)
-                if name == "resolve":
+                if name == "retry":
+                    steer = _model(api.Steer, reason=form.get("reason"))
+                    await operate.retry(tx, run_id, actor=principal.subject, reason=steer.reason)
+                elif name == "resolve":
                     body = _model(api.Resolve, logical_action=form.get("logical_action"),
                                   outcome=form.get("outcome"), external_id=form.get("external_id") or None,
                                   receipt=_receipt(form.get("receipt", "")), reason=form.get("reason"))
@@ -270,7 +273,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
             return await run_page(request, seen, principal, status=403, error=str(e))
         except (DomainError, LongrunError) as e:
             return await run_page(request, seen, principal, status=409, error=str(e))
-        done = {"approve": "approved", "deny": "denied", "resolve": "resolved"}[name]
+        done = {"approve": "approved", "deny": "denied", "resolve": "resolved", "retry": "retried"}[name]
         return RedirectResponse(f"{PREFIX}/runs/{run_id}?notice={done}", status_code=303)
 
     async def quarantine(request: Request, seen: Visit, principal: Principal) -> Response:

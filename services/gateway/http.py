@@ -431,7 +431,7 @@ def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
         a.receipt_ref == content_hash for a in run.actions)
 
 
-_STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}
+_STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume, "retry": operate.retry}
 
 
 async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by: Principal,

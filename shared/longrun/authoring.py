@@ -166,6 +166,10 @@ class RunKind:
     model_retry: RetryPolicy | None = None
     """How a model that answers unavailable is asked again (as a tool's ``retry``). None: the
     worker's default (``LONGRUN_RETRY_*``)."""
+    step_retry: RetryPolicy | None = None
+    """How a step whose ``decide`` or ``accept`` raised is tried again: on a durable timer, after the
+    policy's delay; after its ``maximum_attempts`` failures in a row the run goes NEEDS_ATTENTION until
+    an operator retries it (once a fixed kind is deployed). None: the worker's default (``LONGRUN_RETRY_*``)."""
     scope: Scope = Scope()
     """The most a run of this kind may do (tools, resources); its tenant's policy and its producer
     narrow it, never widen it. By default every tool on every resource."""

@@ -176,6 +176,7 @@ def run_show(ctx: click.Context, run_id: str) -> None:
     summary = {
         "run": run["run_id"], "tenant": run["tenant_id"], "kind": f"{run['kind']}@{run['versions']['workflow']}",
         "status": f"{run['status']} since {since}" + (f" ({run['terminal_reason']})" if run["terminal_reason"] else ""),
+        "failing": _failure(run.get("failure")),
         "waits for": _wait(run["wait"]) or shown["waiting_for"],
         "lease": lease and f"{lease['owner']} (token {lease['fencing_token']}) until {lease['until']}",
         "next timer": timer and f"{timer['kind']} at {timer['wake_at']}",
@@ -183,6 +184,12 @@ def run_show(ctx: click.Context, run_id: str) -> None:
         "history": f"{len(shown['events'])} events: longrunctl run timeline {run['run_id']}"}
     click.echo(render(summary, "table"))
     click.echo("\n" + render(run["actions"], "table", View(ACTIONS)))
+
+
+def _failure(failure: Mapping[str, Any] | None) -> str | None:
+    if failure is None:
+        return None
+    return f"{failure['phase']} raised {failure['error_type']}: {failure['message']} ({failure['attempt']} in a row)"
 
 
 def _wait(wait: Mapping[str, Any] | None) -> str | None:
@@ -230,7 +237,7 @@ def _steer(action: str) -> click.Command:
     return command
 
 
-for _action in ("cancel", "pause", "resume", "terminate"):
+for _action in ("cancel", "pause", "resume", "retry", "terminate"):
     run.add_command(_steer(_action))
 
 
@@ -458,6 +465,7 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("run", "timeline"): "run timeline RUN_ID --follow",
     ("run", "pause"): 'run pause RUN_ID --reason "forge maintenance tonight"',
     ("run", "resume"): 'run resume RUN_ID --reason "maintenance over"',
+    ("run", "retry"): 'run retry RUN_ID --reason "decide fixed in 1.4.2, deployed"',
     ("run", "cancel"): 'run cancel RUN_ID --reason "superseded by RUN_ID2"',
     ("run", "terminate"): 'run terminate RUN_ID --reason "stuck cleanup, done by hand"',
     ("run", "migrate"): 'run migrate RUN_ID --to 2 --reason "fix for the CI parser"',

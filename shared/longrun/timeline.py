@@ -74,6 +74,10 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return (f"SUMMARY   {len(summary['done'])} action(s) done, {used['tool_calls']} tool and "
                     f"{used['model_calls']} model call(s), cost {used['cost']:.3f}, "
                     f"{summary['duration_seconds']:.1f}s")
+        case "run.step_failed":
+            then = "NEEDS_ATTENTION" if d.get("retry") is None else f"retry at {d['retry']['wake_at']}"
+            return (f"FAILED    {d['phase']} raised {d['error_type']}: {_short(d['message'], 60)} "
+                    f"({d['attempt']} in a row; {then})")
         case "run.correction_needed":
             return f"CORRECTION {d['logical_action']}: {_short(d['reason'])}"
         case _:

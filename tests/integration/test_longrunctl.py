@@ -21,7 +21,7 @@ from longrun import cli
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
-from tests.integration import test_identity
+from tests.integration import test_identity, test_poison_runs
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 
 pytestmark = pytest.mark.integration
@@ -219,6 +219,8 @@ TESTED[("tenant", "ceiling")] = test_a_tenants_admin_narrows_its_policy_within_t
 TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (
     "run pause", "run resume", "run cancel", "run migrate", "run answer", "run resolve", "run retry-action",
     "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})
+TESTED[("run", "retry")] = (test_poison_runs.
+                            test_a_run_whose_decide_raises_backs_off_then_needs_attention_and_a_retry_after_the_fix_completes)
 TESTED.update({(*name.split(),): test_identity.test_longrunctl_creates_lists_and_revokes_named_tokens for name in (
     "whoami", "token create", "token list", "token revoke")})
 

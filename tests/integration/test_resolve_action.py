@@ -231,7 +231,7 @@ async def test_a_failed_merge_request_retried_by_an_operator_completes_the_run_w
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10,
                                  headers=await bearer(engine, "ana", "operator")) as api:
         shown = (await api.get(f"/runs/{run_id}")).json()
-        assert shown["allowed_operations"] == ["retry-action", "pause", "cancel", "terminate"]
+        assert shown["allowed_operations"] == ["retry-action", "retry", "pause", "cancel", "terminate"]
 
         # When an operator first retries an action that did not fail: refused, naming why, nothing changes
         confirmed = next(a.logical_action for a in stored.snapshot.actions if a.status.value == "CONFIRMED")

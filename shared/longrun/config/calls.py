@@ -18,7 +18,9 @@ class CallSettings(Concern):
 
     retry_initial_interval: float = setting("LONGRUN_RETRY_INITIAL_INTERVAL", parse.positive_float,
                                             "seconds, a number > 0", "1")
-    """Default retry policy of tool and model calls answered unavailable: seconds before the second attempt."""
+    """Default retry policy of tool and model calls answered unavailable, and of steps whose run kind's
+    ``decide`` or ``accept`` raised (a kind's own ``step_retry`` overrides it): seconds before the second
+    attempt."""
     retry_backoff_coefficient: float = setting("LONGRUN_RETRY_BACKOFF_COEFFICIENT", parse.at_least_one_float,
                                                "a number >= 1", "2")
     """Default retry policy: each further delay is the previous one times this (1 keeps it constant)."""
@@ -27,7 +29,8 @@ class CallSettings(Concern):
     """Default retry policy: cap on any one delay, in seconds (at least the initial interval)."""
     retry_maximum_attempts: int = setting("LONGRUN_RETRY_MAXIMUM_ATTEMPTS", parse.positive_int, "an integer >= 1",
                                           "5")
-    """Default retry policy: attempts in total, the first included; then the call is a recorded failure."""
+    """Default retry policy: attempts in total, the first included; then the call is a recorded failure
+    (a step that raised each time: NEEDS_ATTENTION)."""
     breaker_threshold: int = setting("LONGRUN_BREAKER_THRESHOLD", parse.positive_int, "an integer >= 1", "5")
     """Unavailable answers from one far side within ``LONGRUN_BREAKER_WINDOW`` that open its circuit breaker."""
     breaker_window: float = setting("LONGRUN_BREAKER_WINDOW", parse.positive_float, "seconds, a number > 0", "30")
@@ -43,7 +46,7 @@ class CallSettings(Concern):
     """Seconds a run waiting for a far side to be healthy waits at most before it looks again by itself."""
 
     def retry_policy(self) -> RetryPolicy:
-        """The default retry policy of tool and model calls."""
+        """The default retry policy of tool and model calls, and of steps whose kind's code raised."""
         return RetryPolicy(initial_interval=self.retry_initial_interval,
                            backoff_coefficient=self.retry_backoff_coefficient,
                            maximum_interval=self.retry_maximum_interval,

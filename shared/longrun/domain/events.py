@@ -229,6 +229,22 @@ class RunSummarized(RunEvent):
 
 
 @_event
+class StepFailed(RunEvent):
+    """The run kind's own code raised (``decide``, or ``accept`` on a completion): the error is recorded
+    with how many steps in a row failed (``attempt``), and the run waits ``retry`` (a timer's wait:
+    RETRY_SCHEDULED) for its next attempt, or, with no ``retry`` (its attempts used up), goes
+    NEEDS_ATTENTION until an operator retries it."""
+
+    type: ClassVar[str] = "run.step_failed"
+    phase: str
+    """``decide`` or ``accept``: which of the kind's functions raised."""
+    error_type: str
+    message: str
+    attempt: int
+    retry: Wait | None = None
+
+
+@_event
 class CorrectionNeeded(RunEvent):
     """An outcome that arrived after the run COMPLETED contradicts what it did: recorded on the
     finished run for a person to correct, never written over its history."""
@@ -362,7 +378,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved,
+            QuestionResolved, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded,

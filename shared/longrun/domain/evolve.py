@@ -15,6 +15,10 @@ Invariants:
 - A terminal run never reopens. An event for a terminal run is either *late* (recorded,
   not applied), a record of the ending itself (``RECORDED_AFTER_END``: applied, changing
   nothing but ``revision`` and ``last_seq``), or refused with ``IllegalTransition``.
+- Failed steps in a row (``RunSnapshot.failure``) are counted by ``run.step_failed`` and forgotten
+  with the first other event written while the run is RUNNING: only a step whose ``decide`` and
+  ``accept`` did not raise writes one, so the step's own transition resets the count (as does a
+  person sending a run that needs attention back to READY).
 - The late-event rule (``is_late``): an event is late when the run has moved past what
   it reports. That is (1) a report from the outside world (wake, approval, fact, charge,
   action outcome) arriving after the run ended, or (2) a wake, approval or answer for a
@@ -108,6 +112,9 @@ def evolve(state: RunSnapshot | None, event: ev.RunEvent) -> RunSnapshot:
     if event.seq <= state.last_seq:
         lifecycle.reject(state, event, f"seq {event.seq} is not after the last applied seq {state.last_seq}")
     changed = _HANDLERS[type(event)](state, event)
+    if state.failure is not None and state.status is RunStatus.RUNNING and not isinstance(event, ev.StepFailed):
+        # What a step writes while the run is RUNNING follows a decision that did not raise.
+        changed = changed.replace(failure=None)
     return _verified(state.run_id, event, changed.replace(revision=state.revision + 1, last_seq=event.seq))
 
 

@@ -36,6 +36,7 @@ from longrun.domain.snapshot import (
     Fact,
     Question,
     RunSnapshot,
+    StepFailure,
     Wait,
     Wake,
     WakeReason,
@@ -105,7 +106,10 @@ def _status_changed(s: RunSnapshot, e: ev.RunStatusChanged) -> RunSnapshot:
             why = "its business deadline" if s.deadline_passed else "a cancel request"
             raise IllegalTransition("run", s.status.value, e.to.value, f"the run is cancelling for {why}: it ends "
                                                                        f"{end.value}")
-    return move(s, e.to, e.at, reason=e.reason)
+    moved = move(s, e.to, e.at, reason=e.reason)
+    if s.status is _S.NEEDS_ATTENTION and e.to is _S.READY:
+        return moved.replace(failure=None)  # a person sent it back to work: failed steps count anew
+    return moved
 
 
 def _wait_started(s: RunSnapshot, e: ev.WaitStarted) -> RunSnapshot:
@@ -233,6 +237,22 @@ def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
     return _end_wait(put_fact(s, answer), e.at, Wake(WakeReason.ANSWER, wait.wait_id, e.at))
 
 
+def _step_failed(s: RunSnapshot, e: ev.StepFailed) -> RunSnapshot:
+    """The kind's code raised in a worker's step: the run retries on a timer, or gives up to a person."""
+    if s.status is not _S.RUNNING:
+        reject(s, e, f"only a worker's step fails; the run is {s.status.value}")
+    previous = s.failure.attempt if s.failure is not None else 0
+    if e.attempt != previous + 1:
+        reject(s, e, f"attempt {e.attempt} does not follow the {previous} failed in a row before it")
+    failure = StepFailure(e.phase, e.error_type, e.message, e.attempt, e.at)
+    if e.retry is None:
+        reason = f"{e.phase} raised {e.attempt} times in a row, last {e.error_type}: {e.message}"
+        return move(s, _S.NEEDS_ATTENTION, e.at, reason=reason).replace(failure=failure)
+    if e.retry.deadline is not None and e.retry.deadline < e.at:
+        reject(s, e, f"the retry's deadline {e.retry.deadline} has already passed at {e.at}")
+    return move(s, _S.RETRY_SCHEDULED, e.at).replace(wait=e.retry, failure=failure)
+
+
 def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:
     if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0:
         reject(s, e, "charges are non-negative")
@@ -269,4 +289,5 @@ HANDLERS: Mapping[type[ev.RunEvent], Handler] = {
     ev.QuestionOpened: _question_opened,
     ev.QuestionResolved: _question_resolved,
     ev.BudgetCharged: _budget_charged,
+    ev.StepFailed: _step_failed,
 }

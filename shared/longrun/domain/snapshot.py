@@ -31,10 +31,10 @@ from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 8
+SNAPSHOT_SCHEMA_VERSION = 9
 """2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
 ``Question.answer_schema``), 6 ``permissions`` as a ``Scope``, 7 ``timeouts`` and ``deadline_passed``, 8
-``Wait.provider``; older ones are upcast on read."""
+``Wait.provider``, 9 ``failure``; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
 DENIED_FACT_PREFIX = "permission_denied:"
@@ -148,6 +148,18 @@ class Acceptance:
 
 
 @dataclass(frozen=True, slots=True)
+class StepFailure:
+    """The last of the consecutive steps whose ``decide`` or ``accept`` raised (``run.step_failed``)."""
+
+    phase: str
+    error_type: str
+    message: str
+    attempt: int
+    """How many steps in a row failed; the next step carried out without raising resets it."""
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunSnapshot:
     run_id: str
     tenant_id: str
@@ -200,6 +212,9 @@ class RunSnapshot:
     """The patch points the run has taken (``run.patch_taken``), in the order it took them: what
     ``ctx.patched`` answers from when its history is replayed. Schema 4; runs stored under an earlier
     schema have taken none."""
+    failure: StepFailure | None = None
+    """The kind's code raised in the run's last steps (``run.step_failed``) and no step has been carried
+    out since. Schema 9."""
 
     def action(self, logical_action: str) -> ActionRecord | None:
         return next((a for a in self.actions if a.logical_action == logical_action), None)
@@ -320,7 +335,16 @@ def upcast_snapshot_v7_v8(data: Mapping[str, object]) -> dict[str, object]:
             "wait": {**wait, "provider": wait.get("provider")} if isinstance(wait, Mapping) else wait}
 
 
+def upcast_snapshot_v8_v9(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 8 -> 9: a run stored before failed steps were recorded has none on record. Pure."""
+    if data.get("schema_version") != 8:
+        raise ValueError(f"upcast_snapshot_v8_v9 takes schema_version 8, got {data.get('schema_version')!r}")
+    if "failure" in data:
+        raise ValueError("a schema-8 snapshot has no failure field")
+    return {**data, "schema_version": 9, "failure": None}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
     1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5,
-    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7, 7: upcast_snapshot_v7_v8}
+    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7, 7: upcast_snapshot_v7_v8, 8: upcast_snapshot_v8_v9}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

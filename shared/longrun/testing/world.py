@@ -348,11 +348,12 @@ class World:
 
     # -- the operator (app/gateway/operate.py) ---------------------------------------------------------------------
     def operate(self, run_id: str, action: str, *, actor: str = "ops", reason: str = "test") -> dict[str, Any]:
-        """An operator's cancel, pause, resume or terminate; refused (``DomainError``) changes nothing."""
+        """An operator's cancel, pause, resume, retry or terminate; refused (``DomainError``) changes nothing."""
         if action == "terminate":
             return self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
                                                                     clock=self.clock, kinds=self.kinds))
-        use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume}[action]
+        use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
+                    "retry": operate.retry}[action]
         return self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
 
     def decide(self, run_id: str, *, approval_id: str, approved_hash: str, approved: bool = True,

@@ -87,7 +87,7 @@ def test_a_snapshot_stored_before_patches_existed_loads_with_none_taken() -> Non
     h = running()
     # as schema 3 stored it: no patches, and the permissions list nothing ever set
     schema_3 = {k: v for k, v in h.snapshot.to_dict().items()
-                if k not in ("patches", "timeouts", "deadline_passed")} | {
+                if k not in ("patches", "timeouts", "deadline_passed", "failure")} | {
         "schema_version": 3, "permissions": []}
     loaded = RunSnapshot.from_dict(schema_3)
     assert loaded.patches == ()

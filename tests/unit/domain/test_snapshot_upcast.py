@@ -1,4 +1,4 @@
-"""Snapshot schemas 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7: pure upcasters pinned by golden files, applied on every read.
+"""Snapshot schemas 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7 -> 8 -> 9: pure upcasters pinned by golden files, applied on every read.
 
 ``golden/snapshot.v1.json`` is the snapshot the schema-1 code stored for a run waiting for
 approval (recorded from a real run, see ``tests/fault/fixtures``); ``snapshot.v1-as-v2.json``
@@ -6,7 +6,8 @@ is what it must become under schema 2 (``snapshot.v2.json`` is that same file),
 ``snapshot.v2-as-v3.json`` under schema 3 (``snapshot.v3.json``), ``snapshot.v3-as-v4.json``
 under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5
 (``snapshot.v5.json``), ``snapshot.v5-as-v6.json`` under schema 6 (``snapshot.v6.json``) and
-``snapshot.v6-as-v7.json`` under schema 7. The fault matrix resumes that very run under this code.
+``snapshot.v6-as-v7.json`` under schema 7, ``snapshot.v7-as-v8.json`` under schema 8 (``snapshot.v8.json``)
+and ``snapshot.v8-as-v9.json`` under schema 9. The fault matrix resumes that very run under this code.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from longrun.domain import (
     upcast_snapshot_v5_v6,
     upcast_snapshot_v6_v7,
     upcast_snapshot_v7_v8,
+    upcast_snapshot_v8_v9,
 )
 from longrun.errors import UnknownSchemaVersion
 
@@ -89,13 +91,19 @@ def test_a_schema_7_wait_upcasts_to_one_no_webhook_ends_unless_the_migration_nam
     assert upcast_snapshot_v7_v8(migrated)["wait"]["provider"] == "forge"  # type: ignore[index]
 
 
+def test_a_schema_8_snapshot_upcasts_to_schema_9_with_no_failed_step_on_record() -> None:
+    assert _golden("snapshot.v8.json") == _golden("snapshot.v7-as-v8.json")
+    assert upcast_snapshot_v8_v9(_golden("snapshot.v8.json")) == _golden("snapshot.v8-as-v9.json")
+
+
 @pytest.mark.parametrize(("upcaster", "golden"), [(upcast_snapshot_v1_v2, "snapshot.v1.json"),
                                                    (upcast_snapshot_v2_v3, "snapshot.v2.json"),
                                                    (upcast_snapshot_v3_v4, "snapshot.v3.json"),
                                                    (upcast_snapshot_v4_v5, "snapshot.v4.json"),
                                                    (upcast_snapshot_v5_v6, "snapshot.v5.json"),
                                                    (upcast_snapshot_v6_v7, "snapshot.v6.json"),
-                                                   (upcast_snapshot_v7_v8, "snapshot.v6-as-v7.json")])
+                                                   (upcast_snapshot_v7_v8, "snapshot.v6-as-v7.json"),
+                                                   (upcast_snapshot_v8_v9, "snapshot.v8.json")])
 def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[no-untyped-def]
     older = _golden(golden)
     before = copy.deepcopy(older)
@@ -104,7 +112,7 @@ def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[
     assert first == second and first is not second
 
 
-def test_reading_a_schema_1_snapshot_gives_the_schema_8_run_and_writes_schema_8() -> None:
+def test_reading_a_schema_1_snapshot_gives_the_schema_9_run_and_writes_schema_9() -> None:
     run = RunSnapshot.from_dict(_golden("snapshot.v1.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v1-as-v2.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v2-as-v3.json"))
@@ -113,15 +121,16 @@ def test_reading_a_schema_1_snapshot_gives_the_schema_8_run_and_writes_schema_8(
     assert run == RunSnapshot.from_dict(_golden("snapshot.v5-as-v6.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v6-as-v7.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v7-as-v8.json"))
+    assert run == RunSnapshot.from_dict(_golden("snapshot.v8-as-v9.json"))
     assert run.status is RunStatus.WAITING_USER and run.labels == FrozenMap() and run.correlation_id is None
     assert run.patches == () and run.open_questions == ()
     assert run.permissions is None  # created before scopes: not restricted
     assert run.timeouts == RunTimeouts() and not run.deadline_passed  # no limits; not cancelling for a deadline
     assert run.wait is not None and run.wait.approval_id is not None and run.wait.question_id is None
-    assert run.wait.provider is None
+    assert run.wait.provider is None and run.failure is None
     written = json.loads(json.dumps(run.to_dict()))
-    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 8
-    assert written == _golden("snapshot.v7-as-v8.json")
+    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 9
+    assert written == _golden("snapshot.v8-as-v9.json")
 
 
 def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> None:
@@ -131,11 +140,11 @@ def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> Non
     assert fold(history) == RunSnapshot.from_dict(recorded["runs"][0]["snapshot"])
 
 
-@pytest.mark.parametrize("version", [0, 9, 99, None, "1", True])
+@pytest.mark.parametrize("version", [0, 10, 99, None, "1", True])
 def test_a_version_this_code_does_not_know_is_refused_not_guessed(version: object) -> None:
     with pytest.raises(UnknownSchemaVersion) as refused:
         RunSnapshot.from_dict(_golden("snapshot.v1.json") | {"schema_version": version})
-    assert refused.value.known == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert refused.value.known == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 def test_the_upcaster_refuses_what_is_not_schema_1() -> None:

@@ -1,6 +1,5 @@
 """Operator actions on runs: approve, deny, answer, resolve an action in doubt, retry a failed action,
-attach an artifact,
-cancel, pause, resume, terminate — each audited.
+retry a run that needs attention, attach an artifact, cancel, pause, resume, terminate — each audited.
 
 Every action locks the run, appends its event with the revision guard, writes the
 audit row (who, what, why) in the same transaction (a ``RunTransaction``: PostgreSQL's in the
@@ -102,8 +101,8 @@ class AnswerRefused(DomainError):
 def allowed_operations(run: RunSnapshot) -> list[str]:
     """What an operator may do to ``run`` now, as the operator API names it (``POST /runs/{id}/<name>``):
     the decisions its wait asks for, ``resolve`` while an action is in doubt, ``retry-action`` while an
-    action of a run that has not ended FAILED, and the moves the run's state machine allows from its
-    status."""
+    action of a run that has not ended FAILED, ``retry`` for a run that needs attention with nothing in
+    doubt, and the moves the run's state machine allows from its status."""
     moves = RUN_TRANSITIONS[run.status]
     wait = run.wait
     allowed: list[str] = []
@@ -113,6 +112,8 @@ def allowed_operations(run: RunSnapshot) -> list[str]:
         allowed.append("resolve")
     if run.status not in TERMINAL and any(a.status is ActionStatus.FAILED for a in run.actions):
         allowed.append("retry-action")
+    if _retry_refusal(run) is None:
+        allowed.append("retry")
     allowed += [name for name, to in (("pause", RunStatus.PAUSED), ("cancel", RunStatus.CANCELLING),
                                       ("terminate", RunStatus.TERMINATED)) if to in moves]
     if run.status is RunStatus.PAUSED:
@@ -320,6 +321,26 @@ async def retry_action(tx: RunTransaction, run_id: str, *, logical_action: str, 
     await _publish(tx, stored, after, actor=actor, action="retry-action", kinds=None)
     return {"run_id": run_id, "status": after.snapshot.status.value, "revision": after.snapshot.revision,
             "action": {"logical_action": logical_action, "status": ActionStatus.RETRYABLE.value}}
+
+
+async def retry(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
+                clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """A person sends a run that needs attention back to work, e.g. once a kind whose ``decide`` raised
+    is fixed and deployed: READY, its failed steps counted anew, a worker woken. Refused while one of
+    its actions is in doubt (``resolve`` settles that)."""
+    stored = await _locked(tx, run_id)
+    refused = _retry_refusal(stored.snapshot)
+    if refused is not None:
+        raise NotPending(run_id, "retrying the run", refused)
+    return await _apply_to(tx, stored, "retry", actor=actor, reason=reason, clock=clock, build=lambda seq, at:
+                           ev.RunStatusChanged(seq=seq, at=at, to=RunStatus.READY, reason=f"retried by {actor}"))
+
+
+def _retry_refusal(run: RunSnapshot) -> str | None:
+    if run.status is not RunStatus.NEEDS_ATTENTION:
+        return f"it is {run.status.value}, not NEEDS_ATTENTION"
+    doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
+    return f"{', '.join(doubtful)} is in doubt: resolve it instead" if doubtful else None
 
 
 ARTIFACT_FACT_PREFIX = "artifact:"

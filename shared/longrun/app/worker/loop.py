@@ -57,9 +57,9 @@ class Worker:
                  breakers: Breakers | None = None, health_max_wait: float = 600.0) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
-        of tools and models that declare none. ``breakers``: the far sides' health (without them,
-        every far side is called whatever it answered before); a run waiting for one to be healthy
-        looks again by itself after ``health_max_wait`` seconds."""
+        of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
+        far sides' health (without them, every far side is called whatever it answered before); a run
+        waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id

@@ -14,6 +14,7 @@ from longrun.app.worker.cancelling import cancel
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.model_call import ask_model
+from longrun.app.worker.step_failure import step_failed
 from longrun.app.worker.tool_call import call_tool
 from longrun.authoring import Registry, pins_key
 from longrun.domain import (
@@ -69,7 +70,11 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         return None
     kind = kinds.get(run.kind, run.versions.workflow)
     ctx = far.context()
-    decision = kind.workflow.decide(run, ctx)
+    try:
+        decision = kind.workflow.decide(run, ctx)
+    except Exception as e:
+        await step_failed(far, step, stored, kind, "decide", e)
+        return None
     spent = exhausted(run.budget, budget_needs(decision, run))
     if spent is not None:
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED, reason=f"budget {spent} exhausted")
@@ -77,7 +82,7 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     if isinstance(decision, (AskModel, CallTool)) and stored.unwritten_request is not None:
         # The step before is on record before anything more is asked of the world.
         stored = await step.commit(stored, [])
-    stored = _with_patches(step, stored, ctx.taken)
+    decided_on, stored = stored, _with_patches(step, stored, ctx.taken)
     if isinstance(decision, AskModel):
         return await ask_model(far, step, stored, kind, decision)
     if isinstance(decision, CallTool):
@@ -88,7 +93,12 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     elif isinstance(decision, AskUser):
         await _ask_user(step, stored, decision, ctx)
     elif isinstance(decision, Complete):
-        unmet = kind.workflow.accept(run, decision.evidence)
+        try:
+            unmet = kind.workflow.accept(run, decision.evidence)
+        except Exception as e:
+            # Recorded on the run as the step found it: a decision it could not carry out takes no patch.
+            await step_failed(far, step, decided_on, kind, "accept", e)
+            return None
         if unmet:
             await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                               reason="acceptance check failed: " + "; ".join(unmet))
