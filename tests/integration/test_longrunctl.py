@@ -21,8 +21,8 @@ from longrun import cli
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
-from tests.security import test_identity
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
+from tests.security import test_identity
 
 pytestmark = pytest.mark.integration
 
