@@ -77,9 +77,12 @@ class Services:
         self.delivery_limit = delivery_limit
         self.started: list[Process] = []
 
-    def env(self, **extra: str) -> dict[str, str]:
+    def env(self, *, with_secrets: bool = True, **extra: str) -> dict[str, str]:
+        """A service's environment; ``with_secrets=False`` leaves the gateway's secrets out, as the
+        Kubernetes manifests give them to no other service."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LONGRUN_")}
-        env.update(SECRETS)
+        if with_secrets:
+            env.update(SECRETS)
         env.update({
             "LONGRUN_DATABASE_URL": self.infra.database_url,
             "LONGRUN_AMQP_URL": self.infra.amqp_url,
@@ -97,7 +100,7 @@ class Services:
         return env
 
     def start(self, name: str, module: str, *, argv_extra: list[str] | None = None,
-              clock_skew: float | None = None, **env: str) -> Process:
+              clock_skew: float | None = None, with_secrets: bool = True, **env: str) -> Process:
         """Start ``python -m module`` as ``<name>-<n>``; ``clock_skew`` seconds shift its wall clock."""
         index = sum(1 for p in self.started if p.name.startswith(name))
         label = f"{name}-{index}"
@@ -105,7 +108,7 @@ class Services:
         if clock_skew is not None:
             env["LONGRUN_CLOCK_SKEW"] = str(clock_skew)
         argv = [sys.executable, "-m", module, *(argv_extra or [])]
-        proc = Process(label, argv, self.env(**env), self.logs / f"{label}.log")
+        proc = Process(label, argv, self.env(with_secrets=with_secrets, **env), self.logs / f"{label}.log")
         self.started.append(proc)
         return proc
 

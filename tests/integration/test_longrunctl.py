@@ -21,8 +21,9 @@ from longrun import cli
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
-from tests.integration import test_identity, test_poison_runs
+from tests.integration import test_poison_runs
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
+from tests.security import test_identity
 
 pytestmark = pytest.mark.integration
 

@@ -261,3 +261,56 @@ async def test_a_viewer_of_a_tenant_named_like_a_provider_sees_only_its_tenants_
     assert {(e["action"], e["target"]) for e in entries} <= {("tenant_policy.set", "forge"),
                                                               ("pause", own_run.snapshot.run_id)}
     assert ("tenant_policy.set", "forge") in {(e["action"], e["target"]) for e in entries}
+
+
+# --- unauthenticated and malformed requests, against the gateway's process ------------------------
+
+async def test_an_unauthenticated_head_is_refused_with_401_and_no_body(clean, gateway_process) -> None:
+    ensemble, _ = gateway_process
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
+        answers = {path: await http.head(path) for path in ("/runs", "/runs/no-such-run", "/audit", "/me")}
+    assert {path: (a.status_code, a.content) for path, a in answers.items()} == {
+        path: (401, b"") for path in answers}
+
+
+async def test_a_webhook_signature_holding_a_non_ascii_byte_is_refused_as_unauthenticated(
+        clean, engine, gateway_process) -> None:
+    ensemble, _ = gateway_process
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
+        statuses = {(await http.post("/webhooks/forge", content=b'{"id": "e-1"}', headers={
+            "content-type": "application/json", "x-forge-signature": signature})).status_code
+            for signature in (b"sha256=\xff\xfe", b"sha256=\xe9" + b"0" * 63, b"\x80")}
+    assert statuses <= {400, 401}
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM webhook_events"))).scalar() == 0
+
+
+async def test_a_json_body_nested_5000_deep_is_refused_with_400(clean, engine, gateway_process) -> None:
+    ensemble, _ = gateway_process
+    stored = await created(engine)
+    admin = {"authorization": f"Bearer {OPERATOR_TOKEN}", "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
+        answers = [await http.post(f"/runs/{stored.snapshot.run_id}/pause", content=body, headers=admin)
+                   for body in (DEEP, DEEP_OBJECT)]
+    assert [a.status_code for a in answers] == [400, 400]
+    assert all("nested more than 64 deep" in a.json()["error"] for a in answers)
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT status FROM runs WHERE run_id = :r"),
+                                   {"r": stored.snapshot.run_id})).scalar() != "PAUSED"
+
+
+async def test_unauthenticated_refusals_write_no_audit_row_each(clean, engine, gateway_process) -> None:
+    ensemble, _ = gateway_process
+    stored = await created(engine)
+    run = f"/runs/{stored.snapshot.run_id}"
+    refused = []
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
+        for attempt in range(20):
+            forged = {"authorization": f"Bearer lrt_forged{attempt}"}
+            refused += [(await http.get("/runs")).status_code, (await http.head("/audit")).status_code,
+                        (await http.get(run, headers=forged)).status_code,
+                        (await http.post(f"{run}/pause", json={"reason": "r"}, headers=forged)).status_code,
+                        (await http.post("/console/sign-in", data={"token": "forged"})).status_code]
+    assert set(refused) <= {401, 403} and len(refused) == 100
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM audit_log"))).scalar() == 0

@@ -1,5 +1,6 @@
 """The gateway refuses to start without random secrets of its own, naming each variable and never
-printing a value; the secrets a provider issues are refused only when empty or a known string."""
+printing a value; the secrets a provider issues are refused only when empty or a known string; every
+other service, and the migration, needs none."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sys
 import httpx
 import pytest
 
+from tests.fixtures import eventually
 from tests.harness import SECRETS
-from tests.integration.ensemble import Ensemble
+from tests.integration.ensemble import SERVICES, Ensemble, new_key, publish_create, run_id_for, status_of
 from tests.integration.identities import token
 
 pytestmark = pytest.mark.integration
@@ -65,3 +67,24 @@ async def test_the_bootstrap_tokens_go_off_once_a_named_token_exists(clean, engi
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
         assert (await http.get("/me", headers={"authorization": f"Bearer {secret}"})).status_code == 200
         assert (await http.get("/me", headers={"authorization": f"Bearer {SECRETS['LONGRUN_OPERATOR_TOKENS']}"})).status_code == 401
+
+
+async def test_every_other_service_and_the_migration_run_a_job_with_no_secret_set(
+        clean, engine, bus, services, tmp_path) -> None:
+    # Given the migration and every service but the gateway, started with none of the gateway's secrets
+    migrated = subprocess.run([sys.executable, "-m", "longrun.db.migrate", "upgrade"],
+                              env=services.env(with_secrets=False), capture_output=True, text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    ensemble = Ensemble(services, tmp_path)
+    started = [services.start(name, SERVICES[name], with_secrets=False, **ensemble.env)
+               for name in ("scheduler", "worker", "relay", "timer", "reconciler")]
+    # When a producer creates a run
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_={"steps": 2}, workflow="steps")
+    # Then it completes, and every service is still running
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), timeout=30, what="the run created")
+
+    async def completed() -> bool:
+        return await status_of(engine, run_id) == "COMPLETED"
+    await eventually(completed, timeout=60, what="the run completed")
+    assert [p.name for p in started if not p.alive()] == []

@@ -20,8 +20,8 @@ from longrun.db import quarantine as quarantine_rows
 from services.gateway import quarantine
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
-from tests.integration.test_bus_tenancy import (INGRESS, Subscriber, _connect, producers, publish_create, run_create,
-                                                tenant_user)
+from tests.security.test_bus_tenancy import (INGRESS, Subscriber, _connect, producers, publish_create, run_create,
+                                             tenant_user)
 
 pytestmark = pytest.mark.integration
 
