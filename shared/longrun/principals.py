@@ -23,6 +23,10 @@ GROUP_PREFIX = "group:"
 """An approval's owner is a subject, ``role:<role>`` (any principal whose roles include it) or
 ``group:<group>`` (any principal in that group)."""
 BOOTSTRAP_SUBJECT = "bootstrap"
+OIDC_SEPARATOR = "|"
+"""An identity provider's user is the subject ``<issuer>|<sub>``: namespaced by its issuer, so no named
+token (whose names hold no ``|``) and no other issuer's user is ever the same subject. A bare name
+(``alice``) is the named token of that name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +69,14 @@ def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: s
     """The principal a verified JWT names: roles it does not know are ignored, and a token without
     a tenants claim sees no tenant."""
     tenants = _names(claims.get(tenants_claim))
-    return Principal(subject=str(claims["sub"]), roles=frozenset(_names(claims.get(roles_claim))) & set(ROLES),
+    return Principal(subject=oidc_subject(str(claims.get("iss")), str(claims["sub"])), roles=frozenset(_names(claims.get(roles_claim))) & set(ROLES),
                      tenants=None if EVERY_TENANT in tenants else frozenset(tenants),
                      groups=frozenset(_names(claims.get(groups_claim))), credential=f"oidc:{claims.get('iss')}")
+
+
+def oidc_subject(issuer: str, sub: str) -> str:
+    """The subject of ``issuer``'s user ``sub``: what an approval names to be decided by that user."""
+    return f"{issuer}{OIDC_SEPARATOR}{sub}"
 
 
 def _names(value: Any) -> list[str]:

@@ -259,7 +259,7 @@ async def test_an_operator_signs_in_at_the_identity_provider_with_the_authorizat
                 await page.click("#oidc")
                 # Then she is back in the console, signed in as herself, seeing her tenant's runs
                 await expect(page).to_have_url(re.compile(r"/console/runs$"))
-                await expect(page.locator("#subject")).to_have_text("alice")
+                await expect(page.locator("#subject")).to_have_text(f"{provider.url}|alice")
                 await expect(page.locator("#runs")).to_contain_text(run_id)
                 await page.screenshot(path=SHOTS / "5-signed-in-at-the-identity-provider.png", full_page=True)
             finally:

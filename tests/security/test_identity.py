@@ -122,7 +122,7 @@ async def test_a_jwt_of_the_issuer_names_its_subject_roles_tenants_and_groups(ga
     signed = keys.sign({"sub": "ana@example.test", "roles": ["approver", "unknown"], "tenants": ["acme"],
                         "groups": ["release-managers"]})
     me = await gateway.get("/me", headers=auth(signed))
-    assert me.json() == {"subject": "ana@example.test", "roles": ["approver"], "tenants": ["acme"],
+    assert me.json() == {"subject": f"{ISSUER}|ana@example.test", "roles": ["approver"], "tenants": ["acme"],
                          "groups": ["release-managers"]}
     everyone = keys.sign({"sub": "root", "roles": "admin", "tenants": "*"})
     assert (await gateway.get("/me", headers=auth(everyone))).json()["tenants"] is None
@@ -200,7 +200,34 @@ async def test_only_the_approver_the_request_names_may_decide_it_and_a_refusal_c
     decided = [await decide(by_subject, await bearer(engine, "user_42")), await decide(by_group, release_manager),
                await decide(by_role, BOOTSTRAP, "deny")]
     assert [d.status_code for d in decided] == [200, 200, 200], [d.text for d in decided]
-    assert [actor for actor, _, _ in await audit_rows(engine)] == ["user_42", "rita", "bootstrap"]
+    assert [actor for actor, _, _ in await audit_rows(engine)] == ["user_42", f"{ISSUER}|rita", "bootstrap"]
+
+
+async def test_no_token_acts_as_an_identity_providers_user_whatever_it_is_named(engine, gateway, issuer) -> None:
+    # Given an approval owned by the issuer's user alice
+    keys, _ = issuer
+    stored = await waiting_for_user(engine, approval_id="merge:9", approved_hash="d" * 64, owner=f"{ISSUER}|alice")
+    body = {"approval_id": "merge:9", "approved_hash": "d" * 64, "reason": "reviewed"}
+    approve = f"/runs/{stored.snapshot.run_id}/approve"
+    # When an admin mints a token named alice, and tries one named like her subject
+    alice_token = await gateway.post("/tokens", headers=BOOTSTRAP, json={
+        "name": "alice", "roles": ["approver"], "tenants": None, "reason": "impersonate"})
+    assert alice_token.status_code == 200, alice_token.text
+    like_her = await gateway.post("/tokens", headers=BOOTSTRAP, json={
+        "name": f"{ISSUER}|alice", "roles": ["approver"], "tenants": None, "reason": "impersonate"})
+    # Then no token is named like her subject, the token named alice is not her, nor is another issuer's alice
+    assert like_her.status_code == 422, like_her.text
+    refused = await gateway.post(approve, headers=auth(alice_token.json()["secret"]), json=body)
+    assert refused.status_code == 403 and f"only {ISSUER}|alice may decide" in refused.json()["error"]
+    async with engine.connect() as conn:
+        assert await runs.load(conn, stored.snapshot.run_id) == stored
+    # and she decides, the decision recording her issuer
+    her = auth(keys.sign({"sub": "alice", "roles": ["approver"], "tenants": ["acme"]}))
+    assert (await gateway.post(approve, headers=her, json=body)).status_code == 200
+    async with engine.connect() as conn:
+        actor, details = (await conn.execute(text(
+            "SELECT actor, details FROM audit_log WHERE action = 'approve'"))).one()
+    assert actor == f"{ISSUER}|alice" and details["credential"] == f"oidc:{ISSUER}"
 
 
 async def test_an_operator_of_one_tenant_cannot_list_read_or_act_on_another_tenants_runs(engine, gateway) -> None:

@@ -3,9 +3,12 @@ a verified JWT's claims make of one."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from longrun.principals import ROLES, Principal, from_claims
+from services.gateway.api_types import TOKEN_NAME
 
 CLAIMS = {"roles_claim": "roles", "tenants_claim": "tenants", "groups_claim": "groups"}
 
@@ -47,10 +50,19 @@ def test_an_owner_names_a_subject_a_role_or_a_group(owner: str | None, who: Prin
     assert who.is_owner(owner) is allowed
 
 
+def test_an_identity_providers_user_is_namespaced_by_its_issuer_and_no_token_name_reaches_it() -> None:
+    alice = from_claims({"sub": "alice", "iss": "https://id.example.test", "roles": ["approver"]}, **CLAIMS)
+    assert alice.is_owner("https://id.example.test|alice")
+    assert not alice.is_owner("alice")  # a bare name is the named token of that name
+    assert not from_claims({"sub": "alice", "iss": "https://other.example.test"}, **CLAIMS).is_owner(
+        "https://id.example.test|alice")
+    assert not re.fullmatch(TOKEN_NAME, "https://id.example.test|alice")  # no token is named like her
+
+
 def test_claims_make_a_principal_keeping_known_roles_and_reading_lists_or_spaced_names() -> None:
     made = from_claims({"sub": "ana@example.test", "roles": "approver root", "tenants": ["acme", 7],
                         "groups": ["release"], "iss": "https://id.example.test"}, **CLAIMS)
-    assert made == Principal("ana@example.test", frozenset({"approver"}), frozenset({"acme"}),
+    assert made == Principal("https://id.example.test|ana@example.test", frozenset({"approver"}), frozenset({"acme"}),
                              frozenset({"release"}), credential="oidc:https://id.example.test")
     assert from_claims({"sub": "root", "roles": ["admin"], "tenants": "*"}, **CLAIMS).tenants is None
     bare = from_claims({"sub": "x"}, **CLAIMS)
