@@ -6,12 +6,16 @@ session's CSRF token is refused and changes nothing, another tenant's operator c
 act on a run, nor an approver the approval does not name decide it, an action in doubt is resolved
 and a quarantined message replayed as the signed-in principal, and revoking the token ends the
 session, and so does signing out, for a copy of the cookie too, which holds no token. Signing in at
-an OIDC provider (the authorization-code flow) is driven in the browser too."""
+an OIDC provider (the authorization-code flow) is driven in the browser too, and so are signing in
+and out through a TLS-terminating proxy (``tls_proxy``) in front of the gateway, as an ingress is:
+the cookie is ``__Host-`` and Secure, every answer and redirect stays on https, the cookie holds no
+token, and a copy of it kept from before sign-out is refused."""
 
 from __future__ import annotations
 
 import base64
 import re
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -23,7 +27,7 @@ from longrun.db import console_sessions, quarantine, tokens
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import BOOTSTRAP, Principal
 from tests.fixtures import eventually
-from tests.integration import identities, oidc_provider
+from tests.integration import identities, oidc_provider, tls_proxy
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.runs_factory import action_unknown, waiting_for_user
@@ -387,10 +391,53 @@ async def test_the_session_keeps_no_token_and_expired_sessions_go_at_a_sign_in(c
         assert token not in held and token.removeprefix(tokens.SECRET_PREFIX) not in held
 
 
-def _decoded(cookie: str) -> str:
-    """A sealed cookie's payload (base64 JSON before its MAC), decoded."""
-    payload = cookie.split(".")[0]
-    return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+async def test_signing_in_and_out_through_a_tls_terminating_proxy(clean, engine, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given the gateway behind a TLS-terminating proxy that it trusts to say the scheme, and a run of acme
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS=tls_proxy.HOST)
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with tls_proxy.serving(ensemble.gateway_port) as proxy, async_playwright() as playwright:
+        # Chromium trusts the proxy's one certificate by its public key's hash: nothing else is let through
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=[f"--ignore-certificate-errors-spki-list={proxy.spki_sha256()}"])
+        try:
+            context = await browser.new_context()
+            page = await context.new_page()
+            visited: list[str] = []
+            page.on("response", lambda r: visited.extend(
+                [r.url, *([urljoin(r.url, r.headers["location"])] if "location" in r.headers else [])]))
+            # When the approver signs in at the proxy's https address
+            await sign_in(page, proxy.url, token)
+            await expect(page.locator("#runs")).to_contain_text(run_id)
+            await page.screenshot(path=SHOTS / "6-signed-in-through-tls.png", full_page=True)
+            # Then every answer and every redirect was https, and the session cookie is __Host- and Secure
+            assert visited and all(url.startswith(f"{proxy.url}/") for url in visited), visited
+            (cookie,) = [c for c in await context.cookies() if c["name"].startswith("__Host-")]
+            assert (cookie["name"], cookie["secure"], cookie["httpOnly"], cookie["path"]) == (
+                "__Host-longrun_console", True, True, "/")
+            # And the cookie, decoded, holds no bearer token
+            for held in (cookie["value"], _decoded(cookie["value"])):
+                for form in (token, base64.b64encode(token.encode()).decode().rstrip("="),
+                             base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")):
+                    assert form not in held
+            # And a copy of the cookie, replayed through the proxy, is the session while it lasts
+            copy = {cookie["name"]: cookie["value"]}
+            async with httpx.AsyncClient(base_url=f"{proxy.url}/console", verify=proxy.client_context(),
+                                         cookies=copy) as replay:
+                assert run_id in (await replay.get(f"/runs/{run_id}")).text
+                # When the approver signs out
+                await page.click("text=Sign out")
+                await expect(page).to_have_url(f"{proxy.url}/console/sign-in?notice=signed-out")
+                # Then the copy is refused: sent to sign in, over https, and shown nothing of the run
+                refused = await replay.get(f"/runs/{run_id}")
+                assert (refused.status_code, refused.headers["location"]) == (303, "/console/sign-in")
+                assert run_id not in (await replay.get(f"/runs/{run_id}", follow_redirects=True)).text
+        finally:
+            await browser.close()
 
 
 async def test_a_kept_session_vouches_for_its_principal_only_while_its_credential_does(clean, engine) -> None:
@@ -430,3 +477,9 @@ async def test_a_kept_session_vouches_for_its_principal_only_while_its_credentia
     async with engine.begin() as conn:
         await console_sessions.end(conn, "s-oidc")
         assert await console_sessions.find(conn, "s-oidc") is None
+
+
+def _decoded(cookie: str) -> str:
+    """A sealed cookie's payload (base64 JSON before its MAC), decoded."""
+    payload = cookie.split(".")[0]
+    return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
