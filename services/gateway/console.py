@@ -12,9 +12,11 @@ changed, unless the operator is typing into one of its forms.
 
 Sign-in: the operator pastes a named API token (``longrunctl token create``) or, where an OIDC
 issuer is configured and the console is its client, signs in there (``console_oidc``). The session
-cookie (``longrun_console``, ``console_session``) keeps the token and every request authenticates it
-again, so a revoked or expired token ends the session. Every form carries the session's CSRF token
-and every POST without it is refused (403).
+cookie (``longrun_console``, ``console_session``) holds a random session id and no token; the session
+is kept in PostgreSQL (``longrun.db.console_sessions``) with what is asked again of its token on every
+request (``Authenticator.still``), so a revoked or expired token ends the session, and so does
+sign-out, for every copy of the cookie. Every form carries the session's CSRF token and every POST
+without it is refused (403).
 The console's routes are not in the operator API's contract (``schemas/openapi.json``): they answer
 HTML to a browser session, not JSON to a bearer token. What an operator sees and does is bounded by
 their principal under the API's rules (``api.OPERATIONS``: each operation's role, every tenant or
@@ -49,10 +51,11 @@ from longrun import timeline
 from longrun.app.gateway import operate
 from longrun.bus.connection import Bus
 from longrun.config import Settings
+from longrun.db import console_sessions as kept_sessions
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
 from longrun.errors import DomainError, LongrunError
-from longrun.identity import Authenticator
+from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
 from services.gateway import api, reads
 from services.gateway import console_oidc as oidc
@@ -81,7 +84,7 @@ class Visit:
     fresh: bool
     """The session was made for this request: its cookie must be set on the answer."""
     ended: bool = False
-    """The cookie's session was signed in with a token no longer accepted (revoked, expired)."""
+    """The cookie's session was signed in with a token no longer accepted (revoked, expired): it is over."""
 
 
 class _Refused(Exception):
@@ -102,13 +105,33 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         now = time.time()
         session = sessions.unseal(key, request.cookies.get(sessions.cookie_name(request.url.scheme == "https")), now)
         if session is None:
-            return Visit(sessions.anonymous(now), None, fresh=True)
-        if session.token is None:
+            return Visit(sessions.new(now), None, fresh=True)
+        async with engine.begin() as conn:
+            kept = await kept_sessions.find(conn, session.id)
+            principal = None if kept is None else authenticator.still(kept)
+            if kept is not None and principal is None:
+                await kept_sessions.end(conn, session.id)
+        if kept is None:  # never signed in, signed out, or over
             return Visit(session, None, fresh=False)
-        principal = await authenticator.from_bearer(session.token)
         if principal is None:
-            return Visit(sessions.anonymous(now), None, fresh=True, ended=True)
+            return Visit(sessions.new(now), None, fresh=True, ended=True)
         return Visit(session, principal, fresh=False)
+
+    async def signed_in(request: Request, seen: Visit, vouched: Vouched) -> Response:
+        """A session kept for the principal under a new id (one seen before sign-in is worthless
+        after), ending the one this browser had; off to the runs."""
+        now = time.time()
+        session = sessions.new(now)
+        lifetime = sessions.LIFETIME if vouched.expires is None else max(0.0, min(sessions.LIFETIME,
+                                                                                  vouched.expires - now))
+        async with engine.begin() as conn:
+            if seen.principal is not None:
+                await kept_sessions.end(conn, seen.session.id)
+            await kept_sessions.open_session(conn, session.id, vouched.principal, token_id=vouched.token_id,
+                                             bootstrap_sha256=vouched.bootstrap_sha256, lifetime=lifetime)
+        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
+        _set_cookie(response, request, sessions.seal(key, session))
+        return response
 
     def page(request: Request, seen: Visit, template: str, status: int = 200, **values: Any) -> Response:
         notice = NOTICES.get(request.query_params.get("notice", ""))
@@ -157,12 +180,10 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
             return page(request, seen, "sign_in.html", 403,
                         error="This form is not from your console session (CSRF token missing or wrong). Try again.")
         token = form.get("token", "").strip()
-        principal = await authenticator.from_bearer(token) if token else None
-        if principal is None:
+        vouched = await authenticator.vouched(token) if token else None
+        if vouched is None:
             return page(request, seen, "sign_in.html", 401, error="That token is not accepted.")
-        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
-        _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
-        return response
+        return await signed_in(request, seen, vouched)
 
     async def oidc_start(request: Request) -> Response:
         """Off to the issuer, remembering the attempt's state and PKCE verifier in a sealed cookie."""
@@ -197,17 +218,20 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
                                             code, _callback(request))
         except oidc.SignInFailed as e:
             return page(request, seen, "sign_in.html", 502, error=str(e))
-        if await authenticator.from_bearer(token) is None:
+        vouched = await authenticator.vouched(token)
+        if vouched is None:
             return page(request, seen, "sign_in.html", 401,
                         error="The identity provider's token is not accepted by this gateway.")
-        response = RedirectResponse(f"{PREFIX}/runs", status_code=303)
-        _set_cookie(response, request, sessions.seal(key, sessions.signed_in(token, time.time())))
+        response = await signed_in(request, seen, vouched)
         response.delete_cookie(oidc.COOKIE, path=PREFIX)
         return response
 
     async def sign_out(request: Request, seen: Visit, principal: Principal) -> Response:
+        """The session ends where it is kept: a copy of its cookie, replayed, is a visitor not signed in."""
+        async with engine.begin() as conn:
+            await kept_sessions.end(conn, seen.session.id)
         response = RedirectResponse(f"{PREFIX}/sign-in?notice=signed-out", status_code=303)
-        _set_cookie(response, request, sessions.seal(key, sessions.anonymous(time.time())))
+        _set_cookie(response, request, sessions.seal(key, sessions.new(time.time())))
         return response
 
     async def search(request: Request, seen: Visit, principal: Principal) -> Response:

@@ -3,9 +3,9 @@
 The console sends the browser to the issuer's authorization endpoint with a fresh ``state`` and a
 PKCE challenge, both remembered in a short-lived sealed cookie; the issuer sends it back to
 ``/console/oidc/callback`` with a code, which the gateway exchanges (with the PKCE verifier and the
-client's credentials) for an access token. That token is what the console session keeps, checked
-on every request like any bearer token of the operator API (``longrun.identity``): the session ends
-when it expires. The endpoints come from the issuer's discovery document, cached, and taken only
+client's credentials) for an access token, verified like any bearer token of the operator API
+(``longrun.identity``). The console session keeps the principal it names, never the token, and ends
+when the token expires. The endpoints come from the issuer's discovery document, cached, and taken only
 when it names the configured issuer.
 """
 

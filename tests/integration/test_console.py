@@ -5,20 +5,29 @@ Screenshots are kept in var/test-artifacts/console/. Without the browser: a POST
 session's CSRF token is refused and changes nothing, another tenant's operator can neither read nor
 act on a run, nor an approver the approval does not name decide it, an action in doubt is resolved
 and a quarantined message replayed as the signed-in principal, and revoking the token ends the
-session. Signing in at an OIDC provider (the authorization-code flow) is driven in the browser too."""
+session, and so does signing out, for a copy of the cookie too, which holds no token. Signing in at
+an OIDC provider (the authorization-code flow) is driven in the browser too, and so are signing in
+and out through a TLS-terminating proxy (``tls_proxy``) in front of the gateway, as an ingress is:
+the cookie is ``__Host-`` and Secure, every answer and redirect stays on https, the cookie holds no
+token, and a copy of it kept from before sign-out is refused."""
 
 from __future__ import annotations
 
+import base64
 import re
+from urllib.parse import urljoin
 
 import httpx
 import pytest
 from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy import text
 
-from longrun.db import quarantine, tokens
+from longrun.config import Settings
+from longrun.db import console_sessions, quarantine, tokens
+from longrun.identity import Authenticator, Vouched
+from longrun.principals import BOOTSTRAP, Principal
 from tests.fixtures import eventually
-from tests.integration import identities, oidc_provider
+from tests.integration import identities, oidc_provider, tls_proxy
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import ROOT, Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.runs_factory import action_unknown, waiting_for_user
@@ -331,3 +340,146 @@ async def test_a_forwarded_scheme_from_an_untrusted_peer_is_ignored(clean, gatew
     async with httpx.AsyncClient(base_url=gateway) as console:
         page = await console.get("/sign-in", headers={"x-forwarded-proto": "https"})
     assert page.headers["set-cookie"].startswith("longrun_console=") and "Secure" not in page.headers["set-cookie"]
+
+
+async def test_a_copy_of_the_cookie_kept_from_before_sign_out_is_refused(clean, engine, gateway) -> None:
+    # Given an operator signed in, and a copy of their session cookie
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        copy = dict(console.cookies)
+        page = await console.get(f"/runs/{run_id}")
+        assert page.status_code == 200
+        # When they sign out
+        out = await console.post("/sign-out", data={"csrf": _csrf(page)})
+        assert (out.status_code, out.headers["location"]) == (303, "/console/sign-in?notice=signed-out")
+    # Then the copy, replayed, is a visitor not signed in: sent to sign in, shown nothing, refused a POST
+    async with httpx.AsyncClient(base_url=gateway, cookies=copy) as replay:
+        shown = await replay.get(f"/runs/{run_id}")
+        acted = await replay.post(f"/runs/{run_id}/approve", data={
+            "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(page)})
+    assert (shown.status_code, shown.headers["location"]) == (303, "/console/sign-in")
+    assert acted.status_code == 401 and run_id not in acted.text
+    assert await status_of(engine, run_id) == "WAITING_USER"
+    async with engine.connect() as conn:
+        kept = (await conn.execute(text("SELECT principal->>'subject', ended_at IS NOT NULL FROM console_sessions"))
+                ).all()
+    assert [tuple(k) for k in kept] == [("user_42", True)]
+
+
+async def test_the_session_keeps_no_token_and_expired_sessions_go_at_a_sign_in(clean, engine, gateway) -> None:
+    # Given a session that expired, kept from an earlier sign-in
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        old = dict(console.cookies)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE console_sessions SET expires_at = now() - interval '1 second'"))
+    async with httpx.AsyncClient(base_url=gateway, cookies=old) as stale:
+        assert (await stale.get("/runs")).headers["location"] == "/console/sign-in"
+    # When the operator signs in again
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        cookie = console.cookies["longrun_console"]
+    # Then the expired session is gone, and neither the cookie nor the table holds the token
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT * FROM console_sessions"))).mappings().all()
+    assert len(rows) == 1 and rows[0]["expires_at"] > rows[0]["created_at"]
+    assert rows[0]["principal"]["subject"] == "user_42" and rows[0]["token_id"] is not None
+    for held in (str(dict(rows[0])), cookie, _decoded(cookie)):
+        assert token not in held and token.removeprefix(tokens.SECRET_PREFIX) not in held
+
+
+async def test_signing_in_and_out_through_a_tls_terminating_proxy(clean, engine, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given the gateway behind a TLS-terminating proxy that it trusts to say the scheme, and a run of acme
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS=tls_proxy.HOST)
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
+    run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    async with tls_proxy.serving(ensemble.gateway_port) as proxy, async_playwright() as playwright:
+        # Chromium trusts the proxy's one certificate by its public key's hash: nothing else is let through
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=[f"--ignore-certificate-errors-spki-list={proxy.spki_sha256()}"])
+        try:
+            context = await browser.new_context()
+            page = await context.new_page()
+            visited: list[str] = []
+            page.on("response", lambda r: visited.extend(
+                [r.url, *([urljoin(r.url, r.headers["location"])] if "location" in r.headers else [])]))
+            # When the approver signs in at the proxy's https address
+            await sign_in(page, proxy.url, token)
+            await expect(page.locator("#runs")).to_contain_text(run_id)
+            await page.screenshot(path=SHOTS / "6-signed-in-through-tls.png", full_page=True)
+            # Then every answer and every redirect was https, and the session cookie is __Host- and Secure
+            assert visited and all(url.startswith(f"{proxy.url}/") for url in visited), visited
+            (cookie,) = [c for c in await context.cookies() if c["name"].startswith("__Host-")]
+            assert (cookie["name"], cookie["secure"], cookie["httpOnly"], cookie["path"]) == (
+                "__Host-longrun_console", True, True, "/")
+            # And the cookie, decoded, holds no bearer token
+            for held in (cookie["value"], _decoded(cookie["value"])):
+                for form in (token, base64.b64encode(token.encode()).decode().rstrip("="),
+                             base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")):
+                    assert form not in held
+            # And a copy of the cookie, replayed through the proxy, is the session while it lasts
+            copy = {cookie["name"]: cookie["value"]}
+            async with httpx.AsyncClient(base_url=f"{proxy.url}/console", verify=proxy.client_context(),
+                                         cookies=copy) as replay:
+                assert run_id in (await replay.get(f"/runs/{run_id}")).text
+                # When the approver signs out
+                await page.click("text=Sign out")
+                await expect(page).to_have_url(f"{proxy.url}/console/sign-in?notice=signed-out")
+                # Then the copy is refused: sent to sign in, over https, and shown nothing of the run
+                refused = await replay.get(f"/runs/{run_id}")
+                assert (refused.status_code, refused.headers["location"]) == (303, "/console/sign-in")
+                assert run_id not in (await replay.get(f"/runs/{run_id}", follow_redirects=True)).text
+        finally:
+            await browser.close()
+
+
+async def test_a_kept_session_vouches_for_its_principal_only_while_its_credential_does(clean, engine) -> None:
+    # Given sessions kept for a named token, a bootstrap token and an OIDC subject
+    bootstrap, oidc_settings = "b" * 40, {"LONGRUN_OIDC_ISSUER": "https://id.example.test",
+                                          "LONGRUN_OIDC_AUDIENCE": "longrun", "LONGRUN_OIDC_JWKS_URL":
+                                          "https://id.example.test/jwks"}
+    gateway = Authenticator(engine, Settings.from_env({"LONGRUN_OPERATOR_TOKENS": bootstrap, **oidc_settings}))
+    async with engine.begin() as conn:
+        stored, secret = await tokens.create(conn, name="ops-ben", roles=("viewer",), tenants=("acme",),
+                                             created_by="tests")
+    named, by_bootstrap = await gateway.vouched(secret), await gateway.vouched(bootstrap)
+    assert named is not None and by_bootstrap is not None and named.token_id == stored.id
+    alice = Principal("alice", frozenset({"approver"}), frozenset({"acme"}), credential="oidc:https://id.example.test")
+    async with engine.begin() as conn:
+        for session_id, vouched in (("s-named", named), ("s-bootstrap", by_bootstrap), ("s-oidc", Vouched(alice))):
+            await console_sessions.open_session(conn, session_id, vouched.principal, token_id=vouched.token_id,
+                                                bootstrap_sha256=vouched.bootstrap_sha256, lifetime=60)
+
+    async def still(authenticator: Authenticator, session_id: str) -> Principal | None:
+        async with engine.begin() as conn:
+            kept = await console_sessions.find(conn, session_id)
+        assert kept is not None
+        return authenticator.still(kept)
+    # Then each vouches for its principal, as it was signed in
+    assert await still(gateway, "s-named") == named.principal and named.principal.subject == "ops-ben"
+    assert await still(gateway, "s-bootstrap") == BOOTSTRAP
+    assert await still(gateway, "s-oidc") == alice
+    # But no longer once the token is revoked, the bootstrap token rotated, the issuer another
+    async with engine.begin() as conn:
+        await tokens.revoke(conn, stored.id)
+    rotated = Authenticator(engine, Settings.from_env({"LONGRUN_OPERATOR_TOKENS": "c" * 40, **oidc_settings,
+                                                       "LONGRUN_OIDC_ISSUER": "https://other.example.test"}))
+    assert await still(gateway, "s-named") is None
+    assert (await still(rotated, "s-bootstrap"), await still(rotated, "s-oidc")) == (None, None)
+    # And an ended session is found no more
+    async with engine.begin() as conn:
+        await console_sessions.end(conn, "s-oidc")
+        assert await console_sessions.find(conn, "s-oidc") is None
+
+
+def _decoded(cookie: str) -> str:
+    """A sealed cookie's payload (base64 JSON before its MAC), decoded."""
+    payload = cookie.split(".")[0]
+    return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()

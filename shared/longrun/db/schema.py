@@ -459,3 +459,23 @@ stays, for the audit trail (an expired one keeps its name until it is revoked)."
 # A live token's name belongs to one holder: approvals owned by a name are decided by its token alone.
 Index("ux_operator_tokens_live_name", operator_tokens.c.name, unique=True,
       postgresql_where=text("revoked_at IS NULL"))
+
+console_sessions = Table(
+    "console_sessions", metadata,
+    Column("id_sha256", Text, primary_key=True),
+    Column("principal", JSONB, nullable=False),
+    Column("token_id", BigInteger, ForeignKey("operator_tokens.id"), nullable=True),
+    Column("bootstrap_sha256", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("token_id IS NULL OR bootstrap_sha256 IS NULL", name="one_credential"),
+)
+"""Signed-in web console sessions (``longrun.db.console_sessions``): the browser's cookie holds the
+session's random id, the table only its SHA-256, and no bearer token is kept. ``principal`` is who
+signed in (subject, roles, tenants, groups, credential); what signed them in is asked again on every
+request: a named token (``token_id``) while it is live, a bootstrap token (``bootstrap_sha256``)
+while it is configured, an OIDC access token (neither) while the issuer is the configured one, the
+session ending no later than the token. Sign-out sets ``ended_at``; a row past ``expires_at`` goes
+at a later sign-in."""
+Index("ix_console_sessions_expires_at", console_sessions.c.expires_at)

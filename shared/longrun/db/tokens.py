@@ -72,7 +72,7 @@ async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], te
     return _stored(row), secret
 
 
-_LIVE = (operator_tokens.c.revoked_at.is_(None),
+LIVE = (operator_tokens.c.revoked_at.is_(None),
          or_(operator_tokens.c.expires_at.is_(None), operator_tokens.c.expires_at > func.now()))
 """A token is live while neither revoked nor expired."""
 USE_RECORDED_EVERY = 60
@@ -82,7 +82,7 @@ USE_RECORDED_EVERY = 60
 async def find(conn: AsyncConnection, secret: str) -> StoredToken | None:
     """The live (neither revoked nor expired) token whose secret this is, its use recorded; None for any other."""
     row = (await conn.execute(select(operator_tokens).where(
-        operator_tokens.c.secret_sha256 == digest(secret), *_LIVE))).first()
+        operator_tokens.c.secret_sha256 == digest(secret), *LIVE))).first()
     if row is None:
         return None
     stale = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, USE_RECORDED_EVERY)
@@ -111,5 +111,5 @@ async def revoke(conn: AsyncConnection, token_id: int) -> StoredToken | None:
 
 async def any_live(conn: AsyncConnection) -> bool:
     """Whether some token is neither revoked nor expired."""
-    found = (await conn.execute(select(operator_tokens.c.id).where(*_LIVE).limit(1))).first()
+    found = (await conn.execute(select(operator_tokens.c.id).where(*LIVE).limit(1))).first()
     return found is not None

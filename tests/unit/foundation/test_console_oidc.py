@@ -23,6 +23,6 @@ def test_an_attempt_opens_as_sealed_until_its_patience_runs_out() -> None:
 
 
 def test_a_session_cookie_is_no_attempt_and_an_attempt_no_session() -> None:
-    session = sessions.seal("k", sessions.signed_in("tok", NOW))
+    session = sessions.seal("k", sessions.new(NOW))
     assert oidc.unseal("k", session, NOW) is None
     assert sessions.unseal("k", oidc.seal("k", oidc.Attempt.new(), NOW), NOW) is None
