@@ -1,4 +1,4 @@
-// The producer: a run.create (v2) envelope, published to longrun's ingress with a publisher confirm.
+// The producer: a run.create (v4, the current version) envelope, published to longrun's ingress with a publisher confirm.
 import { randomUUID } from 'node:crypto';
 
 export const INGRESS_EXCHANGE = 'longrun.ingress';
@@ -9,7 +9,7 @@ export function runCreate({ tenant, workflow, input, idempotencyKey, correlation
   return {
     event_id: randomUUID(), // fresh for every message: longrun dedups on it
     type: 'run.create',
-    schema_version: 2,
+    schema_version: 4,
     producer: 'examples/node',
     tenant_id: tenant,
     correlation_id: correlationId, // every event about this request carries it back

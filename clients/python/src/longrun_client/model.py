@@ -1,8 +1,8 @@
 """The envelope every message on the bus travels in.
 
 Strict (``extra="forbid"``) and frozen. ``type`` + ``schema_version`` decide how the
-payload is parsed; the envelope itself never guesses. Field names follow DESIGN.md and
-map onto CloudEvents attributes in ``longrun_client.codec``.
+payload is parsed; the envelope itself never guesses. Field names are docs/bus.md's envelope
+table and map onto CloudEvents attributes in ``longrun_client.codec``.
 """
 
 from __future__ import annotations
