@@ -447,7 +447,7 @@ def test_migration_job_runs_once_with_retries_and_cleans_up(overlay: str) -> Non
 def test_disruption_budgets_and_the_gateway_service_select_their_pods(overlay: str) -> None:
     deployments = of_kind(overlay, "Deployment")
     pdbs = of_kind(overlay, "PodDisruptionBudget")
-    assert set(pdbs) == {"longrun-worker", "longrun-scheduler", "longrun-outbox-relay"}
+    assert set(pdbs) == {"longrun-worker", "longrun-scheduler", "longrun-outbox-relay", "longrun-gateway"}
     for name, pdb in pdbs.items():
         labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
         assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
@@ -455,10 +455,10 @@ def test_disruption_budgets_and_the_gateway_service_select_their_pods(overlay: s
     service = of_kind(overlay, "Service")["longrun-gateway"]
     gateway = deployments["longrun-gateway"]["spec"]["template"]
     assert service["spec"]["selector"].items() <= gateway["metadata"]["labels"].items()
-    (port,) = service["spec"]["ports"]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
     container_ports = {p["name"]: p["containerPort"] for p in gateway["spec"]["containers"][0]["ports"]}
     env = pod_env(overlay, gateway["spec"], gateway["spec"]["containers"][0])
-    assert container_ports[port["targetPort"]] == int(env["LONGRUN_GATEWAY_PORT"]) == 8080
+    assert container_ports[ports["http"]["targetPort"]] == int(env["LONGRUN_GATEWAY_PORT"]) == 8080
 
 
 def test_overlays_set_image_tags_replicas_and_resources() -> None:
