@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from longrun.config import concerns
-from longrun.config.declaration import Concern, variable
+from longrun.config.declaration import FILE_SUFFIX, Concern, variable
 
 DEFAULT_PATH = Path("docs/configuration.md")
 
@@ -33,6 +33,7 @@ class Setting:
     default: str | None
     accepts: str
     doc: str
+    secret: bool = False
 
 
 def docstrings() -> dict[str, str]:
@@ -83,7 +84,7 @@ def settings() -> list[Setting]:
             assert spec is not None
             default = _COMPUTED_DEFAULTS.get(f.name, spec.default)
             result.append(Setting(inspect.getdoc(concern) or concern.__name__, f.name, spec.env, str(f.type),
-                                  default, spec.expected, docs[f.name]))
+                                  default, spec.expected, docs[f.name], spec.secret))
     return result
 
 
@@ -101,6 +102,8 @@ def _section(s: Setting) -> list[str]:
     return [f"### `{s.env}`", "", _markdown(s.doc), "",
             f"- Default: {_default(s.default)}",
             f"- Accepts: {s.accepts}",
+            *([f"- A secret: or from the file `{s.env}{FILE_SUFFIX}` names (a mounted secret; its final line "
+               "break is dropped), never both; a bad value's message does not show it"] if s.secret else []),
             f"- Type: `{s.type}` (`Settings.{s.field}`)", ""]
 
 

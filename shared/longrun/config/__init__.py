@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from longrun.config.admission import AdmissionSettings
 from longrun.config.bus import DEFAULT_AMQP_URL, BusSettings
 from longrun.config.calls import CallSettings
-from longrun.config.declaration import Concern, Problem, variable
+from longrun.config.declaration import Concern, Problem, Variable, variable
 from longrun.config.extensions import ExtensionSettings
 from longrun.config.faults import FaultSettings
 from longrun.config.gateway import GatewaySettings
@@ -50,14 +51,18 @@ class Settings(StorageSettings, BusSettings, ProcessSettings, ObservabilitySetti
             spec = variable(field)
             assert spec is not None, f"Settings.{field.name} is declared without setting()"
             name = spec.standard if spec.standard and env.get(spec.standard) else spec.env
-            raw = env.get(name, spec.default)
+            raw, unread = _raw(env, spec, name)
+            if unread is not None:
+                problems.append(unread)
+                continue
             if raw is None:
                 problems.append((name, f"missing; expected {spec.expected}"))
                 continue
             try:
                 values[field.name] = spec.parse(raw)
             except ValueError:
-                problems.append((name, f"got {raw!r}; expected {spec.expected}"))
+                shown = "a value that is not one (not shown: it is a secret)" if spec.secret else repr(raw)
+                problems.append((name, f"got {shown}; expected {spec.expected}"))
         problems += apply_opentelemetry_variables(env, values)
         if not problems:
             for concern in concerns():
@@ -68,8 +73,25 @@ class Settings(StorageSettings, BusSettings, ProcessSettings, ObservabilitySetti
 
     @staticmethod
     def variables() -> dict[str, str]:
-        """Every variable with what it expects (for docs and manifests)."""
-        return {spec.env: spec.expected for spec in map(variable, declared_fields()) if spec}
+        """Every variable with what it expects (for docs and manifests), a secret's file variable too."""
+        specs = [spec for spec in map(variable, declared_fields()) if spec]
+        return {**{spec.env: spec.expected for spec in specs},
+                **{spec.file_env: f"a file holding {spec.expected}" for spec in specs if spec.secret}}
+
+
+def _raw(env: Mapping[str, str], spec: Variable, name: str) -> tuple[str | None, Problem | None]:
+    """The text of ``spec``'s variable (``name``), or its default; for a secret whose ``<env>_FILE`` is
+    set, that file's content without its final line break (a mounted secret), never both."""
+    path = env.get(spec.file_env) if spec.secret else None
+    if not path:
+        return env.get(name, spec.default), None
+    if spec.env in env:
+        return None, (spec.file_env, f"set together with {spec.env}; expected one of them")
+    try:
+        return Path(path).read_text().removesuffix("\n").removesuffix("\r"), None
+    except OSError as e:
+        return None, (spec.file_env, f"cannot read {path} ({e.strerror}); expected a readable file holding "
+                                     f"{spec.expected}")
 
 
 def concerns() -> tuple[type[Concern], ...]:

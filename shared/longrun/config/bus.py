@@ -24,7 +24,7 @@ class BusSettings(Concern):
 
     amqp_url: str = setting("LONGRUN_AMQP_URL", _amqp_url,
                             "an amqp:// or amqps:// URL (a cluster: amqp://user:pass@node1:5672,node2:5672/vhost)",
-                            DEFAULT_AMQP_URL)
+                            DEFAULT_AMQP_URL, secret=True)
     """RabbitMQ URL; a cluster's nodes as ``host1:port,host2:port`` in its host part."""
     prefetch: int = setting("LONGRUN_PREFETCH", parse.positive_int, "an integer >= 1", "100")
     """Unacked deliveries per consumer channel."""

@@ -32,12 +32,23 @@ class Variable:
     """None: the variable must be set."""
     standard: str | None = None
     """A standard variable (OpenTelemetry's) that, when set, wins over ``env``."""
+    secret: bool = False
+    """A secret: it may come from the file ``<env>_FILE`` names (a mounted secret), and a bad value's
+    message never shows it."""
+
+    @property
+    def file_env(self) -> str:
+        """The variable naming the file a secret may be read from."""
+        return self.env + FILE_SUFFIX
+
+
+FILE_SUFFIX = "_FILE"
 
 
 def setting(env: str, parse: Callable[[str], Any], expected: str, default: str | None,
-            standard: str | None = None) -> Any:
-    """A settings field read from ``env``."""
-    return field(metadata={_VARIABLE: Variable(env, parse, expected, default, standard)})
+            standard: str | None = None, *, secret: bool = False) -> Any:
+    """A settings field read from ``env`` (a ``secret`` also from the file ``<env>_FILE`` names)."""
+    return field(metadata={_VARIABLE: Variable(env, parse, expected, default, standard, secret)})
 
 
 def variable(f: Field[Any]) -> Variable | None:

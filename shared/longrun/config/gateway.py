@@ -22,13 +22,15 @@ class GatewaySettings(Concern):
     """Port the gateway's webhook intake (``POST /webhooks/<provider>``) listens on, apart from the
     operator API, so the two can be exposed differently (webhooks to the providers, the operator API
     to operators only); 0 serves both on ``LONGRUN_GATEWAY_PORT``."""
-    webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", str, "a random secret of 32 bytes or more", "")
+    webhook_secret: str = setting("LONGRUN_WEBHOOK_SECRET", str, "a random secret of 32 bytes or more", "",
+                                  secret=True)
     """HMAC secret of the webhook provider when the gateway loads one alone; with several, each has
     its own in ``LONGRUN_WEBHOOK_SECRETS`` and this one is not used (no secret is shared across
     providers). None is built in: the gateway refuses to start without it while a lone provider has
     no secret of its own, or with one that is known or under 32 bytes."""
     webhook_secrets: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_SECRETS", parse.named_references,
-                                                           "comma-separated provider=secret", "")
+                                                           "comma-separated provider=secret", "",
+                                                           secret=True)
     """Providers' own HMAC secrets, ``provider=secret`` comma-separated (a secret holds no comma). The
     gateway stops when a provider it loads has none (a lone provider may take ``LONGRUN_WEBHOOK_SECRET``),
     when two providers are given the same one, and when a provider named here is not loaded."""
@@ -43,7 +45,8 @@ class GatewaySettings(Concern):
     """The proxies in front of the gateway (the TLS ingress) whose ``X-Forwarded-Proto`` and
     ``X-Forwarded-For`` it believes, so the console sees ``https``, sets its ``__Host-`` Secure
     cookie and builds ``https`` URLs; empty: none is believed."""
-    console_secret: str = setting("LONGRUN_CONSOLE_SECRET", str, "a random secret of 32 bytes or more", "")
+    console_secret: str = setting("LONGRUN_CONSOLE_SECRET", str, "a random secret of 32 bytes or more", "",
+                                  secret=True)
     """Key the web console (``/console``) seals its session cookies and CSRF tokens with: every gateway
     replica needs the same one, and changing it ends every console session. None is built in: the
     gateway refuses to start without it, or with one that is known or under 32 bytes."""

@@ -15,7 +15,7 @@ class IdentitySettings(Concern):
     """Identity: operator tokens and OIDC"""
 
     operator_tokens: tuple[str, ...] | None = setting("LONGRUN_OPERATOR_TOKENS", parse.bootstrap_tokens,
-                                                      "comma-separated bearer tokens, or off", "")
+                                                      "comma-separated bearer tokens, or off", "", secret=True)
     """Bootstrap tokens, comma separated: each is taken by the operator API as the admin
     ``bootstrap`` of every tenant, so a fresh install can create named tokens
     (``longrunctl token create``); keep them secret and few, and use named tokens or OIDC for
@@ -46,7 +46,8 @@ class IdentitySettings(Concern):
     """The web console's client id at the OIDC issuer: set, the console's sign-in page offers signing
     in there (the authorization-code flow with PKCE, redirecting back to ``/console/oidc/callback``);
     empty: named tokens only. The access token it gets must be one the operator API takes."""
-    oidc_client_secret: str = setting("LONGRUN_OIDC_CLIENT_SECRET", str, "a client secret, or empty", "")
+    oidc_client_secret: str = setting("LONGRUN_OIDC_CLIENT_SECRET", str, "a client secret, or empty", "",
+                                        secret=True)
     """The console's client secret at the issuer (empty for a public client, which PKCE protects)."""
 
     @staticmethod

@@ -22,7 +22,7 @@ class StorageSettings(Concern):
     """Storage: PostgreSQL and the artifact store"""
 
     database_url: str = setting("LONGRUN_DATABASE_URL", _database_url,
-                                "a postgresql:// or postgresql+psycopg:// URL", DEFAULT_DATABASE_URL)
+                                "a postgresql:// or postgresql+psycopg:// URL", DEFAULT_DATABASE_URL, secret=True)
     """PostgreSQL URL (SQLAlchemy form, psycopg 3 driver)."""
     idle_transaction_timeout: float = setting("LONGRUN_IDLE_TRANSACTION_TIMEOUT", parse.positive_float,
                                               "seconds, a number > 0", "30")

@@ -29,5 +29,6 @@ class WorkerSettings(Concern):
     """Base URL of the OpenAI-compatible API the worker calls when ``LONGRUN_MODEL`` is openai."""
     model_name: str = setting("LONGRUN_MODEL_NAME", parse.text, "a model name", "gpt-4o-mini")
     """Model the worker asks for at that API."""
-    model_api_key: str = setting("LONGRUN_MODEL_API_KEY", parse.text, "an API key", "not-needed-locally")
+    model_api_key: str = setting("LONGRUN_MODEL_API_KEY", parse.text, "an API key", "not-needed-locally",
+                                 secret=True)
     """API key for that API; keep it in a secret."""

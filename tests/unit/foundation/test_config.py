@@ -36,8 +36,8 @@ def test_every_bad_value_is_reported_together_naming_the_variable_and_what_was_e
     problems = dict(caught.value.problems)
     assert problems == {
         "LONGRUN_PARTITIONS": "got 'zero'; expected an integer >= 1",
-        "LONGRUN_AMQP_URL": "got 'http://x'; expected an amqp:// or amqps:// URL "
-                            "(a cluster: amqp://user:pass@node1:5672,node2:5672/vhost)",
+        "LONGRUN_AMQP_URL": "got a value that is not one (not shown: it is a secret); expected an amqp:// or "
+                            "amqps:// URL (a cluster: amqp://user:pass@node1:5672,node2:5672/vhost)",
         "LONGRUN_HEALTH_PORT": "got '70000'; expected a port 0-65535 (0 = off)",
         "LONGRUN_LOG_LEVEL": "got 'LOUD'; expected one of DEBUG, INFO, WARNING, ERROR",
     }
@@ -47,7 +47,11 @@ def test_every_bad_value_is_reported_together_naming_the_variable_and_what_was_e
 def test_every_variable_is_documented() -> None:
     names = Settings.variables()
     assert all(name.startswith("LONGRUN_") for name in names)
-    assert len(names) == len(Settings.__dataclass_fields__)
+    secrets = {name for name in names if name.endswith("_FILE")}
+    assert len(names) - len(secrets) == len(Settings.__dataclass_fields__)
+    assert secrets == {f"LONGRUN_{n}_FILE" for n in (
+        "DATABASE_URL", "AMQP_URL", "OPERATOR_TOKENS", "OIDC_CLIENT_SECRET", "WEBHOOK_SECRET", "WEBHOOK_SECRETS",
+        "CONSOLE_SECRET", "MODEL_API_KEY")}
 
 
 def test_the_default_retry_policy_and_breaker_come_from_their_variables() -> None:
@@ -100,3 +104,31 @@ def test_an_oidc_issuer_needs_its_audience_and_jwks_and_the_webhook_port_differs
                                     "LONGRUN_WEBHOOK_SECRETS": "forge=s1=x, github=s2"})
     assert configured.oidc_roles_claim == "roles" and configured.webhook_secrets == (("forge", "s1=x"),
                                                                                       ("github", "s2"))
+
+
+def test_a_secret_comes_from_the_file_its_file_variable_names(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    secret = tmp_path / "console"
+    secret.write_text("s3cr3t-from-a-mounted-file-of-32-bytes-or-more\n")
+    settings = Settings.from_env({"LONGRUN_CONSOLE_SECRET_FILE": str(secret)})
+    assert settings.console_secret == "s3cr3t-from-a-mounted-file-of-32-bytes-or-more"
+
+
+def test_a_secret_from_both_a_file_and_its_variable_or_an_unreadable_file_is_refused_naming_which(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    kept = tmp_path / "tokens"
+    kept.write_text("tok-one")
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"LONGRUN_OPERATOR_TOKENS_FILE": str(kept), "LONGRUN_OPERATOR_TOKENS": "tok-two",
+                           "LONGRUN_WEBHOOK_SECRET_FILE": str(tmp_path / "absent")})
+    problems = dict(caught.value.problems)
+    assert problems["LONGRUN_OPERATOR_TOKENS_FILE"] == "set together with LONGRUN_OPERATOR_TOKENS; expected one of them"
+    assert problems["LONGRUN_WEBHOOK_SECRET_FILE"].startswith(f"cannot read {tmp_path / 'absent'} (")
+    assert "tok-one" not in str(caught.value) and "tok-two" not in str(caught.value)
+
+
+def test_a_bad_secret_is_named_without_its_value() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"LONGRUN_WEBHOOK_SECRETS": "forge-without-equals-sign-hunter2",
+                           "LONGRUN_DATABASE_URL": "mysql://root:hunter2@db/longrun"})
+    assert set(dict(caught.value.problems)) == {"LONGRUN_WEBHOOK_SECRETS", "LONGRUN_DATABASE_URL"}
+    assert "hunter2" not in str(caught.value)

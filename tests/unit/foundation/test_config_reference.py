@@ -37,7 +37,10 @@ def test_every_setting_appears_with_its_variable_default_and_description() -> No
         assert config_reference._markdown(setting.doc) in text
     assert [s.field for s in config_reference.settings()] == [f.name for f in declared_fields()]
     assert {f.name for f in declared_fields()} == {f.name for f in fields(Settings)}
-    assert set(Settings.variables()) == {s.env for s in config_reference.settings()}
+    assert set(Settings.variables()) == {s.env for s in config_reference.settings()} | {
+        f"{s.env}_FILE" for s in config_reference.settings() if s.secret}
+    for secret in (s for s in config_reference.settings() if s.secret):
+        assert f"the file `{secret.env}_FILE` names" in text
 
 
 def test_a_default_computed_per_process_is_written_as_what_it_is_made_of() -> None:
