@@ -22,7 +22,7 @@ RUN groupadd --system --gid 10001 longrun \
 # installs your run kinds' packages instead).
 WORKDIR /build
 COPY clients/python/ clients/python/
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY shared/ shared/
 COPY services/ services/
 COPY examples/dependency_upgrade/ examples/dependency_upgrade/

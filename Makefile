@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz
+.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ schemas: install
 # from longrun.monitoring.
 monitoring: install
 	$(PY) -m longrun.monitoring
+
+# The sdist and wheel of every distribution of ours (the runtime, the client, the example kinds) in
+# dist/, checked as the package index would check them.
+DISTRIBUTIONS := . clients/python examples/dependency_upgrade
+dist: install
+	rm -rf dist
+	set -e; for d in $(DISTRIBUTIONS); do $(PY) -m build --outdir dist $$d; done
+	$(PY) -m twine check --strict dist/*
 
 run: install migrate
 	$(PY) -m longrun_dependency_upgrade.demo

@@ -20,7 +20,7 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun import cli_tenants, timeline
+from longrun import __version__, cli_tenants, timeline
 from longrun.cli_output import FORMATS, View, printable, render
 from longrun.domain import TERMINAL
 from longrun.principals import ROLES
@@ -109,6 +109,7 @@ def _print(ctx: click.Context, data: Any, view: View | None = None) -> None:
 
 
 @click.group(epilog=EXAMPLES)
+@click.version_option(__version__, prog_name="longrunctl", message="%(prog)s %(version)s")
 @click.option("--url", help="the gateway [LONGRUN_GATEWAY_URL; http://127.0.0.1:8080]")
 @click.option("--token", help="your operator token, which names you [LONGRUN_OPERATOR_TOKEN]")
 @click.option("-o", "--output", type=click.Choice(FORMATS), help="table (default), json or yaml [LONGRUNCTL_OUTPUT]")

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import uvloop
 
-from longrun import faults, logs, metrics, otel
+from longrun import __version__, faults, logs, metrics, otel
 from longrun.config import Settings
 from longrun.errors import ConfigError, InfrastructureUnreachable
 
@@ -85,6 +85,9 @@ class Health:
 
 
 def run(service: str, serve: Serve) -> None:
+    if sys.argv[1:] == ["--version"]:
+        print(f"longrun-{service} {__version__}")
+        raise SystemExit(0)
     try:
         settings = Settings.from_env()
     except ConfigError as e:

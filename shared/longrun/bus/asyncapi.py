@@ -17,13 +17,13 @@ import inspect
 import re
 import sys
 from collections.abc import Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
+import longrun
 from longrun.bus import topology
 from longrun.domain import TERMINAL, RunStatus
 from longrun.envelope import ENVELOPES, LATEST, PAYLOADS, Envelope
@@ -324,7 +324,7 @@ def _parameters() -> dict[str, Any]:
 def _info() -> dict[str, Any]:
     return {
         "title": "longrun public bus",
-        "version": metadata.version("longrun"),
+        "version": longrun.__version__,
         "description": (
             "How to create runs and follow them over RabbitMQ (AMQP 0-9-1), from any language.\n\n"
             "Every message body is a longrun envelope as JSON; its `type` and `schema_version` select the "

@@ -25,6 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import longrun
 from longrun import monitoring
 from longrun.config import Settings
 from longrun_dependency_upgrade import FORGE_URL
@@ -197,14 +198,14 @@ def test_dockerfile_copies_everything_pyproject_needs_to_build() -> None:
     steps = dockerfile()
     copied = {src.rstrip("/") for op, args in steps if op == "COPY" for src in args.split()[:-1]}
     project = pyproject()
-    needed = {"pyproject.toml", project["project"]["readme"]}
+    needed = {"pyproject.toml", project["project"]["readme"], *project["project"]["license-files"]}
     find = project["tool"]["setuptools"]["packages"]["find"]
     for where in find["where"]:
         for pattern in find["include"]:
             for candidate in (ROOT / where).glob(pattern.rstrip("*") or "*"):
                 if candidate.is_dir() and fnmatch.fnmatch(candidate.name, pattern):
                     needed.add(str(candidate.relative_to(ROOT)).split("/")[0])
-    assert needed == {"pyproject.toml", "README.md", "shared", "services"}
+    assert needed == {"pyproject.toml", "README.md", "LICENSE", "shared", "services"}
     assert needed <= copied, needed - copied
     ignored = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
                if p.strip() and not p.startswith("#")]
@@ -465,7 +466,7 @@ def test_overlays_set_image_tags_replicas_and_resources() -> None:
     tags = {o: {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in of_kind(o, "Deployment").values()}
             for o in OVERLAYS}
     assert tags["dev"] == {f"{IMAGE}:dev"}
-    assert tags["prod"] == tags["autoscale"] == tags["monitoring"] == {f"{IMAGE}:{pyproject()['project']['version']}"}
+    assert tags["prod"] == tags["autoscale"] == tags["monitoring"] == {f"{IMAGE}:{longrun.__version__}"}
     replicas = {o: {n: d["spec"].get("replicas") for n, d in of_kind(o, "Deployment").items()} for o in OVERLAYS}
     p, _ = partitions_in_definitions()
     assert replicas["dev"]["longrun-worker"] == 2

@@ -1,6 +1,7 @@
-"""What the compose file publishes (on this machine only) and what the rendered Kubernetes overlays expose: the Ingress (TLS, webhooks to the gateway's webhook port,
-the rest to its API port), the NetworkPolicies (everything denied but what each pod needs; a policy that
-allows all is caught) and the gateway's disruption budget, asserted on the manifests' content."""
+"""What the compose file publishes (on this machine only) and what the rendered Kubernetes overlays
+expose: the Ingress (TLS, webhooks to the gateway's webhook port, the rest to its API port), the
+NetworkPolicies (everything denied but what each pod needs; a policy that allows all is caught) and
+the gateway's disruption budget, asserted on the manifests' content."""
 
 from __future__ import annotations
 

@@ -1,0 +1,70 @@
+"""Our distributions: one version, printed by ``longrunctl --version`` and every service's ``--version``;
+``make dist``'s builds of the runtime, the client and the example kinds, each with its licence and
+metadata, passing ``twine check``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from packaging.requirements import Requirement
+
+import longrun
+import longrun_client
+from longrun import cli
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVICES = ("gateway", "scheduler", "worker", "timer", "reconciler", "outbox_relay")
+DISTRIBUTIONS = {"longrun-runtime": ROOT, "longrun-client": ROOT / "clients/python",
+                 "longrun-example-dependency-upgrade": ROOT / "examples/dependency_upgrade"}
+
+
+def test_longrunctl_and_every_service_print_the_one_version() -> None:
+    version = longrun.__version__
+    assert longrun_client.__version__ == version
+    assert CliRunner().invoke(cli.main, ["--version"]).output == f"longrunctl {version}\n"
+    for name in SERVICES:
+        done = subprocess.run([sys.executable, "-m", f"services.{name}", "--version"], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+        assert (done.returncode, done.stdout) == (0, f"longrun-{name.replace('_', '-')} {version}\n"), done.stderr
+
+
+def test_the_runtime_takes_its_version_from_the_code_and_the_client_of_its_release() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "longrun.__version__"}
+    client = next(Requirement(r) for r in project["project"]["dependencies"] if r.startswith("longrun-client"))
+    assert client.specifier.contains(longrun_client.__version__) and not client.specifier.contains("1.0")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    for source in DISTRIBUTIONS.values():
+        subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], check=True,
+                       capture_output=True, timeout=300)
+    return out
+
+
+def test_every_distribution_builds_with_its_licence_and_passes_twine_check(built: Path) -> None:
+    wheels = {w.name.split("-")[0]: w for w in built.glob("*.whl")}
+    assert set(wheels) == {name.replace("-", "_") for name in DISTRIBUTIONS}
+    assert len(list(built.glob("*.tar.gz"))) == len(DISTRIBUTIONS)
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, built.iterdir())],
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    for wheel in wheels.values():
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            meta = Parser().parsestr(archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
+        assert meta["License-Expression"] == "Apache-2.0", wheel.name
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), wheel.name
+    with zipfile.ZipFile(wheels["longrun_runtime"]) as archive:
+        meta = Parser().parsestr(archive.read(f"longrun_runtime-{longrun.__version__}.dist-info/METADATA").decode())
+    assert meta["Version"] == longrun.__version__
+    assert "longrun-client<0.2,>=0.1" in meta.get_all("Requires-Dist")
