@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from longrun import timeline
+from longrun_client import timeline
 from longrun.app.gateway import operate
 from longrun.bus.connection import Bus
 from longrun.config import Settings

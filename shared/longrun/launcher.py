@@ -27,7 +27,7 @@ from sqlalchemy import text
 from longrun.config import Settings
 from longrun.db.engine import make_engine
 from longrun.domain import TERMINAL, RunStatus
-from longrun.timeline import describe
+from longrun_client.timeline import describe
 
 SERVICES = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-0", "services.worker"),
             ("worker-1", "services.worker"), ("timer", "services.timer"), ("reconciler", "services.reconciler"),

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLES = ("viewer", "operator", "approver", "admin")
-"""From least to most: each role allows what the roles before it allow."""
+from longrun_client.operator_api import ROLES
+
 EVERY_TENANT = "*"
 """In a token's tenants claim: the principal sees every tenant."""
 ROLE_PREFIX = "role:"

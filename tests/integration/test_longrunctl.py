@@ -17,7 +17,7 @@ import click
 import pytest
 import yaml
 
-from longrun import cli
+from longrun_client import ctl as longrunctl
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
@@ -236,11 +236,11 @@ def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ..
 
 def test_every_command_has_a_test_against_the_live_gateway() -> None:
     """A command added to longrunctl fails this until a test runs it and is named in ``TESTED``."""
-    assert _leaves(cli.main) == set(TESTED)
+    assert _leaves(longrunctl.main) == set(TESTED)
 
 
 async def test_every_commands_help_ends_with_an_example_of_it() -> None:
-    for path in sorted(_leaves(cli.main)):
+    for path in sorted(_leaves(longrunctl.main)):
         shown = await ctl(*path, "--help")
         assert shown.returncode == 0, (path, shown.stderr)
         assert f"Example:\n    longrunctl {' '.join(path)} " in shown.stdout or shown.stdout.rstrip().endswith(

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from longrun import cli, timeline
+from longrun_client import ctl, timeline
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
@@ -240,7 +240,7 @@ async def test_a_tenant_policy_keeps_the_example_agent_off_other_repositories(
 
 async def _longrunctl(ensemble: Ensemble, *args: str) -> Any:
     """The operator's CLI against the gateway; its JSON answer."""
-    result = await asyncio.to_thread(CliRunner().invoke, cli.main, ["--url", ensemble.gateway_url, "--token",
+    result = await asyncio.to_thread(CliRunner().invoke, ctl.main, ["--url", ensemble.gateway_url, "--token",
                                                                    OPERATOR_TOKEN, "-o", "json",
                                                                    *args])
     assert result.exit_code == 0, result.output

@@ -1,5 +1,5 @@
 """longrun-client installs on its own: a fresh environment with only clients/python imports it
-without a database driver or the runtime, and builds and reads back a run.create."""
+without a database driver or the runtime, builds and reads back a run.create, and runs longrunctl."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
+import longrun_client
+
 ROOT = Path(__file__).resolve().parents[3]
 
 PROBE = """
 import json, sys
 import longrun_client
+import longrun_client.ctl
 from longrun_client import decode, encode, make
 request = make("run.create", {"workflow": "steps", "idempotency_key": "k-1", "input": {"steps": 2}},
                producer="probe", tenant_id="acme")
@@ -56,3 +59,7 @@ def test_the_client_installs_alone_and_imports_no_database_driver(tmp_path: Path
     assert found["runtime"] is None
     assert found["round_trip"] is True
     assert found["file"].startswith(str(tmp_path / "env"))
+    # and the operator's command line is there, of the same release
+    version = subprocess.run([str(tmp_path / "env/bin/longrunctl"), "--version"], capture_output=True, text=True,
+                             cwd=tmp_path, env=env, timeout=60)
+    assert version.stdout == f"longrunctl {longrun_client.__version__}\n", version.stderr

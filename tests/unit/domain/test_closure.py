@@ -20,7 +20,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.errors import EventRejected
-from longrun.timeline import describe
+from longrun_client.timeline import describe
 from longrun.ports.runs import plan
 from tests.unit.domain.support import History
 

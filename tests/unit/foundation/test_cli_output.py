@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from longrun.cli_output import printable, render
+from longrun_client.ctl_output import printable, render
 
 HOSTILE = ("\x1b]0;pwned\x07\x1b[2J\x1b[1;31mred\x1b[0m \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\"
            "\x9b31m\x1bc\x00\x08\r\x7f\x85\u202eexe.txt")

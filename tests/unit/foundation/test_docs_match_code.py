@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from longrun import cli
+from longrun_client import ctl
 from longrun.domain import RunStatus
 from longrun.envelope import LATEST
 from longrun.envelope.registry import known_versions
@@ -64,13 +64,13 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> set[tuple[str
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_longrunctl_command_a_page_names_exists(page: Path) -> None:
-    known = _commands(cli.main)
+    known = _commands(ctl.main)
     unknown = []
     for span in _code(page):
         for call in re.findall(r"longrunctl((?: [a-z][a-z-]*)+)", span):
             words = tuple(call.split())
             path = next((words[:n] for n in (2, 1) if words[:n] in known), None)
-            if path is None or (path in {(g,) for g, c in cli.main.commands.items() if isinstance(c, click.Group)}
+            if path is None or (path in {(g,) for g, c in ctl.main.commands.items() if isinstance(c, click.Group)}
                                 and len(words) > 1):
                 unknown.append(" ".join(words))
     assert unknown == []

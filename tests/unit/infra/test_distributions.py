@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 
 import longrun
 import longrun_client
-from longrun import cli
+from longrun_client import ctl
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICES = ("gateway", "scheduler", "worker", "timer", "reconciler", "outbox_relay")
@@ -28,7 +28,7 @@ DISTRIBUTIONS = {"longrun-runtime": ROOT, "longrun-client": ROOT / "clients/pyth
 def test_longrunctl_and_every_service_print_the_one_version() -> None:
     version = longrun.__version__
     assert longrun_client.__version__ == version
-    assert CliRunner().invoke(cli.main, ["--version"]).output == f"longrunctl {version}\n"
+    assert CliRunner().invoke(ctl.main, ["--version"]).output == f"longrunctl {version}\n"
     for name in SERVICES:
         done = subprocess.run([sys.executable, "-m", f"services.{name}", "--version"], capture_output=True,
                               text=True, timeout=60, cwd=ROOT)

@@ -20,10 +20,10 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun import __version__, cli_tenants, timeline
-from longrun.cli_output import FORMATS, View, printable, render
-from longrun.domain import TERMINAL
-from longrun.principals import ROLES
+from longrun_client import __version__, ctl_tenants, timeline
+from longrun_client.bus import TERMINAL_STATUSES
+from longrun_client.ctl_output import FORMATS, View, printable, render
+from longrun_client.operator_api import ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
@@ -222,7 +222,7 @@ def run_timeline(ctx: click.Context, run_id: str, follow: bool, interval: float)
             click.echo(timeline.describe(event["seq"], event["type"], data, True,
                                          datetime.fromtimestamp(event["at"], UTC)))
         shown = len(answer["events"])
-        if not follow or answer["snapshot"]["status"] in {s.value for s in TERMINAL}:
+        if not follow or answer["snapshot"]["status"] in TERMINAL_STATUSES:
             return
         time.sleep(interval)
 
@@ -377,7 +377,7 @@ def _ask(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None
 
 
 for _what in ("policy", "ceiling"):
-    tenant.add_command(cli_tenants.scope_command(_what, _ask))
+    tenant.add_command(ctl_tenants.scope_command(_what, _ask))
 
 
 @main.command("versions")
