@@ -19,7 +19,8 @@ from longrun_client.bus import event_key, status_key
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "DEVELOPERS.md",
-                ROOT / "examples" / "node" / "README.md", ROOT / "clients" / "python" / "README.md"])
+                ROOT / "infra" / "README.md", ROOT / "examples" / "node" / "README.md",
+                ROOT / "clients" / "python" / "README.md"])
 BUS = ROOT / "docs" / "bus.md"
 MESSAGE = re.compile(r"`(run\.[a-z_]+)` v(\d+)")
 CODE = re.compile(r"`([^`\n]+)`")
