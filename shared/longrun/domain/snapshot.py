@@ -224,7 +224,7 @@ class RunSnapshot:
 
     def replace(self, **changes: object) -> RunSnapshot:
         """``dataclasses.replace`` for the snapshot, at less than half its cost: every event's
-        ``evolve`` makes two or three, and a frozen dataclass's ``__init__`` sets each of the 27
+        ``evolve`` makes two or three, and a frozen dataclass's ``__init__`` sets each of its
         fields through ``object.__setattr__``. Here the slots are filled directly; a name that is
         not a field is refused with TypeError, as ``dataclasses.replace`` does."""
         copy = object.__new__(RunSnapshot)
