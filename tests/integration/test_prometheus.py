@@ -85,7 +85,12 @@ async def test_prometheus_scrapes_the_ensemble_agrees_with_the_database_and_fire
         assert value(await prometheus.query(
             'count(longrun_wakeup_take_delay_seconds_count{service="worker"})')) == 2
         assert value(await prometheus.query("sum(longrun_wakeup_take_delay_seconds_count)")) >= 2
-        assert value(await prometheus.query('sum(longrun_runs_finished_total{status="COMPLETED"})')) == 1
+        # (the finishing worker's counter reaches Prometheus at its next scrape)
+        async def finished() -> bool:
+            result = await prometheus.query('sum(longrun_runs_finished_total{status="COMPLETED"})')
+            return bool(result) and value(result) == 1
+
+        await eventually(finished, timeout=30, what="the completed run's counter to be scraped")
         assert value(await prometheus.query('sum(longrun_inbox_duplicates_total{inbox="gateway"})')) >= 1
         assert value(await prometheus.query('sum(longrun_model_tokens_total{direction="input"})')) > 0
         assert value(await prometheus.query(
