@@ -13,7 +13,7 @@ from longrun.domain import RunStatus, freeze
 from longrun.domain import events as ev
 from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
-from tests.integration.ensemble import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 

@@ -16,7 +16,7 @@ from longrun.envelope import make
 from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
 from tests.infra import close_connections_named
-from tests.integration.ensemble import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 

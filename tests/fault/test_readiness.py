@@ -17,7 +17,7 @@ import pytest
 from tests.fault.scenario import EVERYTHING, Scenario
 from tests.fixtures import eventually
 from tests.infra import broker_stopped, database_stopped
-from tests.integration.ensemble import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 

@@ -42,8 +42,9 @@ from tests.chaos.chaos import patiently
 from tests.fixtures import PARTITIONS, eventually
 from tests.fuzz.hostile import BusSpecimen, Specimen, WebhookSpecimen, draw
 from tests.harness import Process
-from tests.integration.ensemble import ROOT, WEBHOOK_SECRET, Ensemble, free_port, new_key, publish_create, \
-    run_id_for, status_of
+from tests.integration.ensemble import ROOT, WEBHOOK_SECRET, Ensemble, new_key, publish_create, run_id_for, \
+    status_of
+from tests.ports import free_port
 
 SHORT_MESSAGES = 500
 LONG = bool(os.environ.get("FUZZ_MESSAGES", "").strip())

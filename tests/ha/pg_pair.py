@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.ports import free_port
 
 from sqlalchemy.engine import URL
 
@@ -42,12 +43,6 @@ def available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _as_postgres(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", "postgres", "--", *args], capture_output=True, text=True, check=True,
                           timeout=120)
@@ -58,8 +53,8 @@ class PgPair:
         self.root = root
         self.primary = root / "primary"
         self.standby = root / "standby"
-        self.primary_port = _free_port()
-        self.standby_port = _free_port()
+        self.primary_port = free_port()
+        self.standby_port = free_port()
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

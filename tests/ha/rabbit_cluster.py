@@ -16,12 +16,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.ports import free_port
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 
@@ -31,12 +32,6 @@ def available() -> str | None:
     if not (BIN / "rabbitmq-server").exists():
         return "needs RabbitMQ's server scripts under /usr/lib/rabbitmq/bin"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -60,7 +55,7 @@ class RabbitCluster:
         self.root = root
         self.home = root / "home"
         tag = uuid.uuid4().hex[:6]
-        self.nodes = [Node(f"lrha{tag}{letter}@localhost", letter, _free_port(), _free_port(), root / letter,
+        self.nodes = [Node(f"lrha{tag}{letter}@localhost", letter, free_port(), free_port(), root / letter,
                            f"127.0.0.{index + 2}") for index, letter in enumerate("abc")]
         self.cookie = secrets.token_hex(16)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from longrun.bus.connection import Bus
 from longrun.envelope import make
 from tests.fixtures import eventually
 from tests.harness import SECRETS, Process, Services
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_TOKEN = SECRETS["LONGRUN_OPERATOR_TOKENS"]
@@ -24,12 +24,6 @@ WEBHOOK_SECRET = SECRETS["LONGRUN_WEBHOOK_SECRET"]
 SERVICES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
             "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
 """Each service by the name the tests give it, and its module."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Ensemble:

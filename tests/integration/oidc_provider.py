@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from tests.integration.ensemble import free_port
+from tests.ports import free_port
 
 KID = "test-key-1"
 

@@ -13,7 +13,7 @@ import httpx
 import yaml
 
 from tests.fixtures import eventually
-from tests.integration.ensemble import free_port
+from tests.ports import free_port
 
 
 class PrometheusServer:

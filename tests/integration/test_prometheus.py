@@ -16,9 +16,10 @@ from sqlalchemy import text
 
 from longrun.monitoring import alerts, dashboard
 from tests.fixtures import eventually
-from tests.integration.ensemble import Ensemble, free_port, goal, new_key, publish_create, run_id_for, status_of
+from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.prometheus_server import PrometheusServer
 from tests.integration.test_unknown_outcome import approve_when_asked
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

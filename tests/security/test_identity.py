@@ -26,9 +26,10 @@ from jwt.algorithms import RSAAlgorithm
 from sqlalchemy import text
 
 from longrun.db import runs
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, free_port
+from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import bearer, token
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
