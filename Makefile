@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
+.PHONY: install services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(PY)
 
 services:
 	bash infra/local/ensure-services.sh
+
+# The tests can also start PostgreSQL and RabbitMQ with testcontainers, where a Docker engine answers.
+test-services:
+	bash infra/local/ensure-services.sh --or-containers
 
 # Prometheus and promtool (Debian's package): the alert rules' tests and the scrape test run them.
 # Chromium (Debian's package): Playwright drives it through the web console's test.
@@ -60,13 +64,13 @@ node-deps:
 	  else npm install --prefix $$d --no-audit --no-fund; fi; \
 	done
 
-test: install services tools node-deps
+test: install test-services tools node-deps
 	$(PY) -m pytest
 
 test-unit: install tools
 	$(PY) -m pytest tests/unit
 
-test-integration: install services tools
+test-integration: install test-services tools
 	$(PY) -m pytest tests/integration
 
 # Replicated infrastructure of the tests' own (a PostgreSQL primary and synchronous standby, a

@@ -1,34 +1,59 @@
 #!/usr/bin/env bash
-# Start the local PostgreSQL and RabbitMQ if they are not answering (Debian packages),
-# and wait until both accept connections. Used by `make run`, `make test` and CI.
+# Make sure PostgreSQL and RabbitMQ answer where LONGRUN_DATABASE_URL and LONGRUN_AMQP_URL point
+# (default: this machine's 5432 and 5672), starting this machine's own servers (Debian packages)
+# when they are the ones asked for. Used by `make run`, `make test` and CI.
+#
+# --or-containers (the tests): when neither answers nor can be started here but a Docker engine
+# does, leave them to the tests, which start both with testcontainers (tests/infra.py).
 set -euo pipefail
 
-answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+or_containers=false
+[ "${1:-}" = "--or-containers" ] && or_containers=true
 
-if ! answers 5432; then
-  if command -v pg_ctlcluster >/dev/null; then
-    echo "starting PostgreSQL"
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
-  else
-    echo "PostgreSQL is not running on 127.0.0.1:5432 and pg_ctlcluster is not installed;" >&2
-    echo "start PostgreSQL or set LONGRUN_DATABASE_URL" >&2
-    exit 1
+# host and port of a URL, the default port when it names none
+endpoint() {
+  python3 -c 'import sys, urllib.parse as u; p = u.urlsplit(sys.argv[1]); print(p.hostname or "127.0.0.1", p.port or sys.argv[2])' "$1" "$2"
+}
+read -r db_host db_port < <(endpoint "${LONGRUN_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/longrun}" 5432)
+read -r mq_host mq_port < <(endpoint "${LONGRUN_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}" 5672)
+
+answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+local_host() { case "$1" in 127.0.0.1|localhost|::1) return 0 ;; *) return 1 ;; esac; }
+
+if answers "$db_host" "$db_port" && answers "$mq_host" "$mq_port"; then
+  :
+elif $or_containers && ! { local_host "$db_host" && command -v pg_ctlcluster >/dev/null \
+    && local_host "$mq_host" && command -v rabbitmq-server >/dev/null; } \
+    && command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+  echo "PostgreSQL or RabbitMQ is not reachable here; a Docker engine answers, so the tests start both with testcontainers"
+  exit 0
+else
+  if ! answers "$db_host" "$db_port"; then
+    if local_host "$db_host" && [ "$db_port" = 5432 ] && command -v pg_ctlcluster >/dev/null; then
+      echo "starting PostgreSQL"
+      pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+    else
+      echo "PostgreSQL does not answer on $db_host:$db_port (LONGRUN_DATABASE_URL) and is not one this machine can start;" >&2
+      echo "start it, point LONGRUN_DATABASE_URL at one that runs$($or_containers && echo ', or run a Docker engine for testcontainers')" >&2
+      exit 1
+    fi
   fi
-fi
-if ! answers 5672; then
-  if command -v rabbitmq-server >/dev/null; then
-    echo "starting RabbitMQ"
-    rabbitmq-server -detached
-  else
-    echo "RabbitMQ is not running on 127.0.0.1:5672 and rabbitmq-server is not installed;" >&2
-    echo "start RabbitMQ or set LONGRUN_AMQP_URL" >&2
-    exit 1
+  if ! answers "$mq_host" "$mq_port"; then
+    if local_host "$mq_host" && [ "$mq_port" = 5672 ] && command -v rabbitmq-server >/dev/null; then
+      echo "starting RabbitMQ"
+      rabbitmq-server -detached
+    else
+      echo "RabbitMQ does not answer on $mq_host:$mq_port (LONGRUN_AMQP_URL) and is not one this machine can start;" >&2
+      echo "start it, point LONGRUN_AMQP_URL at one that runs$($or_containers && echo ', or run a Docker engine for testcontainers')" >&2
+      exit 1
+    fi
   fi
 fi
 for _ in $(seq 1 90); do
-  if answers 5432 && answers 5672; then
+  if answers "$db_host" "$db_port" && answers "$mq_host" "$mq_port"; then
     # The AMQP port opens before the broker finishes booting its apps.
-    if ! command -v rabbitmqctl >/dev/null || rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1; then
+    if ! local_host "$mq_host" || ! command -v rabbitmqctl >/dev/null \
+        || rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1; then
       exit 0
     fi
   fi
