@@ -68,3 +68,22 @@ def test_every_distribution_builds_with_its_licence_and_passes_twine_check(built
         meta = Parser().parsestr(archive.read(f"longrun_runtime-{longrun.__version__}.dist-info/METADATA").decode())
     assert meta["Version"] == longrun.__version__
     assert "longrun-client<0.2,>=0.1" in meta.get_all("Requires-Dist")
+
+
+def _index_versions(name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pip", "index", "versions", name], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None:
+    ours = [*DISTRIBUTIONS, *(tomllib.loads(p.read_text())["project"]["name"]
+                              for p in (ROOT / "tests/integration/fixtures").glob("*/pyproject.toml"))]
+    assert len(ours) == 5 and all(name.startswith("longrun-") for name in ours)
+    # The check can fail: the name the runtime first had belongs to someone else's project there.
+    taken = _index_versions("longrun")
+    if taken.returncode != 0:
+        pytest.skip(f"the package index does not answer here: {taken.stderr.strip()[-200:]}")
+    assert "Available versions" in taken.stdout
+    for name in ours:
+        answer = _index_versions(name)
+        assert answer.returncode != 0 and "No matching distribution found" in answer.stderr, (name, answer.stdout)
