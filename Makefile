@@ -5,14 +5,31 @@ PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
 
-.PHONY: install services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
+.PHONY: install lock services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# Dependencies from the lock only (every file checked against its hash), then our own packages
+# editable and without dependencies; pip check fails when a pyproject needs what the lock lacks
+# (then run `make lock`).
 install: $(PY)
-	$(PY) -m pip install --quiet -e clients/python -e ".[dev]" -e examples/dependency_upgrade
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps -e clients/python -e . -e examples/dependency_upgrade
+	$(PY) -m pip check
+
+# requirements/*.txt from requirements/*.in and the pyproject files (requirements/README.md): dev.txt
+# first, then runtime.txt within it, so the image runs the versions CI tests. UPGRADE=1 moves every
+# pin to the newest allowed release. Only the lock's own tools are installed first: a pyproject that
+# gained a dependency cannot pass `make install` before this runs.
+LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
+	--no-emit-package longrun-runtime --no-emit-package longrun-client $(if $(UPGRADE),--upgrade)
+lock: $(PY)
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(LOCK) --no-emit-package longrun-example-dependency-upgrade -o requirements/dev.txt requirements/dev.in
+	$(LOCK) -c requirements/dev.txt -o requirements/runtime.txt requirements/runtime.in
 
 services:
 	bash infra/local/ensure-services.sh

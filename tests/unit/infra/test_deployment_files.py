@@ -1,15 +1,14 @@
 """The deployment files are correct by construction: no Docker engine or cluster needed.
 
-docker-compose.yml, the Dockerfile and the kustomize tree are parsed and checked against the
-project itself (Settings, pyproject.toml, the generated RabbitMQ definitions); every rendered
-Kubernetes overlay is validated offline against the bundled Kubernetes 1.30 schemas, and the
+docker-compose.yml and the kustomize tree are parsed and checked against the project itself
+(Settings, pyproject.toml, the generated RabbitMQ definitions; the Dockerfile in test_dockerfile.py); every
+rendered Kubernetes overlay is validated offline against the bundled Kubernetes 1.30 schemas, and the
 Prometheus Operator's kinds (PrometheusRule, PodMonitor) against their CRDs' schemas (``schemas/``).
 """
 
 from __future__ import annotations
 
 import copy
-import fnmatch
 import functools
 import json
 import re
@@ -29,12 +28,15 @@ import longrun
 from longrun import monitoring
 from longrun.config import Settings
 from longrun_dependency_upgrade import FORGE_URL
+from tests.unit.infra.dockerfile import stages
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "infra/k8s"
 OVERLAYS = ("dev", "prod", "autoscale", "monitoring")
 K8S_VERSION = "1.30.0"
 IMAGE = "ghcr.io/longrun/longrun"
+EXAMPLE_IMAGE = "ghcr.io/longrun/longrun-example"
+"""The Dockerfile's example target: the runtime image and the example agent, which compose runs."""
 # compose / Deployment name -> Python package under services/
 SERVICES = {"scheduler": "scheduler", "worker": "worker", "timer": "timer",
             "reconciler": "reconciler", "outbox-relay": "outbox_relay", "gateway": "gateway"}
@@ -43,7 +45,7 @@ OPERATOR_SCHEMAS = {kind: json.loads((Path(__file__).parent / "schemas" / f"{kin
                     for kind in ("PrometheusRule", "PodMonitor")}
 """The Prometheus Operator's kinds: checked against their CRDs' schemas."""
 KNOWN = {*Settings.variables(), FORGE_URL}
-"""Every setting of the core, and the example agent's forge (the image installs it)."""
+"""Every setting of the core, and the example agent's forge (the example image installs it)."""
 LONGRUN_NAME = re.compile(r"\bLONGRUN_[A-Z0-9_]+\b")
 
 
@@ -57,15 +59,6 @@ def compose() -> dict[str, Any]:
 @functools.cache
 def pyproject() -> dict[str, Any]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
-
-
-def dockerfile() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(
-        line for line in (ROOT / "Dockerfile").read_text().splitlines()
-        if not line.lstrip().startswith("#")))
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
-            for line in text.splitlines() if line.strip()]
 
 
 def partitions_in_definitions() -> tuple[int, int]:
@@ -92,7 +85,7 @@ def runnable(command: list[str]) -> str | None:
             return None if (package / "__main__.py").is_file() else f"{package} has no __main__.py"
         targets = {v.split(":")[0] for v in scripts.values()}
         return None if f"{module}.main" in targets else f"{module} exists neither on disk nor in scripts"
-    # The core, and the example distributions the image installs beside it.
+    # The core, and the example distributions the example image installs beside it.
     for root in (ROOT / "shared", *(ROOT / "examples").iterdir()):
         path = root / module.replace(".", "/")
         if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
@@ -128,8 +121,8 @@ def test_compose_images_match_the_required_versions() -> None:
     assert services["postgres"]["image"] == "postgres:15"
     assert services["rabbitmq"]["image"] in ("rabbitmq:3.10", "rabbitmq:3.10-management")
     for name in ("migrate", "forge", *SERVICES):
-        assert services[name]["image"].startswith(IMAGE + ":"), name
-        assert services[name]["build"] == ".", name
+        assert services[name]["image"].startswith(EXAMPLE_IMAGE + ":"), name
+        assert services[name]["build"] == {"context": ".", "target": "example"}, name
 
 
 def test_compose_broker_keeps_a_user_the_services_can_log_in_with() -> None:
@@ -190,59 +183,6 @@ def test_each_compose_environment_is_complete_and_valid_for_settings() -> None:
     assert compose()["services"]["gateway"]["ports"] == [f"127.0.0.1:{gateway.gateway_port}:{gateway.gateway_port}"]
     for secret in ("LONGRUN_WEBHOOK_SECRET", "LONGRUN_OPERATOR_TOKENS", "LONGRUN_CONSOLE_SECRET"):
         assert compose()["services"]["gateway"]["environment"][secret].startswith(f"${{{secret}:?"), secret
-
-
-# --- Dockerfile ----------------------------------------------------------------------------
-
-def test_dockerfile_copies_everything_pyproject_needs_to_build() -> None:
-    steps = dockerfile()
-    copied = {src.rstrip("/") for op, args in steps if op == "COPY" for src in args.split()[:-1]}
-    project = pyproject()
-    needed = {"pyproject.toml", project["project"]["readme"], *project["project"]["license-files"]}
-    find = project["tool"]["setuptools"]["packages"]["find"]
-    for where in find["where"]:
-        for pattern in find["include"]:
-            for candidate in (ROOT / where).glob(pattern.rstrip("*") or "*"):
-                if candidate.is_dir() and fnmatch.fnmatch(candidate.name, pattern):
-                    needed.add(str(candidate.relative_to(ROOT)).split("/")[0])
-    assert needed == {"pyproject.toml", "README.md", "LICENSE", "shared", "services"}
-    assert needed <= copied, needed - copied
-    ignored = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
-               if p.strip() and not p.startswith("#")]
-    for path in needed:
-        assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), f".dockerignore drops {path}"
-
-
-def test_the_image_installs_the_example_agent_the_compose_demo_runs() -> None:
-    # The compose file's forge and the demo's run kind come from examples/dependency_upgrade
-    steps = dockerfile()
-    copied = {src.rstrip("/") for op, args in steps if op == "COPY" for src in args.split()[:-1]}
-    assert "examples/dependency_upgrade" in copied
-    assert any(op == "RUN" and "pip install --no-cache-dir ./examples/dependency_upgrade" in args
-               for op, args in steps)
-
-
-def test_dockerfile_installs_runtime_only_and_runs_as_a_numeric_non_root_user() -> None:
-    steps = dockerfile()
-    ops = [op for op, _ in steps]
-    assert steps[0] == ("FROM", "python:3.11-slim")
-    installs = [i for i, (op, args) in enumerate(steps) if op == "RUN" and "pip install" in args]
-    assert len(installs) == 1, "one install step"
-    install = steps[installs[0]][1]
-    assert "pip install --no-cache-dir ." in install and "[dev]" not in install
-    users = [args for op, args in steps if op == "USER"]
-    assert len(users) == 1 and ops.index("USER") > installs[0], "install as root, then drop privileges"
-    uid = users[0].split(":")[0]
-    assert uid.isdigit() and int(uid) != 0, "runAsNonRoot needs a numeric non-root USER"
-    assert ("STOPSIGNAL", "SIGTERM") in steps
-    health = [args for op, args in steps if op == "HEALTHCHECK"]
-    assert len(health) == 1 and "/healthz" in health[0] and ":8081" in health[0] and "python" in health[0]
-    assert "curl" not in health[0] and "wget" not in health[0]
-    cmd = json.loads(next(args for op, args in steps if op == "CMD"))
-    usage = subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=30)
-    assert usage.returncode != 0 and "services.{scheduler" in usage.stderr  # prints usage, runs nothing
-    env = " ".join(args for op, args in steps if op == "ENV")
-    assert set(LONGRUN_NAME.findall(env)) <= KNOWN and "LONGRUN_HEALTH_PORT=8081" in env
 
 
 # --- Kubernetes ----------------------------------------------------------------------------
@@ -537,7 +477,7 @@ def test_the_docs_name_the_commands_the_manifests_rely_on() -> None:
 
 
 def _image_uid() -> str:
-    return next(args for op, args in dockerfile() if op == "USER").split(":")[0]
+    return stages()["runtime"].args("USER")[-1].split(":")[0]
 
 
 def _seconds(duration: str) -> int:
