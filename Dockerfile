@@ -22,7 +22,7 @@ RUN groupadd --system --gid 10001 longrun \
 # installs your run kinds' packages instead).
 WORKDIR /build
 COPY clients/python/ clients/python/
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY shared/ shared/
 COPY services/ services/
 COPY examples/dependency_upgrade/ examples/dependency_upgrade/
@@ -40,4 +40,4 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8081/healthz', timeout=2)"]
 
 # No default service: every compose service / Deployment sets its own command.
-CMD ["python", "-c", "raise SystemExit('longrun image: run one of\\n  python -m services.{scheduler,worker,timer,reconciler,outbox_relay,gateway}\\n  python -m longrun.db.migrate upgrade\\n  python -m longrun_dependency_upgrade.forge --host 0.0.0.0 --port 8090')"]
+CMD ["python", "-c", "raise SystemExit('longrun image: run one of\\n  python -m longrun.services.{scheduler,worker,timer,reconciler,outbox_relay,gateway}\\n  python -m longrun.db.migrate upgrade\\n  python -m longrun_dependency_upgrade.forge --host 0.0.0.0 --port 8090')"]

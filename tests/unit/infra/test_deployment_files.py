@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import runpy
 import functools
 import json
 import re
@@ -78,20 +79,19 @@ def partitions_in_definitions() -> tuple[int, int]:
 def runnable(command: list[str]) -> str | None:
     """Why ``command`` would not start (None when it names a real module or console script).
 
-    Service packages other engineers have not written yet are checked against
-    ``[project.scripts]`` instead: ``python -m services.x`` needs ``services/x/__main__.py``
-    once the package exists, and until then a ``services.x.main:main`` script entry.
+    ``python -m longrun.services.x`` needs ``services/x/__main__.py`` (the package ``longrun.services``
+    is the folder services/) and a ``longrun.services.x.main:main`` console script beside it.
     """
     scripts = pyproject()["project"]["scripts"]
     if command[:2] != ["python", "-m"]:
         return None if command[0] in scripts else f"{command[0]!r} is no console script"
     module = command[2]
-    if module.startswith("services."):
-        package = ROOT / module.replace(".", "/")
-        if package.is_dir():
-            return None if (package / "__main__.py").is_file() else f"{package} has no __main__.py"
+    if module.startswith("longrun.services."):
+        package = ROOT / "services" / module.removeprefix("longrun.services.").replace(".", "/")
+        if not (package / "__main__.py").is_file():
+            return f"{package} has no __main__.py"
         targets = {v.split(":")[0] for v in scripts.values()}
-        return None if f"{module}.main" in targets else f"{module} exists neither on disk nor in scripts"
+        return None if f"{module}.main" in targets else f"{module}.main is no console script's target"
     # The core, and the example distributions the image installs beside it.
     for root in (ROOT / "shared", *(ROOT / "examples").iterdir()):
         path = root / module.replace(".", "/")
@@ -158,7 +158,7 @@ def test_compose_worker_runs_two_replicas_with_a_longer_grace_and_reaches_the_fo
 def test_every_compose_command_names_a_real_module_or_console_script() -> None:
     services = compose()["services"]
     for name, package in SERVICES.items():
-        assert services[name]["command"] == ["python", "-m", f"services.{package}"], name
+        assert services[name]["command"] == ["python", "-m", f"longrun.services.{package}"], name
     for name in ("migrate", "forge", *SERVICES):
         assert runnable(services[name]["command"]) is None, name
     assert services["migrate"]["command"][-1] == "upgrade"
@@ -199,13 +199,9 @@ def test_dockerfile_copies_everything_pyproject_needs_to_build() -> None:
     copied = {src.rstrip("/") for op, args in steps if op == "COPY" for src in args.split()[:-1]}
     project = pyproject()
     needed = {"pyproject.toml", project["project"]["readme"], *project["project"]["license-files"]}
-    find = project["tool"]["setuptools"]["packages"]["find"]
-    for where in find["where"]:
-        for pattern in find["include"]:
-            for candidate in (ROOT / where).glob(pattern.rstrip("*") or "*"):
-                if candidate.is_dir() and fnmatch.fnmatch(candidate.name, pattern):
-                    needed.add(str(candidate.relative_to(ROOT)).split("/")[0])
-    assert needed == {"pyproject.toml", "README.md", "LICENSE", "shared", "services"}
+    package_dirs = runpy.run_path(str(ROOT / "setup.py"), run_name="package_dirs")["PACKAGE_DIR"]
+    needed |= {"setup.py", *package_dirs.values()}
+    assert needed == {"pyproject.toml", "setup.py", "README.md", "LICENSE", "shared", "services"}
     assert needed <= copied, needed - copied
     ignored = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
                if p.strip() and not p.startswith("#")]
@@ -240,7 +236,7 @@ def test_dockerfile_installs_runtime_only_and_runs_as_a_numeric_non_root_user() 
     assert "curl" not in health[0] and "wget" not in health[0]
     cmd = json.loads(next(args for op, args in steps if op == "CMD"))
     usage = subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=30)
-    assert usage.returncode != 0 and "services.{scheduler" in usage.stderr  # prints usage, runs nothing
+    assert usage.returncode != 0 and "longrun.services.{scheduler" in usage.stderr  # prints usage, runs nothing
     env = " ".join(args for op, args in steps if op == "ENV")
     assert set(LONGRUN_NAME.findall(env)) <= KNOWN and "LONGRUN_HEALTH_PORT=8081" in env
 
@@ -348,7 +344,7 @@ def test_six_deployments_run_the_right_commands_with_probes_resources_and_harden
         assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
         (container,) = pod["containers"]
         assert container["name"] == name
-        assert container["command"] == ["python", "-m", f"services.{package}"], name
+        assert container["command"] == ["python", "-m", f"longrun.services.{package}"], name
         assert runnable(container["command"]) is None, name
         assert container["image"].startswith(IMAGE + ":") and not container["image"].endswith(":latest")
 
