@@ -20,7 +20,7 @@ FROM base AS builder
 # Exactly what the pyproject.toml files need to build: metadata, readmes, licences, package roots.
 WORKDIR /build
 COPY infra/image/ infra/image/
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY shared/ shared/
 COPY services/ services/
 COPY clients/python/ clients/python/

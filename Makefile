@@ -55,7 +55,7 @@ schemas: install
 	$(PY) -m longrun.envelope.export schemas
 	$(PY) -m longrun.bus.asyncapi schemas/asyncapi.yaml
 	$(PY) -m longrun.config_reference docs/configuration.md
-	$(PY) -m services.gateway.openapi schemas/openapi.json
+	$(PY) -m longrun.services.gateway.openapi schemas/openapi.json
 
 # The alert rules (plain Prometheus rules and the PrometheusRule manifest) and the Grafana dashboard,
 # from longrun.monitoring.

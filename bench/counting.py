@@ -1,4 +1,4 @@
-"""Run a service module unchanged, counting its SQL round trips: ``python -m bench.counting services.worker``.
+"""Run a service module unchanged, counting its SQL round trips: ``python -m bench.counting longrun.services.worker``.
 
 Class-level SQLAlchemy listeners count every statement execution (an ``executemany`` is
 one, as psycopg pipelines it), every BEGIN, COMMIT and ROLLBACK of every engine in the

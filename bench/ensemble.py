@@ -47,7 +47,7 @@ STEP_EVENTS = "('action.confirmed', 'action.recorded')"
 
 def reconciler_present() -> bool:
     try:
-        return importlib.util.find_spec("services.reconciler.main") is not None
+        return importlib.util.find_spec("longrun.services.reconciler.main") is not None
     except ModuleNotFoundError:
         return False
 

@@ -37,8 +37,8 @@ from longrun.db.schema import metadata
 DB_NAME = "longrun_bench"
 VHOST = "longrun_bench"
 _SEQ = itertools.count(1)
-SERVICE_MODULES = {"scheduler": "services.scheduler", "worker": "services.worker", "timer": "services.timer",
-                   "reconciler": "services.reconciler", "relay": "services.outbox_relay"}
+SERVICE_MODULES = {"scheduler": "longrun.services.scheduler", "worker": "longrun.services.worker", "timer": "longrun.services.timer",
+                   "reconciler": "longrun.services.reconciler", "relay": "longrun.services.outbox_relay"}
 
 
 def ctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

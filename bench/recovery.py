@@ -26,7 +26,7 @@ RECOVERY_RUNS = 128
 
 async def sigkill_a_worker(infra: Infra, engine: AsyncEngine, knobs: Knobs) -> dict[str, Any]:
     if not reconciler_present():
-        return {"measured": False, "reason": "not measured: reconciler missing (services.reconciler)"}
+        return {"measured": False, "reason": "not measured: reconciler missing (longrun.services.reconciler)"}
     ensemble = Ensemble(infra, engine, knobs, workers=2)
     try:
         services = await ensemble.start(count=False, reconciler=True)

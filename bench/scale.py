@@ -33,8 +33,8 @@ from longrun import run_kinds
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.config import Settings
 from longrun.domain import RunStatus
-from services.reconciler import alerts, gauges, sweeps, tool_health
-from services.reconciler.sweeps import HEALTH_BATCH, LEASE_BATCH, Sweeper
+from longrun.services.reconciler import alerts, gauges, sweeps, tool_health
+from longrun.services.reconciler.sweeps import HEALTH_BATCH, LEASE_BATCH, Sweeper
 
 WOKEN = 10_000
 """Parked runs whose timers come due at the same instant, at each size."""

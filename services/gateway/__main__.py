@@ -1,3 +1,3 @@
-from services.gateway.main import main
+from longrun.services.gateway.main import main
 
 main()

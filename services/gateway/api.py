@@ -1,6 +1,6 @@
 """The operator API's contract, in one place: a model for each request body, query and response, the
 errors each route answers, and the route table the gateway validates requests by and
-``services.gateway.openapi`` renders ``schemas/openapi.json`` from.
+``longrun.services.gateway.openapi`` renders ``schemas/openapi.json`` from.
 
 Requests are checked here before anything is read or written: a body that is not a JSON object or
 lacks a required field is refused with 400, one whose fields have the wrong type or a value not
@@ -21,7 +21,7 @@ from longrun_client.model import TENANT_PATTERN
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
 
 from longrun.db import pages
-from services.gateway.api_responses import (
+from longrun.services.gateway.api_responses import (
     ActionResult,
     Answered,
     Attached,
@@ -41,7 +41,7 @@ from services.gateway.api_responses import (
     TokenList,
     VersionsReport,
 )
-from services.gateway.api_types import DURATION, RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
+from longrun.services.gateway.api_types import DURATION, RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
 
 M = TypeVar("M", bound=BaseModel)
 

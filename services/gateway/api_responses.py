@@ -1,5 +1,5 @@
 """The operator API's answers: one model per response body, rendered into ``schemas/openapi.json``
-by ``services.gateway.openapi`` and checked against what the gateway answers by the contract test."""
+by ``longrun.services.gateway.openapi`` and checked against what the gateway answers by the contract test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, RootModel
 
 from longrun.domain import ActionStatus
-from services.gateway.api_types import RUN_STATUS, Strict
+from longrun.services.gateway.api_types import RUN_STATUS, Strict
 
 
 class Error(Strict):

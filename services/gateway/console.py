@@ -6,7 +6,7 @@ Server-rendered HTML (Jinja2 templates in ``templates/console``) rather than a f
 npm packages: there is no build step to run, ship or keep in step with the API; nothing is fetched
 from outside, so it works on an air-gapped cluster; every page is a URL an operator can bookmark or
 paste into an incident; and each page reads and acts through the same functions as the operator API
-(``services.gateway.reads``, ``longrun.app.gateway.operate``), so the console cannot drift from it. The one
+(``longrun.services.gateway.reads``, ``longrun.app.gateway.operate``), so the console cannot drift from it. The one
 script is the run page's: it polls ``/console/runs/{id}/live`` and reloads the page when the run
 changed, unless the operator is typing into one of its forms.
 
@@ -57,11 +57,11 @@ from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatu
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
-from services.gateway import api, reads
-from services.gateway import console_oidc as oidc
-from services.gateway import console_session as sessions
-from services.gateway import quarantine as quarantine_ops
-from services.gateway.console_headers import SecurityHeaders
+from longrun.services.gateway import api, reads
+from longrun.services.gateway import console_oidc as oidc
+from longrun.services.gateway import console_session as sessions
+from longrun.services.gateway import quarantine as quarantine_ops
+from longrun.services.gateway.console_headers import SecurityHeaders
 
 PREFIX = "/console"
 _TEMPLATES = jinja2.Environment(

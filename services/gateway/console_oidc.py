@@ -22,7 +22,7 @@ import httpx
 
 from longrun.config import Settings
 from longrun.oidc import Discovery, DiscoveryFailed
-from services.gateway import console_session as sessions
+from longrun.services.gateway import console_session as sessions
 
 COOKIE = "longrun_console_oidc"
 PATIENCE = 600

@@ -1,5 +1,5 @@
 """The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the operator API, whose requests
-are checked against its contract (``services.gateway.api``, served at ``GET /openapi.json``).
+are checked against its contract (``longrun.services.gateway.api``, served at ``GET /openapi.json``).
 
 Every operator call names its caller with a bearer token (``longrun.identity``): 401 without a
 valid one, 403 when the caller lacks the role the operation needs. A caller sees only its tenants:
@@ -42,9 +42,9 @@ from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
-from services.gateway import api, console, edge, openapi, reads, refusals
-from services.gateway import policy_ceiling, versions
-from services.gateway import quarantine as quarantine_ops
+from longrun.services.gateway import api, console, edge, openapi, reads, refusals
+from longrun.services.gateway import policy_ceiling, versions
+from longrun.services.gateway import quarantine as quarantine_ops
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ async def _visible(conn: AsyncConnection, run_id: str, principal: Principal) -> 
 
 
 async def _invalid(request: Request, e: Exception) -> Response:
-    """A request outside the contract (``services.gateway.api``), refused naming every problem."""
+    """A request outside the contract (``longrun.services.gateway.api``), refused naming every problem."""
     assert isinstance(e, api.Invalid)
     return JSONResponse(e.body(), status_code=e.status)
 

@@ -13,8 +13,8 @@ from longrun import service, webhook_providers
 from longrun.bootstrap import keep_connected, open_bus, open_database, watch
 from longrun.config import Settings
 from longrun.db import tokens
-from services.gateway import secrets_check
-from services.gateway.http import create_app
+from longrun.services.gateway import secrets_check
+from longrun.services.gateway.http import create_app
 
 SERVICE = "gateway"
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
-"""The operator API's OpenAPI 3.1 document, rendered from its route table (``services.gateway.api``).
+"""The operator API's OpenAPI 3.1 document, rendered from its route table (``longrun.services.gateway.api``).
 
-``python -m services.gateway.openapi schemas/openapi.json`` writes it (``make schemas``); the gateway
+``python -m longrun.services.gateway.openapi schemas/openapi.json`` writes it (``make schemas``); the gateway
 serves the same document at ``GET /openapi.json``; a unit test fails when the committed file drifts.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from longrun import __version__
-from services.gateway import api, api_responses
+from longrun.services.gateway import api, api_responses
 
 REF = "#/components/schemas/{model}"
 _DESCRIPTION = (

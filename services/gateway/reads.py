@@ -1,6 +1,6 @@
 """What the gateway shows of runs and the audit log, as JSON-ready dicts read through
-``longrun.db.operator_reads``, called by the operator API (``services.gateway.http``) and the web
-console (``services.gateway.console``).
+``longrun.db.operator_reads``, called by the operator API (``longrun.services.gateway.http``) and the web
+console (``longrun.services.gateway.console``).
 
 ``tenants`` narrows every read to the runs of those tenants (None: every tenant), so a caller
 scoped to some tenants never learns of another's runs, not even that they exist.
@@ -18,7 +18,7 @@ from longrun.app.reconciler.common import ALERT_PREFIX
 from longrun.db import actions as ledger
 from longrun.db import operator_reads, retention, runs
 from longrun.domain import event_to_dict
-from services.gateway import api
+from longrun.services.gateway import api
 
 
 async def search_runs(conn: AsyncConnection, params: api.RunSearch,

@@ -1,3 +1,3 @@
-from services.outbox_relay.main import main
+from longrun.services.outbox_relay.main import main
 
 main()

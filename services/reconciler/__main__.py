@@ -1,7 +1,7 @@
-"""reconciler: ``python -m services.reconciler`` runs the reconciler service."""
+"""reconciler: ``python -m longrun.services.reconciler`` runs the reconciler service."""
 
 from __future__ import annotations
 
-from services.reconciler.main import main
+from longrun.services.reconciler.main import main
 
 main()

@@ -1,6 +1,6 @@
 """reconciler service: the sweeps that keep runs moving when nothing else would, plus the dead-letter keeper.
 
-Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round of sweeps runs (``services.reconciler.sweeps``
+Every ``LONGRUN_RECONCILE_INTERVAL`` seconds one round of sweeps runs (``longrun.services.reconciler.sweeps``
 says which, and in what order). All their work lives in PostgreSQL, so any number of replicas may
 run side by side (see ``longrun.app.reconciler``).
 
@@ -10,9 +10,9 @@ the lease and then the rest of a round.
 
 The quarantine ingester is its own consumer task on ``longrun.quarantine``, and retention its own
 loop: every ``LONGRUN_RETENTION_INTERVAL`` a pass prunes what the horizons no longer keep, archives
-finished runs and sweeps orphaned artifacts (``services.reconciler.retention``). The database gauges of
+finished runs and sweeps orphaned artifacts (``longrun.services.reconciler.retention``). The database gauges of
 ``/metrics`` are a loop too: every ``LONGRUN_METRICS_INTERVAL`` the replica holding the collector's
-lease reads them (``services.reconciler.gauges``).
+lease reads them (``longrun.services.reconciler.gauges``).
 
 SIGTERM: the round in flight finishes (its lookups are bounded by the tools' timeouts),
 then the ingester is cancelled (a message not yet acked goes back to the queue, and the
@@ -28,8 +28,8 @@ from longrun import run_kinds, service
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.bootstrap import open_bus, open_database, watch
 from longrun.config import Settings
-from services.reconciler import dead_letters, gauges
-from services.reconciler.sweeps import Sweeper, keep_horizons
+from longrun.services.reconciler import dead_letters, gauges
+from longrun.services.reconciler.sweeps import Sweeper, keep_horizons
 
 SERVICE = "reconciler"
 logger = logging.getLogger(__name__)

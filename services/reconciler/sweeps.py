@@ -1,5 +1,5 @@
 """The reconciler's schedule: one round of sweeps, the loop that re-wakes runs whose lease expired,
-and the retention loop (``services.reconciler`` runs them; each sweep lives in its own module).
+and the retention loop (``longrun.services.reconciler`` runs them; each sweep lives in its own module).
 
 A round, every ``LONGRUN_RECONCILE_INTERVAL``: settle actions in doubt (``reconcile_unknown``),
 flag silent runs and runs no live worker can run, wake runs waiting for a far side that is healthy
@@ -28,7 +28,7 @@ from longrun.db import run_leases
 from longrun.db.errors import is_transient
 from longrun.db.reconcile_store import PgReconcileStore
 from longrun.db.schema import CONSUMING_SERVICES
-from services.reconciler import alerts, retention, tool_health
+from longrun.services.reconciler import alerts, retention, tool_health
 
 RECONCILE_BATCH = 50
 LEASE_BATCH = 200

@@ -1,3 +1,3 @@
-from services.scheduler.main import main
+from longrun.services.scheduler.main import main
 
 main()

@@ -18,7 +18,7 @@ from longrun.domain import TenantPolicy
 from longrun.envelope import Envelope
 from longrun.envelope.payloads import RejectionCode
 from longrun.errors import DecodeError, PoisonMessage, UnknownSchemaVersion
-from services.scheduler.producers import ProducerTenants
+from longrun.services.scheduler.producers import ProducerTenants
 
 
 class Ingress:

@@ -16,9 +16,9 @@ from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
 from longrun.db.engine import autocommit, psycopg_dsn
-from services.scheduler import admitting
-from services.scheduler.ingress import Ingress, refuse
-from services.scheduler.producers import producer_tenants
+from longrun.services.scheduler import admitting
+from longrun.services.scheduler.ingress import Ingress, refuse
+from longrun.services.scheduler.producers import producer_tenants
 
 SERVICE = "scheduler"
 CREATE_BATCH = 16

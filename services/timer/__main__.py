@@ -1,7 +1,7 @@
-"""timer: ``python -m services.timer`` runs the timer service."""
+"""timer: ``python -m longrun.services.timer`` runs the timer service."""
 
 from __future__ import annotations
 
-from services.timer.main import main
+from longrun.services.timer.main import main
 
 main()

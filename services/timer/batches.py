@@ -97,7 +97,7 @@ from longrun.db.errors import is_transient
 from longrun.db.timers import RunHead, WakeTemplate
 from longrun.domain import TERMINAL, RetryPolicy, RunStatus
 from longrun.ports.timers import DueTimer
-from services.timer import shortcut
+from longrun.services.timer import shortcut
 
 logger = logging.getLogger(__name__)
 

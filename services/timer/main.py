@@ -1,6 +1,6 @@
 """timer service: fires due timers exactly once per timer key, sharing the work among replicas.
 
-The loop fires batches (``services.timer.batches.fire_due``, one transaction each, SKIP LOCKED
+The loop fires batches (``longrun.services.timer.batches.fire_due``, one transaction each, SKIP LOCKED
 so any number of replicas run side by side) until less than a full batch was due, then
 sleeps until the earliest unfired timer is due, asking PostgreSQL once per round (never
 per run), and never longer than ``MAX_SLEEP``: timers scheduled meanwhile by other
@@ -28,7 +28,7 @@ from longrun.bootstrap import open_database, watch
 from longrun.config import Settings
 from longrun.db.errors import is_transient
 from longrun.domain import RetryPolicy
-from services.timer import batches
+from longrun.services.timer import batches
 
 SERVICE = "timer"
 MAX_SLEEP = 0.5

@@ -1,3 +1,3 @@
-from services.worker.main import main
+from longrun.services.worker.main import main
 
 main()

@@ -29,9 +29,9 @@ from longrun.db.engine import make_engine
 from longrun.domain import TERMINAL, RunStatus
 from longrun_client.timeline import describe
 
-SERVICES = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-0", "services.worker"),
-            ("worker-1", "services.worker"), ("timer", "services.timer"), ("reconciler", "services.reconciler"),
-            ("outbox-relay", "services.outbox_relay")]
+SERVICES = [("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"), ("worker-0", "longrun.services.worker"),
+            ("worker-1", "longrun.services.worker"), ("timer", "longrun.services.timer"), ("reconciler", "longrun.services.reconciler"),
+            ("outbox-relay", "longrun.services.outbox_relay")]
 """One of each service, and two workers."""
 
 OnEvent = Callable[[str, str, dict[str, Any]], Awaitable[None]]

@@ -6,7 +6,7 @@ Two kinds, by where a figure can be true:
   increment or an observation and no I/O. Prometheus sums them over replicas.
 - Figures that must agree with the database (runs by status, actions by status, the outbox
   backlog, the quarantine, runs silent or waiting for a worker): gauges set from queries that ONE
-  elected process runs on an interval (``services.reconciler.gauges``). Only that
+  elected process runs on an interval (``longrun.services.reconciler.gauges``). Only that
   process exports them, so they are never summed over replicas.
 
 Labels stay few-valued: workflow (run kind), status, outcome, reason codes, the inbox's service.
@@ -74,7 +74,7 @@ MODEL_COST = Counter("longrun_model_cost_usd_total", "Model cost in US dollars, 
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """The database gauges as one collection read them (``services.reconciler.gauges``)."""
+    """The database gauges as one collection read them (``longrun.services.reconciler.gauges``)."""
 
     runs: Mapping[tuple[str, str, str], int]
     """(workflow, status, tenant or "") -> runs."""

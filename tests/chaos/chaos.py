@@ -121,11 +121,11 @@ class Slot:
 
 
 def roster() -> list[Slot]:
-    slots = [Slot("gateway", "services.gateway", 1), Slot("scheduler", "services.scheduler", 2),
-             Slot("worker-a", "services.worker", 3), Slot("worker-b", "services.worker", 3),
-             Slot("timer", "services.timer", 1), Slot("relay", "services.outbox_relay", 2)]
+    slots = [Slot("gateway", "longrun.services.gateway", 1), Slot("scheduler", "longrun.services.scheduler", 2),
+             Slot("worker-a", "longrun.services.worker", 3), Slot("worker-b", "longrun.services.worker", 3),
+             Slot("timer", "longrun.services.timer", 1), Slot("relay", "longrun.services.outbox_relay", 2)]
     if (ROOT / "services" / "reconciler" / "main.py").exists():
-        slots.append(Slot("reconciler", "services.reconciler", 1))
+        slots.append(Slot("reconciler", "longrun.services.reconciler", 1))
     return slots
 
 

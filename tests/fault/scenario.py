@@ -50,12 +50,12 @@ LEASE_TTL = 3
 REDELIVER_AFTER = 3.0
 """Seconds a finished CI result may go untaken before the provider sends it again."""
 MODULES = {
-    "gateway": "services.gateway",
-    "scheduler": "services.scheduler",
-    "worker": "services.worker",
-    "timer": "services.timer",
-    "reconciler": "services.reconciler",
-    "relay": "services.outbox_relay",
+    "gateway": "longrun.services.gateway",
+    "scheduler": "longrun.services.scheduler",
+    "worker": "longrun.services.worker",
+    "timer": "longrun.services.timer",
+    "reconciler": "longrun.services.reconciler",
+    "relay": "longrun.services.outbox_relay",
 }
 EVERYTHING = ("gateway", "scheduler", "relay", "timer", "reconciler", "worker")
 

@@ -55,9 +55,9 @@ SETTLE_SECONDS = 60.0 + MESSAGES / 20
 busy after it has stalled."""
 WEBHOOKS_IN_FLIGHT = 8
 FUZZ_ID = "x-fuzz-id"
-SERVICES = (("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker-a", "services.worker"),
-            ("worker-b", "services.worker"), ("relay", "services.outbox_relay"), ("timer", "services.timer"),
-            ("reconciler", "services.reconciler"))
+SERVICES = (("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"), ("worker-a", "longrun.services.worker"),
+            ("worker-b", "longrun.services.worker"), ("relay", "longrun.services.outbox_relay"), ("timer", "longrun.services.timer"),
+            ("reconciler", "longrun.services.reconciler"))
 CONSUMER_OF = {"ingress": "scheduler", "worker": "worker"}
 
 pytestmark = [pytest.mark.integration]

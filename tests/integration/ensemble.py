@@ -21,8 +21,8 @@ from tests.ports import free_port
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_TOKEN = SECRETS["LONGRUN_OPERATOR_TOKENS"]
 WEBHOOK_SECRET = SECRETS["LONGRUN_WEBHOOK_SECRET"]
-SERVICES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
-            "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
+SERVICES = {"gateway": "longrun.services.gateway", "scheduler": "longrun.services.scheduler", "worker": "longrun.services.worker",
+            "relay": "longrun.services.outbox_relay", "timer": "longrun.services.timer", "reconciler": "longrun.services.reconciler"}
 """Each service by the name the tests give it, and its module."""
 
 

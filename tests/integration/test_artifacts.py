@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db.artifacts import register
-from services.reconciler.retention import sweep_orphans
+from longrun.services.reconciler.retention import sweep_orphans
 
 pytestmark = pytest.mark.integration
 

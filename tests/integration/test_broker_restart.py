@@ -20,7 +20,7 @@ async def test_broker_restart_mid_stream_loses_nothing(clean, infra, engine, ser
     await create_probe_table(engine)
     services.start("consumer", "tests.probe_consumer")
     services.start("consumer", "tests.probe_consumer")
-    services.start("relay", "services.outbox_relay")
+    services.start("relay", "longrun.services.outbox_relay")
     total = 300
 
     async def produce() -> None:

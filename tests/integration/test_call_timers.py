@@ -23,7 +23,7 @@ from longrun.db.worker_store import PgWorkerStore
 from longrun.domain import ActionStatus, EffectKind, PinnedVersions, RetryPolicy, RunStatus, Usage, calls, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun
-from services.timer.batches import fire_due
+from longrun.services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ CALLER = TracerProvider().get_tracer("tests")
 @pytest.fixture
 def ensemble(services, tmp_path) -> Ensemble:  # type: ignore[no-untyped-def]
     started = Ensemble(services, tmp_path)
-    for name, module in (("scheduler", "services.scheduler"), ("worker", "services.worker"),
-                         ("relay", "services.outbox_relay")):
+    for name, module in (("scheduler", "longrun.services.scheduler"), ("worker", "longrun.services.worker"),
+                         ("relay", "longrun.services.outbox_relay")):
         started.start(name, module)
     return started
 

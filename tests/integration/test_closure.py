@@ -18,7 +18,7 @@ from longrun.db.transaction import PgTransaction
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import wait_timers
-from services.timer import batches as firing
+from longrun.services.timer import batches as firing
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, goal, new_key, publish_create, run_id_for, status_of
 from tests.integration.test_approval_binding import approval_requests, approve

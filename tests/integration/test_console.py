@@ -106,7 +106,7 @@ async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
 @pytest.fixture
 async def gateway(services, tmp_path) -> str:  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     return f"{ensemble.gateway_url}/console"
 
@@ -256,7 +256,7 @@ async def test_an_operator_signs_in_at_the_identity_provider_with_the_authorizat
     async with oidc_provider.serving(client_id="longrun-console", client_secret="console-secret",
                                      audience="longrun-api", user=user) as provider:
         ensemble = Ensemble(services, tmp_path)
-        ensemble.start("gateway", "services.gateway", **provider.gateway_env())
+        ensemble.start("gateway", "longrun.services.gateway", **provider.gateway_env())
         await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
         run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
         async with async_playwright() as playwright:
@@ -319,7 +319,7 @@ async def test_every_console_answer_carries_the_security_headers_and_its_inline_
 async def test_behind_a_trusted_tls_proxy_the_session_cookie_is_host_only_and_secure(
         clean, engine, services, tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS="127.0.0.1")
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_FORWARDED_ALLOW_IPS="127.0.0.1")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
     https = {"x-forwarded-proto": "https"}
@@ -395,7 +395,7 @@ async def test_signing_in_and_out_through_a_tls_terminating_proxy(clean, engine,
     SHOTS.mkdir(parents=True, exist_ok=True)
     # Given the gateway behind a TLS-terminating proxy that it trusts to say the scheme, and a run of acme
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_FORWARDED_ALLOW_IPS=tls_proxy.HOST)
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_FORWARDED_ALLOW_IPS=tls_proxy.HOST)
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     token = await identities.token(engine, "user_42", "approver", tenants=("acme",))
     run_id = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id

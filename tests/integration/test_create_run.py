@@ -21,8 +21,8 @@ from longrun.db import outbox
 from longrun.db.engine import psycopg_dsn
 from longrun.db.transaction import PgTransaction
 from longrun.envelope import Envelope, decode, make
-from services.scheduler import admitting, ingress
-from services.scheduler.producers import producer_tenants
+from longrun.services.scheduler import admitting, ingress
+from longrun.services.scheduler.producers import producer_tenants
 from tests.fixtures import eventually
 from tests.integration.ensemble import publish_create
 from tests.kinds import registry

@@ -33,7 +33,7 @@ from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.ports.runs import Fence, StoredRun, plan
-from services.scheduler import admitting
+from longrun.services.scheduler import admitting
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 

@@ -32,8 +32,8 @@ from longrun.domain import events as ev
 from longrun.domain import run as domain_run
 from longrun.errors import DomainError
 from longrun.ports.runs import StoredRun, plan, wait_timers
-from services.timer import batches as firing
-from services.timer import shortcut
+from longrun.services.timer import batches as firing
+from longrun.services.timer import shortcut
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
 

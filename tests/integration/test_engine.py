@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.app.gateway import operate
-from services.worker.main import on_postgres
+from longrun.services.worker.main import on_postgres
 from longrun.app.worker.loop import Taken
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import leases, runs
@@ -39,8 +39,8 @@ async def _admitted(engine, tenant: str) -> int:  # type: ignore[no-untyped-def]
 
 async def test_run_create_three_times_with_one_key_makes_one_run(clean, engine, bus, ensemble) -> None:
     # Given the scheduler and relay
-    ensemble.start("scheduler", "services.scheduler")
-    ensemble.start("relay", "services.outbox_relay")
+    ensemble.start("scheduler", "longrun.services.scheduler")
+    ensemble.start("relay", "longrun.services.outbox_relay")
     key = new_key()
     # When a producer publishes the same run.create three times
     for _ in range(3):
@@ -55,7 +55,7 @@ async def test_run_create_three_times_with_one_key_makes_one_run(clean, engine, 
 
 
 async def test_same_key_with_a_different_input_is_refused_naming_both_hashes(clean, engine, bus, ensemble) -> None:
-    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("scheduler", "longrun.services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("first"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -71,7 +71,7 @@ async def test_same_key_with_a_different_input_is_refused_naming_both_hashes(cle
 
 async def test_tenant_slots_cap_active_runs_and_other_tenants_are_not_held_back(clean, engine, bus, ensemble) -> None:
     # Given a scheduler with 2 slots per tenant and no worker (admitted runs stay active)
-    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="2")
+    ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_TENANT_SLOTS="2")
     for i in range(100):
         await publish_create(bus, tenant="tenant-a", key=f"a-{i}", input_=goal(f"a{i}"))
     await eventually(lambda: _count(engine, "tenant-a", 100), timeout=60, what="100 runs of tenant A")
@@ -97,7 +97,7 @@ async def test_tenant_slots_cap_active_runs_and_other_tenants_are_not_held_back(
 async def test_a_run_with_a_free_slot_is_admitted_in_the_transaction_that_creates_it(
         clean, engine, bus, ensemble) -> None:
     # Given a scheduler with one slot per tenant and no worker
-    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1")
+    ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_TENANT_SLOTS="1")
     # When a run is asked for while the slot is free, then another while it is taken
     await publish_create(bus, tenant="tenant-d", key="first", input_=goal("first"))
     first = await eventually(lambda: run_id_for(engine, "tenant-d", "first"), what="the first run")
@@ -125,7 +125,7 @@ async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_one
     await publish_create(bus, tenant="tenant-c", key="old-low", input_=goal("low"), priority=0)
     for i in range(3):
         await publish_create(bus, tenant="tenant-c", key=f"new-high-{i}", input_=goal(f"h{i}"), priority=9)
-    scheduler = ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1",
+    scheduler = ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_TENANT_SLOTS="1",
                                LONGRUN_PRIORITY_AGING="30")
     await eventually(lambda: _count(engine, "tenant-c", 4), what="four runs")
     scheduler.terminate()
@@ -134,7 +134,7 @@ async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_one
         await conn.execute(text("UPDATE runs SET created_at = now() - interval '10 minutes' "
                                 "WHERE idempotency_key = 'old-low'"))
     # When the scheduler admits again
-    ensemble.start("scheduler", "services.scheduler", LONGRUN_TENANT_SLOTS="1", LONGRUN_PRIORITY_AGING="30")
+    ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_TENANT_SLOTS="1", LONGRUN_PRIORITY_AGING="30")
     # Then the old low-priority run goes first (0 + 600/30 = 20 > 9)
     low = await run_id_for(engine, "tenant-c", "old-low")
     await eventually(lambda: _is_admitted(engine, low), what="the aged run admitted")
@@ -143,7 +143,7 @@ async def test_aging_admits_an_old_low_priority_run_before_new_high_priority_one
 async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, engine, statements, bus,
                                                                          ensemble) -> None:
     # Given a created run
-    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("scheduler", "longrun.services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("race"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -174,7 +174,7 @@ async def test_two_workers_woken_for_one_run_at_once_exactly_one_commits(clean, 
 
 async def test_one_wakeup_handled_twice_at_once_takes_the_run_once(clean, engine, statements, bus, ensemble) -> None:
     # Given a created run and two workers handed the same delivery (a redelivery during a partition handover)
-    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("scheduler", "longrun.services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("twice"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -200,7 +200,7 @@ async def test_one_wakeup_handled_twice_at_once_takes_the_run_once(clean, engine
 
 
 async def test_a_stale_worker_is_fenced_out_after_its_lease_is_taken_over(clean, engine, bus, ensemble) -> None:
-    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("scheduler", "longrun.services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("stale"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -255,7 +255,7 @@ async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[
 async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_gets_one(
         clean, engine, statements, bus, ensemble) -> None:
     # Given a worker with one slot and a short lease, and a created run
-    ensemble.start("scheduler", "services.scheduler")
+    ensemble.start("scheduler", "longrun.services.scheduler")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")

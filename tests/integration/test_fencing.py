@@ -26,7 +26,7 @@ async def test_a_stalled_worker_is_fenced_out_and_the_run_finishes_elsewhere(cle
     env = {"LONGRUN_RUN_LEASE_TTL": "3", "LONGRUN_FORGE_TIMEOUT": "20", "LONGRUN_RECONCILE_INTERVAL": "0.5",
            "LONGRUN_AMQP_HEARTBEAT": "2"}
     ensemble.start_services("gateway", "scheduler", "relay", "reconciler", "timer", **env)
-    workers = {p.name: p for p in (ensemble.start("worker", "services.worker", **env) for _ in range(2))}
+    workers = {p.name: p for p in (ensemble.start("worker", "longrun.services.worker", **env) for _ in range(2))}
     await ensemble.configure_forge(faults=({"endpoint": "commits", "mode": "timeout_after_commit",
                                             "times": 1, "hold_seconds": 8},))
     key = new_key()

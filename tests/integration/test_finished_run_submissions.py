@@ -25,7 +25,7 @@ from longrun.bus import topology
 from longrun.db import actions as ledger
 from longrun.db import runs
 from longrun.db.transaction import PgTransaction
-from services.reconciler.sweeps import reconcile_unknown
+from longrun.services.reconciler.sweeps import reconcile_unknown
 from longrun.domain import (
     ActionStatus,
     EffectKind,

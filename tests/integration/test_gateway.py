@@ -37,7 +37,7 @@ ACME_SECRET = "acme-own-secret"
 @pytest.fixture
 async def gateway(services, tmp_path):  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         yield http
@@ -108,7 +108,7 @@ async def test_a_signed_delivery_postgresql_cannot_store_is_refused_with_400_nam
 async def test_a_timestamped_delivery_sent_again_outside_the_replay_window_is_refused_and_audited(
         clean, engine, services, tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
                    LONGRUN_WEBHOOK_SECRETS=f"forge={WEBHOOK_SECRET},acme={ACME_SECRET}", LONGRUN_WEBHOOK_REPLAY_WINDOW="5s")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     stored = await waiting_for_event(engine, "ci/acme/payments/11", provider="acme")
@@ -314,7 +314,7 @@ async def test_an_operator_attaches_an_artifact_the_run_records_and_serves_back(
 async def test_a_provider_with_a_secret_of_its_own_is_verified_with_it_alone(clean, engine, services,
                                                                              tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_SECRETS="forge=the-forge-own-secret")
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_WEBHOOK_SECRETS="forge=the-forge-own-secret")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     await waiting_for_event(engine, "ci/acme/payments/31")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:

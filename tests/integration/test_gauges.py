@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.db.schema import metadata
 from longrun.domain import RunStatus
-from services.reconciler import gauges
+from longrun.services.reconciler import gauges
 from tests.integration import runs_factory
 
 RUNS = 10_000

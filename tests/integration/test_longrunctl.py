@@ -33,7 +33,7 @@ LONGRUNCTL = Path(sys.executable).parent / "longrunctl"
 @pytest.fixture
 async def gateway(services, tmp_path):  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     return ensemble.gateway_url
 

@@ -88,8 +88,8 @@ async def test_the_node_example_exits_non_zero_naming_the_code_when_its_create_i
         infra, clean, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = _node()
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("scheduler", "services.scheduler")
-    ensemble.start("relay", "services.outbox_relay")
+    ensemble.start("scheduler", "longrun.services.scheduler")
+    ensemble.start("relay", "longrun.services.outbox_relay")
     code, out, err = await _run_example(node, infra, "--tenant", "acme", "--workflow", "no_such_workflow",
                                         "--timeout", "60")
     assert code == 1, f"exit {code}\nstdout:\n{out}\nstderr:\n{err}"

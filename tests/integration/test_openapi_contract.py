@@ -28,7 +28,7 @@ from longrun.db import audit as audit_log
 from longrun.db import policies, quarantine, tokens
 from longrun.db.transaction import PgTransaction
 from longrun.domain import Scope
-from services.gateway import openapi
+from longrun.services.gateway import openapi
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
@@ -150,7 +150,7 @@ async def test_schemathesis_finds_the_live_gateway_keeps_its_contract(clean, eng
     # Given a live gateway over runs in several states
     known = await seeded(engine)
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     # When schemathesis loads the document the gateway serves (the committed one) and drives every operation
     schema = await asyncio.to_thread(schemathesis.openapi.from_url, f"{ensemble.gateway_url}/openapi.json",

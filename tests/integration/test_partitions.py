@@ -43,7 +43,7 @@ async def test_each_runs_messages_are_handled_in_publish_order(clean, engine, se
     await create_probe_table(engine)
     services.start("consumer", "tests.probe_consumer")
     services.start("consumer", "tests.probe_consumer")
-    services.start("relay", "services.outbox_relay")
+    services.start("relay", "longrun.services.outbox_relay")
     # (each holding its share of the partitions: one replica alone would drain 1,000 messages before
     # the other's first lease)
     await eventually(lambda: _owners_are(engine, 2), timeout=30, what="both replicas holding partitions")

@@ -38,8 +38,8 @@ def _start(services, tmp_path: Path, *names: str) -> tuple[Ensemble, Path]:  # t
     calls = tmp_path / "far-side.jsonl"
     calls.touch()
     ensemble = Ensemble(services, tmp_path)
-    modules = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
-               "relay": "services.outbox_relay", "timer": "services.timer"}
+    modules = {"gateway": "longrun.services.gateway", "scheduler": "longrun.services.scheduler", "worker": "longrun.services.worker",
+               "relay": "longrun.services.outbox_relay", "timer": "longrun.services.timer"}
     for name in names:
         ensemble.start(name, modules[name], LONGRUN_RUN_KINDS=KINDS, NOTES_CALLS=str(calls))
     return ensemble, calls

@@ -36,7 +36,7 @@ async def test_a_run_whose_decide_raises_backs_off_then_needs_attention_and_a_re
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_services("gateway", "scheduler", "relay", "timer", **KINDS)
-    broken = ensemble.start("worker", "services.worker", **KINDS)
+    broken = ensemble.start("worker", "longrun.services.worker", **KINDS)
     # When a producer creates a run with an input its kind's decide cannot read
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_={"steps": "abc"}, workflow="counting")
@@ -69,7 +69,7 @@ async def test_a_run_whose_decide_raises_backs_off_then_needs_attention_and_a_re
 
     # When the fixed kind is deployed (the same version) and an operator retries the run
     broken.terminate()
-    ensemble.start("worker", "services.worker", POISON_FIXED="1", **KINDS)
+    ensemble.start("worker", "longrun.services.worker", POISON_FIXED="1", **KINDS)
     retried = await _longrunctl(ensemble, operator, "run", "retry", run_id, "--reason", "int() fixed in 1.0.1")
     assert retried.returncode == 0, retried.stderr
     assert json.loads(retried.stdout)["status"] == "READY"

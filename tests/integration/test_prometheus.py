@@ -23,9 +23,9 @@ from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-SERVICES = (("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("worker", "services.worker"),
-            ("worker", "services.worker"), ("timer", "services.timer"), ("relay", "services.outbox_relay"),
-            ("reconciler", "services.reconciler"), ("reconciler", "services.reconciler"))
+SERVICES = (("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"), ("worker", "longrun.services.worker"),
+            ("worker", "longrun.services.worker"), ("timer", "longrun.services.timer"), ("relay", "longrun.services.outbox_relay"),
+            ("reconciler", "longrun.services.reconciler"), ("reconciler", "longrun.services.reconciler"))
 ABSENT_HERE = {"longrun_quarantine_messages", "longrun_runs_awaiting_worker", "longrun_recoveries_total",
                "longrun_budget_exhaustions_total", "longrun_reconciler_alerts_total",
                "longrun_actions_reconciled_total"}

@@ -24,7 +24,7 @@ async def oncall(clean, engine) -> dict[str, str]:  # type: ignore[no-untyped-de
 @pytest.fixture
 async def gateway(services, tmp_path):  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         yield http

@@ -33,7 +33,7 @@ async def test_listing_shows_reasons_and_replay_revalidates_and_publishes_once(o
                                       headers={}, message_id="raw", error_code="decode_error",
                                       reason="malformed message: body is not JSON", attempts=1)
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=oncall) as gateway:
         # When an operator lists the quarantine

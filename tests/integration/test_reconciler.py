@@ -34,9 +34,9 @@ from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import leases
 from longrun.db import outbox, runs
-from services.reconciler.alerts import check_drift, flag_silent_runs
-from services.reconciler.dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
-from services.reconciler.sweeps import reconcile_unknown, rewake_expired_leases
+from longrun.services.reconciler.alerts import check_drift, flag_silent_runs
+from longrun.services.reconciler.dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
+from longrun.services.reconciler.sweeps import reconcile_unknown, rewake_expired_leases
 from longrun.domain import (
     TERMINAL,
     ActionStatus,
@@ -501,13 +501,13 @@ async def _has_rows(engine: AsyncEngine, sql: str, n: int) -> bool:
 def _start_ensemble(ensemble: Ensemble, tmp: Path, *, worker_env: dict[str, str]) -> None:
     common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
               "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
-    services = [("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                ("reconciler", "services.reconciler"), ("relay", "services.outbox_relay")]
+    services = [("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"),
+                ("reconciler", "longrun.services.reconciler"), ("relay", "longrun.services.outbox_relay")]
     if (ROOT / "services" / "timer").is_dir():
-        services.append(("timer", "services.timer"))
+        services.append(("timer", "longrun.services.timer"))
     for name, module in services:
         ensemble.start(name, module, **common)
-    ensemble.start("worker", "services.worker", **{**common, **worker_env})
+    ensemble.start("worker", "longrun.services.worker", **{**common, **worker_env})
 
 
 async def _run_to_the_end(engine: AsyncEngine, ensemble: Ensemble, bus: Bus, *,
@@ -599,7 +599,7 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
     async def replace_the_dead_worker() -> None:
         if not crashing.alive() and len([p for p in services.started if p.name.startswith("worker")]) == 1:
             assert crashing.popen.returncode == -9, crashing.output()
-            ensemble.start("worker", "services.worker", LONGRUN_FORGE_TIMEOUT="2",
+            ensemble.start("worker", "longrun.services.worker", LONGRUN_FORGE_TIMEOUT="2",
                            LONGRUN_ARTIFACT_DIR=str(tmp_path / "artifacts"))
 
     # When the task runs, and the dead worker is replaced by a fresh one
@@ -635,7 +635,7 @@ async def test_an_expired_lease_is_rewoken_when_it_runs_out_not_a_round_later(cl
         lease_until = (await conn.execute(text("SELECT lease_until FROM runs WHERE run_id = :r"),
                                           {"r": run_id})).scalar_one()
     # When the reconciler runs with its rounds 60 s apart
-    services.start("reconciler", "services.reconciler", LONGRUN_RECONCILE_INTERVAL="60")
+    services.start("reconciler", "longrun.services.reconciler", LONGRUN_RECONCILE_INTERVAL="60")
     # Then the run is re-woken as its lease runs out, not at the next round
     await eventually(lambda: _has_wakeup(engine, run_id), timeout=20, what="the run re-woken")
     rows = await _rows(engine, "SELECT created_at FROM outbox WHERE aggregate_id = :r AND type = 'run.wakeup'",

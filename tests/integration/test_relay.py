@@ -29,14 +29,14 @@ async def test_relay_killed_between_publish_and_mark_publishes_twice_and_consume
             await enqueue(conn, wakeup("run-crash", f"w-{i}"))
     consumer = services.start("consumer", "tests.probe_consumer")
     # When the relay is SIGKILLed after the broker confirmed and before it marked the rows
-    crashing = services.start("relay", "services.outbox_relay",
+    crashing = services.start("relay", "longrun.services.outbox_relay",
                               LONGRUN_CRASH_POINTS="relay.after_publish_before_mark")
     crashing.popen.wait(timeout=60)
     assert crashing.popen.returncode == -9, crashing.output()
     assert await scalar(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 20
     await eventually(lambda: _applied_count(engine, 20), what="first copies applied")
     # and a new relay takes over
-    services.start("relay", "services.outbox_relay")
+    services.start("relay", "longrun.services.outbox_relay")
     await eventually(lambda: _unpublished_is(engine, 0), what="rows marked published")
     # Then every message went out twice, and every one was applied exactly once
     await eventually(lambda: _duplicates_logged(consumer, 20), what="20 duplicates dropped",
@@ -50,7 +50,7 @@ async def test_relay_publishes_a_row_that_commits_late(clean, engine, services) 
     # Given a transaction that takes an outbox id first and commits last
     await create_probe_table(engine)
     services.start("consumer", "tests.probe_consumer")
-    services.start("relay", "services.outbox_relay")
+    services.start("relay", "longrun.services.outbox_relay")
     late = await engine.connect()
     transaction = await late.begin()
     await enqueue(late, wakeup("run-late", "w-late"))

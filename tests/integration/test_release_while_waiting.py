@@ -45,11 +45,11 @@ async def waiting_across_a_release(clean, engine, bus, services, tmp_path):  # t
     ensemble.env.update({"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared"), str(PACKAGE)]),
                          "ACME_RELEASES": str(far_side), "LONGRUN_RECONCILE_INTERVAL": "0.5"})
     # Given a deployment of version 1: the scheduler pins the newest version it knows
-    ensemble.start("scheduler", "services.scheduler", LONGRUN_RUN_KINDS="acme_release:V1")
-    ensemble.start("relay", "services.outbox_relay")
-    ensemble.start("reconciler", "services.reconciler", LONGRUN_RUN_KINDS=BOTH)
-    ensemble.start("gateway", "services.gateway", LONGRUN_RUN_KINDS=BOTH)
-    worker_v1 = ensemble.start("worker", "services.worker", LONGRUN_RUN_KINDS="acme_release:V1")
+    ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_RUN_KINDS="acme_release:V1")
+    ensemble.start("relay", "longrun.services.outbox_relay")
+    ensemble.start("reconciler", "longrun.services.reconciler", LONGRUN_RUN_KINDS=BOTH)
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_RUN_KINDS=BOTH)
+    worker_v1 = ensemble.start("worker", "longrun.services.worker", LONGRUN_RUN_KINDS="acme_release:V1")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_={"release": "2026.12"}, workflow="acme_release")
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
@@ -58,7 +58,7 @@ async def waiting_across_a_release(clean, engine, bus, services, tmp_path):  # t
     assert (await _row(engine, run_id))["workflow_version"] == "1"
     # When version 1's only worker is retired and a worker that runs only version 2 is deployed
     worker_v1.terminate()
-    ensemble.start("worker", "services.worker", LONGRUN_RUN_KINDS="acme_release:V2")
+    ensemble.start("worker", "longrun.services.worker", LONGRUN_RUN_KINDS="acme_release:V2")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     await eventually(lambda: _serves_only_v2(engine), timeout=30, what="the version-2 worker's membership")
     token_before = (await _row(engine, run_id))["fencing_token"]
@@ -91,7 +91,7 @@ async def test_a_worker_of_its_version_returns_and_it_completes_there(
         waiting_across_a_release, engine) -> None:  # type: ignore[no-untyped-def]
     ensemble, run_id, far_side, http = waiting_across_a_release
     # When a worker of version 1 joins again
-    ensemble.start("worker", "services.worker", LONGRUN_RUN_KINDS="acme_release:V1")
+    ensemble.start("worker", "longrun.services.worker", LONGRUN_RUN_KINDS="acme_release:V1")
     # Then the run resumes by itself on it and completes, published exactly once, by version 1
     await eventually(lambda: _is(engine, run_id, "COMPLETED"), timeout=30, what="COMPLETED")
     assert [p["by"] for p in _published(far_side)] == ["1"]

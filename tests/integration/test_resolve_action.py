@@ -31,8 +31,8 @@ pytestmark = pytest.mark.integration
 
 LONGRUNCTL = Path(sys.executable).parent / "longrunctl"
 MR = "merge_request"
-SERVICES = (("gateway", "services.gateway"), ("scheduler", "services.scheduler"), ("relay", "services.outbox_relay"),
-            ("timer", "services.timer"))
+SERVICES = (("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"), ("relay", "longrun.services.outbox_relay"),
+            ("timer", "longrun.services.timer"))
 
 
 def _start(ensemble: Ensemble, tmp: Path, **worker_env: str) -> None:
@@ -40,7 +40,7 @@ def _start(ensemble: Ensemble, tmp: Path, **worker_env: str) -> None:
     common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts")}
     for name, module in SERVICES:
         ensemble.start(name, module, **common)
-    ensemble.start("worker", "services.worker", **common, **worker_env)
+    ensemble.start("worker", "longrun.services.worker", **common, **worker_env)
 
 
 async def _until(engine: AsyncEngine, ensemble: Ensemble, run_id: str, *statuses: RunStatus) -> runs.StoredRun:
@@ -151,7 +151,7 @@ async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_r
     await ensemble.configure_forge()
     _start(ensemble, tmp_path, LONGRUN_CRASH_POINTS="worker.before_tool_request:6", LONGRUN_RUN_LEASE_TTL="3")
     crashing = services.started[-1]
-    ensemble.start("reconciler", "services.reconciler", LONGRUN_RECONCILE_INTERVAL="0.5")
+    ensemble.start("reconciler", "longrun.services.reconciler", LONGRUN_RECONCILE_INTERVAL="0.5")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     run_id = await _created(engine, bus)
     async def dead() -> bool:
@@ -160,7 +160,7 @@ async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_r
 
     await eventually(dead, timeout=60, what="the worker to die before the merge request")
     await _outage(ensemble, 120)
-    ensemble.start("worker", "services.worker", LONGRUN_FORGE_TIMEOUT="2", LONGRUN_RUN_LEASE_TTL="3",
+    ensemble.start("worker", "longrun.services.worker", LONGRUN_FORGE_TIMEOUT="2", LONGRUN_RUN_LEASE_TTL="3",
                    LONGRUN_ARTIFACT_DIR=str(tmp_path / "artifacts"))
     row = await eventually(lambda: _deferred(engine, run_id), timeout=60, what="the reconciliation to be stuck")
     assert row.status == "RECONCILING" and row.last_error

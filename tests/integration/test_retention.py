@@ -36,9 +36,9 @@ from longrun.envelope import Envelope, make
 from longrun.ports.runs import LedgerRequest, StoredRun, plan
 from longrun.ports.webhooks import Translated
 from longrun.workflows import STEPS_VERSIONS, steps
-from services.gateway import quarantine as quarantine_ops
-from services.reconciler import retention
-from services.reconciler.sweeps import horizons
+from longrun.services.gateway import quarantine as quarantine_ops
+from longrun.services.reconciler import retention
+from longrun.services.reconciler.sweeps import horizons
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.integration.identities import bearer

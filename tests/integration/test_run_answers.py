@@ -71,9 +71,9 @@ async def _publish(bus, body: dict[str, Any] | bytes) -> None:  # type: ignore[n
 
 
 def _start(ensemble: Ensemble, **scheduler_env: str) -> None:
-    ensemble.start("scheduler", "services.scheduler", **scheduler_env)
-    ensemble.start("worker", "services.worker")
-    ensemble.start("relay", "services.outbox_relay")
+    ensemble.start("scheduler", "longrun.services.scheduler", **scheduler_env)
+    ensemble.start("worker", "longrun.services.worker")
+    ensemble.start("relay", "longrun.services.outbox_relay")
 
 
 async def test_each_refused_create_is_answered_with_its_code_and_the_next_one_completes(
@@ -148,7 +148,7 @@ async def test_a_repeated_create_is_announced_again_and_labels_are_kept_and_sear
         clean, engine, bus, ensemble) -> None:
     # Given the ensemble with its gateway, and a consumer of acme's run events
     _start(ensemble)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     follower = Follower()
     await follower.start(bus, TENANT)
     key = new_key()
@@ -205,7 +205,7 @@ async def test_a_run_an_operator_terminates_ends_with_the_public_receipts_of_wha
         clean, engine, bus, ensemble) -> None:
     # Given a long run that has confirmed some of its steps, and a consumer of acme's run events
     _start(ensemble)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     follower = Follower()
     await follower.start(bus, TENANT)
     await _publish(bus, _create("long", input={"steps": 100_000}))

@@ -28,7 +28,7 @@ from longrun.domain import PinnedVersions, RunTimeouts, Usage, freeze
 from longrun.domain import events as ev
 from longrun.envelope import make
 from longrun.errors import IllegalTransition
-from services.timer import batches as firing
+from longrun.services.timer import batches as firing
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.ensemble import Ensemble, event_types, new_key, run_id_for, status_of
 from tests.integration.timed_kinds import DEFAULTS
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.integration
 
 KINDS = "tests.integration.timed_kinds:kinds"
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="timed-1")
-MODULES = {"scheduler": "services.scheduler", "worker": "services.worker", "relay": "services.outbox_relay",
-           "timer": "services.timer"}
+MODULES = {"scheduler": "longrun.services.scheduler", "worker": "longrun.services.worker", "relay": "longrun.services.outbox_relay",
+           "timer": "longrun.services.timer"}
 
 
 def _start(services, tmp_path: Path, *names: str, slow: float = 0.0) -> Path:  # type: ignore[no-untyped-def]

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 
 SIGNAL_SECRET = "signal-own-secret"
 """The signal provider's secret: each provider has its own."""
-MODULES = {"gateway": "services.gateway", "scheduler": "services.scheduler", "worker": "services.worker",
-           "relay": "services.outbox_relay", "timer": "services.timer", "reconciler": "services.reconciler"}
+MODULES = {"gateway": "longrun.services.gateway", "scheduler": "longrun.services.scheduler", "worker": "longrun.services.worker",
+           "relay": "longrun.services.outbox_relay", "timer": "longrun.services.timer", "reconciler": "longrun.services.reconciler"}
 SERVICES = {f"longrun-{name}" for name in ("scheduler", "outbox-relay", "worker", "timer", "gateway")}
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from longrun.db import admission, migrate
 from longrun.db.schema import metadata
 from longrun_dependency_upgrade import webhooks as forge
-from services.scheduler import admitting
+from longrun.services.scheduler import admitting
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration

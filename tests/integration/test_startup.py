@@ -20,7 +20,7 @@ def test_an_unreachable_dependency_stops_the_service_with_what_to_start(infra, v
                                                                          says: str) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LONGRUN_DATABASE_URL": infra.database_url,
            "LONGRUN_AMQP_URL": infra.amqp_url, "LONGRUN_STARTUP_PATIENCE": "1", variable: url}
-    done = subprocess.run([sys.executable, "-m", "services.outbox_relay"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "longrun.services.outbox_relay"], env=env, capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert done.returncode == 3, done.stderr
     assert "cannot start" in done.stderr and says in done.stderr and "127.0.0.1:1" in done.stderr
@@ -29,7 +29,7 @@ def test_an_unreachable_dependency_stops_the_service_with_what_to_start(infra, v
 def test_a_bad_setting_stops_the_service_naming_the_variable() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LONGRUN_PARTITIONS": "eight",
            "LONGRUN_PREFETCH": "0"}
-    done = subprocess.run([sys.executable, "-m", "services.worker"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "longrun.services.worker"], env=env, capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert done.returncode == 2
     assert "LONGRUN_PARTITIONS: got 'eight'; expected an integer >= 1" in done.stderr

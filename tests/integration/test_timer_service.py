@@ -2,7 +2,7 @@
 
 Runs are built through the domain events and ``longrun.db.runs`` (or, for the load test,
 the same events folded and inserted in bulk), parked with ``timers.schedule_all`` of ``wait_timers``,
-and fired by the real ``services.timer`` process, or by ``fire_due`` in-process where only
+and fired by the real ``longrun.services.timer`` process, or by ``fire_due`` in-process where only
 the use case's decision is under test. Every check reads PostgreSQL: run events, the
 timers table, and the outbox rows the firing wrote.
 """
@@ -27,10 +27,10 @@ from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun, plan, wait_timers
-from services.timer import batches as firing
-from services.timer import main as timer_service
-from services.timer import shortcut as timer_shortcut
-from services.timer.batches import fire_due
+from longrun.services.timer import batches as firing
+from longrun.services.timer import main as timer_service
+from longrun.services.timer import shortcut as timer_shortcut
+from longrun.services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import scalar
 
@@ -106,7 +106,7 @@ async def test_a_due_retry_timer_wakes_its_run_exactly_once(clean, engine, servi
     # Given a run parked in RETRY_SCHEDULED whose backoff timer is due now
     wait_id = await _park_for_retry(engine, "run-retry", in_seconds=1.0)
     # When the timer service runs
-    services.start("timer", "services.timer")
+    services.start("timer", "longrun.services.timer")
     await eventually(lambda: _fired_at(engine, f"run-retry:{wait_id}:wake"), what="the timer fired")
     # and keeps running for a few more polls
     await asyncio.sleep(1.5)
@@ -128,7 +128,7 @@ async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_
     wait_id = await _park_for_retry(engine, "run-crash", in_seconds=1.0)
     timer_key = f"run-crash:{wait_id}:wake"
     # When the timer service is SIGKILLed after writing the wake and the wakeup, before marking the timer
-    crashing = services.start("timer", "services.timer", LONGRUN_CRASH_POINTS="timer.after_fire_before_mark")
+    crashing = services.start("timer", "longrun.services.timer", LONGRUN_CRASH_POINTS="timer.after_fire_before_mark")
     crashing.popen.wait(timeout=60)
     assert crashing.popen.returncode == -9, crashing.output()
     # Then the whole firing rolled back: no event, no wakeup, the timer still due
@@ -136,7 +136,7 @@ async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_
     assert await _outbox(engine, "run-crash") == []
     assert await _fired_at(engine, timer_key) is None
     # And a restarted service fires it, once
-    services.start("timer", "services.timer")
+    services.start("timer", "longrun.services.timer")
     await eventually(lambda: _fired_at(engine, timer_key), what="the timer fired after the restart")
     await asyncio.sleep(1.0)
     wokens = await _wokens(engine, "run-crash")
@@ -383,7 +383,7 @@ def _fresh_ids_dropped(envelope: dict[str, Any]) -> dict[str, Any]:
 async def test_ten_thousand_timers_due_at_once_fire_exactly_once_across_two_replicas(
         clean, engine, services) -> None:
     # Given two timer service replicas, and 10,000 runs parked in RETRY_SCHEDULED
-    replicas = [services.start("timer", "services.timer") for _ in range(2)]
+    replicas = [services.start("timer", "longrun.services.timer") for _ in range(2)]
     started = time.monotonic()
     await _insert_parked_runs(engine, BULK_RUNS)
     # When all their timers come due at the same instant (inserted with one statement)

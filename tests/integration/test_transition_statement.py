@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
-from services.worker.main import on_postgres
+from longrun.services.worker.main import on_postgres
 from longrun.app.worker.loop import Taken
 from longrun.artifacts import INLINE_LIMIT, FilesystemArtifactStore
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
@@ -30,7 +30,7 @@ from longrun.errors import StaleRevision
 from longrun.model import ScriptedModel
 from longrun.ports.runs import LedgerRequest, plan
 from longrun.workflows import STEPS_VERSIONS, steps
-from services.scheduler import admitting
+from longrun.services.scheduler import admitting
 from tests.kinds import registry
 from tests import ci_gate
 from tests.fixtures import PARTITIONS

@@ -25,8 +25,8 @@ async def test_versions_show_open_runs_and_the_live_workers_serving_them(clean, 
     # Given a worker that runs the built-in kinds at version 1, a run at version 1 waiting for an
     # approval, and a run pinned to a version 2 that no worker serves
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
-    ensemble.start("worker", "services.worker", LONGRUN_INSTANCE_ID="worker-v1")
+    ensemble.start("gateway", "longrun.services.gateway")
+    ensemble.start("worker", "longrun.services.worker", LONGRUN_INSTANCE_ID="worker-v1")
     await waiting_for_user(engine, approval_id="merge", approved_hash="a" * 64)
     await created(engine, versions=replace(VERSIONS, workflow="2"))
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")

@@ -160,11 +160,11 @@ async def live(args: argparse.Namespace) -> None:
         try:
             ensemble.start_forge()
             await ensemble.configure_forge(deliver_times=2)
-            for name, module in (("gateway", "services.gateway"), ("scheduler", "services.scheduler"),
-                                 ("timer", "services.timer"), ("reconciler", "services.reconciler"),
-                                 ("relay", "services.outbox_relay")):
+            for name, module in (("gateway", "longrun.services.gateway"), ("scheduler", "longrun.services.scheduler"),
+                                 ("timer", "longrun.services.timer"), ("reconciler", "longrun.services.reconciler"),
+                                 ("relay", "longrun.services.outbox_relay")):
                 ensemble.start(name, module, **common)
-            crashing = ensemble.start("worker", "services.worker", **common,
+            crashing = ensemble.start("worker", "longrun.services.worker", **common,
                                       LONGRUN_CRASH_POINTS="worker.after_tool_response_before_record:2")
             await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
 
@@ -178,7 +178,7 @@ async def live(args: argparse.Namespace) -> None:
                     while time.monotonic() < deadline:
                         if not crashing.alive() and all(not p.alive() for p in services.started
                                                         if p.name.startswith("worker")):
-                            ensemble.start("worker", "services.worker", **common)
+                            ensemble.start("worker", "longrun.services.worker", **common)
                         run_id = run_id or await run_id_for(engine, "acme", key)
                         if run_id is not None:
                             async with engine.connect() as conn:

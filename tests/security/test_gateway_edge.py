@@ -16,7 +16,7 @@ from sqlalchemy import text
 from starlette.routing import Mount, Route
 
 from longrun.config import Settings
-from services.gateway.http import create_app
+from longrun.services.gateway.http import create_app
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import bearer
 from tests.integration.runs_factory import created, waiting_for_user
@@ -169,7 +169,7 @@ async def send_huge(port: int, path: str, headers: dict[str, str], *, chunked: b
 @pytest.fixture
 async def gateway_process(services, tmp_path):  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    process = ensemble.start("gateway", "services.gateway", LONGRUN_MAX_ATTACHMENT_BYTES="1000")
+    process = ensemble.start("gateway", "longrun.services.gateway", LONGRUN_MAX_ATTACHMENT_BYTES="1000")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     return ensemble, process
 

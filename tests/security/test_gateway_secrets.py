@@ -24,7 +24,7 @@ EXAMPLE_YAML = {"LONGRUN_WEBHOOK_SECRET": "CHANGE-ME", "LONGRUN_OPERATOR_TOKENS"
 
 def gateway_exit(services, **env: str) -> tuple[int, str]:  # type: ignore[no-untyped-def]
     base = {k: v for k, v in services.env().items() if k not in SECRETS}
-    done = subprocess.run([sys.executable, "-m", "services.gateway"], env={**base, **env}, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "longrun.services.gateway"], env={**base, **env}, capture_output=True,
                           text=True, timeout=60)
     return done.returncode, done.stdout + done.stderr
 
@@ -62,7 +62,7 @@ async def test_the_bootstrap_tokens_go_off_once_a_named_token_exists(clean, engi
     assert status != 0 and "LONGRUN_OPERATOR_TOKENS is off, yet no named token is live" in output
     secret = await token(engine, "ops-admin", "admin")
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_OPERATOR_TOKENS="off")
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_OPERATOR_TOKENS="off")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url) as http:
         assert (await http.get("/me", headers={"authorization": f"Bearer {secret}"})).status_code == 200

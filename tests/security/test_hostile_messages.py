@@ -14,7 +14,7 @@ from longrun.bus import topology
 from longrun.bus.codec import to_message
 from longrun.bus.consumer import QueueConsumer
 from longrun.envelope import make
-from services.reconciler.dead_letters import ingest_quarantine_queue
+from longrun.services.reconciler.dead_letters import ingest_quarantine_queue
 from tests.fixtures import DELIVERY_LIMIT, eventually
 from tests.integration.bus_helpers import create_probe_table, publish, route, wakeup
 from tests.integration.ensemble import Ensemble, new_key, publish_create, run_id_for
@@ -65,7 +65,7 @@ async def _handled(engine, wakeup_id: str) -> bool:  # type: ignore[no-untyped-d
 async def test_the_ingress_quarantines_what_is_not_a_readable_run_create_at_once_and_still_creates_runs(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the scheduler
-    Ensemble(services, tmp_path).start("scheduler", "services.scheduler")
+    Ensemble(services, tmp_path).start("scheduler", "longrun.services.scheduler")
     # When a wakeup arrives on the ingress, and a run.create whose id holds U+0000 (its answer could not
     # be stored), and then a valid run.create
     stray = wakeup("run-stray", "w-stray")
@@ -86,7 +86,7 @@ async def test_the_ingress_quarantines_what_is_not_a_readable_run_create_at_once
 
 async def test_a_wakeup_naming_no_run_is_quarantined_at_once(clean, engine, bus, services, tmp_path) -> None:
     # Given a worker owning every partition
-    Ensemble(services, tmp_path).start("worker", "services.worker")
+    Ensemble(services, tmp_path).start("worker", "longrun.services.worker")
     # When a wakeup without a run id reaches its queue
     stray = make("run.wakeup", {"wakeup_id": "w", "reason": "r"}, producer="tests", tenant_id="t")
     await bus.publish(topology.work_exchange("worker"), topology.partition_key(0), to_message(stray))

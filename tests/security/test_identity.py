@@ -83,7 +83,7 @@ def issuer() -> Iterator[tuple[Issuer, str]]:
 async def gateway(clean, services, tmp_path, issuer):  # type: ignore[no-untyped-def]
     """A live gateway that takes named tokens, the bootstrap token and the issuer's JWTs."""
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_OIDC_ISSUER=ISSUER, LONGRUN_OIDC_AUDIENCE=AUDIENCE,
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_OIDC_ISSUER=ISSUER, LONGRUN_OIDC_AUDIENCE=AUDIENCE,
                    LONGRUN_OIDC_JWKS_URL=issuer[1])
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
@@ -335,7 +335,7 @@ async def test_longrunctl_creates_lists_and_revokes_named_tokens(engine, gateway
 async def test_the_webhook_intake_can_be_served_on_a_port_of_its_own(clean, services, tmp_path) -> None:
     ensemble = Ensemble(services, tmp_path)
     intake = free_port()
-    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PORT=str(intake))
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_WEBHOOK_PORT=str(intake))
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     await ensemble.wait_http(f"http://127.0.0.1:{intake}/healthz")
     async with httpx.AsyncClient(timeout=10) as http:

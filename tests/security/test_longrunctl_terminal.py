@@ -60,7 +60,7 @@ def recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
 @pytest.fixture
 async def gateway(services, tmp_path) -> str:  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway")
+    ensemble.start("gateway", "longrun.services.gateway")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     return ensemble.gateway_url
 

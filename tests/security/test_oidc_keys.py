@@ -18,7 +18,7 @@ ADMIN = {"sub": "root", "roles": ["admin"], "tenants": "*"}
 
 async def _gateway(services, tmp_path, provider: oidc_provider.Provider, **env: str) -> str:  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", **provider.gateway_env(), **env)
+    ensemble.start("gateway", "longrun.services.gateway", **provider.gateway_env(), **env)
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     return ensemble.gateway_url
 

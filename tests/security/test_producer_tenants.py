@@ -17,7 +17,7 @@ from sqlalchemy import text
 from bench.ensemble import TENANT, Producer
 from longrun.bus import topology
 from longrun.db import quarantine as quarantine_rows
-from services.gateway import quarantine
+from longrun.services.gateway import quarantine
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, run_id_for, status_of
 from tests.security.test_bus_tenancy import (INGRESS, Subscriber, _connect, producers, publish_create, run_create,

@@ -18,8 +18,8 @@ from longrun.config import Settings
 from longrun.db import runs
 from longrun.db.transaction import PgTransaction
 from longrun_dependency_upgrade.forge import sign_payload
-from services.reconciler import retention
-from services.reconciler.sweeps import horizons
+from longrun.services.reconciler import retention
+from longrun.services.reconciler.sweeps import horizons
 from tests.integration.ensemble import WEBHOOK_SECRET, Ensemble
 from tests.integration.runs_factory import waiting_for_event
 from tests.integration.test_gateway import ci_event, count
@@ -35,7 +35,7 @@ SHORT = {"LONGRUN_RETAIN_INBOX": "2s", "LONGRUN_QUARANTINE_REPLAY_WINDOW": "1s",
 async def gateway(services, tmp_path):  # type: ignore[no-untyped-def]
     """A gateway taking the forge (signs the body) and acme (signs the time too), each with its own secret."""
     ensemble = Ensemble(services, tmp_path)
-    ensemble.start("gateway", "services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
+    ensemble.start("gateway", "longrun.services.gateway", LONGRUN_WEBHOOK_PROVIDERS="acme=tests.integration.stamped_hooks:acme",
                    LONGRUN_WEBHOOK_SECRETS=f"forge={WEBHOOK_SECRET},acme={ACME_SECRET}")
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:

@@ -1,4 +1,4 @@
-"""The database gauges' reads (``services.reconciler.gauges`` decides who collects them, and when):
+"""The database gauges' reads (``longrun.services.reconciler.gauges`` decides who collects them, and when):
 aggregates over runs, actions, the outbox and the quarantine, in the caller's transaction."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reads behind the versions report (``services.gateway.versions``): open runs per run kind, pinned
+"""The reads behind the versions report (``longrun.services.gateway.versions``): open runs per run kind, pinned
 versions and status, and the versions each live worker advertises."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from longrun.bus.codec import broker_user
 from longrun.errors import ConfigError
-from services.scheduler.producers import on_this_machine, producer_tenants
+from longrun.services.scheduler.producers import on_this_machine, producer_tenants
 
 LOCAL = "amqp://guest:guest@127.0.0.1:5672/"
 REMOTE = "amqp://longrun:secret@rabbitmq.example:5672/"

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from longrun.envelope import make
-from services.gateway.quarantine import NotReplayable, already_applied, past_window
+from longrun.services.gateway.quarantine import NotReplayable, already_applied, past_window
 
 WINDOW = 3600.0
 

@@ -10,8 +10,8 @@ import pytest
 from longrun.config import Settings
 from longrun.db.retention import RULES
 from longrun.errors import ConfigError
-from services.reconciler.retention import Horizons, archive_lines, block_ranges, plan
-from services.reconciler.sweeps import horizons
+from longrun.services.reconciler.retention import Horizons, archive_lines, block_ranges, plan
+from longrun.services.reconciler.sweeps import horizons
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 

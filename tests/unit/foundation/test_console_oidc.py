@@ -3,8 +3,8 @@ as sealed, for sign-in, within its patience."""
 
 from __future__ import annotations
 
-from services.gateway import console_oidc as oidc
-from services.gateway import console_session as sessions
+from longrun.services.gateway import console_oidc as oidc
+from longrun.services.gateway import console_session as sessions
 
 NOW = 1_800_000_000.0
 

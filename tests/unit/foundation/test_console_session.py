@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
-from services.gateway import console_session as sessions
+from longrun.services.gateway import console_session as sessions
 
 KEY = "k1"
 NOW = 1_800_000_000.0

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from longrun.config import Settings
-from services.gateway import secrets_check
+from longrun.services.gateway import secrets_check
 from tests.harness import ROOT
 
 OWNED = ("LONGRUN_OPERATOR_TOKENS", "LONGRUN_WEBHOOK_SECRET", "LONGRUN_CONSOLE_SECRET")

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from longrun.principals import ROLES, Principal, from_claims
-from services.gateway.api_types import TOKEN_NAME
+from longrun.services.gateway.api_types import TOKEN_NAME
 
 CLAIMS = {"roles_claim": "roles", "tenants_claim": "tenants", "groups_claim": "groups"}
 

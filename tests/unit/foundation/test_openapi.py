@@ -8,7 +8,7 @@ import pytest
 from starlette.datastructures import QueryParams
 
 from longrun.domain import RunStatus
-from services.gateway import api, api_responses, openapi
+from longrun.services.gateway import api, api_responses, openapi
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENT = ROOT / "schemas" / "openapi.json"

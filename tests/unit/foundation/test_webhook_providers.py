@@ -24,7 +24,7 @@ from longrun.config import Settings
 from longrun.errors import ConfigError
 from longrun.ports.webhooks import Signature, Translated
 from longrun_dependency_upgrade.webhooks import forge
-from services.gateway.http import create_app
+from longrun.services.gateway.http import create_app
 
 HOOKS_MODULE = '''
 from longrun.ports.webhooks import Provider, Signature, Translated

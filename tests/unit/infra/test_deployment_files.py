@@ -71,20 +71,19 @@ def partitions_in_definitions() -> tuple[int, int]:
 def runnable(command: list[str]) -> str | None:
     """Why ``command`` would not start (None when it names a real module or console script).
 
-    Service packages other engineers have not written yet are checked against
-    ``[project.scripts]`` instead: ``python -m services.x`` needs ``services/x/__main__.py``
-    once the package exists, and until then a ``services.x.main:main`` script entry.
+    ``python -m longrun.services.x`` needs ``services/x/__main__.py`` (the package ``longrun.services``
+    is the folder services/) and a ``longrun.services.x.main:main`` console script beside it.
     """
     scripts = pyproject()["project"]["scripts"]
     if command[:2] != ["python", "-m"]:
         return None if command[0] in scripts else f"{command[0]!r} is no console script"
     module = command[2]
-    if module.startswith("services."):
-        package = ROOT / module.replace(".", "/")
-        if package.is_dir():
-            return None if (package / "__main__.py").is_file() else f"{package} has no __main__.py"
+    if module.startswith("longrun.services."):
+        package = ROOT / "services" / module.removeprefix("longrun.services.").replace(".", "/")
+        if not (package / "__main__.py").is_file():
+            return f"{package} has no __main__.py"
         targets = {v.split(":")[0] for v in scripts.values()}
-        return None if f"{module}.main" in targets else f"{module} exists neither on disk nor in scripts"
+        return None if f"{module}.main" in targets else f"{module}.main is no console script's target"
     # The core, and the example distributions the example image installs beside it.
     for root in (ROOT / "shared", *(ROOT / "examples").iterdir()):
         path = root / module.replace(".", "/")
@@ -151,7 +150,7 @@ def test_compose_worker_runs_two_replicas_with_a_longer_grace_and_reaches_the_fo
 def test_every_compose_command_names_a_real_module_or_console_script() -> None:
     services = compose()["services"]
     for name, package in SERVICES.items():
-        assert services[name]["command"] == ["python", "-m", f"services.{package}"], name
+        assert services[name]["command"] == ["python", "-m", f"longrun.services.{package}"], name
     for name in ("migrate", "forge", *SERVICES):
         assert runnable(services[name]["command"]) is None, name
     assert services["migrate"]["command"][-1] == "upgrade"
@@ -288,7 +287,7 @@ def test_six_deployments_run_the_right_commands_with_probes_resources_and_harden
         assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
         (container,) = pod["containers"]
         assert container["name"] == name
-        assert container["command"] == ["python", "-m", f"services.{package}"], name
+        assert container["command"] == ["python", "-m", f"longrun.services.{package}"], name
         assert runnable(container["command"]) is None, name
         assert container["image"].startswith(IMAGE + ":") and not container["image"].endswith(":latest")
 

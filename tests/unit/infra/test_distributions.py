@@ -30,7 +30,7 @@ def test_longrunctl_and_every_service_print_the_one_version() -> None:
     assert longrun_client.__version__ == version
     assert CliRunner().invoke(ctl.main, ["--version"]).output == f"longrunctl {version}\n"
     for name in SERVICES:
-        done = subprocess.run([sys.executable, "-m", f"services.{name}", "--version"], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", f"longrun.services.{name}", "--version"], capture_output=True,
                               text=True, timeout=60, cwd=ROOT)
         assert (done.returncode, done.stdout) == (0, f"longrun-{name.replace('_', '-')} {version}\n"), done.stderr
 
@@ -87,3 +87,33 @@ def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None
     for name in ours:
         answer = _index_versions(name)
         assert answer.returncode != 0 and "No matching distribution found" in answer.stderr, (name, answer.stdout)
+
+
+def test_each_wheel_installs_only_its_own_top_level_package(built: Path) -> None:
+    owners = {"longrun_runtime": {"longrun"}, "longrun_client": {"longrun_client"},
+              "longrun_example_dependency_upgrade": {"longrun_dependency_upgrade"}}
+    for wheel in built.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+        tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+        assert tops == owners[wheel.name.split("-")[0]], wheel.name
+        if wheel.name.startswith("longrun_runtime"):
+            # The services ship inside the runtime's package, runnable and with the console's pages.
+            assert {f"longrun/services/{name}/__main__.py" for name in SERVICES} <= set(names)
+            assert "longrun/services/gateway/templates/console/base.html" in names
+
+
+def test_the_code_reaches_the_services_only_as_longrun_services() -> None:
+    # services/ is also importable as `services` from a checkout; a module imported under both names
+    # would run twice (two metric registries, two settings), so nothing may use the short name.
+    stray = []
+    for top in ("shared", "services", "tests", "bench", "examples", "clients"):
+        for path in (ROOT / top).rglob("*.py"):
+            if "node_modules" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                words = line.split()
+                if words[:1] in (["import"], ["from"]) and len(words) > 1 and \
+                        (words[1] == "services" or words[1].startswith("services.")):
+                    stray.append(f"{path.relative_to(ROOT)}:{number}")
+    assert not stray

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import runpy
 import subprocess
 import sys
 import tomllib
@@ -66,12 +67,9 @@ def test_the_builder_copies_everything_the_pyproject_files_need_and_dockerignore
     needed = {"infra/image", "clients/python", "examples/dependency_upgrade"}
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     needed |= {"pyproject.toml", meta["project"]["readme"], *meta["project"]["license-files"]}
-    find = meta["tool"]["setuptools"]["packages"]["find"]
-    for where in find["where"]:
-        for pattern in find["include"]:
-            for candidate in (ROOT / where).glob(pattern.rstrip("*") or "*"):
-                if candidate.is_dir() and fnmatch.fnmatch(candidate.name, pattern):
-                    needed.add(str(candidate.relative_to(ROOT)).split("/")[0])
+    # setup.py says where each package root is read from (services/ ships as longrun.services).
+    needed |= {"setup.py", *runpy.run_path(str(ROOT / "setup.py"), run_name="package_dirs")["PACKAGE_DIR"].values()}
+    assert needed >= {"shared", "services"}
     assert needed <= copied, needed - copied
     mounted = {m.source for s in stages().values() for run in s.runs() for m in run.mounts if m.stage is None}
     assert mounted == {"requirements/runtime.txt", "infra/image/install.sh"}

@@ -142,7 +142,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
 
 async def refuse_publisher(tx: RunTransaction, envelope: Envelope, publisher: str | None, *,
                            partitions: int) -> dict[str, Any]:
-    """A create its publisher may not make (``services.scheduler.producers``): answered on the create's
+    """A create its publisher may not make (``longrun.services.scheduler.producers``): answered on the create's
     tenant and audited with the publisher, never quarantined."""
     reason = (f"the publisher may not create runs in tenant {envelope.tenant_id!r}" if publisher is not None
               else "the run.create names no publisher: set its AMQP user_id to the connection's user")
