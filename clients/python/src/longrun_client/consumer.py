@@ -38,7 +38,7 @@ LOST_KEPT = 10
 unreported by the broker (the resequencer still sees most as a break in a run's chain)."""
 Missed = Gap | Late
 """What a consumer reports instead of handing on: a ``Gap`` (events that will not come) or a
-``Late`` event (it came after its gap was reported)."""
+``Late`` event (it came after a later one of its run was handed on)."""
 Handler = Callable[[Envelope], Awaitable[None]]
 OnMissed = Callable[[Missed], Awaitable[None] | None]
 

@@ -12,8 +12,8 @@ publish a run's events out of order, so:
 - one held longer than ``window`` seconds, or one whose missing predecessor the broker reported
   lost (``lost``), means the events in between will not come: a ``Gap`` is reported, then the
   held events are handed on from the lowest ``seq``;
-- an event arriving after its place was given up (its ``seq`` is not above the last handed on)
-  is ``Late``: acknowledged and skipped, the gap stands.
+- an event arriving after a later one of its run was handed on (its ``seq`` is not above the
+  last handed on) is ``Late``: acknowledged and reported, not handed on.
 
 A run's chain starts at its (first) ``run.accepted``: a new run is ``READY``. When that was not
 seen (a consumer may begin mid-run), the run's first event seen starts its chain. Memory is bounded: the
@@ -46,7 +46,8 @@ class Repeat:
 
 @dataclass(frozen=True)
 class Late:
-    """This event arrived after its gap was reported: acknowledge it; handing it on would break seq order."""
+    """This event arrived after a later one of its run was handed on (after its gap was reported, or
+    before the run's chain was known): acknowledge it; handing it on would break seq order."""
 
     event: Envelope
 
