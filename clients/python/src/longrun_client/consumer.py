@@ -56,7 +56,8 @@ class DurableConsumer:
         self._handler = handler
         self._on_missed = on_missed
         self._resequencer = resequencer
-        self._deliveries: dict[str, AbstractIncomingMessage] = {}
+        self._deliveries: dict[str, list[AbstractIncomingMessage]] = {}
+        """Per event id, its deliveries not acknowledged yet (a redelivery or a republished copy adds one)."""
         self._turn = asyncio.Lock()
         self._held_changed = asyncio.Event()
         self._stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -98,7 +99,7 @@ class DurableConsumer:
     async def _on_delivery(self, message: AbstractIncomingMessage) -> None:
         event = await self._read(message)
         if event is not None:
-            self._deliveries[event.event_id] = message
+            self._deliveries.setdefault(event.event_id, []).append(message)
             await self._take(lambda now: self._resequencer.offer(event, now))
 
     async def _on_lost(self, message: AbstractIncomingMessage) -> None:
@@ -124,7 +125,7 @@ class DurableConsumer:
                 for step in decide(time.monotonic()):
                     await self._act(step)
             except Exception as e:  # the handler's, or on_missed's: stop, leave the rest unacknowledged
-                logger.exception("a durable consumer's handler failed: stopping it")
+                logger.exception("a durable consumer's handler or on_missed failed: stopping it")
                 await self._stop(e)
             self._held_changed.set()
 
@@ -142,8 +143,7 @@ class DurableConsumer:
                 await self._acknowledge(step.event)
 
     async def _acknowledge(self, event: Envelope) -> None:
-        message = self._deliveries.pop(event.event_id, None)
-        if message is not None:
+        for message in self._deliveries.pop(event.event_id, ()):
             await _ack(message)
 
     async def _expire_held(self) -> None:
