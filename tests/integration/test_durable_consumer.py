@@ -204,3 +204,34 @@ async def _lines(out: Path, count: int) -> bool:
 
 def _read(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+@pytest.mark.timeout(300)
+async def test_a_handler_that_raises_stops_the_consumer_and_its_event_comes_again_at_the_next_start(
+        clean, infra: Infra, engine: AsyncEngine, ensemble: Ensemble) -> None:  # type: ignore[no-untyped-def]
+    name = f"flaky-{uuid.uuid4().hex[:8]}"
+    handled: list[dict[str, Any]] = []
+    failed: list[str] = []
+    missed: list[Missed] = []
+
+    async def fail_once(event: Envelope) -> None:
+        if not failed:
+            failed.append(event.event_id)
+            raise RuntimeError("the handler's database is down")
+        handled.append(record(event))
+
+    async def handle(event: Envelope) -> None:
+        handled.append(record(event))
+
+    async with await Client.connect(infra.amqp_url, producer="tests") as client:
+        # Given a consumer whose handler raises on the first event it is handed
+        consumer = await client.consume(TENANT, fail_once, name=name, on_missed=missed.append)
+        runs = await _create_and_finish(client, 1, f"flaky-{name}")
+        # Then the consumer stops, and join raises the handler's error
+        with pytest.raises(RuntimeError, match="database is down"):
+            await asyncio.wait_for(consumer.join(), timeout=30)
+        # When it starts again under the same name, Then that event and the rest are handed on, once each
+        await client.consume(TENANT, handle, name=name, on_missed=missed.append)
+        await eventually(lambda: _ended(handled, runs), timeout=30, what="the run's end")
+    assert failed[0] in {h["event_id"] for h in handled} and missed == []
+    _assert_each_once_in_order(handled, await _published(engine, runs))
