@@ -170,8 +170,9 @@ class Client:
         """Subscribe to a tenant's events (of one run, or of the creates with one correlation id) from
         now on. Iterate the result with ``async for``; close it (or ``async with`` it) to stop.
 
-        Each event comes once (deduplicated by event_id), a run's status events in seq order: a late
-        one can only be a repeat, so it is dropped, not held back (see ``longrun_client.sequence``)."""
+        Each event comes once (deduplicated by event_id), a run's status events in seq order: one
+        arriving after a later one is dropped, not held back (see ``longrun_client.sequence``), and
+        what is published while the connection is down is missed; ``consume`` has neither limit."""
         stream = EventStream(await self._subscribe(tenant), run_id=run_id, correlation_id=correlation_id,
                              on_close=self._streams.discard)
         self._streams.add(stream)
