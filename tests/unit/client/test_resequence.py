@@ -106,6 +106,15 @@ def test_an_event_the_broker_dropped_is_reported_at_its_place_without_waiting_fo
     assert resequencer.lost(first, 2.0) == []
 
 
+def test_a_drop_reported_after_later_events_of_its_run_were_handed_on_is_still_reported() -> None:
+    # The lost-letters queue is read beside the queue: its report can come after the run's later events
+    resequencer = Resequencer(window=60)
+    first, second, third, _ = _run()
+    assert _delivered(resequencer.offer(third, 0.0)) == [7]  # accepted and 2, 4 dropped: 7 starts the chain
+    assert resequencer.lost(first, 0.1) == [Gap("r-1", 0, 7, (first.event_id,))]
+    assert resequencer.lost(second, 0.1) == [Gap("r-1", 0, 7, (second.event_id,))]
+
+
 def test_a_dropped_event_reported_before_its_successors_arrive_lets_them_through() -> None:
     resequencer = Resequencer(window=60)
     first, second, third, _ = _run()

@@ -54,9 +54,11 @@ class Late:
 
 @dataclass(frozen=True)
 class Gap:
-    """Events of ``run_id`` after ``after_seq`` (the last handed on, 0 if none) and before
-    ``before_seq`` (the next handed on; None when not known yet) were published but will not reach
-    this consumer. ``lost_event_ids`` names those the broker reported dropped, when it did."""
+    """Events of ``run_id`` after ``after_seq`` and before ``before_seq`` (None: not known yet) were
+    published but will not reach this consumer. Usually ``after_seq`` is the last one handed on (0
+    if none) and ``before_seq`` the next; a drop reported after later events of its run were handed
+    on is placed below the last of those. ``lost_event_ids`` names those the broker reported
+    dropped, when it did."""
 
     run_id: str | None
     after_seq: int
@@ -121,8 +123,8 @@ class Resequencer:
         if event.type != "run.event" or event.run_id is None:
             return [Gap(event.run_id, 0, None, (event.event_id,))]
         chain = self._chain(event.run_id)
-        if event.payload.seq <= chain.last_seq:  # its gap was reported when the window passed
-            return []
+        if event.payload.seq <= chain.last_seq:  # a later event was handed on before this report was read
+            return [Gap(event.run_id, 0, chain.last_seq, (event.event_id,))]
         chain.held[event.payload.seq] = _Lost(event.event_id)
         return self._release(event.run_id, chain, now)
 
