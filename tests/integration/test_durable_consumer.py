@@ -127,7 +127,8 @@ async def test_across_a_broker_side_connection_close_every_event_is_handed_on_on
 
 @pytest.mark.timeout(300)
 async def test_across_a_killed_consumer_process_every_event_is_handed_on_once_in_order(
-        clean, infra: Infra, engine: AsyncEngine, ensemble: Ensemble, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        clean, infra: Infra, engine: AsyncEngine, ensemble: Ensemble,
+        tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     name, out = f"audit-{uuid.uuid4().hex[:8]}", tmp_path / "handled.jsonl"
 
     async def start(block_at: int = 0) -> asyncio.subprocess.Process:

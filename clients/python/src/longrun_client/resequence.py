@@ -1,8 +1,8 @@
 """Which deliveries a durable consumer hands on, in what order, and where it must admit a gap.
 
 Pure: it is told what arrived and what time it is, and answers with steps to take; the consumer
-(``longrun_client.consumer``) does the I/O. Delivery is at least once and the runtime's relays may
-publish a run's events out of order, so:
+(``longrun_client.consumer``) does the I/O. Delivery is at least once and a run's events may
+arrive out of order (a repeat, a publish retried), so:
 
 - an event whose ``event_id`` was handed on before is a repeat (``Repeat``: acknowledge, skip);
 - a run's status events are chained: each ``run.status_changed`` names the status it left
@@ -16,8 +16,8 @@ publish a run's events out of order, so:
   last handed on) is ``Late``: acknowledged and reported, not handed on.
 
 A run's chain starts at its (first) ``run.accepted``: a new run is ``READY``. When that was not
-seen (a consumer may begin mid-run), the run's first event seen starts its chain. Memory is bounded: the
-last ``remember`` event ids, and the chains of the last ``remember`` runs.
+seen (a consumer may begin mid-run), the run's first event seen starts its chain. Memory is
+bounded: the last ``remember`` event ids, and the chains of the last ``remember`` runs.
 """
 
 from __future__ import annotations
