@@ -1,6 +1,7 @@
 """A durable consumer as its own process, for the tests that kill it: one JSON line per event handed
 on (and per miss reported) in ``--out``; ``--block-at N`` makes the handler hang before recording the
-N-th event of this process, so a kill then leaves that event taken but not handled."""
+N-th event of this process (it writes ``blocked_on`` with its id), so a kill then leaves that event
+taken but not handled."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ async def main() -> None:
         nonlocal handled
         handled += 1
         if handled == args.block_at:
+            write({"blocked_on": event.event_id})
             await asyncio.Event().wait()
         write(record(event))
 
