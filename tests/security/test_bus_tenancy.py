@@ -438,10 +438,20 @@ async def test_the_python_client_and_the_node_example_work_with_a_tenants_own_us
     # Given the ensemble, and nothing but acme's broker user (allowed tenant acme) for the producers
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_services("scheduler", "worker", "relay", **producers(acme_user))
-    # When longrun-client creates a run and waits for it
+    # When longrun-client creates a run and waits for it, a durable consumer of its own following it
+    handed: list[Any] = []
+    missed: list[Any] = []
     async with await Client.connect(acme_user.url, producer="tests") as client:
+        async def handle(event: Any) -> None:
+            handed.append(event)
+        await client.consume("acme", handle, name="billing", on_missed=missed.append)
         request = await client.create_run("acme", "steps", {"steps": 2}, idempotency_key=f"py-{uuid.uuid4().hex}")
         outcome = await client.wait(request, timeout=60)
+        await eventually(lambda: _ended(handed), timeout=30, what="the durable consumer's terminal event")
+        # but a durable consumer of another tenant's events is refused: its queues are not acme's to name
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await client.consume("other", handle, name="billing", on_missed=missed.append)
+        assert missed == []
     # and the Node.js example does the same
     env = {k: v for k, v in os.environ.items() if not k.startswith("LONGRUN_")}
     node = await asyncio.create_subprocess_exec(
@@ -453,3 +463,7 @@ async def test_the_python_client_and_the_node_example_work_with_a_tenants_own_us
     assert outcome.status == "COMPLETED"
     assert node.returncode == 0, err.decode()
     assert '"status":"COMPLETED"' in out.decode().splitlines()[-1]
+
+
+async def _ended(handed: list[Any]) -> bool:
+    return any(e.type == "run.event" and e.payload.status in TERMINAL for e in handed)

@@ -7,6 +7,7 @@ this package. Importing it loads no database driver and no runtime code.
 from __future__ import annotations
 
 from longrun_client.client import Client
+from longrun_client.consumer import DurableConsumer, Missed
 from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, PublishNotConfirmed, RunRejected,
                                    UnknownSchemaVersion)
 from longrun_client.model import DataClass, Envelope
@@ -15,13 +16,15 @@ from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1,
                                      RunRejectedV2, RunRejectedV3, RunScope, RunSummary, RunTimeouts)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
+from longrun_client.resequence import Gap, Late
 from longrun_client.stream import EventStream
 
 __version__ = "0.1.0"
 """The release, the runtime's too (``longrun.__version__``): the two are released together."""
 
-__all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "Envelope", "EventStream", "LongrunError",
-           "PoisonMessage", "PublishNotConfirmed", "RejectionCode", "RunAcceptedV1", "RunAcceptedV2",
-           "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2", "RunEventV3", "RunOutcome",
-           "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunRejectedV3", "RunScope", "RunSummary",
-           "RunTimeouts", "UnknownSchemaVersion", "__version__", "correlation_id_of", "decode", "encode", "make"]
+__all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope", "EventStream",
+           "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
+           "RunAcceptedV1", "RunAcceptedV2", "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2",
+           "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunRejectedV3",
+           "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "__version__", "correlation_id_of",
+           "decode", "encode", "make"]

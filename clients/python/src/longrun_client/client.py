@@ -1,9 +1,10 @@
 """Create runs and follow them over RabbitMQ, as any producer would: no database, no runtime code.
 
-A tenant's events reach the client through one queue of its own (exclusive: it goes away with the
-connection) bound to ``<tenant>.run.#`` on the events exchange. The queue is bound before the
-first create of that tenant is published, so the answer to a create cannot be missed; events
-published while the client is disconnected are (the ``longrun.events.log`` stream keeps them).
+For ``accepted``, ``wait`` and ``events`` a tenant's events reach the client through one queue of
+its own bound to ``<tenant>.run.#`` on the events exchange, before the first create of that tenant
+is published, so the answer to a create cannot be missed. That queue is exclusive (it goes away
+with the connection): events published while the client is disconnected do not reach it.
+``consume`` reads a named durable queue instead (``longrun_client.consumer``), which keeps them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 from opentelemetry import trace
 
-from longrun_client.bus import (CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, TENANT_PATTERN,
-                                tenant_pattern)
+from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE,
+                                TENANT_PATTERN, tenant_pattern)
 from longrun_client.codec import broker_user, to_message
+from longrun_client.consumer import DurableConsumer, Handler, OnMissed
 from longrun_client.errors import PoisonMessage, PublishNotConfirmed
 from longrun_client.model import Envelope
 from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
@@ -60,16 +62,20 @@ class Client:
         self._latest: dict[str, str] = {}
         self._finished: deque[str] = deque()
         self._streams: set[EventStream] = set()
+        self._durable: set[DurableConsumer] = set()
 
     @classmethod
-    async def connect(cls, url: str, *, producer: str = "longrun-client", keep_finished: int = 1000) -> Client:
+    async def connect(cls, url: str, *, producer: str = "longrun-client", keep_finished: int = 1000,
+                      connection_name: str | None = None) -> Client:
         """Connect (reconnecting on its own afterwards) and check the ingress exchange exists.
 
         ``producer`` names this client in every envelope it sends; ``keep_finished`` is how many
         finished creates ``accepted`` and ``wait`` still answer for after their run ended. Every
         create carries the URL's user as its ``user_id``: longrun admits it only in the tenants
-        that broker user is allowed."""
-        connection = await aio_pika.connect_robust(url)
+        that broker user is allowed. The broker lists the connection under ``connection_name``
+        (default: ``longrun-client <producer>``)."""
+        connection = await aio_pika.connect_robust(url, client_properties={
+            "connection_name": connection_name or f"longrun-client {producer}"})
         try:
             publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
             ingress = await publisher.get_exchange(INGRESS_EXCHANGE)
@@ -91,6 +97,8 @@ class Client:
         """End every subscription; ``accepted``/``wait`` still waiting raise ConnectionError."""
         for stream in list(self._streams):
             stream.close()
+        for consumer in self._durable:
+            await consumer.close()
         for pending in self._pending.values():
             pending.close()
         await self._connection.close()
@@ -162,12 +170,41 @@ class Client:
         """Subscribe to a tenant's events (of one run, or of the creates with one correlation id) from
         now on. Iterate the result with ``async for``; close it (or ``async with`` it) to stop.
 
-        Each event comes once (deduplicated by event_id), a run's status events in seq order: a late
-        one can only be a repeat, so it is dropped, not held back (see ``longrun_client.sequence``)."""
+        Each event comes once (deduplicated by event_id), a run's status events in seq order: one
+        arriving after a later one is dropped, not held back (see ``longrun_client.sequence``), and
+        what is published while the connection is down is missed; ``consume`` has neither limit."""
         stream = EventStream(await self._subscribe(tenant), run_id=run_id, correlation_id=correlation_id,
                              on_close=self._streams.discard)
         self._streams.add(stream)
         return stream
+
+    async def consume(self, tenant: str, handler: Handler, *, name: str, on_missed: OnMissed,
+                      window: float = 5.0, max_length: int = 100_000, expires: float = 7 * 24 * 3600.0,
+                      prefetch: int = 1000) -> DurableConsumer:
+        """Hand the tenant's events to ``handler`` through the durable queue named ``name``, from
+        where the consumer of that name stopped (its queue keeps what is published meanwhile).
+
+        Each event is handed on once (by event_id) and a run's events in seq order: one arriving
+        before its predecessor is held back up to ``window`` seconds. What cannot be handed on is
+        given to ``on_missed`` (sync or async): a ``Gap`` (events that will not come: dropped past
+        ``max_length``, or not arrived within the window) or a ``Late`` event (after its gap).
+        The queue expires ``expires`` seconds after its last consumer went away; ``prefetch``
+        bounds the deliveries taken at once (held ones count). Changing ``max_length`` or
+        ``expires`` of an existing name is refused by the broker (PRECONDITION_FAILED)."""
+        if not re.fullmatch(TENANT_PATTERN, tenant):
+            raise ValueError(f"tenant id {tenant!r} does not match {TENANT_PATTERN}")
+        if not re.fullmatch(CONSUMER_NAME_PATTERN, name):
+            raise ValueError(f"consumer name {name!r} does not match {CONSUMER_NAME_PATTERN}")
+        channel = await self._connection.channel()
+        try:
+            await channel.set_qos(prefetch_count=prefetch)
+            consumer = await DurableConsumer.start(channel, tenant, name, handler, on_missed, window=window,
+                                                   max_length=max_length, expires=expires)
+        except BaseException:
+            await channel.close()
+            raise
+        self._durable.add(consumer)
+        return consumer
 
     async def _subscribe(self, tenant: str) -> set[Listener]:
         if not re.fullmatch(TENANT_PATTERN, tenant):

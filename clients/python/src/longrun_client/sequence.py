@@ -1,11 +1,11 @@
 """Which of a tenant's event deliveries a consumer sees: each event once, a run's status events in order.
 
 Delivery is at least once: the runtime's relay may publish an event again after a crash, so the
-same event_id can arrive twice. A run's status events are published in ``seq`` order from one
-outbox partition, so a late one can only be a repeat; seqs have gaps (not every run event is a
-status change), so there is nothing to wait for. A status event whose ``seq`` is not above the
-last one seen for its run is therefore dropped rather than held back: the consumer sees a run's
-events in ``seq`` order, each once.
+same event_id can arrive twice. This is the live view of ``Client.events``, which never waits: a
+status event whose ``seq`` is not above the last one seen for its run (a repeat, or one that
+arrived after a later one) is dropped, so the consumer sees a run's events in ``seq`` order, each
+once, but may miss one. ``Client.consume`` holds such events back instead
+(``longrun_client.resequence``).
 """
 
 from __future__ import annotations
