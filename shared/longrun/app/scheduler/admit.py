@@ -83,6 +83,15 @@ def new_run_id() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Answered:
+    """What a create did (``outcome``: the ingress's inbox records it) and the answer sent for it
+    (``answer``: the run.accepted or run.rejected envelope, which the gateway's ``POST /runs`` returns too)."""
+
+    outcome: dict[str, Any]
+    answer: Envelope
+
+
+@dataclass(frozen=True, slots=True)
 class Locked:
     """The transaction holds the tenant's admission lock already, and read its policy with it."""
 
@@ -91,9 +100,10 @@ class Locked:
 
 async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
                      max_input_bytes: int, clock: Any = time.time, locked: Locked | None = None,
-                     new_id: Callable[[], str] = new_run_id) -> dict[str, Any]:
+                     new_id: Callable[[], str] = new_run_id) -> Answered:
     """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
-    (``run.rejected``). ``locked``: the transaction holds the tenant's admission lock already and
+    (``run.rejected``): the one admission of every run, whether its create came on the bus (the
+    scheduler's ingress) or over HTTP (the gateway's ``POST /runs``). ``locked``: the transaction holds the tenant's admission lock already and
     read its policy with it (the ingress consumer's prelude, ``Ingress.prelude``), so neither is
     asked for again: one round trip less."""
     request = envelope.payload
@@ -136,12 +146,12 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         return await _existing(tx, envelope, found, offered, partitions, kinds)
     if stored.admitted:
         metrics.ADMISSION_DELAY.labels(kind.name).observe(max(0.0, clock() - envelope.occurred_at.timestamp()))
-        return {"run_id": run_id, "created": True, "admitted": True}
-    return {"run_id": run_id, "created": True}
+        return Answered({"run_id": run_id, "created": True, "admitted": True}, accepted.envelope)
+    return Answered({"run_id": run_id, "created": True}, accepted.envelope)
 
 
 async def refuse_publisher(tx: RunTransaction, envelope: Envelope, publisher: str | None, *,
-                           partitions: int) -> dict[str, Any]:
+                           partitions: int) -> Answered:
     """A create its publisher may not make (``services.scheduler.producers``): answered on the create's
     tenant and audited with the publisher, never quarantined."""
     reason = (f"the publisher may not create runs in tenant {envelope.tenant_id!r}" if publisher is not None
@@ -185,7 +195,7 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
 
 
 async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offered: str,
-                    partitions: int, kinds: Registry) -> dict[str, Any]:
+                    partitions: int, kinds: Registry) -> Answered:
     """A repeated create: announced again (a new event, the same run), or refused if its input differs.
     A run that has ended is announced with its outcome: its terminal event is not published again,
     so the repeat's producer would otherwise wait for it forever."""
@@ -198,18 +208,21 @@ async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offere
     outcome = None
     if stored is not None and stored.snapshot.status in TERMINAL:
         outcome = effects.run_outcome(stored.snapshot, kinds.public_receipts(found.workflow, found.versions.workflow))
-    await tx.send([effects.accepted_message(
+    accepted = effects.accepted_message(
         envelope, run_id=found.run_id, partition=found.partition, workflow=found.workflow, versions=found.versions,
-        labels=found.labels, repeated=True, producer=PRODUCER, outcome=outcome)])
-    return {"run_id": found.run_id, "created": False}
+        labels=found.labels, repeated=True, producer=PRODUCER, outcome=outcome)
+    await tx.send([accepted])
+    return Answered({"run_id": found.run_id, "created": False}, accepted.envelope)
 
 
-async def _reject(tx: RunTransaction, envelope: Envelope, partitions: int, refusal: Refusal) -> dict[str, Any]:
-    await tx.send([effects.rejected_message(
+async def _reject(tx: RunTransaction, envelope: Envelope, partitions: int, refusal: Refusal) -> Answered:
+    rejected = effects.rejected_message(
         tenant_id=envelope.tenant_id, correlation_id=envelope.correlation_id or envelope.payload.idempotency_key,
         refused_event_id=envelope.event_id, idempotency_key=envelope.payload.idempotency_key, code=refusal.code,
-        reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)])
-    return {"rejected": True, "code": refusal.code.value, "reason": refusal.reason, **refusal.details}
+        reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)
+    await tx.send([rejected])
+    return Answered({"rejected": True, "code": refusal.code.value, "reason": refusal.reason, **refusal.details},
+                    rejected.envelope)
 
 
 @dataclass(frozen=True, slots=True)
