@@ -237,6 +237,8 @@ class Operation:
     """The request's body is the bytes themselves, of the media type its Content-Type names."""
     permission: Permission | None = None
     """The grant beside the roles the caller needs (``longrun.principals``); with it, no role is needed."""
+    any_principal: bool = False
+    """Any caller with a valid bearer token may call it, whatever it holds (who am I)."""
     refusal: type[BaseModel] = Error
     """The body of its 4xx and 5xx answers."""
     idempotency_key: bool = False
@@ -244,8 +246,8 @@ class Operation:
 
     @property
     def authenticated(self) -> bool:
-        """Whether the caller needs a bearer token (a role or a permission to hold)."""
-        return self.role is not None or self.permission is not None
+        """Whether the caller needs a bearer token."""
+        return self.role is not None or self.permission is not None or self.any_principal
 
 
 _READ = (400, 401, 403, 503)
@@ -311,8 +313,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("PUT", "/tenants/{tenant_id}/ceiling", "setTenantCeiling", "Replace the tenant's ceiling under the "
               "next version", CeilingView, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin",
               every_tenant=True),
-    Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, tenants, groups", Me,
-              (401, 503)),
+    Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, permissions, tenants, groups", Me,
+              (401, 503), role=None, any_principal=True),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,
               query=TokenListing, role="admin", every_tenant=True),
     Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only "
