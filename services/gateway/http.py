@@ -394,6 +394,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ]
     limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
+              # An input up to the limit admission takes, and a body's worth of room for the rest of the create.
+              edge.Limit(re.compile("/runs"), settings.max_input_bytes + edge.JSON_BYTES,
+                         "a run.create (LONGRUN_MAX_INPUT_BYTES and the envelope)", method="POST"),
               edge.Limit(re.compile(r"/runs/[^/]+/artifacts"), settings.max_attachment_bytes,
                          "an artifact (LONGRUN_MAX_ATTACHMENT_BYTES)", method="POST"),
               edge.Limit(re.compile(f"{console.PREFIX}(/.*)?"), edge.FORM_BYTES, "a console form")]
