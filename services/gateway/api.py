@@ -230,7 +230,8 @@ class Operation:
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     role: Role | None = "viewer"
-    """The least role the caller needs (``longrun.identity``); None: no bearer token is needed."""
+    """The least role the caller needs (``longrun.identity``); None: none (``authenticated`` says whether a
+    bearer token is needed at all)."""
     every_tenant: bool = False
     """Only a principal of every tenant may call it: what it shows or changes is not one tenant's."""
     raw_body: bool = False
