@@ -4,6 +4,7 @@ their run.rejected codes) and its run completes as a bus-created one does."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -148,5 +149,30 @@ async def test_the_idempotency_key_header_is_required_and_must_equal_the_payload
     # Then both are refused as bad requests, and nothing is made
     assert (missing.status_code, other.status_code) == (400, 400), (missing.text, other.text)
     assert "Idempotency-Key" in missing.json()["error"] and "Idempotency-Key" in other.json()["error"]
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one() == 0
+
+
+async def test_numbers_and_nesting_storage_cannot_keep_are_refused_not_a_server_error(
+        clean, engine, services, tmp_path, producer) -> None:  # type: ignore[no-untyped-def]
+    url = await _started(Ensemble(services, tmp_path), "gateway")
+    # When creates carry an integer past 64 bits in their input or budget, a number past a float's range,
+    # or an input nested deeper than storage takes
+    deep: dict[str, Any] = {}
+    for _ in range(60):
+        deep = {"d": [deep]}
+    hostile = {"huge-input": json.dumps(create_body("huge-input", input={"steps": 2**70})),
+               "huge-budget": json.dumps(create_body("huge-budget", budget={"model_calls": 2**70})),
+               "overflow": json.dumps(create_body("overflow", input={"x": "OVERFLOW"})).replace('"OVERFLOW"', "1e400"),
+               "deep": json.dumps(create_body("deep", input=deep))}
+    for key, raw in hostile.items():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            answer = await http.post("/runs", content=raw, headers={**producer, "idempotency-key": key,
+                                                                     "content-type": "application/json"})
+        # Then each is refused naming why: the numbers as an invalid payload, the nesting as deeper than any
+        # body the API takes; and nothing is made
+        expected = (400, None) if key == "deep" else (422, "invalid_payload")
+        assert (answer.status_code, answer.json().get("code")) == expected, (key, answer.text)
+        assert answer.json()["error"], key
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one() == 0

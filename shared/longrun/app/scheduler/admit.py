@@ -173,9 +173,19 @@ INPUT_PROBLEMS_TOLD = 10
 """Input problems a refusal names; the rest are counted."""
 
 
+LARGEST_STORED_INTEGER = 2**63 - 1
+"""JSON allows any integer and any depth; the run's JSONB columns are written through orjson, which takes
+64-bit integers and 255 levels."""
+
+
 def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | Refusal:
     """The run kind a create asks for, or why it is refused."""
-    size = len(orjson.dumps(request.input))
+    try:
+        size = len(orjson.dumps(request.input))
+    except TypeError as e:  # orjson's refusal: an integer past 64 bits, or nesting past its depth
+        return Refusal(RejectionCode.INVALID_PAYLOAD, f"input cannot be stored: {e}")
+    if max(request.budget.model_calls, request.budget.tool_calls) > LARGEST_STORED_INTEGER:
+        return Refusal(RejectionCode.INVALID_PAYLOAD, f"budget call limits are at most {LARGEST_STORED_INTEGER}")
     if size > max_input_bytes:
         return Refusal(RejectionCode.INPUT_TOO_LARGE,
                        f"input is {size} bytes of JSON; at most {max_input_bytes} are accepted "
