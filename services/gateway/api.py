@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from longrun_client.model import TENANT_PATTERN
-from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from longrun.db import pages
 from longrun.services.gateway.api_responses import (
@@ -28,6 +28,8 @@ from longrun.services.gateway.api_responses import (
     CeilingView,
     AuditPage,
     CreatedToken,
+    CreateRefused,
+    Error,
     Health,
     Me,
     Migrated,
@@ -35,13 +37,24 @@ from longrun.services.gateway.api_responses import (
     QuarantineList,
     ReplayResult,
     Resolved,
+    RunAccepted,
     RunPage,
     RunView,
     Token,
     TokenList,
     VersionsReport,
 )
-from longrun.services.gateway.api_types import DURATION, RUN_STATUS, TOKEN_NAME, Query, Reason, Role, Strict, Text
+from longrun.services.gateway.api_types import (
+    DURATION,
+    RUN_STATUS,
+    TOKEN_NAME,
+    Permission,
+    Query,
+    Reason,
+    Role,
+    Strict,
+    Text,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -110,18 +123,40 @@ class PolicyChange(Strict):
 
 class TokenRequest(Strict):
     """A named API token: ``name`` is who acts with it, in the audit log and for approvals bound to a
-    subject; ``tenants`` null: every tenant."""
+    subject; ``tenants`` null: every tenant. It holds a role, a permission or both: a producer's token
+    may hold ``create_runs`` alone."""
 
     name: Annotated[str, Field(pattern=TOKEN_NAME)]
-    roles: Annotated[list[Role], Field(min_length=1)]
+    roles: list[Role]
+    permissions: list[Permission] = Field([], description="Grants beside the roles, implied by none of them: "
+                                                          "create_runs lets the token create runs (POST /runs).")
     tenants: list[Annotated[str, Field(pattern=TENANT_PATTERN)]] | None
     expires_in: Text | None = Field(None, description=f"Refused this long after its creation ({DURATION}); "
                                                       "none: until revoked.")
     reason: Reason
 
+    @model_validator(mode="after")
+    def _grants_something(self) -> TokenRequest:
+        if not self.roles and not self.permissions:
+            raise ValueError("a token needs a role or a permission: one with neither could do nothing")
+        return self
+
 
 class Revoke(Strict):
     reason: Reason
+
+
+class CreateRun(Strict):
+    """A run.create as a producer publishes it on the bus, less what the gateway fills in (its event id,
+    time, producer and trace): ``payload`` is read by ``schema_version``, any version the bus accepts."""
+
+    tenant_id: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    schema_version: int = Field(ge=1, le=2**31 - 1, description="The run.create payload's version: "
+                                "schemas/run.create.v<N>.schema.json; an older one is upcast as on the bus.")
+    payload: dict[str, Any] = Field(description="The run.create payload of that version; its idempotency_key "
+                                                "must equal the Idempotency-Key header.")
+    correlation_id: Text | None = Field(None, description="Carried by the run's events (default: the "
+                                                          "idempotency key).")
 
 
 # --- queries --------------------------------------------------------------------------------------
@@ -195,11 +230,25 @@ class Operation:
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     role: Role | None = "viewer"
-    """The least role the caller needs (``longrun.identity``); None: no bearer token is needed."""
+    """The least role the caller needs (``longrun.identity``); None: none (``authenticated`` says whether a
+    bearer token is needed at all)."""
     every_tenant: bool = False
     """Only a principal of every tenant may call it: what it shows or changes is not one tenant's."""
     raw_body: bool = False
     """The request's body is the bytes themselves, of the media type its Content-Type names."""
+    permission: Permission | None = None
+    """The grant beside the roles the caller needs (``longrun.principals``); with it, no role is needed."""
+    any_principal: bool = False
+    """Any caller with a valid bearer token may call it, whatever it holds (who am I)."""
+    refusal: type[BaseModel] = Error
+    """The body of its 4xx and 5xx answers."""
+    idempotency_key: bool = False
+    """It takes a required ``Idempotency-Key`` header, and answers 201 for what it creates, 200 for a repeat."""
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the caller needs a bearer token."""
+        return self.role is not None or self.permission is not None or self.any_principal
 
 
 _READ = (400, 401, 403, 503)
@@ -216,6 +265,12 @@ def _on_a_run(action: str, body: type[BaseModel], response: type[BaseModel], sum
 OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/runs", "searchRuns", "Runs matching every filter given, newest first, a page at a time",
               RunPage, _READ, query=RunSearch),
+    Operation("POST", "/runs", "createRun", "Create a run, as a run.create on the bus would: 201 with the run made, "
+              "200 with the run a repeat of the same create made (the Idempotency-Key). A refusal answers the "
+              "run.rejected code: 409 idempotency_key_reused, 413 input_too_large, 403 tenant_not_allowed, 422 "
+              "every other; 400 when the header is missing or differs from payload.idempotency_key",
+              RunAccepted, (400, 401, 403, 409, 413, 422, 503), body=CreateRun, role=None, permission="create_runs",
+              refusal=CreateRefused, idempotency_key=True),
     Operation("GET", "/runs/{run_id}", "showRun", "A run: its state, lease, next timer, the operations allowed "
               "now and its events", RunView, (400, 401, 403, 404, 503)),
     _on_a_run("approve", Decide, ActionResult, "Approve exactly the pending request with this hash "
@@ -259,8 +314,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("PUT", "/tenants/{tenant_id}/ceiling", "setTenantCeiling", "Replace the tenant's ceiling under the "
               "next version", CeilingView, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin",
               every_tenant=True),
-    Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, tenants, groups", Me,
-              (401, 503)),
+    Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, permissions, tenants, groups", Me,
+              (401, 503), role=None, any_principal=True),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,
               query=TokenListing, role="admin", every_tenant=True),
     Operation("POST", "/tokens", "createToken", "Create a named API token; its secret is in this answer only "

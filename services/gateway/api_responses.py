@@ -9,12 +9,25 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, RootModel
 
 from longrun.domain import ActionStatus
+from longrun_client.payloads import RunAcceptedV2, RunRejectedV3
 from longrun.services.gateway.api_types import RUN_STATUS, Strict
 
 
 class Error(Strict):
     error: str
     problems: list[str] | None = Field(None, description="Every violation, where there are several.")
+
+
+class CreateRefused(Error):
+    """A create refused: ``code`` is the run.rejected code (none when the caller or the request's form is
+    refused, before the create is read); ``rejected`` the run.rejected published for it, when one was."""
+
+    code: str | None = None
+    rejected: RunRejectedV3 | None = None
+
+
+class RunAccepted(RunAcceptedV2):
+    """The run a create made (201) or a repeat of it had made (200, ``repeated``): the run.accepted payload."""
 
 
 class ActionResult(Strict):
@@ -233,6 +246,7 @@ class Token(Strict):
     revoked_at: datetime | None
     last_used_at: datetime | None
     expires_at: datetime | None = Field(description="Refused from then on; None: until revoked.")
+    permissions: list[str] = Field(description="Grants beside the roles (create_runs).")
 
 
 class TokenList(RootModel[list[Token]]):
@@ -249,5 +263,6 @@ class Me(Strict):
 
     subject: str
     roles: list[str]
+    permissions: list[str] = Field(description="Grants beside the roles (create_runs).")
     tenants: list[str] | None = Field(description="None: every tenant.")
     groups: list[str]

@@ -1,5 +1,6 @@
-"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx) and the operator API, whose requests
-are checked against its contract (``longrun.services.gateway.api``, served at ``GET /openapi.json``).
+"""The gateway's HTTP routes: webhooks (HMAC, dedup, fast 2xx), the operator API, whose requests
+are checked against its contract (``longrun.services.gateway.api``, served at ``GET /openapi.json``), and
+producers' creates (``POST /runs``, ``longrun.services.gateway.run_create``).
 
 Every operator call names its caller with a bearer token (``longrun.identity``): 401 without a
 valid one, 403 when the caller lacks the role the operation needs. A caller sees only its tenants:
@@ -42,7 +43,7 @@ from longrun.domain import RunSnapshot, Scope
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
-from longrun.services.gateway import api, console, edge, openapi, reads, refusals
+from longrun.services.gateway import api, console, edge, openapi, reads, refusals, run_create
 from longrun.services.gateway import policy_ceiling, versions
 from longrun.services.gateway import quarantine as quarantine_ops
 
@@ -130,9 +131,12 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         principal = await authenticator.from_bearer(token.strip()) if scheme.lower() == "bearer" else None
         if principal is None:
             raise Refused(401, "missing or bad bearer token")
-        assert op.role is not None
-        if not principal.may(op.role):
+        assert op.authenticated
+        if op.role is not None and not principal.may(op.role):
             raise Refused(403, f"{principal.subject} may not {op.name}: it needs the role {op.role}")
+        if op.permission is not None and not principal.holds(op.permission):
+            raise Refused(403, f"{principal.subject} may not {op.name}: it needs the permission {op.permission}, "
+                               "which no role carries")
         if op.every_tenant and principal.tenants is not None:
             raise Refused(403, f"{principal.subject} may not {op.name}: only a principal of every tenant may")
         return principal
@@ -307,6 +311,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
 
     async def me(request: Request, principal: Principal) -> Response:
         return JSONResponse({"subject": principal.subject, "roles": sorted(principal.roles),
+                             "permissions": sorted(principal.permissions),
                              "tenants": None if principal.tenants is None else sorted(principal.tenants),
                              "groups": sorted(principal.groups)})
 
@@ -330,11 +335,13 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         try:
             async with engine.begin() as conn:
                 token, secret = await tokens.create(conn, name=body.name, roles=tuple(body.roles),
+                                                    permissions=tuple(body.permissions),
                                                     tenants=None if body.tenants is None else tuple(body.tenants),
                                                     created_by=principal.subject, expires_in=expires_in)
                 await audit_log.audit(conn, actor=principal.subject, action="token.create",
                                      target=f"token:{token.id}", reason=body.reason,
-                                     details={"name": token.name, "roles": list(token.roles), "tenants": body.tenants,
+                                     details={"name": token.name, "roles": list(token.roles),
+                                              "permissions": list(token.permissions), "tenants": body.tenants,
                                               "expires_at": token.to_dict()["expires_at"]})
         except tokens.NameInUse as e:
             return JSONResponse({"error": str(e)}, status_code=409)
@@ -367,6 +374,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     intake_routes = [Route("/webhooks/{provider}", ride(webhook), methods=["POST"])]
     operations = [
         route("/runs", search, ["GET"]),
+        route("/runs", run_create.create_route(engine, settings, kinds), ["POST"]),
         route("/runs/{run_id}", show, ["GET"]),
         route("/runs/{run_id}/artifacts", attach, ["POST"]),
         route("/runs/{run_id}/artifacts/{content_hash}", artifact, ["GET"]),
@@ -386,6 +394,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
     ]
     limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
+              # An input up to the limit admission takes, and a body's worth of room for the rest of the create.
+              edge.Limit(re.compile("/runs"), settings.max_input_bytes + edge.JSON_BYTES,
+                         "a run.create (LONGRUN_MAX_INPUT_BYTES and the envelope)", method="POST"),
               edge.Limit(re.compile(r"/runs/[^/]+/artifacts"), settings.max_attachment_bytes,
                          "an artifact (LONGRUN_MAX_ATTACHMENT_BYTES)", method="POST"),
               edge.Limit(re.compile(f"{console.PREFIX}(/.*)?"), edge.FORM_BYTES, "a console form")]

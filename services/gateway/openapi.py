@@ -26,8 +26,10 @@ _DESCRIPTION = (
     "who acts (the audit log's actor, the approver an approval is checked against): a named API token, an OIDC "
     "token (JWT) of the configured issuer, or a bootstrap token. 401: no valid token; 403: the caller lacks the "
     "role the operation needs (x-longrun-role: viewer < operator < approver < admin, each allowing what the ones "
-    "before it allow) or is not the approver the request names. A caller sees only its tenants: another "
-    "tenant's run answers 404. Every action takes a reason, which is audited.\n\n"
+    "before it allow), the permission it needs beside the roles (x-longrun-permission: create_runs, which no "
+    "role carries), or is not the approver the request names. A caller sees only its tenants: another "
+    "tenant's run answers 404, and creating a run in another tenant 403. Every action takes a reason, which is "
+    "audited.\n\n"
     + (api.__doc__ or "").split("\n\n", 1)[1].strip())
 
 
@@ -59,7 +61,7 @@ def render() -> str:
 def _models() -> list[type[BaseModel]]:
     seen: list[type[BaseModel]] = [api_responses.Error]
     for op in api.OPERATIONS:
-        for model in (op.body, op.response):
+        for model in (op.body, op.response, op.refusal):
             if model is not None and model not in seen:
                 seen.append(model)
     return seen
@@ -79,13 +81,21 @@ def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     binary = {"schema": {"type": "string", "format": "binary"}}
     responses = {"200": {"description": "OK", "content": {"*/*": binary} if op.response is None
                          else json_content(op.response)}}
+    if op.idempotency_key:
+        assert op.response is not None
+        parameters.append(IDEMPOTENCY_KEY)
+        responses = {"201": {"description": "Created", "content": json_content(op.response)},
+                     "200": {"description": "Created before, by the same request", "content": json_content(op.response)}}
     for status in op.errors:
         responses[str(status)] = {"description": HTTPStatus(status).phrase,
-                                  "content": json_content(api_responses.Error)}
+                                  "content": json_content(op.refusal)}
     operation: dict[str, Any] = {"operationId": op.name, "summary": op.summary, "responses": responses,
-                                 "security": [{"operatorToken": []}] if op.role else []}
+                                 "security": [{"operatorToken": []}] if op.authenticated else []}
     if op.role:
         operation["x-longrun-role"] = op.role
+    if op.permission:
+        operation["x-longrun-permission"] = op.permission
+    if op.authenticated:
         operation["x-longrun-every-tenant"] = op.every_tenant
     if op.body is not None:
         operation["requestBody"] = {"required": True, "content": json_content(op.body)}
@@ -95,6 +105,11 @@ def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     if parameters:
         operation["parameters"] = parameters
     return operation
+
+
+IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": True,
+                   "description": "The payload's idempotency_key, again: a retry sends the same one.",
+                   "schema": {"type": "string", "minLength": 1, "maxLength": 200}}
 
 
 def _path_parameter(name: str) -> dict[str, Any]:

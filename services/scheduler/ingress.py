@@ -45,10 +45,12 @@ class Ingress:
             raise DecodeError(f"a {envelope.type} on the ingress, where only run.create is read", b"")
         publisher = PUBLISHER.get()
         if not self.producers.allows(publisher, envelope.tenant_id):
-            return await refuse_publisher(PgTransaction(conn), envelope, publisher,
-                                          partitions=self.options["partitions"])
-        return await create_run(PgTransaction(conn), envelope, **self.options,
-                                locked=Locked(self._read[conn][envelope.tenant_id]))
+            refused = await refuse_publisher(PgTransaction(conn), envelope, publisher,
+                                             partitions=self.options["partitions"])
+            return refused.outcome
+        created = await create_run(PgTransaction(conn), envelope, **self.options,
+                                   locked=Locked(self._read[conn][envelope.tenant_id]))
+        return created.outcome
 
 
 async def refuse(conn: AsyncConnection, body: bytes, error: PoisonMessage, *, partitions: int) -> None:

@@ -5,10 +5,10 @@ everything they do), their roles and the tenants they see. Three kinds of token 
 (``Authenticator.from_bearer``):
 
 - a named API token (``longrunctl token create``), kept hashed in PostgreSQL: its name is the
-  subject, its roles and tenants those it was created with;
+  subject, its roles, permissions and tenants those it was created with;
 - an OIDC bearer token (a JWT) from the configured issuer (``LONGRUN_OIDC_*``), verified against the
-  issuer's JWKS (cached for a while, ``longrun.oidc``), for its audience: ``sub`` is the subject, the configured claims carry roles,
-  tenants (``*``: every tenant) and groups;
+  issuer's JWKS (cached for a while, ``longrun.oidc``), for its audience: ``sub`` is the subject, the configured claims carry roles
+  and permissions, tenants (``*``: every tenant) and groups;
 - a bootstrap token (``LONGRUN_OPERATOR_TOKENS``): an admin of every tenant named ``bootstrap``,
   there so a fresh install can create its first named tokens.
 
@@ -81,7 +81,7 @@ class Authenticator:
                 return None
             return Vouched(Principal(stored.name, frozenset(stored.roles),
                                      None if stored.tenants is None else frozenset(stored.tenants),
-                                     credential=f"token:{stored.id}"),
+                                     credential=f"token:{stored.id}", permissions=frozenset(stored.permissions)),
                            token_id=stored.id,
                            expires=None if stored.expires_at is None else stored.expires_at.timestamp())
         if self._jwks is not None and token.count(".") == 2:

@@ -6,6 +6,9 @@ log, alerts and versions; an **operator** also acts on runs (cancel, pause, resu
 resolve, migrate, attach) and replays quarantined messages; an **approver** also approves, denies
 and answers; an **admin** also manages tokens and tenant policies. Approving is one role higher than
 steering because it lets a run act on the outside world with a person's consent.
+
+Permissions stand beside the roles (``longrun_client.operator_api.PERMISSIONS``): ``create_runs`` lets a
+producer create runs in the tenants it sees, and no role, admin included, carries it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from longrun_client.operator_api import ROLES
+from longrun_client.operator_api import PERMISSIONS, ROLES
 
 EVERY_TENANT = "*"
 """In a token's tenants claim: the principal sees every tenant."""
@@ -39,11 +42,16 @@ class Principal:
     credential: str = ""
     """What vouched for the principal, recorded with its decisions: ``token:<id>`` (a named token),
     ``oidc:<issuer>`` or ``bootstrap``; empty for one made in code rather than from a request."""
+    permissions: frozenset[str] = field(default_factory=frozenset)
+    """Grants beside the roles (``PERMISSIONS``): held or not, never implied by a role."""
 
     def may(self, role: str) -> bool:
         """Whether the principal holds ``role`` or a role above it."""
         rank = ROLES.index(role)
         return any(r in ROLES and ROLES.index(r) >= rank for r in self.roles)
+
+    def holds(self, permission: str) -> bool:
+        return permission in PERMISSIONS and permission in self.permissions
 
     def sees(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
@@ -66,12 +74,14 @@ BOOTSTRAP = Principal(BOOTSTRAP_SUBJECT, frozenset({"admin"}), None, credential=
 
 def from_claims(claims: Mapping[str, Any], *, roles_claim: str, tenants_claim: str,
                 groups_claim: str) -> Principal:
-    """The principal a verified JWT names: roles it does not know are ignored, and a token without
-    a tenants claim sees no tenant."""
+    """The principal a verified JWT names: its roles claim carries its roles and its permissions
+    (names it does not know are ignored), and a token without a tenants claim sees no tenant."""
     tenants = _names(claims.get(tenants_claim))
-    return Principal(subject=oidc_subject(str(claims.get("iss")), str(claims["sub"])), roles=frozenset(_names(claims.get(roles_claim))) & set(ROLES),
+    granted = frozenset(_names(claims.get(roles_claim)))
+    return Principal(subject=oidc_subject(str(claims.get("iss")), str(claims["sub"])), roles=granted & set(ROLES),
                      tenants=None if EVERY_TENANT in tenants else frozenset(tenants),
-                     groups=frozenset(_names(claims.get(groups_claim))), credential=f"oidc:{claims.get('iss')}")
+                     groups=frozenset(_names(claims.get(groups_claim))), credential=f"oidc:{claims.get('iss')}",
+                     permissions=granted & set(PERMISSIONS))
 
 
 def oidc_subject(issuer: str, sub: str) -> str:

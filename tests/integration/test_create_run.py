@@ -40,26 +40,26 @@ async def test_a_repeated_request_returns_its_run_even_once_its_workflow_is_no_l
         clean, engine) -> None:
     # Given a run created under a key while its workflow was registered
     async with engine.begin() as conn:
-        first = await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=registry(), partitions=8, slots=4,
-                                     max_input_bytes=MAX_INPUT)
+        first = (await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=registry(), partitions=8, slots=4,
+                                     max_input_bytes=MAX_INPUT)).outcome
     assert first["created"] is True
     # When the same request comes again to a scheduler that no longer knows that workflow
     async with engine.begin() as conn:
-        again = await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=Registry(), partitions=8, slots=4,
-                                     max_input_bytes=MAX_INPUT)
+        again = (await admit.create_run(PgTransaction(conn), _request("k-1"), kinds=Registry(), partitions=8, slots=4,
+                                     max_input_bytes=MAX_INPUT)).outcome
     # Then it answers with the run that exists, not with a rejection
     assert again == {"run_id": first["run_id"], "created": False}
     # and a new key for that workflow is rejected with the reason
     async with engine.begin() as conn:
-        unknown = await admit.create_run(PgTransaction(conn), _request("k-2"), kinds=Registry(), partitions=8, slots=4,
-                                     max_input_bytes=MAX_INPUT)
+        unknown = (await admit.create_run(PgTransaction(conn), _request("k-2"), kinds=Registry(), partitions=8, slots=4,
+                                     max_input_bytes=MAX_INPUT)).outcome
     assert unknown["rejected"] is True and "steps" in unknown["reason"]
 
 
 async def _create(engine, key: str, *, slots: int) -> dict:  # type: ignore[no-untyped-def,type-arg]
     async with engine.begin() as conn:
-        return await admit.create_run(PgTransaction(conn), _request(key), kinds=registry(), partitions=8, slots=slots,
-                                     max_input_bytes=MAX_INPUT)
+        return (await admit.create_run(PgTransaction(conn), _request(key), kinds=registry(), partitions=8,
+                                       slots=slots, max_input_bytes=MAX_INPUT)).outcome
 
 
 async def _wakeups(engine) -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def,type-arg]

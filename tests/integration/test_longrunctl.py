@@ -217,6 +217,33 @@ async def test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of
 TESTED[("tenant", "ceiling")] = test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of_every_tenant_sets
 
 
+async def test_run_create_prints_its_key_and_a_retry_with_it_answers_the_same_run(clean, engine, gateway) -> None:
+    # Given a producer of acme (create_runs, no role)
+    producer = await token(engine, "acme-bot", tenants=("acme",), permissions=("create_runs",))
+    # When it creates a run without a key
+    made = await ctl(*at(gateway, producer, "-o", "json", "run", "create", "steps", "--tenant", "acme",
+                         "--input", '{"steps": 1}', "--label", "order=o-7"))
+    # Then the run is made, and the key made for it is printed on stderr, apart from the answer
+    assert made.returncode == 0, made.stderr
+    key = made.stderr.strip().removeprefix("idempotency key: ")
+    answer = json.loads(made.stdout)
+    assert (answer["workflow"], answer["idempotency_key"], answer["labels"], answer["repeated"]) == (
+        "steps", key, {"order": "o-7"}, False)
+    # When it retries with that key, Then it is answered the same run, as a repeat
+    again = await ctl(*at(gateway, producer, "-o", "json", "run", "create", "steps", "--tenant", "acme",
+                          "--input", '{"steps": 1}', "--label", "order=o-7", "--idempotency-key", key))
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["run_id"], json.loads(again.stdout)["repeated"]) == (answer["run_id"], True)
+    # and the same key with another input is one line naming the refusal, exit 1
+    reused = await ctl(*at(gateway, producer, "run", "create", "steps", "--tenant", "acme", "--input", '{"steps": 2}',
+                           "--idempotency-key", key))
+    assert reused.returncode == 1 and reused.stderr.splitlines()[-1].startswith("Error: 409 Conflict:"), reused.stderr
+    # and an input that is not a JSON object is refused before anything is sent
+    bad = await ctl(*at(gateway, producer, "run", "create", "steps", "--tenant", "acme", "--input", "[1]"))
+    assert bad.returncode == 2 and "JSON object" in bad.stderr
+
+
+TESTED[("run", "create")] = test_run_create_prints_its_key_and_a_retry_with_it_answers_the_same_run
 TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (
     "run pause", "run resume", "run cancel", "run migrate", "run answer", "run resolve", "run retry-action",
     "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})

@@ -23,6 +23,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from longrun_client.operator_api import CREATE_RUNS
+
 from longrun.app.gateway import operate
 from longrun.db import audit as audit_log
 from longrun.db import policies, quarantine, tokens
@@ -69,7 +71,18 @@ async def seeded(engine) -> dict[str, Any]:  # type: ignore[no-untyped-def]
                                         message_id=None, error_code="E", reason="test", attempts=5)
                    for body in (wakeup(ids["paused"], "after-fix").model_dump_json().encode(), b"{broken")]
         made, _ = await tokens.create(conn, name="ci-bot", roles=("viewer",), tenants=("acme",), created_by="tests")
-    return {**ids, "entries": entries, "tokens": [made.id], "approver": await token(engine, "user_42")}
+    return {**ids, "entries": entries, "tokens": [made.id], "approver": await token(engine, "user_42"),
+            "producer": await token(engine, "acme-producer", tenants=("acme",), permissions=(CREATE_RUNS,))}
+
+
+def caller(known: dict[str, Any], method: str, path: str) -> dict[str, str]:
+    """Who calls: the approval's owner approves and answers, acme's producer creates runs, the bootstrap
+    admin does the rest."""
+    if path.endswith(("/approve", "/answer")):
+        return {"Authorization": f"Bearer {known['approver']}"}
+    if (method, path) == ("POST", "/runs"):
+        return {"Authorization": f"Bearer {known['producer']}"}
+    return BEARER
 
 
 def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
@@ -77,9 +90,7 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
     answer, a resolution, a replay, pages of search), asked for on purpose, validated the same way."""
     def call(method: str, path: str, status: int, **given: Any) -> None:
         case = schema[path][method].Case(**given)
-        # The approval names user_42 as its approver: decided with their token, the rest as the bootstrap admin.
-        auth = {"Authorization": f"Bearer {known['approver']}"} if path.endswith(("/approve", "/answer")) else BEARER
-        response = case.call_and_validate(base_url=url, headers=auth, checks=CHECKS, timeout=10)
+        response = case.call_and_validate(base_url=url, headers=caller(known, method, path), checks=CHECKS, timeout=10)
         assert response.status_code == status, (method, path, response.status_code, response.text)
 
     for name in RUN_STATES:
@@ -103,6 +114,12 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
          query={"name": "ci.log", "reason": "the log CI lost"}, body=EVIDENCE, media_type="application/octet-stream")
     call("GET", "/runs/{run_id}/artifacts/{content_hash}", 200,
          path_parameters={"run_id": known["waiting"], "content_hash": hashlib.sha256(EVIDENCE).hexdigest()})
+    create = {"tenant_id": "acme", "schema_version": 4,
+              "payload": {"workflow": "steps", "idempotency_key": "order-1", "input": {"steps": 1}}}
+    call("POST", "/runs", 201, body=create, headers={"Idempotency-Key": "order-1"})
+    call("POST", "/runs", 200, body=create, headers={"Idempotency-Key": "order-1"})
+    call("POST", "/runs", 409, body={**create, "payload": {**create["payload"], "input": {"steps": 2}}},
+         headers={"Idempotency-Key": "order-1"})
     call("GET", "/me", 200)
     call("POST", "/tokens", 200, body={"name": "ana", "roles": ["operator"], "tenants": ["acme"], "reason": "on call"})
     call("GET", "/tokens", 200, query={"all": "1"})
@@ -116,9 +133,9 @@ EVIDENCE = b"412 passed, 0 failed\n"
 RUN_STATES = ("waiting", "paused", "approval", "question", "completed", "unknown")
 
 
-def exercise(operation: Any, url: str, known: dict[str, list[Any]]) -> str | None:
+def exercise(operation: Any, url: str, known: dict[str, list[Any]], headers: dict[str, str] | None) -> str | None:
     """Generated requests to one operation, in both modes (path parameters made up, or picked from
-    ``known``); the first failure's report, or None."""
+    ``known``), sent with ``headers`` (None: as the bootstrap admin); the first failure's report, or None."""
     names = [p["name"] for p in operation.definition.raw.get("parameters", []) if p["in"] == "path"]
 
     def strategy(mode: GenerationMode) -> st.SearchStrategy[Any]:
@@ -137,7 +154,7 @@ def exercise(operation: Any, url: str, known: dict[str, list[Any]]) -> str | Non
                                  hypothesis.Phase.explicit, hypothesis.Phase.generate, hypothesis.Phase.shrink])
         @hypothesis.given(case=strategy(mode))
         def run(case: schemathesis.Case) -> None:
-            case.call_and_validate(base_url=url, checks=CHECKS, timeout=10)
+            case.call_and_validate(base_url=url, headers=headers, checks=CHECKS, timeout=10)
 
         try:
             run()
@@ -161,7 +178,10 @@ async def test_schemathesis_finds_the_live_gateway_keeps_its_contract(clean, eng
     await asyncio.to_thread(answered_as_promised, schema, ensemble.gateway_url, known)
     pick = {"run_id": [known[name] for name in RUN_STATES], "entry_id": known["entries"], "tenant_id": ["acme"],
             "content_hash": [hashlib.sha256(EVIDENCE).hexdigest()], "token_id": known["tokens"]}
-    run: Callable[[Any], str | None] = lambda op: exercise(op, ensemble.gateway_url, pick)  # noqa: E731
+    # POST /runs is driven as acme's producer: as the bootstrap admin, who may not create runs, every
+    # request would stop at 403 and the create's reading would go unexercised.
+    run: Callable[[Any], str | None] = lambda op: exercise(  # noqa: E731
+        op, ensemble.gateway_url, pick, caller(known, op.method.upper(), op.path) if op.path == "/runs" else None)
     failures = [f for f in [await asyncio.to_thread(run, op) for op in operations] if f is not None]
     # Then no answer broke it
     assert failures == [], "\n\n".join(failures)

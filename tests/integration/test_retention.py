@@ -329,15 +329,15 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     lane = 1234 // (FINISHED // LANES)
     assert lane == 0
     async with engine.begin() as conn:
-        outcome = await admit.create_run(PgTransaction(conn), _create_envelope(f"old-t{lane}", key, 1234 % (
-            FINISHED // LANES)), kinds=registry(), partitions=PARTITIONS, slots=10, max_input_bytes=262144)
+        outcome = (await admit.create_run(PgTransaction(conn), _create_envelope(f"old-t{lane}", key, 1234 % (
+            FINISHED // LANES)), kinds=registry(), partitions=PARTITIONS, slots=10, max_input_bytes=262144)).outcome
     # Then it returns that run, which stays archived
     assert outcome == {"run_id": run_id, "created": False}
     assert (await _counts(engine))["runs"] == after["runs"]
     # and the same key with another input is still refused as reused
     async with engine.begin() as conn:
-        reused = await admit.create_run(PgTransaction(conn), _create_envelope("old-t0", key, -1), kinds=registry(),
-                                        partitions=PARTITIONS, slots=10, max_input_bytes=262144)
+        reused = (await admit.create_run(PgTransaction(conn), _create_envelope("old-t0", key, -1), kinds=registry(),
+                                        partitions=PARTITIONS, slots=10, max_input_bytes=262144)).outcome
     assert (reused["code"], reused["existing_run_id"]) == ("idempotency_key_reused", run_id)
 
     # And a replayed wakeup older than the replay window would not be sent to a pruned run, and would

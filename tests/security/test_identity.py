@@ -103,7 +103,7 @@ async def audit_rows(engine) -> list[tuple[str, str, str]]:  # type: ignore[no-u
 async def test_a_forged_or_revoked_named_token_is_refused(engine, gateway) -> None:
     secret = await token(engine, "ana", "viewer")
     assert (await gateway.get("/me", headers=auth(secret))).json() == {
-        "subject": "ana", "roles": ["viewer"], "tenants": None, "groups": []}
+        "subject": "ana", "roles": ["viewer"], "permissions": [], "tenants": None, "groups": []}
     for refused in (None, {"authorization": "Bearer lrt_forged-secret"}, {"authorization": "Bearer " + secret[:-1]},
                     {"authorization": secret}, {"authorization": "Basic " + secret}):
         answer = await gateway.get("/runs", headers=refused)
@@ -123,7 +123,8 @@ async def test_a_jwt_of_the_issuer_names_its_subject_roles_tenants_and_groups(ga
     signed = keys.sign({"sub": "ana@example.test", "roles": ["approver", "unknown"], "tenants": ["acme"],
                         "groups": ["release-managers"]})
     me = await gateway.get("/me", headers=auth(signed))
-    assert me.json() == {"subject": f"{ISSUER}|ana@example.test", "roles": ["approver"], "tenants": ["acme"],
+    assert me.json() == {"subject": f"{ISSUER}|ana@example.test", "roles": ["approver"], "permissions": [],
+                         "tenants": ["acme"],
                          "groups": ["release-managers"]}
     everyone = keys.sign({"sub": "root", "roles": "admin", "tenants": "*"})
     assert (await gateway.get("/me", headers=auth(everyone))).json()["tenants"] is None
@@ -292,11 +293,11 @@ async def test_longrunctl_creates_lists_and_revokes_named_tokens(engine, gateway
                         "initech", "--reason", "ana joins on-call")
     assert created.returncode == 0, created.stderr
     table, secret_line = created.stdout.rsplit("\n\n", 1)
-    assert table.splitlines()[0].split()[:4] == ["ID", "NAME", "ROLES", "TENANTS"]
+    assert table.splitlines()[0].split()[:5] == ["ID", "NAME", "ROLES", "PERMISSIONS", "TENANTS"]
     secret = secret_line.strip().removeprefix("secret (shown once): ")
     whoami = await ctl(*url, "--token", secret, "-o", "json", "whoami")
-    assert json.loads(whoami.stdout) == {"subject": "ana", "roles": ["operator"], "tenants": ["acme", "initech"],
-                                         "groups": []}
+    assert json.loads(whoami.stdout) == {"subject": "ana", "roles": ["operator"], "permissions": [],
+                                         "tenants": ["acme", "initech"], "groups": []}
     listed = json.loads((await ctl(*admin, "-o", "json", "token", "list")).stdout)
     assert [(t["id"], t["name"], t["created_by"], t["revoked_at"]) for t in listed] == [(1, "ana", "bootstrap", None)]
     assert "secret" not in listed[0] and secret not in json.dumps(listed)

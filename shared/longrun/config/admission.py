@@ -13,7 +13,8 @@ class AdmissionSettings(Concern):
     """Admission: the scheduler's slots and limits"""
 
     tenant_slots: int = setting("LONGRUN_TENANT_SLOTS", parse.positive_int, "an integer >= 1", "4")
-    """Admitted, unfinished runs per tenant at most."""
+    """Admitted, unfinished runs per tenant at most. The gateway reads it too: a run created over HTTP
+    (``POST /runs``) is admitted at once when its tenant has a free slot, as the scheduler admits one."""
     producer_tenants: tuple[tuple[str, str], ...] = setting(
         "LONGRUN_PRODUCER_TENANTS", parse.named_references, "comma-separated user=tenant (tenant * for every tenant)",
         "")
@@ -24,6 +25,7 @@ class AdmissionSettings(Concern):
     max_input_bytes: int = setting("LONGRUN_MAX_INPUT_BYTES", parse.positive_int, "bytes, an integer >= 1",
                                    "262144")
     """Largest ``run.create`` input accepted, in bytes of its JSON; a larger one is refused with
-    ``run.rejected`` (input_too_large). Large inputs belong in the artifact store, referenced by hash."""
+    ``run.rejected`` (input_too_large), on the bus and by the gateway's ``POST /runs`` alike (set it the
+    same for both). Large inputs belong in the artifact store, referenced by hash."""
     priority_aging: float = setting("LONGRUN_PRIORITY_AGING", parse.positive_float, "seconds, a number > 0", "30")
     """Seconds of waiting that count as one priority point (so nothing starves)."""

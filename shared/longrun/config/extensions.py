@@ -17,7 +17,8 @@ class ExtensionSettings(Concern):
                                          "longrun.workflows:builtin")
     """Where the run kinds come from: ``package.module:attribute`` references, comma-separated, each a
     ``RunKind``, a sequence of them or a function of the Settings returning either; installed
-    distributions' ``longrun.run_kinds`` entry points are loaded too (``longrun.run_kinds``)."""
+    distributions' ``longrun.run_kinds`` entry points are loaded too (``longrun.run_kinds``). The gateway
+    loads the same kinds as the scheduler: it admits the runs created over HTTP (``POST /runs``)."""
     webhook_providers: tuple[tuple[str, str], ...] = setting("LONGRUN_WEBHOOK_PROVIDERS", parse.named_references,
                                                              "comma-separated name=package.module:attribute", "")
     """Webhook providers by name (``POST /webhooks/<name>``): ``name=package.module:attribute``,

@@ -451,9 +451,11 @@ operator_tokens = Table(
     Column("revoked_at", DateTime(timezone=True), nullable=True),
     Column("last_used_at", DateTime(timezone=True), nullable=True),
     Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("permissions", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
 )
 """Named API tokens of operators (``longrun.identity``): only the SHA-256 of each secret is kept, so
 the table leaks no credential. ``name`` is who acts with the token (the audit log's actor);
+``permissions`` are its grants beside its roles (``create_runs``);
 ``tenants`` NULL is every tenant; ``expires_at`` NULL: until revoked. A revoked or expired token
 stays, for the audit trail (an expired one keeps its name until it is revoked)."""
 # A live token's name belongs to one holder: approvals owned by a name are decided by its token alone.

@@ -30,6 +30,7 @@ class StoredToken:
     revoked_at: datetime | None
     last_used_at: datetime | None
     expires_at: datetime | None
+    permissions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "roles": list(self.roles),
@@ -37,7 +38,8 @@ class StoredToken:
                 "created_at": self.created_at.isoformat(),
                 "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
                 "last_used_at": None if self.last_used_at is None else self.last_used_at.isoformat(),
-                "expires_at": None if self.expires_at is None else self.expires_at.isoformat()}
+                "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
+                "permissions": list(self.permissions)}
 
 
 def digest(secret: str) -> str:
@@ -46,7 +48,8 @@ def digest(secret: str) -> str:
 
 def _stored(row: Any) -> StoredToken:
     return StoredToken(row.id, row.name, tuple(row.roles), None if row.tenants is None else tuple(row.tenants),
-                       row.created_by, row.created_at, row.revoked_at, row.last_used_at, row.expires_at)
+                       row.created_by, row.created_at, row.revoked_at, row.last_used_at, row.expires_at,
+                       tuple(row.permissions))
 
 
 class NameInUse(ValueError):
@@ -56,13 +59,15 @@ class NameInUse(ValueError):
 
 
 async def create(conn: AsyncConnection, *, name: str, roles: tuple[str, ...], tenants: tuple[str, ...] | None,
-                 created_by: str, expires_in: float | None = None) -> tuple[StoredToken, str]:
-    """A new token and its secret, which is not kept: whoever asked must take it now; refused
+                 created_by: str, expires_in: float | None = None,
+                 permissions: tuple[str, ...] = ()) -> tuple[StoredToken, str]:
+    """A new token (its ``roles`` and, beside them, its ``permissions``) and its secret, which is not
+    kept: whoever asked must take it now; refused
     ``expires_in`` seconds from now (None: until revoked). ``NameInUse`` when a live token holds the
     name (whoever asks, an admin included)."""
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     row = (await conn.execute(insert(operator_tokens).values(
-        name=name, secret_sha256=digest(secret), roles=list(roles),
+        name=name, secret_sha256=digest(secret), roles=list(roles), permissions=list(permissions),
         tenants=None if tenants is None else list(tenants), created_by=created_by,
         expires_at=None if expires_in is None else func.now() + func.make_interval(0, 0, 0, 0, 0, 0, expires_in))
         .on_conflict_do_nothing(index_elements=[operator_tokens.c.name], index_where=text("revoked_at IS NULL"))

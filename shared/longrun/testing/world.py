@@ -295,7 +295,7 @@ class World:
                        producer="memory", tenant_id=tenant_id)
         answer = self.in_transaction(lambda tx: admit.create_run(
             tx, request, kinds=self.kinds, partitions=1, slots=SLOTS, max_input_bytes=MAX_INPUT_BYTES,
-            clock=self.clock, new_id=lambda: self.new_id("run")))
+            clock=self.clock, new_id=lambda: self.new_id("run"))).outcome
         if "run_id" not in answer:
             raise ValueError(f"create refused: {answer}")
         return str(answer["run_id"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from longrun_client.operator_api import CREATE_RUNS
 
 from longrun.principals import ROLES, Principal, from_claims
 from longrun.services.gateway.api_types import TOKEN_NAME
@@ -26,6 +27,18 @@ def test_a_role_allows_what_the_roles_before_it_allow_and_nothing_after(held: st
 def test_no_role_allows_nothing_and_unknown_roles_count_for_nothing() -> None:
     assert not any(principal().may(r) for r in ROLES)
     assert not any(principal("superuser").may(r) for r in ROLES)
+
+
+def test_create_runs_stands_beside_the_roles_none_of_which_carries_it_nor_does_it_carry_one() -> None:
+    assert not any(principal(role).holds(CREATE_RUNS) for role in ROLES)
+    producer = Principal("bot", frozenset(), frozenset({"acme"}), permissions=frozenset({CREATE_RUNS}))
+    assert producer.holds(CREATE_RUNS) and not any(producer.may(r) for r in ROLES)
+    assert not Principal("bot", frozenset(), None, permissions=frozenset({"superpower"})).holds("superpower")
+
+
+def test_a_jwts_roles_claim_carries_its_permissions_beside_its_roles() -> None:
+    made = from_claims({"sub": "bot", "roles": ["viewer", "create_runs", "root"], "tenants": ["acme"]}, **CLAIMS)
+    assert made.roles == frozenset({"viewer"}) and made.permissions == frozenset({CREATE_RUNS})
 
 
 def test_tenants_none_sees_every_tenant_and_a_set_only_its_own() -> None:

@@ -20,10 +20,11 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun_client import __version__, ctl_tenants, timeline
+from longrun_client import __version__, ctl_create, ctl_tenants, timeline
 from longrun_client.bus import TERMINAL_STATUSES
+from longrun_client.ctl_examples import COMMAND_EXAMPLES
 from longrun_client.ctl_output import FORMATS, View, printable, render
-from longrun_client.operator_api import ROLES
+from longrun_client.operator_api import PERMISSIONS, ROLES
 
 CONFIG_FILE = Path("~/.config/longrun/longrunctl.toml")
 SETTINGS = {"url": ("LONGRUN_GATEWAY_URL", "http://127.0.0.1:8080"),
@@ -134,7 +135,10 @@ ACTIONS = (("ACTION", "logical_action"), ("TOOL", "tool"), ("STATUS", "status"),
 
 @main.group()
 def run() -> None:
-    """Search, inspect and steer runs."""
+    """Create, search, inspect and steer runs."""
+
+
+run.add_command(ctl_create.create_command(_call, _print))
 
 
 def _page_options(command: Any) -> Any:
@@ -414,7 +418,8 @@ def whoami(ctx: click.Context) -> None:
     _print(ctx, _call(ctx, "GET", "/me"))
 
 
-TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("TENANTS", "tenants"), ("EXPIRES", "expires_at"),
+TOKENS = View((("ID", "id"), ("NAME", "name"), ("ROLES", "roles"), ("PERMISSIONS", "permissions"),
+               ("TENANTS", "tenants"), ("EXPIRES", "expires_at"),
                ("CREATED BY", "created_by"), ("CREATED", "created_at"), ("LAST USED", "last_used_at"),
                ("REVOKED", "revoked_at")), rows=lambda data: data if isinstance(data, list) else [data])
 
@@ -426,16 +431,19 @@ def token() -> None:
 
 @token.command("create")
 @click.argument("name")
-@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
+@click.option("--role", "roles", multiple=True, type=click.Choice(ROLES),
               help="repeat for several; each allows what the ones before it allow")
+@click.option("--permission", "permissions", multiple=True, type=click.Choice(PERMISSIONS),
+              help="a grant beside the roles, which no role carries (create_runs: run create); repeat for several")
 @click.option("--tenant", "tenants", multiple=True, help="a tenant it sees; repeat for several (none: every tenant)")
 @click.option("--expires-in", help="refused this long after creation: 90m, 12h, 30d (none: until revoked)")
 @click.option("--reason", required=True)
 @click.pass_context
-def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], tenants: tuple[str, ...],
-                 expires_in: str | None, reason: str) -> None:
-    """Create a token for NAME; its secret is printed this once and kept nowhere."""
-    created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "tenants": list(tenants) or None,
+def token_create(ctx: click.Context, name: str, roles: tuple[str, ...], permissions: tuple[str, ...],
+                 tenants: tuple[str, ...], expires_in: str | None, reason: str) -> None:
+    """Create a token for NAME (a role, a permission or both); its secret is printed this once and kept nowhere."""
+    created = _call(ctx, "POST", "/tokens", {"name": name, "roles": list(roles), "permissions": list(permissions),
+                                             "tenants": list(tenants) or None,
                                              "reason": reason, **({"expires_in": expires_in} if expires_in else {})})
     if ctx.obj["output"] != "table":
         _print(ctx, created)
@@ -459,35 +467,6 @@ def token_revoke(ctx: click.Context, token_id: int, reason: str) -> None:
     """Revoke a token by its id (token list): it is refused from now on."""
     _print(ctx, _call(ctx, "POST", f"/tokens/{token_id}/revoke", {"reason": reason}), TOKENS)
 
-
-COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
-    ("run", "list"): "run list --tenant acme --status WAITING_USER --label team=payments",
-    ("run", "show"): "run show RUN_ID",
-    ("run", "timeline"): "run timeline RUN_ID --follow",
-    ("run", "pause"): 'run pause RUN_ID --reason "forge maintenance tonight"',
-    ("run", "resume"): 'run resume RUN_ID --reason "maintenance over"',
-    ("run", "retry"): 'run retry RUN_ID --reason "decide fixed in 1.4.2, deployed"',
-    ("run", "cancel"): 'run cancel RUN_ID --reason "superseded by RUN_ID2"',
-    ("run", "terminate"): 'run terminate RUN_ID --reason "stuck cleanup, done by hand"',
-    ("run", "migrate"): 'run migrate RUN_ID --to 2 --reason "fix for the CI parser"',
-    ("run", "approve"): 'run approve RUN_ID --approval-id merge:e33f2c --hash 9e3f30d5... --reason "diff reviewed"',
-    ("run", "answer"): 'run answer RUN_ID which-branch --json \'"release/2.4"\' --reason "asked the team"',
-    ("run", "resolve"): 'run resolve RUN_ID merge_request --done --external-id 412 --reason "MR 412 on the forge"',
-    ("run", "retry-action"): 'run retry-action RUN_ID merge_request --reason "branch protection fixed"',
-    ("run", "attach"): 'run attach RUN_ID ci.log --media-type text/plain --reason "the failing CI log"',
-    ("audit",): "audit --target RUN_ID",
-    ("alerts",): "alerts --action alert.silent_run",
-    ("tenant", "policy"): "tenant policy acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"scope acme\"",
-    ("tenant", "ceiling"): "tenant ceiling acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"acme's contract\"",
-    ("versions",): "versions",
-    ("dlq", "list"): "dlq list --all",
-    ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',
-    ("whoami",): "whoami",
-    ("token", "create"): 'token create ci-bot --role operator --tenant acme --reason "the release pipeline"',
-    ("token", "list"): "token list --all",
-    ("token", "revoke"): 'token revoke 7 --reason "the laptop was lost"',
-}
-"""One example per command, shown at the end of its ``--help``."""
 
 for _path, _example in COMMAND_EXAMPLES.items():
     _command: click.Command = main

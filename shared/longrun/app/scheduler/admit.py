@@ -83,6 +83,15 @@ def new_run_id() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Answered:
+    """What a create did (``outcome``: the ingress's inbox records it) and the answer sent for it
+    (``answer``: the run.accepted or run.rejected envelope, which the gateway's ``POST /runs`` returns too)."""
+
+    outcome: dict[str, Any]
+    answer: Envelope
+
+
+@dataclass(frozen=True, slots=True)
 class Locked:
     """The transaction holds the tenant's admission lock already, and read its policy with it."""
 
@@ -91,9 +100,10 @@ class Locked:
 
 async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
                      max_input_bytes: int, clock: Any = time.time, locked: Locked | None = None,
-                     new_id: Callable[[], str] = new_run_id) -> dict[str, Any]:
+                     new_id: Callable[[], str] = new_run_id) -> Answered:
     """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
-    (``run.rejected``). ``locked``: the transaction holds the tenant's admission lock already and
+    (``run.rejected``): the one admission of every run, whether its create came on the bus (the
+    scheduler's ingress) or over HTTP (the gateway's ``POST /runs``). ``locked``: the transaction holds the tenant's admission lock already and
     read its policy with it (the ingress consumer's prelude, ``Ingress.prelude``), so neither is
     asked for again: one round trip less."""
     request = envelope.payload
@@ -136,12 +146,12 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
         return await _existing(tx, envelope, found, offered, partitions, kinds)
     if stored.admitted:
         metrics.ADMISSION_DELAY.labels(kind.name).observe(max(0.0, clock() - envelope.occurred_at.timestamp()))
-        return {"run_id": run_id, "created": True, "admitted": True}
-    return {"run_id": run_id, "created": True}
+        return Answered({"run_id": run_id, "created": True, "admitted": True}, accepted.envelope)
+    return Answered({"run_id": run_id, "created": True}, accepted.envelope)
 
 
 async def refuse_publisher(tx: RunTransaction, envelope: Envelope, publisher: str | None, *,
-                           partitions: int) -> dict[str, Any]:
+                           partitions: int) -> Answered:
     """A create its publisher may not make (``longrun.services.scheduler.producers``): answered on the create's
     tenant and audited with the publisher, never quarantined."""
     reason = (f"the publisher may not create runs in tenant {envelope.tenant_id!r}" if publisher is not None
@@ -163,9 +173,19 @@ INPUT_PROBLEMS_TOLD = 10
 """Input problems a refusal names; the rest are counted."""
 
 
+LARGEST_STORED_INTEGER = 2**63 - 1
+"""JSON allows any integer and any depth; the run's JSONB columns are written through orjson, which takes
+64-bit integers and 255 levels."""
+
+
 def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | Refusal:
     """The run kind a create asks for, or why it is refused."""
-    size = len(orjson.dumps(request.input))
+    try:
+        size = len(orjson.dumps(request.input))
+    except TypeError as e:  # orjson's refusal: an integer past 64 bits, or nesting past its depth
+        return Refusal(RejectionCode.INVALID_PAYLOAD, f"input cannot be stored: {e}")
+    if max(request.budget.model_calls, request.budget.tool_calls) > LARGEST_STORED_INTEGER:
+        return Refusal(RejectionCode.INVALID_PAYLOAD, f"budget call limits are at most {LARGEST_STORED_INTEGER}")
     if size > max_input_bytes:
         return Refusal(RejectionCode.INPUT_TOO_LARGE,
                        f"input is {size} bytes of JSON; at most {max_input_bytes} are accepted "
@@ -185,7 +205,7 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
 
 
 async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offered: str,
-                    partitions: int, kinds: Registry) -> dict[str, Any]:
+                    partitions: int, kinds: Registry) -> Answered:
     """A repeated create: announced again (a new event, the same run), or refused if its input differs.
     A run that has ended is announced with its outcome: its terminal event is not published again,
     so the repeat's producer would otherwise wait for it forever."""
@@ -198,18 +218,21 @@ async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offere
     outcome = None
     if stored is not None and stored.snapshot.status in TERMINAL:
         outcome = effects.run_outcome(stored.snapshot, kinds.public_receipts(found.workflow, found.versions.workflow))
-    await tx.send([effects.accepted_message(
+    accepted = effects.accepted_message(
         envelope, run_id=found.run_id, partition=found.partition, workflow=found.workflow, versions=found.versions,
-        labels=found.labels, repeated=True, producer=PRODUCER, outcome=outcome)])
-    return {"run_id": found.run_id, "created": False}
+        labels=found.labels, repeated=True, producer=PRODUCER, outcome=outcome)
+    await tx.send([accepted])
+    return Answered({"run_id": found.run_id, "created": False}, accepted.envelope)
 
 
-async def _reject(tx: RunTransaction, envelope: Envelope, partitions: int, refusal: Refusal) -> dict[str, Any]:
-    await tx.send([effects.rejected_message(
+async def _reject(tx: RunTransaction, envelope: Envelope, partitions: int, refusal: Refusal) -> Answered:
+    rejected = effects.rejected_message(
         tenant_id=envelope.tenant_id, correlation_id=envelope.correlation_id or envelope.payload.idempotency_key,
         refused_event_id=envelope.event_id, idempotency_key=envelope.payload.idempotency_key, code=refusal.code,
-        reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)])
-    return {"rejected": True, "code": refusal.code.value, "reason": refusal.reason, **refusal.details}
+        reason=refusal.reason, partitions=partitions, producer=PRODUCER, **refusal.details)
+    await tx.send([rejected])
+    return Answered({"rejected": True, "code": refusal.code.value, "reason": refusal.reason, **refusal.details},
+                    rejected.envelope)
 
 
 @dataclass(frozen=True, slots=True)
