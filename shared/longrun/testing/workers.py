@@ -155,8 +155,8 @@ class MemoryWorkerStore:
 class MemoryArtifacts:
     """``ArtifactStore`` in memory: objects by their key (tenant and SHA-256)."""
 
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
+    def __init__(self, objects: dict[str, bytes] | None = None) -> None:
+        self.objects = {} if objects is None else objects
 
     async def put(self, tenant_id: str, data: bytes) -> str:
         content_hash = content_hash_of(data)
@@ -187,8 +187,8 @@ class MemoryWorker:
                  crash_points: CrashPoints = _no_crash) -> None:
         self.world = world
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
-                             artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
-                             clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+                             artifacts=MemoryArtifacts(world.stored_objects), instance_id=instance_id,
+                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points)
         self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:
