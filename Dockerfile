@@ -26,8 +26,9 @@ COPY pyproject.toml README.md LICENSE ./
 COPY shared/ shared/
 COPY services/ services/
 COPY examples/dependency_upgrade/ examples/dependency_upgrade/
-# Runtime dependencies only (no [dev] extras); the sources are not needed once installed.
-RUN pip install --no-cache-dir ./clients/python && pip install --no-cache-dir . \
+# Runtime dependencies only (no [dev] extras; the s3 extra, so one image stores artifacts on a
+# volume or in a bucket); the sources are not needed once installed.
+RUN pip install --no-cache-dir ./clients/python && pip install --no-cache-dir ".[s3]" \
  && pip install --no-cache-dir ./examples/dependency_upgrade && rm -rf /build
 
 WORKDIR /data

@@ -9,8 +9,9 @@ no tenant can have.
 the transaction that registers them. The orphan sweep deletes the objects of rows older than the
 grace period (their transaction never committed), so it never lists the store.
 
-Objects a filesystem store wrote before this revision sit outside any tenant's prefix: move each
-registered one to its tenant's directory (docs/artifacts.md) before the services start again.
+Objects a filesystem store wrote before this revision sit outside any tenant's prefix: their
+recorded locations are rewritten to the new layout, and the files are moved there as
+docs/artifacts.md shows, before the services start again.
 
 Revision ID: 0032
 Revises: 0031
@@ -27,10 +28,22 @@ branch_labels = None
 depends_on = None
 
 
+MOVED_FILE_LOCATIONS = r"""
+    UPDATE artifacts SET location = regexp_replace(
+        location, '/[0-9a-f]{2}/[0-9a-f]{2}/' || content_hash || '$',
+        CASE WHEN tenant_id = '' THEN '/runtime/' ELSE '/tenants/' || tenant_id || '/' END
+        || substr(content_hash, 1, 2) || '/' || content_hash)
+    WHERE location LIKE 'file:%'
+"""
+
+
 def upgrade() -> None:
     op.add_column('artifacts', sa.Column('tenant_id', sa.Text(), nullable=True))
     op.execute("UPDATE artifacts a SET tenant_id = r.tenant_id FROM runs r WHERE a.run_id = r.run_id")
     op.execute("UPDATE artifacts SET tenant_id = '' WHERE tenant_id IS NULL")
+    # A filesystem store's files move under their tenant's directory (docs/artifacts.md): their
+    # recorded locations say where they will be.
+    op.execute(MOVED_FILE_LOCATIONS)
     op.alter_column('artifacts', 'tenant_id', nullable=False)
     op.drop_constraint('pk_artifacts', 'artifacts', type_='primary')
     op.create_primary_key('pk_artifacts', 'artifacts', ['tenant_id', 'content_hash'])
