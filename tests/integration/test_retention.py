@@ -443,7 +443,8 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     assert shown["snapshot"]["status"] == "COMPLETED" and shown["events"] == []
     assert shown["archived"]["location"].startswith("file://") and shown["archived"]["archive"] in shown[
         "archived"]["location"]
-    lines = [json.loads(line) for line in (await store.get(shown["archived"]["archive"])).decode().splitlines()]
+    archive = await store.get(RUNTIME, shown["archived"]["archive"])
+    lines = [json.loads(line) for line in archive.decode().splitlines()]
     mine = [r for r in lines if r["run_id"] == run_id]
     assert [r["record"] for r in mine].count("action") == ledger_before
 
