@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import obstore
-from obstore.exceptions import NotFoundError
 from obstore.store import S3Store
 
 from longrun.artifacts import content_hash_of, object_key
@@ -63,11 +62,8 @@ class S3ArtifactStore:
         return content_hash
 
     async def get(self, tenant_id: str, content_hash: str) -> bytes:
-        key = object_key(tenant_id, content_hash)
-        try:
-            result = await obstore.get_async(self._store, key)
-        except NotFoundError as e:
-            raise FileNotFoundError(f"no object {key} in bucket {self.where.bucket}") from e
+        # obstore raises FileNotFoundError for a missing key, as the protocol says.
+        result = await obstore.get_async(self._store, object_key(tenant_id, content_hash))
         return bytes(await result.bytes_async())
 
     async def location(self, tenant_id: str, content_hash: str) -> str:

@@ -84,18 +84,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     (home / "s3.json").write_text(json.dumps({"identities": [{
         "name": "longrun", "credentials": [{"accessKey": ACCESS_KEY_ID, "secretKey": SECRET_ACCESS_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    port = {name: free_port() for name in ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc",
-                                           "s3", "s3.grpc")}
+    ports = {flag: free_port() for flag in ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+                                            "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")}
     log = (home / "weed.log").open("wb")
     popen = subprocess.Popen(
         [str(_weed()), "server", f"-dir={home / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-         *(f"-{name.replace('.grpc', '.port.grpc') if name.endswith('.grpc') else name + '.port'}={number}"
-           for name, number in port.items()),
+         *(f"-{flag}={port}" for flag, port in ports.items()),
          "-s3", f"-s3.config={home / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-iam=false",
          "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=50"],
         env={**os.environ, "WEED_S3_SSE_KEY": secrets.token_hex(32)},
         cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(endpoint=f"http://127.0.0.1:{port['s3']}", filer=f"http://127.0.0.1:{port['filer']}")
+    server = S3Server(endpoint=f"http://127.0.0.1:{ports['s3.port']}",
+                      filer=f"http://127.0.0.1:{ports['filer.port']}")
     try:
         _wait_until_it_answers(popen, home, server)
         yield server
