@@ -30,8 +30,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from longrun import run_kinds, webhook_providers
 from longrun.app.gateway import operate, webhooks
-from longrun.artifacts import FilesystemArtifactStore
 from longrun.authoring import Registry
+from longrun.bootstrap import open_artifacts
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.config.parse import duration
@@ -53,6 +53,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 Guarded = Callable[[Request, Principal], Awaitable[Response]]
 ATTEMPTS = 4
 """Attempts of one request when the database connection breaks under it (0.1, 0.2, 0.4 s apart)."""
+ARTIFACT_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
+"""An artifact served is never a page: nothing it holds may load, run or be framed."""
 
 
 def riding_out_database_restarts(handler: Handler) -> Handler:
@@ -97,7 +99,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
     providers = webhook_providers.load(settings)
     secrets = webhook_providers.secrets(settings, providers)
-    store = FilesystemArtifactStore(settings.artifact_dir)
+    store = open_artifacts(settings, engine)
     authenticator = Authenticator(engine, settings)
     sampled_refusals = refusals.Sampler()
 
@@ -184,24 +186,23 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         """POST the artifact's bytes (``Content-Type``: its media type) with ``?name=...&reason=...``."""
         run_id = api.path_parameter("run_id", request.path_params["run_id"])
         params = api.query(api.Attachment, request.query_params)
-        try:
-            async with engine.connect() as conn:
-                await _visible(conn, run_id, principal)  # a run's tenant never changes
-        except operate.RunNotFound as e:
-            return JSONResponse({"error": str(e)}, status_code=404)
+        async with engine.connect() as conn:
+            tenant = await operator_reads.tenant_of(conn, run_id)  # a run's tenant never changes
+        if tenant is None or not principal.sees(tenant):
+            return JSONResponse({"error": str(operate.RunNotFound(run_id))}, status_code=404)
         data = await request.body()
         if not data or len(data) > settings.max_attachment_bytes:
             return JSONResponse({"error": f"an artifact is 1 to {settings.max_attachment_bytes} bytes "
                                           f"(LONGRUN_MAX_ATTACHMENT_BYTES), got {len(data)}"}, status_code=413)
         media_type = request.headers.get("content-type", "application/octet-stream")
-        content_hash = await store.put(data)  # uploaded before the transaction that refers to it
+        content_hash = await store.put(tenant, data)  # uploaded before the transaction that refers to it
         try:
             async with engine.begin() as conn:
                 result = await operate.attach_artifact(
                     PgTransaction(conn), run_id, name=params.name, content_hash=content_hash, size=len(data),
                     media_type=media_type, actor=principal.subject, reason=params.reason)
-                await artifacts.register(conn, store, content_hash, size=len(data), media_type=media_type,
-                                         run_id=run_id)
+                await artifacts.register(conn, store, content_hash, tenant_id=tenant, size=len(data),
+                                         media_type=media_type, run_id=run_id)
         except operate.RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.AttachmentRefused as e:
@@ -214,13 +215,17 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         content_hash = api.path_parameter("content_hash", request.path_params["content_hash"])
         async with engine.connect() as conn:
             stored = await runs.load(conn, run_id)
-            media_type = await artifacts.media_type(conn, content_hash)
-        if (stored is None or media_type is None or not principal.sees(stored.snapshot.tenant_id)
+            tenant = stored.snapshot.tenant_id if stored is not None else None
+            media_type = None if tenant is None else await artifacts.media_type(conn, tenant, content_hash)
+        if (stored is None or tenant is None or media_type is None or not principal.sees(tenant)
                 or not _refers_to(stored.snapshot, content_hash)):
             return JSONResponse({"error": f"run {run_id} has no artifact {content_hash}"}, status_code=404)
-        # An attachment, never rendered: stored bytes of any media type must not run as a page here.
-        return Response(await store.get(content_hash), media_type=media_type, headers={
-            "content-disposition": f'attachment; filename="{content_hash}"', "x-content-type-options": "nosniff"})
+        # The bytes pass through the gateway from any store (no redirect to the bucket), so these
+        # headers hold for every answer: an attachment, never rendered, never sniffed, and no
+        # script, style or frame of it runs should a browser render it anyway.
+        return Response(await store.get(tenant, content_hash), media_type=media_type, headers={
+            "content-disposition": f'attachment; filename="{content_hash}"', "x-content-type-options": "nosniff",
+            "content-security-policy": ARTIFACT_CSP})
 
     async def search(request: Request, principal: Principal) -> Response:
         """Runs of the caller's tenants matching every filter given (``reads.search_runs``)."""

@@ -25,8 +25,7 @@ import asyncio
 import logging
 
 from longrun import run_kinds, service
-from longrun.artifacts import FilesystemArtifactStore
-from longrun.bootstrap import open_bus, open_database, watch
+from longrun.bootstrap import open_artifacts, open_bus, open_database, watch
 from longrun.config import Settings
 from longrun.services.reconciler import dead_letters, gauges
 from longrun.services.reconciler.sweeps import Sweeper, keep_horizons
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 async def serve(settings: Settings, stopping: asyncio.Event, health: service.Health) -> None:
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
-    store = FilesystemArtifactStore(settings.artifact_dir)
+    store = open_artifacts(settings, engine)
     sweeper = Sweeper(engine, run_kinds.load(settings), store, settings)
     ingester = asyncio.create_task(
         dead_letters.ingest_quarantine_queue(bus, engine, delivery_limit=settings.delivery_limit),

@@ -7,7 +7,8 @@ ranges (``block_ranges``); finished runs in batches, each batch's events and act
 one JSON Lines archive to the artifact store (``archive_lines``), registered, and pruned in the
 transaction that marks the runs archived. The run row stays as a tombstone: a repeated
 ``run.create`` finds it by its key and input hash, and the operator API says where its archive is.
-The artifact orphan sweep runs with every pass.
+The artifact orphan sweep (``longrun.db.artifacts.sweep_orphans``: uploads on record past the grace
+period and never registered) runs with every pass.
 
 Invariants: a run that is not finished is never touched; an archive is stored and registered before
 the rows it holds are deleted, in the same transaction as the deletion.
@@ -16,7 +17,6 @@ the rows it holds are deleted, in the same transaction as the deletion.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.artifacts import ArtifactStore
+from longrun.artifacts import RUNTIME, ArtifactStore
 from longrun.db import artifacts
 from longrun.db import retention as rows
 from longrun.db.audit import audit
@@ -105,27 +105,13 @@ async def run_pass(engine: AsyncEngine, store: ArtifactStore, horizons: Horizons
     await _archive(engine, store, chosen.archive_before, archive_batch, pruned)
     for rule, before in chosen.cutoffs.items():
         pruned.deleted[rule] = await _delete(engine, rule, before, batch)
-    pruned.orphans = len(await sweep_orphans(engine, store, grace_seconds=orphan_grace, clock=now.timestamp()))
+    pruned.orphans = len(await artifacts.sweep_orphans(engine, store, grace_seconds=orphan_grace))
     if pruned.anything:
         logger.info("retention pass as of %s: %s", now.isoformat(), pruned.summary())
         async with engine.begin() as conn:
             await audit(conn, actor=PRODUCER, action="retention.pass", target=now.isoformat(),
                         reason="horizons reached", details=pruned.summary())
     return pruned
-
-
-async def sweep_orphans(engine: AsyncEngine, store: ArtifactStore, *, grace_seconds: float,
-                        clock: float | None = None) -> list[str]:
-    """Delete stored objects that no row references and that are older than the grace period."""
-    candidates = await store.stored_before((clock or time.time()) - grace_seconds)
-    if not candidates:
-        return []
-    async with engine.connect() as conn:
-        registered = await artifacts.registered_among(conn, candidates)
-    orphans = [h for h in candidates if h not in registered]
-    for content_hash in orphans:
-        await store.delete(content_hash)
-    return orphans
 
 
 async def _delete(engine: AsyncEngine, rule: str, before: datetime, batch: int) -> int:
@@ -150,9 +136,9 @@ async def _archive(engine: AsyncEngine, store: ArtifactStore, before: datetime, 
             if found.run_ids:
                 data = archive_lines(await rows.archived_rows(conn, found.run_ids))
                 # Stored before the transaction that deletes what it holds commits (upload, then register).
-                archive = await store.put(data)
-                await artifacts.register(conn, store, archive, size=len(data), media_type=rows.ARCHIVE_MEDIA_TYPE,
-                                         run_id=None)
+                archive = await store.put(RUNTIME, data)
+                await artifacts.register(conn, store, archive, tenant_id=RUNTIME, size=len(data),
+                                         media_type=rows.ARCHIVE_MEDIA_TYPE, run_id=None)
                 events, actions = await rows.prune_archived(conn, found.run_ids, archive)
                 pruned.runs_archived += len(found.run_ids)
                 pruned.events += events

@@ -16,8 +16,8 @@ from longrun import run_kinds, service
 from longrun.app import effects
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Worker
-from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
-from longrun.bootstrap import consume_partitions, open_database, open_statements
+from longrun.artifacts import ArtifactStore
+from longrun.bootstrap import consume_partitions, open_artifacts, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
 from longrun.db.breakers import PgBreakers
@@ -38,7 +38,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     kinds = run_kinds.load(settings)
     worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings, kinds),
-                                    artifacts=FilesystemArtifactStore(settings.artifact_dir),
+                                    artifacts=open_artifacts(settings, engine),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
                                     concurrency=settings.worker_concurrency,
                                     clock=lambda: time.time() + settings.clock_skew,

@@ -1,4 +1,5 @@
-"""Composition helpers: open the database and the bus, waiting for them with a clear message."""
+"""Composition helpers: open the database, the bus and the artifact store, waiting for the first two
+with a clear message."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
+from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.bus.consumer import Handler, OutcomeHook, OwnClaim, PartitionedConsumer
 from longrun.bus.partitions import PartitionOwnership
 from longrun.config import Settings
+from longrun.db.artifacts import RecordedUploads
 from longrun.db.driver import Pool
 from longrun.db.engine import check_reachable, make_engine
 from longrun.errors import InfrastructureUnreachable
@@ -41,6 +44,23 @@ async def open_bus(settings: Settings, name: str) -> Bus:
               topology=topology.build(partitions=settings.partitions, delivery_limit=settings.delivery_limit))
     await _patiently(bus.connect, "RabbitMQ", settings.startup_patience)
     return bus
+
+
+def open_artifacts(settings: Settings, engine: AsyncEngine) -> RecordedUploads:
+    """The configured artifact store (``LONGRUN_ARTIFACT_STORE``), its uploads on record in ``engine``'s
+    database for the orphan sweep."""
+    store: ArtifactStore
+    if settings.artifact_store == "s3":
+        # Imported here: only deployments that store artifacts in S3 install the s3 extra.
+        from longrun.s3_artifacts import S3ArtifactStore, S3Location
+
+        store = S3ArtifactStore(S3Location(
+            bucket=settings.s3_bucket, region=settings.s3_region, endpoint=settings.s3_endpoint,
+            access_key_id=settings.s3_access_key_id, secret_access_key=settings.s3_secret_access_key,
+            prefix=settings.s3_prefix, encryption=settings.s3_encryption, kms_key_id=settings.s3_kms_key_id))
+    else:
+        store = FilesystemArtifactStore(settings.artifact_dir)
+    return RecordedUploads(engine, store)
 
 
 def watch(health: Health, *, engine: AsyncEngine, bus: Bus | None = None) -> None:

@@ -232,8 +232,9 @@ async def test_a_large_receipt_found_by_key_is_kept_as_an_artifact_like_the_work
     assert receipt is not None and row.receipt is not None
     ref = dict(receipt.value)["artifact"]
     assert row.receipt["artifact"] == ref and stored.snapshot.action("pr").receipt_ref == ref  # type: ignore[union-attr]
-    assert json.loads(await store.get(ref)) == big.receipt
-    assert await _rows(engine, "SELECT run_id FROM artifacts WHERE content_hash = :h", h=ref) == [(run_id,)]
+    assert json.loads(await store.get("acme", ref)) == big.receipt
+    assert await _rows(engine, "SELECT run_id, tenant_id FROM artifacts WHERE content_hash = :h",
+                       h=ref) == [(run_id, "acme")]
 
 
 async def test_far_side_unavailable_decides_nothing_and_an_abandoned_claim_is_taken_again(clean, engine) -> None:

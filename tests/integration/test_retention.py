@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from collections import defaultdict
@@ -21,12 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
 from longrun.app.scheduler import admit
-from longrun.artifacts import FilesystemArtifactStore
+from longrun.artifacts import RUNTIME, FilesystemArtifactStore
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
+from longrun.db.artifacts import RecordedUploads
 from longrun.db.audit import audit
 from longrun.db.schema import actions as actions_table
 from longrun.db.transaction import PgTransaction
@@ -268,7 +268,7 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
 
     # and an artifact stored long ago that no row references (its transaction never committed)
     store = FilesystemArtifactStore(tmp_path / "artifacts")
-    orphan = await _orphan(store)
+    orphan = await _orphan(engine, store)
 
     # When a retention pass runs with those horizons
     settings = Settings.from_env(SHORT)
@@ -303,7 +303,7 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     # events fold into the snapshot its tombstone kept, and its action's ledger row
     archived: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for archive in pruned.archives:
-        for line in (await store.get(archive)).decode().splitlines():
+        for line in (await store.get(RUNTIME, archive)).decode().splitlines():
             record = json.loads(line)
             archived[record["run_id"]].append(record)
     assert set(archived) == {run_id for run_id, _ in finished}
@@ -356,16 +356,21 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
           f"{pruned.summary()['deleted']}")
 
 
-async def _orphan(store: FilesystemArtifactStore) -> str:
-    """An uploaded object whose registering transaction never committed, stored an hour ago."""
-    orphan = await store.put(f"orphan {uuid.uuid4()}".encode())
-    hour_ago = time.time() - 3600
-    os.utime(store.root / orphan[:2] / orphan[2:4] / orphan, (hour_ago, hour_ago))
+async def _orphan(engine: AsyncEngine, store: FilesystemArtifactStore) -> str:
+    """An object of acme's whose upload began an hour ago and whose registering transaction never committed."""
+    orphan = await RecordedUploads(engine, store).put("acme", f"orphan {uuid.uuid4()}".encode())
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE artifact_uploads SET started_at = now() - interval '1 hour' "
+                                "WHERE content_hash = :h"), {"h": orphan})
     return orphan
 
 
 async def _stored(store: FilesystemArtifactStore, content_hash: str) -> bool:
-    return content_hash in await store.stored_before(time.time() + 1)
+    try:
+        await store.get("acme", content_hash)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _request_key(run_id: str) -> str:
@@ -391,7 +396,7 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     # Given the ensemble with short horizons (the reconciler prunes every second), an orphaned
     # artifact in its store, and a run it created, ran and finished
     store = FilesystemArtifactStore(services.logs / "artifacts")
-    orphan = await _orphan(store)
+    orphan = await _orphan(engine, store)
     ensemble = Ensemble(services, tmp_path)
     env = {**SHORT, "LONGRUN_RETENTION_INTERVAL": "1"}
     ensemble.start_services("gateway", "scheduler", "worker", "relay", "reconciler", **env)
@@ -438,7 +443,8 @@ async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, en
     assert shown["snapshot"]["status"] == "COMPLETED" and shown["events"] == []
     assert shown["archived"]["location"].startswith("file://") and shown["archived"]["archive"] in shown[
         "archived"]["location"]
-    lines = [json.loads(line) for line in (await store.get(shown["archived"]["archive"])).decode().splitlines()]
+    archive = await store.get(RUNTIME, shown["archived"]["archive"])
+    lines = [json.loads(line) for line in archive.decode().splitlines()]
     mine = [r for r in lines if r["run_id"] == run_id]
     assert [r["record"] for r in mine].count("action") == ledger_before
 

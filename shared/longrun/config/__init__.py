@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from longrun.config.admission import AdmissionSettings
+from longrun.config.artifacts import ArtifactSettings
 from longrun.config.bus import DEFAULT_AMQP_URL, BusSettings
 from longrun.config.calls import CallSettings
 from longrun.config.declaration import Concern, Problem, Variable, variable
@@ -36,8 +37,8 @@ __all__ = ["DEFAULT_AMQP_URL", "DEFAULT_DATABASE_URL", "Settings"]
 
 
 @dataclass(frozen=True)
-class Settings(StorageSettings, BusSettings, ProcessSettings, ObservabilitySettings, AdmissionSettings,
-               WorkerSettings, CallSettings, TimerSettings, ReconcilerSettings, RetentionSettings,
+class Settings(StorageSettings, ArtifactSettings, BusSettings, ProcessSettings, ObservabilitySettings,
+               AdmissionSettings, WorkerSettings, CallSettings, TimerSettings, ReconcilerSettings, RetentionSettings,
                GatewaySettings, IdentitySettings, ExtensionSettings, FaultSettings):
     """Process-wide settings; build with :meth:`from_env`."""
 

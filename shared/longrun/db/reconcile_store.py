@@ -139,8 +139,8 @@ class PgReconcileTransaction:
 
     async def register(self, artifact: Artifact, run_id: str) -> None:
         assert self.artifacts is not None, "an uploaded receipt names the store it was uploaded to"
-        await register(self.conn, self.artifacts, artifact.ref, size=artifact.size, media_type="application/json",
-                       run_id=run_id)
+        await register(self.conn, self.artifacts, artifact.ref, tenant_id=artifact.tenant_id, size=artifact.size,
+                       media_type="application/json", run_id=run_id)
 
     async def alert(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         await audit(self.conn, actor=actor, action=action, target=target, reason=reason, details=details,

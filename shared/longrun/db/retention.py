@@ -150,6 +150,7 @@ class Archived:
 async def archive_of(conn: AsyncConnection, run_id: str) -> Archived | None:
     """Where a run's pruned events and actions are, if they were archived."""
     row = (await conn.execute(text(
-        "SELECT r.archived_at, r.archive, a.location FROM runs r JOIN artifacts a ON a.content_hash = r.archive "
+        "SELECT r.archived_at, r.archive, a.location FROM runs r "
+        "JOIN artifacts a ON a.tenant_id = '' AND a.content_hash = r.archive "
         "WHERE r.run_id = :r"), {"r": run_id})).first()
     return None if row is None else Archived(row.archived_at, row.archive, row.location)

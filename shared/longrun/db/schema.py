@@ -252,8 +252,11 @@ Index("ix_timers_due_open", timers.c.wake_at, postgresql_where=_OPEN_TIMER)
 # Closure: a run's open timers, cancelled when its wait or the run ends another way.
 Index("ix_timers_open_by_run", timers.c.run_id, postgresql_where=_OPEN_TIMER)
 
+# Keyed by tenant and hash: identical bytes of two tenants are two objects (per-tenant prefixes);
+# the empty tenant id is the runtime's own (archives of finished runs).
 artifacts = Table(
     "artifacts", metadata,
+    Column("tenant_id", Text, primary_key=True),
     Column("content_hash", Text, primary_key=True),
     Column("size_bytes", BigInteger, nullable=False),
     Column("media_type", Text, nullable=False),
@@ -262,6 +265,18 @@ artifacts = Table(
     _now(),
     CheckConstraint("content_hash ~ '^[0-9a-f]{64}$'", name="sha256"),
 )
+
+# An upload in flight: written before the bytes, deleted when they are registered. A row older than
+# the orphan grace period is an upload whose transaction never committed: the sweep deletes its object.
+artifact_uploads = Table(
+    "artifact_uploads", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("content_hash", Text, primary_key=True),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("content_hash ~ '^[0-9a-f]{64}$'", name="sha256"),
+)
+# The orphan sweep: uploads older than the grace period, oldest first.
+Index("ix_artifact_uploads_started_at", artifact_uploads.c.started_at)
 
 outbox = Table(
     "outbox", metadata,

@@ -75,7 +75,8 @@ class PgWorkerStore:
             riding = None
         async with self.engine.begin() as conn:
             if transition.artifact is not None:
-                await register(conn, self.artifacts, transition.artifact.ref, size=transition.artifact.size,
+                artifact = transition.artifact
+                await register(conn, self.artifacts, artifact.ref, tenant_id=artifact.tenant_id, size=artifact.size,
                                media_type="application/json", run_id=planned.before.snapshot.run_id)
             after = await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
             if call is not None and riding is None:

@@ -247,6 +247,8 @@ class Artifact:
 
     ref: str
     size: int
+    tenant_id: str
+    """The tenant whose prefix holds it: the run's."""
 
 
 @dataclass(frozen=True, slots=True)

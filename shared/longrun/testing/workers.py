@@ -8,13 +8,13 @@ the world's pending deliveries, broadcasts in ``World.broadcasts``.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Taken, Worker
+from longrun.artifacts import content_hash_of, object_key
 from longrun.bus import wakeup
 from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.db.schema import QUEUED_STATUS
@@ -153,18 +153,27 @@ class MemoryWorkerStore:
 
 
 class MemoryArtifacts:
-    """``ArtifactStore`` in memory: objects by their SHA-256."""
+    """``ArtifactStore`` in memory: objects by their key (tenant and SHA-256)."""
 
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
+    def __init__(self, objects: dict[str, bytes] | None = None) -> None:
+        self.objects = {} if objects is None else objects
 
-    async def put(self, data: bytes) -> str:
-        content_hash = hashlib.sha256(data).hexdigest()
-        self.objects[content_hash] = data
+    async def put(self, tenant_id: str, data: bytes) -> str:
+        content_hash = content_hash_of(data)
+        self.objects[object_key(tenant_id, content_hash)] = data
         return content_hash
 
-    async def get(self, content_hash: str) -> bytes:
-        return self.objects[content_hash]
+    async def get(self, tenant_id: str, content_hash: str) -> bytes:
+        try:
+            return self.objects[object_key(tenant_id, content_hash)]
+        except KeyError:
+            raise FileNotFoundError(object_key(tenant_id, content_hash)) from None
+
+    async def location(self, tenant_id: str, content_hash: str) -> str:
+        return f"memory:{object_key(tenant_id, content_hash)}"
+
+    async def delete(self, tenant_id: str, content_hash: str) -> None:
+        self.objects.pop(object_key(tenant_id, content_hash), None)
 
 
 def _no_crash(name: str) -> None:
@@ -178,8 +187,8 @@ class MemoryWorker:
                  crash_points: CrashPoints = _no_crash) -> None:
         self.world = world
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
-                             artifacts=MemoryArtifacts(), instance_id=instance_id, lease_ttl=lease_ttl,
-                             clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+                             artifacts=MemoryArtifacts(world.stored_objects), instance_id=instance_id,
+                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points)
         self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:

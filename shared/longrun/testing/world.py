@@ -269,6 +269,8 @@ class World:
         """Status broadcasts the workers' transitions carried, in order."""
         self.artifacts: dict[str, int] = {}
         """Registered artifacts: reference -> size."""
+        self.stored_objects: dict[str, bytes] = {}
+        """The artifact store every worker shares (``MemoryArtifacts``): object key -> bytes."""
         """The gateway's webhook_events: event id -> (event, matched run)."""
         self._ids = itertools.count(1)
 

@@ -32,7 +32,7 @@ from tests.unit.infra.dockerfile import stages
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "infra/k8s"
-OVERLAYS = ("dev", "prod", "autoscale", "monitoring")
+OVERLAYS = ("dev", "prod", "prod-s3", "autoscale", "monitoring")
 K8S_VERSION = "1.30.0"
 IMAGE = "ghcr.io/longrun/longrun"
 EXAMPLE_IMAGE = "ghcr.io/longrun/longrun-example"
@@ -225,7 +225,10 @@ def pod_env(overlay: str, pod: dict[str, Any], container: dict[str, Any]) -> dic
         if "value" in var:
             env[var["name"]] = var["value"]
         elif "secretKeyRef" in ref:
-            env[var["name"]] = secrets[ref["secretKeyRef"]["name"]][ref["secretKeyRef"]["key"]]
+            found = secrets[ref["secretKeyRef"]["name"]].get(ref["secretKeyRef"]["key"])
+            assert found is not None or ref["secretKeyRef"].get("optional"), var
+            if found is not None:
+                env[var["name"]] = found
         else:
             assert ref["fieldRef"]["fieldPath"] == "metadata.name", var
             env[var["name"]] = "longrun-pod-abc12"
@@ -333,7 +336,7 @@ def test_each_deployment_gets_the_settings_it_needs_and_they_parse(overlay: str)
         assert settings.instance_id == "longrun-pod-abc12"
         assert (settings.partitions, settings.delivery_limit) == (p, limit), "P / limit differ from the broker"
         assert settings.crash_points == ()
-        if settings.artifact_dir.startswith("/data/"):
+        if settings.artifact_store == "filesystem" and settings.artifact_dir.startswith("/data/"):
             mounts = [m["mountPath"] for m in container["volumeMounts"]]
             assert name not in ("worker", "reconciler", "gateway") or settings.artifact_dir in mounts, name
     gateway = of_kind(overlay, "Deployment")["longrun-gateway"]["spec"]["template"]["spec"]
@@ -401,11 +404,29 @@ def test_disruption_budgets_and_the_gateway_service_select_their_pods(overlay: s
     assert container_ports[ports["http"]["targetPort"]] == int(env["LONGRUN_GATEWAY_PORT"]) == 8080
 
 
+def test_with_artifacts_in_s3_no_pod_needs_a_shared_volume() -> None:
+    # Given prod with the s3-artifacts component: no claim at all, no pod mounts one
+    assert of_kind("prod-s3", "PersistentVolumeClaim") == {}
+    assert "ReadWriteMany" not in yaml.safe_dump_all(rendered("prod-s3"))
+    for name, deployment in of_kind("prod-s3", "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert not [v for v in pod.get("volumes", []) if "persistentVolumeClaim" in v], name
+        # and each service reads the bucket's settings; credentials only from the Secret, if at all
+        settings = Settings.from_env(pod_env("prod-s3", pod, pod["containers"][0]))
+        assert (settings.artifact_store, settings.s3_bucket, settings.s3_encryption) == (
+            "s3", "longrun-artifacts-prod", "AES256"), name
+    worker = of_kind("prod-s3", "Deployment")["longrun-worker"]["spec"]["template"]["spec"]["containers"][0]
+    credentials = {v["name"]: v["valueFrom"]["secretKeyRef"] for v in worker["env"] if v["name"].startswith("LONGRUN_S3")}
+    assert credentials == {k: {"name": "longrun", "key": k, "optional": True}
+                           for k in ("LONGRUN_S3_ACCESS_KEY_ID", "LONGRUN_S3_SECRET_ACCESS_KEY")}
+
+
 def test_overlays_set_image_tags_replicas_and_resources() -> None:
     tags = {o: {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in of_kind(o, "Deployment").values()}
             for o in OVERLAYS}
     assert tags["dev"] == {f"{IMAGE}:dev"}
-    assert tags["prod"] == tags["autoscale"] == tags["monitoring"] == {f"{IMAGE}:{longrun.__version__}"}
+    assert tags["prod"] == tags["prod-s3"] == tags["autoscale"] == tags["monitoring"] == {
+        f"{IMAGE}:{longrun.__version__}"}
     replicas = {o: {n: d["spec"].get("replicas") for n, d in of_kind(o, "Deployment").items()} for o in OVERLAYS}
     p, _ = partitions_in_definitions()
     assert replicas["dev"]["longrun-worker"] == 2

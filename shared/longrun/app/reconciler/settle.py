@@ -260,14 +260,14 @@ class _Receipt:
     size: int
 
 
-async def _keep(found: ToolResult, artifacts: ArtifactStore | None) -> _Receipt:
+async def _keep(found: ToolResult, artifacts: ArtifactStore | None, tenant_id: str) -> _Receipt:
     """The worker's rule for receipts, so both writers leave the same shape behind."""
     receipt = dict(found.receipt)
     body = json.dumps(receipt, sort_keys=True).encode()
     if artifacts is None or len(body) <= INLINE_LIMIT:
         return _Receipt(receipt, None, len(body))
     # Uploaded before the transaction that references it, so a committed reference never dangles.
-    ref = await artifacts.put(body)
+    ref = await artifacts.put(tenant_id, body)
     return _Receipt({"artifact": ref, "size": len(body), "external_id": found.external_id}, ref, len(body))
 
 
@@ -275,7 +275,7 @@ async def _settle(store: ReconcileStore, claim: _Claim, verdict: Verdict, *, clo
                   artifacts: ArtifactStore | None) -> str:
     receipt = None
     if verdict.outcome is _A.CONFIRMED and verdict.found is not None:
-        receipt = await _keep(verdict.found, artifacts)
+        receipt = await _keep(verdict.found, artifacts, claim.tenant_id)
     async with store.transaction() as tx:
         stored = await tx.load(claim.run_id, lock=True)
         assert stored is not None, "a claimed action's run exists"
@@ -293,7 +293,7 @@ async def _settle(store: ReconcileStore, claim: _Claim, verdict: Verdict, *, clo
             logger.warning("run %s: %s stays RECONCILING: %s", claim.run_id, claim.logical_action, verdict.note)
             return "deferred"
         if receipt is not None and receipt.ref is not None:
-            await tx.register(Artifact(receipt.ref, receipt.size), claim.run_id)
+            await tx.register(Artifact(receipt.ref, receipt.size, claim.tenant_id), claim.run_id)
         await _record(tx, stored, [], claim.logical_action, claim.idempotency_key, claim.tool.name, verdict,
                       at=clock(), receipt=receipt)
         return verdict.outcome.value

@@ -1,5 +1,6 @@
 """A decision's question to the model: asked with the run's resume context, its proposal recorded as a
-fact and charged; a model that does not answer is retried on a durable timer by the retry policy."""
+fact (a claim check when it is large: ``claim_checks``) and charged; a model that does not answer is
+retried on a durable timer by the retry policy."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import metrics, otel
+from longrun.app.worker.claim_checks import PROPOSAL_FACT_PREFIX, check_in
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.authoring import RunKind
@@ -28,7 +30,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     allowed = tuple(kind.allowed_actions(run, decision.purpose))
     context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
     context["run_stage"], context["stage"] = context.get("stage"), decision.purpose
-    context["stage_attempt"] = sum(1 for f in run.facts if f.key.startswith(f"proposal:{decision.purpose}:"))
+    context["stage_attempt"] = sum(1 for f in run.facts
+                                   if f.key.startswith(f"{PROPOSAL_FACT_PREFIX}{decision.purpose}:"))
     try:
         answer = await _traced_propose(far.model, decision.purpose, context, allowed)
     except ToolUnavailable as e:
@@ -38,13 +41,13 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     metrics.MODEL_TOKENS.labels(run.kind, "input").inc(proposal.usage.input_tokens)
     metrics.MODEL_TOKENS.labels(run.kind, "output").inc(proposal.usage.output_tokens)
     metrics.MODEL_COST.labels(run.kind).inc(proposal.usage.cost_usd)
-    key = f"proposal:{decision.purpose}:{context['stage_attempt'] + 1}"
+    key = f"{PROPOSAL_FACT_PREFIX}{decision.purpose}:{context['stage_attempt'] + 1}"
+    value, artifact = await check_in(far.artifacts, run.tenant_id, {
+        "action": proposal.action, "args": dict(proposal.args), "rationale": proposal.rationale})
     return await step.commit(stored, [
         step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
-        step.event(stored, ev.FactRecorded, offset=2, key=key, source="agent",
-                   value=freeze({"action": proposal.action, "args": dict(proposal.args),
-                                 "rationale": proposal.rationale})),
-    ])
+        step.event(stored, ev.FactRecorded, offset=2, key=key, source="agent", value=value),
+    ], artifact=artifact)
 
 
 async def _unavailable(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, purpose: str, ask: int,

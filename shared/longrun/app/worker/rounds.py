@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from longrun.app import questions
 from longrun.app.worker.cancelling import cancel
+from longrun.app.worker.claim_checks import resolved
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.model_call import ask_model
@@ -69,6 +70,7 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
                           reason=f"{', '.join(doubtful)} awaits reconciliation")
         return None
     kind = kinds.get(run.kind, run.versions.workflow)
+    run = await resolved(far.artifacts, run)  # the kind reads large proposals as it reads small ones
     ctx = far.context()
     try:
         decision = kind.workflow.decide(run, ctx)

@@ -27,13 +27,14 @@ mid-call lets its run lease expire, and the run is taken over and the call made 
 calls that declare ``heartbeat_timeout``, keep the two-phase record."""
 
 
-async def receipt_of(far: FarSide, result: ToolResult) -> tuple[dict[str, Any], str | None, int]:
-    """The receipt the run keeps (inline, or a reference to the uploaded original), its reference and size."""
+async def receipt_of(far: FarSide, result: ToolResult, tenant_id: str) -> tuple[dict[str, Any], str | None, int]:
+    """The receipt the run keeps (inline, or a reference to the original uploaded under the tenant's
+    prefix: a claim check, whatever the tool returned), its reference and size."""
     receipt, ref = dict(result.receipt), None
     body = json.dumps(receipt, sort_keys=True).encode()
     if len(body) > INLINE_LIMIT:
         # Upload first; the reference commits with the confirmation.
-        ref = await far.artifacts.put(body)
+        ref = await far.artifacts.put(tenant_id, body)
         receipt = {"artifact": ref, "size": len(body), "external_id": result.external_id}
     return receipt, ref, len(body)
 
@@ -47,7 +48,7 @@ def answer_columns(result: ToolResult, receipt: dict[str, Any], ref: str | None)
 async def confirm(far: FarSide, step: Step, stored: StoredRun, call: ToolRequest,
                   result: ToolResult) -> StoredRun | None:
     """A call on record before it ran answered: confirmed, its receipt a fact."""
-    receipt, ref, size = await receipt_of(far, result)
+    receipt, ref, size = await receipt_of(far, result, stored.snapshot.tenant_id)
 
     def confirmation(s: StoredRun) -> list[ev.RunEvent]:
         return [step.event(s, ev.ActionConfirmed, logical_action=call.logical_action,
@@ -56,7 +57,7 @@ async def confirm(far: FarSide, step: Step, stored: StoredRun, call: ToolRequest
                            value=freeze(receipt), source=f"tool:{call.tool.name}")]
 
     return await step.record_outcome(stored, call.key, ActionStatus.CONFIRMED, confirmation,
-                                     artifact=Artifact(ref, size) if ref else None,
+                                     artifact=Artifact(ref, size, stored.snapshot.tenant_id) if ref else None,
                                      **answer_columns(result, receipt, ref))
 
 
@@ -70,13 +71,14 @@ async def confirm_with_request(far: FarSide, step: Step, stored: StoredRun, pend
     simply run again."""
     prepared = pending[0]
     assert isinstance(prepared, ev.ActionPrepared)
-    receipt, ref, size = await receipt_of(far, result)
+    receipt, ref, size = await receipt_of(far, result, stored.snapshot.tenant_id)
     events = [step.event(stored, ev.ActionRecorded, **ev.request_of(prepared), external_id=result.external_id,
                          receipt_ref=ref, receipt=freeze(receipt))]
     answer = answer_columns(result, receipt, ref)
     if ref is None:
         return defer(stored, events, request=call.ledger(stored.snapshot.run_id, step.fence, answer))
-    return await step.commit(stored, events, call=call, answer=answer, artifact=Artifact(ref, size))
+    return await step.commit(stored, events, call=call, answer=answer,
+                             artifact=Artifact(ref, size, stored.snapshot.tenant_id))
 
 
 async def submitted(step: Step, stored: StoredRun, pending: list[ev.RunEvent], call: ToolRequest) -> StoredRun:
