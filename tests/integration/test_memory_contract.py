@@ -180,6 +180,10 @@ async def observe(port: Port, seen: list[Any], name: str, *args: Any, **kwargs: 
 def _plain(value: Any) -> Any:
     if isinstance(value, inbox.Handled):  # its row is the statement's own
         return {"outcome": value.outcome, "duplicate": value.duplicate}
+    if isinstance(value, admit.Answered):  # its envelope's ids and time are each call's own
+        payload = value.answer.payload.model_dump(mode="json")
+        payload.pop("refused_event_id", None)  # the create's own id, drawn afresh for each store
+        return {"outcome": value.outcome, "answered": value.answer.type, "payload": payload}
     if isinstance(value, StoredRun):
         return {"snapshot": value.snapshot.to_dict(), "stored_seq": value.stored_seq, "partition": value.partition,
                 "lease_owner": value.lease_owner, "leased": value.lease_until is not None,
