@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy import ColumnElement, Float, Row, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import actions, audit_log, sql_names
+from longrun.db.schema import actions, sql_names
+from longrun.db.schema_tenants import audit_log
 from longrun.db.schema import runs as runs_table
 from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus
 

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import audit_log
+from longrun.db.schema_tenants import audit_log
 from longrun.db.schema import runs as runs_table
 
 

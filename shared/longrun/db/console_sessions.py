@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import console_sessions, operator_tokens
+from longrun.db.schema_tenants import console_sessions, operator_tokens
 from longrun.db.tokens import LIVE, digest
 from longrun.principals import Principal
 

@@ -14,7 +14,8 @@ from sqlalchemy import Row, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import pages
-from longrun.db.schema import audit_log, run_labels, runs
+from longrun.db.schema import run_labels, runs
+from longrun.db.schema_tenants import audit_log
 
 RUN_FILTERS = ("tenant_id", "status", "wait_kind", "workflow_version", "idempotency_key")
 """The columns a run search compares for equality."""

@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import admission
-from longrun.db.schema import tenant_policies
+from longrun.db.schema_tenants import tenant_policies
 from longrun.domain import Scope, TenantPolicy
 
 _LOAD = select(tenant_policies.c.version, tenant_policies.c.tools, tenant_policies.c.resources).where(

@@ -10,9 +10,6 @@ enums, never retyped. Alembic migrations in ``migrations/`` must produce exactly
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from enum import Enum
-
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -25,7 +22,6 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
     Table,
@@ -37,47 +33,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSON, JSONB
 
+from longrun.db.schema_base import created_at, metadata, one_of, sql_name, sql_names
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.breaker import BreakerState
 from longrun.domain.run import AWAITING_ANSWER, HELD_FOR_RECONCILIATION, TERMINAL, RunStatus
 from longrun.domain.snapshot import QUESTION_WAIT
 
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
-
 CONSUMING_SERVICES = ("scheduler", "worker", "reconciler", "gateway")
 """Services that consume messages, each with its own inbox table (the timer reads the timers table)."""
 TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_to_start",
                "start_to_close", "heartbeat", "sleep")
-
-
-def sql_name(value: str | Enum) -> str:
-    """A name (a status, a kind) as an SQL string literal: ``'READY'``. Statuses in SQL text are
-    rendered from the domain's enums and sets, never retyped."""
-    name = value.value if isinstance(value, Enum) else value
-    if not isinstance(name, str) or "'" in name or "\\" in name:
-        raise ValueError(f"not a plain name: {name!r}")
-    return f"'{name}'"
-
-
-def sql_names(values: Iterable[str | Enum]) -> str:
-    """Names as an SQL list of literals, in the order given: ``'WAITING_EVENT', 'WAITING_USER'``."""
-    return ", ".join(sql_name(v) for v in values)
-
-
-def _one_of(column: str, values: Iterable[str | Enum]) -> str:
-    return f"{column} IN ({sql_names(values)})"
-
-
-def _now() -> Column[object]:
-    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
 runs = Table(
@@ -108,7 +73,7 @@ runs = Table(
     Column("budget", JSONB, nullable=False),
     Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
     Column("snapshot", JSONB, nullable=False),
-    _now(),
+    created_at(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("admitted_at", DateTime(timezone=True)),
     # "kind@version" while no worker that took its wakeup could run it: handed over to one that can.
@@ -124,7 +89,7 @@ runs = Table(
     Column("trace_root", Text),
     CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
-    CheckConstraint(_one_of("status", RunStatus), name="status"),
+    CheckConstraint(one_of("status", RunStatus), name="status"),
     CheckConstraint("revision >= 0 AND last_seq >= 0 AND fencing_token >= 0", name="counters"),
     # A half-set lease would be invisible to both takeover and renewal.
     CheckConstraint("(lease_owner IS NULL) = (lease_until IS NULL)", name="lease_whole"),
@@ -223,11 +188,11 @@ actions = Table(
     # What a long call last reported of its progress (its heartbeats' details), and when.
     Column("progress", JSONB),
     Column("heartbeat_at", DateTime(timezone=True)),
-    _now(),
+    created_at(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     UniqueConstraint("run_id", "logical_action"),
-    CheckConstraint(_one_of("status", ActionStatus), name="status"),
-    CheckConstraint(_one_of("effect_kind", EffectKind), name="effect_kind"),
+    CheckConstraint(one_of("status", ActionStatus), name="status"),
+    CheckConstraint(one_of("effect_kind", EffectKind), name="effect_kind"),
 )
 # Reconciler: actions whose outcome is unknown.
 Index("ix_actions_unresolved", actions.c.status, actions.c.updated_at,
@@ -243,8 +208,8 @@ timers = Table(
     # Set when the wait or run the timer was for ended another way: a cancelled timer never fires.
     Column("cancelled_at", DateTime(timezone=True)),
     Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
-    CheckConstraint(_one_of("kind", TIMER_KINDS), name="kind"),
+    created_at(),
+    CheckConstraint(one_of("kind", TIMER_KINDS), name="kind"),
 )
 _OPEN_TIMER = and_(timers.c.fired_at.is_(None), timers.c.cancelled_at.is_(None))
 # Timer service: the next due timers neither fired nor cancelled.
@@ -262,7 +227,7 @@ artifacts = Table(
     Column("media_type", Text, nullable=False),
     Column("location", Text, nullable=False),
     Column("run_id", Text, ForeignKey("runs.run_id")),
-    _now(),
+    created_at(),
     CheckConstraint("content_hash ~ '^[0-9a-f]{64}$'", name="sha256"),
 )
 
@@ -292,7 +257,7 @@ outbox = Table(
     # The envelope as the JSON text it was written as: only ever read whole (migration 0009).
     Column("payload", JSON, nullable=False),
     Column("traceparent", Text),
-    _now(),
+    created_at(),
     Column("published_at", DateTime(timezone=True)),
 )
 # Relay: unpublished rows of one partition in commit-independent id order (no high-water mark).
@@ -406,93 +371,10 @@ tool_health = Table(
     Column("probe_by", Text),
     Column("probe_until", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint(_one_of("state", BreakerState), name="state"),
+    CheckConstraint(one_of("state", BreakerState), name="state"),
     CheckConstraint("state = 'CLOSED' OR reopen_at IS NOT NULL OR probe_until IS NOT NULL", name="open_until"),
 )
 
-tenant_policies = Table(
-    "tenant_policies", metadata,
-    Column("tenant_id", Text, primary_key=True),
-    Column("version", Integer, nullable=False),
-    Column("tools", JSONB, nullable=False),
-    Column("resources", JSONB, nullable=False),
-    Column("updated_by", Text, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint("version >= 1", name="version_positive"),
-)
-"""What each tenant lets its runs do (``domain.scope.TenantPolicy``): one row per tenant, its version
-raised by every change, so an approval re-validated on resume sees whether the policy moved."""
-
-tenant_ceilings = Table(
-    "tenant_ceilings", metadata,
-    Column("tenant_id", Text, primary_key=True),
-    Column("version", Integer, nullable=False),
-    Column("limits", JSONB, nullable=False),
-    Column("updated_by", Text, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint("version >= 1", name="version_positive"),
-)
-"""How far each tenant's own admins may set its settings (``domain.ceiling``): one document per tenant
-(``{"tools": [...], "resources": [...]}``), set by an admin of every tenant, its version raised by
-every change."""
-
-audit_log = Table(
-    "audit_log", metadata,
-    Column("id", BigInteger, Identity(always=True), primary_key=True),
-    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("actor", Text, nullable=False),
-    Column("action", Text, nullable=False),
-    Column("target", Text, nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    Column("tenant_id", Text, nullable=True),
-)
-"""``tenant_id``: the tenant the entry concerns (a run's, a policy's), null when none or every
-tenant's; a tenant's viewers see the entries of their tenants by it."""
-# The reconciler checks for its own earlier alerts (action + target) on every pass.
-Index("ix_audit_log_action_target", audit_log.c.action, audit_log.c.target)
-# A tenant-scoped viewer's audit log, newest first.
-Index("ix_audit_log_tenant", audit_log.c.tenant_id, audit_log.c.at, postgresql_where=text("tenant_id IS NOT NULL"))
-
-operator_tokens = Table(
-    "operator_tokens", metadata,
-    Column("id", BigInteger, Identity(always=True), primary_key=True),
-    Column("name", Text, nullable=False),
-    Column("secret_sha256", Text, nullable=False, unique=True),
-    Column("roles", JSONB, nullable=False),
-    Column("tenants", JSONB, nullable=True),
-    Column("created_by", Text, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("revoked_at", DateTime(timezone=True), nullable=True),
-    Column("last_used_at", DateTime(timezone=True), nullable=True),
-    Column("expires_at", DateTime(timezone=True), nullable=True),
-    Column("permissions", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
-)
-"""Named API tokens of operators (``longrun.identity``): only the SHA-256 of each secret is kept, so
-the table leaks no credential. ``name`` is who acts with the token (the audit log's actor);
-``permissions`` are its grants beside its roles (``create_runs``);
-``tenants`` NULL is every tenant; ``expires_at`` NULL: until revoked. A revoked or expired token
-stays, for the audit trail (an expired one keeps its name until it is revoked)."""
-# A live token's name belongs to one holder: approvals owned by a name are decided by its token alone.
-Index("ux_operator_tokens_live_name", operator_tokens.c.name, unique=True,
-      postgresql_where=text("revoked_at IS NULL"))
-
-console_sessions = Table(
-    "console_sessions", metadata,
-    Column("id_sha256", Text, primary_key=True),
-    Column("principal", JSONB, nullable=False),
-    Column("token_id", BigInteger, ForeignKey("operator_tokens.id"), nullable=True),
-    Column("bootstrap_sha256", Text, nullable=True),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("ended_at", DateTime(timezone=True), nullable=True),
-    CheckConstraint("token_id IS NULL OR bootstrap_sha256 IS NULL", name="one_credential"),
-)
-"""Signed-in web console sessions (``longrun.db.console_sessions``): the browser's cookie holds the
-session's random id, the table only its SHA-256, and no bearer token is kept. ``principal`` is who
-signed in (subject, roles, tenants, groups, credential); what signed them in is asked again on every
-request: a named token (``token_id``) while it is live, a bootstrap token (``bootstrap_sha256``)
-while it is configured, an OIDC access token (neither) while the issuer is the configured one, the
-session ending no later than the token. Sign-out sets ``ended_at``; a row past ``expires_at`` goes
-at a later sign-in."""
-Index("ix_console_sessions_expires_at", console_sessions.c.expires_at)
+# The tables of tenants and operators live in their own module, on this MetaData: imported here so
+# that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
+from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)

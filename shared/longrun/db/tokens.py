@@ -13,7 +13,7 @@ from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import operator_tokens
+from longrun.db.schema_tenants import operator_tokens
 
 SECRET_PREFIX = "lrt_"
 """Marks a named token's secret, so one pasted where it does not belong is recognisable."""
