@@ -73,6 +73,16 @@ DEADLINE_SHARE = 0.06
 """Of the ``steps`` runs, the share created with a business deadline, due ``DEADLINE_IN`` seconds after
 they are asked for: some finish first, the others end TIMED_OUT by it."""
 DEADLINE_IN = (0.5, 4.0)
+LONG_CALL_SHARE = 0.08
+"""Of the runs, the share of ``long_call`` runs (``tests.kinds``): one call that heartbeats for a
+second or two (a read, or a write of a branch on the forge), so a worker stopped or killed mid-call
+leaves a call its heartbeat timer gives up on."""
+LONG_CALL_BEATS = (2, 5)
+LONG_CALL_EVERY = 0.4
+QUEUE_TIMEOUT_SHARE = 0.05
+"""Of the ``steps`` runs, the share created with a short schedule-to-start: started in time they
+complete; if no worker starts them in time (workers down, the scheduler down), they end TIMED_OUT."""
+SCHEDULE_TO_START = (1.0, 3.0)
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,7 @@ class Figures:
     same_message_twice: int = 0
     same_key_again: int = 0
     upgrades: int = 0
+    long_calls: int = 0
     approvals: Counter[str] = field(default_factory=Counter)
     webhooks_redelivered: int = 0
     chaos_seconds: float = 0.0
@@ -183,11 +194,14 @@ class Chaos:
         """Each approver's authorization headers (a named token minted on first use)."""
         self.deadlines: set[str] = set()
         """Keys of the runs created with a business deadline."""
+        self.queue_timeouts: set[str] = set()
+        """Keys of the runs created with a short schedule-to-start."""
         self.redelivered: set[str] = set()
         self.env = {"LONGRUN_FORGE_TIMEOUT": "3", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
                     "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
-                    "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN)}
+                    "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN),
+                    "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:long_call"}
         self._restarts: set[asyncio.Task[None]] = set()
         self.midway: list[tuple[int, tuple[str, ...]]] = []
         """The long form's checks on the moving system: (runs, violations) each."""
@@ -309,19 +323,30 @@ class Chaos:
         i = self.figures.creates
         tenant = f"chaos-t{i % TENANTS}"
         key = f"chaos-{self.plan.seed}-{i}"
-        upgrade = self.producer_rng.random() < self.plan.upgrade_share
-        if upgrade:
+        which = self.producer_rng.random()
+        if which < self.plan.upgrade_share:
             workflow, input_ = "dependency_upgrade", goal(f"{self.plan.seed}-{i}")
             self.figures.upgrades += 1
+        elif which < self.plan.upgrade_share + LONG_CALL_SHARE:
+            workflow, input_ = "long_call", {
+                "repo": "acme/payments", "branch": f"chaos-long-{self.plan.seed}-{i}",
+                "effect": self.producer_rng.choice(("read", "read", "write")),
+                "beats": self.producer_rng.randint(*LONG_CALL_BEATS), "every": LONG_CALL_EVERY}
+            self.figures.long_calls += 1
         else:
             workflow, input_ = "steps", {"steps": self.producer_rng.randint(2, 8)}
         body: dict[str, Any] = {"workflow": workflow, "idempotency_key": key, "input": input_,
                                 "priority": self.producer_rng.randint(0, 9)}
-        if not upgrade and self.producer_rng.random() < DEADLINE_SHARE:
-            # Due while some of these runs are still stepping: the business deadline's protocol under faults.
-            due = datetime.now(UTC) + timedelta(seconds=self.producer_rng.uniform(*DEADLINE_IN))
-            body["deadline"] = due.isoformat()
-            self.deadlines.add(key)
+        if workflow == "steps":
+            roll = self.producer_rng.random()
+            if roll < DEADLINE_SHARE:
+                # Due while some of these runs are still stepping: the business deadline's protocol under faults.
+                due = datetime.now(UTC) + timedelta(seconds=self.producer_rng.uniform(*DEADLINE_IN))
+                body["deadline"] = due.isoformat()
+                self.deadlines.add(key)
+            elif roll < DEADLINE_SHARE + QUEUE_TIMEOUT_SHARE:
+                body["timeouts"] = {"schedule_to_start": self.producer_rng.uniform(*SCHEDULE_TO_START)}
+                self.queue_timeouts.add(key)
         envelope = make("run.create", body, producer="chaos", tenant_id=tenant)
         await self._publish(envelope)
         self.figures.creates += 1
