@@ -10,6 +10,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -137,7 +138,10 @@ async def restate(infra: Infra, knobs: Knobs) -> dict[str, Any]:
         ingress, admin, sdk = free_port(), free_port(), free_port()
         config = Path(tmp) / "restate.toml"
         config.write_text(server_config(fabric_port=free_port(), ingress_port=ingress, admin_port=admin))
-        durability = effective_durability(exe, config)
+        try:
+            durability = effective_durability(exe, config)
+        except (OSError, subprocess.SubprocessError) as e:
+            return {"measured": False, "reason": f"restate-server could not read its configuration: {e}"}
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DO_NOT_TRACK": "1"}
         server = Proc("restate-server", server_argv(exe, config_file=config, base_dir=Path(tmp) / "data"),
                       env=env, log=infra.logs / "restate-server.log", cwd=Path(tmp))
