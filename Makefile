@@ -98,8 +98,11 @@ test-ha: install services
 	$(PY) -m pytest -m ha tests/ha
 
 # Not part of `make test`: ~12 minutes (BENCH_QUICK=1: ~3-5). Own database and vhost; see docs/cost-model.md.
+# The peers: the `bench` extra, and the Restate server from its locked npm package (without its install
+# scripts, which only report usage).
 bench: install services
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	npm ci --prefix bench/restate --ignore-scripts --no-audit --no-fund --loglevel=error
 	$(PY) -m bench --json var/bench/$$(date -u +%Y%m%dT%H%M%SZ).json
 
 # A million parked runs (not part of `make bench`: ~20 minutes): storage, sweeps, the metrics read,

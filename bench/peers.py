@@ -10,6 +10,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,4 +122,47 @@ async def temporal(infra: Infra, knobs: Knobs) -> dict[str, Any]:
             return {"measured": False, "reason": f"Temporal could not run here: {e}",
                     "server_log_tail": server.tail(800)}
         finally:
+            server.terminate()
+
+
+async def restate(infra: Infra, knobs: Knobs) -> dict[str, Any]:
+    if not _installed("restate") or not _installed("hypercorn"):
+        return {"measured": False, "reason": "restate-sdk or hypercorn not installed: pip install -e '.[bench]'"}
+    from bench.peers_restate import binary, effective_durability, server_argv, server_config
+
+    exe = binary()
+    if exe is None:
+        return {"measured": False, "reason": "the Restate server (npm package in bench/restate) is not installed: "
+                                             "npm ci --prefix bench/restate"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ingress, admin, sdk = free_port(), free_port(), free_port()
+        config = Path(tmp) / "restate.toml"
+        config.write_text(server_config(fabric_port=free_port(), ingress_port=ingress, admin_port=admin))
+        try:
+            durability = effective_durability(exe, config)
+        except (OSError, subprocess.SubprocessError) as e:
+            return {"measured": False, "reason": f"restate-server could not read its configuration: {e}"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DO_NOT_TRACK": "1"}
+        server = Proc("restate-server", server_argv(exe, config_file=config, base_dir=Path(tmp) / "data"),
+                      env=env, log=infra.logs / "restate-server.log", cwd=Path(tmp))
+        endpoint = Proc("restate-sdk", [sys.executable, "-m", "bench.peers_restate", "serve", "--port", str(sdk)],
+                        env=env, log=infra.logs / "restate-sdk.log")
+        try:
+            out = Path(tmp) / "restate.json"
+            result, cpu = await _run_child("restate-client", [
+                sys.executable, "-m", "bench.peers_restate", "drive", "--ingress", f"http://127.0.0.1:{ingress}",
+                "--admin", f"http://127.0.0.1:{admin}", "--deployment", f"http://127.0.0.1:{sdk}",
+                "--steps", str(knobs.steps), "--inflight", str(knobs.inflight), "--workflows", str(knobs.runs),
+                "--lone", str(knobs.lone), "--timeout", "240", "--out", str(out)],
+                infra, timeout=300, out=out,
+                extra_cpu={"restate-server": [server.pid], "restate-sdk": [endpoint.pid]})
+            result.update({"measured": True, "cpu_pct_whole_phase": cpu, "durability": durability,
+                           "server": "restate-server, one node, loopback; the journal in the replicated loglet "
+                                     "on its own log-server"})
+            return result
+        except Exception as e:
+            return {"measured": False, "reason": f"Restate could not run here: {e}",
+                    "server_log_tail": server.tail(800), "sdk_log_tail": endpoint.tail(800)}
+        finally:
+            endpoint.terminate()
             server.terminate()

@@ -46,6 +46,7 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
         "ensemble_over_dbos_queue": _ratio(ens, dig(r, "dbos", "queue", "steps_per_s")),
         "ensemble_over_dbos_direct": _ratio(ens, dig(r, "dbos", "direct", "steps_per_s")),
         "ensemble_over_temporal": _ratio(ens, dig(r, "temporal", "throughput", "steps_per_s")),
+        "ensemble_over_restate": _ratio(ens, dig(r, "restate", "throughput", "steps_per_s")),
         "ensemble_over_bare_loop": _ratio(ens, bare),
         "best_scale_over_bare_loop": _ratio(best, bare),
         "bare_loop_after_over_before": _ratio(after, bare1),
@@ -61,6 +62,8 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
                                             dig(r, "dbos", "lone_ms", "p50")),
         "lone_ms_longrun_over_temporal": _ratio(dig(r, "ensemble", "lone", "completed_ms", "p50"),
                                                 dig(r, "temporal", "lone_ms", "p50")),
+        "lone_ms_longrun_over_restate": _ratio(dig(r, "ensemble", "lone", "completed_ms", "p50"),
+                                               dig(r, "restate", "lone_ms", "p50")),
         "recovery_max_over_lease_ttl": _ratio(dig(r, "recovery", "next_step_after_kill_s", "max"),
                                               dig(r, "recovery", "run_lease_ttl_s")),
     }
@@ -174,6 +177,12 @@ def table(r: dict[str, Any]) -> str:
                      dig(t, "throughput", "workflows_per_s"), t.get("lone_ms")))
     else:
         add(f"  Temporal: not measured: {t.get('reason', 'phase not run')}")
+    rs = r.get("restate") or {}
+    if rs.get("measured"):
+        rows.append((f"Restate {_restate_log(rs.get('durability') or {})}", dig(rs, "throughput", "steps_per_s"),
+                     dig(rs, "throughput", "workflows_per_s"), rs.get("lone_ms")))
+    else:
+        add(f"  Restate: not measured: {rs.get('reason', 'phase not run')}")
     if ens.get("saturate"):
         rows.append((f"longrun ensemble ({ens.get('workers')} workers)", dig(ens, "saturate", "steps_per_s"),
                      dig(ens, "saturate", "runs_per_s"), dig(ens, "lone", "completed_ms")))
@@ -281,6 +290,15 @@ def table(r: dict[str, Any]) -> str:
         verdict = {True: "MET", False: "MISSED", None: "not measured"}[tgt["met"]]
         add(f"  [{verdict:^12}] {tgt['target']}: {_n(tgt['measured'], 2)} {tgt['unit']}")
     return "\n".join(lines)
+
+
+def _restate_log(durability: dict[str, Any]) -> str:
+    """How the Restate server kept its log in this run, as it reported it (the JSON has the rest)."""
+    if durability.get("log-server.rocksdb-disable-wal"):
+        return "(1 node, log without WAL)"
+    if durability.get("log-server.rocksdb-disable-wal-fsync"):
+        return "(1 node, log WAL, no fsync)"
+    return "(1 node, log WAL fsynced)"
 
 
 def write(r: dict[str, Any], path: Path) -> None:
