@@ -1,0 +1,39 @@
+"""The ingress bound's policy, where the scheduler finds the management API, and which policies displace it."""
+
+from __future__ import annotations
+
+import re
+
+from longrun.bus import topology
+from longrun.bus.management import displacing, management_url, vhost_of
+
+BOUND = topology.ingress_policy(max_length=100, max_bytes=4096)
+
+
+def test_the_policy_bounds_the_ingress_queue_only_and_nacks_past_the_bound() -> None:
+    assert re.search(BOUND.pattern, topology.SCHEDULER_INGRESS_QUEUE)
+    assert not any(re.search(BOUND.pattern, q.name) for q in topology.build(partitions=2, delivery_limit=5).queues
+                   if q.name != topology.SCHEDULER_INGRESS_QUEUE)
+    assert not re.search(BOUND.pattern, "longrun.scheduler.ingress.old")
+    assert BOUND.definition == {"max-length": 100, "max-length-bytes": 4096, "overflow": "reject-publish"}
+
+
+def test_the_management_api_is_the_amqp_urls_first_node_on_15672_unless_one_is_configured() -> None:
+    cluster = "amqp://longrun:p%40ss@mq-0:5672,mq-1:5672/prod"
+    assert management_url("", cluster) == "http://longrun:p%40ss@mq-0:15672"
+    assert management_url("", "amqp://127.0.0.1/") == "http://127.0.0.1:15672"
+    assert management_url("https://admin:s@mq.example/rabbit/", cluster) == "https://admin:s@mq.example/rabbit"
+    assert (vhost_of(cluster), vhost_of("amqp://h/"), vhost_of("amqp://h/a%2Fb")) == ("prod", "/", "a/b")
+
+
+def test_a_matching_policy_of_equal_or_higher_priority_displaces_the_bound_and_no_other_does() -> None:
+    policies = [
+        {"name": BOUND.name, "pattern": BOUND.pattern, "apply-to": "queues", "priority": BOUND.priority},
+        {"name": "ha-everything", "pattern": ".*", "apply-to": "all", "priority": 0},
+        {"name": "exchanges", "pattern": ".*", "apply-to": "exchanges", "priority": 99},
+        {"name": "workers", "pattern": r"^longrun\.worker\.", "apply-to": "queues", "priority": 50},
+        {"name": "tie", "pattern": "ingress", "apply-to": "queues", "priority": BOUND.priority},
+        {"name": "over", "pattern": "^longrun\\.", "priority": 20},
+    ]
+    assert displacing(BOUND, topology.SCHEDULER_INGRESS_QUEUE, policies) == ["tie", "over"]
+    assert displacing(BOUND, topology.SCHEDULER_INGRESS_QUEUE, policies[:4]) == []
