@@ -50,7 +50,7 @@ async def bound_ingress(settings: Settings) -> None:
     """The ingress queue's bound (``LONGRUN_INGRESS_MAX_*``) set as a policy through the management
     API; call after ``open_bus`` has declared the queue."""
     await management.apply_policy(
-        management.management_url(settings.rabbitmq_management_url, settings.amqp_url),
+        management.management_urls(settings.rabbitmq_management_url, settings.amqp_url),
         management.vhost_of(settings.amqp_url),
         topology.ingress_policy(max_length=settings.ingress_max_length, max_bytes=settings.ingress_max_bytes),
         queue=topology.SCHEDULER_INGRESS_QUEUE, patience=settings.startup_patience)

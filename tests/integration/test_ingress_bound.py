@@ -40,11 +40,11 @@ INGRESS_BEFORE_THE_BOUND = {
 
 
 def _api(infra: Infra) -> str:
-    return management.management_url("", infra.amqp_url)
+    return management.management_urls(infra.management_url, infra.amqp_url)[0]
 
 
 async def _set_bound(infra: Infra, amqp_url: str, *, max_length: int, max_bytes: int) -> None:
-    await management.apply_policy(_api(infra), management.vhost_of(amqp_url),
+    await management.apply_policy([_api(infra)], management.vhost_of(amqp_url),
                                   topology.ingress_policy(max_length=max_length, max_bytes=max_bytes),
                                   queue=topology.SCHEDULER_INGRESS_QUEUE, patience=5)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from longrun.bus import topology
-from longrun.bus.management import displacing, management_url, vhost_of
+from longrun.bus.management import PolicyNotApplied, displacing, management_urls, vhost_of
 
 BOUND = topology.ingress_policy(max_length=100, max_bytes=4096)
 
@@ -18,12 +20,19 @@ def test_the_policy_bounds_the_ingress_queue_only_and_nacks_past_the_bound() -> 
     assert BOUND.definition == {"max-length": 100, "max-length-bytes": 4096, "overflow": "reject-publish"}
 
 
-def test_the_management_api_is_the_amqp_urls_first_node_on_15672_unless_one_is_configured() -> None:
-    cluster = "amqp://longrun:p%40ss@mq-0:5672,mq-1:5672/prod"
-    assert management_url("", cluster) == "http://longrun:p%40ss@mq-0:15672"
-    assert management_url("", "amqp://127.0.0.1/") == "http://127.0.0.1:15672"
-    assert management_url("https://admin:s@mq.example/rabbit/", cluster) == "https://admin:s@mq.example/rabbit"
+def test_the_management_api_is_each_amqp_node_on_15672_unless_one_is_configured() -> None:
+    cluster = "amqp://longrun:p%40ss@mq-0:5672,mq-1/prod"
+    assert management_urls("", cluster) == ["http://longrun:p%40ss@mq-0:15672", "http://longrun:p%40ss@mq-1:15672"]
+    assert management_urls("", "amqp://127.0.0.1/") == ["http://127.0.0.1:15672"]
+    assert management_urls("", "amqps://u:p@mq.example:5671/") == ["https://u:p@mq.example:15671"]
+    assert management_urls("https://admin:s@mq-0:443/rabbit/,mq-1:443", cluster) == [
+        "https://admin:s@mq-0:443/rabbit", "https://admin:s@mq-1:443/rabbit"]
     assert (vhost_of(cluster), vhost_of("amqp://h/"), vhost_of("amqp://h/a%2Fb")) == ("prod", "/", "a/b")
+
+
+def test_an_amqp_port_that_says_nothing_of_the_api_asks_for_its_url() -> None:
+    with pytest.raises(PolicyNotApplied, match="set LONGRUN_RABBITMQ_MANAGEMENT_URL"):
+        management_urls("", "amqp://guest:guest@127.0.0.1:5681,127.0.0.1:5682/")
 
 
 def test_a_matching_policy_of_equal_or_higher_priority_displaces_the_bound_and_no_other_does() -> None:
