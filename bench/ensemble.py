@@ -54,6 +54,12 @@ def reconciler_present() -> bool:
         return False
 
 
+def create_message(key: str, steps: int, *, user: str) -> aio_pika.Message:
+    """The run.create the bench's producer sends for the run of idempotency key ``key``."""
+    return to_message(make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": steps},
+                                          "priority": 5}, producer="bench", tenant_id=TENANT), user_id=user)
+
+
 class Producer:
     """An external AMQP producer of run.create, with publisher confirms (pipelined); a nacked create
     (the ingress queue at its bound) is sent again unchanged with backoff, as longrun_client does."""
@@ -76,9 +82,7 @@ class Producer:
 
     async def create(self, key: str, steps: int) -> None:
         assert self.exchange is not None
-        message = to_message(make("run.create", {"workflow": "steps", "idempotency_key": key,
-                                                 "input": {"steps": steps}, "priority": 5},
-                                  producer="bench", tenant_id=TENANT), user_id=broker_user(self.amqp_url))
+        message = create_message(key, steps, user=broker_user(self.amqp_url))
         self.published[key] = time.time()
         exchange = self.exchange
         await publish_confirmed(lambda: exchange.publish(message, routing_key="run.create"),

@@ -161,6 +161,52 @@ async def test_the_bound_holds_on_an_ingress_queue_declared_without_one_and_afte
         await connection.close()
 
 
+@pytest.mark.timeout(60)
+async def test_on_this_broker_the_lower_of_policy_and_argument_bounds_and_the_policys_overflow_wins(
+        infra: Infra, old_vhost: str) -> None:
+    """What docs/flow-control.md says of RabbitMQ 3.10, and why the bound's policy sets overflow too."""
+    parts = urlsplit(_api(infra))
+    vhost = quote(management.vhost_of(old_vhost), safe="")
+    connection = await aio_pika.connect(old_vhost)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        async with httpx.AsyncClient(base_url=urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", "")),
+                                     auth=(parts.username or "", parts.password or "")) as http:
+            async def declared(name: str, arguments: dict[str, object], policy: dict[str, object]
+                               ) -> aio_pika.abc.AbstractQueue:
+                queue = await channel.declare_queue(name, durable=True,
+                                                    arguments={"x-queue-type": "quorum", **arguments})
+                (await http.put(f"/api/policies/{vhost}/{name}", json={
+                    "pattern": f"^{name}$", "apply-to": "queues", "definition": policy})).raise_for_status()
+                return queue
+
+            async def sent(queue: aio_pika.abc.AbstractQueue, n: int) -> tuple[int, int]:
+                confirmed = 0
+                for _ in range(n):
+                    try:
+                        await channel.default_exchange.publish(aio_pika.Message(b"x", delivery_mode=2),
+                                                               routing_key=queue.name)
+                        confirmed += 1
+                    except aio_pika.exceptions.DeliveryError:
+                        pass
+                depth = (await channel.declare_queue(queue.name, passive=True)).declaration_result.message_count
+                return confirmed, depth
+
+            # A bound in the arguments and another in the policy: the lower holds, whichever it is
+            lower_argument = await declared("arg-3", {"x-max-length": 3, "x-overflow": "reject-publish"},
+                                            {"max-length": 8})
+            lower_policy = await declared("pol-3", {"x-max-length": 8, "x-overflow": "reject-publish"},
+                                          {"max-length": 3})
+            assert await sent(lower_argument, 10) == await sent(lower_policy, 10) == (4, 4)
+            # The queue's argument says reject-publish, the policy drop-head: the policy's wins, and a full
+            # queue drops what it had accepted instead of refusing what comes
+            dropping = await declared("drops", {"x-overflow": "reject-publish"},
+                                      {"max-length": 3, "overflow": "drop-head"})
+            assert await sent(dropping, 10) == (10, 3)
+    finally:
+        await connection.close()
+
+
 def _scheduler(services: Services, **env: str) -> Process:
     return services.start("scheduler", "longrun.services.scheduler", LONGRUN_INGRESS_MAX_LENGTH=str(BOUND), **env)
 

@@ -69,7 +69,8 @@ async def test_a_create_still_nacked_when_the_time_is_up_is_reported_not_confirm
     exchange = NackingExchange(nacks=None)
     started = time.monotonic()
     with pytest.raises(PublishNotConfirmed, match=r"nacked \d+ time\(s\).*ingress queue is at its bound"):
-        await _client(exchange, Backoff(first=0.02, longest=0.05, give_up_after=0.3))._publish(_create())  # type: ignore[arg-type]
+        client = _client(exchange, Backoff(first=0.02, longest=0.05, give_up_after=0.3))
+        await client._publish(_create())  # type: ignore[arg-type]
     took = time.monotonic() - started
     assert 0.15 <= took <= 0.4, took
     assert len(exchange.sent) >= 4

@@ -23,7 +23,8 @@ def test_schemas_match_the_models() -> None:
 
 def test_rabbitmq_definitions_match_the_declared_topology() -> None:
     on_disk = (ROOT / "infra/rabbitmq/definitions.json").read_text()
-    assert on_disk == topology.render_definitions(partitions=8, delivery_limit=5, **_INGRESS_BOUND), "run `make topology`"
+    expected = topology.render_definitions(partitions=8, delivery_limit=5, **_INGRESS_BOUND)
+    assert on_disk == expected, "run `make topology`"
 
 
 _INGRESS_BOUND = {"ingress_max_length": int(declared_variable(BusSettings, "ingress_max_length").default or 0),
