@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PARTITIONS ?= 8
 DELIVERY_LIMIT ?= 5
+INGRESS_MAX_LENGTH ?= 100000
+INGRESS_MAX_BYTES ?= 104857600
 
 .PHONY: install lock services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
 
@@ -49,7 +51,8 @@ migrate: install services
 # Generated files: never edit them by hand; tests fail when they drift.
 topology: install
 	$(PY) -c "from longrun.bus.topology import render_definitions as r; \
-	open('infra/rabbitmq/definitions.json','w').write(r(partitions=$(PARTITIONS), delivery_limit=$(DELIVERY_LIMIT)))"
+	open('infra/rabbitmq/definitions.json','w').write(r(partitions=$(PARTITIONS), delivery_limit=$(DELIVERY_LIMIT), \
+	ingress_max_length=$(INGRESS_MAX_LENGTH), ingress_max_bytes=$(INGRESS_MAX_BYTES)))"
 
 schemas: install
 	$(PY) -m longrun.envelope.export schemas

@@ -39,8 +39,10 @@ from bench.profile import Sampler
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
+from longrun_client.retry import Backoff, publish_confirmed
 
 TENANT = "bench"
+NACK_BACKOFF = Backoff(give_up_after=60.0)
 STEP_EVENTS = "('action.confirmed', 'action.recorded')"
 """A confirmed step: a write's confirmation, or a pure or read call recorded with its answer."""
 
@@ -52,8 +54,15 @@ def reconciler_present() -> bool:
         return False
 
 
+def create_message(key: str, steps: int, *, user: str) -> aio_pika.Message:
+    """The run.create the bench's producer sends for the run of idempotency key ``key``."""
+    return to_message(make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": steps},
+                                          "priority": 5}, producer="bench", tenant_id=TENANT), user_id=user)
+
+
 class Producer:
-    """An external AMQP producer of run.create, with publisher confirms (pipelined)."""
+    """An external AMQP producer of run.create, with publisher confirms (pipelined); a nacked create
+    (the ingress queue at its bound) is sent again unchanged with backoff, as longrun_client does."""
 
     def __init__(self, amqp_url: str) -> None:
         self.amqp_url = amqp_url
@@ -73,11 +82,12 @@ class Producer:
 
     async def create(self, key: str, steps: int) -> None:
         assert self.exchange is not None
-        message = to_message(make("run.create", {"workflow": "steps", "idempotency_key": key,
-                                                 "input": {"steps": steps}, "priority": 5},
-                                  producer="bench", tenant_id=TENANT), user_id=broker_user(self.amqp_url))
+        message = create_message(key, steps, user=broker_user(self.amqp_url))
         self.published[key] = time.time()
-        await self.exchange.publish(message, routing_key="run.create")
+        exchange = self.exchange
+        await publish_confirmed(lambda: exchange.publish(message, routing_key="run.create"),
+                                exchange=topology.INGRESS_EXCHANGE, routing_key="run.create", backoff=NACK_BACKOFF,
+                                what=f"run.create {key}")
 
     async def burst(self, keys: list[str], steps: int, window: int = 100) -> None:
         slots = asyncio.Semaphore(window)

@@ -189,6 +189,8 @@ class Services:
         env.update({
             "LONGRUN_DATABASE_URL": self.infra.database_url,
             "LONGRUN_AMQP_URL": self.infra.amqp_url,
+            # where the scheduler sets the ingress bound, when not port 15672 of the broker's nodes
+            "LONGRUN_RABBITMQ_MANAGEMENT_URL": os.environ.get("LONGRUN_RABBITMQ_MANAGEMENT_URL", ""),
             "LONGRUN_PARTITIONS": str(self.partitions),
             "LONGRUN_PARTITION_LEASE_TTL": "3",
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",

@@ -86,6 +86,7 @@ class Services:
         env.update({
             "LONGRUN_DATABASE_URL": self.infra.database_url,
             "LONGRUN_AMQP_URL": self.infra.amqp_url,
+            "LONGRUN_RABBITMQ_MANAGEMENT_URL": self.infra.management_url,
             "LONGRUN_PARTITIONS": str(self.partitions),
             "LONGRUN_DELIVERY_LIMIT": str(self.delivery_limit),
             "LONGRUN_PARTITION_LEASE_TTL": "3",

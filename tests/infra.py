@@ -39,6 +39,9 @@ class Infra:
     """True when the broker is local and rabbitmqctl can restart it and add vhosts."""
     pg_ctlcluster: bool = False
     """True when the database is the local Debian cluster that pg_ctlcluster can restart."""
+    management_url: str = ""
+    """RabbitMQ's management API (``LONGRUN_RABBITMQ_MANAGEMENT_URL``) when not where the services
+    find it from ``amqp_url`` (port 15672 of its nodes)."""
 
     @property
     def vhost(self) -> str:
@@ -216,6 +219,7 @@ def _containers() -> Infra | None:
     from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-untyped]
 
     pg = PostgresContainer("postgres:15", driver="psycopg").start()
-    mq = RabbitMqContainer("rabbitmq:3.10-management").start()
+    mq = RabbitMqContainer("rabbitmq:3.10-management").with_exposed_ports(15672).start()
     amqp = f"amqp://guest:guest@{mq.get_container_host_ip()}:{mq.get_exposed_port(5672)}/"
-    return Infra(pg.get_connection_url(), amqp, rabbitmqctl=False)
+    api = f"http://guest:guest@{mq.get_container_host_ip()}:{mq.get_exposed_port(15672)}/"
+    return Infra(pg.get_connection_url(), amqp, rabbitmqctl=False, management_url=api)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL and RabbitMQ answer where LONGRUN_DATABASE_URL and LONGRUN_AMQP_URL point
 # (default: this machine's 5432 and 5672), starting this machine's own servers (Debian packages)
-# when they are the ones asked for. Used by `make run`, `make test` and CI.
+# when they are the ones asked for, with RabbitMQ's management plugin enabled. Used by `make run`, `make test` and CI.
 #
 # --or-containers (the tests): when neither answers nor can be started here but a Docker engine
 # does, leave them to the tests, which start both with testcontainers (tests/infra.py).
@@ -52,9 +52,22 @@ fi
 for _ in $(seq 1 90); do
   if answers "$db_host" "$db_port" && answers "$mq_host" "$mq_port"; then
     # The AMQP port opens before the broker finishes booting its apps.
-    if ! local_host "$mq_host" || ! command -v rabbitmqctl >/dev/null \
-        || rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1; then
+    if ! local_host "$mq_host" || ! command -v rabbitmqctl >/dev/null; then
       exit 0
+    fi
+    if rabbitmqctl await_startup --timeout 60 >/dev/null 2>&1; then
+      # The scheduler bounds the ingress queue with a policy set through the management API
+      # (docs/flow-control.md): enabled on a running node without a restart, kept across restarts.
+      if ! rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
+        echo "enabling RabbitMQ's management plugin"
+        rabbitmq-plugins -q enable rabbitmq_management >/dev/null
+      fi
+      for _ in $(seq 1 30); do
+        answers "$mq_host" 15672 && exit 0
+        sleep 1
+      done
+      echo "RabbitMQ's management API did not answer on $mq_host:15672 within 30 s" >&2
+      exit 1
     fi
   fi
   sleep 1

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
 from longrun.app import effects
-from longrun.bootstrap import open_bus, open_database, watch
+from longrun.bootstrap import bound_ingress, open_bus, open_database, watch
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
@@ -71,6 +71,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     producers = producer_tenants(settings.producer_tenants, settings.amqp_url)
     engine = await open_database(settings)
     bus = await open_bus(settings, SERVICE)
+    await bound_ingress(settings)
     kinds = run_kinds.load(settings)
     creates = Ingress(kinds=kinds, partitions=settings.partitions, slots=settings.tenant_slots,
                       max_input_bytes=settings.max_input_bytes, producers=producers)

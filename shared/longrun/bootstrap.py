@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from longrun.artifacts import ArtifactStore, FilesystemArtifactStore
-from longrun.bus import topology
+from longrun.bus import management, topology
 from longrun.bus.connection import Bus
 from longrun.bus.consumer import Handler, OutcomeHook, OwnClaim, PartitionedConsumer
 from longrun.bus.partitions import PartitionOwnership
@@ -44,6 +44,16 @@ async def open_bus(settings: Settings, name: str) -> Bus:
               topology=topology.build(partitions=settings.partitions, delivery_limit=settings.delivery_limit))
     await _patiently(bus.connect, "RabbitMQ", settings.startup_patience)
     return bus
+
+
+async def bound_ingress(settings: Settings) -> None:
+    """The ingress queue's bound (``LONGRUN_INGRESS_MAX_*``) set as a policy through the management
+    API; call after ``open_bus`` has declared the queue."""
+    await management.apply_policy(
+        management.management_urls(settings.rabbitmq_management_url, settings.amqp_url),
+        management.vhost_of(settings.amqp_url),
+        topology.ingress_policy(max_length=settings.ingress_max_length, max_bytes=settings.ingress_max_bytes),
+        queue=topology.SCHEDULER_INGRESS_QUEUE, patience=settings.startup_patience)
 
 
 def open_artifacts(settings: Settings, engine: AsyncEngine) -> RecordedUploads:

@@ -44,6 +44,8 @@ class Node:
     source_ip: str
     """The address this node's own outgoing distribution connections leave from, so a cut can
     drop them (they use ephemeral ports) without touching the machine's other traffic."""
+    management_port: int
+    """The management API's (the scheduler sets the ingress queue's bound through it)."""
 
     @property
     def pid(self) -> int:
@@ -56,7 +58,7 @@ class RabbitCluster:
         self.home = root / "home"
         tag = uuid.uuid4().hex[:6]
         self.nodes = [Node(f"lrha{tag}{letter}@localhost", letter, free_port(), free_port(), root / letter,
-                           f"127.0.0.{index + 2}") for index, letter in enumerate("abc")]
+                           f"127.0.0.{index + 2}", free_port()) for index, letter in enumerate("abc")]
         self.cookie = secrets.token_hex(16)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self._cut = False
@@ -84,6 +86,10 @@ class RabbitCluster:
         hosts = ",".join(f"127.0.0.1:{n.amqp_port}" for n in (nodes or self.nodes))
         quoted = vhost.replace("/", "%2F")
         return f"amqp://guest:guest@{hosts}/{quoted}"
+
+    def management_url(self) -> str:
+        """The management API of every node, in one URL."""
+        return "http://guest:guest@" + ",".join(f"127.0.0.1:{n.management_port}" for n in self.nodes) + "/"
 
     def add_vhost(self, vhost: str) -> None:
         self.ctl(self.nodes[0], "add_vhost", vhost)
@@ -239,9 +245,10 @@ class RabbitCluster:
         node.base.mkdir(parents=True, exist_ok=True)
         (node.base / "rabbitmq-env.conf").write_text("")
         (node.base / "rabbitmq.conf").write_text(
-            "cluster_partition_handling = pause_minority\nloopback_users = none\n")
+            "cluster_partition_handling = pause_minority\nloopback_users = none\n"
+            f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {node.management_port}\n")
         (node.base / "advanced.config").write_text("[{kernel, [{net_ticktime, 10}]}].\n")
-        (node.base / "enabled_plugins").write_text("[].\n")
+        (node.base / "enabled_plugins").write_text("[rabbitmq_management].\n")
 
 
 def _iptables(*args: str, check: bool = True) -> None:

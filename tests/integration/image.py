@@ -114,6 +114,7 @@ def fresh_database(infra: Infra) -> Iterator[str]:
 def settings(infra: Infra, database_url: str) -> dict[str, str]:
     """A service's settings: the given database, the session's broker vhost and its topology."""
     return {"LONGRUN_DATABASE_URL": database_url, "LONGRUN_AMQP_URL": infra.amqp_url,
+            "LONGRUN_RABBITMQ_MANAGEMENT_URL": infra.management_url,
             "LONGRUN_PARTITIONS": str(PARTITIONS), "LONGRUN_DELIVERY_LIMIT": str(DELIVERY_LIMIT)}
 
 

@@ -237,7 +237,9 @@ def _ingress_channel(message_ids: list[str]) -> dict[str, Any]:
             "connection's broker user: a create is admitted only in a tenant that user is allowed "
             "(else tenant_not_allowed). The same (tenant_id, idempotency_key) makes "
             "one run: a repeat is answered with run.accepted (repeated = true). A refused create is answered "
-            "with run.rejected on the tenant's key; a body with no parseable envelope goes to quarantine only."),
+            "with run.rejected on the tenant's key; a body with no parseable envelope goes to quarantine only. "
+            "The queue behind it is bounded: while the runtime is that far behind, the broker nacks a create; "
+            "send the same message again (same event_id and idempotency_key) after a growing wait."),
         "messages": _refs(message_ids),
         "bindings": {"amqp": {"is": "routingKey", "exchange": _exchange(topology.INGRESS_EXCHANGE),
                               "bindingVersion": BINDING_VERSION}},

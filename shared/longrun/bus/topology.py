@@ -14,6 +14,11 @@
   RabbitMQ's topic permissions can hold it there; a stream keeps a replayable log so a publish
   is never unroutable.
 
+The ingress queue's bound (length and bytes) is a policy, ``ingress_policy``, not a queue
+argument: a quorum queue's arguments cannot change in place and every service declares the
+queue, while a policy applies to the queue that exists and changes with the settings. The
+scheduler sets it at start (``longrun.bus.management``); the definitions file carries it too.
+
 ``infra/rabbitmq/definitions.json`` is generated from this module (``make topology``);
 a test fails when the two drift. Changing P is a drain-and-switch migration.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +87,30 @@ class BindingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int
+    apply_to: str = "queues"
+
+
+INGRESS_POLICY = "longrun-ingress-bound"
+INGRESS_POLICY_PRIORITY = 10
+"""RabbitMQ applies one policy to a queue, the matching one of highest priority: an operator's
+catch-all policy (priority 0) does not displace this one."""
+
+
+def ingress_policy(*, max_length: int, max_bytes: int) -> PolicySpec:
+    """The ingress queue's bound. ``overflow`` is set here too: for it a policy wins over the queue's
+    argument, and with ``drop-head`` a full queue would drop accepted creates instead of nacking new
+    ones. For ``max-length`` and ``max-length-bytes`` the lower of the policy and an argument holds."""
+    return PolicySpec(INGRESS_POLICY, f"^{re.escape(SCHEDULER_INGRESS_QUEUE)}$",
+                      {"max-length": max_length, "max-length-bytes": max_bytes, "overflow": "reject-publish"},
+                      INGRESS_POLICY_PRIORITY)
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
     exchanges: tuple[ExchangeSpec, ...]
     queues: tuple[QueueSpec, ...]
@@ -127,7 +157,7 @@ def build(*, partitions: int, delivery_limit: int) -> Topology:
     return Topology(tuple(exchanges), tuple(queues), tuple(bindings))
 
 
-def definitions(topology: Topology) -> dict[str, Any]:
+def definitions(topology: Topology, policies: tuple[PolicySpec, ...] = ()) -> dict[str, Any]:
     """RabbitMQ definitions-file form (importable with rabbitmqctl import_definitions)."""
     return {
         "vhosts": [{"name": VHOST}],
@@ -146,9 +176,16 @@ def definitions(topology: Topology) -> dict[str, Any]:
              "destination_type": "queue", "routing_key": b.routing_key, "arguments": {}}
             for b in topology.bindings
         ],
+        "policies": [
+            {"name": p.name, "vhost": VHOST, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": p.definition, "priority": p.priority}
+            for p in policies
+        ],
     }
 
 
-def render_definitions(*, partitions: int, delivery_limit: int) -> str:
+def render_definitions(*, partitions: int, delivery_limit: int, ingress_max_length: int,
+                       ingress_max_bytes: int) -> str:
     topology = build(partitions=partitions, delivery_limit=delivery_limit)
-    return json.dumps(definitions(topology), indent=2, sort_keys=True) + "\n"
+    bound = ingress_policy(max_length=ingress_max_length, max_bytes=ingress_max_bytes)
+    return json.dumps(definitions(topology, (bound,)), indent=2, sort_keys=True) + "\n"

@@ -37,3 +37,16 @@ class BusSettings(Concern):
     """Seconds between outbox polls when no NOTIFY arrives."""
     relay_batch: int = setting("LONGRUN_RELAY_BATCH", parse.positive_int, "an integer >= 1", "200")
     """Outbox rows claimed per relay round."""
+    ingress_max_length: int = setting("LONGRUN_INGRESS_MAX_LENGTH", parse.positive_int, "an integer >= 1", "100000")
+    """run.create messages the ingress queue holds; past it the broker nacks new creates. A RabbitMQ
+    policy the scheduler sets at every start: see [flow control](flow-control.md#backpressure-at-the-door)."""
+    ingress_max_bytes: int = setting("LONGRUN_INGRESS_MAX_BYTES", parse.positive_int, "bytes, an integer >= 1",
+                                     "104857600")
+    """Bytes of message bodies the ingress queue holds (100 MiB); past it the broker nacks new creates.
+    Keep it well under the broker's memory high watermark."""
+    rabbitmq_management_url: str = setting(
+        "LONGRUN_RABBITMQ_MANAGEMENT_URL", parse.optional_url,
+        "an http(s) URL of RabbitMQ's management API with a user and password, or empty", "", secret=True)
+    """Where the scheduler sets the ingress queue's bound (a user tagged ``policymaker`` or
+    ``administrator``); empty: ``LONGRUN_AMQP_URL``'s first node on port 15672 over http, with its
+    user and password."""

@@ -20,5 +20,5 @@ def cluster() -> Iterator[RabbitCluster]:
 
 @pytest.fixture
 def infra(cluster: RabbitCluster) -> Iterator[Infra]:
-    with session_on(amqp_url=cluster.url(), rabbitmqctl=False) as ready:
+    with session_on(amqp_url=cluster.url(), rabbitmqctl=False, management_url=cluster.management_url()) as ready:
         yield ready

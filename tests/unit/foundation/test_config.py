@@ -51,7 +51,7 @@ def test_every_variable_is_documented() -> None:
     assert len(names) - len(secrets) == len(Settings.__dataclass_fields__)
     assert secrets == {f"LONGRUN_{n}_FILE" for n in (
         "DATABASE_URL", "AMQP_URL", "OPERATOR_TOKENS", "OIDC_CLIENT_SECRET", "WEBHOOK_SECRET", "WEBHOOK_SECRETS",
-        "CONSOLE_SECRET", "MODEL_API_KEY", "S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")}
+        "CONSOLE_SECRET", "MODEL_API_KEY", "S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY", "RABBITMQ_MANAGEMENT_URL")}
 
 
 def test_the_default_retry_policy_and_breaker_come_from_their_variables() -> None:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from longrun.bus import topology
+from longrun.config.bus import BusSettings
+from longrun.config.declaration import declared_variable
 from longrun.envelope.export import render
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,7 +23,24 @@ def test_schemas_match_the_models() -> None:
 
 def test_rabbitmq_definitions_match_the_declared_topology() -> None:
     on_disk = (ROOT / "infra/rabbitmq/definitions.json").read_text()
-    assert on_disk == topology.render_definitions(partitions=8, delivery_limit=5), "run `make topology`"
+    expected = topology.render_definitions(partitions=8, delivery_limit=5, **_INGRESS_BOUND)
+    assert on_disk == expected, "run `make topology`"
+
+
+_INGRESS_BOUND = {"ingress_max_length": int(declared_variable(BusSettings, "ingress_max_length").default or 0),
+                  "ingress_max_bytes": int(declared_variable(BusSettings, "ingress_max_bytes").default or 0)}
+
+
+def test_the_definitions_bound_the_ingress_queue_by_a_policy_of_the_default_bound() -> None:
+    definitions = json.loads((ROOT / "infra/rabbitmq/definitions.json").read_text())
+    assert definitions["policies"] == [{
+        "name": "longrun-ingress-bound", "vhost": "/", "pattern": "^longrun\\.scheduler\\.ingress$",
+        "apply-to": "queues", "priority": 10,
+        "definition": {"max-length": _INGRESS_BOUND["ingress_max_length"],
+                       "max-length-bytes": _INGRESS_BOUND["ingress_max_bytes"], "overflow": "reject-publish"}}]
+    # the queue keeps the arguments it was always declared with: none of them is a bound
+    ingress = next(q for q in definitions["queues"] if q["name"] == "longrun.scheduler.ingress")
+    assert not {"x-max-length", "x-max-length-bytes"} & set(ingress["arguments"])
 
 
 def test_every_partition_queue_is_a_quorum_queue_with_sac_a_delivery_limit_and_quarantine() -> None:

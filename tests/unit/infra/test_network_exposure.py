@@ -14,6 +14,8 @@ from tests.unit.infra.test_deployment_files import OVERLAYS, compose, of_kind, p
 
 WITH_INGRESS = ("prod", "autoscale", "monitoring")
 INFRASTRUCTURE_PORTS = {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 5672)}
+MANAGEMENT_API = ("TCP", 15672)
+"""RabbitMQ's management API: the scheduler sets the ingress queue's bound through it."""
 
 
 def _ports(rule: dict[str, Any]) -> set[tuple[str, int]]:
@@ -55,7 +57,7 @@ def policy_problems(docs: tuple[dict[str, Any], ...]) -> list[str]:
         for rule in policy["spec"].get("egress", []):
             if not rule.get("ports"):
                 problems.append(f"{name} lets its pods out on any port: {rule}")
-            elif not rule.get("to") and not _ports(rule) <= INFRASTRUCTURE_PORTS | {("TCP", 443)}:
+            elif not rule.get("to") and not _ports(rule) <= INFRASTRUCTURE_PORTS | {("TCP", 443), MANAGEMENT_API}:
                 problems.append(f"{name} lets its pods out to anywhere on {sorted(_ports(rule))}")
     return problems
 
@@ -108,7 +110,9 @@ def test_only_the_services_that_call_far_sides_go_out_over_https(overlay: str) -
                      for rule in p["spec"].get("egress", []) for port in _ports(rule)}
     https = {name for name, ports in out.items() if ("TCP", 443) in ports}
     assert https == {"longrun-worker", "longrun-reconciler", "longrun-gateway"}
-    assert all(ports - {("TCP", 443)} == INFRASTRUCTURE_PORTS for ports in out.values())
+    # and only the scheduler reaches the broker's management API
+    assert {name for name, ports in out.items() if MANAGEMENT_API in ports} == {"longrun-scheduler"}
+    assert all(ports - {("TCP", 443), MANAGEMENT_API} == INFRASTRUCTURE_PORTS for ports in out.values())
 
 
 @pytest.mark.parametrize("overlay", WITH_INGRESS)

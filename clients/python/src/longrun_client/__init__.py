@@ -17,13 +17,14 @@ from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1,
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.resequence import Gap, Late
+from longrun_client.retry import Backoff
 from longrun_client.stream import EventStream
 
 __version__ = "0.1.0"
 """The release, the runtime's too (``longrun.__version__``): the two are released together."""
 
-__all__ = ["BudgetLimits", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope", "EventStream",
-           "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
+__all__ = ["Backoff", "BudgetLimits", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope",
+           "EventStream", "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
            "RunAcceptedV1", "RunAcceptedV2", "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2",
            "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunRejectedV3",
            "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "__version__", "correlation_id_of",

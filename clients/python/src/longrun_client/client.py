@@ -28,11 +28,12 @@ from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHAN
                                 TENANT_PATTERN, tenant_pattern)
 from longrun_client.codec import broker_user, to_message
 from longrun_client.consumer import DurableConsumer, Handler, OnMissed
-from longrun_client.errors import PoisonMessage, PublishNotConfirmed
+from longrun_client.errors import PoisonMessage
 from longrun_client.model import Envelope
 from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
 from longrun_client.pending import PendingCreate, correlation_id_of
 from longrun_client.registry import decode, make, traceparent
+from longrun_client.retry import Backoff, publish_confirmed
 from longrun_client.stream import EventStream
 
 __all__ = ["Client"]
@@ -49,8 +50,10 @@ class Client:
     """
 
     def __init__(self, connection: AbstractRobustConnection, ingress: AbstractExchange,
-                 consumer: AbstractChannel, *, producer: str, keep_finished: int, user_id: str) -> None:
+                 consumer: AbstractChannel, *, producer: str, keep_finished: int, user_id: str,
+                 nack_backoff: Backoff = Backoff()) -> None:
         self._connection = connection
+        self._nack_backoff = nack_backoff
         self._user_id = user_id
         self._ingress = ingress
         self._consumer = consumer
@@ -66,14 +69,16 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, *, producer: str = "longrun-client", keep_finished: int = 1000,
-                      connection_name: str | None = None) -> Client:
+                      connection_name: str | None = None, nack_backoff: Backoff = Backoff()) -> Client:
         """Connect (reconnecting on its own afterwards) and check the ingress exchange exists.
 
         ``producer`` names this client in every envelope it sends; ``keep_finished`` is how many
         finished creates ``accepted`` and ``wait`` still answer for after their run ended. Every
         create carries the URL's user as its ``user_id``: longrun admits it only in the tenants
         that broker user is allowed. The broker lists the connection under ``connection_name``
-        (default: ``longrun-client <producer>``)."""
+        (default: ``longrun-client <producer>``). A create the broker nacks (the ingress queue is at
+        its bound, or a node fails over) is sent again as ``nack_backoff`` says (by default for up
+        to 30 s, waits from 50 ms doubling up to 2 s)."""
         connection = await aio_pika.connect_robust(url, client_properties={
             "connection_name": connection_name or f"longrun-client {producer}"})
         try:
@@ -84,7 +89,7 @@ class Client:
             await connection.close()
             raise
         return cls(connection, ingress, consumer, producer=producer, keep_finished=keep_finished,
-                   user_id=broker_user(url))
+                   user_id=broker_user(url), nack_backoff=nack_backoff)
 
     async def __aenter__(self) -> Client:
         return self
@@ -109,7 +114,9 @@ class Client:
                          correlation_id: str | None = None, scope: RunScope | Mapping[str, Any] | None = None,
                          deadline: datetime | None = None,
                          timeouts: RunTimeouts | Mapping[str, Any] | None = None) -> Envelope:
-        """Publish a run.create and return it once the broker has confirmed it.
+        """Publish a run.create and return it once the broker has confirmed it. A nacked create is
+        sent again, unchanged, with backoff (``Client.connect``'s ``nack_backoff``), then reported
+        with ``PublishNotConfirmed``.
 
         ``scope`` narrows what the run may do (it never widens what its kind and tenant allow);
         ``deadline`` (timezone-aware): if the run is still open then, it is cancelled for it and ends
@@ -262,13 +269,10 @@ class Client:
         return pending
 
     async def _publish(self, request: Envelope) -> None:
-        try:
-            await self._ingress.publish(to_message(request, user_id=self._user_id), routing_key=CREATE_KEY,
-                                        mandatory=True)
-        except aio_pika.exceptions.PublishError as e:
-            raise PublishNotConfirmed(INGRESS_EXCHANGE, CREATE_KEY, f"returned unroutable ({e})") from e
-        except aio_pika.exceptions.DeliveryError as e:
-            raise PublishNotConfirmed(INGRESS_EXCHANGE, CREATE_KEY, f"nacked ({e})") from e
+        message = to_message(request, user_id=self._user_id)
+        await publish_confirmed(lambda: self._ingress.publish(message, routing_key=CREATE_KEY, mandatory=True),
+                                exchange=INGRESS_EXCHANGE, routing_key=CREATE_KEY, backoff=self._nack_backoff,
+                                what=f"run.create {request.event_id}")
 
 
 async def _within(future: asyncio.Future[Envelope | None], timeout: float | None, what: str) -> None:
