@@ -46,7 +46,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                                                   settings.partitions),
                                     retry=settings.retry_policy(),
                                     breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
-                                    health_max_wait=settings.breaker_max_wait)
+                                    health_max_wait=settings.breaker_max_wait,
+                                    budgets=effects.TenantBudgets(settings.tenant_budget_period,
+                                                                  settings.tenant_token_budget,
+                                                                  settings.tenant_cost_budget))
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

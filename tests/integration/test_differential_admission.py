@@ -237,8 +237,9 @@ def _needs_attention_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _sql_counts_timed_out_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     retyped = sql_names(sorted(domain_run.TERMINAL - {_S.TIMED_OUT}))
-    monkeypatch.setattr(admitting, "ACTIVE", text(
-        f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
+    monkeypatch.setattr(admitting, "ROOM", text(
+        "SELECT count(*) AS active, CAST(:slots AS integer) AS slots, false AS spent FROM runs "
+        f"WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
 
 
 def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:

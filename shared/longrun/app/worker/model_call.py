@@ -45,7 +45,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     value, artifact = await check_in(far.artifacts, run.tenant_id, {
         "action": proposal.action, "args": dict(proposal.args), "rationale": proposal.rationale})
     return await step.commit(stored, [
-        step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
+        step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd,
+                   tokens=proposal.usage.input_tokens + proposal.usage.output_tokens),
         step.event(stored, ev.FactRecorded, offset=2, key=key, source="agent", value=value),
     ], artifact=artifact)
 
