@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from tests.fixtures import eventually
 from tests.integration.budget_kinds import TOKENS_PER_CALL
-from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, new_key, publish_create, run_id_for, status_of
+from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, publish_create, run_id_for, status_of
 from tests.integration.identities import bearer
 
 pytestmark = pytest.mark.integration
