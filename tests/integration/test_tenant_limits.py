@@ -86,6 +86,8 @@ async def test_tenant_slots_set_through_the_api_hold_at_once_within_the_ceiling(
         forge = {"forge.*": 2}
         lowered = await _limits(http, "acme", tia, run_slots=2, tool_concurrency=forge)
         assert lowered.status_code == 200, lowered.text
+        # and the 3 runs admitted keep their slots
+        assert await _admitted(engine, "acme") == 3
         # but leaving a tool group unbounded is widening it, and refused
         unbounded = await _limits(http, "acme", tia, run_slots=2)
         assert unbounded.status_code == 403 and "tool_concurrency" in unbounded.json()["error"]
