@@ -7,20 +7,24 @@ them, never raise them past what the platform gave it: a change beyond is refuse
 and nothing is written. Both take the tenant's ceiling lock first and are audited
 (``tenant_limits.set``, ``tenant_limits_ceiling.set``). A change holds at once, with no restart:
 admission reads the slots in its own statements, and the period's use is judged again by the new
-budgets (a raise lets the tenant's queued runs in: the scheduler is notified).
+budgets: a raise lets the tenant's queued runs in (the scheduler is notified) and wakes its runs
+parked for the budget.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app.effects import ADMISSION_CHANNEL
+from longrun.app.gateway import tenant_budget
 from longrun.db import admission, ceilings
 from longrun.db import audit as audit_log
 from longrun.db import tenant_limits as stored_limits
+from longrun.db.transaction import PgTransaction
 from longrun.domain.ceiling import LIMITS_MAXIMUM, Ceiling, beyond, effective
 from longrun.domain.tenant_limits import PlatformDefaults, TenantLimits
 from longrun.services.gateway.policy_ceiling import BeyondCeiling
@@ -58,8 +62,12 @@ async def set_limits(conn: AsyncConnection, limits: TenantLimits, defaults: Plat
                                       cost_budget=in_force["cost_budget"])
     await audit_log.audit(conn, actor=actor, action="tenant_limits.set", target=tenant_id, reason=reason,
                          details={"version": written.version, **written.document()}, tenant=tenant_id)
-    # Raised slots or budgets let queued runs in: the scheduler admits them now, not at its next round.
+    # Raised slots or budgets let queued runs in: the scheduler admits them now, not at its next round;
+    # runs parked for the budget ask the model again.
     await admission.notify(conn, ADMISSION_CHANNEL, [tenant_id])
+    if not await stored_limits.is_spent(conn, tenant_id):
+        await tenant_budget.wake_waiters(PgTransaction(conn), tenant_id,
+                                         await stored_limits.budget_waiters(conn, tenant_id), time.time())
     return await view(conn, tenant_id, defaults)
 
 

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.fixtures import eventually
-from tests.integration.budget_kinds import TOKENS_PER_CALL
+from tests.integration.budget_kinds import NAP, TOKENS_PER_CALL
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, publish_create, run_id_for, status_of
 from tests.integration.identities import bearer
 
@@ -187,21 +187,83 @@ async def test_a_tenant_over_its_default_token_budget_is_admitted_again_when_the
         engine, bus, ensemble) -> None:
     # Given every service, with periods of 6 s and a platform default budget of one model call's tokens
     period = 6
-    ensemble.start_services("gateway", "scheduler", "worker", "relay", LONGRUN_TENANT_BUDGET_PERIOD=f"{period}s",
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer",
+                            LONGRUN_TENANT_BUDGET_PERIOD=f"{period}s",
                             LONGRUN_TENANT_TOKEN_BUDGET=str(TOKENS_PER_CALL), **KINDS)
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     await asyncio.sleep(period - time.time() % period + 0.1)  # a period starts
-    # When a run of acme spends the budget
-    await publish_create(bus, tenant="acme", key="first", input_={}, workflow="thinker")
-    await _finished(engine, "acme", "first")
-    spent = await _spent(engine, "acme")
-    assert spent is not None and spent["spent"] and spent["tokens"] == TOKENS_PER_CALL
+    # When a run of acme spends the budget, naps and is about to ask the model again
+    await publish_create(bus, tenant="acme", key="first", input_={}, workflow="napper")
+    first = await eventually(lambda: run_id_for(engine, "acme", "first"), what="the first run")
+
+    async def spent_by_first() -> dict[str, Any] | None:
+        use = await _spent(engine, "acme")
+        return use if use is not None and use["spent"] else None
+
+    spent = await eventually(spent_by_first, timeout=15, what="acme's budget spent")
+    assert spent["tokens"] == TOKENS_PER_CALL
     # and another is asked for in the same period
     await publish_create(bus, tenant="acme", key="second", input_={}, workflow="thinker")
     second = await eventually(lambda: run_id_for(engine, "acme", "second"), what="the second run")
     async with engine.connect() as conn:
         created = (await conn.execute(text("SELECT created_at FROM runs WHERE run_id = :r"), {"r": second})).scalar()
     assert created < spent["period_end"]
-    # Then it is admitted only once the period has rolled over, and completes
+    # Then the first waits for the budget, and the second is not admitted
+    async def parked() -> bool:
+        return (await _wait_of(engine, first))[1] == "tenant_budget"
+
+    await eventually(parked, timeout=NAP + 3, what="the first run parked for the budget")
+    assert await _admitted_at(engine, second) is None
+    # until the period rolls over: then both complete, the first asking the model again only then
+    await _finished(engine, "acme", "first")
     await _finished(engine, "acme", "second")
     assert await _admitted_at(engine, second) >= spent["period_end"]
+    async with engine.connect() as conn:
+        asked_again = (await conn.execute(text(
+            "SELECT min(e.occurred_at) FROM run_events AS e WHERE e.run_id = :r AND e.type = 'fact.recorded' "
+            "AND e.data ->> 'key' = 'proposal:again:1'"), {"r": first})).scalar()
+    assert asked_again >= spent["period_end"]
+
+
+async def _wait_of(engine, run_id: str) -> tuple[str, str | None, str | None]:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, wait_kind, wait_correlation_key FROM runs WHERE run_id = :r"),
+                                  {"r": run_id})).one()
+    return row.status, row.wait_kind, row.wait_correlation_key
+
+
+async def _asked(engine, run_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return list((await conn.execute(text(
+            "SELECT data ->> 'key' FROM run_events WHERE run_id = :r AND type = 'fact.recorded' "
+            "AND data ->> 'key' LIKE 'proposal:%' ORDER BY seq"), {"r": run_id})).scalars())
+
+
+async def test_a_run_about_to_ask_the_model_while_its_tenant_is_out_of_budget_waits_until_a_raise(
+        engine, bus, ensemble) -> None:
+    # Given every service, and acme's budget of one model call's tokens per day
+    ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer", **KINDS)
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
+        assert (await _limits(http, "acme", EVERY_TENANT, token_budget=TOKENS_PER_CALL)).status_code == 200
+        # When a run asks the model (spending the budget), naps, and is about to ask again
+        await publish_create(bus, tenant="acme", key="napper", input_={}, workflow="napper")
+        run_id = await eventually(lambda: run_id_for(engine, "acme", "napper"), timeout=30, what="the run")
+
+        async def parked() -> bool:
+            return await _wait_of(engine, run_id) == ("RETRY_SCHEDULED", "tenant_budget", "tenant_budget:acme")
+
+        # Then it parks, waiting for its tenant's budget, without asking the model a second time
+        await eventually(parked, timeout=NAP + 15, what="the run parked for acme's budget")
+        await asyncio.sleep(1.0)
+        assert await parked() and await _asked(engine, run_id) == ["proposal:think:1"]
+        assert (await http.get("/tenants/acme/limits", headers=EVERY_TENANT)).json()["use"]["tokens"] == 250
+        # When an operator raises the budget, Then the run is woken at once, asks again and completes
+        assert (await _limits(http, "acme", EVERY_TENANT, token_budget=4 * TOKENS_PER_CALL)).status_code == 200
+
+        async def completed() -> bool:
+            return await status_of(engine, run_id) == "COMPLETED"
+
+        await eventually(completed, timeout=15, what="the run completed after the raise")
+        assert await _asked(engine, run_id) == ["proposal:think:1", "proposal:again:1"]
+        assert (await http.get("/tenants/acme/limits", headers=EVERY_TENANT)).json()["use"]["tokens"] == 500

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.domain.tenant_limits import TenantLimits
+from longrun.domain.tenant_limits import TENANT_BUDGET_PREFIX, TenantLimits
 
 
 def slots(tenant: str, default: str) -> str:
@@ -75,6 +75,20 @@ _REJUDGE = text(
     "OR COALESCE(cost >= CAST(:cost AS float8), false) WHERE tenant_id = :t")
 _USE = text("SELECT period_start, period_end, tokens, cost, spent, period_end > now() AS current "
             "FROM tenant_budget_use WHERE tenant_id = :t")
+
+
+_IS_SPENT = text(f"SELECT {spent(':t')}")
+_BUDGET_WAITERS = text("SELECT run_id FROM runs WHERE wait_correlation_key = :k AND tenant_id = :t")
+
+
+async def is_spent(conn: AsyncConnection, tenant_id: str) -> bool:
+    return bool((await conn.execute(_IS_SPENT, {"t": tenant_id})).scalar_one())
+
+
+async def budget_waiters(conn: AsyncConnection, tenant_id: str) -> list[str]:
+    """The runs parked for the tenant's budget (through ix_runs_wait_correlation_key)."""
+    key = f"{TENANT_BUDGET_PREFIX}{tenant_id}"
+    return list((await conn.execute(_BUDGET_WAITERS, {"k": key, "t": tenant_id})).scalars())
 
 
 def _limits(tenant_id: str, row: Any) -> TenantLimits:

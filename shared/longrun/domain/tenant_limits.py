@@ -2,8 +2,8 @@
 cost its runs may spend per period, and how many calls to each tool group may be in flight at once.
 
 Responsibility: the limits as a value, the platform's defaults filled in where a tenant sets none
-(``in_force``), and the check of a change against the tenant's ceiling (``domain.ceiling``, whose
-comparisons for these settings live here). A ``None`` budget or tool-group bound is unlimited.
+(``in_force``), the check of a change against the tenant's ceiling (``domain.ceiling``, whose
+comparisons for these settings live here), and the wait of a run whose tenant's budget is spent. A ``None`` budget or tool-group bound is unlimited.
 
 Invariants:
 - ``run_slots``, the budgets and each tool group's bound are never negative.
@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from longrun.domain.snapshot import Wait, Wake
 
 LIMIT_SETTINGS = ("run_slots", "token_budget", "cost_budget", "tool_concurrency")
 """The settings of a tenant's limits, as its document and its ceiling name them."""
@@ -76,3 +78,21 @@ def groups_beyond(asked: Mapping[str, int], ceiling: Mapping[str, int]) -> tuple
     """The tool groups the ceiling bounds that ``asked`` leaves unbounded or bounds higher."""
     return tuple(g for g, most in sorted(ceiling.items()) if asked.get(g) is None or asked[g] > most)
 
+
+
+TENANT_BUDGET_WAIT = "tenant_budget"
+TENANT_BUDGET_PREFIX = "tenant_budget:"
+"""A run parked because its tenant's budget is spent waits on ``tenant_budget:<tenant>``."""
+
+
+def budget_wait(*, wait_id: str, tenant_id: str, purpose: str, until: float) -> Wait:
+    """The wait of a run about to ask the model (for ``purpose``) while its tenant's budget is spent
+    for the period ending at ``until``: woken by its own timer when the period rolls over, or by the
+    key when an operator raises the budget."""
+    return Wait(wait_id=wait_id, kind=TENANT_BUDGET_WAIT, deadline=until, wake_at=until,
+                correlation_key=f"{TENANT_BUDGET_PREFIX}{tenant_id}", subject=f"model:{purpose}")
+
+
+def woken_by_budget(last_wake: Wake | None, tenant_id: str) -> bool:
+    """Whether the run's last wait was its tenant's budget, ended by an operator's raise."""
+    return last_wake is not None and last_wake.correlation_key == f"{TENANT_BUDGET_PREFIX}{tenant_id}"
