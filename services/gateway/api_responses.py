@@ -237,7 +237,7 @@ class LimitsCeiling(Strict):
     run_slots: int | None
     token_budget: int | None
     cost_budget: float | None
-    tool_concurrency: dict[str, int]
+    tool_concurrency: dict[str, int] | None
     origins: dict[str, str] = Field(description="Per setting: set by an admin of every tenant, or the value in "
                                                 "force (no ceiling is set).")
 

@@ -113,6 +113,12 @@ async def test_tenant_slots_set_through_the_api_hold_at_once_within_the_ceiling(
         assert (await http.put("/tenants/acme/ceiling", headers=EVERY_TENANT,
                                json={"tools": ["*"], "resources": ["*"], "reason": "r"})).status_code == 200
         assert (await http.get("/tenants/acme/limits", headers=tia)).json()["ceiling"]["run_slots"] == 5
+        # and a ceiling lifted (null) bounds nothing: acme's admin may leave its tool groups unbounded
+        lifted = await http.put("/tenants/acme/limits/ceiling", headers=EVERY_TENANT,
+                                json={"tool_concurrency": None, "reason": "no tool bounds"})
+        assert lifted.status_code == 200 and lifted.json()["tool_concurrency"] is None, lifted.text
+        unbound = await _limits(http, "acme", tia, run_slots=5, token_budget=10000)
+        assert unbound.status_code == 200, unbound.text
         # and who may see or change them is checked: a viewer may not change them, another tenant's admin
         # does not see them, a bad value is refused naming it
         viewer = await bearer(engine, "vic", "viewer", tenants=("acme",))
@@ -128,6 +134,7 @@ async def test_tenant_slots_set_through_the_api_hold_at_once_within_the_ceiling(
         audited = [tuple(r) for r in await conn.execute(text(
             "SELECT actor, action, target FROM audit_log WHERE action LIKE 'tenant_limits%' ORDER BY id"))]
     assert audited == [("bootstrap", "tenant_limits.set", "acme"), ("tia", "tenant_limits.set", "acme"),
+                       ("bootstrap", "tenant_limits_ceiling.set", "acme"), ("tia", "tenant_limits.set", "acme"),
                        ("bootstrap", "tenant_limits_ceiling.set", "acme"), ("tia", "tenant_limits.set", "acme")]
 
 

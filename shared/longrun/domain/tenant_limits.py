@@ -74,8 +74,10 @@ def bound_beyond(asked: float | None, ceiling: float | None) -> tuple[Any, ...]:
     return ("unlimited",) if asked is None else (asked,) if asked > ceiling else ()
 
 
-def groups_beyond(asked: Mapping[str, int], ceiling: Mapping[str, int]) -> tuple[str, ...]:
-    """The tool groups the ceiling bounds that ``asked`` leaves unbounded or bounds higher."""
+def groups_beyond(asked: Mapping[str, int], ceiling: Mapping[str, int] | None) -> tuple[str, ...]:
+    """The tool groups the ceiling bounds (``None``: none) that ``asked`` leaves unbounded or bounds higher."""
+    if ceiling is None:
+        return ()
     return tuple(g for g, most in sorted(ceiling.items()) if asked.get(g) is None or asked[g] > most)
 
 

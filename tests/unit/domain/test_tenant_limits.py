@@ -44,6 +44,7 @@ def test_a_bound_is_beyond_a_ceiling_exactly_when_it_is_higher_or_missing(asked:
 def test_tool_groups_beyond_are_those_the_ceiling_bounds_and_the_change_leaves_unbounded_or_higher() -> None:
     assert groups_beyond({"forge.*": 2, "ci": 9}, {"forge.*": 3}) == ()
     assert groups_beyond({"forge.*": 4}, {"forge.*": 3, "ci": 1}) == ("ci", "forge.*")
+    assert groups_beyond({}, None) == ()  # a ceiling lifted (null): no group bounded
 
 
 def test_without_a_ceiling_the_limits_in_force_bound_a_tenants_admin() -> None:
