@@ -31,6 +31,8 @@ from longrun.services.gateway.api_responses import (
     CreateRefused,
     Error,
     Health,
+    LimitsCeiling,
+    LimitsView,
     Me,
     Migrated,
     Policy,
@@ -118,6 +120,33 @@ class PolicyChange(Strict):
 
     tools: list[Text]
     resources: list[Text]
+    reason: Reason
+
+
+Bound = Annotated[int, Field(ge=0, le=2**62)]
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+ToolGroups = dict[Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$")], Annotated[int, Field(ge=1, le=2**31 - 1)]]
+
+
+class LimitsChange(Strict):
+    """The tenant's whole limits; null (or left out): the platform's default (``LONGRUN_TENANT_*``)."""
+
+    run_slots: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = Field(None, description="Runs admitted at once.")
+    token_budget: Bound | None = Field(None, description="Model tokens (input and output) per budget period.")
+    cost_budget: Amount | None = Field(None, description="Model cost per budget period.")
+    tool_concurrency: ToolGroups = Field({}, description="Calls in flight at once per tool group (a tool name or "
+                                                         "a prefix ending in *).")
+    reason: Reason
+
+
+class LimitsCeilingChange(Strict):
+    """Ceilings of the tenant's limits that its own admins may not set past; a setting left out keeps
+    its ceiling, null is unbounded."""
+
+    run_slots: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    token_budget: Bound | None = None
+    cost_budget: Amount | None = None
+    tool_concurrency: ToolGroups | None = None
     reason: Reason
 
 
@@ -314,6 +343,15 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("PUT", "/tenants/{tenant_id}/ceiling", "setTenantCeiling", "Replace the tenant's ceiling under the "
               "next version", CeilingView, (400, 401, 403, 404, 422, 503), body=PolicyChange, role="admin",
               every_tenant=True),
+    Operation("GET", "/tenants/{tenant_id}/limits", "tenantLimits", "The tenant's limits as set and in force, "
+              "their ceiling and the budget period's use (404: the caller does not see the tenant)", LimitsView,
+              (400, 401, 403, 404, 503)),
+    Operation("PUT", "/tenants/{tenant_id}/limits", "setTenantLimits", "Replace the tenant's limits under the next "
+              "version; they hold at once (403: an admin of one tenant asked beyond its ceiling; nothing changed)",
+              LimitsView, (400, 401, 403, 404, 422, 503), body=LimitsChange, role="admin"),
+    Operation("PUT", "/tenants/{tenant_id}/limits/ceiling", "setTenantLimitsCeiling", "Set how far the tenant's "
+              "own admins may set its limits", LimitsCeiling, (400, 401, 403, 404, 422, 503),
+              body=LimitsCeilingChange, role="admin", every_tenant=True),
     Operation("GET", "/me", "whoAmI", "Who the bearer token names: subject, roles, permissions, tenants, groups", Me,
               (401, 503), role=None, any_principal=True),
     Operation("GET", "/tokens", "listTokens", "The named API tokens (not their secrets)", TokenList, _READ,

@@ -230,6 +230,50 @@ class CeilingView(Strict):
                                                 "force (no ceiling is set) or the kinds' maximum (neither is).")
 
 
+class LimitsCeiling(Strict):
+    """How far the tenant's own admins may set its limits (null: unbounded), and where each comes from."""
+
+    version: int | None = Field(description="The ceiling's version; None: no ceiling is set.")
+    run_slots: int | None
+    token_budget: int | None
+    cost_budget: float | None
+    tool_concurrency: dict[str, int] | None
+    origins: dict[str, str] = Field(description="Per setting: set by an admin of every tenant, or the value in "
+                                                "force (no ceiling is set).")
+
+
+class LimitsInForce(Strict):
+    run_slots: int
+    token_budget: int | None
+    cost_budget: float | None
+    tool_concurrency: dict[str, int]
+
+
+class BudgetUse(Strict):
+    """The tenant's use of its budgets in the period now running."""
+
+    period_start: str
+    period_end: str
+    tokens: int
+    cost: float
+    spent: bool = Field(description="A budget was reached: none of its runs is admitted until the period "
+                                    "ends or a budget is raised.")
+
+
+class LimitsView(Strict):
+    """A tenant's limits as set (null: the platform's default), as in force, and their ceiling."""
+
+    tenant_id: str
+    version: int | None = Field(description="The limits' version; None: the tenant never set any.")
+    run_slots: int | None
+    token_budget: int | None
+    cost_budget: float | None
+    tool_concurrency: dict[str, int]
+    in_force: LimitsInForce
+    ceiling: LimitsCeiling
+    use: BudgetUse | None = Field(description="None: nothing charged in the period now running.")
+
+
 class Health(Strict):
     ok: Literal[True]
 

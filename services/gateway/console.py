@@ -1,6 +1,6 @@
 """The web console, served by the gateway under ``/console``: run search, a run's live timeline, its
 pending approval (what exactly is approved, and the hash) with approve and deny, resolving an action
-in doubt, the quarantine with replay, and the audit log.
+in doubt, the quarantine with replay, a tenant's limits, and the audit log.
 
 Server-rendered HTML (Jinja2 templates in ``templates/console``) rather than a front end built from
 npm packages: there is no build step to run, ship or keep in step with the API; nothing is fetched
@@ -57,13 +57,15 @@ from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatu
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
-from longrun.services.gateway import api, reads
+from longrun.domain.tenant_limits import TenantLimits
+from longrun.services.gateway import api, console_limits, reads, tenant_limits
 from longrun.services.gateway import console_oidc as oidc
 from longrun.services.gateway import console_session as sessions
 from longrun.services.gateway import quarantine as quarantine_ops
 from longrun.services.gateway.console_headers import SecurityHeaders
 
 PREFIX = "/console"
+LIMITS = "/tenants/{tenant_id}/limits"
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates" / "console"),
     autoescape=True, undefined=jinja2.StrictUndefined)
@@ -71,7 +73,8 @@ _TEMPLATES.filters["when"] = lambda at: "none" if at is None else datetime.fromt
     timespec="seconds")
 NOTICES = {"approved": "Approved.", "denied": "Denied.", "resolved": "Resolution recorded.",
            "retried": "Sent back to work.", "replayed": "Replay done.", "signed-out": "Signed out.",
-           "ended": "Your session ended: its token is no longer accepted. Sign in again."}
+           "ended": "Your session ended: its token is no longer accepted. Sign in again.",
+           "saved": "Limits saved: they hold now."}
 """What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
 
 
@@ -99,6 +102,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     """The console's app, mounted at ``PREFIX``; ``ride`` wraps each page as the API's routes are
     (answering from a fresh connection after a database restart)."""
     authenticator = Authenticator(engine, settings)
+    defaults = settings.tenant_defaults()
     key = settings.console_secret
 
     async def visit(request: Request) -> Visit:
@@ -329,6 +333,38 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         return page(request, seen, "audit.html", entries=found["entries"], filters=params,
                     next_page=_next_page(shown, found["next_cursor"]))
 
+    async def limits(request: Request, seen: Visit, principal: Principal) -> Response:
+        """A tenant's limits (``?tenant_id=``), with the form that changes them for its admins."""
+        _may(principal, api.BY_ROUTE[("GET", "/tenants/{tenant_id}/limits")])
+        tenant = request.query_params.get("tenant_id", "").strip()
+        if not tenant:
+            return page(request, seen, "limits.html", view=None)
+        view = await _tenant_limits(principal, tenant)
+        return page(request, seen, "limits.html", view=view, groups=console_limits.shown_groups(
+            view["tool_concurrency"]), may_change=_allowed(principal, api.BY_ROUTE[("PUT", LIMITS)]))
+
+    async def change_limits(request: Request, seen: Visit, principal: Principal) -> Response:
+        _may(principal, api.BY_ROUTE[("PUT", LIMITS)])
+        tenant = api.path_parameter("tenant_id", request.path_params["tenant_id"])
+        await _tenant_limits(principal, tenant)
+        body = _model(api.LimitsChange, **console_limits.change(request.state.form))
+        asked = TenantLimits(tenant, body.run_slots, body.token_budget, body.cost_budget, body.tool_concurrency)
+        try:
+            async with engine.begin() as conn:
+                await tenant_limits.set_limits(conn, asked, defaults, actor=principal.subject,
+                                               every_tenant=principal.tenants is None, reason=body.reason)
+        except tenant_limits.BeyondCeiling as e:
+            raise _Refused(403, str(e)) from e
+        return RedirectResponse(f"{PREFIX}/limits?{urlencode({'tenant_id': tenant, 'notice': 'saved'})}",
+                                status_code=303)
+
+    async def _tenant_limits(principal: Principal, tenant: str) -> dict[str, Any]:
+        tenant = api.path_parameter("tenant_id", tenant)
+        if not principal.sees(tenant):
+            raise _Refused(404, f"No tenant {tenant!r} among those {principal.subject} sees.")
+        async with engine.connect() as conn:
+            return await tenant_limits.view(conn, tenant, defaults)
+
     async def home(request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/runs", status_code=303)
 
@@ -350,6 +386,8 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         Route("/quarantine", signed(quarantine), methods=["GET"]),
         Route("/quarantine/{entry_id}/replay", signed(replay), methods=["POST"]),
         Route("/audit", signed(audit), methods=["GET"]),
+        Route("/limits", signed(limits), methods=["GET"]),
+        Route("/tenants/{tenant_id}/limits", signed(change_limits), methods=["POST"]),
     ], exception_handlers={HTTPException: not_found}, middleware=[Middleware(SecurityHeaders)])
 
 

@@ -44,7 +44,7 @@ from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
 from longrun.services.gateway import api, console, edge, openapi, reads, refusals, run_create
-from longrun.services.gateway import policy_ceiling, versions
+from longrun.services.gateway import policy_ceiling, tenant_limits_routes, versions
 from longrun.services.gateway import quarantine as quarantine_ops
 
 logger = logging.getLogger(__name__)
@@ -366,6 +366,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
+    limits_routes = tenant_limits_routes.Routes(engine, settings.tenant_defaults())
     contract = openapi.document()
 
     async def described(request: Request) -> Response:
@@ -391,6 +392,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/quarantine/{entry_id}/replay", replay, ["POST"]),
         route("/tenants/{tenant_id}/policy", tenant_policy, ["GET", "PUT"]),
         route("/tenants/{tenant_id}/ceiling", tenant_ceiling, ["GET", "PUT"]),
+        route("/tenants/{tenant_id}/limits", limits_routes.limits, ["GET", "PUT"]),
+        route("/tenants/{tenant_id}/limits/ceiling", limits_routes.limits_ceiling, ["PUT"]),
         route("/me", me, ["GET"]),
         route("/tokens", token_list, ["GET"]),
         route("/tokens", token_create, ["POST"]),

@@ -54,7 +54,8 @@ async def set_policy(conn: AsyncConnection, tenant_id: str, scope: Scope, *, act
 async def set_ceiling(conn: AsyncConnection, tenant_id: str, scope: Scope, *, actor: str, reason: str) -> Ceiling:
     """Replace the tenant's ceiling under its next version, audited (the caller is an admin of every tenant)."""
     await ceilings.lock(conn, tenant_id)
-    await ceilings.put(conn, tenant_id, scope_limits(scope), by=actor)
+    stored = await ceilings.load(conn, tenant_id)  # the limits' ceilings share the document, and stay
+    await ceilings.put(conn, tenant_id, {**(stored.limits if stored else {}), **scope_limits(scope)}, by=actor)
     now = await ceiling(conn, tenant_id)
     await audit_log.audit(conn, actor=actor, action="tenant_ceiling.set", target=tenant_id, reason=reason,
                          details=ceiling_json(now), tenant=tenant_id)

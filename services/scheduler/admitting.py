@@ -1,5 +1,6 @@
 """The scheduler's admission round on PostgreSQL: each tenant with queued runs, under its advisory
-lock, admits its best queued runs (``db.admission.ADMIT_BEST``) into its free slots and wakes them."""
+lock, admits its best queued runs (``db.admission.ADMIT_BEST``) into its free slots (its own slots,
+else the platform's; none while its budget for the period is spent) and wakes them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from longrun.db import admission, outbox
 from longrun.db.schema import QUEUED
 
 
-ACTIVE = text(f"SELECT {admission.held(tenant=':t', up_to=':slots')}")
+ROOM = text(admission.tenant_slots(":t"))
 
 
 QUEUED_TENANTS = text(f"SELECT DISTINCT tenant_id FROM runs WHERE {QUEUED}")
@@ -35,7 +36,7 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
     admitted: list[str] = []
     for tenant in sorted(tenants):
         await _lock_tenant(conn, tenant)
-        free = slots - await _active(conn, tenant, slots)
+        free = await _free(conn, tenant, slots)
         if free <= 0:
             continue
         rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
@@ -53,6 +54,7 @@ async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
     await conn.execute(admission.LOCK_TENANT, {"t": tenant})
 
 
-async def _active(conn: AsyncConnection, tenant: str, slots: int) -> int:
-    """The slots the tenant's runs hold, counted up to ``slots``."""
-    return (await conn.execute(ACTIVE, {"t": tenant, "slots": slots})).scalar_one()
+async def _free(conn: AsyncConnection, tenant: str, slots: int) -> int:
+    """The tenant's free slots (its own slots, else ``slots``); none while its budget is spent."""
+    room = (await conn.execute(ROOM, {"t": tenant, "slots": slots})).one()
+    return 0 if room.spent else room.slots - room.active

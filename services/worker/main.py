@@ -21,6 +21,7 @@ from longrun.bootstrap import consume_partitions, open_artifacts, open_database,
 from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
 from longrun.db.breakers import PgBreakers
+from longrun.db.spent_tenants import PgSpentTenants
 from longrun.db.driver import Pool
 from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
@@ -46,7 +47,11 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                                                   settings.partitions),
                                     retry=settings.retry_policy(),
                                     breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
-                                    health_max_wait=settings.breaker_max_wait)
+                                    health_max_wait=settings.breaker_max_wait,
+                                    budgets=effects.TenantBudgets(settings.tenant_budget_period,
+                                                                  settings.tenant_token_budget,
+                                                                  settings.tenant_cost_budget),
+                                    spent_tenants=PgSpentTenants(engine))
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

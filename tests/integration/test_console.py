@@ -483,3 +483,42 @@ def _decoded(cookie: str) -> str:
     """A sealed cookie's payload (base64 JSON before its MAC), decoded."""
     payload = cookie.split(".")[0]
     return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+
+
+async def test_a_tenants_limits_are_shown_and_changed_in_the_console_within_the_ceiling(
+        clean, engine, gateway) -> None:
+    # Given an admin of acme, and a viewer of globex, signed in
+    admin = await identities.token(engine, "tia", "admin", tenants=("acme",))
+    outsider = await identities.token(engine, "gil", "viewer", tenants=("globex",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, admin)
+        shown = await console.get("/limits", params={"tenant_id": "acme"})
+        assert shown.status_code == 200 and 'id="change-limits"' in shown.text
+        # When the admin lowers acme's slots to 2 with a tool group bounded
+        saved = await console.post("/tenants/acme/limits", data={
+            "run_slots": "2", "token_budget": "", "cost_budget": "", "tool_concurrency": "forge.*=3",
+            "reason": "fewer at once", "csrf": _csrf(shown)})
+        # Then they hold, shown with the platform's defaults for the rest
+        assert saved.status_code == 303, saved.text
+        after = await console.get(saved.headers["location"].removeprefix("/console"))
+        assert "Limits saved" in after.text and "forge.*=3" in after.text
+        # and raising them past the ceiling is refused, saying why, and nothing changes
+        refused = await console.post("/tenants/acme/limits", data={
+            "run_slots": "9", "tool_concurrency": "forge.*=3", "reason": "more", "csrf": _csrf(shown)})
+        assert refused.status_code == 403 and "run_slots 9 go beyond the ceiling&#39;s 2" in refused.text
+        bad = await console.post("/tenants/acme/limits", data={"run_slots": "many", "reason": "r",
+                                                                "csrf": _csrf(shown)})
+        assert bad.status_code == 422 and "run_slots" in bad.text
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT run_slots, tool_concurrency FROM tenant_limits"))).all()
+        audit = (await conn.execute(text("SELECT actor, action, target FROM audit_log"))).all()
+    assert [tuple(r) for r in rows] == [(2, {"forge.*": 3})]
+    assert [tuple(a) for a in audit] == [("tia", "tenant_limits.set", "acme")]
+    # And a principal of another tenant does not see acme's limits
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, outsider)
+        assert (await console.get("/limits", params={"tenant_id": "acme"})).status_code == 404
+        listed = await console.get("/limits", params={"tenant_id": "globex"})
+        assert listed.status_code == 200 and 'id="change-limits"' not in listed.text
+        assert (await console.post("/tenants/globex/limits", data={
+            "run_slots": "1", "reason": "r", "csrf": _csrf(listed)})).status_code == 403

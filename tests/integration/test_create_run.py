@@ -128,7 +128,7 @@ async def test_admission_picks_what_scoring_the_whole_queue_would_pick(clean, en
             expected = (await conn.execute(text(
                 "SELECT run_id FROM runs WHERE tenant_id = 'acme' AND admitted_at IS NULL AND status = 'READY' "
                 "ORDER BY priority + extract(epoch FROM now() - created_at) / 30 DESC, created_at LIMIT :n"),
-                {"n": slots - await admitting._active(conn, "acme", slots)})).scalars().all()
+                {"n": await admitting._free(conn, "acme", slots)})).scalars().all()
             admitted = await admitting.admit(conn, slots=slots, aging_seconds=30, tenants=["acme"])
         assert admitted == list(expected)
     async with engine.connect() as conn:

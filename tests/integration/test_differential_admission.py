@@ -1,6 +1,7 @@
 """Admission's candidate query against the domain: seeded random tenants (admitted runs in every
 open status and finished ones, queued runs of random priority and age, paused, cancelling and
-finished runs never admitted) put through ONE admission round (``admitting.admit``: ``ADMIT_BEST`` per
+finished runs never admitted; some tenants with slots of their own, one with its budget spent) put
+through ONE admission round (``admitting.admit``: ``ADMIT_BEST`` per
 tenant) and then one creation per tenant admitted at once when its tenant has room
 (``runs.create`` with ``AtOnce``: ``tenant_slots``), all in one transaction. Compared column by column
 with a pure model: slots held by admitted runs whose status is not in the domain's ``TERMINAL``, the
@@ -141,6 +142,23 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
         await diff.set_ages(conn, ages)
 
 
+async def _tenant_limits(engine: AsyncEngine, rng: random.Random) -> tuple[dict[str, int], set[str]]:
+    """Some tenants' own slots (none, fewer or more than the platform's ``SLOTS``) and one tenant's
+    budget spent for the period now running, stored; each tenant's slots, and the spent tenants."""
+    every = (*TENANTS, NEW_TENANT)
+    own = {tenant: rng.choice((0, 1, SLOTS + 2)) for tenant in rng.sample(every, 3)}
+    spent = set(rng.sample(every, 1))
+    async with engine.begin() as conn:
+        for tenant, n in own.items():
+            await conn.execute(text("INSERT INTO tenant_limits (tenant_id, version, run_slots, updated_by) "
+                                    "VALUES (:t, 1, :n, 'tests')"), {"t": tenant, "n": n})
+        for tenant in spent:
+            await conn.execute(text(
+                "INSERT INTO tenant_budget_use (tenant_id, period_start, period_end, tokens, cost, spent) "
+                "VALUES (:t, now() - interval '1 hour', now() + interval '1 hour', 10, 0, true)"), {"t": tenant})
+    return {tenant: own.get(tenant, SLOTS) for tenant in every}, spent
+
+
 async def admission_mismatches(engine: AsyncEngine, *, seed: int,
                                mutate: Callable[[], None] | None = None) -> list[str]:
     """Seeded random tenants through one admission round and a creation each, in one transaction;
@@ -153,6 +171,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
         before = await runs.load_many(conn, ids)
     if mutate is not None:
         mutate()
+    slots, spent = await _tenant_limits(engine, rng)
     at = time.time()
     fresh = [_created(rng, tenant, 60, priority=rng.randrange(4), at=at) for tenant in (*TENANTS, NEW_TENANT)]
     # The SQL path: one admission round, then a creation per tenant admitted at once if it has room.
@@ -178,7 +197,8 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     expected_messages: dict[str, list[Any]] = {}
     chosen: list[str] = []
     for tenant in sorted({row.tenant for row in model.values() if diff.queued(row)}):
-        free = SLOTS - sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
+        free = slots[tenant] - sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
+        free = 0 if tenant in spent else free
         queue = [r for r, row in model.items() if row.tenant == tenant and diff.queued(row)]
         best = sorted(queue, key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))[:max(free, 0)]
         for run_id in best:
@@ -193,7 +213,8 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     for created in fresh:
         tenant, run_id = created.tenant_id, created.run_id
         rows = [row for row in model.values() if row.tenant == tenant]
-        at_once = sum(map(diff.holds_slot, rows)) < SLOTS and not any(map(diff.queued, rows))
+        at_once = (sum(map(diff.holds_slot, rows)) < slots[tenant] and not any(map(diff.queued, rows))
+                   and tenant not in spent)
         snapshot = evolve(None, created)
         partition = topology.partition_of(run_id, PARTITIONS)
         model[run_id] = diff.Row(tenant, snapshot.status, at_once, snapshot.priority, now, snapshot.revision, partition)
@@ -237,8 +258,9 @@ def _needs_attention_frees_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _sql_counts_timed_out_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     retyped = sql_names(sorted(domain_run.TERMINAL - {_S.TIMED_OUT}))
-    monkeypatch.setattr(admitting, "ACTIVE", text(
-        f"SELECT count(*) FROM runs WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
+    monkeypatch.setattr(admitting, "ROOM", text(
+        "SELECT count(*) AS active, CAST(:slots AS integer) AS slots, false AS spent FROM runs "
+        f"WHERE tenant_id = :t AND admitted_at IS NOT NULL AND status NOT IN ({retyped})"))
 
 
 def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
-"""The handover against the domain: seeded random tenants (slots, admitted runs holding them or
-finished, queued runs of random priority and age, paused and finished runs that are not queued) whose
+"""The handover against the domain: seeded random tenants (slots, some as limits of their own, one
+with its budget spent; admitted runs holding them or finished, queued runs of random priority and age, paused and finished runs that are not queued) whose
 admitted runs finish one after another in ONE transaction, each finishing write carrying its
 ``runs.Handover`` (``effects.broadcast_rides``), so PostgreSQL picks and admits the tenant's best
 queued run and keeps its wakeup as data (``bus.wakeup``), rendered as the relay publishes it. Compared column by column with a pure model:
@@ -148,6 +148,24 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
     return cases, fences
 
 
+async def _tenant_limits(engine: AsyncEngine, rng: random.Random,
+                         slots: dict[str, int]) -> tuple[dict[str, int], set[str]]:
+    """Some tenants' slots stored as limits of their own, their handovers carrying a platform number
+    that differs (fewer or more); one tenant's budget spent for the period now running. The slots each
+    tenant's handovers carry, and the spent tenants."""
+    own = rng.sample(sorted(slots), 3)
+    spent = set(rng.sample(sorted(slots), 1))
+    async with engine.begin() as conn:
+        for tenant in own:
+            await conn.execute(text("INSERT INTO tenant_limits (tenant_id, version, run_slots, updated_by) "
+                                    "VALUES (:t, 1, :n, 'tests')"), {"t": tenant, "n": slots[tenant]})
+        for tenant in spent:
+            await conn.execute(text(
+                "INSERT INTO tenant_budget_use (tenant_id, period_start, period_end, tokens, cost, spent) "
+                "VALUES (:t, now() - interval '1 hour', now() + interval '1 hour', 0, 10, true)"), {"t": tenant})
+    return {t: rng.choice((0, 100)) if t in own else n for t, n in slots.items()}, spent
+
+
 def _interleaved(rng: random.Random, cases: list[Case]) -> list[str]:
     """Every tenant's finishing runs in its own order, tenants interleaved at random."""
     pending = [list(c.finishing) for c in cases if c.finishing]
@@ -167,6 +185,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
     rng = random.Random(seed)
     cases, fences = await _make_cases(engine, rng)
     slots = {c.tenant: c.slots for c in cases}
+    carried, spent = await _tenant_limits(engine, rng, slots)
     order = _interleaved(rng, cases)
     async with engine.connect() as conn:
         ids = list((await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars())
@@ -190,7 +209,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
             planned[run_id] = plan(stored, [_event(kind, stored, at)], release_lease=fence is not None)
             rides = effects.broadcast_rides(stored.snapshot, planned[run_id].after, producer=PRODUCER,
                                             cause=f"step-{n}", handover=effects.SlotHandover(
-                                                slots[stored.snapshot.tenant_id], AGING, PARTITIONS))
+                                                carried[stored.snapshot.tenant_id], AGING, PARTITIONS))
             await runs.write(conn, planned[run_id], fence=fence, rides=rides)
     # The domain's path: the same transitions, each handing its slot on in the model.
     expected_runs = dict(before)
@@ -210,7 +229,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"step-{n}")
         expected_messages[run_id] = [broadcast] if broadcast is not None else []
         finished = after.snapshot.status in domain_run.TERMINAL
-        if not (finished and stored.admitted and queue and held <= slots[tenant]):
+        if not (finished and stored.admitted and queue and held <= slots[tenant]) or tenant in spent:
             continue
         best = min((r for _, r in queue), key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))
         model[best] = replace(model[best], admitted=True)

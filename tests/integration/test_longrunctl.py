@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -215,6 +216,48 @@ async def test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of
 
 
 TESTED[("tenant", "ceiling")] = test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of_every_tenant_sets
+
+
+async def test_tenant_limits_change_setting_by_setting_and_a_tenants_admin_only_lowers_them_within_the_ceiling(
+        ana, clean, engine, gateway) -> None:
+    tia = await token(engine, "tia", "admin", tenants=("acme",))
+
+    async def as_(secret: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return await ctl(*at(gateway, secret, "-o", "json", "tenant", *args))
+
+    async def limits(secret: str, *args: str) -> dict[str, Any]:
+        done = await as_(secret, "limits", "acme", *args)
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    # An admin of every tenant sets acme's slots and a tool group, then a budget: the rest is kept
+    assert (await limits(ana, "--slots", "6", "--tool", "forge.*=3", "--reason", "acme grows"))["version"] == 1
+    both = await limits(ana, "--token-budget", "1000", "--reason", "a budget")
+    assert (both["run_slots"], both["token_budget"], both["tool_concurrency"]) == (6, 1000, {"forge.*": 3})
+    # acme's admin lowers its slots, and cannot raise them past the ceiling (the value in force)
+    assert (await limits(tia, "--slots", "2", "--reason", "fewer"))["in_force"]["run_slots"] == 2
+    raised = await as_(tia, "limits", "acme", "--slots", "9", "--reason", "more")
+    assert raised.returncode == 1 and raised.stderr.startswith(
+        "Error: 403 Forbidden: tia may only lower the limits of tenant 'acme' within its ceiling"), raised.stderr
+    # until an admin of every tenant sets the ceiling higher
+    ceiling = await as_(ana, "limits-ceiling", "acme", "--slots", "9", "--reason", "acme's contract")
+    assert ceiling.returncode == 0 and json.loads(ceiling.stdout)["run_slots"] == 9, ceiling.stderr
+    assert (await limits(tia, "--slots", "9", "--reason", "more"))["run_slots"] == 9
+    assert json.loads((await as_(tia, "limits-ceiling", "acme")).stdout)["run_slots"] == 9
+    not_hers = await as_(tia, "limits-ceiling", "acme", "--slots", "50", "--reason", "mine")
+    assert not_hers.returncode == 1 and "only a principal of every tenant may" in not_hers.stderr
+    # a setting goes back to the platform's default by name; a change needs a reason, a group its bound
+    assert (await limits(ana, "--default", "token_budget", "--reason", "no budget"))["token_budget"] is None
+    no_reason = await as_(ana, "limits", "acme", "--slots", "1")
+    assert no_reason.returncode == 2 and "--reason is required to change limits" in no_reason.stderr
+    bad = await as_(ana, "limits", "acme", "--tool", "forge.*", "--reason", "r")
+    assert bad.returncode == 2 and "GROUP=N" in bad.stderr
+
+
+TESTED[("tenant", "limits")] = (
+    test_tenant_limits_change_setting_by_setting_and_a_tenants_admin_only_lowers_them_within_the_ceiling)
+TESTED[("tenant", "limits-ceiling")] = (
+    test_tenant_limits_change_setting_by_setting_and_a_tenants_admin_only_lowers_them_within_the_ceiling)
 
 
 async def test_run_create_prints_its_key_and_a_retry_with_it_answers_the_same_run(clean, engine, gateway) -> None:

@@ -120,6 +120,11 @@ class Real:
                 return await getattr(USE_CASES[module], function)(PgTransaction(conn), *args, **kwargs)
         if module in SWEEPS:
             return await getattr(SWEEPS[module], function)(PgReconcileStore(self.engine), *args, **kwargs)
+        if name == "limits.own_slots":
+            async with self.engine.begin() as conn:
+                await conn.execute(text("INSERT INTO tenant_limits (tenant_id, version, run_slots, updated_by) "
+                                        "VALUES (:t, 1, :n, 'contract')"), {"t": args[0], "n": args[1]})
+            return None
         if name == "outbox.sent":
             async with self.engine.connect() as conn:
                 rows = await conn.execute(text("SELECT type, payload FROM outbox"))
@@ -153,6 +158,9 @@ class Memory:
                 return await getattr(USE_CASES[module], function)(MemoryTransaction(self.world), *args, **kwargs)
         if module in SWEEPS:
             return await getattr(SWEEPS[module], function)(MemoryReconcileStore(self.world), *args, **kwargs)
+        if name == "limits.own_slots":
+            self.world.tenant_slots[args[0]] = args[1]
+            return None
         if name == "outbox.sent":
             sent = (*self.world.pending, *self.world.broadcasts)
             return _sent((e.model_dump(mode="json") for e in sent), self.prefix)
@@ -579,6 +587,34 @@ async def a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run(port: Po
     await observe(port, seen, "outbox.sent")
 
 
+async def a_tenants_own_slots_hold_at_creation_and_at_handover(port: Port, seen: list[Any]) -> None:
+    ids = iter(range(1, 100))
+    registry = Registry([RunKind("steps", VERSIONS, Steps(), {})])
+    # Given a tenant with 2 slots of its own where the platform gives 1
+    await port.call("limits.own_slots", port.prefix, 2)
+    for key in ("k1", "k2", "k3", "k4"):  # the first two admitted at once, the others queued
+        request = make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": 1}},
+                       producer="contract", tenant_id=port.prefix)
+        await observe(port, seen, "admit.create_run", request, kinds=registry, partitions=1, slots=1,
+                      max_input_bytes=1000, clock=_at(1000.0), new_id=lambda: f"{port.prefix}-r{next(ids)}")
+    first = f"{port.prefix}-r1"
+    fence = await _taken(port, seen, await port.call("worker.load", first), "w1")
+    stored = await observe(port, seen, "worker.load", first)
+    handover = Handover(port.prefix, slots=1, aging_seconds=1e9, exchange="runs", routes={0: "p.0"},
+                        channel="admission",
+                        wake={"tenant_id": port.prefix, "reason": "admitted", "cause": f"slot:{first}",
+                              "producer": "contract", "trace": None})
+    # When an admitted run fails, carrying the platform's 1 slot in its handover
+    failed = plan(stored, [ev.RunStatusChanged(seq=stored.seq(1), at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+                           ev.RunStatusChanged(seq=stored.seq(2), at=1001.0, to=RunStatus.FAILED, reason="gave up")],
+                  release_lease=True)
+    await observe(port, seen, "worker.commit", Transition(failed, fence, Rides(handover=handover)))
+    # Then the tenant's own 2 slots hold: the oldest queued run took the slot, the last stays queued
+    for name in ("r1", "r2", "r3", "r4"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+    await observe(port, seen, "outbox.sent")
+
+
 # -- the reconciler's sweeps over a ReconcileStore -------------------------------------------------------
 
 LOOKED_UP, PURE_STEP, BLIND = "probe.open_pr", "probe.echo", "probe.post"
@@ -738,6 +774,7 @@ SCENARIOS: list[Scenario] = [
     webhooks_match_a_waiting_run_now_or_when_it_waits,
     creates_are_admitted_at_once_while_their_tenant_has_room,
     a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run,
+    a_tenants_own_slots_hold_at_creation_and_at_handover,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
     a_patch_is_written_once_with_the_decision_it_changed,

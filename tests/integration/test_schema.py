@@ -20,7 +20,6 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from longrun.db import admission, migrate
 from longrun.db.schema import metadata
 from longrun_dependency_upgrade import webhooks as forge
-from longrun.services.scheduler import admitting
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
@@ -131,8 +130,7 @@ def test_a_run_waits_for_a_person_only_naming_the_approval_or_the_question(scrat
     engine.dispose()
 
 
-COUNTS = pytest.mark.parametrize("query", [admission.tenant_slots(":t"), admitting.ACTIVE.text],
-                                 ids=["tenant slots", "active"])
+COUNTS = pytest.mark.parametrize("query", [admission.tenant_slots(":t")], ids=["tenant slots"])
 
 
 @COUNTS

@@ -6,7 +6,7 @@ wakes runs and broadcasts status changes the same way. Pure: the writers send wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -26,7 +26,7 @@ from longrun.envelope import ENVELOPES, LATEST, DataClass, Envelope, make
 from longrun.envelope.model import new_event_id, utcnow
 from longrun.envelope.registry import traceparent
 from longrun.envelope.payloads import RejectionCode
-from longrun.ports.runs import Handover, Message, Rides, StoredRun
+from longrun.ports.runs import Handover, Message, Rides, StoredRun, TenantCharge
 
 ADMISSION_CHANNEL = "longrun_admission"
 
@@ -182,6 +182,25 @@ class SlotHandover:
     slots: int
     aging_seconds: float
     partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBudgets:
+    """How a writer charges a model call to its tenant's period (``runs.TenantCharge``): the period's
+    length and the platform's default budgets (``None``: unlimited)."""
+
+    period: float
+    tokens_default: int | None
+    cost_default: float | None
+
+
+def tenant_charge(tenant_id: str, events: Sequence[ev.RunEvent], budgets: TenantBudgets | None) -> TenantCharge | None:
+    """The tenant's share of the model calls ``events`` charge; None when they charge no token or cost."""
+    charged = [e for e in events if isinstance(e, ev.BudgetCharged) and (e.tokens or e.cost)]
+    if budgets is None or not charged:
+        return None
+    return TenantCharge(tenant_id, sum(e.tokens for e in charged), sum(e.cost for e in charged), budgets.period,
+                        budgets.tokens_default, budgets.cost_default)
 
 
 def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str,

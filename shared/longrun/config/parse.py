@@ -26,6 +26,26 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def optional_count(raw: str) -> int | None:
+    """An integer >= 0, or empty: none (unlimited)."""
+    if not raw.strip():
+        return None
+    value = int(raw)
+    if value < 0:
+        raise ValueError
+    return value
+
+
+def optional_amount(raw: str) -> float | None:
+    """A finite number >= 0, or empty: none (unlimited)."""
+    if not raw.strip():
+        return None
+    value = float(raw)
+    if not 0 <= value < float("inf"):
+        raise ValueError
+    return value
+
+
 def port(raw: str) -> int:
     value = int(raw)
     if not 0 <= value <= 65535:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from longrun.db import tenant_limits
 from longrun.db.schema import HOLDS_SLOT, QUEUED
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
@@ -26,19 +27,23 @@ def queued_in(tenant: str) -> str:
     return f"EXISTS (SELECT 1 FROM runs WHERE tenant_id = {tenant} AND {QUEUED})"
 
 
-def hands_on(tenant: str, slots: str) -> str:
+def hands_on(tenant: str, default_slots: str) -> str:
     """Whether a finishing run's slot goes to a queued run (SQL expressions): one of the tenant's runs
-    is queued, and with the finishing run still counted (the statement's snapshot) its runs hold at
-    most ``slots``. Counted only once a run is known to be queued: a finish with nobody waiting reads
-    no run holding a slot."""
-    return f"{queued_in(tenant)} AND {held(tenant=tenant, up_to=f'{slots} + 1')} <= {slots}"
+    is queued, its budget is not spent, and with the finishing run still counted (the statement's
+    snapshot) its runs hold at most its slots (its own, else ``default_slots``). Counted only once a
+    run is known to be queued: a finish with nobody waiting reads no run holding a slot."""
+    slots = tenant_limits.slots(tenant, default_slots)
+    return (f"{queued_in(tenant)} AND NOT {tenant_limits.spent(tenant)} "
+            f"AND {held(tenant=tenant, up_to=f'{slots} + 1')} <= {slots}")
 
 
 def tenant_slots(tenant: str) -> str:
-    """How many slots a tenant's runs hold (up to ``:slots``), and whether one of its runs is queued
-    for one (through ix_runs_holding_slots and ix_runs_queued: the length of its queue does not matter)."""
-    return (f"SELECT {held(tenant=tenant, up_to=':slots')} AS active, "
-            f"{queued_in(tenant)} AS waiting")
+    """A tenant's slots (its own, else ``:slots``), how many its runs hold (up to them), whether one of
+    its runs is queued for one (through ix_runs_holding_slots and ix_runs_queued: the length of its
+    queue does not matter), and whether its budget is spent for the period."""
+    slots = tenant_limits.slots(tenant, ":slots")
+    return (f"SELECT {held(tenant=tenant, up_to=slots)} AS active, {slots} AS slots, "
+            f"{queued_in(tenant)} AS waiting, {tenant_limits.spent(tenant)} AS spent")
 
 
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"

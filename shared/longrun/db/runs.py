@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
 from longrun.bus.wakeup import TYPE as WAKEUP
-from longrun.db import admission, driver, jsonb, outbox
+from longrun.db import admission, driver, jsonb, outbox, tenant_limits
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
@@ -42,7 +42,7 @@ from longrun.domain import (
 )
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
-from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, plan
+from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, TenantCharge, plan
 
 
 def _ts(epoch: float | None) -> datetime | None:
@@ -133,6 +133,11 @@ def _handover_sql() -> list[str]:
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
 
 
+def _tenant_charging(charge: TenantCharge) -> dict[str, Any]:
+    return {"g_tenant": charge.tenant_id, "g_tokens": charge.tokens, "g_cost": charge.cost, "g_period": charge.period,
+            "g_tokens_default": charge.tokens_default, "g_cost_default": charge.cost_default}
+
+
 @dataclass(frozen=True)
 class _Part:
     """A piece of the transition statement: a guard on the run's row, columns it sets, CTEs that
@@ -162,6 +167,7 @@ def _parts() -> dict[str, _Part]:
                          counted=("told",)),
         "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
+        "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
                              "SELECT t.timer_key, moved.run_id, t.kind, now() + make_interval(secs => t.delay), t.payload "
@@ -219,7 +225,8 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
     if at_once:
         parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')})")
         columns.append("admitted_at")
-        values.append("CASE WHEN tenant.active < :slots AND NOT tenant.waiting THEN now() END")
+        values.append("CASE WHEN tenant.active < tenant.slots AND NOT tenant.waiting AND NOT tenant.spent "
+                      "THEN now() END")
         source = " FROM tenant"
     parts += [
         f"made AS (INSERT INTO runs ({', '.join(columns)}) SELECT {', '.join(values)}{source} "
@@ -244,7 +251,8 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
                   "AS r(row, n) WHERE made.admitted_at IS NOT NULL) AS r")
         parts += [f"woken AS ({outbox.insert_sql(wakeup)})",
                   "told AS (SELECT pg_notify(:channel, :tenant_id) FROM made, tenant "
-                  "WHERE made.admitted_at IS NULL AND tenant.active < :slots AND tenant.waiting)"]
+                  "WHERE made.admitted_at IS NULL AND tenant.active < tenant.slots AND tenant.waiting "
+                  "AND NOT tenant.spent)"]
         counted = (", (SELECT count(*) FROM made WHERE admitted_at IS NOT NULL) AS admitted, "
                    "(SELECT count(*) FROM told) AS told")
     binds = [bindparam(name, type_=runs.c[name].type) for name in _CREATED_COLUMNS]
@@ -374,6 +382,9 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                       h_channel=handover.channel,
                       h_wake=jsonb.dumps(handover.wake), h_exchange=handover.exchange,
                       h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
+    if rides.tenant_charge is not None:
+        names.append("tenant_charge")
+        params.update(_tenant_charging(rides.tenant_charge))
     cancel = planned.cancel
     if cancel is not None:
         names.append("cancel")

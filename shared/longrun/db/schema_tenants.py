@@ -1,9 +1,24 @@
-"""The tables of tenants and of the people who operate them: tenant policies and ceilings, the audit
-log, operators' named tokens and console sessions. On the one MetaData (``schema_base``)."""
+"""The tables of tenants and of the people who operate them: tenant policies, limits and ceilings,
+their budgets' use per period, the audit log, operators' named tokens and console sessions. On the one MetaData (``schema_base``)."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, CheckConstraint, Column, DateTime, ForeignKey, Identity, Index, Integer, Table, Text, func, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    Table,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 from longrun.db.schema_base import metadata
@@ -33,6 +48,41 @@ tenant_ceilings = Table(
 """How far each tenant's own admins may set its settings (``domain.ceiling``): one document per tenant
 (``{"tools": [...], "resources": [...]}``), set by an admin of every tenant, its version raised by
 every change."""
+
+tenant_limits = Table(
+    "tenant_limits", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("run_slots", Integer, nullable=True),
+    Column("token_budget", BigInteger, nullable=True),
+    Column("cost_budget", Float, nullable=True),
+    Column("tool_concurrency", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("version >= 1", name="version_positive"),
+    CheckConstraint("run_slots >= 0", name="run_slots_not_negative"),
+    CheckConstraint("token_budget >= 0", name="token_budget_not_negative"),
+    CheckConstraint("cost_budget >= 0", name="cost_budget_not_negative"),
+)
+"""Each tenant's limits (``domain.tenant_limits``): run slots, a model token and a cost budget per
+period, concurrent calls per tool group. A null is the platform's default
+(``LONGRUN_TENANT_SLOTS``, ``LONGRUN_TENANT_TOKEN_BUDGET``, ``LONGRUN_TENANT_COST_BUDGET``); a tenant
+without a row has the defaults. Admission reads ``run_slots`` in the statements it already runs."""
+
+tenant_budget_use = Table(
+    "tenant_budget_use", metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("period_start", DateTime(timezone=True), nullable=False),
+    Column("period_end", DateTime(timezone=True), nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("cost", Float, nullable=False),
+    Column("spent", Boolean, nullable=False),
+    CheckConstraint("period_end > period_start", name="period_ordered"),
+)
+"""What each tenant with a budget used in its current period: written by the statement that charges
+a run's model call, only when the tenant has a budget; a charge in a later period starts it afresh.
+``spent``: a budget was reached, judged at the charge (and again when an operator changes the
+tenant's limits); admission admits none of the tenant's runs while it is spent and its period runs."""
 
 audit_log = Table(
     "audit_log", metadata,

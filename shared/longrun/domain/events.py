@@ -218,6 +218,9 @@ class BudgetCharged(RunEvent):
     model_calls: int = 0
     tool_calls: int = 0
     cost: float = 0.0
+    tokens: int = 0
+    """Model tokens (input and output) the charge is for, charged to the tenant's budget period; 0 in
+    histories recorded before tenants had budgets."""
 
 
 @_event

@@ -254,7 +254,7 @@ def _step_failed(s: RunSnapshot, e: ev.StepFailed) -> RunSnapshot:
 
 
 def _budget_charged(s: RunSnapshot, e: ev.BudgetCharged) -> RunSnapshot:
-    if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0:
+    if e.model_calls < 0 or e.tool_calls < 0 or e.cost < 0 or e.tokens < 0:
         reject(s, e, "charges are non-negative")
     return apply_charge(s, e.at, model_calls=e.model_calls, tool_calls=e.tool_calls, cost=e.cost)
 

@@ -78,6 +78,21 @@ class Rides:
     timers: Sequence[Mapping[str, Any]] = ()
     """Timers to schedule (``timers.schedule``'s arguments without the run): a call's timeouts, due
     from the statement's time."""
+    tenant_charge: TenantCharge | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantCharge:
+    """A model call's use added to its tenant's budget period by the statement that charges the run,
+    only when the tenant has a budget (its own limits', else the platform's ``*_default``; ``None``:
+    unlimited). ``period``: the budget period's length in seconds."""
+
+    tenant_id: str
+    tokens: int
+    cost: float
+    period: float
+    tokens_default: int | None
+    cost_default: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,14 @@ class Breakers(Protocol):
         """A call answered: the breaker closes."""
 
 
+class SpentTenants(Protocol):
+    """Which tenants' budgets are spent for the period now running, as the worker asks before a model call."""
+
+    async def spent_until(self, tenant_id: str, *, fresh: bool = False) -> float | None:
+        """When the tenant's spent period ends (epoch seconds), or None when its budget is not spent;
+        ``fresh``: read now, not from a copy."""
+
+
 MatchKept = Callable[[RunTransaction, StoredRun], Awaitable[StoredRun]]
 """Run where a wait starts, in the transaction that parks the run: an event kept for the wait's key
 ends it at once (``app.gateway.webhooks.match_kept``, given to the worker's store by its service)."""

@@ -29,6 +29,8 @@ class Tables(Protocol):
     """Verified webhook events by (provider, event id), with the run each matched, if any."""
     audit_log: list[dict[str, Any]]
     policies: dict[str, TenantPolicy]
+    tenant_slots: dict[str, int]
+    """The tenants' own run slots; a tenant without has the platform's."""
     artifacts: dict[str, int]
     """Registered receipts: reference -> size."""
 

@@ -94,7 +94,9 @@ class MemoryTransaction:
         return replace(stored, admitted=True)
 
     def _has_room(self, tenant_id: str, slots: int) -> bool:
-        """As ``db.admission.tenant_slots``: fewer admitted open runs than slots, and none queued."""
+        """As ``db.admission.tenant_slots``: fewer admitted open runs than the tenant's slots (its own, else
+        ``slots``), and none queued."""
+        slots = self.world.tenant_slots.get(tenant_id, slots)
         rows = [r for r in self.store.runs.values() if r.tenant_id == tenant_id]
         active = sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL)
         queued = any(not r.admitted and r.snapshot.status is QUEUED_STATUS for r in rows)

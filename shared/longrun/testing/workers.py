@@ -135,9 +135,10 @@ class MemoryWorkerStore:
     def _hand_over(self, handover: Handover) -> None:
         """As ``db.runs``' handover: the finished run's slot goes to its tenant's best queued run (priority
         plus one point per ``aging_seconds`` waited, then age; ``db.admission``), admitted and woken with
-        the handover's wake, while the tenant's runs hold fewer slots than ``slots``."""
+        the handover's wake, while the tenant's runs hold fewer slots than its own (else ``slots``)."""
         rows = [r for r in self.store.runs.values() if r.tenant_id == handover.tenant_id]
-        if sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL) >= handover.slots:
+        slots = self.world.tenant_slots.get(handover.tenant_id, handover.slots)
+        if sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL) >= slots:
             return
         now = self.world.clock()
         queued = [r for r in rows if not r.admitted and r.snapshot.status is QUEUED_STATUS]

@@ -263,6 +263,8 @@ class World:
         """The operators' audit rows."""
         self.policies: dict[str, TenantPolicy] = {}
         """The tenants' policies (``tenant_policies``), by tenant."""
+        self.tenant_slots: dict[str, int] = {}
+        """The tenants' own run slots (``tenant_limits.run_slots``), by tenant; the others have the platform's."""
         self.loop = asyncio.new_event_loop()
         """Where the workers' steps run (``testing.workers``), a checkpoint at a time."""
         self.broadcasts: list[Envelope] = []

@@ -20,7 +20,7 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun_client import __version__, ctl_create, ctl_tenants, timeline
+from longrun_client import __version__, ctl_create, ctl_limits, ctl_tenants, timeline
 from longrun_client.bus import TERMINAL_STATUSES
 from longrun_client.ctl_examples import COMMAND_EXAMPLES
 from longrun_client.ctl_output import FORMATS, View, printable, render
@@ -373,7 +373,8 @@ def _given(**params: object) -> list[tuple[str, str]]:
 
 @main.group()
 def tenant() -> None:
-    """Tenants' policies (what their runs may do, whatever their kind allows) and their ceilings."""
+    """Tenants' policies (what their runs may do, whatever their kind allows), limits (slots, budgets, tool
+    concurrency) and their ceilings."""
 
 
 def _ask(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None) -> None:
@@ -382,6 +383,8 @@ def _ask(ctx: click.Context, method: str, path: str, body: dict[str, Any] | None
 
 for _what in ("policy", "ceiling"):
     tenant.add_command(ctl_tenants.scope_command(_what, _ask))
+for _command in ctl_limits.limits_commands(_call, _print):
+    tenant.add_command(_command)
 
 
 @main.command("versions")

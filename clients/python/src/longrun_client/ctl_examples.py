@@ -23,6 +23,8 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("alerts",): "alerts --action alert.silent_run",
     ("tenant", "policy"): "tenant policy acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"scope acme\"",
     ("tenant", "ceiling"): "tenant ceiling acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"acme's contract\"",
+    ("tenant", "limits"): 'tenant limits acme --slots 8 --token-budget 2000000 --tool "forge.*=4" --reason "acme grows"',
+    ("tenant", "limits-ceiling"): 'tenant limits-ceiling acme --slots 16 --token-budget 5000000 --reason "contract"',
     ("versions",): "versions",
     ("dlq", "list"): "dlq list --all",
     ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',

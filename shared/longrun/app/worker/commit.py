@@ -69,6 +69,8 @@ class Step:
     clock: Callable[[], float]
     crash_point: CrashPoints
     handover: effects.SlotHandover | None = None
+    budgets: effects.TenantBudgets | None = None
+    """Without them, no model call is charged to its tenant's period."""
 
     def event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)
@@ -143,6 +145,9 @@ class Step:
         public = self.kinds.public_receipts(run.kind, run.versions.workflow)
         rides = effects.broadcast_rides(run, planned.after, producer=PRODUCER, cause=self.cause, public=public,
                                         handover=self.handover)
+        charge = effects.tenant_charge(run.tenant_id, [e for e, applied in planned.rows if applied], self.budgets)
+        if charge is not None:
+            rides = replace(rides, tenant_charge=charge)
         if stored.written is None:
             return rides
         # A move deferred to this write (READY -> RUNNING) is announced too, first, as if written alone.

@@ -1,5 +1,6 @@
 """What a worker needs to ask the world: the model, the artifact store for large receipts, the far
-sides' health (breakers) and the retry policy of tools and models that declare none."""
+sides' health (breakers), the tenants whose budgets are spent, and the retry policy of tools and
+models that declare none."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from longrun.artifacts import ArtifactStore
 from longrun.authoring import Tool
 from longrun.domain import DecisionContext, RetryPolicy, RunSnapshot, effective_start_to_close, next_delay, retryable
 from longrun.model import ModelAdapter
-from longrun.ports.stores import Breakers
+from longrun.ports.stores import Breakers, SpentTenants
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,8 @@ class FarSide:
     health_max_wait: float = 600.0
     """Seconds after which a run waiting for a far side to be healthy looks again by itself."""
     lease_ttl: float = 30.0
+    spent_tenants: SpentTenants | None = None
+    """Whose budgets are spent; without it, no run waits for its tenant's budget."""
 
     def context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)

@@ -31,7 +31,7 @@ from longrun.model import ModelAdapter
 from longrun.ports import inbox
 from longrun.ports.inbox import Outcome
 from longrun.ports.runs import Fence, StoredRun
-from longrun.ports.stores import Breakers, CrashPoints, WorkerStore
+from longrun.ports.stores import Breakers, CrashPoints, SpentTenants, WorkerStore
 
 logger = logging.getLogger("longrun.app.worker")
 ADOPT_BATCH = 32
@@ -54,21 +54,26 @@ class Worker:
                  instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
                  crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
-                 breakers: Breakers | None = None, health_max_wait: float = 600.0) -> None:
+                 breakers: Breakers | None = None, health_max_wait: float = 600.0,
+                 budgets: effects.TenantBudgets | None = None, spent_tenants: SpentTenants | None = None) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
         of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
         far sides' health (without them, every far side is called whatever it answered before); a run
-        waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds."""
+        waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds.
+        ``budgets``: a model call is charged to its tenant's budget period too (a tenant with a budget).
+        ``spent_tenants``: a run about to ask the model while its tenant's budget is spent waits instead."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id
         self.lease_ttl = lease_ttl
         self.clock = clock
         self.handover = handover
+        self.budgets = budgets
         self.crash_point = crash_points
         self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
-                           breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl)
+                           breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl,
+                           spent_tenants=spent_tenants)
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -137,7 +142,7 @@ class Worker:
     async def run_steps(self, run_id: str, fence: Fence, cause: str, taken: StoredRun | None = None) -> None:
         """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
         is logged and leaves the lease to expire. ``cause``: what the turn's messages name."""
-        step = Step(self.store, self.kinds, fence, cause, self.clock, self.crash_point, self.handover)
+        step = Step(self.store, self.kinds, fence, cause, self.clock, self.crash_point, self.handover, self.budgets)
         try:
             stored = taken if taken is not None else await step.load(run_id)
             while stored is not None:

@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind
 from longrun import metrics, otel
 from longrun.app.worker.claim_checks import PROPOSAL_FACT_PREFIX, check_in
 from longrun.app.worker.commit import Step
+from longrun.app.worker import tenant_budget
 from longrun.app.worker.far_side import FarSide
 from longrun.authoring import RunKind
 from longrun.domain import AskModel, RunStatus, ScheduleRetry, build_resume_context, compact, freeze, thaw, to_plain, wait_for
@@ -26,6 +27,8 @@ MODEL_CONTEXT_ITEMS = 40
 
 
 async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, decision: AskModel) -> StoredRun | None:
+    if await tenant_budget.parked(far, step, stored, decision.purpose):
+        return None
     run = stored.snapshot
     allowed = tuple(kind.allowed_actions(run, decision.purpose))
     context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
@@ -45,7 +48,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     value, artifact = await check_in(far.artifacts, run.tenant_id, {
         "action": proposal.action, "args": dict(proposal.args), "rationale": proposal.rationale})
     return await step.commit(stored, [
-        step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd),
+        step.event(stored, ev.BudgetCharged, model_calls=1, cost=proposal.usage.cost_usd,
+                   tokens=proposal.usage.input_tokens + proposal.usage.output_tokens),
         step.event(stored, ev.FactRecorded, offset=2, key=key, source="agent", value=value),
     ], artifact=artifact)
 
