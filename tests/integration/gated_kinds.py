@@ -1,0 +1,67 @@
+"""A run kind for the slot tests, loaded by the real services (``LONGRUN_RUN_KINDS``).
+
+``gated`` with ``{"gated": true}`` calls ``gate.open`` once (its far side ``gate``) and completes; with
+``{"gated": false}`` it completes at once, calling nothing. The gate is down while the file
+``GATE_DOWN`` exists (every call answers unavailable, and did nothing); each call that gets through
+appends its idempotency key to the file ``GATE_CALLS``, so a test counts exactly what took effect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from longrun.authoring import RunKind, Tool, ToolResult
+from longrun.config import Settings
+from longrun.domain import (
+    RECEIPT_FACT_PREFIX,
+    CallTool,
+    Complete,
+    Decision,
+    DecisionContext,
+    EffectKind,
+    FrozenMap,
+    PinnedVersions,
+    RunSnapshot,
+    freeze,
+    thaw,
+)
+from longrun.errors import ToolUnavailable
+
+FAR_SIDE = "gate"
+
+
+class NoArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _gate(down: str, calls: str) -> Tool:
+    async def open_gate(args: Mapping[str, Any], idempotency_key: str, fencing_token: int) -> ToolResult:
+        if os.path.exists(down):
+            raise ToolUnavailable("gate.open", "503: the gate is down")
+        with open(calls, "a") as far_side:
+            far_side.write(idempotency_key + "\n")
+        return ToolResult(f"gate:{idempotency_key}", {"opened": True})
+
+    return Tool("gate.open", "1", EffectKind.IDEMPOTENT_WRITE, NoArgs, open_gate, far_side=FAR_SIDE)
+
+
+class Gated:
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        goal = thaw(state.goal)
+        assert isinstance(goal, dict)
+        if goal.get("gated") and state.fact(RECEIPT_FACT_PREFIX + "open") is None:
+            return CallTool(tool="gate.open", args=freeze({}), logical_action="open")
+        return Complete(evidence=freeze({"gated": bool(goal.get("gated"))}))
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        return ()
+
+
+def kinds(settings: Settings) -> list[RunKind]:
+    tool = _gate(os.environ["GATE_DOWN"], os.environ["GATE_CALLS"])
+    versions = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="gate-1")
+    return [RunKind("gated", versions, Gated(), {tool.name: tool})]
