@@ -3,7 +3,8 @@
 ``gated`` with ``{"gated": true}`` calls ``gate.open`` once (its far side ``gate``) and completes; with
 ``{"gated": false}`` it completes at once, calling nothing. The gate is down while the file
 ``GATE_DOWN`` exists (every call answers unavailable, and did nothing); each call that gets through
-appends its idempotency key to the file ``GATE_CALLS``, so a test counts exactly what took effect.
+appends its idempotency key to the file ``GATE_CALLS`` (once: the gate is idempotent by key), so a
+test counts exactly what took effect.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def _gate(down: str, calls: str) -> Tool:
     async def open_gate(args: Mapping[str, Any], idempotency_key: str, fencing_token: int) -> ToolResult:
         if os.path.exists(down):
             raise ToolUnavailable("gate.open", "503: the gate is down")
-        with open(calls, "a") as far_side:
-            far_side.write(idempotency_key + "\n")
+        with open(calls, "a+") as far_side:  # idempotent: a key it has seen takes no effect again
+            far_side.seek(0)
+            if idempotency_key not in far_side.read().split():
+                far_side.write(idempotency_key + "\n")
         return ToolResult(f"gate:{idempotency_key}", {"opened": True})
 
     return Tool("gate.open", "1", EffectKind.IDEMPOTENT_WRITE, NoArgs, open_gate, far_side=FAR_SIDE)
