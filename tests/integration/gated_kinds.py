@@ -1,7 +1,9 @@
 """A run kind for the slot tests, loaded by the real services (``LONGRUN_RUN_KINDS``).
 
 ``gated`` with ``{"gated": true}`` calls ``gate.open`` once (its far side ``gate``) and completes; with
-``{"gated": false}`` it completes at once, calling nothing. The gate is down while the file
+``{"gated": false}`` it completes at once, calling nothing. ``gated_declared`` is the same, and
+declares the gate as its next call's far side while it has not been through (``RunKind.next_far_side``).
+Every decision asked for appends the run's id to the file ``GATE_DECIDED``. The gate is down while the file
 ``GATE_DOWN`` exists (every call answers unavailable, and did nothing); each call that gets through
 appends its idempotency key to the file ``GATE_CALLS`` (once: the gate is idempotent by key), so a
 test counts exactly what took effect.
@@ -52,11 +54,22 @@ def _gate(down: str, calls: str) -> Tool:
     return Tool("gate.open", "1", EffectKind.IDEMPOTENT_WRITE, NoArgs, open_gate, far_side=FAR_SIDE)
 
 
+def _needs_the_gate(state: RunSnapshot) -> bool:
+    goal = thaw(state.goal)
+    assert isinstance(goal, dict)
+    return bool(goal.get("gated")) and state.fact(RECEIPT_FACT_PREFIX + "open") is None
+
+
 class Gated:
+    def __init__(self, decided: str) -> None:
+        self.decided = decided
+
     def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        with open(self.decided, "a") as seen:  # what the test counts: each decision asked for, by run
+            seen.write(state.run_id + "\n")
         goal = thaw(state.goal)
         assert isinstance(goal, dict)
-        if goal.get("gated") and state.fact(RECEIPT_FACT_PREFIX + "open") is None:
+        if _needs_the_gate(state):
             return CallTool(tool="gate.open", args=freeze({}), logical_action="open")
         return Complete(evidence=freeze({"gated": bool(goal.get("gated"))}))
 
@@ -67,4 +80,7 @@ class Gated:
 def kinds(settings: Settings) -> list[RunKind]:
     tool = _gate(os.environ["GATE_DOWN"], os.environ["GATE_CALLS"])
     versions = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="gate-1")
-    return [RunKind("gated", versions, Gated(), {tool.name: tool})]
+    workflow = Gated(os.environ["GATE_DECIDED"])
+    return [RunKind("gated", versions, workflow, {tool.name: tool}),
+            RunKind("gated_declared", versions, workflow, {tool.name: tool},
+                    next_far_side=lambda state: FAR_SIDE if _needs_the_gate(state) else None)]

@@ -36,12 +36,14 @@ class Gate:
     """The far side: down while ``down`` exists; ``calls`` holds one idempotency key per call that got through."""
 
     def __init__(self, tmp: Path) -> None:
-        self.down_flag, self.calls_file = tmp / "gate-down", tmp / "gate-calls"
+        self.down_flag, self.calls_file, self.decided_file = tmp / "gate-down", tmp / "gate-calls", tmp / "decided"
         self.calls_file.touch()
+        self.decided_file.touch()
 
     def env(self, **more: str) -> dict[str, str]:
         return {"LONGRUN_RUN_KINDS": "tests.integration.gated_kinds:kinds", "GATE_DOWN": str(self.down_flag),
-                "GATE_CALLS": str(self.calls_file), "LONGRUN_TENANT_SLOTS": str(SLOTS),
+                "GATE_CALLS": str(self.calls_file), "GATE_DECIDED": str(self.decided_file),
+                "LONGRUN_TENANT_SLOTS": str(SLOTS),
                 "LONGRUN_BREAKER_THRESHOLD": "1", "LONGRUN_BREAKER_COOL_DOWN": "3",
                 "LONGRUN_BREAKER_MAX_WAIT": "120", **more}
 
@@ -53,6 +55,10 @@ class Gate:
 
     def calls(self) -> list[str]:
         return self.calls_file.read_text().split()
+
+    def decisions(self, run_id: str) -> int:
+        """How many times the run kind was asked to decide for ``run_id``."""
+        return self.decided_file.read_text().split().count(run_id)
 
 
 class SlotSampler:
@@ -145,4 +151,27 @@ async def test_runs_parked_on_an_open_breaker_hold_no_slot_and_are_queued_again_
     # And the tenant's runs never held more than its slots
     assert sampler.samples > 50
     assert sampler.most <= SLOTS, f"{sampler.most} runs held a slot at once; the tenant has {SLOTS}"
+    await scenario.finish()
+
+
+async def test_a_run_whose_kind_declares_an_unhealthy_far_side_parks_before_deciding_anything(
+        scenario: Scenario, tmp_path: Path) -> None:
+    # Given a far side that is down, its breaker opened by a run that called it
+    gate = Gate(tmp_path)
+    gate.break_down()
+    await scenario.up(*SERVICES, forge=False, **gate.env())
+    opener = await scenario.create(workflow="gated", input_={"gated": True})
+    await scenario.poll(lambda: parked(scenario, [opener]), timeout=30, what="the first run parked")
+    # When a run of a kind that declares that far side as its next call's is created
+    declared = await scenario.create(workflow="gated_declared", input_={"gated": True})
+    # Then it parks for the far side's health holding no slot, its kind never asked to decide
+    await scenario.poll(lambda: parked(scenario, [declared]), timeout=30, what="the declared run parked")
+    assert gate.decisions(declared) == 0
+    assert gate.decisions(opener) >= 1
+    # And once the far side is back both are queued again and complete, one effect each
+    gate.repair()
+    await completed(scenario, [opener, declared], timeout=60)
+    assert gate.decisions(declared) >= 1
+    assert len(gate.calls()) == 2
+    assert await admitted_after_their_last_wake(scenario, [opener, declared]) == []
     await scenario.finish()
