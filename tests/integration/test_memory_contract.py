@@ -124,6 +124,10 @@ class Real:
             async with self.engine.connect() as conn:
                 rows = await conn.execute(text("SELECT type, payload FROM outbox"))
                 return _sent([outbox.envelope_of(r.type, r.payload) for r in rows], self.prefix)
+        if name == "runs.admit":  # what admission's statements do to a run they admit
+            async with self.engine.begin() as conn:
+                await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": args[0]})
+            return None
         target = {"runs": runs, "leases": leases, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
@@ -209,10 +213,14 @@ def created(port: Port, name: str, *, at: float) -> ev.RunCreated:
                          budget=Usage(model_calls=1, tool_calls=5, cost=1.0))
 
 
-async def new_run(port: Port, seen: list[Any], name: str = "r1") -> StoredRun:
+async def new_run(port: Port, seen: list[Any], name: str = "r1", *, admitted: bool = True) -> StoredRun:
+    """A created run, admitted (as admission does before it wakes one) unless ``admitted`` is False."""
     stored = await observe(port, seen, "runs.create", created(port, name, at=1000.0),
                            idempotency_key=f"key-{name}", input_hash="h" * 64, partition=3)
     assert stored is not None
+    if admitted:
+        await observe(port, seen, "runs.admit", stored.snapshot.run_id)
+        stored = replace(stored, admitted=True)
     return stored  # type: ignore[no-any-return]
 
 
@@ -355,6 +363,14 @@ async def _taken(port: Port, seen: list[Any], stored: StoredRun, owner: str) -> 
     handled, _ = await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, owner, stored.snapshot.run_id),
                                owner, 30, SERVED)
     return Fence(handled.outcome["owner"], handled.outcome["token"])
+
+
+async def a_queued_run_is_taken_on_no_wakeup_until_admitted(port: Port, seen: list[Any]) -> None:
+    run_id = (await new_run(port, seen, admitted=False)).snapshot.run_id
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w1", 30, SERVED)
+    await observe(port, seen, "worker.adopt", "w1", 30, SERVED, 10)
+    await observe(port, seen, "runs.admit", run_id)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w1", 30, SERVED)
 
 
 async def a_wakeup_takes_the_lease_once(port: Port, seen: list[Any]) -> None:
@@ -568,8 +584,8 @@ async def a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run(port: Po
         await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
     await observe(port, seen, "outbox.sent")
     # and the end of a run that held no slot hands nothing on
-    last = f"{port.prefix}-r3"
-    fence = await _taken(port, seen, await port.call("worker.load", last), "w2")
+    last = f"{port.prefix}-r3"  # a queued run is taken on no wakeup: its lease is taken as such
+    fence = await observe(port, seen, "leases.take_lease", last, "w2", 30)
     queued = await observe(port, seen, "worker.load", last)
     ended = plan(queued, [ev.RunTerminated(seq=queued.seq(1), at=1002.0, by="ops", reason="not needed")],
                  release_lease=True)
@@ -698,6 +714,7 @@ async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen:
                             budget=Usage(model_calls=1, tool_calls=5, cost=1.0))
     run_id = (await observe(port, seen, "runs.create", created, idempotency_key="key-ci", input_hash="h" * 64,
                             partition=3)).snapshot.run_id
+    await observe(port, seen, "runs.admit", run_id)
     for owner, crash in (("w1", CrashAt("worker.after_commit", 2)), ("w2", CrashAt())):
         # The receipts are small: nothing is uploaded to the artifact store.
         worker = Worker(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
@@ -729,6 +746,7 @@ SCENARIOS: list[Scenario] = [
     inbox_answers_a_repeat_with_the_recorded_outcome,
     timers_fire_once_when_due,
     a_wakeup_takes_the_lease_once,
+    a_queued_run_is_taken_on_no_wakeup_until_admitted,
     a_run_not_served_waits_for_a_worker_that_runs_it,
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
     a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_end_with_its_outcome,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
+from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,10 +19,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.db.schema import HOLDS_SLOT
 from longrun.domain import RunStatus
 from longrun.domain.breaker import TOOL_HEALTHY_WAIT
+from longrun.envelope import make
 from tests.fault.scenario import Scenario
 from tests.harness import Services
 from tests.infra import Infra
@@ -174,4 +178,28 @@ async def test_a_run_whose_kind_declares_an_unhealthy_far_side_parks_before_deci
     assert gate.decisions(declared) >= 1
     assert len(gate.calls()) == 2
     assert await admitted_after_their_last_wake(scenario, [opener, declared]) == []
+    await scenario.finish()
+
+
+async def test_a_run_parked_on_an_open_breaker_past_its_business_deadline_ends_timed_out(
+        scenario: Scenario, tmp_path: Path) -> None:
+    # Given a far side that is down, and a run that calls it with a business deadline 15 s away (the
+    # services start meanwhile)
+    gate = Gate(tmp_path)
+    gate.break_down()
+    await scenario.up(*SERVICES, forge=False, **gate.env())
+    deadline = datetime.now(UTC) + timedelta(seconds=15)
+    envelope = make("run.create", {"workflow": "gated", "idempotency_key": f"late-{uuid.uuid4().hex[:8]}",
+                                   "input": {"gated": True}, "deadline": deadline.isoformat()},
+                    producer="tests", tenant_id=TENANT)
+    await scenario.publish(topology.INGRESS_EXCHANGE, "run.create", envelope)
+    run_id = await scenario.poll(lambda: scenario.scalar(
+        "SELECT run_id FROM runs WHERE idempotency_key = :k", k=envelope.payload.idempotency_key),
+        timeout=30, what="the run created")
+    await scenario.poll(lambda: parked(scenario, [run_id]), timeout=30, what="the run parked")
+    # When its deadline passes while it is parked, holding no slot
+    # Then it ends TIMED_OUT, as any run past its deadline, the far side never reached
+    done = await scenario.until(run_id, RunStatus.TIMED_OUT, RunStatus.COMPLETED, timeout=30)
+    assert done.snapshot.status is RunStatus.TIMED_OUT, done.snapshot.terminal_reason
+    assert gate.calls() == []
     await scenario.finish()

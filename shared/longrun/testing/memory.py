@@ -296,7 +296,7 @@ class MemoryStore:
 
     def take_lease(self, run_id: str, owner: str, ttl: float) -> Fence | None:
         row = self.runs.get(run_id)
-        if row is None or not self._lease_free(row) or self.is_queued(row):
+        if row is None or not self._lease_free(row):
             return None
         token = row.fencing_token + 1
         self.runs[run_id] = replace(row, lease_owner=owner, lease_until=self.clock() + ttl, fencing_token=token,
@@ -312,7 +312,7 @@ class MemoryStore:
 
     @staticmethod
     def is_queued(row: RunRow) -> bool:
-        """``db.leases``: a queued run is never taken (``domain.slots.queued``)."""
+        """``db.leases``: a queued run is never taken on a wakeup or adopted (``domain.slots.queued``)."""
         return queued(row.snapshot.status, row.admitted)
 
     @staticmethod
@@ -333,7 +333,8 @@ class MemoryStore:
     def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[str]:
         """``db.leases.adopt``: the runs taken."""
         waiting = [run_id for run_id, row in self.runs.items()
-                   if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)]
+                   if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)
+                   and not self.is_queued(row)]
         return [run_id for run_id in waiting[:limit] if self.take_lease(run_id, owner, ttl) is not None]
 
     def hand_over(self, run_id: str, fence: Fence) -> None:

@@ -52,7 +52,7 @@ class MemoryWorkerStore:
             fence, needs = None, None
             if row is not None and not store.served(row, served):
                 needs = store.decline(message.run_id)
-            else:
+            elif row is None or not store.is_queued(row):
                 fence = store.take_lease(message.run_id, owner, ttl)
             outcome = ({"taken": True, "owner": fence.owner, "token": fence.token} if fence is not None
                        else {"taken": False, "reason": f"this worker does not run {needs}"} if needs is not None
