@@ -53,6 +53,7 @@ from longrun.domain import (
     freeze,
 )
 from longrun.domain import events as ev
+from longrun.domain.breaker import health_wait
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.model import ScriptedModel
@@ -641,6 +642,39 @@ async def _submitted(port: Port, seen: list[Any], name: str, tool: str, *, unkno
     return run_id, key
 
 
+async def a_parked_run_gives_its_slot_back_and_is_queued_again_when_woken(port: Port, seen: list[Any]) -> None:
+    ids = iter(range(1, 100))
+    registry = Registry([RunKind("steps", VERSIONS, Steps(), {})])
+    for key in ("k1", "k2"):  # one slot: the first admitted at once, the second queued
+        request = make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": 1}},
+                       producer="contract", tenant_id=port.prefix)
+        await observe(port, seen, "admit.create_run", request, kinds=registry, partitions=1, slots=1,
+                      max_input_bytes=1000, clock=_at(1000.0), new_id=lambda: f"{port.prefix}-r{next(ids)}")
+    first = f"{port.prefix}-r1"
+    fence = await _taken(port, seen, await port.call("worker.load", first), "w1")
+    stored = await observe(port, seen, "worker.load", first)
+    handover = Handover(port.prefix, slots=1, aging_seconds=1e9, exchange="runs", routes={0: "p.0"},
+                        channel="admission",
+                        wake={"tenant_id": port.prefix, "reason": "admitted", "cause": f"slot:{first}",
+                              "producer": "contract", "trace": None})
+    # When the admitted run parks on its far side's health, carrying the handover
+    wait = health_wait(wait_id="h1", far_side="forge", logical_action="step:0", now=1001.0, max_wait=600)
+    parked = plan(stored, [ev.RunStatusChanged(seq=stored.seq(1), at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+                           ev.WaitStarted(seq=stored.seq(2), at=1001.0, status=RunStatus.RETRY_SCHEDULED, wait=wait)],
+                  release_lease=True)
+    await observe(port, seen, "worker.commit", Transition(parked, fence, Rides(handover=handover)))
+    # Then it holds no slot, and the queued run took it and was woken
+    for name in ("r1", "r2"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+    await observe(port, seen, "outbox.sent")
+    # and woken, it is queued: no wakeup puts it on a worker
+    stored = await observe(port, seen, "runs.load", first)
+    await observe(port, seen, "runs.append", stored, [ev.RunWoken(
+        seq=stored.seq(1), at=1002.0, wait_id="h1", reason=WakeReason.EVENT, correlation_key=wait.correlation_key)])
+    await observe(port, seen, "runs.load", first)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "again", first), "w1", 30, SERVED)
+
+
 async def actions_in_doubt_are_settled_by_what_the_far_side_answers(port: Port, seen: list[Any]) -> None:
     # Found, contradicted, nothing, no lookup (pure; not to repeat), no answer yet; still out: ended run, live run.
     cases = {"found": (LOOKED_UP, [FOUND]), "nothing": (LOOKED_UP, [None]), "pure": (PURE_STEP, []),
@@ -756,6 +790,7 @@ SCENARIOS: list[Scenario] = [
     webhooks_match_a_waiting_run_now_or_when_it_waits,
     creates_are_admitted_at_once_while_their_tenant_has_room,
     a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run,
+    a_parked_run_gives_its_slot_back_and_is_queued_again_when_woken,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
     a_patch_is_written_once_with_the_decision_it_changed,
