@@ -72,7 +72,8 @@ _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
             f"RETURNING {_TAKEN_NAMES})",
             # A run this worker cannot run is not taken: it waits, named, for a worker that can.
             f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND {_NOT_QUEUED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
+            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND {_NOT_QUEUED} "
+            f"AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
             # Tested first, once: a taken run (the common case) is not looked up again.
             "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)",
             f"unqueued AS ({_UNQUEUE})"],
@@ -101,7 +102,8 @@ async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner:
 
 _ADOPT = driver.Statement(text(
     "WITH waiting AS (SELECT run_id FROM runs WHERE awaiting_worker IS NOT NULL "
-    f"AND {_SERVED} AND {_LEASE_FREE} AND {_NOT_QUEUED} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
+    f"AND {_SERVED} AND {_LEASE_FREE} AND {_NOT_QUEUED} "
+    "ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
     "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
     f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_TAKEN_NAMES}), "
     f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT {_COLUMN_NAMES} FROM taken"
