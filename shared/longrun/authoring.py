@@ -180,6 +180,13 @@ class RunKind:
     """Default schedule-to-start and start-to-close of this kind's runs; a producer's run.create
     (v4 ``timeouts``) sets either for its run. By default neither limits a run."""
 
+    next_far_side: Callable[[RunSnapshot], str | None] | None = None
+    """The far side (``Tool.health_key``) the run's next call needs, when the kind can tell from the
+    run as it stands, e.g. ``lambda run: "forge"`` for a kind whose every step ends in a call to the
+    forge: while its breaker is open, a run a worker takes parks at once, before it decides or asks a
+    model anything, and gives its slot back (docs/flow-control.md). None, or None returned: the
+    breaker is asked at the call."""
+
     model_script: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """What the scripted model (``LONGRUN_MODEL=scripted``) proposes for each purpose this kind asks
     about: the n-th entry for its n-th ask. For demos and tests without a model endpoint."""

@@ -233,6 +233,16 @@ def holds_slot(row: Row) -> bool:
     return row.admitted and row.status not in domain_run.TERMINAL
 
 
+SLOTLESS_WAITS = ("tool_healthy", "rate_limit", "tenant_budget")
+"""The model's own wait kinds that hold no slot: not ``domain.slots.SLOTLESS_WAITS``."""
+
+
+def parks_without_slot(before: StoredRun, after: StoredRun) -> bool:
+    """A move into a new wait of a kind that holds no slot."""
+    wait, was = after.snapshot.wait, before.snapshot.wait
+    return wait is not None and wait.kind in SLOTLESS_WAITS and (was is None or was.wait_id != wait.wait_id)
+
+
 def queued(row: Row) -> bool:
     return not row.admitted and row.status is QUEUED_STATUS
 

@@ -1,6 +1,7 @@
 """Admission's candidate query against the domain: seeded random tenants (admitted runs in every
 open status and finished ones, queued runs of random priority and age, paused, cancelling and
-finished runs never admitted; some tenants with slots of their own, one with its budget spent) put
+finished runs never admitted, runs parked on a far side's health holding no slot and runs woken from
+there, queued again; some tenants with slots of their own, one with its budget spent) put
 through ONE admission round (``admitting.admit``: ``ADMIT_BEST`` per
 tenant) and then one creation per tenant admitted at once when its tenant has room
 (``runs.create`` with ``AtOnce``: ``tenant_slots``), all in one transaction. Compared column by column
@@ -8,8 +9,8 @@ with a pure model: slots held by admitted runs whose status is not in the domain
 queue as the runs in ``READY`` not admitted, the best by priority plus age over ``aging``, and the
 wakeups from ``effects.wake_message_of``.
 
-The mutants change a status set (the domain's, or the one the SQL is rendered from) and expect the
-differential check to report mismatches.
+The mutants change a status set (the domain's, or the one the SQL is rendered from) or what the SQL
+counts as holding a slot or queued, and expect the differential check to report mismatches.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from longrun.app.scheduler import admit
 from longrun.bus import topology
 from longrun.db import admission, runs
 from longrun.db.schema import sql_names
-from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, evolve, freeze
+from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, evolve, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
+from longrun.domain.breaker import health_wait
 from longrun.ports.runs import StoredRun
 from longrun.services.scheduler import admitting
 from tests.fixtures import PARTITIONS
@@ -50,6 +52,9 @@ AGING = 7.3
 _S = RunStatus
 HOLDING = ("ready", "running", "waiting", "needs_attention", "paused")
 """How an admitted run may hold its slot."""
+PARKED = ("parked", "requeued")
+"""How an admitted run may give its slot back (``domain.slots``): parked on a far side's health, or
+woken from there, queued again."""
 FINISHED = ("failed", "timed_out", "terminated", "completed", "cancelled", "budget_exhausted")
 ASIDE = ("paused", "timed_out", "terminated", "cancelling")
 """How a run never admitted may be out of the queue."""
@@ -69,6 +74,15 @@ def _events(kind: str, stored: StoredRun, at: float) -> list[ev.RunEvent]:
         case "waiting":
             return running(ev.WaitStarted(seq=seq(2), at=at, status=_S.WAITING_EVENT, wait=Wait(
                 f"w-{stored.snapshot.run_id}", "ci", at + 3600, correlation_key=f"ci:{stored.snapshot.run_id}")))
+        case "parked":
+            wait = health_wait(wait_id=f"h-{stored.snapshot.run_id}", far_side="forge", logical_action="open",
+                               now=at, max_wait=60)
+            return running(ev.WaitStarted(seq=seq(2), at=at, status=_S.RETRY_SCHEDULED, wait=wait))
+        case "woken":  # a parked run's wait ends (its own write, as the reconciler's)
+            parked = stored.snapshot.wait
+            assert parked is not None
+            return [ev.RunWoken(seq=seq(1), at=at, wait_id=parked.wait_id, reason=WakeReason.EVENT,
+                                correlation_key=parked.correlation_key)]
         case "needs_attention":
             return running(ev.RunStatusChanged(seq=seq(2), at=at, to=_S.NEEDS_ATTENTION, reason="stuck"))
         case "failed":
@@ -104,24 +118,30 @@ async def _create(conn: AsyncConnection, created: ev.RunCreated, **kwargs: Any) 
 
 
 async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
-    """Per tenant: admitted runs holding their slot or finished, then queued runs and runs kept out of
-    the queue, each with its own age. The first tenant always holds two slots of three (RUNNING and
-    NEEDS_ATTENTION) next to an admitted run that finished (TIMED_OUT), with four queued runs and a
-    paused one that would score best if it were queued."""
+    """Per tenant: admitted runs holding their slot, finished, or parked in a wait that holds none
+    (or woken from it, queued again), then queued runs and runs kept out of the queue, each with its
+    own age. The first tenant always holds two slots of three (RUNNING and NEEDS_ATTENTION) next to
+    an admitted run that finished (TIMED_OUT) and one parked on a far side's health, with four queued
+    runs, a run queued again that scores best, and a paused one that would score better if it were
+    queued."""
     at, ages = time.time(), {}
     async with engine.begin() as conn:
         for t, tenant in enumerate(TENANTS):
             first = t == 0
-            kinds = (["running", "needs_attention", "timed_out"] if first else
-                     [rng.choice(HOLDING) for _ in range(rng.randint(0, SLOTS + 1))]
+            kinds = (["running", "needs_attention", "timed_out", "parked", "requeued"] if first else
+                     [rng.choice(HOLDING + PARKED) for _ in range(rng.randint(0, SLOTS + 1))]
                      + rng.sample(FINISHED, rng.randint(0, 2)))
             admitted = []
-            for n, _ in enumerate(kinds):
-                stored = await _create(conn, _created(rng, tenant, n, priority=rng.randrange(4), at=at))
+            for n, kind in enumerate(kinds):
+                priority = 3 if first and kind == "requeued" else rng.randrange(4)
+                stored = await _create(conn, _created(rng, tenant, n, priority=priority, at=at))
                 assert stored is not None
                 admitted.append(stored)
             await admitting.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
             for stored, kind in zip(admitted, kinds):
+                if kind == "requeued":
+                    stored = await runs.append(conn, stored, _events("parked", stored, at))
+                    kind = "woken"
                 await runs.append(conn, stored, _events(kind, stored, at))
             queued = []
             for n in range(4 if first else rng.randint(0, 6)):
@@ -138,6 +158,8 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
             spare = rng.sample(range(1, 72), 71)
             for stored in [*admitted, *queued]:
                 ages[stored.snapshot.run_id] = spare.pop()
+            if first:  # the run queued again is the oldest of the queue and of the top priority: the best
+                ages[admitted[kinds.index("requeued")].snapshot.run_id] = 72
         # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
         await diff.set_ages(conn, ages)
 
@@ -269,7 +291,24 @@ def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
 
 
+def _sql_counts_parked_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
+    finished = sql_names(sorted(domain_run.TERMINAL))
+    monkeypatch.setattr(admitting, "ACTIVE", text(
+        "SELECT count(*) FROM runs WHERE tenant_id = :t AND (admitted_at IS NOT NULL OR wait_kind IS NOT NULL) "
+        f"AND status NOT IN ({finished})"))
+
+
+def _sql_queue_of_runs_never_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "QUEUED", f"admitted_at IS NULL AND status = {sql_names((_S.READY,))} "
+                                             "AND jsonb_typeof(snapshot -> 'last_wake') IS DISTINCT FROM 'object'")
+    monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
+
+
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
+    # Runs parked in a wait (admitted_at cleared or not) counted as holding their slot.
+    "sql-holding-counts-parked-runs": (_sql_counts_parked_as_holding, "admitted: sql False != domain True"),
+    # The queue retyped as runs never woken: a run queued again after its wait is never admitted.
+    "sql-queue-without-runs-queued-again": (_sql_queue_of_runs_never_started, "admitted: sql False != domain True"),
     # The domain's status set: TIMED_OUT no longer finishes a run; the SQL still counts it as finished.
     "domain-terminal-set-without-timed-out": (_timed_out_holds_a_slot, "admitted: sql True != domain False"),
     # The domain's status set: NEEDS_ATTENTION finishes a run; the SQL still counts it as holding a slot.

@@ -1,14 +1,16 @@
 """The handover against the domain: seeded random tenants (slots, some as limits of their own, one
-with its budget spent; admitted runs holding them or finished, queued runs of random priority and age, paused and finished runs that are not queued) whose
-admitted runs finish one after another in ONE transaction, each finishing write carrying its
+with its budget spent; admitted runs holding them or finished, queued runs of random priority and age,
+paused and finished runs that are not queued) whose admitted runs finish, or park, one after another in
+ONE transaction, each such write carrying its
 ``runs.Handover`` (``effects.broadcast_rides``), so PostgreSQL picks and admits the tenant's best
 queued run and keeps its wakeup as data (``bus.wakeup``), rendered as the relay publishes it. Compared column by column with a pure model:
 the finishing transitions through ``ports.runs.plan`` (``evolve``), slots held by admitted runs whose
-status is not in the domain's ``TERMINAL``, the queue as the runs in ``READY`` not admitted, the best
+status is not in the domain's ``TERMINAL`` (a run parked in a wait of the model's own slotless kinds
+admitted no more, handing its slot on as a finish does), the queue as the runs in ``READY`` not admitted, the best
 by priority plus age over ``aging``, and the wakeup from ``effects.wake_message_of``.
 
-The mutants change a status set (the domain's, or the one the SQL is rendered from) or an envelope
-field the wakeup builder sets, and expect the differential check to report mismatches.
+The mutants change a status set (the domain's, or the one the SQL is rendered from), the domain's
+slotless waits, the parking statement, or an envelope field the wakeup builder sets, and expect the differential check to report mismatches.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
 from longrun.domain import run as domain_run
+from longrun.domain import slots
 from longrun.ports.runs import Fence, StoredRun, plan
 from longrun.services.scheduler import admitting
 from tests.fixtures import PARTITIONS
@@ -47,6 +50,8 @@ AGING = 7.3
 """A created run's status (``lifecycle.created``): not admitted, it waits in the queue."""
 _S = RunStatus
 _FINISHES = ("failed", "timed_out", "terminated", "completed")
+_PARKS = ("tool_healthy", "rate_limit", "sleep")
+"""Waits a run parks in while it is admitted: the first two hold no slot, a sleep holds its slot."""
 
 
 @dataclass
@@ -75,6 +80,9 @@ def _event(kind: str, stored: StoredRun, at: float) -> ev.RunEvent:
         return ev.RunStatusChanged(seq=seq, at=at, to=_S.NEEDS_ATTENTION, reason="stuck")
     if kind == "paused":
         return ev.RunPaused(seq=seq, at=at, by="operator", reason="hold")
+    if kind in _PARKS:
+        wait = Wait(f"w-{kind}-{seq}", kind, at + 60, correlation_key=f"{kind}:far-side", wake_at=at + 60)
+        return ev.WaitStarted(seq=seq, at=at, status=_S.RETRY_SCHEDULED, wait=wait)
     assert kind == "waiting"
     return ev.WaitStarted(seq=seq, at=at, status=_S.WAITING_EVENT,
                           wait=Wait(f"w-{stored.snapshot.run_id}", "ci", at + 3600, correlation_key=f"ci:{seq}"))
@@ -166,6 +174,15 @@ async def _tenant_limits(engine: AsyncEngine, rng: random.Random,
     return {t: rng.choice((0, 100)) if t in own else n for t, n in slots.items()}, spent
 
 
+def _batch_kind(rng: random.Random, stored: StoredRun, *, first: bool) -> str:
+    """How an admitted run leaves its slot in the batch (finishes, or parks; the first tenant's first
+    run parks on a rate limit, into its queue, so every seed has one), or, not admitted, times out
+    in the queue."""
+    if not stored.admitted:
+        return "timed_out"
+    return "rate_limit" if first else rng.choice(_FINISHES + _PARKS)
+
+
 def _interleaved(rng: random.Random, cases: list[Case]) -> list[str]:
     """Every tenant's finishing runs in its own order, tenants interleaved at random."""
     pending = [list(c.finishing) for c in cases if c.finishing]
@@ -205,7 +222,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
                      "revision, partition FROM runs"))}
         for n, run_id in enumerate(order):
             stored, fence = before[run_id], fences.get(run_id)
-            kind = rng.choice(_FINISHES) if stored.admitted else "timed_out"
+            kind = _batch_kind(rng, stored, first=run_id == cases[0].finishing[0])
             planned[run_id] = plan(stored, [_event(kind, stored, at)], release_lease=fence is not None)
             rides = effects.broadcast_rides(stored.snapshot, planned[run_id].after, producer=PRODUCER,
                                             cause=f"step-{n}", handover=effects.SlotHandover(
@@ -222,14 +239,16 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         # The statement's snapshot: the finishing run still counts; later writes see earlier ones.
         held = sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
         queue = sorted((row.created_at, r) for r, row in model.items() if row.tenant == tenant and diff.queued(row))
-        model[run_id] = replace(model[run_id], status=after.snapshot.status, revision=after.snapshot.revision)
-        expected_runs[run_id] = after
+        parked = diff.parks_without_slot(stored, after)
+        model[run_id] = replace(model[run_id], status=after.snapshot.status, revision=after.snapshot.revision,
+                                admitted=model[run_id].admitted and not parked)
+        expected_runs[run_id] = replace(after, admitted=model[run_id].admitted)
         token = None if run_id not in fences else fences[run_id].token
         expected_events[run_id] = [diff.event_row(run_id, e, a, token) for e, a in planned[run_id].rows]
         broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"step-{n}")
         expected_messages[run_id] = [broadcast] if broadcast is not None else []
-        finished = after.snapshot.status in domain_run.TERMINAL
-        if not (finished and stored.admitted and queue and held <= slots[tenant]) or tenant in spent:
+        frees = after.snapshot.status in domain_run.TERMINAL or parked
+        if not (frees and stored.admitted and queue and held <= slots[tenant]) or tenant in spent:
             continue
         best = min((r for _, r in queue), key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))
         model[best] = replace(model[best], admitted=True)
@@ -291,7 +310,30 @@ def _wakeup_correlated_by_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(effects, "wake_message_of", mutated)
 
 
+def _rate_limit_holds_a_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slots, "SLOTLESS_WAITS", slots.SLOTLESS_WAITS - {"rate_limit"})
+
+
+def _sql_park_keeps_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runs._parts
+
+    def mutated() -> dict[str, Any]:
+        parts = real()
+        return {**parts, "unslot": replace(parts["unslot"], sets="")}
+    monkeypatch.setattr(runs, "_parts", mutated)
+
+
+def _sql_park_frees_by_the_updated_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runs, "_PARKED_FREES", runs._FINISHED_FREES)
+
+
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
+    # The domain's slotless waits without the rate limit's: a run parked on one keeps its slot.
+    "domain-slotless-waits-without-rate-limit": (_rate_limit_holds_a_slot, "admitted: sql True != domain False"),
+    # The parking statement leaves admitted_at set: the parked run still holds its slot.
+    "sql-park-keeps-admitted": (_sql_park_keeps_the_slot, "admitted: sql True != domain False"),
+    # The parking statement asks the updated row whether the run held a slot: it hands nothing on.
+    "sql-park-frees-by-the-updated-row": (_sql_park_frees_by_the_updated_row, "admitted: sql False != domain True"),
     # The domain's status set: TIMED_OUT no longer finishes a run; the SQL still counts it as finished.
     "domain-terminal-set-without-timed-out": (_timed_out_holds_a_slot, "admitted: sql True != domain False"),
     # The status set the SQL is rendered from, retyped without TIMED_OUT: such runs hold their slot.

@@ -53,6 +53,7 @@ from longrun.domain import (
     freeze,
 )
 from longrun.domain import events as ev
+from longrun.domain.breaker import health_wait
 from longrun.envelope import make
 from longrun.errors import ToolUnavailable
 from longrun.model import ScriptedModel
@@ -129,6 +130,10 @@ class Real:
             async with self.engine.connect() as conn:
                 rows = await conn.execute(text("SELECT type, payload FROM outbox"))
                 return _sent([outbox.envelope_of(r.type, r.payload) for r in rows], self.prefix)
+        if name == "runs.admit":  # what admission's statements do to a run they admit
+            async with self.engine.begin() as conn:
+                await conn.execute(text("UPDATE runs SET admitted_at = now() WHERE run_id = :r"), {"r": args[0]})
+            return None
         target = {"runs": runs, "leases": leases, "ledger": ledger, "inbox": inbox, "timers": timers}[module]
         async with self.engine.begin() as conn:
             return await getattr(target, function)(conn, *args, **kwargs)
@@ -217,10 +222,14 @@ def created(port: Port, name: str, *, at: float) -> ev.RunCreated:
                          budget=Usage(model_calls=1, tool_calls=5, cost=1.0))
 
 
-async def new_run(port: Port, seen: list[Any], name: str = "r1") -> StoredRun:
+async def new_run(port: Port, seen: list[Any], name: str = "r1", *, admitted: bool = True) -> StoredRun:
+    """A created run, admitted (as admission does before it wakes one) unless ``admitted`` is False."""
     stored = await observe(port, seen, "runs.create", created(port, name, at=1000.0),
                            idempotency_key=f"key-{name}", input_hash="h" * 64, partition=3)
     assert stored is not None
+    if admitted:
+        await observe(port, seen, "runs.admit", stored.snapshot.run_id)
+        stored = replace(stored, admitted=True)
     return stored  # type: ignore[no-any-return]
 
 
@@ -363,6 +372,14 @@ async def _taken(port: Port, seen: list[Any], stored: StoredRun, owner: str) -> 
     handled, _ = await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, owner, stored.snapshot.run_id),
                                owner, 30, SERVED)
     return Fence(handled.outcome["owner"], handled.outcome["token"])
+
+
+async def a_queued_run_is_taken_on_no_wakeup_until_admitted(port: Port, seen: list[Any]) -> None:
+    run_id = (await new_run(port, seen, admitted=False)).snapshot.run_id
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m1", run_id), "w1", 30, SERVED)
+    await observe(port, seen, "worker.adopt", "w1", 30, SERVED, 10)
+    await observe(port, seen, "runs.admit", run_id)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "m2", run_id), "w1", 30, SERVED)
 
 
 async def a_wakeup_takes_the_lease_once(port: Port, seen: list[Any]) -> None:
@@ -576,8 +593,8 @@ async def a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run(port: Po
         await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
     await observe(port, seen, "outbox.sent")
     # and the end of a run that held no slot hands nothing on
-    last = f"{port.prefix}-r3"
-    fence = await _taken(port, seen, await port.call("worker.load", last), "w2")
+    last = f"{port.prefix}-r3"  # a queued run is taken on no wakeup: its lease is taken as such
+    fence = await observe(port, seen, "leases.take_lease", last, "w2", 30)
     queued = await observe(port, seen, "worker.load", last)
     ended = plan(queued, [ev.RunTerminated(seq=queued.seq(1), at=1002.0, by="ops", reason="not needed")],
                  release_lease=True)
@@ -661,6 +678,39 @@ async def _submitted(port: Port, seen: list[Any], name: str, tool: str, *, unkno
     return run_id, key
 
 
+async def a_parked_run_gives_its_slot_back_and_is_queued_again_when_woken(port: Port, seen: list[Any]) -> None:
+    ids = iter(range(1, 100))
+    registry = Registry([RunKind("steps", VERSIONS, Steps(), {})])
+    for key in ("k1", "k2"):  # one slot: the first admitted at once, the second queued
+        request = make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": 1}},
+                       producer="contract", tenant_id=port.prefix)
+        await observe(port, seen, "admit.create_run", request, kinds=registry, partitions=1, slots=1,
+                      max_input_bytes=1000, clock=_at(1000.0), new_id=lambda: f"{port.prefix}-r{next(ids)}")
+    first = f"{port.prefix}-r1"
+    fence = await _taken(port, seen, await port.call("worker.load", first), "w1")
+    stored = await observe(port, seen, "worker.load", first)
+    handover = Handover(port.prefix, slots=1, aging_seconds=1e9, exchange="runs", routes={0: "p.0"},
+                        channel="admission",
+                        wake={"tenant_id": port.prefix, "reason": "admitted", "cause": f"slot:{first}",
+                              "producer": "contract", "trace": None})
+    # When the admitted run parks on its far side's health, carrying the handover
+    wait = health_wait(wait_id="h1", far_side="forge", logical_action="step:0", now=1001.0, max_wait=600)
+    parked = plan(stored, [ev.RunStatusChanged(seq=stored.seq(1), at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+                           ev.WaitStarted(seq=stored.seq(2), at=1001.0, status=RunStatus.RETRY_SCHEDULED, wait=wait)],
+                  release_lease=True)
+    await observe(port, seen, "worker.commit", Transition(parked, fence, Rides(handover=handover)))
+    # Then it holds no slot, and the queued run took it and was woken
+    for name in ("r1", "r2"):
+        await observe(port, seen, "runs.load", f"{port.prefix}-{name}")
+    await observe(port, seen, "outbox.sent")
+    # and woken, it is queued: no wakeup puts it on a worker
+    stored = await observe(port, seen, "runs.load", first)
+    await observe(port, seen, "runs.append", stored, [ev.RunWoken(
+        seq=stored.seq(1), at=1002.0, wait_id="h1", reason=WakeReason.EVENT, correlation_key=wait.correlation_key)])
+    await observe(port, seen, "runs.load", first)
+    await observe(port, seen, "worker.take_on_wakeup", _wakeup(port, "again", first), "w1", 30, SERVED)
+
+
 async def actions_in_doubt_are_settled_by_what_the_far_side_answers(port: Port, seen: list[Any]) -> None:
     # Found, contradicted, nothing, no lookup (pure; not to repeat), no answer yet; still out: ended run, live run.
     cases = {"found": (LOOKED_UP, [FOUND]), "nothing": (LOOKED_UP, [None]), "pure": (PURE_STEP, []),
@@ -734,6 +784,7 @@ async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen:
                             budget=Usage(model_calls=1, tool_calls=5, cost=1.0))
     run_id = (await observe(port, seen, "runs.create", created, idempotency_key="key-ci", input_hash="h" * 64,
                             partition=3)).snapshot.run_id
+    await observe(port, seen, "runs.admit", run_id)
     for owner, crash in (("w1", CrashAt("worker.after_commit", 2)), ("w2", CrashAt())):
         # The receipts are small: nothing is uploaded to the artifact store.
         worker = Worker(store=port.worker, kinds=Registry([ci_gate.kind()]), model=ScriptedModel({}),
@@ -765,6 +816,7 @@ SCENARIOS: list[Scenario] = [
     inbox_answers_a_repeat_with_the_recorded_outcome,
     timers_fire_once_when_due,
     a_wakeup_takes_the_lease_once,
+    a_queued_run_is_taken_on_no_wakeup_until_admitted,
     a_run_not_served_waits_for_a_worker_that_runs_it,
     a_write_carries_its_ledger_row_and_refuses_a_known_key,
     a_call_s_timers_ride_with_its_submission_move_with_its_heartbeats_and_end_with_its_outcome,
@@ -775,6 +827,7 @@ SCENARIOS: list[Scenario] = [
     creates_are_admitted_at_once_while_their_tenant_has_room,
     a_finishing_run_hands_its_slot_to_its_tenants_best_queued_run,
     a_tenants_own_slots_hold_at_creation_and_at_handover,
+    a_parked_run_gives_its_slot_back_and_is_queued_again_when_woken,
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
     a_patch_is_written_once_with_the_decision_it_changed,

@@ -179,6 +179,9 @@ async def _advance(engine: AsyncEngine, tmp_path: object, run_id: str, *, kinds:
     worker = on_postgres(engine=engine, statements=statements, kinds=kinds or registry(), model=ScriptedModel({}),
                       artifacts=FilesystemArtifactStore(tmp_path), instance_id="w1", lease_ttl=30,  # type: ignore[arg-type]
                       handover=handover)
+    async with engine.begin() as conn:  # the wakeup is admission's: the run is admitted with it
+        await conn.execute(text("UPDATE runs SET admitted_at = coalesce(admitted_at, now()) WHERE run_id = :r"),
+                           {"r": run_id})
     try:
         taken = await worker.on_wakeup(wakeup(run_id, "go"))
         assert taken.outcome["taken"] and isinstance(taken.carried, Taken)

@@ -21,6 +21,7 @@ from longrun.domain import (
     closure,
     to_plain,
 )
+from longrun.domain import slots
 from longrun.domain import events as ev
 from longrun.envelope import ENVELOPES, LATEST, DataClass, Envelope, make
 from longrun.envelope.model import new_event_id, utcnow
@@ -206,19 +207,19 @@ def tenant_charge(tenant_id: str, events: Sequence[ev.RunEvent], budgets: Tenant
 def broadcast_rides(before: RunSnapshot, after: StoredRun, *, producer: str, cause: str,
                     public: PublicReceipts = EXTERNAL_IDS_ONLY, handover: SlotHandover | None = None) -> Rides:
     """``broadcast`` as rows riding with the transition's own statement (``runs.write``); with
-    ``handover``, a run that finishes gives its slot to the next queued run of its tenant at once
-    instead of waking admission."""
+    ``handover``, a run that finishes, or parks in a wait that holds no slot (``domain.slots``),
+    gives its slot to the next queued run of its tenant at once instead of waking admission."""
     message = broadcast_message(before, after, producer=producer, cause=cause, public=public)
-    if message is None:
-        return Rides()
     run = after.snapshot
-    if run.status not in TERMINAL:
-        return Rides(messages=(message,))
+    frees = (message is not None and run.status in TERMINAL) or slots.gives_slot_back(before, run)
+    messages = () if message is None else (message,)
+    if not frees:
+        return Rides(messages=messages)
     if handover is None:
-        return Rides(messages=(message,), notices=((ADMISSION_CHANNEL, run.tenant_id),))
+        return Rides(messages=messages, notices=((ADMISSION_CHANNEL, run.tenant_id),))
     wake = {"tenant_id": run.tenant_id, "reason": "admitted", "cause": f"slot:{run.run_id}", "producer": producer,
             "trace": traceparent()}
     routes = {k: wakeup_route(k)[1] for k in range(handover.partitions)}
-    return Rides(messages=(message,), handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
+    return Rides(messages=messages, handover=Handover(run.tenant_id, handover.slots, handover.aging_seconds,
                                                         wake, wakeup_route(0)[0], routes,
                                                         ADMISSION_CHANNEL))

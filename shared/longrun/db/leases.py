@@ -13,7 +13,7 @@ from sqlalchemy import Interval, bindparam, func, text, update
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db import driver, inbox, jsonb
 from longrun.db.runs import COLUMNS, stored_run
-from longrun.db.schema import runs, sql_names
+from longrun.db.schema import QUEUED, runs, sql_names
 from longrun.domain import WORKER_HAS_WORK
 from longrun.ports.runs import Fence, StoredRun
 
@@ -57,6 +57,9 @@ NEEDS_WORKER = "workflow || '@' || workflow_version"
 _SERVED = f"{PINS_KEY} = ANY(CAST(:served AS text[]))"
 _LEASE_FREE = "(lease_owner IS NULL OR lease_until <= now())"
 """``domain.lease.can_take`` in SQL: a lease is free from its expiry on, by the database's clock."""
+_NOT_QUEUED = f"NOT ({QUEUED})"
+"""A queued run (``domain.slots.queued``) is never taken, whoever sent the wakeup: it gets a worker
+only once admission or a freed slot's handover admits it. A test on the row the take reads anyway."""
 _COLUMN_NAMES = ", ".join(c.name for c in COLUMNS)
 _TAKEN_NAMES = f"runs.run_id, runs.schedule_to_start, {', '.join(f'runs.{c.name}' for c in COLUMNS)}"
 """What a take returns to its statement: the run as ``stored_run`` reads it, and what ``_UNQUEUE`` joins on."""
@@ -65,10 +68,12 @@ _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
     "worker",
     change=["taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, "
             "fencing_token = fencing_token + 1, awaiting_worker = NULL WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND {_SERVED} AND NOT EXISTS (SELECT 1 FROM seen) RETURNING {_TAKEN_NAMES})",
+            f"AND {_LEASE_FREE} AND {_SERVED} AND {_NOT_QUEUED} AND NOT EXISTS (SELECT 1 FROM seen) "
+            f"RETURNING {_TAKEN_NAMES})",
             # A run this worker cannot run is not taken: it waits, named, for a worker that can.
             f"declined AS (UPDATE runs SET awaiting_worker = {NEEDS_WORKER} WHERE run_id = :b_run_id "
-            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
+            f"AND {_LEASE_FREE} AND NOT {_SERVED} AND {_NOT_QUEUED} "
+            f"AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
             # Tested first, once: a taken run (the common case) is not looked up again.
             "AND NOT EXISTS (SELECT 1 FROM taken) AND NOT EXISTS (SELECT 1 FROM seen) RETURNING awaiting_worker)",
             f"unqueued AS ({_UNQUEUE})"],
@@ -79,6 +84,9 @@ _TAKE_ON_WAKEUP = driver.Statement(text(inbox.handled_once(
 ).bindparams(_TTL))
 
 
+NOT_TAKEN = "another worker holds the lease, or the run is queued for a slot"
+
+
 async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner: str, ttl: float,
                          served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
     """``take_lease`` with the worker's inbox row for the wakeup that asks for it, in one statement
@@ -87,14 +95,15 @@ async def take_on_wakeup(conn: driver.Connection, message: inbox.Message, owner:
     taken: it is marked as waiting for a worker that runs it (``adopt``)."""
     handled = await inbox.handle(conn, _TAKE_ON_WAKEUP, message, {
         "b_run_id": message.run_id, "owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
-        "not_taken": jsonb.dumps({"taken": False, "reason": "another worker holds the lease"})})
+        "not_taken": jsonb.dumps({"taken": False, "reason": NOT_TAKEN})})
     taken = handled.row.snapshot is not None and not handled.duplicate
     return handled, stored_run(handled.row) if taken else None
 
 
 _ADOPT = driver.Statement(text(
     "WITH waiting AS (SELECT run_id FROM runs WHERE awaiting_worker IS NOT NULL "
-    f"AND {_SERVED} AND {_LEASE_FREE} ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
+    f"AND {_SERVED} AND {_LEASE_FREE} AND {_NOT_QUEUED} "
+    "ORDER BY updated_at LIMIT :limit FOR UPDATE SKIP LOCKED), "
     "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
     f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_TAKEN_NAMES}), "
     f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT {_COLUMN_NAMES} FROM taken"

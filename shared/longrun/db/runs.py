@@ -115,9 +115,10 @@ def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
     return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
 
 
-def _handover_sql() -> list[str]:
-    """``Handover``'s CTEs: only if the run that moved was admitted; the chosen run's wakeup is kept
-    as data (``bus.wakeup``): the handover's wake with that run, its revision, a fresh id and the time."""
+def _handover_sql(freed: str) -> list[str]:
+    """``Handover``'s CTEs: only if the run that moved was admitted (``freed``: a query of one row if
+    it was); the chosen run's wakeup is kept as data (``bus.wakeup``): the handover's wake with that
+    run, its revision, a fresh id and the time."""
     chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
     wakeup = (
         "(SELECT jsonb_build_object("
@@ -126,7 +127,7 @@ def _handover_sql() -> list[str]:
         f"  'type', '{WAKEUP}', 'exchange', CAST(:h_exchange AS text), 'partition', handed.partition, "
         "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n FROM handed) AS r")
     return [
-        "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
+        f"freed AS ({freed})",
         f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
         f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
@@ -151,6 +152,12 @@ class _Part:
     counted: tuple[str, ...] = ()
 
 
+_FINISHED_FREES = "SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL"
+# RETURNING shows the row as updated (admitted_at cleared): whether the run held a slot is read from
+# the row as the statement found it (every part of one statement reads the same snapshot). Only a
+# worker holding the run parks it, and admission changes admitted_at of queued runs alone.
+_PARKED_FREES = ("SELECT 1 FROM moved JOIN runs AS was ON was.run_id = moved.run_id "
+                 "WHERE was.admitted_at IS NOT NULL")
 _ACTION_VALUES = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
 def _parts() -> dict[str, _Part]:
     """Every part a transition statement may hold, by name, in the order they are written (made for
@@ -165,7 +172,11 @@ def _parts() -> dict[str, _Part]:
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
-        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled",)),
+        "handover": _Part(ctes=tuple(_handover_sql(_FINISHED_FREES)), counted=("unfilled",)),
+        # A run parked in a wait that holds no slot (``domain.slots``) is admitted no more: its slot
+        # is handed on as a finished run's is.
+        "unslot": _Part(sets=", admitted_at = NULL"),
+        "parked_handover": _Part(ctes=tuple(_handover_sql(_PARKED_FREES)), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
         "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
@@ -375,8 +386,11 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     if rides.notices:
         names.append("notices")
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
+    unslot = planned.gives_slot_back
+    if unslot:
+        names.append("unslot")
     if rides.handover is not None:
-        names.append("handover")
+        names.append("parked_handover" if unslot else "handover")
         handover = rides.handover
         params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
                       h_channel=handover.channel,

@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 from longrun.db.schema_base import created_at, metadata, one_of, sql_name, sql_names
 from longrun.domain.action import ActionStatus, EffectKind
+from longrun.domain import slots
 from longrun.domain.breaker import BreakerState
 from longrun.domain.run import AWAITING_ANSWER, HELD_FOR_RECONCILIATION, TERMINAL, RunStatus
 from longrun.domain.snapshot import QUESTION_WAIT
@@ -125,8 +126,8 @@ them use exactly this text, so the planner matches it with the predicate of the 
 # Admission counts a tenant's runs holding a slot on every create, admission and finished run:
 # neither its finished runs (most of the table in time) nor its queue are read.
 Index("ix_runs_holding_slots", runs.c.tenant_id, postgresql_where=text(HOLDS_SLOT))
-QUEUED_STATUS = RunStatus.READY
-"""The status of a run waiting for a slot (while not admitted)."""
+QUEUED_STATUS = slots.QUEUED_STATUS
+"""The status of a run waiting for a slot (while not admitted; ``domain.slots.queued``)."""
 QUEUED = f"admitted_at IS NULL AND status = {sql_name(QUEUED_STATUS)}"
 """A run waiting for a slot. Not every unadmitted run: one cancelled or terminated while queued
 is never admitted, and must not stay in the queue's index for admission to skip every time."""

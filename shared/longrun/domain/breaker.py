@@ -123,8 +123,16 @@ def _opened(b: Breaker, now: float, settings: BreakerSettings) -> Breaker:
     return replace(b, state=BreakerState.OPEN, reopen_at=now + settings.cool_down, probe_by=None, probe_until=None)
 
 
-def health_wait(*, wait_id: str, far_side: str, logical_action: str, now: float, max_wait: float) -> Wait:
+def holds_back(b: Breaker, *, caller: str, now: float) -> bool:
+    """Whether ``b`` would make ``caller`` wait (``admit``) without a probe to offer it: not closed,
+    no probe due, none reserved for it. Read from a copy of the breaker, so a run can be parked
+    before it decides anything, and a run that may probe goes on to its call, where ``admit`` claims it."""
+    return b.state is not BreakerState.CLOSED and not probe_due(b, now=now) and b.probe_by != caller
+
+
+def health_wait(*, wait_id: str, far_side: str, logical_action: str | None, now: float, max_wait: float) -> Wait:
     """The wait of a run whose call waits for ``far_side`` to recover: woken by the key when the
-    breaker closes (or to probe it), and by its own timer after ``max_wait`` seconds at the latest."""
+    breaker closes (or to probe it), and by its own timer after ``max_wait`` seconds at the latest.
+    ``logical_action``: the call that waits (None: the run parked before deciding its next one)."""
     return Wait(wait_id=wait_id, kind=TOOL_HEALTHY_WAIT, deadline=now + max_wait, wake_at=now + max_wait,
                 correlation_key=f"{TOOL_HEALTHY_PREFIX}{far_side}", subject=logical_action)

@@ -22,6 +22,7 @@ from longrun.domain import (
     queue_stint_starts,
 )
 from longrun.domain import events as ev
+from longrun.domain.slots import gives_slot_back
 from longrun.envelope import Envelope
 
 
@@ -163,6 +164,12 @@ class Planned:
         """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
         return queue_stint_starts(self.before.snapshot, self.after.snapshot)
 
+    @property
+    def gives_slot_back(self) -> bool:
+        """The move parks the run in a wait that holds no slot (``domain.slots``): its slot goes to
+        its tenant's next queued run, in the move's statement."""
+        return gives_slot_back(self.before.snapshot, self.after.snapshot)
+
 
 def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: bool = False) -> Planned:
     """``events`` applied to ``stored``, after the events it holds unwritten, if any. A transition that
@@ -181,10 +188,13 @@ def plan(stored: StoredRun, events: Sequence[ev.RunEvent], *, release_lease: boo
         rows.append((summary, True))
         events = [*events, summary]
         release_lease = True
+    before = stored.written or stored
+    # A run parked in a wait that holds no slot is admitted no more (``domain.slots``).
+    admitted = stored.admitted and not gives_slot_back(before.snapshot, snapshot)
     after = StoredRun(snapshot, max([stored.stored_seq, *(e.seq for e in events)]), stored.partition,
                       None if release_lease else stored.lease_owner,
-                      None if release_lease else stored.lease_until, stored.fencing_token, stored.admitted)
-    return Planned(stored.written or stored, after, tuple(rows), release_lease)
+                      None if release_lease else stored.lease_until, stored.fencing_token, admitted)
+    return Planned(before, after, tuple(rows), release_lease)
 
 
 def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRequest | None = None) -> StoredRun:

@@ -140,6 +140,9 @@ class Breakers(Protocol):
     """The far sides' circuit breakers as the worker asks them (``domain.breaker``), shared by every
     worker: whether a call may go now, and what its answer did to the breaker."""
 
+    def view(self, far_side: str) -> Breaker:
+        """The breaker of ``far_side`` as last read (clean when none is known), asking nothing."""
+
     async def admit(self, far_side: str, run_id: str) -> Admission:
         """Whether ``run_id`` may call ``far_side`` now: a call, the probe, or a wait."""
 

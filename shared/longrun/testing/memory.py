@@ -26,6 +26,7 @@ from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.runs import DEADLINE_TIMER_SUFFIX, QUEUE_TIMER_SUFFIX
 from longrun.db.timers import DueBatch, RunHead
 from longrun.domain.lease import Lease, can_take
+from longrun.domain.slots import queued
 from longrun.ports.timers import DueTimer
 from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
@@ -256,6 +257,7 @@ class MemoryStore:
         after = planned.after
         self.runs[run_id] = replace(
             row, snapshot=after.snapshot, stored_seq=after.stored_seq,
+            admitted=row.admitted and not planned.gives_slot_back,
             lease_owner=None if planned.release_lease else row.lease_owner,
             lease_until=None if planned.release_lease else row.lease_until)
         self.events[run_id] = self.events[run_id] + tuple(
@@ -309,6 +311,11 @@ class MemoryStore:
         return can_take(_lease(row), self.clock())
 
     @staticmethod
+    def is_queued(row: RunRow) -> bool:
+        """``db.leases``: a queued run is never taken on a wakeup or adopted (``domain.slots.queued``)."""
+        return queued(row.snapshot.status, row.admitted)
+
+    @staticmethod
     def served(row: RunRow, served: Collection[str]) -> bool:
         return pins_key(row.snapshot.kind, row.snapshot.versions) in served
 
@@ -316,7 +323,8 @@ class MemoryStore:
         """``db.leases.take_on_wakeup`` for a run the worker does not serve: marked as waiting for a
         worker that does, if one has work for it; what it waits for."""
         row = self.runs.get(run_id)
-        if row is None or not self._lease_free(row) or row.snapshot.status not in WORKER_HAS_WORK:
+        if row is None or not self._lease_free(row) or row.snapshot.status not in WORKER_HAS_WORK \
+                or self.is_queued(row):
             return None
         needs = f"{row.snapshot.kind}@{row.snapshot.versions.workflow}"
         self.runs[run_id] = replace(row, awaiting_worker=needs)
@@ -325,7 +333,8 @@ class MemoryStore:
     def adopt(self, owner: str, ttl: float, served: Collection[str], limit: int) -> list[str]:
         """``db.leases.adopt``: the runs taken."""
         waiting = [run_id for run_id, row in self.runs.items()
-                   if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)]
+                   if row.awaiting_worker is not None and self.served(row, served) and self._lease_free(row)
+                   and not self.is_queued(row)]
         return [run_id for run_id in waiting[:limit] if self.take_lease(run_id, owner, ttl) is not None]
 
     def hand_over(self, run_id: str, fence: Fence) -> None:

@@ -17,6 +17,7 @@ from longrun.app.worker.loop import Taken, Worker
 from longrun.artifacts import content_hash_of, object_key
 from longrun.bus import wakeup
 from longrun.db.inbox import Duplicate, Handled, Message
+from longrun.db.leases import NOT_TAKEN
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import TERMINAL, TenantPolicy
 from longrun.envelope import Envelope
@@ -51,11 +52,11 @@ class MemoryWorkerStore:
             fence, needs = None, None
             if row is not None and not store.served(row, served):
                 needs = store.decline(message.run_id)
-            else:
+            elif row is None or not store.is_queued(row):
                 fence = store.take_lease(message.run_id, owner, ttl)
             outcome = ({"taken": True, "owner": fence.owner, "token": fence.token} if fence is not None
                        else {"taken": False, "reason": f"this worker does not run {needs}"} if needs is not None
-                       else {"taken": False, "reason": "another worker holds the lease"})
+                       else {"taken": False, "reason": NOT_TAKEN})
             store.record_outcome(WORKER_INBOX, message_id=message.message_id, outcome=outcome)
         return Handled(outcome, False, None), None if fence is None else store.load(message.run_id)
 
@@ -86,8 +87,9 @@ class MemoryWorkerStore:
         with self.store.transaction():
             if transition.artifact is not None:
                 self.world.artifacts[transition.artifact.ref] = transition.artifact.size
+            held = self.store.runs[planned.before.snapshot.run_id].admitted
             after = self.store.write(planned, fence=transition.fence)
-            self._ride(planned.before.snapshot.run_id, transition.rides)
+            self._ride(planned.before.snapshot.run_id, transition.rides, held=held)
             if call is not None:
                 self.store.prepare(**call.row())
             if transition.outcome is not None:
@@ -123,11 +125,12 @@ class MemoryWorkerStore:
     def unreachable(self, error: BaseException) -> bool:
         return False  # memory is always there
 
-    def _ride(self, run_id: str, rides: Rides) -> None:
+    def _ride(self, run_id: str, rides: Rides, *, held: bool) -> None:
+        """``held``: the run was admitted when the write found it (a finished or parked run's slot)."""
         for timer in rides.timers:
             self.store.schedule(run_id=run_id, **timer)
         self.world.send(rides.messages)
-        if rides.handover is not None and self.store.runs[run_id].admitted:
+        if rides.handover is not None and held:
             self._hand_over(rides.handover)
         # rides.notices, and a freed slot no queued run takes, wake admission in PostgreSQL; the memory
         # world admits at creation.

@@ -14,6 +14,7 @@ from longrun.app.worker.cancelling import cancel
 from longrun.app.worker.claim_checks import resolved
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
+from longrun.app.worker.worth_running import parked_before_deciding
 from longrun.app.worker.model_call import ask_model
 from longrun.app.worker.step_failure import step_failed
 from longrun.app.worker.tool_call import call_tool
@@ -70,6 +71,8 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
                           reason=f"{', '.join(doubtful)} awaits reconciliation")
         return None
     kind = kinds.get(run.kind, run.versions.workflow)
+    if await parked_before_deciding(far, step, stored, kind):
+        return None
     run = await resolved(far.artifacts, run)  # the kind reads large proposals as it reads small ones
     ctx = far.context()
     try:
