@@ -4,6 +4,7 @@ lock, admits its best queued runs (``db.admission.ADMIT_BEST``) into its free sl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -38,8 +39,7 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
         free = slots - await _active(conn, tenant, slots)
         if free <= 0:
             continue
-        rows = await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free})
-        chosen = sorted(rows, key=lambda r: (-r.score, r.created_at))
+        chosen = await _admit_best(conn, tenant, aging_seconds, free)
         for r in chosen:
             metrics.ADMISSION_DELAY.labels(r.workflow).observe(max(0.0, float(r.waited)))
         await outbox.enqueue_many(conn, [effects.wake_message_of(
@@ -47,6 +47,21 @@ async def admit(conn: AsyncConnection, *, slots: int, aging_seconds: float,
             producer=PRODUCER, cause=f"admission:{tenant}") for r in chosen])
         admitted += [r.run_id for r in chosen]
     return admitted
+
+
+async def _admit_best(conn: AsyncConnection, tenant: str, aging_seconds: float, free: int) -> list[Any]:
+    """The tenant's best queued runs admitted into ``free`` slots, best first. A statement admits only
+    as many runs taking one concurrency key as it has room for, and may leave slots to runs its
+    candidates did not reach: while it admitted runs with a key and left slots free, it is asked again
+    (runs without a key never are)."""
+    chosen: list[Any] = []
+    while free > 0:
+        rows = list(await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free}))
+        chosen += sorted(rows, key=lambda r: (-r.score, r.created_at))
+        free -= len(rows)
+        if not any(r.concurrency_key is not None for r in rows):
+            break
+    return chosen
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:

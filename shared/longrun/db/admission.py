@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import HOLDS_SLOT, QUEUED
+from longrun.db.schema import HOLDS_KEY, HOLDS_SLOT, QUEUED
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
 """A tenant's runs holding a slot (read through ix_runs_holding_slots)."""
@@ -41,10 +41,40 @@ def tenant_slots(tenant: str) -> str:
             f"{queued_in(tenant)} AS waiting")
 
 
+def key_holders(*, tenant: str, key: str, up_to: str, besides: str = "") -> str:
+    """How many runs hold ``key`` of ``tenant`` (SQL expressions), counted up to ``up_to`` through
+    ix_runs_holding_keys; ``besides``: a condition more on the holders counted."""
+    return (f"(SELECT count(*) FROM (SELECT 1 FROM runs AS holder WHERE holder.tenant_id = {tenant} "
+            f"AND holder.concurrency_key = {key} AND {HOLDS_KEY}{besides} LIMIT ({up_to})) AS k)")
+
+
+def key_free(run: str, *, ended_key: str | None = None) -> str:
+    """Whether the queued run ``run`` (an alias of runs) may run for its key: it has none, holds it
+    already (it waited without its slot), or the key has room. ``ended_key``: SQL of the key the
+    transition's run gave back by ending, whose holding the statement's snapshot still shows.
+    Runs without a key stop at the first test and read nothing more."""
+    besides = "" if ended_key is None else f" AND NOT (holder.run_id = :b_run_id AND {ended_key} IS NOT NULL)"
+    count = key_holders(tenant=f"{run}.tenant_id", key=f"{run}.concurrency_key",
+                        up_to=f"{run}.concurrency_limit", besides=besides)
+    return (f"({run}.concurrency_key IS NULL OR {run}.concurrency_held_at IS NOT NULL "
+            f"OR {count} < {run}.concurrency_limit)")
+
+
+def key_room(run: str) -> str:
+    """How many more runs may take the key of the queued run ``run``: NULL when it has none or holds it."""
+    count = key_holders(tenant=f"{run}.tenant_id", key=f"{run}.concurrency_key", up_to=f"{run}.concurrency_limit")
+    return (f"CASE WHEN {run}.concurrency_key IS NULL OR {run}.concurrency_held_at IS NOT NULL THEN NULL "
+            f"ELSE {run}.concurrency_limit - {count} END")
+
+
+TAKES_KEY = "concurrency_held_at = CASE WHEN concurrency_key IS NOT NULL THEN coalesce(concurrency_held_at, now()) END"
+"""Set with ``admitted_at``: a run with a key holds it from its first admission (a run without one keeps NULL)."""
+
+
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 
-def best_queued(*, tenant: str, aging: str, limit: str) -> str:
+def best_queued(*, tenant: str, aging: str, limit: str, ended_key: str | None = None, ranked: bool = False) -> str:
     """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions).
 
     Within one priority the oldest run scores best, so the best ``limit`` overall are among the
@@ -54,26 +84,40 @@ def best_queued(*, tenant: str, aging: str, limit: str) -> str:
     it on every admission and every finished run). The runs are locked where they are read: joined to
     runs again to lock them, a queue the statistics have not seen yet (a burst of creates) made the
     planner scan the whole queue once per candidate.
+
+    A run waiting for its concurrency key is passed over (``key_free``; ``ended_key`` as there), so it
+    holds back none behind it. ``ranked``: of the runs taking one key, only as many as it has room
+    for are chosen (several admitted by one statement would each see it free).
     """
     queued = f"tenant_id = {tenant} AND {QUEUED}"
-    return (
+    columns = "run_id, priority, created_at" + (f", concurrency_key, {key_room('runs')} AS room" if ranked else "")
+    candidates = (
+        "FROM level, LATERAL ("
+        f"  SELECT {columns} FROM runs WHERE {queued} AND priority = level.priority "
+        f"  AND {key_free('runs', ended_key=ended_key)} "
+        # Checked again on each row locked (another admitter may have admitted it meanwhile).
+        f"  ORDER BY created_at LIMIT {limit} FOR UPDATE SKIP LOCKED) AS oldest ")
+    levels = (
         "WITH RECURSIVE level AS ("
         f"  (SELECT priority FROM runs WHERE {queued} ORDER BY priority LIMIT 1)"
         "  UNION ALL"
         f"  SELECT (SELECT priority FROM runs WHERE {queued} AND priority > level.priority ORDER BY priority LIMIT 1)"
-        "  FROM level WHERE level.priority IS NOT NULL) "
-        "SELECT oldest.run_id FROM level, LATERAL ("
-        f"  SELECT run_id, priority, created_at FROM runs WHERE {queued} AND priority = level.priority "
-        # Checked again on each row locked (another admitter may have admitted it meanwhile).
-        f"  ORDER BY created_at LIMIT {limit} FOR UPDATE SKIP LOCKED) AS oldest "
-        f"ORDER BY {SCORE.format(aging=aging, runs='oldest')} DESC, oldest.created_at LIMIT {limit}")
+        "  FROM level WHERE level.priority IS NOT NULL) ")
+    score = SCORE.format(aging=aging, runs="oldest")
+    if not ranked:
+        return f"{levels}SELECT oldest.run_id {candidates}ORDER BY {score} DESC, oldest.created_at LIMIT {limit}"
+    return (f"{levels}SELECT c.run_id FROM (SELECT oldest.run_id, oldest.created_at, oldest.room, {score} AS score, "
+            "row_number() OVER (PARTITION BY oldest.concurrency_key, oldest.room IS NULL "
+            f"ORDER BY {score} DESC, oldest.created_at) AS nth {candidates}) AS c "
+            f"WHERE c.room IS NULL OR c.nth <= c.room ORDER BY c.score DESC, c.created_at LIMIT {limit}")
 
 
 def admit_best() -> TextClause:
     """The best queued runs of a tenant (``:t``), at most ``:n``, admitted in the statement that picks them."""
     return text(
-        f"UPDATE runs SET admitted_at = now() WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
-        "RETURNING run_id, tenant_id, partition, revision, created_at, workflow, "
+        f"UPDATE runs SET admitted_at = now(), {TAKES_KEY} "
+        f"WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n', ranked=True)}) "
+        "RETURNING run_id, tenant_id, partition, revision, created_at, workflow, concurrency_key, "
         "extract(epoch FROM admitted_at - created_at) AS waited, "
         f"{SCORE.format(aging=':aging', runs='runs')} AS score")
 

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
 from longrun.bus.wakeup import TYPE as WAKEUP
-from longrun.db import admission, driver, jsonb, outbox
+from longrun.db import admission, driver, jsonb, keys, outbox
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
@@ -41,6 +41,7 @@ from longrun.domain import (
     queue_stint_starts,
 )
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.errors import LeaseLost, StaleRevision
 from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, plan
 
@@ -117,8 +118,11 @@ def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
 
 def _handover_sql() -> list[str]:
     """``Handover``'s CTEs: only if the run that moved was admitted; the chosen run's wakeup is kept
-    as data (``bus.wakeup``): the handover's wake with that run, its revision, a fresh id and the time."""
-    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
+    as data (``bus.wakeup``): the handover's wake with that run, its revision, a fresh id and the time.
+
+    A run that ends holding a concurrency key hands the key on with its slot (``_key_handover``)."""
+    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1",
+                                   ended_key=keys.ENDED_KEY)
     wakeup = (
         "(SELECT jsonb_build_object("
         "  'payload', CAST(:h_wake AS jsonb) || jsonb_build_object('event_id', CAST(gen_random_uuid() AS text), "
@@ -127,10 +131,13 @@ def _handover_sql() -> list[str]:
         "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n FROM handed) AS r")
     return [
         "freed AS (SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL)",
-        f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
+        f"handed AS (UPDATE runs SET admitted_at = now(), {admission.TAKES_KEY} WHERE run_id IN ({chosen}) "
+        f"AND EXISTS (SELECT 1 FROM freed) AND {keys.hands_on('runs')} "
         f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
-        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
+        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))",
+        # A key given back may let a queued run start that this statement could not hand a slot to.
+        f"key_freed AS (SELECT pg_notify(:h_channel, :h_tenant) FROM moved WHERE {keys.ENDED_KEY} IS NOT NULL)"]
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ def _parts() -> dict[str, _Part]:
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
-        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled",)),
+        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled", "key_freed")),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
@@ -179,7 +186,8 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
     sets = ", ".join(f"{c} = :{c}" for c in (*_PROJECTED, "last_seq")) + "".join(p.sets for p in parts)
     token = "CAST(:f_token AS bigint)" if "fenced" in names else "NULL"
     ctes = [
-        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id, admitted_at)",
+        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} "
+        "RETURNING run_id, admitted_at, concurrency_key, concurrency_held_at)",
         f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
         f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
         f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
@@ -206,20 +214,28 @@ _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "wor
 
 @functools.cache
 def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = False,
-            queued: bool = False) -> driver.Statement:
+            queued: bool = False, keyed: bool = False) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
     ``AtOnce``, its admission too; with ``announce``, messages sent only if the row was new; with
     ``labelled``, its labels' rows; with ``timed``, its business deadline's timer; with ``queued``, its
-    schedule-to-start (the column, and the first queue stint's timer)."""
+    schedule-to-start (the column, and the first queue stint's timer); with ``keyed``, its concurrency
+    key, admitted at once only while the key has room."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
     if queued:
         columns.append("schedule_to_start")
         values.append("CAST(:q_seconds AS double precision)")
+    if keyed:
+        columns += ["concurrency_key", "concurrency_limit"]
+        values += ["CAST(:k_key AS text)", "CAST(:k_limit AS smallint)"]
     parts = []
     if at_once:
-        parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')})")
+        parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')}{keys.CREATED_KEY_FREE if keyed else ''})")
+        admit = "tenant.active < :slots AND NOT tenant.waiting" + (" AND tenant.key_free" if keyed else "")
         columns.append("admitted_at")
-        values.append("CASE WHEN tenant.active < :slots AND NOT tenant.waiting THEN now() END")
+        values.append(f"CASE WHEN {admit} THEN now() END")
+        if keyed:
+            columns.append("concurrency_held_at")
+            values.append(f"CASE WHEN {admit} THEN now() END")
         source = " FROM tenant"
     parts += [
         f"made AS (INSERT INTO runs ({', '.join(columns)}) SELECT {', '.join(values)}{source} "
@@ -256,10 +272,11 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
 
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
-                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None) -> StoredRun | None:
+                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None,
+                 key: KeyClaim | None = None) -> StoredRun | None:
     """Insert a run with its first event, its labels, its business deadline's timer and its first queue
     stint's (schedule-to-start); None when (tenant, idempotency_key) exists. ``trace_root``: the
-    traceparent of the run's root span.
+    traceparent of the run's root span. ``key``: its concurrency key.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -284,8 +301,10 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
     queued = queue_stint_starts(None, snapshot)
     if queued:
         params.update(_queue_params(snapshot))
+    if key is not None:
+        params.update(k_key=key.key, k_limit=key.limit)
     statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels),
-                        timed=created.deadline is not None, queued=queued)
+                        timed=created.deadline is not None, queued=queued, keyed=key is not None)
     row = await driver.one(conn, statement, params)
     if not row.made:
         return None
