@@ -57,11 +57,12 @@ async def _admit_best(conn: AsyncConnection, tenant: str, aging_seconds: float, 
     chosen: list[Any] = []
     while free > 0:
         rows = list(await conn.execute(admission.ADMIT_BEST, {"t": tenant, "aging": aging_seconds, "n": free}))
-        chosen += sorted(rows, key=lambda r: (-r.score, r.created_at))
+        chosen += rows
         free -= len(rows)
         if not any(r.concurrency_key is not None for r in rows):
             break
-    return chosen
+    # Scored at the transaction's time: one order over every statement's runs.
+    return sorted(chosen, key=lambda r: (-r.score, r.created_at))
 
 
 async def _lock_tenant(conn: AsyncConnection, tenant: str) -> None:
