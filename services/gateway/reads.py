@@ -58,7 +58,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
             "next_timer": None if next_timer is None else {
                 "kind": next_timer.kind, "wake_at": next_timer.wake_at.isoformat()},
             "allowed_operations": operate.allowed_operations(stored.snapshot),
-            "waiting_for": f"a compatible worker: {needs}" if needs else f"concurrency_key:{key}" if key else None,
+            "waiting_for": f"a compatible worker: {needs}" if needs else key,
             "archived": None if archived is None else {
                 "at": archived.at.isoformat(), "archive": archived.archive,
                 "location": archived.location, "media_type": retention.ARCHIVE_MEDIA_TYPE},

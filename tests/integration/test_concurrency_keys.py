@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from longrun.db import outbox
-from longrun.services.gateway import reads
+from longrun.services.gateway import api, reads
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key, publish_create, run_id_for, status_of
 
@@ -61,11 +61,14 @@ def _started(timeline: list[tuple[str, dict[str, Any], datetime]]) -> datetime:
     return next(at for kind, data, at in timeline if kind == "run.status_changed" and data["to"] == "RUNNING")
 
 
-async def _waiting_for(engine, run_id: str) -> str | None:  # type: ignore[no-untyped-def]
+async def _waiting_for(engine, run_id: str) -> tuple[str | None, str | None]:  # type: ignore[no-untyped-def]
+    """What the run waits for as ``GET /runs/{id}`` shows it, and as ``GET /runs`` lists it."""
     async with engine.connect() as conn:
         view = await reads.run_view(conn, run_id)
+        listed = await reads.search_runs(conn, api.RunSearch(tenant_id=TENANT))
     assert view is not None
-    return view["waiting_for"]  # type: ignore[no-any-return]
+    [row] = [r for r in listed["runs"] if r["run_id"] == run_id]
+    return view["waiting_for"], row["waiting_for"]
 
 
 async def test_a_second_run_with_the_key_waits_holding_no_slot_and_runs_once_the_first_ends(
@@ -83,8 +86,8 @@ async def test_a_second_run_with_the_key_waits_holding_no_slot_and_runs_once_the
     waiting = await _row(engine, second)
     assert (waiting.status, waiting.admitted_at, waiting.concurrency_held_at) == ("READY", None, None)
     assert waiting.concurrency_key == "repo:acme/api"
-    assert await _waiting_for(engine, second) == "concurrency_key:repo:acme/api"
-    assert await _waiting_for(engine, first) is None
+    assert await _waiting_for(engine, second) == ("concurrency_key:repo:acme/api",) * 2
+    assert await _waiting_for(engine, first) == (None, None)
     # And the second starts only once the first has ended, the key handed on with its slot
     await _reaches(engine, second, "COMPLETED")
     ended = next(at for kind, _, at in await _timeline(engine, first) if kind == "run.completed")

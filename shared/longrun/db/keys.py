@@ -4,11 +4,11 @@ cancels makes. Admission's own test of a queued run's key is ``admission.key_fre
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import literal_column, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db import admission
-from longrun.db.schema import KEYED_OPEN, QUEUED, sql_names
+from longrun.db.schema import KEYED_OPEN, QUEUED_STATUS, sql_name, sql_names
 from longrun.domain import TERMINAL
 from longrun.domain.concurrency import KeyClaim, KeyedRun
 
@@ -45,13 +45,21 @@ async def open_runs(conn: AsyncConnection, tenant_id: str, claim: KeyClaim, *, u
     return [KeyedRun(r.run_id, r.holding, r.cancel_requested) for r in rows]
 
 
-_WAITING_FOR = text(
-    "SELECT r.concurrency_key FROM runs AS r WHERE r.run_id = :r AND r.concurrency_key IS NOT NULL "
-    f"AND r.concurrency_held_at IS NULL AND {QUEUED} AND "
-    + admission.key_holders(tenant="r.tenant_id", key="r.concurrency_key", up_to="r.concurrency_limit")
-    + " >= r.concurrency_limit")
+def _waiting_for(run: str) -> str:
+    """``concurrency_key:<key>`` for the run ``run`` (an alias of runs) while it is queued and its key's
+    holders fill its limit; NULL otherwise (a run without a key reads nothing more)."""
+    count = admission.key_holders(tenant=f"{run}.tenant_id", key=f"{run}.concurrency_key",
+                                  up_to=f"{run}.concurrency_limit")
+    return (f"CASE WHEN {run}.concurrency_key IS NOT NULL AND {run}.concurrency_held_at IS NULL "
+            f"AND {run}.admitted_at IS NULL AND {run}.status = {sql_name(QUEUED_STATUS)} "
+            f"AND {count} >= {run}.concurrency_limit THEN 'concurrency_key:' || {run}.concurrency_key END")
+
+
+WAITING_FOR_KEY = literal_column(_waiting_for("runs"))
+"""What a run of a runs query waits for, of its key (``waiting_for``)."""
+_WAITING_FOR = text(f"SELECT {_waiting_for('r')} FROM runs AS r WHERE r.run_id = :r")
 
 
 async def waiting_for(conn: AsyncConnection, run_id: str) -> str | None:
-    """The key the run waits for (queued, its key's holders at its limit), or None."""
+    """``concurrency_key:<key>`` while the run waits for its key, else None."""
     return (await conn.execute(_WAITING_FOR, {"r": run_id})).scalar()

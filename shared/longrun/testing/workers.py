@@ -12,6 +12,7 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+from longrun.app import effects
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Taken, Worker
 from longrun.artifacts import content_hash_of, object_key
@@ -129,8 +130,11 @@ class MemoryWorkerStore:
         self.world.send(rides.messages)
         if rides.handover is not None and self.store.runs[run_id].admitted:
             self._hand_over(rides.handover, run_id)
-        # rides.notices, and a freed slot no queued run takes, wake admission in PostgreSQL; the memory
-        # world admits at creation.
+        # A notice to admission, a freed slot no queued run takes, and a key given back wake the
+        # scheduler in PostgreSQL.
+        tenant = self.store.runs[run_id].tenant_id
+        if rides.handover is not None or (effects.ADMISSION_CHANNEL, tenant) in rides.notices:
+            self.world.admit(tenant)
 
     def _hand_over(self, handover: Handover, ended: str) -> None:
         """As ``db.runs``' handover: the finished run's slot goes to its tenant's best queued run (priority
