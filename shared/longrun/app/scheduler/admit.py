@@ -17,6 +17,11 @@ another transaction between the create and the worker's wakeup (latency to the f
 A run that a worker finishes hands its slot to the next queued run of its tenant in the
 statement that finishes it (``runs.Handover``), which admits and wakes that run; admission
 is notified only when nobody could take the slot.
+
+A run kind's concurrency key (``authoring.ConcurrencyKey``) is derived from the create's input and
+stored with the run; its policy may refuse the create or cancel the key's earlier runs first
+(``scheduler.keys``). A queued run whose key its holders fill is passed over by admission, and takes
+the key when a holder ends.
 """
 
 from __future__ import annotations
