@@ -360,11 +360,16 @@ class World:
     def operate(self, run_id: str, action: str, *, actor: str = "ops", reason: str = "test") -> dict[str, Any]:
         """An operator's cancel, pause, resume, retry or terminate; refused (``DomainError``) changes nothing."""
         if action == "terminate":
-            return self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
+            done = self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
                                                                     clock=self.clock, kinds=self.kinds))
-        use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
-                    "retry": operate.retry}[action]
-        return self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
+        else:
+            use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
+                        "retry": operate.retry}[action]
+            done = self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
+        # The scheduler's round that follows (on PostgreSQL it runs at least twice a second): a run the
+        # operator ended gave its slot and its key back.
+        self.admit(self.store.runs[run_id].tenant_id)
+        return done
 
     def decide(self, run_id: str, *, approval_id: str, approved_hash: str, approved: bool = True,
                actor: str = "owner") -> dict[str, Any]:

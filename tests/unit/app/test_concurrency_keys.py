@@ -108,3 +108,14 @@ def test_cancel_in_progress_cancels_the_holder_then_runs_the_new_one() -> None:
 
 def test_a_refusal_for_a_held_key_answers_409_on_post_runs() -> None:
     assert STATUS[RejectionCode.CONCURRENCY_KEY_HELD] == 409
+
+
+def test_a_holder_an_operator_terminates_gives_its_key_to_the_run_waiting_for_it() -> None:
+    with _kit(KeyPolicy.QUEUE) as kit:
+        first = kit.start({"repo": "acme/api", "hold": 3600})
+        second = kit.start({"repo": "acme/api", "hold": 5})
+        kit.settle(timers=False)
+        kit.world.operate(first, "terminate")
+        assert kit.world.store.runs[second].admitted
+        kit.settle()
+        assert (kit.status(first), kit.status(second)) == (RunStatus.TERMINATED, RunStatus.COMPLETED)
