@@ -119,3 +119,9 @@ def test_a_holder_an_operator_terminates_gives_its_key_to_the_run_waiting_for_it
         assert kit.world.store.runs[second].admitted
         kit.settle()
         assert (kit.status(first), kit.status(second)) == (RunStatus.TERMINATED, RunStatus.COMPLETED)
+
+
+def test_an_input_the_key_cannot_be_derived_from_is_refused_as_input_invalid() -> None:
+    kind = RunKind("upgrade", VERSIONS, Holds(), {}, concurrency=ConcurrencyKey(lambda value: value["repo"]))
+    with Kit(kind) as kit, pytest.raises(ValueError, match="input_invalid.*no concurrency key"):
+        kit.start({"hold": 5})
