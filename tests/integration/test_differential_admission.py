@@ -299,15 +299,14 @@ def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _sql_ignores_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admission, "key_free", lambda run, ended_key=None: "TRUE")
-    monkeypatch.setattr(admission, "key_room", lambda run: "CAST(NULL AS bigint)")
     monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
 
 
-def _sql_admits_a_key_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each candidate sees its key's room as the statement began: one statement admits two runs of a key of one."""
-    best = admission.best_queued
-    monkeypatch.setattr(admission, "best_queued", lambda **kw: best(**{**kw, "ranked": False}))
-    monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
+def _admission_keeps_what_one_statement_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that took one key in one statement each saw the room it had before: none is given back."""
+    async def nothing_past(conn: AsyncConnection, tenant: str, rows: Any) -> set[str]:
+        return set()
+    monkeypatch.setattr(admitting, "_past_room", nothing_past)
 
 
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
@@ -323,7 +322,8 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     # Admission's candidates no longer pass over a run whose concurrency key has no room.
     "sql-ignores-concurrency-keys": (_sql_ignores_keys, "admitted: sql True != domain False"),
     # One statement admits as many runs of a key as it has candidates.
-    "sql-ranks-no-key": (_sql_admits_a_key_per_run, "admitted: sql True != domain False"),
+    "admission-keeps-a-key-taken-past-its-room": (_admission_keeps_what_one_statement_took,
+                                                  "admitted: sql True != domain False"),
 }
 
 

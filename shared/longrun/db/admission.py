@@ -60,13 +60,6 @@ def key_free(run: str, *, ended_key: str | None = None) -> str:
             f"OR {count} < {run}.concurrency_limit)")
 
 
-def key_room(run: str) -> str:
-    """How many more runs may take the key of the queued run ``run``: NULL when it has none or holds it."""
-    count = key_holders(tenant=f"{run}.tenant_id", key=f"{run}.concurrency_key", up_to=f"{run}.concurrency_limit")
-    return (f"CASE WHEN {run}.concurrency_key IS NULL OR {run}.concurrency_held_at IS NOT NULL THEN NULL "
-            f"ELSE {run}.concurrency_limit - {count} END")
-
-
 TAKES_KEY = "concurrency_held_at = CASE WHEN concurrency_key IS NOT NULL THEN coalesce(concurrency_held_at, now()) END"
 """Set with ``admitted_at``: a run with a key holds it from its first admission (a run without one keeps NULL)."""
 
@@ -74,7 +67,7 @@ TAKES_KEY = "concurrency_held_at = CASE WHEN concurrency_key IS NOT NULL THEN co
 SCORE = "{runs}.priority + extract(epoch FROM now() - {runs}.created_at) / {aging}"
 
 
-def best_queued(*, tenant: str, aging: str, limit: str, ended_key: str | None = None, ranked: bool = False) -> str:
+def best_queued(*, tenant: str, aging: str, limit: str, ended_key: str | None = None) -> str:
     """The SELECT of the best queued run ids (``tenant``, ``aging``, ``limit`` are SQL expressions).
 
     Within one priority the oldest run scores best, so the best ``limit`` overall are among the
@@ -86,14 +79,13 @@ def best_queued(*, tenant: str, aging: str, limit: str, ended_key: str | None = 
     planner scan the whole queue once per candidate.
 
     A run waiting for its concurrency key is passed over (``key_free``; ``ended_key`` as there), so it
-    holds back none behind it. ``ranked``: of the runs taking one key, only as many as it has room
-    for are chosen (several admitted by one statement would each see it free).
+    holds back none behind it. Several runs taking one key each see the room it had when the statement
+    began: the admission round gives back what they took past it (``services.scheduler.admitting``).
     """
     queued = f"tenant_id = {tenant} AND {QUEUED}"
-    columns = "run_id, priority, created_at" + (f", concurrency_key, {key_room('runs')} AS room" if ranked else "")
     candidates = (
         "FROM level, LATERAL ("
-        f"  SELECT {columns} FROM runs WHERE {queued} AND priority = level.priority "
+        f"  SELECT run_id, priority, created_at FROM runs WHERE {queued} AND priority = level.priority "
         f"  AND {key_free('runs', ended_key=ended_key)} "
         # Checked again on each row locked (another admitter may have admitted it meanwhile).
         f"  ORDER BY created_at LIMIT {limit} FOR UPDATE SKIP LOCKED) AS oldest ")
@@ -103,26 +95,28 @@ def best_queued(*, tenant: str, aging: str, limit: str, ended_key: str | None = 
         "  UNION ALL"
         f"  SELECT (SELECT priority FROM runs WHERE {queued} AND priority > level.priority ORDER BY priority LIMIT 1)"
         "  FROM level WHERE level.priority IS NOT NULL) ")
-    score = SCORE.format(aging=aging, runs="oldest")
-    if not ranked:
-        return f"{levels}SELECT oldest.run_id {candidates}ORDER BY {score} DESC, oldest.created_at LIMIT {limit}"
-    return (f"{levels}SELECT c.run_id FROM (SELECT oldest.run_id, oldest.created_at, oldest.room, {score} AS score, "
-            "row_number() OVER (PARTITION BY oldest.concurrency_key, oldest.room IS NULL "
-            f"ORDER BY {score} DESC, oldest.created_at) AS nth {candidates}) AS c "
-            f"WHERE c.room IS NULL OR c.nth <= c.room ORDER BY c.score DESC, c.created_at LIMIT {limit}")
+    return (f"{levels}SELECT oldest.run_id {candidates}"
+            f"ORDER BY {SCORE.format(aging=aging, runs='oldest')} DESC, oldest.created_at LIMIT {limit}")
 
 
 def admit_best() -> TextClause:
     """The best queued runs of a tenant (``:t``), at most ``:n``, admitted in the statement that picks them."""
     return text(
         f"UPDATE runs SET admitted_at = now(), {TAKES_KEY} "
-        f"WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n', ranked=True)}) "
-        "RETURNING run_id, tenant_id, partition, revision, created_at, workflow, concurrency_key, "
+        f"WHERE run_id IN ({best_queued(tenant=':t', aging=':aging', limit=':n')}) "
+        "RETURNING run_id, tenant_id, partition, revision, created_at, workflow, concurrency_key, concurrency_limit, "
+        "concurrency_held_at = now() AS took_key, "
         "extract(epoch FROM admitted_at - created_at) AS waited, "
         f"{SCORE.format(aging=':aging', runs='runs')} AS score")
 
 
 ADMIT_BEST = admit_best()
+
+KEY_HOLDERS = text("SELECT " + key_holders(tenant=":t", key=":k", up_to=":n"))
+"""How many runs hold a tenant's key (``:t``, ``:k``), counted up to ``:n``."""
+GIVE_BACK = text("UPDATE runs SET admitted_at = NULL, concurrency_held_at = NULL "
+                 "WHERE run_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))")
+"""Runs an admission statement took past their key's room, queued again as they were."""
 
 TENANT_LOCK = "pg_advisory_xact_lock(hashtext('longrun.admit:' || :t))"
 LOCK_TENANT = text(f"SELECT {TENANT_LOCK}")
