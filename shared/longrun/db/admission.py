@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db.schema import HOLDS_KEY, HOLDS_SLOT, QUEUED
+from longrun.db.schema import HOLDS_SLOT, QUEUED
 
 ADMITTED_OPEN = f"tenant_id = {{tenant}} AND {HOLDS_SLOT}"
 """A tenant's runs holding a slot (read through ix_runs_holding_slots)."""
@@ -41,11 +41,11 @@ def tenant_slots(tenant: str) -> str:
             f"{queued_in(tenant)} AS waiting")
 
 
-def key_holders(*, tenant: str, key: str, up_to: str, besides: str = "") -> str:
+def key_holders(*, tenant: str, key: str, up_to: str, besides: str = "NULL") -> str:
     """How many runs hold ``key`` of ``tenant`` (SQL expressions), counted up to ``up_to`` through
-    ix_runs_holding_keys; ``besides``: a condition more on the holders counted."""
-    return (f"(SELECT count(*) FROM (SELECT 1 FROM runs AS holder WHERE holder.tenant_id = {tenant} "
-            f"AND holder.concurrency_key = {key} AND {HOLDS_KEY}{besides} LIMIT ({up_to})) AS k)")
+    ix_runs_holding_keys, the run ``besides`` not counted: the function ``concurrency_key_holders``
+    (migration 0036), so a statement that asks it for no run sets up no subquery."""
+    return f"concurrency_key_holders({tenant}, {key}, CAST({up_to} AS integer), CAST({besides} AS text))"
 
 
 def key_free(run: str, *, ended_key: str | None = None) -> str:
@@ -53,7 +53,7 @@ def key_free(run: str, *, ended_key: str | None = None) -> str:
     already (it waited without its slot), or the key has room. ``ended_key``: SQL of the key the
     transition's run gave back by ending, whose holding the statement's snapshot still shows.
     Runs without a key stop at the first test and read nothing more."""
-    besides = "" if ended_key is None else f" AND NOT (holder.run_id = :b_run_id AND {ended_key} IS NOT NULL)"
+    besides = "NULL" if ended_key is None else f"CASE WHEN {ended_key} IS NOT NULL THEN :b_run_id END"
     count = key_holders(tenant=f"{run}.tenant_id", key=f"{run}.concurrency_key",
                         up_to=f"{run}.concurrency_limit", besides=besides)
     return (f"({run}.concurrency_key IS NULL OR {run}.concurrency_held_at IS NOT NULL "

@@ -12,9 +12,10 @@ from longrun.db.schema import KEYED_OPEN, QUEUED_STATUS, sql_name, sql_names
 from longrun.domain import TERMINAL
 from longrun.domain.concurrency import KeyClaim, KeyedRun
 
-ENDED_KEY = ("(SELECT moved.concurrency_key FROM moved WHERE moved.concurrency_held_at IS NOT NULL "
-             f"AND CAST(:status AS text) IN ({sql_names(sorted(TERMINAL))}))")
-"""The concurrency key a transition's run (``moved``) gave back by ending (NULL: none)."""
+GAVE_BACK = f"moved.concurrency_held_at IS NOT NULL AND CAST(:status AS text) IN ({sql_names(sorted(TERMINAL))})"
+"""Whether the transition's run (``moved``) gave its concurrency key back by ending."""
+ENDED_KEY = f"(SELECT moved.concurrency_key FROM moved WHERE {GAVE_BACK})"
+"""The concurrency key a transition's run gave back by ending (NULL: none)."""
 
 
 def hands_on(run: str) -> str:

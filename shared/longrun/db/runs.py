@@ -137,7 +137,7 @@ def _handover_sql() -> list[str]:
         f"woken AS ({outbox.insert_sql(wakeup)})",
         "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))",
         # A key given back may let a queued run start that this statement could not hand a slot to.
-        f"key_freed AS (SELECT pg_notify(:h_channel, :h_tenant) FROM moved WHERE {keys.ENDED_KEY} IS NOT NULL)"]
+        f"key_freed AS (SELECT pg_notify(:h_channel, :h_tenant) FROM moved WHERE {keys.GAVE_BACK})"]
 
 
 @dataclass(frozen=True)

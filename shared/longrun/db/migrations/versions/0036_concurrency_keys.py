@@ -23,6 +23,14 @@ depends_on = None
 OPEN_RUN = "status NOT IN ('BUDGET_EXHAUSTED', 'CANCELLED', 'COMPLETED', 'FAILED', 'TERMINATED', 'TIMED_OUT')"
 HOLDS_KEY = f"concurrency_held_at IS NOT NULL AND {OPEN_RUN}"
 KEYED_OPEN = f"concurrency_key IS NOT NULL AND {OPEN_RUN}"
+KEY_HOLDERS = f"""
+    CREATE OR REPLACE FUNCTION concurrency_key_holders(tenant text, key text, up_to integer, besides text)
+    RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT count(*) FROM (SELECT 1 FROM runs WHERE tenant_id = tenant AND concurrency_key = key
+                AND {HOLDS_KEY} AND run_id IS DISTINCT FROM besides LIMIT up_to) AS h);
+    END $$
+"""
 WHOLE = ("(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit > 0 "
          "AND (concurrency_held_at IS NULL OR concurrency_key IS NOT NULL)")
 
@@ -33,6 +41,9 @@ def upgrade() -> None:
     op.add_column('runs', sa.Column('concurrency_held_at', sa.DateTime(timezone=True), nullable=True))
     op.execute(f"ALTER TABLE runs ADD CONSTRAINT ck_runs_concurrency_key_whole CHECK ({WHOLE}) NOT VALID")
     op.execute("ALTER TABLE runs VALIDATE CONSTRAINT ck_runs_concurrency_key_whole")
+    # Admission asks it only for queued runs with a key: as a function, the statements that read none
+    # carry no subquery to set up.
+    op.execute(KEY_HOLDERS)
     with op.get_context().autocommit_block():
         op.create_index('ix_runs_holding_keys', 'runs', ['tenant_id', 'concurrency_key'],
                         postgresql_where=sa.text(HOLDS_KEY), postgresql_concurrently=True, if_not_exists=True)
@@ -44,6 +55,7 @@ def downgrade() -> None:
     with op.get_context().autocommit_block():
         op.drop_index('ix_runs_keyed_open', table_name='runs', postgresql_concurrently=True, if_exists=True)
         op.drop_index('ix_runs_holding_keys', table_name='runs', postgresql_concurrently=True, if_exists=True)
+    op.execute("DROP FUNCTION concurrency_key_holders(text, text, integer, text)")
     op.drop_constraint('concurrency_key_whole', 'runs', type_='check')
     op.drop_column('runs', 'concurrency_held_at')
     op.drop_column('runs', 'concurrency_limit')
