@@ -135,9 +135,10 @@ def _handover_sql() -> list[str]:
         f"AND EXISTS (SELECT 1 FROM freed) AND {keys.hands_on('runs')} "
         f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
         f"woken AS ({outbox.insert_sql(wakeup)})",
-        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))",
-        # A key given back may let a queued run start that this statement could not hand a slot to.
-        f"key_freed AS (SELECT pg_notify(:h_channel, :h_tenant) FROM moved WHERE {keys.GAVE_BACK})"]
+        # Admission is woken for a slot no queued run took, and for a key given back (it may let a queued
+        # run start that this statement could not hand a slot to).
+        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM moved WHERE (moved.admitted_at IS NOT NULL "
+        f"AND NOT EXISTS (SELECT 1 FROM handed)) OR {keys.GAVE_BACK})"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _parts() -> dict[str, _Part]:
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
-        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled", "key_freed")),
+        "handover": _Part(ctes=tuple(_handover_sql()), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
