@@ -296,7 +296,7 @@ OPERATIONS: tuple[Operation, ...] = (
               RunPage, _READ, query=RunSearch),
     Operation("POST", "/runs", "createRun", "Create a run, as a run.create on the bus would: 201 with the run made, "
               "200 with the run a repeat of the same create made (the Idempotency-Key). A refusal answers the "
-              "run.rejected code: 409 idempotency_key_reused, 413 input_too_large, 403 tenant_not_allowed, 422 "
+              "run.rejected code: 409 idempotency_key_reused or concurrency_key_held, 413 input_too_large, 403 tenant_not_allowed, 422 "
               "every other; 400 when the header is missing or differs from payload.idempotency_key",
               RunAccepted, (400, 401, 403, 409, 413, 422, 503), body=CreateRun, role=None, permission="create_runs",
               refusal=CreateRefused, idempotency_key=True),

@@ -136,6 +136,7 @@ class RunRow(Strict):
     created_at: datetime
     updated_at: datetime
     labels: dict[str, str]
+    waiting_for: str | None = Field(description="concurrency_key:<key> while the run waits for its concurrency key.")
 
 
 class RunPage(Strict):

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.app.gateway import operate
 from longrun.app.reconciler.common import ALERT_PREFIX
 from longrun.db import actions as ledger
-from longrun.db import operator_reads, retention, runs
+from longrun.db import keys, operator_reads, retention, runs
 from longrun.domain import event_to_dict
 from longrun.services.gateway import api
 
@@ -46,6 +46,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
         return None
     history = await runs.history(conn, stored.snapshot.run_id)
     needs = await operator_reads.awaiting_worker(conn, stored.snapshot.run_id)
+    key = await keys.waiting_for(conn, stored.snapshot.run_id)
     archived = await retention.archive_of(conn, stored.snapshot.run_id)
     next_timer = await operator_reads.next_timer(conn, stored.snapshot.run_id)
     calls = await ledger.for_run(conn, stored.snapshot.run_id)
@@ -57,7 +58,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
             "next_timer": None if next_timer is None else {
                 "kind": next_timer.kind, "wake_at": next_timer.wake_at.isoformat()},
             "allowed_operations": operate.allowed_operations(stored.snapshot),
-            "waiting_for": f"a compatible worker: {needs}" if needs else None,
+            "waiting_for": f"a compatible worker: {needs}" if needs else key,
             "archived": None if archived is None else {
                 "at": archived.at.isoformat(), "archive": archived.archive,
                 "location": archived.location, "media_type": retention.ARCHIVE_MEDIA_TYPE},

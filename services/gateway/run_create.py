@@ -43,9 +43,11 @@ STATUS: dict[RejectionCode, int] = {
     RejectionCode.IDEMPOTENCY_KEY_REUSED: 409,
     RejectionCode.INPUT_INVALID: 422,
     RejectionCode.TENANT_NOT_ALLOWED: 403,
+    RejectionCode.CONCURRENCY_KEY_HELD: 409,
 }
 """Each ``run.rejected`` code's HTTP status: a create that cannot be read or names what this runtime does
-not run is unprocessable (422), a key already taken by another input conflicts (409), an input past
+not run is unprocessable (422), a key already taken by another input or a concurrency key its kind
+refuses to share conflicts (409), an input past
 ``LONGRUN_MAX_INPUT_BYTES`` is too large (413), a tenant the caller may not create in is forbidden (403)."""
 PRODUCER_PREFIX = "gateway:"
 """A create made over HTTP names its caller as its producer: ``gateway:<subject>``."""

@@ -27,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
 from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, RunTimeouts, Scope, Workflow
+from longrun.domain.concurrency import LARGEST_LIMIT, KeyClaim, KeyPolicy, key_problem
 from longrun.errors import ToolRejected
 
 
@@ -148,6 +149,42 @@ class ScopeApproval:
     """Seconds; unanswered past them, the run goes to NEEDS_ATTENTION (a refused call asks once)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencyKey:
+    """At most ``limit`` runs of a tenant hold one key at once, derived from each run's input (e.g.
+    ``lambda i: f"repo:{i['repo']}"``: one upgrade per repository). A run takes its key at its first
+    admission and holds it until it ends; kinds naming the same key share it. When the key's runs
+    fill the limit, ``policy`` says what a create does (``KeyPolicy``)."""
+
+    key: Callable[[Mapping[str, Any]], str | None]
+    """The key of a run with this (validated) input; None: this run has none. A key is 1 to 200
+    characters; a function that raises or returns anything else refuses the create (``input_invalid``)."""
+    limit: int = 1
+    policy: KeyPolicy = KeyPolicy.QUEUE
+    max_waiting: int | None = None
+    """``QUEUE`` only: at most this many runs wait for the key; a create past them is refused
+    (``concurrency_key_held``). None: any number wait. One is a schedule's "buffer one"."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.limit <= LARGEST_LIMIT:
+            raise ValueError(f"concurrency key: limit must be 1 to {LARGEST_LIMIT}, got {self.limit!r}")
+        if self.max_waiting is not None and (self.policy is not KeyPolicy.QUEUE or self.max_waiting < 0):
+            raise ValueError(f"concurrency key: max_waiting is a number >= 0 of runs queued behind the key, "
+                             f"for the policy queue only; got {self.max_waiting!r} with {self.policy.value}")
+
+    def claim(self, value: Mapping[str, Any]) -> KeyClaim | None:
+        """The key a run with input ``value`` claims (None: none); ValueError saying why it has no valid one."""
+        try:
+            key = self.key(value)
+        except Exception as e:
+            raise ValueError(f"concurrency key cannot be derived from the input: {e!r}") from None
+        if key is None:
+            return None
+        if problem := key_problem(key):
+            raise ValueError(problem)
+        return KeyClaim(key, self.limit)
+
+
 @dataclass(frozen=True)
 class RunKind:
     """A workflow plus everything the runtime needs to run it at one pinned version."""
@@ -195,6 +232,9 @@ class RunKind:
     the JSON it arrived as) or a JSON Schema (draft 2020-12). A create whose input fails it is
     refused with ``run.rejected`` (``input_invalid``, naming each field that failed) and creates
     nothing, so ``decide`` never meets an input it cannot read. None: any JSON object."""
+
+    concurrency: ConcurrencyKey | None = None
+    """The concurrency key a run of this kind takes, from its input. None: its runs take none."""
 
     def __post_init__(self) -> None:
         if isinstance(self.input_schema, Mapping):

@@ -226,6 +226,9 @@ class Row:
     created_at: datetime
     revision: int
     partition: int
+    key: str | None = None
+    limit: int = 0
+    key_held: bool = False
 
 
 def holds_slot(row: Row) -> bool:
@@ -245,6 +248,17 @@ def parks_without_slot(before: StoredRun, after: StoredRun) -> bool:
 
 def queued(row: Row) -> bool:
     return not row.admitted and row.status is QUEUED_STATUS
+
+
+def key_holders(model: Mapping[str, Row], row: Row) -> int:
+    """How many of the model's runs hold ``row``'s key: taken, and not finished."""
+    return sum(1 for other in model.values() if other.tenant == row.tenant and other.key == row.key
+               and other.key_held and other.status not in domain_run.TERMINAL)
+
+
+def key_free(model: Mapping[str, Row], row: Row) -> bool:
+    """Whether ``row`` may run for its concurrency key: none, held already, or the key has room."""
+    return row.key is None or row.key_held or key_holders(model, row) < row.limit
 
 
 def score(row: Row, now: datetime, aging: float) -> float:

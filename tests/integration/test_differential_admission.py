@@ -6,11 +6,13 @@ through ONE admission round (``admitting.admit``: ``ADMIT_BEST`` per
 tenant) and then one creation per tenant admitted at once when its tenant has room
 (``runs.create`` with ``AtOnce``: ``tenant_slots``), all in one transaction. Compared column by column
 with a pure model: slots held by admitted runs whose status is not in the domain's ``TERMINAL``, the
-queue as the runs in ``READY`` not admitted, the best by priority plus age over ``aging``, and the
-wakeups from ``effects.wake_message_of``.
+queue as the runs in ``READY`` not admitted, the best by priority plus age over ``aging`` passing over a
+run whose concurrency key its holders fill (a queued run holding its key passes), and the wakeups from
+``effects.wake_message_of``.
 
-The mutants change a status set (the domain's, or the one the SQL is rendered from) or what the SQL
-counts as holding a slot or queued, and expect the differential check to report mismatches.
+The mutants change a status set (the domain's, or the one the SQL is rendered from), what the SQL
+counts as holding a slot or queued, or drop the key rules from the SQL, and expect the differential
+check to report mismatches.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from longrun.db import admission, runs
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, evolve, freeze
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.domain import run as domain_run
 from longrun.domain.breaker import health_wait
 from longrun.ports.runs import StoredRun
@@ -45,6 +48,7 @@ PRODUCER = admit.PRODUCER
 VERSIONS = PinnedVersions(workflow="1", prompt="1", model_policy="1", tool_schemas="1")
 TENANTS = ("a-red", "a-green", "a-blue", "a-amber", "a-grey")
 NEW_TENANT = "a-new"
+KEYED_TENANT = "a-keys"
 SLOTS = 3
 AGING = 7.3
 """Seconds per priority point. Ages are whole seconds below 73 apart, so no two scores tie or nearly tie."""
@@ -105,6 +109,14 @@ def _events(kind: str, stored: StoredRun, at: float) -> list[ev.RunEvent]:
     raise AssertionError(kind)
 
 
+KEYS = ("repo:a", "repo:b", "repo:c")
+
+
+def _key(rng: random.Random) -> KeyClaim | None:
+    """Half the runs take one of a few concurrency keys, of limit one or two."""
+    return KeyClaim(rng.choice(KEYS), rng.choice((1, 2))) if rng.random() < 0.5 else None
+
+
 def _created(rng: random.Random, tenant: str, n: int, *, priority: int, at: float) -> ev.RunCreated:
     run_id = f"run-{rng.getrandbits(32):08x}-{tenant}-{n:02d}"
     return ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": n}),
@@ -134,7 +146,9 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
             admitted = []
             for n, kind in enumerate(kinds):
                 priority = 3 if first and kind == "requeued" else rng.randrange(4)
-                stored = await _create(conn, _created(rng, tenant, n, priority=priority, at=at))
+                # Each admitted run's key is its own within the tenant (the setup admits them all).
+                key = KeyClaim(f"held:{n}", 1) if rng.random() < 0.3 else None
+                stored = await _create(conn, _created(rng, tenant, n, priority=priority, at=at), key=key)
                 assert stored is not None
                 admitted.append(stored)
             await admitting.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
@@ -145,7 +159,8 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
                 await runs.append(conn, stored, _events(kind, stored, at))
             queued = []
             for n in range(4 if first else rng.randint(0, 6)):
-                stored = await _create(conn, _created(rng, tenant, 20 + n, priority=rng.randrange(4), at=at))
+                stored = await _create(conn, _created(rng, tenant, 20 + n, priority=rng.randrange(4), at=at),
+                                       key=_key(rng))
                 assert stored is not None
                 queued.append(stored)
             aside = ["paused"] if first else rng.sample(ASIDE, rng.randint(0, 2))
@@ -155,11 +170,30 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> None:
                 assert stored is not None
                 await runs.append(conn, stored, _events(kind, stored, at))
                 ages[stored.snapshot.run_id] = 72  # the oldest: it would be the best if it were queued
+            for n in range(1 if first else rng.randint(0, 2)):
+                # Runs of a key an admitted run may hold: one holding it while queued (it gave its slot
+                # back while it waited), and one held back by it that would otherwise be the best.
+                key = KeyClaim("held:0", 1)
+                holding = await _create(conn, _created(rng, tenant, 30 + 2 * n, priority=rng.randrange(4), at=at),
+                                        key=key)
+                blocked = await _create(conn, _created(rng, tenant, 31 + 2 * n, priority=top + 1, at=at), key=key)
+                assert holding is not None and blocked is not None
+                await conn.execute(text("UPDATE runs SET concurrency_held_at = now() WHERE run_id = :r"),
+                                   {"r": holding.snapshot.run_id})
+                queued.append(holding)
+                ages[blocked.snapshot.run_id] = 71
             spare = rng.sample(range(1, 72), 71)
             for stored in [*admitted, *queued]:
                 ages[stored.snapshot.run_id] = spare.pop()
             if first:  # the run queued again is the oldest of the queue and of the top priority: the best
                 ages[admitted[kinds.index("requeued")].snapshot.run_id] = 72
+        # A tenant with three free slots and three queued runs of one key of limit one, and a run without
+        # a key: one round admits the best of the key's runs and the keyless one.
+        for n in range(4):
+            stored = await _create(conn, _created(rng, KEYED_TENANT, n, priority=rng.randrange(4), at=at),
+                                   key=KeyClaim("repo:one", 1) if n else None)
+            assert stored is not None
+            ages[stored.snapshot.run_id] = 10 + n
         # Distinct ages, whole seconds: the queue's order by score, then age, has no near ties.
         await diff.set_ages(conn, ages)
 
@@ -196,15 +230,17 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     slots, spent = await _tenant_limits(engine, rng)
     at = time.time()
     fresh = [_created(rng, tenant, 60, priority=rng.randrange(4), at=at) for tenant in (*TENANTS, NEW_TENANT)]
+    fresh_keys = {created.run_id: _key(rng) for created in fresh}
     # The SQL path: one admission round, then a creation per tenant admitted at once if it has room.
     async with engine.begin() as conn:
         now = (await conn.execute(text("SELECT now()"))).scalar_one()
         mark = await diff.outbox_mark(conn)
         model = {r.run_id: diff.Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
-                               r.partition)
+                               r.partition, r.concurrency_key, r.concurrency_limit or 0, r.key_held)
                  for r in await conn.execute(text(
                      "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
-                     "revision, partition FROM runs"))}
+                     "revision, partition, concurrency_key, concurrency_limit, "
+                     "concurrency_held_at IS NOT NULL AS key_held FROM runs"))}
         admitted = await admitting.admit(conn, slots=SLOTS, aging_seconds=AGING)
         made: dict[str, StoredRun | None] = {}
         for created in fresh:
@@ -213,16 +249,22 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
                                              revision=evolve(None, created).revision, partition=partition,
                                              reason="admitted", producer=PRODUCER, cause=f"create:{created.run_id}")
             made[created.run_id] = await _create(conn, created, at_once=runs.AtOnce(SLOTS, wakeup,
-                                                                                    effects.ADMISSION_CHANNEL))
-    # The domain's path: each tenant with a queue gets its free slots' worth of its best queued runs.
+                                                                                    effects.ADMISSION_CHANNEL),
+                                                 key=fresh_keys[created.run_id])
+    # The domain's path: each tenant with a queue gets its free slots' worth of its best queued runs,
+    # passing over those whose concurrency key has no room (counting the runs admitted before them).
     expected_runs = dict(before)
     expected_messages: dict[str, list[Any]] = {}
     chosen: list[str] = []
     for tenant in sorted({row.tenant for row in model.values() if diff.queued(row)}):
-        free = slots[tenant] - sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
+        free = slots.get(tenant, SLOTS) - sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
         free = 0 if tenant in spent else free
         queue = [r for r, row in model.items() if row.tenant == tenant and diff.queued(row)]
-        best = sorted(queue, key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))[:max(free, 0)]
+        best = []
+        for run_id in sorted(queue, key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at)):
+            if len(best) < free and diff.key_free(model, model[run_id]):
+                best.append(run_id)
+                model[run_id] = replace(model[run_id], key_held=model[run_id].key is not None)
         for run_id in best:
             row = model[run_id] = replace(model[run_id], admitted=True)
             expected_runs[run_id] = replace(expected_runs[run_id], admitted=True)
@@ -235,11 +277,14 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     for created in fresh:
         tenant, run_id = created.tenant_id, created.run_id
         rows = [row for row in model.values() if row.tenant == tenant]
-        at_once = (sum(map(diff.holds_slot, rows)) < slots[tenant] and not any(map(diff.queued, rows))
-                   and tenant not in spent)
+        claim = fresh_keys[run_id]
         snapshot = evolve(None, created)
         partition = topology.partition_of(run_id, PARTITIONS)
-        model[run_id] = diff.Row(tenant, snapshot.status, at_once, snapshot.priority, now, snapshot.revision, partition)
+        row = diff.Row(tenant, snapshot.status, False, snapshot.priority, now, snapshot.revision, partition,
+                       claim.key if claim else None, claim.limit if claim else 0)
+        at_once = (sum(map(diff.holds_slot, rows)) < slots.get(tenant, SLOTS) and not any(map(diff.queued, rows))
+                   and tenant not in spent and diff.key_free(model, row))
+        model[run_id] = replace(row, admitted=at_once, key_held=at_once and claim is not None)
         expected_runs[run_id] = StoredRun(snapshot, created.seq, partition, None, None, 0, admitted=at_once)
         expected_events[run_id] = [diff.event_row(run_id, created, True)]
         if at_once:
@@ -260,6 +305,11 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     found += [f"run {run_id}: admitted_at {row['admitted_at']} is not the round's {now}"
               for run_id, row in sorted(stored_rows.items())
               if (run_id in chosen or run_id in made) and row["admitted"] and row["admitted_at"] != now]
+    async with engine.connect() as conn:
+        held = dict((await conn.execute(text(
+            "SELECT run_id, concurrency_held_at IS NOT NULL FROM runs WHERE concurrency_key IS NOT NULL"))).all())
+    found += [f"run {run_id}: holds its concurrency key {held.get(run_id)}, the domain {row.key_held}"
+              for run_id, row in sorted(model.items()) if row.key is not None and held.get(run_id) != row.key_held]
     return found + diff.compare_stored(expected_runs, expected_events, expected_messages, stored_rows, events, sent)
 
 
@@ -304,6 +354,18 @@ def _sql_queue_of_runs_never_started(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
 
 
+def _sql_ignores_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "key_free", lambda run, ended_key=None: "TRUE")
+    monkeypatch.setattr(admission, "ADMIT_BEST", admission.admit_best())
+
+
+def _admission_keeps_what_one_statement_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that took one key in one statement each saw the room it had before: none is given back."""
+    async def nothing_past(conn: AsyncConnection, tenant: str, rows: Any) -> set[str]:
+        return set()
+    monkeypatch.setattr(admitting, "_past_room", nothing_past)
+
+
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     # Runs parked in a wait (admitted_at cleared or not) counted as holding their slot.
     "sql-holding-counts-parked-runs": (_sql_counts_parked_as_holding, "admitted: sql False != domain True"),
@@ -318,6 +380,11 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     "sql-terminal-set-without-timed-out": (_sql_counts_timed_out_as_holding, "admitted: sql False != domain True"),
     # The queue's status set the SQL is rendered from, retyped with PAUSED.
     "sql-queued-set-with-paused": (_sql_queue_takes_paused, "admitted: sql True != domain False"),
+    # Admission's candidates no longer pass over a run whose concurrency key has no room.
+    "sql-ignores-concurrency-keys": (_sql_ignores_keys, "admitted: sql True != domain False"),
+    # One statement admits as many runs of a key as it has candidates.
+    "admission-keeps-a-key-taken-past-its-room": (_admission_keeps_what_one_statement_took,
+                                                  "admitted: sql True != domain False"),
 }
 
 

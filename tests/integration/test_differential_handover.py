@@ -6,11 +6,14 @@ ONE transaction, each such write carrying its
 queued run and keeps its wakeup as data (``bus.wakeup``), rendered as the relay publishes it. Compared column by column with a pure model:
 the finishing transitions through ``ports.runs.plan`` (``evolve``), slots held by admitted runs whose
 status is not in the domain's ``TERMINAL`` (a run parked in a wait of the model's own slotless kinds
-admitted no more, handing its slot on as a finish does), the queue as the runs in ``READY`` not admitted, the best
-by priority plus age over ``aging``, and the wakeup from ``effects.wake_message_of``.
+admitted no more, handing its slot on as a finish does), the queue as the runs in ``READY`` not
+admitted, the best by priority plus age over ``aging`` passing over a run whose concurrency key its
+holders fill (the finishing run's key counted as given back), taken only if it has no key, holds it,
+or takes the one given back, and the wakeup from ``effects.wake_message_of``.
 
 The mutants change a status set (the domain's, or the one the SQL is rendered from), the domain's
-slotless waits, the parking statement, or an envelope field the wakeup builder sets, and expect the differential check to report mismatches.
+slotless waits, the parking statement, an envelope field the wakeup builder sets, or the handover's
+key rules, and expect the differential check to report mismatches.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
 from longrun.bus import topology
-from longrun.db import admission, leases, runs
+from longrun.db import admission, handover, keys, leases, runs
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.domain import run as domain_run
 from longrun.domain import slots
 from longrun.ports.runs import Fence, StoredRun, plan
@@ -89,16 +93,22 @@ def _event(kind: str, stored: StoredRun, at: float) -> ev.RunEvent:
 
 
 async def _create(conn: AsyncConnection, rng: random.Random, tenant: str, n: int, *, priority: int,
-                  at: float) -> StoredRun:
+                  at: float, key: KeyClaim | None = None) -> StoredRun:
     run_id = f"run-{rng.getrandbits(32):08x}-{tenant}-{n:02d}"
     created = ev.RunCreated(seq=1, at=at, run_id=run_id, tenant_id=tenant, kind="probe", goal=freeze({"n": n}),
                             versions=VERSIONS, budget=Usage(model_calls=10, tool_calls=10, cost=1.0),
                             priority=priority, stage=rng.choice(("", "review")),
                             labels=freeze({"team": tenant}), correlation_id=rng.choice((None, f"corr-{run_id}")))
     stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h",
-                               partition=topology.partition_of(run_id, PARTITIONS))
+                               partition=topology.partition_of(run_id, PARTITIONS), key=key)
     assert stored is not None
     return stored
+
+
+def _queued_key(rng: random.Random, running: int) -> KeyClaim | None:
+    """A queued run's concurrency key: none, one a finishing run may hand on, or one of the tenant's own."""
+    return rng.choice((None, None, KeyClaim(f"held:{rng.randrange(max(running, 1))}", 1),
+                       KeyClaim("repo:x", rng.choice((1, 2)))))
 
 
 async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Case], dict[str, Fence]]:
@@ -115,7 +125,9 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
             running = 2 if first else rng.randint(1, slots + 2)
             holding = [] if first else rng.sample(("needs_attention", "waiting", "running"), rng.randint(0, 1))
             done = ["timed_out"] if first else rng.sample(_FINISHES, rng.randint(0, 2))
-            admitted = [await _create(conn, rng, tenant, n, priority=rng.randrange(4), at=at)
+            # Each admitted run's key is its own within the tenant (the setup admits them all).
+            admitted = [await _create(conn, rng, tenant, n, priority=rng.randrange(4), at=at,
+                                      key=KeyClaim(f"held:{n}", 1) if first or rng.random() < 0.5 else None)
                         for n in range(running + len(holding) + len(done))]
             await admitting.admit(conn, slots=100, aging_seconds=AGING, tenants=[tenant])
             finishing = []
@@ -131,8 +143,21 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random) -> tuple[list[Cas
                 kind = [*holding, *done][n - running]
                 if kind != "running":  # a running run that does not finish in the batch holds its slot as it is
                     await runs.append(conn, stored, [_event(kind, stored, at)])
-            queued = [await _create(conn, rng, tenant, 20 + n, priority=rng.randrange(4), at=at)
+            queued = [await _create(conn, rng, tenant, 20 + n, priority=rng.randrange(4), at=at,
+                                    key=None if first else _queued_key(rng, running))
                       for n in range(4 if first else rng.randint(0, 6))]
+            if first:
+                # The best queued run waits for the key of the first finishing run, which a paused run
+                # holds as well (its limit was lowered): the key stays full once that run ends. Behind
+                # it, a run holding its own key while queued (it gave its slot back).
+                queued.append(await _create(conn, rng, tenant, 30, priority=9, at=at, key=KeyClaim("held:0", 1)))
+                queued.append(await _create(conn, rng, tenant, 31, priority=0, at=at, key=KeyClaim("parked:0", 1)))
+                await conn.execute(text("UPDATE runs SET concurrency_held_at = now() WHERE run_id = :r"),
+                                   {"r": queued[-1].snapshot.run_id})
+                blocker = await _create(conn, rng, tenant, 32, priority=0, at=at, key=KeyClaim("held:0", 1))
+                await conn.execute(text("UPDATE runs SET concurrency_held_at = now() WHERE run_id = :r"),
+                                   {"r": blocker.snapshot.run_id})
+                await runs.append(conn, blocker, [_event("paused", blocker, at)])
             others = ["paused"] if first else rng.sample(("paused", "timed_out", "finishing"), rng.randint(0, 3))
             rest = []
             for n, kind in enumerate(others):
@@ -216,10 +241,11 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         now = (await conn.execute(text("SELECT now()"))).scalar_one()
         mark = await diff.outbox_mark(conn)
         model = {r.run_id: diff.Row(r.tenant_id, RunStatus(r.status), r.admitted, r.priority, r.created_at, r.revision,
-                               r.partition)
+                               r.partition, r.concurrency_key, r.concurrency_limit or 0, r.key_held)
                  for r in await conn.execute(text(
                      "SELECT run_id, tenant_id, status, admitted_at IS NOT NULL AS admitted, priority, created_at, "
-                     "revision, partition FROM runs"))}
+                     "revision, partition, concurrency_key, concurrency_limit, "
+                     "concurrency_held_at IS NOT NULL AS key_held FROM runs"))}
         for n, run_id in enumerate(order):
             stored, fence = before[run_id], fences.get(run_id)
             kind = _batch_kind(rng, stored, first=run_id == cases[0].finishing[0])
@@ -239,19 +265,29 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         # The statement's snapshot: the finishing run still counts; later writes see earlier ones.
         held = sum(1 for row in model.values() if row.tenant == tenant and diff.holds_slot(row))
         queue = sorted((row.created_at, r) for r, row in model.items() if row.tenant == tenant and diff.queued(row))
+        # A queued run handed a slot earlier in the batch finishes admitted, and hands its slot on.
+        admitted = model[run_id].admitted
         parked = diff.parks_without_slot(stored, after)
         model[run_id] = replace(model[run_id], status=after.snapshot.status, revision=after.snapshot.revision,
-                                admitted=model[run_id].admitted and not parked)
+                                admitted=admitted and not parked)
         expected_runs[run_id] = replace(after, admitted=model[run_id].admitted)
         token = None if run_id not in fences else fences[run_id].token
         expected_events[run_id] = [diff.event_row(run_id, e, a, token) for e, a in planned[run_id].rows]
         broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=f"step-{n}")
-        expected_messages[run_id] = [broadcast] if broadcast is not None else []
-        frees = after.snapshot.status in domain_run.TERMINAL or parked
-        if not (frees and stored.admitted and queue and held <= slots[tenant]) or tenant in spent:
+        expected_messages[run_id] = expected_messages.get(run_id, []) + ([broadcast] if broadcast is not None else [])
+        finished = after.snapshot.status in domain_run.TERMINAL
+        if not ((finished or parked) and admitted and queue and held <= slots[tenant]) or tenant in spent:
             continue
-        best = min((r for _, r in queue), key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))
-        model[best] = replace(model[best], admitted=True)
+        # A run waiting for its key is passed over; the best is admitted only if it has no key, holds
+        # it, or takes the one the finishing run gave back.
+        free = [r for _, r in queue if diff.key_free(model, model[r])]
+        if not free:
+            continue
+        best = min(free, key=lambda r: (-diff.score(model[r], now, AGING), model[r].created_at))
+        given_back = model[run_id].key if finished and model[run_id].key_held else None  # a parked run keeps it
+        if model[best].key is not None and not model[best].key_held and model[best].key != given_back:
+            continue
+        model[best] = replace(model[best], admitted=True, key_held=model[best].key is not None)
         expected_runs[best] = replace(expected_runs[best], admitted=True)
         handed.add(best)
         row = model[best]
@@ -265,6 +301,11 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
         sent = await diff.stored_messages(conn, mark)
     found += [f"run {run_id}: admitted_at {row['admitted_at']} is not the finishing statement's {now}"
               for run_id, row in sorted(stored_rows.items()) if run_id in handed and row["admitted_at"] != now]
+    async with engine.connect() as conn:
+        keys_held = dict((await conn.execute(text(
+            "SELECT run_id, concurrency_held_at IS NOT NULL FROM runs WHERE concurrency_key IS NOT NULL"))).all())
+    found += [f"run {run_id}: holds its concurrency key {keys_held.get(run_id)}, the domain {row.key_held}"
+              for run_id, row in sorted(model.items()) if row.key is not None and keys_held.get(run_id) != row.key_held]
     return found + diff.compare_stored(expected_runs, expected_events, expected_messages, stored_rows, events, sent)
 
 
@@ -324,7 +365,15 @@ def _sql_park_keeps_the_slot(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _sql_park_frees_by_the_updated_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runs, "_PARKED_FREES", runs._FINISHED_FREES)
+    monkeypatch.setattr(handover, "PARKED_FREES", handover.FINISHED_FREES)
+
+
+def _sql_handover_ignores_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "key_free", lambda run, ended_key=None: "TRUE")
+
+
+def _sql_handover_takes_any_free_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keys, "hands_on", lambda run: "TRUE")
 
 
 MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
@@ -340,6 +389,10 @@ MUTANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     "sql-terminal-set-without-timed-out": (_sql_counts_timed_out_as_holding, "admitted: sql False != domain True"),
     # The queue's status set the SQL is rendered from, retyped with PAUSED.
     "sql-queued-set-with-paused": (_sql_queue_takes_paused, "admitted: sql True != domain False"),
+    # The handover no longer passes over a run whose concurrency key its holders fill.
+    "sql-handover-ignores-concurrency-keys": (_sql_handover_ignores_keys, "admitted: sql True != domain False"),
+    # The handover takes a key no finishing run gave back, which admission may be taking meanwhile.
+    "sql-handover-takes-any-free-key": (_sql_handover_takes_any_free_key, "admitted: sql True != domain False"),
     # An envelope field the wakeup builder sets per run, which the handover's kept wake does not carry.
     "envelope-wakeup-correlation-per-run": (_wakeup_correlated_by_run, "run.wakeup: payload.correlation_id"),
 }

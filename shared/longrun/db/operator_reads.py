@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Row, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from longrun.db import pages
+from longrun.db import keys, pages
 from longrun.db.schema import run_labels, runs
 from longrun.db.schema_tenants import audit_log
 
@@ -33,7 +33,8 @@ async def search_runs(conn: AsyncConnection, *, equal: Mapping[str, str | None],
     page and the next cursor. ValueError names a cursor or an age that is not one."""
     query = select(runs.c.run_id, runs.c.tenant_id, runs.c.status, runs.c.workflow, runs.c.workflow_version,
                    runs.c.wait_kind, runs.c.awaiting_worker, runs.c.idempotency_key, runs.c.created_at,
-                   runs.c.snapshot["labels"].label("labels"), runs.c.updated_at)
+                   runs.c.snapshot["labels"].label("labels"), runs.c.updated_at,
+                   keys.WAITING_FOR_KEY.label("waiting_for"))
     if tenants is not None:
         query = query.where(runs.c.tenant_id.in_(sorted(tenants)))
     for column in RUN_FILTERS:

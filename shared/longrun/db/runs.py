@@ -28,8 +28,7 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
-from longrun.bus.wakeup import TYPE as WAKEUP
-from longrun.db import admission, driver, jsonb, outbox, tenant_limits
+from longrun.db import admission, driver, handover, jsonb, keys, outbox, tenant_limits
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
@@ -41,6 +40,7 @@ from longrun.domain import (
     queue_stint_starts,
 )
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.errors import LeaseLost, StaleRevision
 from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, TenantCharge, plan
 
@@ -115,25 +115,6 @@ def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
     return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
 
 
-def _handover_sql(freed: str) -> list[str]:
-    """``Handover``'s CTEs: only if the run that moved was admitted (``freed``: a query of one row if
-    it was); the chosen run's wakeup is kept as data (``bus.wakeup``): the handover's wake with that
-    run, its revision, a fresh id and the time."""
-    chosen = admission.best_queued(tenant=":h_tenant", aging="CAST(:h_aging AS float8)", limit="1")
-    wakeup = (
-        "(SELECT jsonb_build_object("
-        "  'payload', CAST(:h_wake AS jsonb) || jsonb_build_object('event_id', CAST(gen_random_uuid() AS text), "
-        "     'occurred_at', now(), 'run_id', handed.run_id, 'revision', handed.revision), "
-        f"  'type', '{WAKEUP}', 'exchange', CAST(:h_exchange AS text), 'partition', handed.partition, "
-        "  'routing_key', CAST(:h_routes AS jsonb) -> CAST(handed.partition AS text)) AS row, 1 AS n FROM handed) AS r")
-    return [
-        f"freed AS ({freed})",
-        f"handed AS (UPDATE runs SET admitted_at = now() WHERE run_id IN ({chosen}) AND EXISTS (SELECT 1 FROM freed) "
-        f"AND {admission.hands_on(':h_tenant', ':h_slots')} RETURNING run_id, partition, revision)",
-        f"woken AS ({outbox.insert_sql(wakeup)})",
-        "unfilled AS (SELECT pg_notify(:h_channel, :h_tenant) FROM freed WHERE NOT EXISTS (SELECT 1 FROM handed))"]
-
-
 def _tenant_charging(charge: TenantCharge) -> dict[str, Any]:
     return {"g_tenant": charge.tenant_id, "g_tokens": charge.tokens, "g_cost": charge.cost, "g_period": charge.period,
             "g_tokens_default": charge.tokens_default, "g_cost_default": charge.cost_default}
@@ -152,12 +133,6 @@ class _Part:
     counted: tuple[str, ...] = ()
 
 
-_FINISHED_FREES = "SELECT 1 FROM moved WHERE moved.admitted_at IS NOT NULL"
-# RETURNING shows the row as updated (admitted_at cleared): whether the run held a slot is read from
-# the row as the statement found it (every part of one statement reads the same snapshot). Only a
-# worker holding the run parks it, and admission changes admitted_at of queued runs alone.
-_PARKED_FREES = ("SELECT 1 FROM moved JOIN runs AS was ON was.run_id = moved.run_id "
-                 "WHERE was.admitted_at IS NOT NULL")
 _ACTION_VALUES = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
 def _parts() -> dict[str, _Part]:
     """Every part a transition statement may hold, by name, in the order they are written (made for
@@ -172,11 +147,11 @@ def _parts() -> dict[str, _Part]:
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
-        "handover": _Part(ctes=tuple(_handover_sql(_FINISHED_FREES)), counted=("unfilled",)),
+        "handover": _Part(ctes=tuple(handover.ctes(handover.FINISHED_FREES)), counted=("unfilled",)),
         # A run parked in a wait that holds no slot (``domain.slots``) is admitted no more: its slot
         # is handed on as a finished run's is.
         "unslot": _Part(sets=", admitted_at = NULL"),
-        "parked_handover": _Part(ctes=tuple(_handover_sql(_PARKED_FREES)), counted=("unfilled",)),
+        "parked_handover": _Part(ctes=tuple(handover.ctes(handover.PARKED_FREES)), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
         "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
@@ -196,7 +171,8 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
     sets = ", ".join(f"{c} = :{c}" for c in (*_PROJECTED, "last_seq")) + "".join(p.sets for p in parts)
     token = "CAST(:f_token AS bigint)" if "fenced" in names else "NULL"
     ctes = [
-        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} RETURNING run_id, admitted_at)",
+        f"moved AS (UPDATE runs SET {sets}, updated_at = now() WHERE {guard} "
+        "RETURNING run_id, admitted_at, concurrency_key, concurrency_held_at)",
         f"stored AS (INSERT INTO run_events ({_EVENT_COLUMNS}) "
         f"SELECT moved.run_id, e.seq, moved.run_id || ':' || e.seq, e.data ->> 'type', e.data, e.applied, {token}, "
         f"e.occurred_at FROM moved, jsonb_to_recordset(CAST(:events AS jsonb)) "
@@ -223,21 +199,29 @@ _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "wor
 
 @functools.cache
 def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = False,
-            queued: bool = False) -> driver.Statement:
+            queued: bool = False, keyed: bool = False) -> driver.Statement:
     """The run row and its first event in one statement, the event only if the row was new; with
     ``AtOnce``, its admission too; with ``announce``, messages sent only if the row was new; with
     ``labelled``, its labels' rows; with ``timed``, its business deadline's timer; with ``queued``, its
-    schedule-to-start (the column, and the first queue stint's timer)."""
+    schedule-to-start (the column, and the first queue stint's timer); with ``keyed``, its concurrency
+    key, admitted at once only while the key has room."""
     columns, values, source = list(_CREATED_COLUMNS), [f":{c}" for c in _CREATED_COLUMNS], ""
     if queued:
         columns.append("schedule_to_start")
         values.append("CAST(:q_seconds AS double precision)")
+    if keyed:
+        columns += ["concurrency_key", "concurrency_limit"]
+        values += ["CAST(:k_key AS text)", "CAST(:k_limit AS smallint)"]
     parts = []
     if at_once:
-        parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')})")
+        parts.append(f"tenant AS ({admission.tenant_slots(':tenant_id')}{keys.CREATED_KEY_FREE if keyed else ''})")
+        admit = ("tenant.active < tenant.slots AND NOT tenant.waiting AND NOT tenant.spent"
+                 + (" AND tenant.key_free" if keyed else ""))
         columns.append("admitted_at")
-        values.append("CASE WHEN tenant.active < tenant.slots AND NOT tenant.waiting AND NOT tenant.spent "
-                      "THEN now() END")
+        values.append(f"CASE WHEN {admit} THEN now() END")
+        if keyed:
+            columns.append("concurrency_held_at")
+            values.append(f"CASE WHEN {admit} THEN now() END")
         source = " FROM tenant"
     parts += [
         f"made AS (INSERT INTO runs ({', '.join(columns)}) SELECT {', '.join(values)}{source} "
@@ -275,10 +259,11 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
 
 async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
                  partition: int, at_once: AtOnce | None = None,
-                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None) -> StoredRun | None:
+                 announce: Sequence[outbox.Message] = (), trace_root: str | None = None,
+                 key: KeyClaim | None = None) -> StoredRun | None:
     """Insert a run with its first event, its labels, its business deadline's timer and its first queue
     stint's (schedule-to-start); None when (tenant, idempotency_key) exists. ``trace_root``: the
-    traceparent of the run's root span.
+    traceparent of the run's root span. ``key``: its concurrency key.
 
     With ``at_once``, the run is admitted in the same statement when ``AtOnce`` allows it;
     ``announce`` is sent only if the run is new."""
@@ -303,8 +288,10 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
     queued = queue_stint_starts(None, snapshot)
     if queued:
         params.update(_queue_params(snapshot))
+    if key is not None:
+        params.update(k_key=key.key, k_limit=key.limit)
     statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels),
-                        timed=created.deadline is not None, queued=queued)
+                        timed=created.deadline is not None, queued=queued, keyed=key is not None)
     row = await driver.one(conn, statement, params)
     if not row.made:
         return None
@@ -391,11 +378,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         names.append("unslot")
     if rides.handover is not None:
         names.append("parked_handover" if unslot else "handover")
-        handover = rides.handover
-        params.update(h_tenant=handover.tenant_id, h_slots=handover.slots, h_aging=handover.aging_seconds,
-                      h_channel=handover.channel,
-                      h_wake=jsonb.dumps(handover.wake), h_exchange=handover.exchange,
-                      h_routes=jsonb.dumps({str(k): key for k, key in handover.routes.items()}))
+        params.update(handover.params(rides.handover))
     if rides.tenant_charge is not None:
         names.append("tenant_charge")
         params.update(_tenant_charging(rides.tenant_charge))

@@ -88,6 +88,14 @@ runs = Table(
     Column("schedule_to_start", Float),
     # The W3C traceparent of the run's root span (``longrun.otel``): every span of the run is its child.
     Column("trace_root", Text),
+    # The run's concurrency key (``authoring.ConcurrencyKey``, within its tenant) and the most runs that
+    # may hold it at once, set at creation; NULL: no key, and admission reads nothing more for the run.
+    Column("concurrency_key", Text),
+    Column("concurrency_limit", SmallInteger),
+    # When the run took its key (its first admission); it holds it until it ends, parked or not.
+    Column("concurrency_held_at", DateTime(timezone=True)),
+    CheckConstraint("(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit > 0 "
+                    "AND (concurrency_held_at IS NULL OR concurrency_key IS NOT NULL)", name="concurrency_key_whole"),
     CheckConstraint("(archived_at IS NULL) = (archive IS NULL)", name="archive_whole"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     CheckConstraint(one_of("status", RunStatus), name="status"),
@@ -133,6 +141,16 @@ QUEUED = f"admitted_at IS NULL AND status = {sql_name(QUEUED_STATUS)}"
 is never admitted, and must not stay in the queue's index for admission to skip every time."""
 # Scheduler admission: queued runs by tenant and priority.
 Index("ix_runs_queued", runs.c.tenant_id, runs.c.priority, runs.c.created_at, postgresql_where=text(QUEUED))
+HOLDS_KEY = f"concurrency_held_at IS NOT NULL AND {OPEN_RUN}"
+"""A run holding its concurrency key: taken at its first admission, held until it ends (also while it
+waits having given its slot back: not read from ``admitted_at``)."""
+# Admission counts a key's holders for each queued run with a key; runs without one are never in it.
+Index("ix_runs_holding_keys", runs.c.tenant_id, runs.c.concurrency_key, postgresql_where=text(HOLDS_KEY))
+KEYED_OPEN = f"concurrency_key IS NOT NULL AND {OPEN_RUN}"
+"""An unfinished run with a concurrency key, holding it or not."""
+# A create whose key refuses or cancels reads the key's open runs, oldest first.
+Index("ix_runs_keyed_open", runs.c.tenant_id, runs.c.concurrency_key, runs.c.created_at,
+      postgresql_where=text(KEYED_OPEN))
 TO_ARCHIVE = f"status IN ({sql_names(sorted(TERMINAL))}) AND archived_at IS NULL"
 """A finished run whose events and actions are still in their tables."""
 # Retention: finished runs not archived yet, oldest first. Keyed on columns a run's writes never

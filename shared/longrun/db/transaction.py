@@ -13,11 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun import otel
 from longrun.db import actions as ledger
 from longrun.db import audit as audit_log
-from longrun.db import inbox, outbox, policies, runs
+from longrun.db import inbox, keys, outbox, policies, runs
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_deliveries, webhook_events
 from longrun.domain import MATCHED_BY_KEY, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim, KeyedRun
 from longrun.ports.runs import LedgerOutcome, StoredRun
 from longrun.ports.webhooks import Translated
 
@@ -93,8 +94,12 @@ class PgTransaction:
         return await runs.find(self.conn, tenant_id, idempotency_key)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
-                     at_once: runs.AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
+                     at_once: runs.AtOnce, announce: Sequence[outbox.Message],
+                     key: KeyClaim | None = None) -> StoredRun | None:
         # The span creating the run (the scheduler's, for its run.create) is the run's root.
         return await runs.create(self.conn, created, idempotency_key=idempotency_key, input_hash=input_hash,
                                  partition=partition, at_once=at_once, announce=announce,
-                                 trace_root=otel.current())
+                                 trace_root=otel.current(), key=key)
+
+    async def keyed_runs(self, tenant_id: str, claim: KeyClaim, *, up_to: int) -> list[KeyedRun]:
+        return await keys.open_runs(self.conn, tenant_id, claim, up_to=up_to)

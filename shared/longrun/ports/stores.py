@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from longrun.domain import PinnedVersions, RunStatus, TenantPolicy
 from longrun.domain.breaker import Admission, Breaker
+from longrun.domain.concurrency import KeyClaim, KeyedRun
 from longrun.domain.events import RunCreated, RunEvent
 from longrun.ports import inbox
 from longrun.ports.inbox import Claimed, Duplicate, Handled
@@ -131,9 +132,13 @@ class RunTransaction(Protocol):
     async def find(self, tenant_id: str, idempotency_key: str) -> Found | None: ...
 
     async def create(self, created: RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
-                     at_once: AtOnce, announce: Sequence[Outgoing]) -> StoredRun | None:
+                     at_once: AtOnce, announce: Sequence[Outgoing], key: KeyClaim | None = None) -> StoredRun | None:
         """The run and its first event, ``announce`` sent, and admitted at once (its wakeup sent) while
-        its tenant has a free slot and no run queued; None, and nothing sent, when (tenant, key) exists."""
+        its tenant has a free slot and no run queued, and its concurrency ``key`` (if any) has room; None,
+        and nothing sent, when (tenant, key) exists."""
+
+    async def keyed_runs(self, tenant_id: str, claim: KeyClaim, *, up_to: int) -> list[KeyedRun]:
+        """The tenant's unfinished runs with ``claim``'s key, oldest first, at most ``up_to``."""
 
 
 class Breakers(Protocol):

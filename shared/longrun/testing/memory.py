@@ -28,9 +28,10 @@ from longrun.db.timers import DueBatch, RunHead
 from longrun.domain.lease import Lease, can_take
 from longrun.domain.slots import queued
 from longrun.ports.timers import DueTimer
-from longrun.domain import (WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
+from longrun.domain import (TERMINAL, WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
                             queue_stint_starts)
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 from longrun.ports.runs import Fence, Found, Planned, StoredRun, plan
@@ -71,6 +72,9 @@ class RunRow:
     idempotency_key: str
     input_hash: str
     awaiting_worker: str | None = None
+    key: KeyClaim | None = None
+    key_held: bool = False
+    """Taken at the run's first admission (``runs.concurrency_held_at``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +198,14 @@ class MemoryStore:
                          row.fencing_token, row.admitted)
 
     def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str,
-               partition: int) -> StoredRun | None:
+               partition: int, key: KeyClaim | None = None) -> StoredRun | None:
         snapshot = evolve(None, created)
         if any(r.tenant_id == created.tenant_id and r.idempotency_key == idempotency_key for r in self.runs.values()):
             return None
         if created.run_id in self.runs:
             raise UniqueViolation(f"run {created.run_id} exists")
         self.runs[created.run_id] = RunRow(snapshot, created.seq, partition, None, None, 0, False,
-                                           created.tenant_id, idempotency_key, input_hash)
+                                           created.tenant_id, idempotency_key, input_hash, key=key)
         self.events[created.run_id] = (EventRow(created, True, None),)
         if created.deadline is not None:
             self.schedule(timer_key=created.run_id + DEADLINE_TIMER_SUFFIX, run_id=created.run_id,
@@ -222,7 +226,13 @@ class MemoryStore:
         return None
 
     def admit(self, run_id: str) -> None:
-        self.runs[run_id] = replace(self.runs[run_id], admitted=True)
+        row = self.runs[run_id]
+        self.runs[run_id] = replace(row, admitted=True, key_held=row.key is not None)
+
+    def key_holders(self, tenant_id: str, key: str, *, besides: str | None = None) -> int:
+        """As ``db.admission.key_holders``: the tenant's unfinished runs holding ``key``, but ``besides``."""
+        return sum(1 for r in self.runs.values() if r.tenant_id == tenant_id and r.key_held and r.key is not None
+                   and r.key.key == key and r.snapshot.status not in TERMINAL and r.snapshot.run_id != besides)
 
     def append(self, stored: StoredRun, events: Sequence[ev.RunEvent], *, fence: Fence | None = None,
                release_lease: bool = False) -> StoredRun:

@@ -12,6 +12,7 @@ from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import MATCHED_BY_KEY, TERMINAL, PinnedVersions, TenantPolicy
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim, KeyedRun
 from longrun.ports.runs import AtOnce, Found, LedgerOutcome, StoredRun
 from longrun.ports.webhooks import Translated
 from longrun.testing.tables import Tables
@@ -80,10 +81,13 @@ class MemoryTransaction:
         return self.store.find(tenant_id, idempotency_key)
 
     async def create(self, created: ev.RunCreated, *, idempotency_key: str, input_hash: str, partition: int,
-                     at_once: AtOnce, announce: Sequence[outbox.Message]) -> StoredRun | None:
-        room = self._has_room(created.tenant_id, at_once.slots)  # counted before the run exists, as one statement
+                     at_once: AtOnce, announce: Sequence[outbox.Message],
+                     key: KeyClaim | None = None) -> StoredRun | None:
+        # Counted before the run exists, as one statement.
+        room = self._has_room(created.tenant_id, at_once.slots) and (
+            key is None or self.store.key_holders(created.tenant_id, key.key) < key.limit)
         stored = self.store.create(created, idempotency_key=idempotency_key, input_hash=input_hash,
-                                   partition=partition)
+                                   partition=partition, key=key)
         if stored is None:
             return None
         self.world.send(announce)
@@ -92,6 +96,13 @@ class MemoryTransaction:
         self.store.admit(created.run_id)
         self.world.send([at_once.wakeup])
         return replace(stored, admitted=True)
+
+    async def keyed_runs(self, tenant_id: str, claim: KeyClaim, *, up_to: int) -> list[KeyedRun]:
+        """As ``db.keys.open_runs``."""
+        rows = [r for r in self.store.runs.values() if r.tenant_id == tenant_id and r.key is not None
+                and r.key.key == claim.key and r.snapshot.status not in TERMINAL]
+        rows.sort(key=lambda r: (r.snapshot.created_at, r.snapshot.run_id))
+        return [KeyedRun(r.snapshot.run_id, r.key_held, r.snapshot.cancel_requested) for r in rows[:up_to]]
 
     def _has_room(self, tenant_id: str, slots: int) -> bool:
         """As ``db.admission.tenant_slots``: fewer admitted open runs than the tenant's slots (its own, else

@@ -12,6 +12,7 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+from longrun.app import effects
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Taken, Worker
 from longrun.artifacts import content_hash_of, object_key
@@ -131,24 +132,35 @@ class MemoryWorkerStore:
             self.store.schedule(run_id=run_id, **timer)
         self.world.send(rides.messages)
         if rides.handover is not None and held:
-            self._hand_over(rides.handover)
-        # rides.notices, and a freed slot no queued run takes, wake admission in PostgreSQL; the memory
-        # world admits at creation.
+            self._hand_over(rides.handover, run_id)
+        # A notice to admission wakes the scheduler in PostgreSQL (as do, with a handover, a freed slot
+        # no queued run takes and a key given back: a writer with a handover leaves them to its test).
+        tenant = self.store.runs[run_id].tenant_id
+        if (effects.ADMISSION_CHANNEL, tenant) in rides.notices:
+            self.world.admit(tenant)
 
-    def _hand_over(self, handover: Handover) -> None:
+    def _hand_over(self, handover: Handover, ended: str) -> None:
         """As ``db.runs``' handover: the finished run's slot goes to its tenant's best queued run (priority
         plus one point per ``aging_seconds`` waited, then age; ``db.admission``), admitted and woken with
-        the handover's wake, while the tenant's runs hold fewer slots than its own (else ``slots``)."""
+        the handover's wake, while the tenant's runs hold fewer slots than its own (else ``slots``). A run
+        waiting for its concurrency key is passed over; the best run is taken only if it has no key, holds
+        it, or takes the one the finished run gave back (``db.keys.hands_on``)."""
         rows = [r for r in self.store.runs.values() if r.tenant_id == handover.tenant_id]
         slots = self.world.tenant_slots.get(handover.tenant_id, handover.slots)
         if sum(1 for r in rows if r.admitted and r.snapshot.status not in TERMINAL) >= slots:
             return
         now = self.world.clock()
-        queued = [r for r in rows if not r.admitted and r.snapshot.status is QUEUED_STATUS]
+        gave = self.store.runs[ended]
+        given_back = gave.key.key if gave.key is not None and gave.key_held else None
+        queued = [r for r in rows if not r.admitted and r.snapshot.status is QUEUED_STATUS
+                  and (r.key is None or r.key_held
+                       or self.store.key_holders(r.tenant_id, r.key.key, besides=ended) < r.key.limit)]
         if not queued:
             return
         best = max(queued, key=lambda r: (r.snapshot.priority + (now - r.snapshot.created_at) / handover.aging_seconds,
                                           -r.snapshot.created_at))
+        if best.key is not None and not best.key_held and best.key.key != given_back:
+            return
         run = best.snapshot
         self.store.admit(run.run_id)
         kept = wakeup.wake(**handover.wake, run_id=run.run_id, revision=run.revision)

@@ -53,7 +53,7 @@ from longrun.db import outbox
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
 from longrun.principals import GROUP_PREFIX, Principal
-from longrun.testing import reconcile_store
+from longrun.testing import admission, reconcile_store
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
 from longrun.testing.transaction import MemoryTransaction
@@ -62,7 +62,10 @@ from longrun.workflows import steps
 _A = ActionStatus
 T = TypeVar("T")
 SLOTS = 1_000
-"""Every tenant's slots: the memory world admits every run at creation (it runs no admission loop)."""
+"""Every tenant's slots: the memory world admits every run at creation, but one waiting for its
+concurrency key (admitted by the round a finished run's notice starts, ``admit``)."""
+AGING = 60.0
+"""Seconds per priority point a queued run gains (``LONGRUN_PRIORITY_AGING``)."""
 MAX_INPUT_BYTES = 262_144
 
 
@@ -302,7 +305,12 @@ class World:
             clock=self.clock, new_id=lambda: self.new_id("run"))).outcome
         if "run_id" not in answer:
             raise ValueError(f"create refused: {answer}")
+        self.admit(tenant_id)
         return str(answer["run_id"])
+
+    def admit(self, tenant_id: str) -> None:
+        """The scheduler's admission round for the tenant (``testing.admission``)."""
+        self.send(admission.admit(self.store, tenant_id, slots=SLOTS, aging_seconds=AGING, now=self.clock()))
 
     # -- the timer service (app/timers.py, wait timers) -------------------------------------------------
     def fire_due_timers(self) -> int:
@@ -354,11 +362,16 @@ class World:
     def operate(self, run_id: str, action: str, *, actor: str = "ops", reason: str = "test") -> dict[str, Any]:
         """An operator's cancel, pause, resume, retry or terminate; refused (``DomainError``) changes nothing."""
         if action == "terminate":
-            return self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
+            done = self.in_transaction(lambda tx: operate.terminate(tx, run_id, actor=actor, reason=reason,
                                                                     clock=self.clock, kinds=self.kinds))
-        use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
-                    "retry": operate.retry}[action]
-        return self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
+        else:
+            use_case = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume,
+                        "retry": operate.retry}[action]
+            done = self.in_transaction(lambda tx: use_case(tx, run_id, actor=actor, reason=reason, clock=self.clock))
+        # The scheduler's round that follows (on PostgreSQL it runs at least twice a second): a run the
+        # operator ended gave its slot and its key back.
+        self.admit(self.store.runs[run_id].tenant_id)
+        return done
 
     def decide(self, run_id: str, *, approval_id: str, approved_hash: str, approved: bool = True,
                actor: str = "owner") -> dict[str, Any]:

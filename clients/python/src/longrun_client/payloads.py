@@ -252,6 +252,7 @@ class RejectionCode(str, Enum):
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     INPUT_INVALID = "input_invalid"
     TENANT_NOT_ALLOWED = "tenant_not_allowed"
+    CONCURRENCY_KEY_HELD = "concurrency_key_held"
 
 
 # run.rejected v2's closed list, frozen as v2 published it (its schema names it RejectionCode).

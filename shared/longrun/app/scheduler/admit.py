@@ -17,6 +17,11 @@ another transaction between the create and the worker's wakeup (latency to the f
 A run that a worker finishes hands its slot to the next queued run of its tenant in the
 statement that finishes it (``runs.Handover``), which admits and wakes that run; admission
 is notified only when nobody could take the slot.
+
+A run kind's concurrency key (``authoring.ConcurrencyKey``) is derived from the create's input and
+stored with the run; its policy may refuse the create or cancel the key's earlier runs first
+(``scheduler.keys``). A queued run whose key its holders fill is passed over by admission, and takes
+the key when a holder ends.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import orjson
 
 from longrun import metrics
 from longrun.app import effects
+from longrun.app.scheduler import keys
 from longrun.authoring import Registry, RunKind
 from longrun.bus import topology
 from longrun.domain import TERMINAL, RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
+from longrun.domain.concurrency import KeyClaim
 from longrun.domain.timeouts import resolve
 from longrun.envelope import Envelope
 from longrun.envelope.model import TENANT_PATTERN
@@ -109,17 +116,28 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
     request = envelope.payload
     offered = input_hash(request)
     kind = _kind_for(request, kinds, max_input_bytes)
-    if isinstance(kind, Refusal):
+    claim = None if isinstance(kind, Refusal) else _claim(kind, request.input)
+    refusal = kind if isinstance(kind, Refusal) else claim if isinstance(claim, Refusal) else None
+    if refusal is not None:
         found = await tx.find(envelope.tenant_id, request.idempotency_key)
         if found is not None:  # created while it was acceptable: the run stands
             return await _existing(tx, envelope, found, offered, partitions, kinds)
-        return await _reject(tx, envelope, partitions, kind)
+        return await _reject(tx, envelope, partitions, refusal)
+    assert not isinstance(kind, Refusal) and not isinstance(claim, Refusal)
     # Admission's lock first: the creating statement's count of the tenant's slots is then the one
     # admission would see, and the run is admitted in it (no NOTIFY and no second transaction
     # between the create and the worker's wakeup). The tenant's policy comes with it.
     if locked is None:
         locked = Locked(await tx.lock_tenant(envelope.tenant_id))
     run_id = new_id()
+    if claim is not None and keys.reads(kind):
+        # A repeated create is answered with its run before the key's policy counts that very run.
+        found = await tx.find(envelope.tenant_id, request.idempotency_key)
+        if found is not None:
+            return await _existing(tx, envelope, found, offered, partitions, kinds)
+        held = await keys.apply_policy(tx, kind, claim, tenant_id=envelope.tenant_id, run_id=run_id, clock=clock)
+        if held is not None:
+            return await _reject(tx, envelope, partitions, Refusal(RejectionCode.CONCURRENCY_KEY_HELD, held))
     # The run's scope: what its kind allows, narrowed by its tenant's policy and by the producer.
     permissions = narrow(kind.scope, locked.policy, requested_scope(request.scope))
     created = ev.RunCreated(
@@ -139,7 +157,7 @@ async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry,
                                         producer=PRODUCER)
     stored = await tx.create(created, idempotency_key=request.idempotency_key, input_hash=offered,
                              partition=partition, announce=[accepted],
-                             at_once=AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL))
+                             at_once=AtOnce(slots, wakeup, effects.ADMISSION_CHANNEL), key=claim)
     if stored is None:  # the key exists (a repeated request, or a concurrent create won the insert)
         found = await tx.find(envelope.tenant_id, request.idempotency_key)
         assert found is not None
@@ -202,6 +220,14 @@ def _kind_for(request: Any, kinds: Registry, max_input_bytes: int) -> RunKind | 
         return Refusal(RejectionCode.INPUT_INVALID, f"input does not match the input schema of {kind.name!r} "
                        f"v{kind.versions.workflow}: {'; '.join(problems[:INPUT_PROBLEMS_TOLD])}{more}")
     return kind
+
+
+def _claim(kind: RunKind, value: Any) -> KeyClaim | None | Refusal:
+    """The concurrency key a run of ``kind`` with input ``value`` claims, or why its input gives none."""
+    try:
+        return keys.claim_of(kind, value)
+    except ValueError as e:
+        return Refusal(RejectionCode.INPUT_INVALID, f"input gives {kind.name!r} no concurrency key: {e}")
 
 
 async def _existing(tx: RunTransaction, envelope: Envelope, found: Found, offered: str,
