@@ -202,8 +202,9 @@ async def _tenant_limits(engine: AsyncEngine, rng: random.Random) -> tuple[dict[
     """Some tenants' own slots (none, fewer or more than the platform's ``SLOTS``) and one tenant's
     budget spent for the period now running, stored; each tenant's slots, and the spent tenants."""
     every = (*TENANTS, NEW_TENANT)
-    own = {tenant: rng.choice((0, 1, SLOTS + 2)) for tenant in rng.sample(every, 3)}
-    spent = set(rng.sample(every, 1))
+    # Not the first tenant: its runs are the cases each mutant must show in (a spent budget hides them).
+    own = {tenant: rng.choice((0, 1, SLOTS + 2)) for tenant in rng.sample(every[1:], 3)}
+    spent = set(rng.sample(every[1:], 1))
     async with engine.begin() as conn:
         for tenant, n in own.items():
             await conn.execute(text("INSERT INTO tenant_limits (tenant_id, version, run_slots, updated_by) "
@@ -343,9 +344,9 @@ def _sql_queue_takes_paused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _sql_counts_parked_as_holding(monkeypatch: pytest.MonkeyPatch) -> None:
     finished = sql_names(sorted(domain_run.TERMINAL))
-    monkeypatch.setattr(admitting, "ACTIVE", text(
-        "SELECT count(*) FROM runs WHERE tenant_id = :t AND (admitted_at IS NOT NULL OR wait_kind IS NOT NULL) "
-        f"AND status NOT IN ({finished})"))
+    monkeypatch.setattr(admission, "ADMITTED_OPEN", "tenant_id = {tenant} AND (admitted_at IS NOT NULL "
+                                                    f"OR wait_kind IS NOT NULL) AND status NOT IN ({finished})")
+    monkeypatch.setattr(admitting, "ROOM", text(admission.tenant_slots(":t")))
 
 
 def _sql_queue_of_runs_never_started(monkeypatch: pytest.MonkeyPatch) -> None:
