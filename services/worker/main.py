@@ -22,6 +22,7 @@ from longrun.bus.consumer import OwnClaim
 from longrun.config import Settings
 from longrun.db.breakers import PgBreakers
 from longrun.db.driver import Pool
+from longrun.db.rate_limits import PgRateLimits
 from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
 
@@ -46,7 +47,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                                                   settings.partitions),
                                     retry=settings.retry_policy(),
                                     breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
-                                    health_max_wait=settings.breaker_max_wait)
+                                    health_max_wait=settings.breaker_max_wait,
+                                    rate_limits=PgRateLimits(engine))
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

@@ -68,6 +68,12 @@ MODEL_TOKENS = Counter("longrun_model_tokens_total", "Model tokens used, by dire
                        ["workflow", "direction"])
 MODEL_COST = Counter("longrun_model_cost_usd_total", "Model cost in US dollars, as the adapter priced it",
                      ["workflow"])
+RATE_LIMITED = Counter("longrun_rate_limited_calls_total",
+                       "Calls that waited for their place in a rate limit's line, by the limit that set the time",
+                       ["limit"])
+RATE_LIMIT_WAIT = Histogram("longrun_rate_limit_wait_seconds",
+                            "How long a limited call's reservation had it wait, by limit", ["limit"],
+                            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
 
 # -- from the database, exported by the one elected collector ---------------------------------------
 

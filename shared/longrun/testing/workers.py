@@ -188,7 +188,8 @@ class MemoryWorker:
         self.world = world
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
                              artifacts=MemoryArtifacts(world.stored_objects), instance_id=instance_id,
-                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points,
+                             rate_limits=world.rate_limits)
         self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:

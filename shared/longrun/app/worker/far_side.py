@@ -1,5 +1,5 @@
 """What a worker needs to ask the world: the model, the artifact store for large receipts, the far
-sides' health (breakers) and the retry policy of tools and models that declare none."""
+sides' health (breakers) and rate limits, and the retry policy of tools and models that declare none."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from longrun.artifacts import ArtifactStore
 from longrun.authoring import Tool
 from longrun.domain import DecisionContext, RetryPolicy, RunSnapshot, effective_start_to_close, next_delay, retryable
 from longrun.model import ModelAdapter
+from longrun.ports.rate_limits import RateLimits
 from longrun.ports.stores import Breakers
 
 
@@ -27,6 +28,8 @@ class FarSide:
     health_max_wait: float = 600.0
     """Seconds after which a run waiting for a far side to be healthy looks again by itself."""
     lease_ttl: float = 30.0
+    rate_limits: RateLimits | None = None
+    """The far sides' token buckets; without them, no declared rate limit is enforced."""
 
     def context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)

@@ -30,6 +30,7 @@ from longrun.errors import DecodeError, LeaseLost, StaleRevision
 from longrun.model import ModelAdapter
 from longrun.ports import inbox
 from longrun.ports.inbox import Outcome
+from longrun.ports.rate_limits import RateLimits
 from longrun.ports.runs import Fence, StoredRun
 from longrun.ports.stores import Breakers, CrashPoints, WorkerStore
 
@@ -54,12 +55,14 @@ class Worker:
                  instance_id: str, lease_ttl: float, concurrency: int = 64, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
                  crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
-                 breakers: Breakers | None = None, health_max_wait: float = 600.0) -> None:
+                 breakers: Breakers | None = None, health_max_wait: float = 600.0,
+                 rate_limits: RateLimits | None = None) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
         of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
         far sides' health (without them, every far side is called whatever it answered before); a run
-        waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds."""
+        waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds.
+        ``rate_limits``: the far sides' token buckets (without them, no declared rate limit holds)."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id
@@ -68,7 +71,8 @@ class Worker:
         self.handover = handover
         self.crash_point = crash_points
         self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
-                           breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl)
+                           breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl,
+                           rate_limits=rate_limits)
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()

@@ -1,0 +1,75 @@
+"""The far sides' token buckets (``ports.rate_limits.RateLimits``) on PostgreSQL.
+
+Every change locks the buckets' rows (in the order of their keys, so two calls charged in the same
+buckets never deadlock), reads the database's clock, applies ``domain.rate_limit`` and writes the
+result in one transaction: every worker's reservations queue in one line per bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from longrun.domain import rate_limit as buckets
+from longrun.domain.rate_limit import Bucket, Charge, RateLimit
+
+_NOW = text("SELECT extract(epoch FROM clock_timestamp()) AS now")
+_LOCK = text("SELECT bucket, level, extract(epoch FROM at) AS at FROM rate_limit_buckets "
+             "WHERE bucket = ANY(:keys) ORDER BY bucket FOR UPDATE")
+_CREATE = text("INSERT INTO rate_limit_buckets (bucket, level, at) VALUES (:bucket, :level, to_timestamp(:at)) "
+               "ON CONFLICT DO NOTHING")
+_SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:at) WHERE bucket = :bucket")
+
+
+async def lock(conn: AsyncConnection, wanted: Sequence[tuple[RateLimit, str]]) -> tuple[list[Bucket], float]:
+    """The buckets ``wanted`` (created full if new), locked until the transaction ends, in its order,
+    and the database's clock (epoch seconds)."""
+    now = float((await conn.execute(_NOW)).scalar_one())
+    keys = sorted({key for _, key in wanted})
+    found = await _read(conn, keys)
+    missing = [(limit, key) for limit, key in wanted if key not in found]
+    if missing:
+        for limit, key in missing:
+            await conn.execute(_CREATE, {"bucket": key, "level": float(limit.burst), "at": now})
+        found = await _read(conn, keys)
+    return [found[key] for _, key in wanted], now
+
+
+async def _read(conn: AsyncConnection, keys: list[str]) -> dict[str, Bucket]:
+    return {row.bucket: _bucket(row) for row in await conn.execute(_LOCK, {"keys": keys})}
+
+
+def _bucket(row: Any) -> Bucket:
+    return Bucket(row.bucket, float(row.level), float(row.at))
+
+
+async def save(conn: AsyncConnection, bucket: Bucket) -> None:
+    await conn.execute(_SAVE, {"bucket": bucket.key, "level": bucket.level, "at": bucket.at})
+
+
+class PgRateLimits:
+    """The worker's reservations and refunds, one short transaction each."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def reserve(self, charges: Sequence[tuple[RateLimit, str, float]]) -> tuple[float, str]:
+        async with self.engine.begin() as conn:
+            found, now = await lock(conn, [(limit, key) for limit, key, _ in charges])
+            placed = buckets.reserve([Charge(b, limit, cost) for b, (limit, _, cost) in zip(found, charges)], now)
+            for after in placed.buckets:
+                await save(conn, after)
+        return placed.go_at - now, placed.binding
+
+    async def refund(self, limit: RateLimit, bucket: str, amount: float) -> None:
+        async with self.engine.begin() as conn:
+            (before,), now = await lock(conn, [(limit, bucket)])
+            await save(conn, buckets.refund(before, limit, amount, now))
+
+    async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
+        async with self.engine.begin() as conn:
+            (before,), now = await lock(conn, [(limit, bucket)])
+            await save(conn, buckets.not_before(before, limit, seconds, now))
