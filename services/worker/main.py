@@ -30,6 +30,9 @@ SERVICE = "worker"
 ADOPT_INTERVAL = 1.0
 """Seconds between looks for runs waiting for a worker like this one (an indexed read of the few
 runs waiting, if any)."""
+RATE_LIMIT_LEAD = 1.0
+"""Seconds ahead of its place in line a rate-limited call's run is woken: more than a timer's wake
+takes to reach a worker (timer service, relay, broker), so the call still goes at its place."""
 logger = logging.getLogger(__name__)
 
 
@@ -48,7 +51,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     retry=settings.retry_policy(),
                                     breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
                                     health_max_wait=settings.breaker_max_wait,
-                                    rate_limits=PgRateLimits(engine))
+                                    rate_limits=PgRateLimits(engine), rate_limit_lead=RATE_LIMIT_LEAD)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

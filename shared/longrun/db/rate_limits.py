@@ -27,15 +27,16 @@ _SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:a
 async def lock(conn: AsyncConnection, wanted: Sequence[tuple[RateLimit, str]]) -> tuple[list[Bucket], float]:
     """The buckets ``wanted`` (created full if new), locked until the transaction ends, in its order,
     and the database's clock (epoch seconds)."""
-    now = float((await conn.execute(_NOW)).scalar_one())
     keys = sorted({key for _, key in wanted})
     found = await _read(conn, keys)
     missing = [(limit, key) for limit, key in wanted if key not in found]
     if missing:
+        created = float((await conn.execute(_NOW)).scalar_one())
         for limit, key in missing:
-            await conn.execute(_CREATE, {"bucket": key, "level": float(limit.burst), "at": now})
+            await conn.execute(_CREATE, {"bucket": key, "level": float(limit.burst), "at": created})
         found = await _read(conn, keys)
-    return [found[key] for _, key in wanted], now
+    # The clock once the locks are held: a transaction that waited for them acts at its own time.
+    return [found[key] for _, key in wanted], float((await conn.execute(_NOW)).scalar_one())
 
 
 async def _read(conn: AsyncConnection, keys: list[str]) -> dict[str, Bucket]:

@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -84,7 +84,7 @@ class Bucket:
     level: float
     """Requests (or tokens) left as of ``at``; below zero: owed to reservations already given."""
     at: float
-    """Epoch seconds the level is as of."""
+    """Epoch seconds the level is as of; it never moves back (a clock read before it counts as it)."""
 
 
 def empty(key: str, limit: RateLimit, now: float) -> Bucket:
@@ -99,6 +99,7 @@ def level_at(b: Bucket, limit: RateLimit, t: float) -> float:
 
 def earliest(b: Bucket, limit: RateLimit, cost: float, now: float) -> float:
     """The first time from ``now`` at which the refill has paid for ``cost`` taken now."""
+    now = max(now, b.at)
     return now + max(0.0, cost - level_at(b, limit, now)) / limit.rate
 
 
@@ -135,7 +136,8 @@ def reserve(charges: Sequence[Charge], now: float) -> Reservation:
     go = max(times)
     binding = charges[times.index(go)].limit.name
     return Reservation(go, tuple(
-        replace(c.bucket, level=level_at(c.bucket, c.limit, now) - c.cost - (go - t) * c.limit.rate, at=now)
+        replace(c.bucket, level=level_at(c.bucket, c.limit, now) - c.cost - (go - t) * c.limit.rate,
+                at=max(now, c.bucket.at))
         for c, t in zip(charges, times)), binding)
 
 
@@ -143,7 +145,7 @@ def refund(b: Bucket, limit: RateLimit, amount: float, now: float) -> Bucket:
     """The bucket after ``amount`` reserved was not used: given back, up to the bucket's size."""
     if amount <= 0:
         return b
-    return replace(b, level=min(float(limit.burst), level_at(b, limit, now) + amount), at=now)
+    return replace(b, level=min(float(limit.burst), level_at(b, limit, now) + amount), at=max(now, b.at))
 
 
 def not_before(b: Bucket, limit: RateLimit, seconds: float, now: float) -> Bucket:
@@ -151,15 +153,11 @@ def not_before(b: Bucket, limit: RateLimit, seconds: float, now: float) -> Bucke
     place in line before then; places already given keep their times."""
     if seconds <= 0:
         return b
-    return replace(b, level=min(level_at(b, limit, now), -seconds * limit.rate), at=now)
+    return replace(b, level=min(level_at(b, limit, now), -seconds * limit.rate), at=max(now, b.at))
 
 
-def reservation_wait(*, wait_id: str, limit_name: str, logical_action: str, now: float, go_at: float) -> Wait:
-    """The wait of a run whose call has its place at ``go_at``: only its own timer ends it."""
-    return Wait(wait_id=wait_id, kind=RATE_LIMIT_WAIT, deadline=go_at, wake_at=go_at,
+def reservation_wait(*, wait_id: str, limit_name: str, logical_action: str, wake_at: float) -> Wait:
+    """The wait of a run whose call has its place in line: only its own timer ends it, at ``wake_at``."""
+    return Wait(wait_id=wait_id, kind=RATE_LIMIT_WAIT, deadline=wake_at, wake_at=wake_at,
                 correlation_key=f"{RATE_LIMIT_PREFIX}{limit_name}", subject=logical_action)
 
-
-def costs(limits: Sequence[RateLimit], tokens: int) -> Mapping[RateLimit, float]:
-    """What a call costs in each of ``limits``: one request; ``tokens`` model tokens."""
-    return {limit: float(tokens if limit.unit is Unit.TOKENS else 1) for limit in limits}

@@ -57,7 +57,7 @@ def test_a_per_tenant_limit_has_a_bucket_per_tenant_and_the_wait_shows_the_limit
     per_tenant = RateLimit("model", amount=10, per=Per.TENANT)
     assert per_tenant.bucket("acme") == "model/acme" != per_tenant.bucket("globex")
     assert TWENTY_PER_10S.bucket("acme") == "forge"
-    wait = reservation_wait(wait_id="w", limit_name="forge", logical_action="branch", now=1.0, go_at=3.0)
+    wait = reservation_wait(wait_id="w", limit_name="forge", logical_action="branch", wake_at=3.0)
     assert (wait.kind, wait.correlation_key, wait.wake_at, wait.deadline) == (RATE_LIMIT_WAIT,
                                                                              RATE_LIMIT_PREFIX + "forge", 3.0, 3.0)
 
@@ -98,3 +98,20 @@ def test_in_any_window_of_one_period_what_the_calls_used_never_exceeds_the_limit
     for start, _ in placed:
         in_window = sum(c for t, c in placed if start <= t < start + period)
         assert in_window <= amount + burst + 1e-6, (start, in_window)
+
+
+@settings(max_examples=300, deadline=None)
+@given(amount=st.integers(1, 30), burst=st.integers(1, 5), clocks=st.lists(st.floats(-1, 3), min_size=1, max_size=80))
+def test_a_clock_read_before_another_worker_s_reservation_never_lets_more_through(
+        amount: int, burst: int, clocks: list[float]) -> None:
+    # Each worker reads its clock, then waits for the bucket's lock: it may act at a time before the
+    # last reservation's; the line still holds.
+    limit = RateLimit("x", amount=amount, period=10.0, burst=burst)
+    b, now, times = empty("x", limit, 0.0), 0.0, []
+    for step in clocks:
+        now = max(0.0, now + step)
+        placed = reserve([Charge(b, limit, 1)], now)
+        (b,) = placed.buckets
+        times.append(placed.go_at)
+    for start in times:
+        assert sum(1 for t in times if start <= t < start + 10.0) <= amount + burst

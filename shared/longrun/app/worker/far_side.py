@@ -30,6 +30,9 @@ class FarSide:
     lease_ttl: float = 30.0
     rate_limits: RateLimits | None = None
     """The far sides' token buckets; without them, no declared rate limit is enforced."""
+    rate_limit_lead: float = 0.0
+    """Seconds ahead of its place in line a limited call's run is woken (the worker waits out the
+    rest): how late a wake may come without the call going later than its place."""
 
     def context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)

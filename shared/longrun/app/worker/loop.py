@@ -56,13 +56,14 @@ class Worker:
                  rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
                  crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
                  breakers: Breakers | None = None, health_max_wait: float = 600.0,
-                 rate_limits: RateLimits | None = None) -> None:
+                 rate_limits: RateLimits | None = None, rate_limit_lead: float = 0.0) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
         of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
         far sides' health (without them, every far side is called whatever it answered before); a run
         waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds.
-        ``rate_limits``: the far sides' token buckets (without them, no declared rate limit holds)."""
+        ``rate_limits``: the far sides' token buckets (without them, no declared rate limit holds); a
+        limited call's run is woken ``rate_limit_lead`` seconds ahead of its place and waits out the rest."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id
@@ -72,7 +73,7 @@ class Worker:
         self.crash_point = crash_points
         self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
                            breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl,
-                           rate_limits=rate_limits)
+                           rate_limits=rate_limits, rate_limit_lead=rate_limit_lead)
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()

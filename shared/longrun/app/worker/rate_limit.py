@@ -5,11 +5,15 @@ the buckets allow and parks its run, uncharged, on a durable timer for that time
 ``waiting_for: rate_limit:<name>``; the reservation is on record as the fact
 ``rate_limit:<logical action>`` (with the attempt it is for), so the call made when the timer
 wakes the run goes without asking the buckets again: one extra wake per limited call, whichever
-worker takes the run. A far side that declares no limit costs nothing here.
+worker takes the run. The timer is set ``FarSide.rate_limit_lead`` seconds ahead of the place and
+the worker waits out the rest, so a wake that comes late by less than that still calls on time
+(the far side sees the calls as the buckets placed them). A far side that declares no limit costs
+nothing here.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,10 +45,13 @@ async def in_line(far: FarSide, step: Step, stored: StoredRun, limits: Sequence[
     ctx = far.context()
     held = _held(run.fact(fact_key), attempt)
     if held is not None:
-        if ctx.now >= held["go_at"]:
-            return Place(int(held["tokens"]))
+        go_at = float(held["go_at"])  # type: ignore[arg-type]
+        if ctx.now >= go_at - far.rate_limit_lead:
+            # Woken ahead of its place by the lead its wake may be late by: the rest waited out here.
+            await asyncio.sleep(max(0.0, go_at - ctx.now))
+            return Place(int(held["tokens"]))  # type: ignore[call-overload]
         # Woken before its time (an operator's wake): the same place, waited for again.
-        await _park(far, step, stored, logical_action, str(held["limit"]), float(held["go_at"]), events=[])
+        await _park(far, step, stored, logical_action, str(held["limit"]), go_at, events=[])
         return None
     charges = [(limit, limit.bucket(run.tenant_id), float(tokens if limit.unit is Unit.TOKENS else 1))
                for limit in limits]
@@ -53,7 +60,12 @@ async def in_line(far: FarSide, step: Step, stored: StoredRun, limits: Sequence[
         return Place(tokens)
     metrics.RATE_LIMITED.labels(binding).inc()
     metrics.RATE_LIMIT_WAIT.labels(binding).observe(wait)
-    go_at = ctx.now + wait
+    if wait <= far.rate_limit_lead:
+        # Its place is nearer than a wake would take: waited for here, with no wake at all.
+        await asyncio.sleep(wait)
+        return Place(tokens)
+    # From the clock read once the buckets answered: never ahead of the place they gave.
+    go_at = far.clock() + wait
     fact = step.event(stored, ev.FactRecorded, key=fact_key, source="runtime", value=freeze(
         {"limit": binding, "attempt": attempt, "go_at": go_at, "tokens": tokens}))
     await _park(far, step, stored, logical_action, binding, go_at, events=[fact])
@@ -72,7 +84,7 @@ async def _park(far: FarSide, step: Step, stored: StoredRun, logical_action: str
                 *, events: list[ev.RunEvent]) -> None:
     ctx = far.context()
     wait = reservation_wait(wait_id=ctx.new_id(), limit_name=limit, logical_action=logical_action,
-                            now=ctx.now, go_at=go_at)
+                            wake_at=go_at - far.rate_limit_lead)
     started = step.event(stored, ev.WaitStarted, offset=len(events) + 1, status=RunStatus.RETRY_SCHEDULED,
                          wait=wait)
     await step.commit(stored, [*events, started], release=True)

@@ -1,0 +1,119 @@
+"""Rate limits per far side, with real processes: 60 runs of two tenants call one tool limited to 20
+calls per 10 s (the per-minute limit, scaled), on two workers.
+
+The tool's far side (``limited_kinds``) writes down the time of every call it gets; the test checks
+that no 10 s window holds more than the limit plus its burst, that each limited call cost its run at
+most one extra wake, and that workers holding runs in line spend no more CPU than idle ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from longrun.bus import topology
+from longrun.bus.codec import broker_user, to_message
+from longrun.envelope import make
+from tests.fixtures import eventually
+from tests.integration.ensemble import Ensemble, new_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+KINDS = "tests.integration.limited_kinds:kinds"
+PER_10S, BURST, RUNS, WORKERS = 20, 2, 60, 2
+MODULES = {"scheduler": "longrun.services.scheduler", "relay": "longrun.services.outbox_relay",
+           "timer": "longrun.services.timer", "worker": "longrun.services.worker"}
+
+
+def _start(services: Any, tmp_path: Path, **env: str) -> tuple[Path, list[int]]:
+    calls = tmp_path / "far-side.jsonl"
+    calls.touch()
+    ensemble = Ensemble(services, tmp_path)
+    options = {"LONGRUN_RUN_KINDS": KINDS, "LIMITED_CALLS": str(calls), "LIMITED_PER_10S": str(PER_10S),
+               "LIMITED_BURST": str(BURST), **env}
+    for name in ("scheduler", "relay", "timer"):
+        ensemble.start(name, MODULES[name], **options)
+    workers = [ensemble.start(f"worker-{i}", MODULES["worker"], **options).pid for i in range(WORKERS)]
+    return calls, workers
+
+
+async def _create(bus: Any, tenant: str, goal: dict[str, Any]) -> str:
+    key = new_key()
+    envelope = make("run.create", {"workflow": "limited", "idempotency_key": key, "input": goal},
+                    producer="tests", tenant_id=tenant)
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
+    return key
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU the processes used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+async def _cpu_share(pids: list[int], seconds: float) -> float:
+    """The share of one core each of ``pids`` used over the next ``seconds``, on average."""
+    before = _cpu_seconds(pids)
+    await asyncio.sleep(seconds)
+    return (_cpu_seconds(pids) - before) / seconds / len(pids)
+
+
+async def _rows(engine: Any, sql: str, **params: Any) -> list[Any]:
+    async with engine.connect() as conn:
+        return list(await conn.execute(text(sql), params))
+
+
+async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given the ensemble with two workers, slots for every run, and a tool limited to 20 calls per 10 s
+    calls, workers = _start(services, tmp_path, LONGRUN_TENANT_SLOTS=str(RUNS))
+    # When 60 runs of two tenants each call it once, all at once
+    started = time.monotonic()
+    for i in range(RUNS):
+        await _create(bus, ("acme", "globex")[i % 2], {})
+
+    async def parked() -> bool:
+        (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE wait_kind = 'rate_limit' "
+                                     "AND wait_correlation_key = 'rate_limit:forge-api') AS waiting, "
+                                     "count(*) FILTER (WHERE status = 'COMPLETED') AS done FROM runs")
+        return row.waiting >= RUNS // 2 and row.waiting + row.done >= RUNS - WORKERS
+
+    # Then most wait in line for the limit, showing it
+    await eventually(parked, timeout=20, what="runs waiting for rate_limit:forge-api")
+    waiting = await _cpu_share(workers, 6)
+
+    async def all_done() -> bool:
+        (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done, count(*) AS n "
+                                     "FROM runs WHERE workflow = 'limited'")
+        return row.n == RUNS and row.done == RUNS
+
+    # And every run completes
+    await eventually(all_done, timeout=90, what=f"{RUNS} runs COMPLETED")
+    elapsed = time.monotonic() - started
+    seen = sorted(json.loads(line)["at"] for line in calls.read_text().splitlines())
+    assert len(seen) == RUNS
+    # In every sliding 10 s window the tool saw at most 20 plus the burst
+    worst = max(sum(1 for t in seen if start <= t < start + 10) for start in seen)
+    print(f"{RUNS} calls in {elapsed:.1f}s; the busiest 10 s window held {worst}", [round(t - seen[0], 2) for t in seen])
+    assert worst <= PER_10S + BURST, [round(t - seen[0], 2) for t in seen]
+    # Each limited call cost its run at most one extra wake, and was charged once
+    wakes = await _rows(engine, "SELECT r.run_id, count(e.seq) FILTER (WHERE e.type = 'run.woken') AS woken, "
+                                "(r.snapshot #>> '{budget,used,tool_calls}')::int AS charged FROM runs r "
+                                "JOIN run_events e USING (run_id) WHERE r.workflow = 'limited' GROUP BY r.run_id")
+    assert len(wakes) == RUNS and all(w.woken <= 1 and w.charged == 1 for w in wakes), wakes
+    assert sum(w.woken for w in wakes) >= RUNS - BURST - PER_10S  # the limit did hold most of them
+    # And the workers spent no more CPU while runs waited in line than idle, once they are all done
+    idle = await _cpu_share(workers, 6)
+    print(f"workers' CPU: holding runs in line {waiting:.2%} of a core, idle {idle:.2%}")
+    assert waiting <= idle + 0.02
