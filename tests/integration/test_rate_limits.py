@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 
@@ -23,25 +24,27 @@ from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key
+from tests.integration.identities import bearer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 KINDS = "tests.integration.limited_kinds:kinds"
 PER_10S, BURST, RUNS, WORKERS = 20, 2, 60, 2
 MODULES = {"scheduler": "longrun.services.scheduler", "relay": "longrun.services.outbox_relay",
-           "timer": "longrun.services.timer", "worker": "longrun.services.worker"}
+           "timer": "longrun.services.timer", "worker": "longrun.services.worker",
+           "gateway": "longrun.services.gateway"}
 
 
-def _start(services: Any, tmp_path: Path, **env: str) -> tuple[Path, list[int]]:
+def _start(services: Any, tmp_path: Path, **env: str) -> tuple[Path, list[int], Ensemble]:
     calls = tmp_path / "far-side.jsonl"
     calls.touch()
     ensemble = Ensemble(services, tmp_path)
     options = {"LONGRUN_RUN_KINDS": KINDS, "LIMITED_CALLS": str(calls), "LIMITED_PER_10S": str(PER_10S),
                "LIMITED_BURST": str(BURST), **env}
-    for name in ("scheduler", "relay", "timer"):
+    for name in ("scheduler", "relay", "timer", "gateway"):
         ensemble.start(name, MODULES[name], **options)
     workers = [ensemble.start(f"worker-{i}", MODULES["worker"], **options).pid for i in range(WORKERS)]
-    return calls, workers
+    return calls, workers, ensemble
 
 
 async def _create(bus: Any, tenant: str, goal: dict[str, Any]) -> str:
@@ -77,7 +80,8 @@ async def _rows(engine: Any, sql: str, **params: Any) -> list[Any]:
 async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given the ensemble with two workers, slots for every run, and a tool limited to 20 calls per 10 s
-    calls, workers = _start(services, tmp_path, LONGRUN_TENANT_SLOTS=str(RUNS))
+    calls, workers, ensemble = _start(services, tmp_path, LONGRUN_TENANT_SLOTS=str(RUNS))
+    operator = await bearer(engine, "ana", "admin")
     # When 60 runs of two tenants each call it once, all at once
     started = time.monotonic()
     for i in range(RUNS):
@@ -92,6 +96,21 @@ async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers
     # Then most wait in line for the limit, showing it
     await eventually(parked, timeout=20, what="runs waiting for rate_limit:forge-api")
     waiting = await _cpu_share(workers, 6)
+    # and an operator lists them by what holds them, and sees it on each
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=operator, timeout=10) as gateway:
+        # (those whose place is more than 3 s away are still held when the answer comes)
+        later = {r.run_id for r in await _rows(engine, "SELECT run_id FROM runs WHERE wait_kind = 'rate_limit' "
+                                                         "AND wait_deadline > now() + interval '3 s'")}
+        listed = (await gateway.get("/runs", params={"waiting_for": "rate_limit:forge-api", "limit": 500})).json()
+        held = {r["run_id"]: r for r in listed["runs"]}
+        assert len(later) >= 10 and later <= set(held), listed
+        assert {r["wait_kind"] for r in held.values()} == {"rate_limit"}
+        view = (await gateway.get(f"/runs/{sorted(later)[0]}")).json()
+        assert view["waiting_for"] == "rate_limit:forge-api", view
+        other = (await gateway.get("/runs", params={"waiting_for": "rate_limit:another"})).json()
+        assert other["runs"] == []
+        assert (await gateway.get("/runs", params={"waiting_for": "no kind"})).status_code == 400
 
     async def all_done() -> bool:
         (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done, count(*) AS n "
