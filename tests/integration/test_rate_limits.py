@@ -22,9 +22,12 @@ from sqlalchemy import text
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
+from longrun.monitoring import alerts
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key
 from tests.integration.identities import bearer
+from tests.integration.prometheus_server import PrometheusServer
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -136,3 +139,54 @@ async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers
     idle = await _cpu_share(workers, 6)
     print(f"workers' CPU: holding runs in line {waiting:.2%} of a core, idle {idle:.2%}")
     assert waiting <= idle + 0.02
+
+
+async def test_prometheus_scrapes_what_a_rate_limit_holds_and_the_alert_on_a_long_hold_fires(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given the limited tool's ensemble with a reconciler, each process with /metrics on a port of its own,
+    # and a Prometheus scraping them whose alert on a long hold is rendered at 3 s
+    calls = tmp_path / "far-side.jsonl"
+    calls.touch()
+    ensemble = Ensemble(services, tmp_path)
+    ports: dict[str, list[int]] = {}
+    for name in ("scheduler", "relay", "timer", "worker", "reconciler"):
+        port = free_port()
+        ports.setdefault(name, []).append(port)
+        ensemble.start(name, {**MODULES, "reconciler": "longrun.services.reconciler"}[name],
+                       LONGRUN_RUN_KINDS=KINDS, LIMITED_CALLS=str(calls), LIMITED_PER_10S="10", LIMITED_BURST="1",
+                       LONGRUN_HEALTH_PORT=str(port), LONGRUN_HEALTH_BIND="127.0.0.1", LONGRUN_METRICS_INTERVAL="1",
+                       LONGRUN_TENANT_SLOTS="20")
+    prometheus = PrometheusServer(tmp_path / "prometheus", ports,
+                                  alerts.rules(alerts.Thresholds(rate_limit_held_seconds=3), hold="0s"))
+    try:
+        await prometheus.ready()
+        await eventually(prometheus.targets_up, timeout=30, what="every target scraped")
+        # When 20 runs call a tool limited to 10 calls per 10 s at once
+        for i in range(20):
+            await _create(bus, "acme", {})
+
+        # Then Prometheus sees the runs it holds, how long the oldest has waited, and the bucket's level
+        async def holding() -> bool:
+            held = await prometheus.query('longrun_rate_limit_held_runs{limit="forge-api"}')
+            level = await prometheus.query('longrun_rate_limit_bucket_level{bucket="forge-api"}')
+            return bool(held) and value(held) >= 5 and bool(level) and value(level) < 0
+
+        await eventually(holding, timeout=30, what="the held runs and the bucket's level scraped")
+
+        # ...and the alert on a run held past its threshold fires, naming the limit
+        async def firing() -> bool:
+            return any(a["labels"]["alertname"] == "LongrunRateLimitHoldingRuns" and a["state"] == "firing"
+                       and a["labels"]["limit"] == "forge-api" for a in await prometheus.alerts())
+
+        await eventually(firing, timeout=30, what="LongrunRateLimitHoldingRuns firing")
+        # ...and the worker counted the calls it put in line and how long they waited
+        limited = await prometheus.query('sum(longrun_rate_limited_calls_total{limit="forge-api"})')
+        waited = await prometheus.query('sum(longrun_rate_limit_wait_seconds_count{limit="forge-api"})')
+        assert value(limited) >= 15 and value(waited) == value(limited)
+    finally:
+        prometheus.stop()
+
+
+def value(result: list[dict[str, Any]]) -> float:
+    (sample,) = result
+    return float(sample["value"][1])

@@ -19,9 +19,10 @@ from longrun.domain.rate_limit import Bucket, Charge, RateLimit
 _NOW = text("SELECT extract(epoch FROM clock_timestamp()) AS now")
 _LOCK = text("SELECT bucket, level, extract(epoch FROM at) AS at FROM rate_limit_buckets "
              "WHERE bucket = ANY(:keys) ORDER BY bucket FOR UPDATE")
-_CREATE = text("INSERT INTO rate_limit_buckets (bucket, level, at) VALUES (:bucket, :level, to_timestamp(:at)) "
-               "ON CONFLICT DO NOTHING")
-_SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:at) WHERE bucket = :bucket")
+_CREATE = text("INSERT INTO rate_limit_buckets (bucket, level, at, rate, burst) "
+               "VALUES (:bucket, :level, to_timestamp(:at), :rate, :level) ON CONFLICT DO NOTHING")
+_SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:at), rate = :rate, burst = :burst "
+             "WHERE bucket = :bucket")
 
 
 async def lock(conn: AsyncConnection, wanted: Sequence[tuple[RateLimit, str]]) -> tuple[list[Bucket], float]:
@@ -33,7 +34,8 @@ async def lock(conn: AsyncConnection, wanted: Sequence[tuple[RateLimit, str]]) -
     if missing:
         created = float((await conn.execute(_NOW)).scalar_one())
         for limit, key in missing:
-            await conn.execute(_CREATE, {"bucket": key, "level": float(limit.burst), "at": created})
+            await conn.execute(_CREATE, {"bucket": key, "level": float(limit.burst), "at": created,
+                                         "rate": limit.rate})
         found = await _read(conn, keys)
     # The clock once the locks are held: a transaction that waited for them acts at its own time.
     return [found[key] for _, key in wanted], float((await conn.execute(_NOW)).scalar_one())
@@ -47,8 +49,9 @@ def _bucket(row: Any) -> Bucket:
     return Bucket(row.bucket, float(row.level), float(row.at))
 
 
-async def save(conn: AsyncConnection, bucket: Bucket) -> None:
-    await conn.execute(_SAVE, {"bucket": bucket.key, "level": bucket.level, "at": bucket.at})
+async def save(conn: AsyncConnection, bucket: Bucket, limit: RateLimit) -> None:
+    await conn.execute(_SAVE, {"bucket": bucket.key, "level": bucket.level, "at": bucket.at, "rate": limit.rate,
+                               "burst": float(limit.burst)})
 
 
 class PgRateLimits:
@@ -61,16 +64,16 @@ class PgRateLimits:
         async with self.engine.begin() as conn:
             found, now = await lock(conn, [(limit, key) for limit, key, _ in charges])
             placed = buckets.reserve([Charge(b, limit, cost) for b, (limit, _, cost) in zip(found, charges)], now)
-            for after in placed.buckets:
-                await save(conn, after)
+            for after, (limit, _, _) in zip(placed.buckets, charges):
+                await save(conn, after, limit)
         return placed.go_at - now, placed.binding
 
     async def refund(self, limit: RateLimit, bucket: str, amount: float) -> None:
         async with self.engine.begin() as conn:
             (before,), now = await lock(conn, [(limit, bucket)])
-            await save(conn, buckets.refund(before, limit, amount, now))
+            await save(conn, buckets.refund(before, limit, amount, now), limit)
 
     async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
         async with self.engine.begin() as conn:
             (before,), now = await lock(conn, [(limit, bucket)])
-            await save(conn, buckets.not_before(before, limit, seconds, now))
+            await save(conn, buckets.not_before(before, limit, seconds, now), limit)

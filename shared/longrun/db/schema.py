@@ -382,6 +382,9 @@ rate_limit_buckets = Table(
     Column("bucket", Text, primary_key=True),
     Column("level", Float, nullable=False),
     Column("at", DateTime(timezone=True), nullable=False),
+    # The limit as last charged: what the gauges refill the level with to show it now.
+    Column("rate", Float, nullable=False),
+    Column("burst", Float, nullable=False),
 )
 
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so

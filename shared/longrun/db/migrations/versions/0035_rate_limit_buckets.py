@@ -21,6 +21,8 @@ def upgrade() -> None:
         sa.Column('bucket', sa.Text(), nullable=False),
         sa.Column('level', sa.Float(), nullable=False),
         sa.Column('at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('rate', sa.Float(), nullable=False),
+        sa.Column('burst', sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint('bucket', name=op.f('pk_rate_limit_buckets')),
     )
 
