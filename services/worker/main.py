@@ -51,7 +51,9 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     retry=settings.retry_policy(),
                                     breakers=PgBreakers(engine, settings.breaker(), cache_seconds=settings.breaker_cache),
                                     health_max_wait=settings.breaker_max_wait,
-                                    rate_limits=PgRateLimits(engine), rate_limit_lead=RATE_LIMIT_LEAD)
+                                    rate_limits=PgRateLimits(engine), rate_limit_lead=RATE_LIMIT_LEAD,
+                                    model_limits=settings.model_rate_limits(),
+                                    model_max_tokens=settings.model_max_tokens)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

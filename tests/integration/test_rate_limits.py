@@ -17,11 +17,17 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import text
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
+from longrun.model import MESSAGE_OVERHEAD_TOKENS
 from longrun.monitoring import alerts
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key
@@ -190,3 +196,87 @@ async def test_prometheus_scrapes_what_a_rate_limit_holds_and_the_alert_on_a_lon
 def value(result: list[dict[str, Any]]) -> float:
     (sample,) = result
     return float(sample["value"][1])
+
+
+class ModelServer:
+    """An OpenAI-compatible model in the test process: notes every request's time, run and the tokens
+    it can use at most (its messages' bytes, as ``longrun.model.input_tokens_bound`` counts them, plus
+    its ``max_tokens``), answers "finish" reporting a third of those input tokens used, and answers 429
+    with ``Retry-After`` to the requests numbered in ``refuse``."""
+
+    def __init__(self, refuse: set[int], retry_after: float) -> None:
+        self.refuse, self.retry_after = refuse, retry_after
+        self.requests: list[tuple[float, str, int, int | None]] = []
+        """(arrival, run, the most tokens it can use, tokens the answer reports used; None: refused)."""
+        self.port = free_port()
+        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+
+    async def chat(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        arrived, run_id = time.time(), json.loads(body["messages"][1]["content"])["run_id"]
+        most = sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in body["messages"])
+        most += MESSAGE_OVERHEAD_TOKENS + body["max_tokens"]
+        if len(self.requests) in self.refuse:
+            self.requests.append((arrived, run_id, most, None))
+            return JSONResponse({"error": {"message": "rate limited"}}, status_code=429,
+                                headers={"Retry-After": f"{self.retry_after:g}"})
+        prompt, completion = most // 3, min(body["max_tokens"], 20)
+        self.requests.append((arrived, run_id, most, prompt + completion))
+        answer = {"action": "finish", "args": {}, "rationale": "nothing to do"}
+        return JSONResponse({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}],
+                             "usage": {"prompt_tokens": prompt, "completion_tokens": completion}})
+
+
+async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_429_s_retry_after(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given a model limited to 12,000 tokens per minute (scaled to 6 s), answers of at most 100 tokens,
+    # and a model server that answers the third request 429 "retry after 3 s"
+    per_minute, minute, retry_after, runs = 12_000, 6.0, 3.0, 10
+    model = ModelServer(refuse={2}, retry_after=retry_after)
+    serving = asyncio.create_task(model.server.serve())
+    try:
+        calls = tmp_path / "far-side.jsonl"
+        calls.touch()
+        ensemble = Ensemble(services, tmp_path)
+        for name in ("scheduler", "relay", "timer", "worker"):
+            ensemble.start(name, MODULES[name], LONGRUN_RUN_KINDS=KINDS, LIMITED_CALLS=str(calls),
+                           LONGRUN_TENANT_SLOTS=str(runs), LONGRUN_MODEL="openai",
+                           LONGRUN_MODEL_URL=f"http://127.0.0.1:{model.port}/v1",
+                           LONGRUN_MODEL_TOKENS_PER_PERIOD=str(per_minute), LONGRUN_MODEL_RATE_PERIOD=str(minute),
+                           LONGRUN_MODEL_MAX_TOKENS="100", LONGRUN_RETRY_INITIAL_INTERVAL="0.5")
+        # When ten runs each ask the model once, at once
+        for i in range(runs):
+            await _create(bus, ("acme", "globex")[i % 2], {"ask": True})
+
+        async def all_done() -> bool:
+            (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done, count(*) AS n "
+                                         "FROM runs WHERE workflow = 'limited'")
+            return row.n == runs and row.done == runs
+
+        # Then every run completes, some after waiting for their place in the model's line
+        await eventually(all_done, timeout=90, what=f"{runs} runs COMPLETED")
+        waited = await _rows(engine, "SELECT data FROM run_events WHERE type = 'run.wait_started' "
+                                     "AND data #>> '{wait,kind}' = 'rate_limit'")
+        assert len(waited) >= 3 and {w.data["wait"]["correlation_key"] for w in waited} == {"rate_limit:model-tokens"}
+        # ...a call kept waiting asked with no more tokens than it reserved (its n-th request is its
+        # reservation of attempt n), and every answer used no more than its request could
+        facts = await _rows(engine, "SELECT run_id, data -> 'value' AS value FROM run_events "
+                                    "WHERE type = 'fact.recorded' AND data ->> 'key' = 'rate_limit:model:plan'")
+        assert len(facts) == len(waited)
+        for fact in facts:
+            asked = [most for _, run_id, most, _ in model.requests if run_id == fact.run_id]
+            assert asked[fact.value["attempt"]] <= fact.value["tokens"], (fact, asked)
+        answered = [(t, used) for t, _, most, used in model.requests if used is not None and used <= most]
+        assert len(answered) == runs
+        # ...in every minute (6 s here) the tokens charged (reserved, less what was given back) kept to the limit
+        worst = max(sum(u for t, u in answered if start <= t < start + minute) for start, _ in answered)
+        assert worst <= per_minute, answered
+        # ...and after the 429 nothing reached the model before its Retry-After had passed
+        (refused,) = [t for t, _, _, used in model.requests if used is None]
+        after = [t for t, _ in answered if t > refused]
+        assert after and min(after) >= refused + retry_after, (refused, after)
+        assert len(model.requests) == runs + 1
+    finally:
+        model.server.should_exit = True
+        await serving

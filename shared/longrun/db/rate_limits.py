@@ -17,12 +17,14 @@ from longrun.domain import rate_limit as buckets
 from longrun.domain.rate_limit import Bucket, Charge, RateLimit
 
 _NOW = text("SELECT extract(epoch FROM clock_timestamp()) AS now")
-_LOCK = text("SELECT bucket, level, extract(epoch FROM at) AS at FROM rate_limit_buckets "
-             "WHERE bucket = ANY(:keys) ORDER BY bucket FOR UPDATE")
+_COLUMNS = "bucket, level, extract(epoch FROM at) AS at, coalesce(extract(epoch FROM hold_until), 0) AS hold_until"
+_LOCK = text(f"SELECT {_COLUMNS} FROM rate_limit_buckets WHERE bucket = ANY(:keys) ORDER BY bucket FOR UPDATE")
+_HELD = text(f"SELECT {_COLUMNS}, extract(epoch FROM clock_timestamp()) AS now FROM rate_limit_buckets "
+             "WHERE bucket = ANY(:keys)")
 _CREATE = text("INSERT INTO rate_limit_buckets (bucket, level, at, rate, burst) "
                "VALUES (:bucket, :level, to_timestamp(:at), :rate, :level) ON CONFLICT DO NOTHING")
-_SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:at), rate = :rate, burst = :burst "
-             "WHERE bucket = :bucket")
+_SAVE = text("UPDATE rate_limit_buckets SET level = :level, at = to_timestamp(:at), rate = :rate, burst = :burst, "
+             "hold_until = to_timestamp(nullif(:hold_until, 0)) WHERE bucket = :bucket")
 
 
 async def lock(conn: AsyncConnection, wanted: Sequence[tuple[RateLimit, str]]) -> tuple[list[Bucket], float]:
@@ -46,12 +48,12 @@ async def _read(conn: AsyncConnection, keys: list[str]) -> dict[str, Bucket]:
 
 
 def _bucket(row: Any) -> Bucket:
-    return Bucket(row.bucket, float(row.level), float(row.at))
+    return Bucket(row.bucket, float(row.level), float(row.at), float(row.hold_until))
 
 
 async def save(conn: AsyncConnection, bucket: Bucket, limit: RateLimit) -> None:
     await conn.execute(_SAVE, {"bucket": bucket.key, "level": bucket.level, "at": bucket.at, "rate": limit.rate,
-                               "burst": float(limit.burst)})
+                               "burst": float(limit.burst), "hold_until": bucket.hold_until})
 
 
 class PgRateLimits:
@@ -76,4 +78,9 @@ class PgRateLimits:
     async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
         async with self.engine.begin() as conn:
             (before,), now = await lock(conn, [(limit, bucket)])
-            await save(conn, buckets.not_before(before, limit, seconds, now), limit)
+            await save(conn, buckets.not_before(before, now, seconds), limit)
+
+    async def held(self, bucket_keys: Sequence[str]) -> float:
+        async with self.engine.connect() as conn:
+            rows = list(await conn.execute(_HELD, {"keys": list(bucket_keys)}))
+        return buckets.held([_bucket(row) for row in rows], float(rows[0].now)) if rows else 0.0

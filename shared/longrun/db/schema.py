@@ -385,6 +385,7 @@ rate_limit_buckets = Table(
     # The limit as last charged: what the gauges refill the level with to show it now.
     Column("rate", Float, nullable=False),
     Column("burst", Float, nullable=False),
+    Column("hold_until", DateTime(timezone=True)),
 )
 
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so

@@ -13,8 +13,8 @@ Invariants:
 - Several limits on one call (requests and tokens) are reserved for one time, the latest any of
   them allows, each bucket charged for that time: so in any window of ``period`` seconds, the calls
   (or tokens) reserved for times inside it are at most ``amount + burst``.
-- A refund (tokens reserved but not used) and a far side's "not before" (a 429's ``Retry-After``)
-  only move a bucket's level; never its reservations already given.
+- A refund (tokens reserved but not used) only moves a bucket's level. A far side's "not before"
+  (a 429's ``Retry-After``) holds every place in line, given or not, until then.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class Bucket:
     """Requests (or tokens) left as of ``at``; below zero: owed to reservations already given."""
     at: float
     """Epoch seconds the level is as of; it never moves back (a clock read before it counts as it)."""
+    hold_until: float = 0.0
+    """Epoch seconds before which nothing goes: the far side's "not before" (a 429's ``Retry-After``)."""
 
 
 def empty(key: str, limit: RateLimit, now: float) -> Bucket:
@@ -100,7 +102,7 @@ def level_at(b: Bucket, limit: RateLimit, t: float) -> float:
 def earliest(b: Bucket, limit: RateLimit, cost: float, now: float) -> float:
     """The first time from ``now`` at which the refill has paid for ``cost`` taken now."""
     now = max(now, b.at)
-    return now + max(0.0, cost - level_at(b, limit, now)) / limit.rate
+    return max(b.hold_until, now + max(0.0, cost - level_at(b, limit, now)) / limit.rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +150,15 @@ def refund(b: Bucket, limit: RateLimit, amount: float, now: float) -> Bucket:
     return replace(b, level=min(float(limit.burst), level_at(b, limit, now) + amount), at=max(now, b.at))
 
 
-def not_before(b: Bucket, limit: RateLimit, seconds: float, now: float) -> Bucket:
-    """The bucket after the far side said "not for ``seconds``" (a 429's ``Retry-After``): no new
-    place in line before then; places already given keep their times."""
-    if seconds <= 0:
-        return b
-    return replace(b, level=min(level_at(b, limit, now), -seconds * limit.rate), at=max(now, b.at))
+def not_before(b: Bucket, now: float, seconds: float) -> Bucket:
+    """The bucket after the far side said "not for ``seconds``" (a 429's ``Retry-After``): no place
+    in line before then; a call whose place came sooner waits for it too (``held``)."""
+    return replace(b, hold_until=max(b.hold_until, now + seconds))
+
+
+def held(buckets: Sequence[Bucket], now: float) -> float:
+    """Seconds from ``now`` the far side said nothing may go; 0 when nothing holds."""
+    return max([0.0, *(b.hold_until - now for b in buckets)])
 
 
 def reservation_wait(*, wait_id: str, limit_name: str, logical_action: str, wake_at: float) -> Wait:

@@ -19,3 +19,6 @@ class RateLimits(Protocol):
 
     async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
         """The far side asked for nothing more for ``seconds`` (a 429's ``Retry-After``)."""
+
+    async def held(self, buckets: Sequence[str]) -> float:
+        """Seconds until the far side lets calls charged in ``buckets`` go again; 0 when nothing holds them."""

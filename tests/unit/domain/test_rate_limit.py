@@ -16,6 +16,7 @@ from longrun.domain.rate_limit import (
     RateLimit,
     Unit,
     empty,
+    held,
     not_before,
     refund,
     reservation_wait,
@@ -48,9 +49,10 @@ def test_several_limits_give_one_time_the_latest_and_name_the_limit_that_set_it(
 def test_a_refund_gives_back_up_to_the_burst_and_a_retry_after_holds_the_next_place() -> None:
     b = Bucket("forge", -3.0, 10.0)
     assert refund(b, TWENTY_PER_10S, 10, 10.0).level == TWENTY_PER_10S.burst
-    held = not_before(empty("forge", TWENTY_PER_10S, 0.0), TWENTY_PER_10S, 30.0, 0.0)
-    assert reserve([Charge(held, TWENTY_PER_10S, 1)], 0.0).go_at == pytest.approx(30.5)
-    assert not_before(b, TWENTY_PER_10S, 0.0, 10.0) is b
+    hold = not_before(empty("forge", TWENTY_PER_10S, 0.0), 0.0, 30.0)
+    assert reserve([Charge(hold, TWENTY_PER_10S, 1)], 0.0).go_at == pytest.approx(30.0)
+    assert held([hold, b], 10.0) == pytest.approx(20.0) and held([b], 10.0) == 0.0
+    assert not_before(hold, 0.0, 5.0) == hold  # a shorter hold changes nothing
 
 
 def test_a_per_tenant_limit_has_a_bucket_per_tenant_and_the_wait_shows_the_limit() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Tool
 from longrun.domain import DecisionContext, RetryPolicy, RunSnapshot, effective_start_to_close, next_delay, retryable
+from longrun.domain.rate_limit import RateLimit
 from longrun.model import ModelAdapter
 from longrun.ports.rate_limits import RateLimits
 from longrun.ports.stores import Breakers
@@ -30,6 +31,10 @@ class FarSide:
     lease_ttl: float = 30.0
     rate_limits: RateLimits | None = None
     """The far sides' token buckets; without them, no declared rate limit is enforced."""
+    model_limits: tuple[RateLimit, ...] = ()
+    """The model provider's rate limits (``LONGRUN_MODEL_*_PER_PERIOD``)."""
+    model_max_tokens: int = 1024
+    """What a model answer may use at most: reserved in a token limit with the call's input."""
     rate_limit_lead: float = 0.0
     """Seconds ahead of its place in line a limited call's run is woken (the worker waits out the
     rest): how late a wake may come without the call going later than its place."""

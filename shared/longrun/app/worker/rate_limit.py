@@ -14,8 +14,9 @@ nothing here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from longrun import metrics
 from longrun.app.worker.commit import Step
@@ -23,7 +24,13 @@ from longrun.app.worker.far_side import FarSide
 from longrun.domain import RunStatus, freeze
 from longrun.domain import events as ev
 from longrun.domain.rate_limit import RESERVATION_FACT_PREFIX, RateLimit, Unit, reservation_wait
+from longrun.model import ModelRateLimited, Proposal, input_tokens_bound
 from longrun.ports.runs import StoredRun
+
+
+PARKED_CONTEXT_TOKENS = 256
+"""What parking a model call for its place adds to the context it is asked with, at most: the
+reservation's fact (its key and four short fields), reserved with the call's input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,27 +56,42 @@ async def in_line(far: FarSide, step: Step, stored: StoredRun, limits: Sequence[
         if ctx.now >= go_at - far.rate_limit_lead:
             # Woken ahead of its place by the lead its wake may be late by: the rest waited out here.
             await asyncio.sleep(max(0.0, go_at - ctx.now))
-            return Place(int(held["tokens"]))  # type: ignore[call-overload]
+            return await _unless_held(far, step, stored, limits, logical_action, dict(held))
         # Woken before its time (an operator's wake): the same place, waited for again.
-        await _park(far, step, stored, logical_action, str(held["limit"]), go_at, events=[])
+        await _park(far, step, stored, logical_action, dict(held))
         return None
     charges = [(limit, limit.bucket(run.tenant_id), float(tokens if limit.unit is Unit.TOKENS else 1))
                for limit in limits]
-    wait, binding = await far.rate_limits.reserve(charges)
+    try:
+        wait, binding = await far.rate_limits.reserve(charges)
+    except ValueError as e:  # a call bigger than a bucket: no place in line would ever come
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION, reason=f"{logical_action}: {e}")
+        return None
     if wait <= 0:
         return Place(tokens)
     metrics.RATE_LIMITED.labels(binding).inc()
     metrics.RATE_LIMIT_WAIT.labels(binding).observe(wait)
+    # From the clock read once the buckets answered: never ahead of the place they gave.
+    place = {"limit": binding, "attempt": attempt, "go_at": far.clock() + wait, "tokens": tokens}
     if wait <= far.rate_limit_lead:
         # Its place is nearer than a wake would take: waited for here, with no wake at all.
         await asyncio.sleep(wait)
-        return Place(tokens)
-    # From the clock read once the buckets answered: never ahead of the place they gave.
-    go_at = far.clock() + wait
-    fact = step.event(stored, ev.FactRecorded, key=fact_key, source="runtime", value=freeze(
-        {"limit": binding, "attempt": attempt, "go_at": go_at, "tokens": tokens}))
-    await _park(far, step, stored, logical_action, binding, go_at, events=[fact])
+        return await _unless_held(far, step, stored, limits, logical_action, place)
+    await _park(far, step, stored, logical_action, place)
     return None
+
+
+async def _unless_held(far: FarSide, step: Step, stored: StoredRun, limits: Sequence[RateLimit], logical_action: str,
+                       place: dict[str, Any]) -> Place | None:
+    """The call goes at its place, unless the far side said "not yet" (a 429) since it was given:
+    then it waits for that, on the same place (None: parked)."""
+    assert far.rate_limits is not None
+    hold = await far.rate_limits.held([limit.bucket(stored.snapshot.tenant_id) for limit in limits])
+    if hold > far.rate_limit_lead:
+        await _park(far, step, stored, logical_action, {**place, "go_at": far.clock() + hold})
+        return None
+    await asyncio.sleep(hold)
+    return Place(int(place["tokens"]))
 
 
 def _held(fact: object, attempt: int) -> Mapping[str, object] | None:
@@ -80,11 +102,44 @@ def _held(fact: object, attempt: int) -> Mapping[str, object] | None:
     return None
 
 
-async def _park(far: FarSide, step: Step, stored: StoredRun, logical_action: str, limit: str, go_at: float,
-                *, events: list[ev.RunEvent]) -> None:
+async def _park(far: FarSide, step: Step, stored: StoredRun, logical_action: str, place: dict[str, Any]) -> None:
+    """The run parked until its place (the fact holds it; written again only when it changed)."""
     ctx = far.context()
-    wait = reservation_wait(wait_id=ctx.new_id(), limit_name=limit, logical_action=logical_action,
-                            wake_at=go_at - far.rate_limit_lead)
+    fact_key = RESERVATION_FACT_PREFIX + logical_action
+    events: list[ev.RunEvent] = []
+    known = stored.snapshot.fact(fact_key)
+    if known is None or dict(known.value) != place:  # type: ignore[call-overload]
+        events.append(step.event(stored, ev.FactRecorded, key=fact_key, source="runtime", value=freeze(place)))
+    wait = reservation_wait(wait_id=ctx.new_id(), limit_name=str(place["limit"]), logical_action=logical_action,
+                            wake_at=float(place["go_at"]) - far.rate_limit_lead)
     started = step.event(stored, ev.WaitStarted, offset=len(events) + 1, status=RunStatus.RETRY_SCHEDULED,
                          wait=wait)
     await step.commit(stored, [*events, started], release=True)
+
+
+async def ask_model(far: FarSide, step: Step, stored: StoredRun, purpose: str, context: Mapping[str, Any],
+                    allowed: Sequence[str], propose: Callable[[], Awaitable[Proposal]]) -> Proposal | None:
+    """The model's answer, asked once its place in the model's limits came (None: the run was parked
+    for it). A token limit reserves the call's input plus ``max_tokens`` and gets back what the answer
+    did not use; a 429 holds the model's buckets for as long as the server asked."""
+    limits = far.model_limits
+    if not limits or far.rate_limits is None:
+        return await propose()
+    run = stored.snapshot
+    counted = [limit for limit in limits if limit.unit is Unit.TOKENS]
+    tokens = input_tokens_bound(context, allowed) + far.model_max_tokens + PARKED_CONTEXT_TOKENS if counted else 0
+    # Every attempt at the model is charged a model call: the count tells this attempt from the last.
+    place = await in_line(far, step, stored, limits, f"model:{purpose}", run.budget.used.model_calls, tokens=tokens)
+    if place is None:
+        return None
+    try:
+        answer = await propose()
+    except ModelRateLimited as e:
+        if e.retry_after:
+            for limit in limits:
+                await far.rate_limits.not_before(limit, limit.bucket(run.tenant_id), e.retry_after)
+        raise
+    unused = place.tokens - answer.usage.input_tokens - answer.usage.output_tokens
+    for limit in counted:
+        await far.rate_limits.refund(limit, limit.bucket(run.tenant_id), unused)
+    return answer

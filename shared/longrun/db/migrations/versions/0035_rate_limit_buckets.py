@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column('at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('rate', sa.Float(), nullable=False),
         sa.Column('burst', sa.Float(), nullable=False),
+        sa.Column('hold_until', sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint('bucket', name=op.f('pk_rate_limit_buckets')),
     )
 
