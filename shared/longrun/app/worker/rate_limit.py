@@ -7,8 +7,8 @@ the buckets allow and parks its run, uncharged, on a durable timer for that time
 wakes the run goes without asking the buckets again: one extra wake per limited call, whichever
 worker takes the run. The timer is set ``FarSide.rate_limit_lead`` seconds ahead of the place and
 the worker waits out the rest, so a wake that comes late by less than that still calls on time
-(the far side sees the calls as the buckets placed them). A far side that declares no limit costs
-nothing here.
+(the far side sees the calls as the buckets placed them); a wake later than that (an outage) finds
+its place gone and takes a new one. A far side that declares no limit costs nothing here.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from longrun.model import ModelRateLimited, Proposal, input_tokens_bound
 from longrun.ports.runs import StoredRun
 
 
+LATE_AFTER = 0.1
+"""Seconds past its place a call may still go on it; a later one takes a new place."""
 PARKED_CONTEXT_TOKENS = 256
 """What parking a model call for its place adds to the context it is asked with, at most: the
 reservation's fact (its key and four short fields), reserved with the call's input."""
@@ -51,7 +53,9 @@ async def in_line(far: FarSide, step: Step, stored: StoredRun, limits: Sequence[
     fact_key = RESERVATION_FACT_PREFIX + logical_action
     ctx = far.context()
     held = _held(run.fact(fact_key), attempt)
-    if held is not None:
+    # A place that passed while nobody could take it (the timer's wake came late: a database or
+    # broker outage) is lost, not used late: calls kept out by an outage must not go all at once.
+    if held is not None and ctx.now <= float(held["go_at"]) + LATE_AFTER:  # type: ignore[arg-type]
         go_at = float(held["go_at"])  # type: ignore[arg-type]
         if ctx.now >= go_at - far.rate_limit_lead:
             # Woken ahead of its place by the lead its wake may be late by: the rest waited out here.
