@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -204,8 +205,10 @@ class ModelServer:
     its ``max_tokens``), answers "finish" reporting a third of those input tokens used, and answers 429
     with ``Retry-After`` to the requests numbered in ``refuse``."""
 
-    def __init__(self, refuse: set[int], retry_after: float) -> None:
-        self.refuse, self.retry_after = refuse, retry_after
+    def __init__(self, refuse: set[int], retry_after: float, *, outage: float = 0.0) -> None:
+        """``outage``: for this many seconds from the first request, every request is answered 503."""
+        self.refuse, self.retry_after, self.outage = refuse, retry_after, outage
+        self.down_until: float | None = None
         self.requests: list[tuple[float, str, int, int | None]] = []
         """(arrival, run, the most tokens it can use, tokens the answer reports used; None: refused)."""
         self.port = free_port()
@@ -216,12 +219,17 @@ class ModelServer:
         body = await request.json()
         arrived, run_id = time.time(), json.loads(body["messages"][1]["content"])["run_id"]
         most = sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in body["messages"])
-        most += MESSAGE_OVERHEAD_TOKENS + body["max_tokens"]
+        most += MESSAGE_OVERHEAD_TOKENS + body.get("max_tokens", 100)
+        if self.down_until is None:
+            self.down_until = arrived + self.outage
+        if arrived < self.down_until:
+            self.requests.append((arrived, run_id, most, None))
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         if len(self.requests) in self.refuse:
             self.requests.append((arrived, run_id, most, None))
             return JSONResponse({"error": {"message": "rate limited"}}, status_code=429,
                                 headers={"Retry-After": f"{self.retry_after:g}"})
-        prompt, completion = most // 3, min(body["max_tokens"], 20)
+        prompt, completion = most // 3, 20
         self.requests.append((arrived, run_id, most, prompt + completion))
         answer = {"action": "finish", "args": {}, "rationale": "nothing to do"}
         return JSONResponse({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}],
@@ -277,6 +285,58 @@ async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_42
         after = [t for t, _ in answered if t > refused]
         assert after and min(after) >= refused + retry_after, (refused, after)
         assert len(model.requests) == runs + 1
+    finally:
+        model.server.should_exit = True
+        await serving
+
+
+async def test_a_model_endpoint_that_is_down_opens_its_breaker_and_runs_wait_for_it_uncharged(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given a model server down for 8 s from the first call it gets, a breaker opened by 2 unavailable answers with a
+    # cool-down of 2 s, and a reconciler that wakes the runs waiting for it once it is healthy
+    runs, outage, threshold, cool_down = 8, 8.0, 2, 2.0
+    model = ModelServer(refuse=set(), retry_after=0, outage=outage)
+    serving = asyncio.create_task(model.server.serve())
+    try:
+        calls = tmp_path / "far-side.jsonl"
+        calls.touch()
+        ensemble = Ensemble(services, tmp_path)
+        for name, module in (*MODULES.items(), ("reconciler", "longrun.services.reconciler")):
+            if name != "gateway":
+                ensemble.start(name, module, LONGRUN_RUN_KINDS=KINDS, LIMITED_CALLS=str(calls),
+                               LONGRUN_TENANT_SLOTS=str(runs), LONGRUN_MODEL="openai",
+                               LONGRUN_MODEL_URL=f"http://127.0.0.1:{model.port}/v1", LONGRUN_MODEL_MAX_TOKENS="100",
+                               LONGRUN_BREAKER_THRESHOLD=str(threshold), LONGRUN_BREAKER_COOL_DOWN=f"{cool_down:g}",
+                               LONGRUN_BREAKER_CACHE="1", LONGRUN_RETRY_INITIAL_INTERVAL="0.5",
+                               LONGRUN_RETRY_MAXIMUM_ATTEMPTS="50", LONGRUN_RECONCILE_INTERVAL="1")
+        # When eight runs each ask it once
+        for i in range(runs):
+            await _create(bus, "acme", {"ask": True})
+
+        # Then its breaker opens and runs wait for it to be healthy, showing it
+        async def opened() -> bool:
+            rows = await _rows(engine, "SELECT count(*) AS n FROM runs WHERE wait_correlation_key = 'tool-healthy:model'")
+            return rows[0].n >= 1
+
+        await eventually(opened, timeout=20, what="runs waiting for the model's breaker")
+        assert [r.state for r in await _rows(engine, "SELECT state FROM tool_health WHERE far_side = 'model'")] \
+            != ["CLOSED"]
+
+        # ...and once it is back, every run completes
+        async def all_done() -> bool:
+            (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done, count(*) AS n "
+                                         "FROM runs WHERE workflow = 'limited'")
+            return row.n == runs and row.done == runs
+
+        await eventually(all_done, timeout=90, what=f"{runs} runs COMPLETED")
+        refused = [t for t, _, _, used in model.requests if used is None]
+        # the breaker bounds what the outage cost: the answers that opened it, the calls already under
+        # way, and one probe per cool-down
+        bound = threshold + runs + math.ceil(outage / cool_down) + 1
+        assert len(refused) <= bound, (len(refused), bound)
+        assert len(model.requests) - len(refused) == runs
+        assert [r.state for r in await _rows(engine, "SELECT state FROM tool_health WHERE far_side = 'model'")] \
+            == ["CLOSED"]
     finally:
         model.server.should_exit = True
         await serving

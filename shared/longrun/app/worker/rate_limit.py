@@ -122,9 +122,9 @@ async def _park(far: FarSide, step: Step, stored: StoredRun, logical_action: str
 
 
 async def ask_model(far: FarSide, step: Step, stored: StoredRun, purpose: str, context: Mapping[str, Any],
-                    allowed: Sequence[str], propose: Callable[[], Awaitable[Proposal]]) -> Proposal | None:
-    """The model's answer, asked once its place in the model's limits came (None: the run was parked
-    for it). A token limit reserves the call's input plus ``max_tokens`` and gets back what the answer
+                    allowed: Sequence[str], propose: Callable[[], Awaitable[Proposal | None]]) -> Proposal | None:
+    """The model's answer, asked once its place in the model's limits came (None: the run was parked,
+    for its place or by ``propose``). A token limit reserves the call's input plus ``max_tokens`` and gets back what the answer
     did not use; a 429 holds the model's buckets for as long as the server asked."""
     limits = far.model_limits
     if not limits or far.rate_limits is None:
@@ -143,6 +143,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, purpose: str, c
             for limit in limits:
                 await far.rate_limits.not_before(limit, limit.bucket(run.tenant_id), e.retry_after)
         raise
+    if answer is None:
+        return None
     unused = place.tokens - answer.usage.input_tokens - answer.usage.output_tokens
     for limit in counted:
         await far.rate_limits.refund(limit, limit.bucket(run.tenant_id), unused)
