@@ -17,7 +17,8 @@ from longrun.app.gateway import operate
 from longrun.app.reconciler.common import ALERT_PREFIX
 from longrun.db import actions as ledger
 from longrun.db import keys, operator_reads, retention, runs
-from longrun.domain import event_to_dict
+from longrun.domain import RunSnapshot, event_to_dict
+from longrun.domain.rate_limit import RATE_LIMIT_WAIT
 from longrun.services.gateway import api
 
 
@@ -28,7 +29,7 @@ async def search_runs(conn: AsyncConnection, params: api.RunSearch,
     a cursor or an age that is not one."""
     page, next_cursor = await operator_reads.search_runs(
         conn, equal={column: getattr(params, column) for column in operator_reads.RUN_FILTERS},
-        labels=[(key, value) for key, _, value in (label.partition("=") for label in params.label)],
+        waiting_for=params.waiting_for, labels=[(key, value) for key, _, value in (label.partition("=") for label in params.label)],
         older_than=params.older_than, idle_for=params.idle_for, cursor=params.cursor, limit=params.limit,
         tenants=tenants)
     return {"runs": [{**r._mapping, "labels": r.labels or {}, "created_at": r.created_at.isoformat(),
@@ -58,7 +59,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
             "next_timer": None if next_timer is None else {
                 "kind": next_timer.kind, "wake_at": next_timer.wake_at.isoformat()},
             "allowed_operations": operate.allowed_operations(stored.snapshot),
-            "waiting_for": f"a compatible worker: {needs}" if needs else key,
+            "waiting_for": f"a compatible worker: {needs}" if needs else key or waiting_for(stored.snapshot),
             "archived": None if archived is None else {
                 "at": archived.at.isoformat(), "archive": archived.archive,
                 "location": archived.location, "media_type": retention.ARCHIVE_MEDIA_TYPE},
@@ -75,6 +76,12 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
         action_prefix=ALERT_PREFIX if alerts_only else None, cursor=params.cursor, limit=params.limit,
         tenants=tenants)
     return {"entries": [{**r._mapping, "at": r.at.isoformat()} for r in page], "next_cursor": next_cursor}
+
+
+def waiting_for(run: RunSnapshot) -> str | None:
+    """What a parked run's view says it waits for: ``rate_limit:<limit name>`` for its place in line."""
+    wait = run.wait
+    return wait.correlation_key if wait is not None and wait.kind == RATE_LIMIT_WAIT else None
 
 
 def _call(row: ledger.LedgerRow) -> dict[str, Any]:

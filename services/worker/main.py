@@ -23,6 +23,7 @@ from longrun.config import Settings
 from longrun.db.breakers import PgBreakers
 from longrun.db.spent_tenants import PgSpentTenants
 from longrun.db.driver import Pool
+from longrun.db.rate_limits import PgRateLimits
 from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
 
@@ -30,6 +31,9 @@ SERVICE = "worker"
 ADOPT_INTERVAL = 1.0
 """Seconds between looks for runs waiting for a worker like this one (an indexed read of the few
 runs waiting, if any)."""
+RATE_LIMIT_LEAD = 1.0
+"""Seconds ahead of its place in line a rate-limited call's run is woken: more than a timer's wake
+takes to reach a worker (timer service, relay, broker), so the call still goes at its place."""
 logger = logging.getLogger(__name__)
 
 
@@ -51,7 +55,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     budgets=effects.TenantBudgets(settings.tenant_budget_period,
                                                                   settings.tenant_token_budget,
                                                                   settings.tenant_cost_budget),
-                                    spent_tenants=PgSpentTenants(engine))
+                                    spent_tenants=PgSpentTenants(engine),
+                                    rate_limits=PgRateLimits(engine), rate_limit_lead=RATE_LIMIT_LEAD,
+                                    model_limits=settings.model_rate_limits(),
+                                    model_max_tokens=settings.model_max_tokens)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

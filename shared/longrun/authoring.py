@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, RunTimeouts, Scope, Workflow
 from longrun.domain.concurrency import LARGEST_LIMIT, KeyClaim, KeyPolicy, key_problem
+from longrun.domain.rate_limit import RateLimit, Unit
 from longrun.errors import ToolRejected
 
 
@@ -76,6 +77,11 @@ class Tool:
     """The downstream service this tool calls: tools naming the same one share its health (circuit
     breaker). Empty: the tool's own name."""
 
+    rate_limits: tuple[RateLimit, ...] = ()
+    """The far side's limits on this tool's calls (requests per period), shared by every worker: a
+    call past them waits, uncharged, for its place in line (docs/flow-control.md#rate-limits-per-far-side).
+    Tools naming the same far side share a limit by declaring the same one."""
+
     resource: Callable[[Mapping[str, Any]], str] | None = None
     """What a call acts on, read from its validated arguments (e.g. ``lambda a: f"repo:{a['repo']}"``):
     the run's scope must allow it as well as the tool. None: the tool's calls are checked by name only."""
@@ -85,6 +91,8 @@ class Tool:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"tool {self.name!r}: {name} must be seconds > 0, got {value!r}")
+        if any(limit.unit is not Unit.REQUESTS for limit in self.rate_limits):
+            raise ValueError(f"tool {self.name!r}: rate_limits count requests; tokens are a model's limit")
 
     @property
     def health_key(self) -> str:

@@ -68,6 +68,12 @@ MODEL_TOKENS = Counter("longrun_model_tokens_total", "Model tokens used, by dire
                        ["workflow", "direction"])
 MODEL_COST = Counter("longrun_model_cost_usd_total", "Model cost in US dollars, as the adapter priced it",
                      ["workflow"])
+RATE_LIMITED = Counter("longrun_rate_limited_calls_total",
+                       "Calls that waited for their place in a rate limit's line, by the limit that set the time",
+                       ["limit"])
+RATE_LIMIT_WAIT = Histogram("longrun_rate_limit_wait_seconds",
+                            "How long a limited call's reservation had it wait, by limit", ["limit"],
+                            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
 
 # -- from the database, exported by the one elected collector ---------------------------------------
 
@@ -86,6 +92,10 @@ class Figures:
     """(owner, error code) -> messages not replayed."""
     silent: Mapping[str, int]
     awaiting_worker: Mapping[str, int]
+    rate_limit_held: Mapping[str, tuple[int, float]]
+    """Limit name -> (runs waiting for their place in its line, seconds the longest of them has waited)."""
+    rate_limit_levels: Mapping[str, float]
+    """Bucket -> its level now (below zero: owed to places already given)."""
     took: float
     """Seconds the collection's queries took."""
 
@@ -123,6 +133,14 @@ class _Database(Collector):
                       ["status"], (((s,), n) for s, n in f.silent.items()))
         yield _family("longrun_runs_awaiting_worker", "Runs waiting for a worker that runs their pinned versions",
                       ["workflow"], (((w,), n) for w, n in f.awaiting_worker.items()))
+        yield _family("longrun_rate_limit_held_runs", "Runs waiting for their place in a rate limit's line",
+                      ["limit"], (((name,), n) for name, (n, _) in f.rate_limit_held.items()))
+        yield _family("longrun_rate_limit_held_oldest_seconds",
+                      "How long the run a rate limit has held longest has waited", ["limit"],
+                      (((name,), age) for name, (_, age) in f.rate_limit_held.items()))
+        yield _family("longrun_rate_limit_bucket_level",
+                      "A rate limit bucket's level now; below zero: owed to places in line already given",
+                      ["bucket"], (((b,), level) for b, level in f.rate_limit_levels.items()))
         yield GaugeMetricFamily("longrun_metrics_collect_duration_seconds",
                                 "How long the last collection of the database gauges took", f.took)
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
@@ -56,6 +59,57 @@ class ProposalRejected(DomainError):
         self.reason = reason
         self.action = action
         super().__init__(f"proposal rejected: {reason}")
+
+
+class ModelRateLimited(ToolUnavailable):
+    """The model server answered 429: too many requests or tokens for now."""
+
+    def __init__(self, tool: str, message: str, retry_after: float | None) -> None:
+        super().__init__(tool, message)
+        self.retry_after = retry_after
+        """Seconds the server asked for nothing more (``Retry-After``, or its rate-limit reset headers)."""
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds a 429 asks to wait: ``Retry-After`` (seconds or an HTTP date), else the longest of the
+    ``x-ratelimit-reset-requests`` / ``-tokens`` durations (``1s``, ``6m0s``, ``250ms``); None if none says."""
+    raw = headers.get("retry-after")
+    if raw:
+        try:
+            return max(0.0, float(raw))
+        except ValueError:
+            try:
+                return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+            except (TypeError, ValueError):
+                pass
+    resets = [_reset_seconds(headers[h]) for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+              if h in headers]
+    known = [r for r in resets if r is not None]
+    return max(known) if known else None
+
+
+def _reset_seconds(raw: str) -> float | None:
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", raw.strip())
+    if not parts or "".join(n + u for n, u in parts) != raw.strip():
+        return None
+    return sum(float(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
+
+
+def messages(context: Mapping[str, Any], allowed_actions: Sequence[str]) -> list[dict[str, str]]:
+    """The chat messages a call sends for ``context``."""
+    system = _SYSTEM_PROMPT + ALLOWED_ACTIONS_MARKER + json.dumps(list(allowed_actions))
+    return [{"role": "system", "content": system}, {"role": "user", "content": json.dumps(context, sort_keys=True)}]
+
+
+MESSAGE_OVERHEAD_TOKENS = 8
+"""Tokens a chat template adds around each message, at most (role markers, separators)."""
+
+
+def input_tokens_bound(context: Mapping[str, Any], allowed_actions: Sequence[str]) -> int:
+    """At most the input tokens a call for ``context`` uses: its messages' UTF-8 bytes (a byte-level
+    tokenizer's token covers at least one byte) plus the template's tokens around each message."""
+    sent = messages(context, allowed_actions)
+    return sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in sent) + MESSAGE_OVERHEAD_TOKENS
 
 
 class ModelAdapter(Protocol):
@@ -126,8 +180,11 @@ class OpenAICompatibleModel:
         *,
         usd_per_input_token: float = 0.0,
         usd_per_output_token: float = 0.0,
+        max_tokens: int | None = None,
     ) -> None:
+        """``max_tokens``: the most tokens an answer may use, sent with each call (None: the server's own)."""
         self.model = model
+        self.max_tokens = max_tokens
         self._tool = f"model:{model}"
         self._prices = (usd_per_input_token, usd_per_output_token)
         # Accept both ".../v1" and the bare host: the path below always names /v1.
@@ -141,21 +198,21 @@ class OpenAICompatibleModel:
         await self._http.aclose()
 
     async def propose(self, *, context: Mapping[str, Any], allowed_actions: Sequence[str]) -> Proposal:
-        system = _SYSTEM_PROMPT + ALLOWED_ACTIONS_MARKER + json.dumps(list(allowed_actions))
-        request = {
+        request: dict[str, Any] = {
             "model": self.model,
             "temperature": 0,
             "response_format": {"type": "json_object"},
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": json.dumps(context, sort_keys=True)},
-            ],
+            "messages": messages(context, allowed_actions),
         }
+        if self.max_tokens is not None:
+            request["max_tokens"] = self.max_tokens
         try:
             response = await self._http.post("/v1/chat/completions", json=request)
         except httpx.TransportError as exc:
             raise ToolUnavailable(self._tool, f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500 or response.status_code == 429:
+        if response.status_code == 429:
+            raise ModelRateLimited(self._tool, f"HTTP 429: {response.text[:500]}", retry_after(response.headers))
+        if response.status_code >= 500:
             raise ToolUnavailable(self._tool, f"HTTP {response.status_code}: {response.text[:500]}")
         if response.is_error:
             raise ToolRejected(self._tool, response.status_code, response.text[:500])

@@ -26,6 +26,7 @@ from longrun.config.gateway import GatewaySettings
 from longrun.config.identity import IdentitySettings
 from longrun.config.observability import ObservabilitySettings, apply_opentelemetry_variables
 from longrun.config.process import ProcessSettings
+from longrun.config.rate_limits import RateLimitSettings
 from longrun.config.reconciler import ReconcilerSettings
 from longrun.config.retention import RetentionSettings
 from longrun.config.storage import DEFAULT_DATABASE_URL, StorageSettings
@@ -39,7 +40,7 @@ __all__ = ["DEFAULT_AMQP_URL", "DEFAULT_DATABASE_URL", "Settings"]
 @dataclass(frozen=True)
 class Settings(StorageSettings, ArtifactSettings, BusSettings, ProcessSettings, ObservabilitySettings,
                AdmissionSettings, WorkerSettings, CallSettings, TimerSettings, ReconcilerSettings, RetentionSettings,
-               GatewaySettings, IdentitySettings, ExtensionSettings, FaultSettings):
+               RateLimitSettings, GatewaySettings, IdentitySettings, ExtensionSettings, FaultSettings):
     """Process-wide settings; build with :meth:`from_env`."""
 
     @classmethod

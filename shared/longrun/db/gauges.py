@@ -10,8 +10,9 @@ from sqlalchemy import Float, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.alerts import silent
-from longrun.db.schema import actions, outbox, quarantine, runs
+from longrun.db.schema import actions, outbox, quarantine, rate_limit_buckets, runs
 from longrun.domain import AWAITING_RECONCILER, RunStatus
+from longrun.domain.rate_limit import RATE_LIMIT_PREFIX, RATE_LIMIT_WAIT
 from longrun.metrics import Figures
 
 def _age(column: object) -> object:
@@ -39,8 +40,15 @@ async def read(conn: AsyncConnection, *, silence_limits: Mapping[RunStatus, floa
             select(runs.c.status, func.count()).where(silent(silence_limits)).group_by(runs.c.status))})
     waiting = await conn.execute(select(runs.c.workflow, func.count()).where(runs.c.awaiting_worker.isnot(None))
                                  .group_by(runs.c.workflow))
+    held = await conn.execute(select(runs.c.wait_correlation_key, func.count(), _age(runs.c.updated_at))
+                              .where(runs.c.wait_kind == RATE_LIMIT_WAIT).group_by(runs.c.wait_correlation_key))
+    b = rate_limit_buckets.c
+    levels = await conn.execute(select(b.bucket, func.least(b.burst, b.level + b.rate * func.greatest(
+        0, func.extract("epoch", func.now() - b.at))).cast(Float)))
     return Figures(
         runs={(w, s, t): n for w, s, t, n in by_status}, actions={s: n for s, n in by_action},
         in_doubt_oldest=float(oldest_doubt), outbox_backlog=backlog[0], outbox_oldest=float(backlog[1]),
         quarantine={(o, r): n for o, r, n in kept}, silent=quiet, awaiting_worker={w: n for w, n in waiting},
+        rate_limit_held={key.removeprefix(RATE_LIMIT_PREFIX): (n, float(age)) for key, n, age in held},
+        rate_limit_levels={bucket: float(level) for bucket, level in levels},
         took=time.perf_counter() - started)

@@ -27,8 +27,10 @@ _NEXT_TIMER = text("SELECT kind, wake_at FROM timers WHERE run_id = :r AND fired
 
 async def search_runs(conn: AsyncConnection, *, equal: Mapping[str, str | None], labels: Sequence[tuple[str, str]],
                       older_than: str | None, idle_for: str | None, cursor: str | None, limit: int | None,
-                      tenants: Collection[str] | None) -> tuple[list[Row[Any]], str | None]:
-    """Runs whose ``RUN_FILTERS`` columns equal the values ``equal`` gives them, carrying every
+                      tenants: Collection[str] | None,
+                      waiting_for: str | None = None) -> tuple[list[Row[Any]], str | None]:
+    """Runs whose ``RUN_FILTERS`` columns equal the values ``equal`` gives them, parked on
+    ``waiting_for`` (``<wait kind>:<what>``, its wait's correlation key), carrying every
     label, created more than ``older_than`` ago and unchanged for ``idle_for``: newest first, one
     page and the next cursor. ValueError names a cursor or an age that is not one."""
     query = select(runs.c.run_id, runs.c.tenant_id, runs.c.status, runs.c.workflow, runs.c.workflow_version,
@@ -40,6 +42,10 @@ async def search_runs(conn: AsyncConnection, *, equal: Mapping[str, str | None],
     for column in RUN_FILTERS:
         if equal.get(column):
             query = query.where(runs.c[column] == equal[column])
+    if waiting_for:
+        # Through ix_runs_wait_correlation_key: the held runs, however many others there are.
+        kind = waiting_for.partition(":")[0]
+        query = query.where(runs.c.wait_correlation_key == waiting_for, runs.c.wait_kind == kind)
     for key, value in labels:
         query = query.where(exists().where(run_labels.c.run_id == runs.c.run_id, run_labels.c.key == key,
                                            run_labels.c.value == value))

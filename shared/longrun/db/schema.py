@@ -394,6 +394,19 @@ tool_health = Table(
     CheckConstraint("state = 'CLOSED' OR reopen_at IS NOT NULL OR probe_until IS NOT NULL", name="open_until"),
 )
 
+rate_limit_buckets = Table(
+    "rate_limit_buckets", metadata,
+    # One token bucket per rate limit (per tenant for a per-tenant limit: ``domain.rate_limit``),
+    # shared by every worker and changed only under its row lock; a row exists once a call used it.
+    Column("bucket", Text, primary_key=True),
+    Column("level", Float, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    # The limit as last charged: what the gauges refill the level with to show it now.
+    Column("rate", Float, nullable=False),
+    Column("burst", Float, nullable=False),
+    Column("hold_until", DateTime(timezone=True)),
+)
+
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so
 # that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
 from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)

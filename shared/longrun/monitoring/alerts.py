@@ -45,6 +45,8 @@ class Thresholds:
     quarantine_window: str = "30m"
     timer_lateness_seconds: float = 30.0
     awaiting_worker_for: str = "10m"
+    rate_limit_held_seconds: float = 900.0
+    """A run waiting this long for its place in a rate limit's line: the limit is too low for the load."""
     hold: str = "5m"
     """How long a condition must hold before most alerts fire."""
 
@@ -113,6 +115,11 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
               t.awaiting_worker_for, "warning", "Runs of {{ $labels.workflow }} wait for a compatible worker",
               "{{ $value }} runs of {{ $labels.workflow }} are pinned to versions no live worker runs.",
               "incompatible-versions"),
+        Alert("LongrunRateLimitHoldingRuns",
+              f"max by (limit) (longrun_rate_limit_held_oldest_seconds) > {t.rate_limit_held_seconds:g}",
+              t.hold, "warning", "Rate limit {{ $labels.limit }} holds runs too long",
+              "A run has waited {{ $value | humanizeDuration }} for its place in rate limit {{ $labels.limit }}'s "
+              "line: more calls want that far side than the limit lets through.", "rate-limit-holding-runs"),
         Alert("LongrunMetricsNotCollected",
               "max(longrun_metrics_collector) < 1 or absent(longrun_metrics_collector)",
               t.hold, "warning", "No process exports the database gauges",

@@ -27,6 +27,7 @@ from typing import Any
 from longrun.app.worker import loop
 from longrun.authoring import Registry, RunKind
 from longrun.domain import TERMINAL, EffectKind, Question, RunSnapshot, RunStatus, violations
+from longrun.domain.rate_limit import RateLimit
 from longrun.model import ModelAdapter
 from longrun.ports.runs import Fence
 from longrun.testing.checkpoints import CrashAt
@@ -42,14 +43,16 @@ SETTLED = TERMINAL | {RunStatus.NEEDS_ATTENTION}
 class Kit:
     def __init__(self, kind: RunKind, *, answers: Mapping[str, Answer] | None = None,
                  model: ModelAdapter | None = None, lease_ttl: float = 30.0, crash: CrashAt | None = None,
-                 duplicate_deliveries: bool = False) -> None:
+                 duplicate_deliveries: bool = False, model_limits: tuple[RateLimit, ...] = ()) -> None:
         """``crash``: the first worker's crash points (later workers never crash);
-        ``duplicate_deliveries``: every wakeup is delivered twice (the second must change nothing)."""
+        ``duplicate_deliveries``: every wakeup is delivered twice (the second must change nothing);
+        ``model_limits``: the model provider's rate limits (a tool's are on the tool)."""
         self.far_side = FarSide(answers=dict(answers or {}))
         self.world = World(far_side=self.far_side, kinds=Registry([on_far_side(kind, self.far_side)]),
                            lease_ttl=lease_ttl)
         self.kind = kind
         self.model = model
+        self.model_limits = model_limits
         self.lease_ttl = lease_ttl
         self.duplicate_deliveries = duplicate_deliveries
         self.crashes: list[str] = []
@@ -63,7 +66,7 @@ class Kit:
     def _new_worker(self, crash: CrashAt | None = None) -> MemoryWorker:
         self._generation += 1
         return MemoryWorker(self.world, f"worker-{self._generation}", lease_ttl=self.lease_ttl, model=self.model,
-                            crash_points=crash or CrashAt())
+                            model_limits=self.model_limits, crash_points=crash or CrashAt())
 
     def __enter__(self) -> Kit:
         return self

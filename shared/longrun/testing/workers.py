@@ -21,6 +21,7 @@ from longrun.db.inbox import Duplicate, Handled, Message
 from longrun.db.leases import NOT_TAKEN
 from longrun.db.schema import QUEUED_STATUS
 from longrun.domain import TERMINAL, TenantPolicy
+from longrun.domain.rate_limit import RateLimit
 from longrun.envelope import Envelope
 from longrun.errors import LeaseLost
 from longrun.model import ModelAdapter, ScriptedModel
@@ -200,11 +201,12 @@ class MemoryWorker:
     """One worker process: the real ``Worker`` on the world's store, its clock and its run kinds."""
 
     def __init__(self, world: World, instance_id: str, *, lease_ttl: float, model: ModelAdapter | None = None,
-                 crash_points: CrashPoints = _no_crash) -> None:
+                 crash_points: CrashPoints = _no_crash, model_limits: tuple[RateLimit, ...] = ()) -> None:
         self.world = world
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
                              artifacts=MemoryArtifacts(world.stored_objects), instance_id=instance_id,
-                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points)
+                             lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points,
+                             rate_limits=world.rate_limits, model_limits=model_limits)
         self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:

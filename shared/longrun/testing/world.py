@@ -56,6 +56,7 @@ from longrun.principals import GROUP_PREFIX, Principal
 from longrun.testing import admission, reconcile_store
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
+from longrun.testing.rate_limits import MemoryRateLimits
 from longrun.testing.transaction import MemoryTransaction
 from longrun.workflows import steps
 
@@ -253,6 +254,8 @@ class World:
         """``kinds``: run kinds whose tools call ``far_side`` (``on_far_side``); by default ``registry``'s."""
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
+        self.rate_limits = MemoryRateLimits(self.clock)
+        """The far sides' token buckets every worker shares."""
         self.far_side = far_side or FarSide()
         self.kinds = kinds or registry(self.far_side)
         self.lease_ttl = lease_ttl

@@ -21,5 +21,8 @@ def builtin(settings: Settings) -> list[RunKind]:
 def model_adapter(settings: Settings, kinds: Registry) -> ModelAdapter:
     """``LONGRUN_MODEL``: an OpenAI-compatible endpoint, or the scripts the run kinds bring."""
     if settings.model == "openai":
-        return OpenAICompatibleModel(settings.model_url, settings.model_api_key, settings.model_name)
+        # Under a token limit each call says how much of its answer it reserved.
+        max_tokens = settings.model_max_tokens if settings.model_tokens_per_period else None
+        return OpenAICompatibleModel(settings.model_url, settings.model_api_key, settings.model_name,
+                                     max_tokens=max_tokens)
     return ScriptedModel(kinds.model_script())

@@ -150,6 +150,7 @@ def _page_options(command: Any) -> Any:
 @click.option("--tenant")
 @click.option("--status")
 @click.option("--wait-kind")
+@click.option("--waiting-for", metavar="KIND:WHAT", help="what holds the run, e.g. rate_limit:LIMIT")
 @click.option("--version", "workflow_version")
 @click.option("--key", "idempotency_key", help="the idempotency key the run was created with")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="repeat to require several")
@@ -158,10 +159,11 @@ def _page_options(command: Any) -> Any:
 @_page_options
 @click.pass_context
 def run_list(ctx: click.Context, tenant: str | None, status: str | None, wait_kind: str | None,
-             workflow_version: str | None, idempotency_key: str | None, labels: tuple[str, ...],
+             waiting_for: str | None, workflow_version: str | None, idempotency_key: str | None, labels: tuple[str, ...],
              older_than: str | None, idle_for: str | None, limit: int | None, cursor: str | None) -> None:
     """Runs matching every filter, newest first, a page at a time (next_cursor: pass it as --cursor)."""
-    query = _given(tenant_id=tenant, status=status, wait_kind=wait_kind, workflow_version=workflow_version,
+    query = _given(tenant_id=tenant, status=status, wait_kind=wait_kind, waiting_for=waiting_for,
+                   workflow_version=workflow_version,
                    idempotency_key=idempotency_key, older_than=older_than, idle_for=idle_for, limit=limit,
                    cursor=cursor)
     _print(ctx, _call(ctx, "GET", "/runs", params=query + [("label", label) for label in labels]), RUNS)

@@ -1,6 +1,6 @@
 """What a worker needs to ask the world: the model, the artifact store for large receipts, the far
-sides' health (breakers), the tenants whose budgets are spent, and the retry policy of tools and
-models that declare none."""
+sides' health (breakers) and rate limits, the tenants whose budgets are spent, and the retry policy
+of tools and models that declare none."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Tool
 from longrun.domain import DecisionContext, RetryPolicy, RunSnapshot, effective_start_to_close, next_delay, retryable
+from longrun.domain.rate_limit import RateLimit
 from longrun.model import ModelAdapter
+from longrun.ports.rate_limits import RateLimits
 from longrun.ports.stores import Breakers, SpentTenants
 
 
@@ -30,6 +32,15 @@ class FarSide:
     lease_ttl: float = 30.0
     spent_tenants: SpentTenants | None = None
     """Whose budgets are spent; without it, no run waits for its tenant's budget."""
+    rate_limits: RateLimits | None = None
+    """The far sides' token buckets; without them, no declared rate limit is enforced."""
+    model_limits: tuple[RateLimit, ...] = ()
+    """The model provider's rate limits (``LONGRUN_MODEL_*_PER_PERIOD``)."""
+    model_max_tokens: int = 1024
+    """What a model answer may use at most: reserved in a token limit with the call's input."""
+    rate_limit_lead: float = 0.0
+    """Seconds ahead of its place in line a limited call's run is woken (the worker waits out the
+    rest): how late a wake may come without the call going later than its place."""
 
     def context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)

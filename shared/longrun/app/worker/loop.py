@@ -25,11 +25,13 @@ from longrun.app.worker.rounds import play
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.domain import RetryPolicy
+from longrun.domain.rate_limit import RateLimit
 from longrun.envelope import Envelope
 from longrun.errors import DecodeError, LeaseLost, StaleRevision
 from longrun.model import ModelAdapter
 from longrun.ports import inbox
 from longrun.ports.inbox import Outcome
+from longrun.ports.rate_limits import RateLimits
 from longrun.ports.runs import Fence, StoredRun
 from longrun.ports.stores import Breakers, CrashPoints, SpentTenants, WorkerStore
 
@@ -55,14 +57,19 @@ class Worker:
                  rng: random.Random | None = None, handover: effects.SlotHandover | None = None,
                  crash_points: CrashPoints = faults.crash_point, retry: RetryPolicy = RetryPolicy(),
                  breakers: Breakers | None = None, health_max_wait: float = 600.0,
-                 budgets: effects.TenantBudgets | None = None, spent_tenants: SpentTenants | None = None) -> None:
+                 budgets: effects.TenantBudgets | None = None, spent_tenants: SpentTenants | None = None,
+                 rate_limits: RateLimits | None = None, rate_limit_lead: float = 0.0,
+                 model_limits: tuple[RateLimit, ...] = (), model_max_tokens: int = 1024) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
         of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
         far sides' health (without them, every far side is called whatever it answered before); a run
         waiting for one to be healthy looks again by itself after ``health_max_wait`` seconds.
         ``budgets``: a model call is charged to its tenant's budget period too (a tenant with a budget).
-        ``spent_tenants``: a run about to ask the model while its tenant's budget is spent waits instead."""
+        ``spent_tenants``: a run about to ask the model while its tenant's budget is spent waits instead.
+        ``rate_limits``: the far sides' token buckets (without them, no declared rate limit holds); a
+        limited call's run is woken ``rate_limit_lead`` seconds ahead of its place and waits out the rest.
+        ``model_limits``: the model provider's rate limits, a call reserving ``model_max_tokens`` beside its input."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id
@@ -73,7 +80,8 @@ class Worker:
         self.crash_point = crash_points
         self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
                            breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl,
-                           spent_tenants=spent_tenants)
+                           spent_tenants=spent_tenants, rate_limits=rate_limits, rate_limit_lead=rate_limit_lead,
+                           model_limits=model_limits, model_max_tokens=model_max_tokens)
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()

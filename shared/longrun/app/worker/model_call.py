@@ -9,6 +9,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import metrics, otel
+from longrun.app.worker import model_health, rate_limit
 from longrun.app.worker.claim_checks import PROPOSAL_FACT_PREFIX, check_in
 from longrun.app.worker.commit import Step
 from longrun.app.worker import tenant_budget
@@ -36,9 +37,13 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     context["stage_attempt"] = sum(1 for f in run.facts
                                    if f.key.startswith(f"{PROPOSAL_FACT_PREFIX}{decision.purpose}:"))
     try:
-        answer = await _traced_propose(far.model, decision.purpose, context, allowed)
+        answer = await rate_limit.ask_model(far, step, stored, decision.purpose, context, allowed, lambda: (
+            model_health.ask(far, step, stored, decision.purpose,
+                             lambda: _traced_propose(far.model, decision.purpose, context, allowed))))
     except ToolUnavailable as e:
         await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
+        return None
+    if answer is None:  # parked for its place in the model's rate limits, or for its health
         return None
     proposal = validate_proposal(answer, allowed)
     metrics.MODEL_TOKENS.labels(run.kind, "input").inc(proposal.usage.input_tokens)

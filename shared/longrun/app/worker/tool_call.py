@@ -10,6 +10,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import otel
+from longrun.app.worker import rate_limit
 from longrun.app.worker import tool_answers as answers
 from longrun.app.worker.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.worker.commit import Step, ToolRequest
@@ -69,6 +70,9 @@ async def call_tool(far: FarSide, step: Step, stored: StoredRun, kind: RunKind,
     elif record.status is not ActionStatus.SUBMITTED and record.status is not ActionStatus.RETRYABLE:
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                           reason=f"decide asked again for {name}, already {record.status.value}")
+        return None
+    if tool.rate_limits and await rate_limit.in_line(far, step, stored, tool.rate_limits, name,
+                                                     record.attempts if record else 0) is None:
         return None
     probe = False
     if far.breakers is not None:

@@ -7,7 +7,7 @@ The columns are added without a default (no table rewrite); the indexes are buil
 outside the migration's transaction, so runs keep being written.
 
 Revision ID: 0036
-Revises: 0034
+Revises: 0035
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0036'
-down_revision = '0034'
+down_revision = '0035'
 branch_labels = None
 depends_on = None
 
