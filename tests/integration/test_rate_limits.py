@@ -340,3 +340,25 @@ async def test_a_model_endpoint_that_is_down_opens_its_breaker_and_runs_wait_for
     finally:
         model.server.should_exit = True
         await serving
+
+
+async def test_runs_parked_on_a_rate_limit_leave_their_tenant_s_slots_to_its_unlimited_runs(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given two slots per tenant and a tool limited to 2 calls per 10 s: six runs of acme wait in its line
+    calls, _, _ = _start(services, tmp_path, LONGRUN_TENANT_SLOTS="2", LIMITED_PER_10S="2", LIMITED_BURST="1")
+    for _ in range(6):
+        await _create(bus, "acme", {})
+    parked = lambda: _rows(engine, "SELECT run_id FROM runs WHERE wait_kind = 'rate_limit'")  # noqa: E731
+    await eventually(lambda: _at_least(parked, 2), timeout=20, what="acme's limited runs parked in the line")
+    # When acme creates three runs that call nothing limited
+    unlimited = [await _create(bus, "acme", {"unlimited": True}) for _ in range(3)]
+    # Then they are admitted and complete while acme's limited runs still wait for their places
+    done = lambda: _rows(engine, "SELECT run_id FROM runs WHERE idempotency_key = ANY(:keys) "  # noqa: E731
+                                 "AND status = 'COMPLETED'", keys=unlimited)
+    await eventually(lambda: _at_least(done, 3), timeout=10, what="acme's unlimited runs COMPLETED")
+    assert await parked(), "the limited runs were all done: nothing showed the unlimited ones got past them"
+    assert sum(1 for line in calls.read_text().splitlines() if '"tool": "call"' in line) < 6
+
+
+async def _at_least(rows, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return len(await rows()) >= n

@@ -334,6 +334,9 @@ class World:
                 self.store.schedule(**timer)
             self.send([m for sent in fired.messages.values() for m in sent])
             self.store.mark_fired(list(fired.outcomes))
+        # A run woken from a wait that held no slot is queued: the scheduler's next round admits it.
+        for tenant in sorted({self.store.runs[t.run_id].tenant_id for t in ordered}):
+            self.admit(tenant)
         return len(fired.outcomes)
 
     # -- one transaction of the runtime's use cases ---------------------------------------------------
