@@ -48,6 +48,7 @@ from longrun.db.errors import is_transient
 from longrun_dependency_upgrade.forge import sign_payload
 from longrun.domain import TERMINAL, RunStatus
 from longrun.domain.breaker import TOOL_HEALTHY_WAIT
+from longrun.domain.rate_limit import RATE_LIMIT_WAIT
 from longrun.envelope import make
 from longrun.errors import BusUnavailable
 from tests.harness import Process
@@ -83,6 +84,9 @@ QUEUE_TIMEOUT_SHARE = 0.05
 """Of the ``steps`` runs, the share created with a short schedule-to-start: started in time they
 complete; if no worker starts them in time (workers down, the scheduler down), they end TIMED_OUT."""
 SCHEDULE_TO_START = (1.0, 3.0)
+MODEL_CALLS_PER_PERIOD = 4
+MODEL_RATE_PERIOD = 2.0
+"""The model's rate limit in the mix: about two calls a second for every run together."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,10 @@ class Chaos:
                     "LONGRUN_RUN_LEASE_TTL": str(LEASE_TTL), "LONGRUN_TENANT_SLOTS": "64",
                     "LONGRUN_WORKER_CONCURRENCY": "24", "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
                     "LONGRUN_BREAKER_COOL_DOWN": str(BREAKER_COOL_DOWN),
-                    "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:long_call"}
+                    "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:long_call",
+                    # The upgrades' model calls share a rate limit: bursts of them wait in its line.
+                    "LONGRUN_MODEL_REQUESTS_PER_PERIOD": str(MODEL_CALLS_PER_PERIOD),
+                    "LONGRUN_MODEL_RATE_PERIOD": str(MODEL_RATE_PERIOD)}
         self._restarts: set[asyncio.Task[None]] = set()
         self.midway: list[tuple[int, tuple[str, ...]]] = []
         """The long form's checks on the moving system: (runs, violations) each."""
@@ -493,10 +500,14 @@ class Chaos:
             health_waits = int((await conn.execute(text(
                 "SELECT count(*) FROM run_events WHERE type = 'run.wait_started' "
                 f"AND data->'wait'->>'kind' = '{TOOL_HEALTHY_WAIT}'"))).scalar_one())
+            rate_waits = int((await conn.execute(text(
+                "SELECT count(*) FROM run_events WHERE type = 'run.wait_started' "
+                f"AND data->'wait'->>'kind' = '{RATE_LIMIT_WAIT}'"))).scalar_one())
             fired = dict((await conn.execute(text(
                 "SELECT kind, count(*) FROM timers WHERE fired_at IS NOT NULL GROUP BY 1"))).all())
         return {"runs": runs, "by_kind_status": statuses, "confirmed_actions": steps, "events": events,
                 "late_events_stored": late, "run_create_answered_with_existing_run": same_run,
                 "reconciled": reconciled, "actions_unavailable": unavailable, "waits_for_tool_health": health_waits,
+                "waits_for_a_rate_limit": rate_waits,
                 "timers_fired": fired}
 
