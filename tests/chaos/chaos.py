@@ -67,8 +67,11 @@ FORGE_OUTAGE_SHARE = 0.25
 seconds: the circuit breakers' case) rather than one faulty answer."""
 FORGE_OUTAGE_SECONDS = (2.0, 8.0)
 SURE_OUTAGE_SECONDS = 8.0
-"""One outage every run has, a third of the way into the faults: long enough, under the runs' load,
-for the forge's breaker to open, so its waits and probes are in every mix."""
+"""One outage every run has, a third of the way into the faults, met by ``OUTAGE_CALLERS`` runs created
+as it begins: the forge's breaker opens, so its waits and probes are in every mix."""
+OUTAGE_CALLERS = 8
+"""``long_call`` writes that call the forge within a second: with their retries, more unavailable
+answers than the breaker's threshold (5), whatever share of the mix calls the forge then."""
 BREAKER_COOL_DOWN = 3.0
 DEADLINE_SHARE = 0.06
 """Of the ``steps`` runs, the share created with a business deadline, due ``DEADLINE_IN`` seconds after
@@ -252,6 +255,8 @@ class Chaos:
             if sure_outage_at is not None and time.monotonic() >= sure_outage_at:
                 sure_outage_at = None
                 await self._outage(SURE_OUTAGE_SECONDS)
+                for _ in range(OUTAGE_CALLERS):
+                    await self.create_one(forge_caller=True)
             slot = self.monkey_rng.choices(self.slots, weights)[0]
             how = self.monkey_rng.random()
             down = self.monkey_rng.uniform(*self.plan.down_for)
@@ -326,12 +331,18 @@ class Chaos:
                 continue
             await self.create_one()
 
-    async def create_one(self) -> None:
+    async def create_one(self, *, forge_caller: bool = False) -> None:
+        """Ask for one run of the mix, or (``forge_caller``) a ``long_call`` write that calls the forge at once."""
         i = self.figures.creates
+        self.figures.creates += 1  # before publishing: the monkey's callers and the producer share the count
         tenant = f"chaos-t{i % TENANTS}"
         key = f"chaos-{self.plan.seed}-{i}"
         which = self.producer_rng.random()
-        if which < self.plan.upgrade_share:
+        if forge_caller:
+            workflow, input_ = "long_call", {"repo": "acme/payments", "branch": f"chaos-outage-{self.plan.seed}-{i}",
+                                             "effect": "write", "beats": 1, "every": 0.1}
+            self.figures.long_calls += 1
+        elif which < self.plan.upgrade_share:
             workflow, input_ = "dependency_upgrade", goal(f"{self.plan.seed}-{i}")
             self.figures.upgrades += 1
         elif which < self.plan.upgrade_share + LONG_CALL_SHARE:
@@ -355,9 +366,8 @@ class Chaos:
                 body["timeouts"] = {"schedule_to_start": self.producer_rng.uniform(*SCHEDULE_TO_START)}
                 self.queue_timeouts.add(key)
         envelope = make("run.create", body, producer="chaos", tenant_id=tenant)
-        await self._publish(envelope)
-        self.figures.creates += 1
         self.keys.append((tenant, key))
+        await self._publish(envelope)
         roll = self.producer_rng.random()
         if roll < 0.05:
             await self._publish(envelope)  # the same message again: the scheduler's inbox absorbs it
