@@ -7,7 +7,7 @@ DELIVERY_LIMIT ?= 5
 INGRESS_MAX_LENGTH ?= 100000
 INGRESS_MAX_BYTES ?= 104857600
 
-.PHONY: install lock services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha fuzz dist
+.PHONY: install lock services test-services tools migrate topology schemas monitoring run test node-deps test-unit test-integration clean bench bench-scale chaos test-ha test-packaging fuzz dist
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,12 @@ test-unit: install tools
 
 test-integration: install test-services tools
 	$(PY) -m pytest tests/integration
+
+# Our distributions built and installed in fresh venvs: the image's runtime target replayed, a kind
+# run outside the tree, the client alone, every wheel through twine check (~2 minutes). Not part of
+# `make test`; .ci/run runs it after.
+test-packaging: install test-services tools
+	$(PY) -m pytest -m packaging
 
 # Replicated infrastructure of the tests' own (a PostgreSQL primary and synchronous standby, a
 # three-node RabbitMQ cluster), faults over it (docs/deployment.md). Not part of `make test`;

@@ -15,7 +15,7 @@ from longrun.db import migrate
 from tests.infra import Infra
 from tests.integration.image import Image, ready, settings, start, stop
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.packaging, pytest.mark.timeout(600)]
 
 SCRIPTS = ("longrun-scheduler", "longrun-worker", "longrun-timer", "longrun-reconciler", "longrun-outbox-relay",
            "longrun-gateway", "longrunctl")

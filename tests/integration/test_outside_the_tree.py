@@ -23,7 +23,7 @@ from tests.infra import Infra
 from tests.integration.image import Image, outside_env, ready, settings, start, stop
 from tests.unit.infra.dockerfile import ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.packaging, pytest.mark.timeout(600)]
 
 AUTHOR_PROJECT = ROOT / "tests/integration/fixtures/acme_echo"
 WORDS = ["hello", "world"]

@@ -29,8 +29,8 @@ from tests.integration.ensemble import goal
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 RUNS = 50
-OUTAGE = 30.0
-THRESHOLD, WINDOW, COOL_DOWN = 3, 10.0, 5.0
+OUTAGE = 15.0
+THRESHOLD, WINDOW, COOL_DOWN = 3, 5.0, 2.5
 WORKERS, CONCURRENCY = 2, 4
 ENV = {"LONGRUN_BREAKER_THRESHOLD": str(THRESHOLD), "LONGRUN_BREAKER_WINDOW": str(WINDOW),
        "LONGRUN_BREAKER_COOL_DOWN": str(COOL_DOWN), "LONGRUN_BREAKER_CACHE": "1",
@@ -75,7 +75,7 @@ async def create_all(scenario: Scenario, count: int) -> list[str]:
 
 
 async def test_fifty_runs_wait_out_a_forge_outage_within_the_breaker_s_call_bound(scenario: Scenario) -> None:
-    # Given the ensemble with two workers, and a forge that answers 503 to everything for 30 s from now
+    # Given the ensemble with two workers, and a forge that answers 503 to everything for 15 s from now
     await scenario.up(*EVERYTHING, **ENV)
     for _ in range(WORKERS - 1):
         scenario.start("worker", **ENV)

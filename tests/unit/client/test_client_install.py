@@ -37,6 +37,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.packaging
 @pytest.mark.timeout(600)
 def test_the_client_installs_alone_and_imports_no_database_driver(tmp_path: Path) -> None:
     # Given a fresh virtual environment and a copy of clients/python (built outside the work tree)

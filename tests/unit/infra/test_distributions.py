@@ -25,6 +25,7 @@ DISTRIBUTIONS = {"longrun-runtime": ROOT, "longrun-client": ROOT / "clients/pyth
                  "longrun-example-dependency-upgrade": ROOT / "examples/dependency_upgrade"}
 
 
+@pytest.mark.packaging
 def test_longrunctl_and_every_service_print_the_one_version() -> None:
     version = longrun.__version__
     assert longrun_client.__version__ == version
@@ -51,6 +52,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.packaging
 def test_every_distribution_builds_with_its_licence_and_passes_twine_check(built: Path) -> None:
     wheels = {w.name.split("-")[0]: w for w in built.glob("*.whl")}
     assert set(wheels) == {name.replace("-", "_") for name in DISTRIBUTIONS}
@@ -75,6 +77,7 @@ def _index_versions(name: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.packaging
 def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None:
     ours = [*DISTRIBUTIONS, *(tomllib.loads(p.read_text())["project"]["name"]
                               for p in (ROOT / "tests/integration/fixtures").glob("*/pyproject.toml"))]
@@ -89,6 +92,7 @@ def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None
         assert answer.returncode != 0 and "No matching distribution found" in answer.stderr, (name, answer.stdout)
 
 
+@pytest.mark.packaging
 def test_each_wheel_installs_only_its_own_top_level_package(built: Path) -> None:
     owners = {"longrun_runtime": {"longrun"}, "longrun_client": {"longrun_client"},
               "longrun_example_dependency_upgrade": {"longrun_dependency_upgrade"}}
