@@ -70,13 +70,17 @@ def kinds(settings: Settings) -> list[RunKind]:
         TOOL: Tool(TOOL, "1", EffectKind.IDEMPOTENT_WRITE, TenantArgs, slow, start_to_close=60.0)})]
 
 
-def most_in_flight(lines: list[str], tenant: str) -> int:
-    """The most calls of ``tenant`` the far side had started and not ended at once. A call started and
-    never ended (its worker killed mid-call) stays in flight to the end."""
-    edges = sorted((e["at"], 1 if e["edge"] == "start" else -1)
-                   for e in map(json.loads, lines) if e["tenant"] == tenant)
+def most_in_flight(lines: list[str], tenant: str, *, killed_at: float | None = None) -> int:
+    """The most calls of ``tenant`` the far side had started and not ended at once. A call started
+    before ``killed_at`` (when its worker was SIGKILLed) and not ended by then ended with its worker."""
+    calls = [c for c in map(json.loads, lines) if c["tenant"] == tenant]
+    edges = [(c["at"], 1 if c["edge"] == "start" else -1) for c in calls]
+    if killed_at is not None:
+        ended = {c["key"] for c in calls if c["edge"] == "end" and c["at"] < killed_at}
+        edges += [(killed_at, -1) for c in calls if c["edge"] == "start" and c["at"] < killed_at
+                  and c["key"] not in ended]
     most = now = 0
-    for _, step in edges:
+    for _, step in sorted(edges):
         now += step
         most = max(most, now)
     return most

@@ -45,8 +45,9 @@ async def create(bus: Any, tenant: str) -> None:
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
 
 
-def start(services: Any, tmp_path: Path, *, workers: int, **env: str) -> tuple[Path, Ensemble, list[Any]]:
-    """The ensemble running ``permit_kinds`` (with a reconciler), its far side's file and its workers."""
+def start(services: Any, tmp_path: Path, *, workers: int, **env: str) -> tuple[Path, Ensemble, dict[str, str]]:
+    """The ensemble running ``permit_kinds`` (with a reconciler and ``workers`` workers), its far side's
+    file and the services' settings."""
     calls = tmp_path / "far-side.jsonl"
     calls.touch()
     ensemble = Ensemble(services, tmp_path)
@@ -55,7 +56,9 @@ def start(services: Any, tmp_path: Path, *, workers: int, **env: str) -> tuple[P
     for name in ("scheduler", "relay", "timer", "gateway"):
         ensemble.start(name, MODULES[name], **options)
     ensemble.start("reconciler", "longrun.services.reconciler", **options)
-    return calls, ensemble, [ensemble.start("worker", MODULES["worker"], **options) for _ in range(workers)]
+    for _ in range(workers):
+        ensemble.start("worker", MODULES["worker"], **options)
+    return calls, ensemble, options
 
 
 async def test_a_bounded_tool_group_has_at_most_its_bound_in_flight_across_two_workers(
