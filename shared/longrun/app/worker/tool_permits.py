@@ -66,5 +66,10 @@ async def take(far: FarSide, step: Step, stored: StoredRun, tool: Tool, logical_
                        max_wait=far.health_max_wait)
     await step.finish(stored, ev.WaitStarted, status=RunStatus.RETRY_SCHEDULED, wait=wait)
     # A permit freed between the take and the park found no waiter to wake: this run looks once more.
-    await far.tool_permits.wake_if_free(run.tenant_id, group, bound, run.run_id)
+    # The run is parked already: should the look fail, its own timer wakes it.
+    try:
+        await far.tool_permits.wake_if_free(run.tenant_id, group, bound, run.run_id)
+    except Exception as e:
+        logger.warning("looking for a free permit of %s for run %s failed (%r); its timer wakes it",
+                       group, run.run_id, e)
     return None
