@@ -1,6 +1,7 @@
 """A decision's tool call, through the action ledger: prepared and submitted on record first (for
 writes; pure and read calls are recorded with their answer), checked against the run's scope and
-the far side's health, watched start to close and by its heartbeats, and its answer recorded."""
+the far side's health, given a permit of its tenant's tool group (if one bounds it) for as long as
+it is in flight, watched start to close and by its heartbeats, and its answer recorded."""
 
 from __future__ import annotations
 
