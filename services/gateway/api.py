@@ -203,7 +203,7 @@ class RunSearch(Query):
     status: RUN_STATUS | None = None
     wait_kind: Text | None = None
     waiting_for: Annotated[str, Field(pattern=r"^[a-z_]+:[^\x00]+$", max_length=512, description=(
-        "What a parked run waits for, as its view shows it: rate_limit:<limit name>."))] | None = None
+        "What a parked run waits for, as its view shows it: rate_limit:<limit name>, tool_concurrency:<group>."))] | None = None
     workflow_version: Text | None = None
     idempotency_key: Text | None = None
     label: list[Annotated[str, Field(pattern=r"^[^=\x00]+=[^\x00]*$", description="key=value")]] = []

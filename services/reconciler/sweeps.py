@@ -3,7 +3,8 @@ and the retention loop (``longrun.services.reconciler`` runs them; each sweep li
 
 A round, every ``LONGRUN_RECONCILE_INTERVAL``: settle actions in doubt (``reconcile_unknown``),
 flag silent runs and runs no live worker can run, wake runs waiting for a far side that is healthy
-again or whose probe is due (``tool_health.wake_for_health``); every ``LONGRUN_DRIFT_INTERVAL`` it
+again or whose probe is due (``tool_health.wake_for_health``), free the tool permits of workers
+whose membership lapsed, each waking a run waiting for one (``db.tool_permits.free_dead``); every ``LONGRUN_DRIFT_INTERVAL`` it
 also compares a batch of confirmed actions with the far side, walking through them round after
 round. One sweep failing is logged and does not stop the others or the next round.
 """
@@ -11,6 +12,7 @@ round. One sweep failing is logged and does not stop the others or the next roun
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -21,10 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from longrun.app.reconciler.common import METRICS
 from longrun.app.reconciler.leases import rewake_expired
 from longrun.app.reconciler.settle import ABANDONED_AFTER, settle_in_doubt
+from longrun.app.tool_permits import wake_waiter
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.config import Settings
-from longrun.db import run_leases
+from longrun.db import run_leases, tool_permits
 from longrun.db.errors import is_transient
 from longrun.db.reconcile_store import PgReconcileStore
 from longrun.db.schema import CONSUMING_SERVICES
@@ -36,6 +39,8 @@ LEASE_EXPIRY_MARGIN = 0.02
 """Seconds past the earliest lease's end before it is swept (an expired lease ends before now())."""
 DRIFT_BATCH = 20
 HEALTH_BATCH = 200
+PERMIT_BATCH = 200
+PRODUCER = "reconciler"
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ class Sweeper:
         await self._step("without worker", lambda: alerts.flag_runs_without_worker(self.engine))
         await self._step("tool health", lambda: tool_health.wake_for_health(
             self.engine, self.settings.breaker(), limit=HEALTH_BATCH, clock=self.clock))
+        await self._step("tool permits", lambda: tool_permits.free_dead(
+            self.engine, functools.partial(wake_waiter, producer=PRODUCER), limit=PERMIT_BATCH, clock=self.clock))
         if time.monotonic() >= self._drift_due:
             await self._step("drift", self._drift)
         self._report()

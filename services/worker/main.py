@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
-from longrun.app import effects
+from longrun.app import effects, tool_permits
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore
@@ -24,6 +24,7 @@ from longrun.db.breakers import PgBreakers
 from longrun.db.spent_tenants import PgSpentTenants
 from longrun.db.driver import Pool
 from longrun.db.rate_limits import PgRateLimits
+from longrun.db.tool_permits import PgToolPermits
 from longrun.db.worker_store import PgWorkerStore
 from longrun.workflows import model_adapter
 
@@ -58,7 +59,9 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     spent_tenants=PgSpentTenants(engine),
                                     rate_limits=PgRateLimits(engine), rate_limit_lead=RATE_LIMIT_LEAD,
                                     model_limits=settings.model_rate_limits(),
-                                    model_max_tokens=settings.model_max_tokens)
+                                    model_max_tokens=settings.model_max_tokens,
+                                    tool_permits=PgToolPermits(engine, functools.partial(
+                                        tool_permits.wake_waiter, producer=SERVICE)))
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),

@@ -236,7 +236,7 @@ def holds_slot(row: Row) -> bool:
     return row.admitted and row.status not in domain_run.TERMINAL
 
 
-SLOTLESS_WAITS = ("tool_healthy", "rate_limit", "tenant_budget")
+SLOTLESS_WAITS = ("tool_healthy", "rate_limit", "tenant_budget", "tool_concurrency")
 """The model's own wait kinds that hold no slot: not ``domain.slots.SLOTLESS_WAITS``."""
 
 

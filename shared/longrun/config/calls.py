@@ -43,7 +43,8 @@ class CallSettings(Concern):
     and probes update it at once)."""
     breaker_max_wait: float = setting("LONGRUN_BREAKER_MAX_WAIT", parse.positive_float, "seconds, a number > 0",
                                       "600")
-    """Seconds a run waiting for a far side to be healthy waits at most before it looks again by itself."""
+    """Seconds a run waiting for a far side to be healthy, or for a permit of its tenant's tool group,
+    waits at most before it looks again by itself."""
 
     def retry_policy(self) -> RetryPolicy:
         """The default retry policy of tool and model calls, and of steps whose kind's code raised."""

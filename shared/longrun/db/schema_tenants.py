@@ -1,5 +1,5 @@
 """The tables of tenants and of the people who operate them: tenant policies, limits and ceilings,
-their budgets' use per period, the audit log, operators' named tokens and console sessions. On the one MetaData (``schema_base``)."""
+their budgets' use per period, the permits of their bounded tool groups, the audit log, operators' named tokens and console sessions. On the one MetaData (``schema_base``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    PrimaryKeyConstraint,
     Table,
     Text,
     func,
@@ -83,6 +84,20 @@ tenant_budget_use = Table(
 a run's model call, only when the tenant has a budget; a charge in a later period starts it afresh.
 ``spent``: a budget was reached, judged at the charge (and again when an operator changes the
 tenant's limits); admission admits none of the tenant's runs while it is spent and its period runs."""
+
+tool_permits = Table(
+    "tool_permits", metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("tool_group", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("taken_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", "tool_group", "run_id", "holder"),
+)
+"""One row per tool call in flight of a tenant's bounded tool group (``domain.tool_permits``), taken
+just before the call under the group's advisory lock and deleted once its outcome is recorded.
+``holder``: the worker's instance id; its permits are free once its membership (``service_members``)
+lapses, or once it no longer holds the run's lease."""
 
 audit_log = Table(
     "audit_log", metadata,

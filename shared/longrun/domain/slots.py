@@ -8,7 +8,8 @@ statement that parks it, handing it on to its tenant's next queued run exactly a
 
 - ``tool_healthy``: the far side its next call needs has an open circuit breaker;
 - ``rate_limit``: its next call's far side has no capacity left in the current period;
-- ``tenant_budget``: its tenant spent its budget for the period.
+- ``tenant_budget``: its tenant spent its budget for the period;
+- ``tool_concurrency``: its next call's tool group has as many calls of its tenant in flight as it may.
 
 These waits end together for many runs (a breaker closes, a period rolls over), so holding their
 slots would block every other run of the tenant for as long as the far side is down (with slots
@@ -27,11 +28,13 @@ from longrun.domain.breaker import TOOL_HEALTHY_WAIT
 from longrun.domain.run import RunStatus
 from longrun.domain.snapshot import RunSnapshot
 from longrun.domain.tenant_limits import TENANT_BUDGET_WAIT
+from longrun.domain.tool_permits import TOOL_CONCURRENCY_WAIT
 
 SLOTLESS_WAITS: frozenset[str] = frozenset({
     TOOL_HEALTHY_WAIT,
     "rate_limit",  # a call parked on its far side's rate limit
     TENANT_BUDGET_WAIT,
+    TOOL_CONCURRENCY_WAIT,
 })
 """The wait kinds a run gives its slot back for."""
 

@@ -1,5 +1,5 @@
 """Which waits hold a slot (``domain.slots``): a move into a new wait on a far side's health, a rate
-limit or the tenant's budget gives the slot back; every other wait keeps it; a run woken from a
+limit, the tenant's budget or a tool group's permit gives the slot back; every other wait keeps it; a run woken from a
 slotless wait is queued again; a plan of such a move is no longer admitted."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a worker needs to ask the world: the model, the artifact store for large receipts, the far
-sides' health (breakers) and rate limits, the tenants whose budgets are spent, and the retry policy
-of tools and models that declare none."""
+sides' health (breakers) and rate limits, the tenants whose budgets are spent, the permits of the
+tenants' bounded tool groups, and the retry policy of tools and models that declare none."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from longrun.domain.rate_limit import RateLimit
 from longrun.model import ModelAdapter
 from longrun.ports.rate_limits import RateLimits
 from longrun.ports.stores import Breakers, SpentTenants
+from longrun.ports.tool_permits import ToolPermits
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,8 @@ class FarSide:
     breakers: Breakers | None = None
     """The far sides' health; without them, every far side is called whatever it answered before."""
     health_max_wait: float = 600.0
-    """Seconds after which a run waiting for a far side to be healthy looks again by itself."""
+    """Seconds after which a run waiting for a far side to be healthy, or for a permit of a tool
+    group, looks again by itself."""
     lease_ttl: float = 30.0
     spent_tenants: SpentTenants | None = None
     """Whose budgets are spent; without it, no run waits for its tenant's budget."""
@@ -38,6 +40,8 @@ class FarSide:
     """The model provider's rate limits (``LONGRUN_MODEL_*_PER_PERIOD``)."""
     model_max_tokens: int = 1024
     """What a model answer may use at most: reserved in a token limit with the call's input."""
+    tool_permits: ToolPermits | None = None
+    """The permits of the tenants' bounded tool groups; without them, no tool concurrency is enforced."""
     rate_limit_lead: float = 0.0
     """Seconds ahead of its place in line a limited call's run is woken (the worker waits out the
     rest): how late a wake may come without the call going later than its place."""

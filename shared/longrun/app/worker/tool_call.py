@@ -1,6 +1,7 @@
 """A decision's tool call, through the action ledger: prepared and submitted on record first (for
 writes; pure and read calls are recorded with their answer), checked against the run's scope and
-the far side's health, watched start to close and by its heartbeats, and its answer recorded."""
+the far side's health, given a permit of its tenant's tool group (if one bounds it) for as long as
+it is in flight, watched start to close and by its heartbeats, and its answer recorded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import otel
-from longrun.app.worker import rate_limit
+from longrun.app.worker import rate_limit, tool_permits
 from longrun.app.worker import tool_answers as answers
 from longrun.app.worker.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.worker.commit import Step, ToolRequest
@@ -18,6 +19,7 @@ from longrun.app.worker.far_side import FarSide, start_to_close
 from longrun.app.worker.scope import refuse, scope_check
 from longrun.authoring import RunKind, Tool, ToolResult
 from longrun.domain import (
+    ActionRecord,
     ActionStatus,
     CallTool,
     RecoveryPolicy,
@@ -81,6 +83,21 @@ async def call_tool(far: FarSide, step: Step, stored: StoredRun, kind: RunKind,
             await _wait_for_health(far, step, stored, tool.health_key, name)
             return None
         probe = admission is Admission.PROBE
+    permit = await tool_permits.take(far, step, stored, tool, name)
+    if permit is None:
+        return None
+    try:
+        return await _call(far, step, stored, call, args, events, record, probe=probe)
+    finally:
+        await permit.release()
+
+
+async def _call(far: FarSide, step: Step, stored: StoredRun, call: ToolRequest, args: dict[str, Any],
+                events: list[ev.RunEvent], record: ActionRecord | None, *, probe: bool) -> StoredRun | None:
+    """The call made and its outcome recorded: on record first (a write, or a watched call), watched
+    while it runs."""
+    run = stored.snapshot
+    tool, name, key = call.tool, call.logical_action, call.key
     # A SUBMITTED pure, read or idempotent action re-runs under the same key after a crash: the
     # same submission, charged when it was first made.
     pending: list[ev.RunEvent] = []

@@ -1,0 +1,84 @@
+"""Row: tool permits held by a worker SIGKILLed mid-call are freed when its membership lapses, long
+before its run leases expire, and the tenant's bound on its tool group is never exceeded.
+
+A tenant's forge tools are bounded to two calls at once; one worker holds both permits (two slow
+calls in flight) while four runs wait; a second worker joins and the first is SIGKILLed. Membership
+lapses in two seconds, run leases in twenty: the waiting runs call again within seconds (the
+reconciler frees the dead worker's permits and wakes one waiter for each), while the dead worker's
+runs still hold their leases; those go on once their leases expire, and every run completes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import eventually
+from tests.integration.permit_kinds import most_in_flight
+from tests.integration.test_rate_limits import MODULES, _rows
+from tests.integration.test_tool_concurrency import GROUP, bound_tool_group, create, start
+
+pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.timeout(120)]
+
+BOUND, RUNS = 2, 6
+MEMBERSHIP_TTL, RUN_LEASE_TTL = 2, 20
+
+
+async def test_a_dead_worker_s_permits_are_freed_when_its_membership_lapses_and_the_bound_holds(
+        clean, engine, bus, services, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Given acme's forge tools bounded to two calls at once, one worker, and six runs of four-second calls
+    await bound_tool_group(engine, "acme", GROUP, BOUND)
+    calls, ensemble, options = start(services, tmp_path, workers=0, PERMIT_CALL_SECONDS="4",
+                                     LONGRUN_RUN_LEASE_TTL=str(RUN_LEASE_TTL),
+                                     LONGRUN_PARTITION_LEASE_TTL=str(MEMBERSHIP_TTL))
+    doomed = ensemble.start("worker", MODULES["worker"], **options)
+    for _ in range(RUNS):
+        await create(bus, "acme")
+
+    async def both_permits_held_and_four_waiting() -> bool:
+        (row,) = await _rows(engine, "SELECT (SELECT count(*) FROM tool_permits WHERE holder = 'worker-0') AS held, "
+                                     "(SELECT count(*) FROM runs WHERE wait_kind = 'tool_concurrency') AS waiting")
+        return row.held == BOUND and row.waiting == RUNS - BOUND
+
+    await eventually(both_permits_held_and_four_waiting, timeout=30, interval=0.05,
+                     what="worker-0 holding both permits, four runs waiting")
+    ensemble.start("worker", MODULES["worker"], **options)
+
+    async def second_worker_live() -> bool:
+        return bool(await _rows(engine, "SELECT 1 FROM service_members WHERE service = 'worker' "
+                                        "AND instance_id = 'worker-1' AND alive_until > now()"))
+
+    await eventually(second_worker_live, timeout=20, what="worker-1 a live member")
+    held = await _rows(engine, "SELECT count(*) AS n FROM tool_permits WHERE holder = 'worker-0'")
+    assert held[0].n == BOUND  # its two calls still in flight
+    # When the worker holding both permits is SIGKILLed mid-call
+    killed_at = time.time()
+    doomed.kill()
+
+    async def called_again() -> float | None:
+        after = [c["at"] for c in map(json.loads, calls.read_text().splitlines())
+                 if c["edge"] == "start" and c["at"] > killed_at]
+        return min(after) if after else None
+
+    # Then the waiting runs call again within seconds: the permits were freed with the membership...
+    first = await eventually(called_again, timeout=RUN_LEASE_TTL - 5, interval=0.05, what="a call after the kill")
+    leased = await _rows(engine, "SELECT count(*) AS n FROM runs WHERE lease_owner = 'worker-0' "
+                                 "AND lease_until > now()")
+    freed = await _rows(engine, "SELECT count(*) AS n FROM tool_permits WHERE holder = 'worker-0'")
+    print(f"first call after the kill: {first - killed_at:.1f}s")
+    assert first - killed_at < MEMBERSHIP_TTL + 5
+    # ...while the dead worker's runs still hold their leases
+    assert leased[0].n == BOUND and freed[0].n == 0, (leased, freed)
+
+    async def all_done() -> bool:
+        (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done FROM runs")
+        return row.done == RUNS
+
+    # And every run completes (the dead worker's once their leases expired)...
+    await eventually(all_done, timeout=60, what=f"{RUNS} runs COMPLETED")
+    lines = calls.read_text().splitlines()
+    # ...with never more than two calls in flight, the dead worker's counted until it died
+    assert most_in_flight(lines, "acme", killed_at=killed_at) == BOUND
+    assert await _rows(engine, "SELECT * FROM tool_permits") == []
