@@ -2,7 +2,7 @@
 
 Knobs (environment): BENCH_QUICK=1 (a ~3-minute smoke run), BENCH_STEPS (K, 3),
 BENCH_INFLIGHT (N, 64), BENCH_RUNS (M), BENCH_WORKERS (2), BENCH_REPLICAS ("1,2,4"),
-BENCH_TIMERS (10000), BENCH_PARKED (10000), BENCH_PHASES (comma list of
+BENCH_TIMERS (10000), BENCH_PARKED (10000), BENCH_LIMITED_CALLS (1000), BENCH_PHASES (comma list of
 limits,ensemble,bare_after,dbos,temporal,restate,scale,timers,recovery,waiting; and million, only when named:
 BENCH_SCALE_RUNS sizes, 20000,1000000), BENCH_LEASE_TTL (5),
 BENCH_LOG_LEVEL (WARNING). PostgreSQL and RabbitMQ come from LONGRUN_DATABASE_URL /
@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import ensemble, limits, peers, recovery, report, scale, timers
+from bench import ensemble, limits, peers, rate_limited, recovery, report, scale, timers
 from bench.common import ROOT, CpuWatch, Knobs, loadavg, stop_all
 from bench.infra import Infra, interference
 
@@ -138,6 +138,7 @@ async def _limits(infra: Infra, engine: Any, knobs: Knobs) -> dict[str, Any]:
     await limits.seed_runs(infra)
     out["postgres"] = await limits.postgres(infra, clients=knobs.pg_clients, seconds=knobs.limit_seconds)
     out["rabbitmq"] = await limits.rabbitmq(infra, seconds=knobs.limit_seconds)
+    out["rate_limited_call"] = await rate_limited.cost(infra, calls=knobs.limited_calls)
     # Two processes first: the one-process loop, the ensemble's reference, runs last, just before it.
     two, one = [await limits.bare_loop(infra, processes=processes, inflight=knobs.inflight,
                                        seconds=knobs.limit_seconds) for processes in (2, 1)]

@@ -52,6 +52,8 @@ class Knobs:
     limit_seconds: float
     """Duration of each limit measurement."""
     pg_clients: tuple[int, ...]
+    limited_calls: int
+    """Rate-limited calls timed one after the other, and as many again at once (``bench.rate_limited``)."""
     partitions: int
     lease_ttl: float
     worker_concurrency: int
@@ -82,6 +84,7 @@ class Knobs:
             limit_seconds=_env_float("BENCH_LIMIT_SECONDS", 2 if quick else 6),
             pg_clients=tuple(int(c) for c in os.environ.get(
                 "BENCH_PG_CLIENTS", "16" if quick else "16,64").split(",") if c.strip()),
+            limited_calls=_env_int("BENCH_LIMITED_CALLS", 300 if quick else 1000),
             partitions=_env_int("BENCH_PARTITIONS", 8),
             lease_ttl=_env_float("BENCH_LEASE_TTL", 5),
             worker_concurrency=_env_int("BENCH_WORKER_CONCURRENCY", 64),

@@ -146,6 +146,13 @@ def table(r: dict[str, Any]) -> str:
                 f"{_n(mq.get('publish_confirm_each_per_s'))}/s, 100 in flight {_n(mq.get('publish_confirm_100_inflight_per_s'))}/s")
             add(f"  RabbitMQ consume+ack: prefetch 1 {_n(mq.get('consume_ack_prefetch_1_per_s'))}/s, "
                 f"prefetch 100 {_n(mq.get('consume_ack_prefetch_100_per_s'))}/s")
+        limited = lim.get("rate_limited_call")
+        if limited:
+            for name in ("sequential", "concurrent"):
+                calls = limited[name]
+                add(f"  rate-limited call ({' + '.join(limited['limits'])}: reserve, then refund), "
+                    f"{calls['at_once']:>2} at once {_pct(calls['call_ms'], 2)}, {_n(calls['calls_per_s'])} calls/s "
+                    f"(reserve p50 {_n(calls['reserve_ms']['p50'], 2)}, refund p50 {_n(calls['refund_ms']['p50'], 2)} ms)")
         for b in lim.get("bare_loop") or []:
             per = ", ".join(f"{p['steps_per_s']:.0f} @ {p['process_cpu_pct']:.0f}% CPU" for p in b["per_process"])
             add(f"  bare loop, {b['processes']} process(es)          {_n(b['steps_per_s'])} steps/s ({per}; "

@@ -25,10 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from longrun.app.worker.rate_limit import PARKED_CONTEXT_TOKENS
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
+from longrun.config.rate_limits import RateLimitSettings
+from longrun.domain.rate_limit import Per
 from longrun.envelope import make
-from longrun.model import MESSAGE_OVERHEAD_TOKENS
+from longrun.model import ALLOWED_ACTIONS_MARKER, MESSAGE_OVERHEAD_TOKENS, input_tokens_bound
 from longrun.monitoring import alerts
 from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key
@@ -200,9 +203,9 @@ def value(result: list[dict[str, Any]]) -> float:
 
 
 class ModelServer:
-    """An OpenAI-compatible model in the test process: notes every request's time, run and the tokens
-    it can use at most (its messages' bytes, as ``longrun.model.input_tokens_bound`` counts them, plus
-    its ``max_tokens``), answers "finish" reporting a third of those input tokens used, and answers 429
+    """An OpenAI-compatible model in the test process: notes every request's time, run, the tokens it
+    can use at most (its messages' bytes, as ``longrun.model.input_tokens_bound`` counts them, plus its
+    ``max_tokens``) and its body, answers "finish" reporting all it could use as used, and answers 429
     with ``Retry-After`` to the requests numbered in ``refuse``."""
 
     def __init__(self, refuse: set[int], retry_after: float, *, outage: float = 0.0) -> None:
@@ -211,6 +214,8 @@ class ModelServer:
         self.down_until: float | None = None
         self.requests: list[tuple[float, str, int, int | None]] = []
         """(arrival, run, the most tokens it can use, tokens the answer reports used; None: refused)."""
+        self.bodies: list[dict[str, Any]] = []
+        """Per request: what it sent."""
         self.port = free_port()
         app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -220,6 +225,7 @@ class ModelServer:
         arrived, run_id = time.time(), json.loads(body["messages"][1]["content"])["run_id"]
         most = sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in body["messages"])
         most += MESSAGE_OVERHEAD_TOKENS + body.get("max_tokens", 100)
+        self.bodies.append(body)
         if self.down_until is None:
             self.down_until = arrived + self.outage
         if arrived < self.down_until:
@@ -229,17 +235,28 @@ class ModelServer:
             self.requests.append((arrived, run_id, most, None))
             return JSONResponse({"error": {"message": "rate limited"}}, status_code=429,
                                 headers={"Retry-After": f"{self.retry_after:g}"})
-        prompt, completion = most // 3, 20
+        completion = body.get("max_tokens", 100)
+        prompt = most - completion
         self.requests.append((arrived, run_id, most, prompt + completion))
         answer = {"action": "finish", "args": {}, "rationale": "nothing to do"}
         return JSONResponse({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}],
                              "usage": {"prompt_tokens": prompt, "completion_tokens": completion}})
 
 
+def reservation(body: dict[str, Any]) -> int:
+    """What the worker reserves for a call that goes with the context this request was sent with
+    (``longrun.app.worker.rate_limit.ask_model``): its input's bound, its ``max_tokens`` and the room
+    parking would add."""
+    system, user = (m["content"] for m in body["messages"])
+    allowed = json.loads(system.split(ALLOWED_ACTIONS_MARKER, 1)[1])
+    return input_tokens_bound(json.loads(user), allowed) + body["max_tokens"] + PARKED_CONTEXT_TOKENS
+
+
 async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_429_s_retry_after(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a model limited to 12,000 tokens per minute (scaled to 6 s), answers of at most 100 tokens,
-    # and a model server that answers the third request 429 "retry after 3 s"
+    # and a model server that answers the third request 429 "retry after 3 s" and reports every token
+    # a request could use as used (so what is given back is only what a reservation held beyond that)
     per_minute, minute, retry_after, runs = 12_000, 6.0, 3.0, 10
     model = ModelServer(refuse={2}, retry_after=retry_after)
     serving = asyncio.create_task(model.server.serve())
@@ -267,22 +284,41 @@ async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_42
         waited = await _rows(engine, "SELECT data FROM run_events WHERE type = 'run.wait_started' "
                                      "AND data #>> '{wait,kind}' = 'rate_limit'")
         assert len(waited) >= 3 and {w.data["wait"]["correlation_key"] for w in waited} == {"rate_limit:model-tokens"}
-        # ...a call kept waiting asked with no more tokens than it reserved (its n-th request is its
-        # reservation of attempt n), and every answer used no more than its request could
+        # ...each request's reservation is on record: a call parked for its place reserved what its
+        # run's fact ``rate_limit:model:plan`` holds for its attempt (its n-th request is attempt n), for
+        # the fact's first go_at; any other call reserved for the context it was sent with, and went at
+        # its place (the request's arrival)
         facts = await _rows(engine, "SELECT run_id, data -> 'value' AS value FROM run_events "
-                                    "WHERE type = 'fact.recorded' AND data ->> 'key' = 'rate_limit:model:plan'")
-        assert len(facts) == len(waited)
+                                    "WHERE type = 'fact.recorded' AND data ->> 'key' = 'rate_limit:model:plan' "
+                                    "ORDER BY seq")
+        places: dict[tuple[str, int], tuple[float, int]] = {}
         for fact in facts:
-            asked = [most for _, run_id, most, _ in model.requests if run_id == fact.run_id]
-            assert asked[fact.value["attempt"]] <= fact.value["tokens"], (fact, asked)
-        answered = [(t, used) for t, _, most, used in model.requests if used is not None and used <= most]
-        assert len(answered) == runs
-        # ...in every minute (6 s here) the tokens charged (reserved, less what was given back) kept to the limit
-        worst = max(sum(u for t, u in answered if start <= t < start + minute) for start, _ in answered)
-        assert worst <= per_minute, answered
+            places.setdefault((fact.run_id, fact.value["attempt"]), (fact.value["go_at"], fact.value["tokens"]))
+        asked, attempts = [], {}
+        for (arrived, run_id, most, used), body in zip(model.requests, model.bodies):
+            attempt = attempts[run_id] = attempts.get(run_id, -1) + 1
+            place, reserved = places.get((run_id, attempt), (arrived, reservation(body)))
+            asked.append((place, reserved, most, used))
+        # ...no request could use more tokens than its call reserved, and every answer used no more
+        assert all(most <= reserved for _, reserved, most, _ in asked), asked
+        assert all(used <= most for _, _, most, used in asked if used is not None), asked
+        assert sum(1 for *_, used in asked if used is not None) == runs
+        # ...and in every minute (6 s here) the tokens reserved for it kept to the token bucket's bound:
+        # its refill per minute plus its size (amount + burst: the setting's 12,000, split between
+        # them), plus what answers gave back before the minute ended (a refund refills the bucket)
+        (limit,) = RateLimitSettings(model_requests_per_period=0, model_tokens_per_period=per_minute,
+                                     model_rate_period=minute, model_rate_per=Per.KEY,
+                                     model_max_tokens=100).model_rate_limits()
+        assert limit.amount + limit.burst == per_minute
+        given_back = [(arrived, reserved - used) for (arrived, *_), (_, reserved, _, used)
+                      in zip(model.requests, asked) if used is not None]
+        for start, *_ in asked:
+            reserved_in_minute = sum(reserved for place, reserved, *_ in asked if start <= place < start + minute)
+            bound = limit.amount + limit.burst + sum(back for t, back in given_back if t < start + minute)
+            assert reserved_in_minute <= bound, (start, reserved_in_minute, bound, asked)
         # ...and after the 429 nothing reached the model before its Retry-After had passed
         (refused,) = [t for t, _, _, used in model.requests if used is None]
-        after = [t for t, _ in answered if t > refused]
+        after = [t for t, _, _, used in model.requests if used is not None and t > refused]
         assert after and min(after) >= refused + retry_after, (refused, after)
         assert len(model.requests) == runs + 1
     finally:

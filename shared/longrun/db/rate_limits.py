@@ -78,7 +78,7 @@ class PgRateLimits:
     async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
         async with self.engine.begin() as conn:
             (before,), now = await lock(conn, [(limit, bucket)])
-            await save(conn, buckets.not_before(before, now, seconds), limit)
+            await save(conn, buckets.not_before(before, limit, now, seconds), limit)
 
     async def held(self, bucket_keys: Sequence[str]) -> float:
         async with self.engine.connect() as conn:

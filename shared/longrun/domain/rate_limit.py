@@ -150,10 +150,15 @@ def refund(b: Bucket, limit: RateLimit, amount: float, now: float) -> Bucket:
     return replace(b, level=min(float(limit.burst), level_at(b, limit, now) + amount), at=max(now, b.at))
 
 
-def not_before(b: Bucket, now: float, seconds: float) -> Bucket:
+def not_before(b: Bucket, limit: RateLimit, now: float, seconds: float) -> Bucket:
     """The bucket after the far side said "not for ``seconds``" (a 429's ``Retry-After``): no place
-    in line before then; a call whose place came sooner waits for it too (``held``)."""
-    return replace(b, hold_until=max(b.hold_until, now + seconds))
+    in line before then; a call whose place came sooner waits for it too (``held``). Nothing refills
+    while it holds (its level now is its level when the hold ends): a refill over the hold would give
+    every call placed during it the hold's end at once, past the rate."""
+    until = now + seconds
+    if until <= b.hold_until:
+        return b
+    return replace(b, level=level_at(b, limit, max(now, b.at)), at=max(b.at, until), hold_until=until)
 
 
 def held(buckets: Sequence[Bucket], now: float) -> float:

@@ -30,7 +30,7 @@ class MemoryRateLimits:
 
     async def not_before(self, limit: RateLimit, bucket: str, seconds: float) -> None:
         now = self.clock()
-        self.buckets[bucket] = buckets.not_before(self._bucket(limit, bucket, now), now, seconds)
+        self.buckets[bucket] = buckets.not_before(self._bucket(limit, bucket, now), limit, now, seconds)
 
     async def held(self, bucket_keys: Sequence[str]) -> float:
         return buckets.held([self.buckets[key] for key in bucket_keys if key in self.buckets], self.clock())

@@ -49,10 +49,23 @@ def test_several_limits_give_one_time_the_latest_and_name_the_limit_that_set_it(
 def test_a_refund_gives_back_up_to_the_burst_and_a_retry_after_holds_the_next_place() -> None:
     b = Bucket("forge", -3.0, 10.0)
     assert refund(b, TWENTY_PER_10S, 10, 10.0).level == TWENTY_PER_10S.burst
-    hold = not_before(empty("forge", TWENTY_PER_10S, 0.0), 0.0, 30.0)
+    hold = not_before(empty("forge", TWENTY_PER_10S, 0.0), TWENTY_PER_10S, 0.0, 30.0)
     assert reserve([Charge(hold, TWENTY_PER_10S, 1)], 0.0).go_at == pytest.approx(30.0)
     assert held([hold, b], 10.0) == pytest.approx(20.0) and held([b], 10.0) == 0.0
-    assert not_before(hold, 0.0, 5.0) == hold  # a shorter hold changes nothing
+    assert not_before(hold, TWENTY_PER_10S, 0.0, 5.0) == hold  # a shorter hold changes nothing
+
+
+def test_a_hold_refills_nothing_so_the_calls_after_it_keep_to_the_rate() -> None:
+    # Given an emptied bucket (2 per second, burst 2) that a 429 holds for 30 s
+    hold = not_before(Bucket("forge", 0.0, 0.0), TWENTY_PER_10S, 0.0, 30.0)
+    # When calls ask for their places while it holds, then when it ends
+    places = []
+    for now in (1.0, 10.0, 30.0, 30.0):
+        placed = reserve([Charge(hold, TWENTY_PER_10S, 1)], now)
+        (hold,) = placed.buckets
+        places.append(placed.go_at)
+    # Then they go one refill apart from its end: the 30 s of hold bought nobody a place
+    assert places == pytest.approx([30.5, 31.0, 31.5, 32.0])
 
 
 def test_a_per_tenant_limit_has_a_bucket_per_tenant_and_the_wait_shows_the_limit() -> None:
