@@ -66,7 +66,10 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),
                                  stopping=stopping, health=health, on_outcome=worker.after_ack,
-                                 advertised=kinds.pins())
+                                 advertised=kinds.pins(),
+                                 # Its calls end (and free their tool permits) while it is still a member:
+                                 # the reconciler frees a permit only once its holder is not.
+                                 before_leaving=worker.drain)
     finally:
         adopting.cancel()
         await worker.drain()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
@@ -108,9 +108,11 @@ async def _patiently(attempt_once, what: str, patience: float) -> None:  # type:
 
 async def consume_partitions(settings: Settings, *, service: str, handler: Handler | OwnClaim,
                              stopping: asyncio.Event, health: Health, on_outcome: OutcomeHook | None = None,
-                             advertised: Sequence[Mapping[str, str]] = ()) -> None:
+                             advertised: Sequence[Mapping[str, str]] = (),
+                             before_leaving: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues.
-    ``advertised``: what this replica can run, kept in its membership row."""
+    ``advertised``: what this replica can run, kept in its membership row. ``before_leaving``: run on
+    stopping, once the partitions are handed back and before the replica leaves the member list."""
     engine = await open_database(settings)
     bus = await open_bus(settings, service)
     consumer = PartitionedConsumer(
@@ -127,7 +129,7 @@ async def consume_partitions(settings: Settings, *, service: str, handler: Handl
     health.ready = True
     await stopping.wait()
     health.ready = False
-    await ownership.stop()
+    await ownership.stop(before_leaving=before_leaving)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

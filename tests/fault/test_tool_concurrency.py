@@ -1,5 +1,6 @@
 """Row: tool permits held by a worker SIGKILLed mid-call are freed when its membership lapses, long
-before its run leases expire, and the tenant's bound on its tool group is never exceeded.
+before its run leases expire, and the tenant's bound on its tool group is never exceeded; nor is it
+when PostgreSQL restarts while both permits are held and runs wait for one.
 
 A tenant's forge tools are bounded to two calls at once; one worker holds both permits (two slow
 calls in flight) while four runs wait; a second worker joins and the first is SIGKILLed. Membership
@@ -9,6 +10,7 @@ runs still hold their leases; those go on once their leases expire, and every ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import eventually
+from tests.infra import database_stopped
 from tests.integration.permit_kinds import most_in_flight
 from tests.integration.test_rate_limits import MODULES, _rows
 from tests.integration.test_tool_concurrency import GROUP, bound_tool_group, create, start
@@ -82,3 +85,34 @@ async def test_a_dead_worker_s_permits_are_freed_when_its_membership_lapses_and_
     # ...with never more than two calls in flight, the dead worker's counted until it died
     assert most_in_flight(lines, "acme", killed_at=killed_at) == BOUND
     assert await _rows(engine, "SELECT * FROM tool_permits") == []
+
+
+async def test_the_bound_holds_through_a_database_restart_with_both_permits_held_and_runs_waiting(
+        clean, engine, bus, services, tmp_path: Path, local_database: None) -> None:  # type: ignore[no-untyped-def]
+    # Given acme's forge tools bounded to two calls at once, two workers, and six runs of three-second calls
+    await bound_tool_group(engine, "acme", GROUP, BOUND)
+    calls, _, _ = start(services, tmp_path, workers=2, PERMIT_CALL_SECONDS="3")
+    for _ in range(RUNS):
+        await create(bus, "acme")
+
+    async def both_permits_held_and_four_waiting() -> bool:
+        (row,) = await _rows(engine, "SELECT (SELECT count(*) FROM tool_permits) AS held, "
+                                     "(SELECT count(*) FROM runs WHERE wait_kind = 'tool_concurrency') AS waiting")
+        return row.held == BOUND and row.waiting == RUNS - BOUND
+
+    await eventually(both_permits_held_and_four_waiting, timeout=30, interval=0.05,
+                     what="both permits held, four runs waiting")
+    # When PostgreSQL stops for 3 s mid-call (the calls end while it is down) and starts again
+    async with database_stopped():
+        await asyncio.sleep(3)
+    await engine.dispose()
+
+    async def all_done() -> bool:
+        (row,) = await _rows(engine, "SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS done FROM runs")
+        return row.done == RUNS
+
+    # Then every run completes, no permit is left behind...
+    await eventually(all_done, timeout=90, what=f"{RUNS} runs COMPLETED")
+    assert await _rows(engine, "SELECT * FROM tool_permits") == []
+    # ...and the far side never had more than two of acme's calls in flight (no process died)
+    assert most_in_flight(calls.read_text().splitlines(), "acme") == BOUND

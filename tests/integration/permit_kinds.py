@@ -61,8 +61,10 @@ def kinds(settings: Settings) -> list[RunKind]:
 
     async def slow(args: Mapping[str, Any], idempotency_key: str, fencing_token: int) -> ToolResult:
         note("start", args["tenant"], idempotency_key)
-        await asyncio.sleep(seconds)
-        note("end", args["tenant"], idempotency_key)
+        try:
+            await asyncio.sleep(seconds)
+        finally:  # a call cancelled by its worker ends there, as far as this far side is concerned
+            note("end", args["tenant"], idempotency_key)
         return ToolResult(f"slow:{idempotency_key}", {"done": True})
 
     versions = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="permit-1")

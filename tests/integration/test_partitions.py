@@ -315,3 +315,27 @@ async def _owners_are(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
 
 async def _count_is(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
     return await scalar(engine, "SELECT count(*) FROM probe_handled") >= n
+
+
+async def test_a_stopping_replica_hands_its_partitions_back_then_lets_go_of_its_work_as_a_member(
+        clean, engine, services) -> None:  # type: ignore[no-untyped-def]
+    # Given a replica in this process owning every partition
+    settings = Settings.from_env(services.env(LONGRUN_INSTANCE_ID=REPLICA))
+    stopping = asyncio.Event()
+    seen: list[tuple[int, int]] = []
+
+    async def before_leaving() -> None:
+        seen.append((await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}'"),
+                     await scalar(engine, f"SELECT count(*) FROM partition_leases WHERE owner = '{REPLICA}'")))
+
+    replica = asyncio.create_task(consume_partitions(
+        settings, service="worker", handler=make_handler(REPLICA), stopping=stopping, health=Health(),
+        before_leaving=before_leaving))
+    await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+    # When it stops
+    stopping.set()
+    await asyncio.wait_for(replica, timeout=30)
+    # Then what it let go of last (a worker's calls, and their tool permits) it let go of as a member,
+    # its partitions already free for the others; and then it left the member list
+    assert seen == [(1, 0)]
+    assert await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}'") == 0

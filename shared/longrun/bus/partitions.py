@@ -99,8 +99,10 @@ class PartitionOwnership:
             owned, self.owned = self.owned, set()
             await self.on_release(owned)
 
-    async def stop(self) -> None:
-        """Stop consuming, hand the partitions back and leave the member list."""
+    async def stop(self, *, before_leaving: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop consuming, hand the partitions back and leave the member list; ``before_leaving`` runs
+        between the two, while this replica is still a member (what it holds in its name, such as a
+        worker's tool permits, stays its own until it has let go of it)."""
         self._stopping.set()
         owned, self.owned = self.owned, set()
         if owned:
@@ -108,7 +110,14 @@ class PartitionOwnership:
         try:
             async with self.engine.begin() as conn:
                 await membership.release(conn, self.service, self.instance_id, set(range(self.partitions)))
-                await membership.leave(conn, self.service, self.instance_id)
         except Exception:
             logger.warning("%s: could not hand partitions back; they expire after %.0fs",
+                           self.service, self.ttl)
+        if before_leaving is not None:
+            await before_leaving()
+        try:
+            async with self.engine.begin() as conn:
+                await membership.leave(conn, self.service, self.instance_id)
+        except Exception:
+            logger.warning("%s: could not leave the member list; its membership lapses after %.0fs",
                            self.service, self.ttl)

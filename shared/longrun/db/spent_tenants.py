@@ -46,5 +46,7 @@ class PgSpentTenants:
                 async with self.engine.connect() as conn:
                     self._spent = {row.tenant_id: float(row.until) for row in await conn.execute(_SPENT)}
             except Exception as e:
+                if self._fresh_until == 0.0:
+                    raise  # no copy yet: "nobody is spent" would be a guess, so the step fails as on any outage
                 logger.warning("reading the spent tenant budgets failed (%r); the copy is kept", e)
             self._fresh_until = self.monotonic() + self.cache_seconds

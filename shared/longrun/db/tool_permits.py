@@ -41,9 +41,13 @@ _HELD = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = '{HOLDER
          "AND m.alive_until > now()) "
          "AND EXISTS (SELECT 1 FROM runs AS r WHERE r.run_id = p.run_id AND r.lease_owner = p.holder)")
 _OTHERS_LIVE = f"SELECT count(*) FROM tool_permits AS p WHERE p.tenant_id = :t AND p.tool_group = :g AND {_HELD}"
+# Only a live member takes a permit: one whose membership lapsed (cut off from the database past its
+# TTL) holds permits the others count as free, so a call of its would go past the bound.
+_TAKER_LIVE = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = '{HOLDERS}' AND m.instance_id = :h "
+               "AND m.alive_until > now())")
 _TAKE = text(
     "INSERT INTO tool_permits (tenant_id, tool_group, run_id, holder) SELECT :t, :g, :r, :h "
-    f"WHERE ({_OTHERS_LIVE} AND NOT (p.run_id = :r AND p.holder = :h)) < :bound "
+    f"WHERE {_TAKER_LIVE} AND ({_OTHERS_LIVE} AND NOT (p.run_id = :r AND p.holder = :h)) < :bound "
     "ON CONFLICT ON CONSTRAINT pk_tool_permits DO UPDATE SET taken_at = now() RETURNING 1")
 _LIVE = text(_OTHERS_LIVE)
 _RELEASE = text("DELETE FROM tool_permits WHERE tenant_id = :t AND tool_group = :g AND run_id = :r AND holder = :h "
@@ -131,5 +135,7 @@ class PgToolPermits:
                 async with self.engine.connect() as conn:
                     self._bounds = {row.tenant_id: dict(row.tool_concurrency) for row in await conn.execute(_BOUNDS)}
             except Exception as e:
+                if self._fresh_until == 0.0:
+                    raise  # no copy yet: "nothing is bounded" would be a guess, so the step fails as on any outage
                 logger.warning("reading the tenants' tool concurrency failed (%r); the copy is kept", e)
             self._fresh_until = self.monotonic() + self.cache_seconds
