@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import SQLAlchemyError
 
 from longrun.domain import RunStatus
 from tests.fault.scenario import Scenario
@@ -33,14 +33,18 @@ async def _limits(scenario: Scenario, *, slots: int, tokens: int) -> None:
 
 @contextlib.asynccontextmanager
 async def _most_held(scenario: Scenario) -> AsyncIterator[list[int]]:
-    """The most runs of acme holding a slot at once, sampled every 50 ms while the body runs (a sample
-    the database cannot answer, it being down, is skipped)."""
-    most = [0]
+    """The most runs of acme holding a slot at once (``[0]``) and how many samples were answered
+    (``[1]``), sampled every 50 ms while the body runs (a sample the database cannot answer, it being
+    down, is skipped). A run may hold its slot for less than a sample's interval: the samples bound
+    what was held, they need not see it."""
+    most = [0, 0]
 
     async def sample() -> None:
         while True:
-            with contextlib.suppress(DBAPIError, OSError):
+            # (SQLAlchemyError, not only DBAPIError: a restart also ends pooled connections mid-checkout)
+            with contextlib.suppress(SQLAlchemyError, OSError):
                 most[0] = max(most[0], int(await scenario.scalar(HOLDING)))
+                most[1] += 1
             await asyncio.sleep(0.05)
 
     sampler = asyncio.create_task(sample())
@@ -76,7 +80,7 @@ async def test_a_worker_killed_right_after_charging_a_model_call_neither_loses_n
         # and a third, created once the budget is spent, is not admitted
         third = await scenario.create(workflow="thinker", input_={})
         await asyncio.sleep(1.5)
-    assert most[0] == 1
+    assert most[0] <= 1 and most[1] >= 20, most  # never more than its one slot, all along
     assert await _use(scenario) == (2 * TOKENS_PER_CALL, True)  # each call charged once
     assert (await scenario.stored(third)).admitted is False
     await scenario.finish(settled=False)
@@ -102,7 +106,7 @@ async def test_the_database_restarted_under_queued_and_running_runs_keeps_slots_
         await scenario.poll(four_done, timeout=60, what="four runs completed")
         await asyncio.sleep(1.5)
     # and acme never held more than its slot, and the two others wait, not admitted
-    assert most[0] == 1
+    assert most[0] <= 1 and most[1] >= 20, most  # never more than its one slot, all along
     assert await _use(scenario) == (4 * TOKENS_PER_CALL, True)
     waiting = [r for r in runs if (await scenario.stored(r)).snapshot.status is not RunStatus.COMPLETED]
     assert len(waiting) == 2 and not any([(await scenario.stored(r)).admitted for r in waiting])

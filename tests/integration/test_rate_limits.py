@@ -143,7 +143,8 @@ async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers
     wakes = await _rows(engine, "SELECT r.run_id, count(e.seq) FILTER (WHERE e.type = 'run.woken') AS woken, "
                                 "(r.snapshot #>> '{budget,used,tool_calls}')::int AS charged FROM runs r "
                                 "JOIN run_events e USING (run_id) WHERE r.workflow = 'limited' GROUP BY r.run_id")
-    assert len(wakes) == RUNS and all(w.woken <= 1 and w.charged == 1 for w in wakes), wakes
+    assert len(wakes) == RUNS and all(w.woken <= 1 and w.charged == 1 for w in wakes), \
+        [w for w in wakes if w.woken > 1 or w.charged != 1]
     assert sum(w.woken for w in wakes) >= RUNS - BURST - PER_10S  # the limit did hold most of them
     # And the workers spent no more CPU while runs waited in line than idle, once they are all done
     idle = await _cpu_share(workers, 6)
