@@ -13,12 +13,10 @@ from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from longrun.app import effects
+from longrun.app.tool_permits import wake_if_waiting
 from longrun.db import tool_health
 from longrun.db.transaction import PgTransaction
-from longrun.domain import RunStatus, WakeReason
 from longrun.domain import breaker as machine
-from longrun.domain import events as ev
 from longrun.domain.breaker import TOOL_HEALTHY_PREFIX, BreakerSettings
 
 PRODUCER = "reconciler"
@@ -33,7 +31,7 @@ async def wake_for_health(engine: AsyncEngine, settings: BreakerSettings, *, lim
     woken = 0
     for run_id, key in healed:
         async with engine.begin() as conn:
-            woken += await _wake(PgTransaction(conn), run_id, key, clock(), reason="healthy again")
+            woken += await wake_if_waiting(PgTransaction(conn), run_id, key, clock(), producer=PRODUCER, why="healthy again")
     async with engine.begin() as conn:
         for due, now in await tool_health.probes_due(conn, limit=limit):
             key = f"{TOOL_HEALTHY_PREFIX}{due.far_side}"
@@ -41,19 +39,5 @@ async def wake_for_health(engine: AsyncEngine, settings: BreakerSettings, *, lim
             if waiter is None:
                 continue  # nobody waits: the next run that needs it claims the probe
             await tool_health.save(conn, machine.reserve(due, run_id=waiter, now=now, settings=settings))
-            woken += await _wake(PgTransaction(conn), waiter, key, clock(), reason="probe")
+            woken += await wake_if_waiting(PgTransaction(conn), waiter, key, clock(), producer=PRODUCER, why="probe")
     return woken
-
-
-async def _wake(tx: PgTransaction, run_id: str, key: str, at: float, *, reason: str) -> int:
-    stored = await tx.load(run_id, lock=True)
-    wait = None if stored is None else stored.snapshot.wait
-    if stored is None or stored.snapshot.status is not RunStatus.RETRY_SCHEDULED or wait is None \
-            or wait.correlation_key != key:
-        return 0
-    after = await tx.append(stored, [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id,
-                                                 reason=WakeReason.EVENT, correlation_key=key)])
-    broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=key)
-    wakeup = effects.wake_message(after, reason=f"{key}: {reason}", producer=PRODUCER, cause=key)
-    await tx.send([m for m in (broadcast, wakeup) if m is not None])
-    return 1

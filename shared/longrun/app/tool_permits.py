@@ -11,7 +11,13 @@ from longrun.ports.stores import RunTransaction
 
 
 async def wake_waiter(tx: RunTransaction, run_id: str, key: str, at: float, *, producer: str) -> int:
-    """Wake ``run_id`` if it still waits on ``key``; how many runs were woken (0 or 1)."""
+    """Wake ``run_id`` if it still waits on ``key`` for a permit; how many runs were woken (0 or 1)."""
+    return await wake_if_waiting(tx, run_id, key, at, producer=producer, why="a permit was freed")
+
+
+async def wake_if_waiting(tx: RunTransaction, run_id: str, key: str, at: float, *, producer: str, why: str) -> int:
+    """Wake ``run_id`` if it still waits on ``key`` (``why``: what the wakeup's reason says after the
+    key); how many runs were woken (0 or 1). A far side's health wakes its waiters this way too."""
     stored = await tx.load(run_id, lock=True)
     wait = None if stored is None else stored.snapshot.wait
     if stored is None or stored.snapshot.status is not RunStatus.RETRY_SCHEDULED or wait is None \
@@ -20,6 +26,6 @@ async def wake_waiter(tx: RunTransaction, run_id: str, key: str, at: float, *, p
     after = await tx.append(stored, [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id,
                                                  reason=WakeReason.EVENT, correlation_key=key)])
     broadcast = effects.broadcast_message(stored.snapshot, after, producer=producer, cause=key)
-    wakeup = effects.wake_message(after, reason=f"{key}: a permit was freed", producer=producer, cause=key)
+    wakeup = effects.wake_message(after, reason=f"{key}: {why}", producer=producer, cause=key)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
     return 1
