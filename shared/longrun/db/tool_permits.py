@@ -14,8 +14,6 @@ a call of a tenant without bounds, or of a tool no group bounds, runs no stateme
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -24,11 +22,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.db.schema import sql_name
+from longrun.db.tenant_copy import TenantCopy
 from longrun.db.transaction import PgTransaction
 from longrun.domain.run import RunStatus
 from longrun.domain.tool_permits import waiting_key
-
-logger = logging.getLogger(__name__)
 
 HOLDERS = "worker"
 """The service whose members hold permits."""
@@ -95,16 +92,12 @@ class PgToolPermits:
         self.engine = engine
         self.wake = wake
         self.clock = clock
-        self.cache_seconds = cache_seconds
-        self.monotonic = monotonic
-        self._bounds: dict[str, dict[str, int]] = {}
-        self._fresh_until = 0.0
-        self._reading = asyncio.Lock()
+        self._bounds: TenantCopy[dict[str, int]] = TenantCopy(
+            engine, _BOUNDS, lambda row: dict(row.tool_concurrency), what="the tenants' tool concurrency",
+            cache_seconds=cache_seconds, monotonic=monotonic)
 
     async def bounds(self, tenant_id: str) -> Mapping[str, int]:
-        if self.monotonic() >= self._fresh_until:
-            await self._refresh(asked=self.monotonic())
-        return self._bounds.get(tenant_id, {})
+        return await self._bounds.get(tenant_id) or {}
 
     async def take(self, tenant_id: str, group: str, bound: int, run_id: str, holder: str) -> bool:
         params: dict[str, Any] = {"t": tenant_id, "g": group, "r": run_id, "h": holder, "bound": bound}
@@ -126,16 +119,3 @@ class PgToolPermits:
             await conn.execute(_LOCK, params)
             if (await conn.execute(_LIVE, params)).scalar_one() < bound:
                 await self.wake(PgTransaction(conn), run_id, waiting_key(group), self.clock())
-
-    async def _refresh(self, *, asked: float) -> None:
-        async with self._reading:
-            if self._fresh_until - self.cache_seconds > asked:
-                return  # read by another caller since this one asked
-            try:
-                async with self.engine.connect() as conn:
-                    self._bounds = {row.tenant_id: dict(row.tool_concurrency) for row in await conn.execute(_BOUNDS)}
-            except Exception as e:
-                if self._fresh_until == 0.0:
-                    raise  # no copy yet: "nothing is bounded" would be a guess, so the step fails as on any outage
-                logger.warning("reading the tenants' tool concurrency failed (%r); the copy is kept", e)
-            self._fresh_until = self.monotonic() + self.cache_seconds
