@@ -84,8 +84,15 @@ node-deps:
 	  else npm install --prefix $$d --no-audit --no-fund; fi; \
 	done
 
+# Every tier but the fault matrix and the short chaos run (make test-faults), the packaging tests and
+# the HA tests, each a target of its own that .ci/run runs after this one.
 test: install test-services tools node-deps
-	$(PY) -m pytest
+	$(PY) -m pytest --ignore=tests/fault --ignore=tests/chaos
+
+# The fault matrix (docs/fault-matrix.md) and the short randomized chaos run: they restart the local
+# PostgreSQL and RabbitMQ and kill services (~10 minutes). Not part of `make test`; .ci/run runs it after.
+test-faults: install test-services tools
+	$(PY) -m pytest tests/fault tests/chaos
 
 test-unit: install tools
 	$(PY) -m pytest tests/unit
