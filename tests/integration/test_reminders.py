@@ -1,13 +1,15 @@
 """Reminders, escalation and approval validity through the real services (scheduler, worker, timer,
 relay, gateway), clocks scaled to seconds: a person's wait is broadcast as ``run.notice`` on the
 events exchange (read here from a real queue), reminds its owner and escalates on durable timers, and
-the escalation's role may decide from then on, not before; a decision older than its validity when
+the escalation's role may decide from then on (the operator API, ``longrunctl`` and the console admit it),
+not before; a decision older than its validity when
 the run resumes is asked again; a question is broadcast like an approval."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -88,12 +90,20 @@ async def _decide(ensemble: Ensemble, engine, who: str, run_id: str, wait: dict[
             "approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"], "reason": "reviewed"})
 
 
+async def _signed_in(console: httpx.AsyncClient, secret: str) -> None:
+    form = await console.get("/sign-in")
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form.text)
+    assert csrf is not None, form.text
+    answer = await console.post("/sign-in", data={"token": secret, "csrf": csrf.group(1)})
+    assert answer.status_code == 303, answer.text
+
+
 async def test_an_approval_reminds_escalates_on_the_bus_and_then_the_role_may_decide(  # type: ignore[no-untyped-def]
         ensemble, engine, bus) -> None:
     running, notices = ensemble
-    # Given a release waiting for alice's approval, reminded after 1 s and escalated to admins after 2 s
+    # Given a release waiting for alice's approval, reminded after 1 s and escalated to admins after 2.5 s
     run_id = await _start(bus, engine, "publishing", release="v1", owner="alice", remind_after=[1],
-                          escalate_after=2, escalate_to="role:admin")
+                          escalate_after=2.5, escalate_to="role:admin")
     [(key, asked)] = await eventually(notices.count(run_id, 1), timeout=10, what="the request's notice")
     assert key == "acme.run.notice.approval.requested"
     assert (asked["approval_id"], asked["owner"], asked["subject"], asked["escalated_to"]) == \
@@ -101,11 +111,21 @@ async def test_an_approval_reminds_escalates_on_the_bus_and_then_the_role_may_de
     # When an admin who is not alice decides before the escalation, it is refused
     early = await _decide(running, engine, "bob", run_id, asked, "admin")
     assert early.status_code == 403 and "role:admin once it is escalated" in early.json()["error"], early.text
+    async with httpx.AsyncClient(base_url=f"{running.gateway_url}/console", timeout=10) as console:
+        await _signed_in(console, await token(engine, "bob", "admin"))
+        before = await console.get(f"/runs/{run_id}")
+        assert 'id="not-yours"' in before.text and 'id="approve"' not in before.text
+        assert "role:admin too once it escalates" in before.text
     # Then the reminder and the escalation arrive, in that order, each once
     said = await eventually(notices.count(run_id, 3), timeout=15, what="the reminder and the escalation")
     assert [k for k, _ in said] == ["acme.run.notice.approval.requested", "acme.run.notice.approval.reminder",
                                     "acme.run.notice.approval.escalated"]
     assert (said[1][1]["reminder"], said[2][1]["escalated_to"]) == (1, "role:admin")
+    # And the console now offers the admin the approval's buttons
+    async with httpx.AsyncClient(base_url=f"{running.gateway_url}/console", timeout=10) as console:
+        await _signed_in(console, await token(engine, "bob", "admin"))
+        after = await console.get(f"/runs/{run_id}")
+        assert 'id="approve"' in after.text and "alice or role:admin (escalated)" in after.text
     # And now the admin decides, from a terminal, and the release is published once
     argv = [str(LONGRUNCTL), "--url", running.gateway_url, "--token", await token(engine, "bob", "admin"),
             "-o", "json", "run", "approve", run_id, "--approval-id", "publish", "--hash", asked["approved_hash"],

@@ -5,12 +5,14 @@ and a decision older than its validity when the run resumes is asked again."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from longrun_client import timeline
 
 from longrun.app.gateway.operate import NotPermitted
-from longrun.domain import APPROVAL_FACT_PREFIX, RunStatus
+from longrun.domain import APPROVAL_FACT_PREFIX, RunStatus, event_to_dict
 from longrun.testing.kit import Kit
 from tests.kinds import ASKING, PUBLISHING
 
@@ -20,6 +22,12 @@ REMINDED = {"release": "v1", "owner": "alice", "remind_after": [60, 120], "escal
 
 def types(kit: Kit, run_id: str) -> list[str]:
     return [e.type for e in kit.world.store.history(run_id)]
+
+
+def lines(kit: Kit, run_id: str) -> list[str]:
+    """The run's timeline as ``longrunctl run timeline`` and the console show it."""
+    return [timeline.describe(e.seq, e.type, event_to_dict(e), True, datetime.now(UTC)).split(maxsplit=2)[2]
+            for e in kit.world.store.history(run_id)]
 
 
 def said(kit: Kit, run_id: str) -> list[tuple[Any, ...]]:
@@ -51,6 +59,10 @@ def test_an_approval_reminds_its_owner_then_escalates_and_the_role_decides_only_
         kit.settle()
         assert kit.status(run_id) is RunStatus.COMPLETED
         assert types(kit, run_id).count("run.wait_reminded") == 2 and types(kit, run_id).count("run.wait_escalated") == 1
+        wait_id = kit.notices(run_id)[0]["wait_id"]
+        assert [line for line in lines(kit, run_id) if line.startswith(("REMINDER", "ESCALATED"))] == [
+            f"REMINDER  #1 of wait {wait_id} sent to its owner", f"REMINDER  #2 of wait {wait_id} sent to its owner",
+            f"ESCALATED wait {wait_id}: group:leads may now decide too"]
         assert kit.executions("release.publish") == 1 and kit.check() == []
 
 
@@ -94,6 +106,8 @@ def test_a_decision_older_than_its_validity_when_the_run_resumes_is_asked_again(
         [expired] = [e for e in kit.world.store.history(run_id) if e.type == "run.approval_expired"]
         assert (expired.approval_id, expired.valid_until) == ("publish", pytest.approx(decided.recorded_at + 300))  # type: ignore[attr-defined]
         assert types(kit, run_id).count("run.approval_decided") == 1
+        [shown] = [line for line in lines(kit, run_id) if line.startswith("EXPIRED")]
+        assert shown.startswith("EXPIRED   approval publish: decided ") and shown.endswith("; asked again")
         assert [n["notice"] for n in kit.notices(run_id)] == ["requested", "requested"]
         kit.decide(run_id)  # fresh: the run publishes at once
         kit.settle()
