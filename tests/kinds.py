@@ -237,4 +237,5 @@ class Publishing:
 PUBLISHING = RunKind("publishing", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="1"),
                      Publishing(), {PUBLISH_TOOL: Tool(PUBLISH_TOOL, "1", EffectKind.IDEMPOTENT_WRITE, ReleaseArgs,
                                                        _publish)})
-"""``Publishing``: an approval with reminders, escalation and a validity (``LONGRUN_RUN_KINDS=tests.kinds:PUBLISHING``)."""
+"""``Publishing``: an approval with reminders, escalation and a validity
+(``LONGRUN_RUN_KINDS=tests.kinds:PUBLISHING``)."""

@@ -83,8 +83,8 @@ async def _status(engine, run_id: str, status: str) -> bool:  # type: ignore[no-
     return await status_of(engine, run_id) == status
 
 
-async def _decide(ensemble: Ensemble, engine, who: str, run_id: str, wait: dict[str, Any],  # type: ignore[no-untyped-def]
-                  *roles: str) -> httpx.Response:
+async def _decide(ensemble: Ensemble, engine, who: str,  # type: ignore[no-untyped-def]
+                  run_id: str, wait: dict[str, Any], *roles: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         return await http.post(f"/runs/{run_id}/approve", headers=await bearer(engine, who, *roles), json={
             "approval_id": wait["approval_id"], "approved_hash": wait["approved_hash"], "reason": "reviewed"})
@@ -170,7 +170,8 @@ async def test_a_decision_past_its_validity_when_the_run_resumes_is_asked_again(
     await eventually(lambda: _status(engine, run_id, "COMPLETED"), timeout=30, what="COMPLETED")
 
 
-async def test_a_question_is_broadcast_and_reminded_like_an_approval(ensemble, engine, bus) -> None:  # type: ignore[no-untyped-def]
+async def test_a_question_is_broadcast_and_reminded_like_an_approval(  # type: ignore[no-untyped-def]
+        ensemble, engine, bus) -> None:
     running, notices = ensemble
     run_id = await _start(bus, engine, "asking", task="retry storms", owner="alice", remind_after=[1])
     said = await eventually(notices.count(run_id, 2), timeout=15, what="the question and its reminder")

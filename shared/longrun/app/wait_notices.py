@@ -20,6 +20,7 @@ from longrun.envelope.registry import traceparent
 from longrun.ports.runs import Message, Planned
 
 NOTICE = "run.notice"
+_ANNOUNCED = (ev.WaitStarted, ev.WaitReminded, ev.WaitEscalated)
 
 
 def wait_notices(planned: Planned, *, producer: str, cause: str) -> list[Message]:
@@ -46,9 +47,6 @@ def wait_notices(planned: Planned, *, producer: str, cause: str) -> list[Message
             wait = replace(wait, escalated=True)
             sent.append(_notice(planned, "escalated", event.seq, wait, texts, producer=producer, cause=cause))
     return sent
-
-
-_ANNOUNCED = (ev.WaitStarted, ev.WaitReminded, ev.WaitEscalated)
 
 
 def _notice(planned: Planned, notice: str, seq: int, wait: Wait, texts: dict[str, str], *, producer: str,

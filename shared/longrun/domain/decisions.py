@@ -81,7 +81,8 @@ class WaitForUser:
     call it gates, it expires (``run.approval_expired``) and ``decide`` finds no decision: ask again."""
 
     def __post_init__(self) -> None:
-        check_attention(self.remind_after, self.escalate_after, self.escalate_to)
+        object.__setattr__(self, "remind_after", _delays(self.remind_after))
+        _check_attention(self.remind_after, self.escalate_after, self.escalate_to)
         if self.valid_for is not None and not _positive(self.valid_for):
             raise ValueError(f"WaitForUser.valid_for must be a positive number of seconds, got {self.valid_for!r}")
 
@@ -110,22 +111,30 @@ class AskUser:
     """Who may also answer once escalated: a subject, ``role:<role>`` or ``group:<group>``."""
 
     def __post_init__(self) -> None:
-        check_attention(self.remind_after, self.escalate_after, self.escalate_to)
+        object.__setattr__(self, "remind_after", _delays(self.remind_after))
+        _check_attention(self.remind_after, self.escalate_after, self.escalate_to)
+
+
+def _delays(value: object) -> tuple[float, ...]:
+    """Reminder delays as given (a list or a tuple), as the tuple a frozen decision holds."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(f"remind_after must be a list or tuple of seconds, got {value!r}")
+    return tuple(value)
 
 
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
-def check_attention(remind_after: tuple[float, ...], escalate_after: float | None, escalate_to: str | None) -> None:
+def _check_attention(remind_after: tuple[float, ...], escalate_after: float | None, escalate_to: str | None) -> None:
     """Reminders are positive delays; an escalation names both when and to whom. ValueError otherwise."""
-    if not isinstance(remind_after, tuple) or not all(_positive(t) for t in remind_after):
-        raise ValueError(f"remind_after must be a tuple of positive numbers of seconds, got {remind_after!r}")
+    if not all(_positive(t) for t in remind_after):
+        raise ValueError(f"remind_after must be positive numbers of seconds, got {remind_after!r}")
     if (escalate_after is None) != (escalate_to is None):
         raise ValueError("escalate_after and escalate_to go together: when, and who may then act too")
     if escalate_after is not None and not _positive(escalate_after):
         raise ValueError(f"escalate_after must be a positive number of seconds, got {escalate_after!r}")
-    if escalate_to is not None and not escalate_to.strip():
+    if escalate_to is not None and (not isinstance(escalate_to, str) or not escalate_to.strip()):
         raise ValueError("escalate_to must name a subject, role:<role> or group:<group>")
 
 

@@ -66,7 +66,7 @@ def test_a_wait_schedules_its_reminders_and_escalation_but_none_past_its_deadlin
 
 
 @pytest.mark.parametrize("bad", [
-    {"remind_after": (0.0,)}, {"remind_after": (-5.0,)}, {"remind_after": [60.0]},
+    {"remind_after": (0.0,)}, {"remind_after": (-5.0,)}, {"remind_after": "60"}, {"remind_after": (60.0, None)},
     {"escalate_after": 60.0}, {"escalate_to": "group:leads"}, {"escalate_after": 0.0, "escalate_to": "group:leads"},
     {"escalate_after": 60.0, "escalate_to": " "}, {"valid_for": 0.0}, {"valid_for": True},
 ])
@@ -78,6 +78,12 @@ def test_a_request_that_declares_nonsense_is_refused_naming_what(bad: dict[str, 
     if question:
         with pytest.raises(ValueError):
             AskUser(question_id="q", text="?", answer_schema={}, deadline=10.0, **question)  # type: ignore[arg-type]
+
+
+def test_reminders_given_as_a_list_are_held_as_a_tuple() -> None:
+    ask = WaitForUser(approval_id="a", owner="alice", deadline=10.0, approved_hash="h", summary="s",
+                      remind_after=[1.0, 2.0])  # type: ignore[arg-type]
+    assert ask.remind_after == (1.0, 2.0) and hash(ask) == hash(ask)
 
 
 def test_a_reminder_changes_nothing_and_an_escalation_admits_its_role_once() -> None:

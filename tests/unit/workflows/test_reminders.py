@@ -12,7 +12,7 @@ import pytest
 from longrun_client import timeline
 
 from longrun.app.gateway.operate import NotPermitted
-from longrun.domain import APPROVAL_FACT_PREFIX, RunStatus, event_to_dict
+from longrun.domain import APPROVAL_FACT_PREFIX, ApprovalExpired, RunStatus, event_to_dict
 from longrun.testing.kit import Kit
 from tests.kinds import ASKING, PUBLISHING
 
@@ -58,7 +58,8 @@ def test_an_approval_reminds_its_owner_then_escalates_and_the_role_decides_only_
         kit.decide(run_id, by="group:leads")
         kit.settle()
         assert kit.status(run_id) is RunStatus.COMPLETED
-        assert types(kit, run_id).count("run.wait_reminded") == 2 and types(kit, run_id).count("run.wait_escalated") == 1
+        recorded = types(kit, run_id)
+        assert recorded.count("run.wait_reminded") == 2 and recorded.count("run.wait_escalated") == 1
         wait_id = kit.notices(run_id)[0]["wait_id"]
         assert [line for line in lines(kit, run_id) if line.startswith(("REMINDER", "ESCALATED"))] == [
             f"REMINDER  #1 of wait {wait_id} sent to its owner", f"REMINDER  #2 of wait {wait_id} sent to its owner",
@@ -104,7 +105,8 @@ def test_a_decision_older_than_its_validity_when_the_run_resumes_is_asked_again(
         assert kit.status(run_id) is RunStatus.WAITING_USER and kit.executions("release.publish") == 0
         assert kit.snapshot(run_id).fact(APPROVAL_FACT_PREFIX + "publish") is None
         [expired] = [e for e in kit.world.store.history(run_id) if e.type == "run.approval_expired"]
-        assert (expired.approval_id, expired.valid_until) == ("publish", pytest.approx(decided.recorded_at + 300))  # type: ignore[attr-defined]
+        assert isinstance(expired, ApprovalExpired)
+        assert (expired.approval_id, expired.valid_until) == ("publish", pytest.approx(decided.recorded_at + 300))
         assert types(kit, run_id).count("run.approval_decided") == 1
         [shown] = [line for line in lines(kit, run_id) if line.startswith("EXPIRED")]
         assert shown.startswith("EXPIRED   approval publish: decided ") and shown.endswith("; asked again")
@@ -137,7 +139,8 @@ def test_a_question_is_broadcast_reminded_and_escalated_and_the_role_answers_onc
         with pytest.raises(NotPermitted):
             kit.answer(run_id, {"module": "billing"}, by="group:leads")
         kit.advance(61)
-        assert said(kit, run_id)[1:] == [("question", "reminder", 1, None), ("question", "escalated", None, "group:leads")]
+        assert said(kit, run_id)[1:] == [("question", "reminder", 1, None),
+                                         ("question", "escalated", None, "group:leads")]
         kit.answer(run_id, {"module": "billing"}, by="group:leads")
         kit.settle()
         assert kit.status(run_id) is RunStatus.COMPLETED and kit.check() == []

@@ -30,7 +30,8 @@ def _what(type_: str, d: dict[str, Any]) -> str:
         case "run.wait_started":
             wait = d["wait"]
             if d["status"] == "WAITING_USER" and wait.get("question_id"):
-                return f"STATUS -> WAITING_USER     question {wait['question_id']} for {wait['owner'] or 'any approver'}"
+                who = wait["owner"] or "any approver"
+                return f"STATUS -> WAITING_USER     question {wait['question_id']} for {who}"
             if d["status"] == "WAITING_USER":
                 return (f"STATUS -> WAITING_USER     approval {wait['approval_id']} by {wait['owner']} "
                         f"for hash {wait['approved_hash'][:12]}")

@@ -188,14 +188,15 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The decision names the hash it covers; a decision for any other hash, or by a principal the
     request's owner does not name (a subject, ``role:<role>`` or ``group:<group>``,
-    ``Principal.is_owner``) nor, once the request was escalated, its ``escalate_to``, is refused. ``by.subject`` is recorded as who decided. The owner is
-    checked on the run as locked for the decision, so a run that starts waiting meanwhile waits for
-    the decision to commit and is never decided by whom it was not checked against."""
+    ``Principal.is_owner``) nor, once the request was escalated, its ``escalate_to``, is refused.
+    ``by.subject`` is recorded as who decided. The owner is checked on the run as locked for the
+    decision, so a run that starts waiting meanwhile waits for the decision to commit and is never
+    decided by whom it was not checked against."""
     actor = by.subject
     stored = await _locked(tx, run_id)
     wait = stored.snapshot.wait
     if wait is not None and wait.approval_id == approval_id and not may_act(by, wait):
-        raise NotPermitted(run_id, actor, _whomay_act(wait))
+        raise NotPermitted(run_id, actor, _who_may_act(wait))
     return await _apply_to(
         tx, stored, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
         details={"approval_id": approval_id, "approved_hash": approved_hash, "credential": by.credential},
@@ -209,7 +210,7 @@ def may_act(by: Principal, wait: Wait) -> bool:
     return any(by.is_owner(who) for who in reminders.deciders(wait))
 
 
-def _whomay_act(wait: Wait) -> str:
+def _who_may_act(wait: Wait) -> str:
     named = " or ".join(str(who) for who in reminders.deciders(wait))
     if wait.escalate_to is not None and not wait.escalated:
         return f"{named} ({wait.escalate_to} once it is escalated)"
@@ -221,9 +222,9 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     """A person's answer to the question the run waits on: checked against the question's schema
     (``AnswerRefused`` names every violation, and nothing is written), recorded as
     ``question.resolved`` (the fact ``answer:<question_id>``, by ``actor``) and the run woken. Only
-    a principal the question's owner names, if it names one (or, once escalated, its ``escalate_to``), may answer. The same answer again changes nothing
-    and says so (``repeated``); any other answer to a question that is not open is refused, naming
-    why."""
+    a principal the question's owner names, if it names one (or, once escalated, its ``escalate_to``),
+    may answer. The same answer again changes nothing and says so (``repeated``); any other answer to
+    a question that is not open is refused, naming why."""
     actor = by.subject
     stored = await _locked(tx, run_id)
     run = stored.snapshot
@@ -238,7 +239,7 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     if question is None or wait is None or wait.question_id != question_id:
         raise NotPending(run_id, what, _asked(run))
     if not may_act(by, wait):
-        raise NotPermitted(run_id, actor, _whomay_act(wait), "answer this question")
+        raise NotPermitted(run_id, actor, _who_may_act(wait), "answer this question")
     problems = questions.answer_problems(question.answer_schema, answer)
     if problems:
         raise AnswerRefused(run_id, question_id, problems)
