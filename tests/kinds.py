@@ -17,6 +17,7 @@ from longrun.authoring import Registry, RunKind, Tool, ToolResult, heartbeat
 from longrun.config import Settings
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
+    APPROVAL_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
     ActionStatus,
     AskUser,
@@ -31,8 +32,10 @@ from longrun.domain import (
     RetryPolicy,
     RunSnapshot,
     ScheduleRetry,
+    WaitForUser,
     WakeReason,
     freeze,
+    request_hash,
     thaw,
 )
 
@@ -48,10 +51,17 @@ MODULE_SCHEMA = FrozenMap({"type": "object", "required": ["module"], "additional
 ANSWER = ANSWER_FACT_PREFIX + "module"
 
 
+def attention(goal: Mapping[str, Any]) -> dict[str, Any]:
+    """A wait's reminders and escalation as ``goal`` declares them (``remind_after``, a list of seconds;
+    ``escalate_after`` seconds and ``escalate_to``)."""
+    return {"remind_after": tuple(goal.get("remind_after", ())), "escalate_after": goal.get("escalate_after"),
+            "escalate_to": goal.get("escalate_to")}
+
+
 class Asking:
     """Asks a person which module its task is about (``goal.owner`` may answer; within
-    ``goal.answer_within`` seconds, default an hour), then completes with the answer as its evidence;
-    unanswered by the deadline, it fails saying so."""
+    ``goal.answer_within`` seconds, default an hour; reminded and escalated as ``attention`` reads),
+    then completes with the answer as its evidence; unanswered by the deadline, it fails saying so."""
 
     kind = "asking"
 
@@ -65,7 +75,7 @@ class Asking:
         assert isinstance(goal, dict)
         return AskUser(question_id="module", text=f"Which module is {goal['task']!r} about?",
                        answer_schema=MODULE_SCHEMA, deadline=ctx.now + float(goal.get("answer_within", 3600)),
-                       owner=goal.get("owner"))
+                       owner=goal.get("owner"), **attention(goal))
 
     def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
         answer = state.fact(ANSWER)
@@ -173,3 +183,59 @@ class LongCall:
 
     def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
         return () if state.fact(RECEIPT_FACT_PREFIX + "work") is not None else ("no receipt for work",)
+
+
+class ReleaseArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    release: str
+
+
+async def _publish(args: Mapping[str, Any], idempotency_key: str, fencing_token: int) -> ToolResult:
+    return ToolResult(f"published:{idempotency_key}", {"release": args["release"]})
+
+
+PUBLISH_TOOL = "release.publish"
+
+
+class Publishing:
+    """Publishes ``goal.release`` once a person approves exactly that request (``goal.owner``; reminded
+    and escalated as ``attention`` reads; within ``goal.decide_within`` seconds), in its maintenance
+    window (from ``goal.window_at``, epoch seconds; none: at once). The decision is valid for
+    ``goal.valid_for`` seconds (none: for ever): one that expired before the window opened is asked
+    again. Denied, or undecided by the deadline, it fails."""
+
+    kind = "publishing"
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        goal = dict(thaw(state.goal))  # type: ignore[call-overload]
+        receipt = state.fact(RECEIPT_FACT_PREFIX + "publish")
+        if receipt is not None:
+            return Complete(evidence=freeze({"published": thaw(receipt.value)}))
+        args = freeze({"release": goal["release"]})
+        decision = state.fact(APPROVAL_FACT_PREFIX + "publish")
+        if decision is None:
+            if state.last_wake is not None and state.last_wake.reason is WakeReason.DEADLINE:
+                return Fail(reason="nobody decided on publishing before the deadline")
+            return WaitForUser(approval_id="publish", owner=goal["owner"],
+                               deadline=ctx.now + float(goal.get("decide_within", 3600)),
+                               approved_hash=request_hash(PUBLISH_TOOL, "1", args=args),
+                               summary=f"Publish release {goal['release']}", valid_for=goal.get("valid_for"),
+                               **attention(goal))
+        value = thaw(decision.value)
+        assert isinstance(value, dict)
+        if not value["approved"]:
+            return Fail(reason=f"publishing was denied by {value['decided_by']}")
+        window = goal.get("window_at")
+        if window is not None and ctx.now < window:
+            return ScheduleRetry(logical_action="window", delay=float(window) - ctx.now)
+        return CallTool(tool=PUBLISH_TOOL, args=args, logical_action="publish", approval_id="publish")
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        return () if state.fact(RECEIPT_FACT_PREFIX + "publish") is not None else ("nothing was published",)
+
+
+PUBLISHING = RunKind("publishing", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="1"),
+                     Publishing(), {PUBLISH_TOOL: Tool(PUBLISH_TOOL, "1", EffectKind.IDEMPOTENT_WRITE, ReleaseArgs,
+                                                       _publish)})
+"""``Publishing``: an approval with reminders, escalation and a validity
+(``LONGRUN_RUN_KINDS=tests.kinds:PUBLISHING``)."""

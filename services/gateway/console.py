@@ -53,7 +53,7 @@ from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import console_sessions as kept_sessions
 from longrun.db.transaction import PgTransaction
-from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus
+from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus, Wait, from_plain
 from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
@@ -259,9 +259,10 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     async def run_page(request: Request, seen: Visit, principal: Principal, *, status: int = 200,
                        error: str | None = None) -> Response:
         view = await load(principal, request.path_params["run_id"])
-        owner = (view["snapshot"].get("wait") or {}).get("owner")
+        wait = view["snapshot"].get("wait")
+        decides = wait is None or operate.may_act(principal, from_plain(Wait, wait))
         return page(request, seen, "run.html", status, error=error,
-                    may_decide=_allowed(principal, api.RUN_ACTIONS["approve"]) and principal.is_owner(owner),
+                    may_decide=_allowed(principal, api.RUN_ACTIONS["approve"]) and decides,
                     **_run_values(view))
 
     async def live(request: Request, seen: Visit, principal: Principal) -> Response:

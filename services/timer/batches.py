@@ -15,6 +15,10 @@ What each timer kind does (the kind names the timer; the payload identifies what
   ``state.last_wake.reason`` to tell a deadline from an answer. The deadline of a question
   (its payload also names the ``question_id``) closes the unanswered question as well. While PAUSED the wake only
   changes what the run resumes to, so no worker is woken.
+- ``wait_reminder`` (payload ``{"wait_id", "reminder"}``) and ``wait_escalation`` (payload
+  ``{"wait_id"}``), written with a person's wait (``domain.reminders``): while that wait is pending,
+  ``run.wait_reminded`` or ``run.wait_escalated`` (from then on its ``escalate_to`` may decide too) and
+  the ``run.notice`` that tells the people; the run does not move. Cancelled with the wait.
 - ``business_deadline`` (payload ``{}``): an open run enters the cancel protocol for its deadline
   (``run.deadline_passed``: CANCELLING, ``domain.timeouts.on_business_deadline``) and ends TIMED_OUT
   once a worker has settled its actions. A worker holding it keeps its lease and carries the

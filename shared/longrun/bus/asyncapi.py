@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ EVENT_CHANNELS: dict[str, tuple[str, str, str]] = {
     "runStatus": ("run.event", "status.{status}", (
         "One per status change; order a run's events by payload.seq. The terminal event (a status in "
         "the status parameter's x-terminal) carries payload.outcome.")),
+    "runNotice": ("run.notice", "notice.{wait_kind}.{notice}", (
+        "One when a run asks a person (an approval to decide, a question to answer), one per reminder the "
+        "request declares, one when it escalates (payload.escalated_to may then act too): for notifiers. "
+        "Deciding and answering go through the operator API; a notice changes nothing.")),
 }
 
 _REF = re.compile(r"^#/\$defs/(.+)$")
@@ -250,8 +255,9 @@ def _event_channel(channel: str, message_id: str) -> dict[str, Any]:
     type_, word, note = EVENT_CHANNELS[channel]
     address = topology.event_key("{tenant}", word)
     parameters = {"tenant": {"$ref": "#/components/parameters/tenant"}}
-    if "{status}" in address:
-        parameters["status"] = {"$ref": "#/components/parameters/status"}
+    for name in ("status", "wait_kind", "notice"):
+        if "{" + name + "}" in address:
+            parameters[name] = {"$ref": f"#/components/parameters/{name}"}
     return {
         "address": address,
         "title": f"{type_} events",
@@ -320,7 +326,23 @@ def _parameters() -> dict[str, Any]:
             "enum": statuses,
             "x-terminal": terminal,
         },
+        "wait_kind": {
+            "description": "What the person is asked for: an approval or an answer to a question (payload.wait_kind).",
+            "enum": list(_notice_values("wait_kind")),
+            "location": "$message.payload#/payload/wait_kind",
+        },
+        "notice": {
+            "description": ("requested: a person is asked; reminder: one of the request's reminders came due; "
+                            "escalated: the request escalated (payload.notice)."),
+            "enum": list(_notice_values("notice")),
+            "location": "$message.payload#/payload/notice",
+        },
     }
+
+
+def _notice_values(field: str) -> tuple[str, ...]:
+    """The values a ``run.notice`` payload's literal ``field`` takes."""
+    return typing.get_args(PAYLOADS[("run.notice", LATEST["run.notice"])].model_fields[field].annotation)
 
 
 def _info() -> dict[str, Any]:

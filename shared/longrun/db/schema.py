@@ -38,12 +38,13 @@ from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain import slots
 from longrun.domain.breaker import BreakerState
 from longrun.domain.run import AWAITING_ANSWER, HELD_FOR_RECONCILIATION, TERMINAL, RunStatus
+from longrun.domain import reminders
 from longrun.domain.snapshot import QUESTION_WAIT
 
 CONSUMING_SERVICES = ("scheduler", "worker", "reconciler", "gateway")
 """Services that consume messages, each with its own inbox table (the timer reads the timers table)."""
 TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_to_start",
-               "start_to_close", "heartbeat", "sleep")
+               "start_to_close", "heartbeat", "sleep", *reminders.TIMER_KINDS)
 
 
 runs = Table(

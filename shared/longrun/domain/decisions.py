@@ -70,6 +70,21 @@ class WaitForUser:
     such an event ends the wait, so ``decide`` computes what to ask for now."""
     provider: str | None = None
     """The webhook provider whose event ``invalidated_by`` names."""
+    remind_after: tuple[float, ...] = ()
+    """Seconds after asking at which the owner is reminded (a ``run.notice`` of notice ``reminder`` each)."""
+    escalate_after: float | None = None
+    """Seconds after asking when ``escalate_to`` may also decide (a ``run.notice`` of notice ``escalated``)."""
+    escalate_to: str | None = None
+    """Who may also decide once escalated: a subject, ``role:<role>`` or ``group:<group>``."""
+    valid_for: float | None = None
+    """Seconds a decision stays valid: older than that when the run resumes, and not yet used by the
+    call it gates, it expires (``run.approval_expired``) and ``decide`` finds no decision: ask again."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "remind_after", _delays(self.remind_after))
+        _check_attention(self.remind_after, self.escalate_after, self.escalate_to)
+        if self.valid_for is not None and not _positive(self.valid_for):
+            raise ValueError(f"WaitForUser.valid_for must be a positive number of seconds, got {self.valid_for!r}")
 
 
 @_decision
@@ -88,6 +103,39 @@ class AskUser:
     owner: str | None = None
     """Who may answer: a subject, ``role:<role>`` or ``group:<group>`` (``longrun.principals``); None
     lets anyone who may answer (an approver) answer."""
+    remind_after: tuple[float, ...] = ()
+    """Seconds after asking at which the owner is reminded (a ``run.notice`` of notice ``reminder`` each)."""
+    escalate_after: float | None = None
+    """Seconds after asking when ``escalate_to`` may also answer (a ``run.notice`` of notice ``escalated``)."""
+    escalate_to: str | None = None
+    """Who may also answer once escalated: a subject, ``role:<role>`` or ``group:<group>``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "remind_after", _delays(self.remind_after))
+        _check_attention(self.remind_after, self.escalate_after, self.escalate_to)
+
+
+def _delays(value: object) -> tuple[float, ...]:
+    """Reminder delays as given (a list or a tuple), as the tuple a frozen decision holds."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(f"remind_after must be a list or tuple of seconds, got {value!r}")
+    return tuple(value)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _check_attention(remind_after: tuple[float, ...], escalate_after: float | None, escalate_to: str | None) -> None:
+    """Reminders are positive delays; an escalation names both when and to whom. ValueError otherwise."""
+    if not all(_positive(t) for t in remind_after):
+        raise ValueError(f"remind_after must be positive numbers of seconds, got {remind_after!r}")
+    if (escalate_after is None) != (escalate_to is None):
+        raise ValueError("escalate_after and escalate_to go together: when, and who may then act too")
+    if escalate_after is not None and not _positive(escalate_after):
+        raise ValueError(f"escalate_after must be a positive number of seconds, got {escalate_after!r}")
+    if escalate_to is not None and (not isinstance(escalate_to, str) or not escalate_to.strip()):
+        raise ValueError("escalate_to must name a subject, role:<role> or group:<group>")
 
 
 @_decision
@@ -182,11 +230,14 @@ def wait_for(
             wait_id=wait_id, kind="approval", deadline=decision.deadline, approval_id=decision.approval_id,
             owner=decision.owner, approved_hash=decision.approved_hash, subject=decision.summary,
             correlation_key=decision.invalidated_by, provider=decision.provider,
+            reminders=decision.remind_after, escalate_after=decision.escalate_after, escalate_to=decision.escalate_to,
+            valid_for=decision.valid_for,
         )  # fmt: skip
         return RunStatus.WAITING_USER, wait
     if isinstance(decision, AskUser):
         wait = Wait(wait_id=wait_id, kind=QUESTION_WAIT, deadline=decision.deadline, owner=decision.owner,
-                    question_id=decision.question_id)
+                    question_id=decision.question_id, reminders=decision.remind_after,
+                    escalate_after=decision.escalate_after, escalate_to=decision.escalate_to)
         return RunStatus.WAITING_USER, wait
     wake_at = ctx.now + decision.delay
     wait = Wait(

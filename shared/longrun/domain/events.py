@@ -95,6 +95,39 @@ class ApprovalDecided(RunEvent):
 
 
 @_event
+class WaitReminded(RunEvent):
+    """A reminder of the approval or question the run waits on came due (``Wait.reminders``): its
+    owner is notified on the bus (``run.notice``). Changes nothing but the history."""
+
+    type: ClassVar[str] = "run.wait_reminded"
+    wait_id: str
+    reminder: int
+    """Which of the wait's reminders: 1 for the first."""
+
+
+@_event
+class WaitEscalated(RunEvent):
+    """The approval or question the run waits on was escalated (``Wait.escalate_after``): from now on
+    ``to`` may decide or answer it too, and is notified on the bus (``run.notice``)."""
+
+    type: ClassVar[str] = "run.wait_escalated"
+    wait_id: str
+    to: str
+
+
+@_event
+class ApprovalExpired(RunEvent):
+    """A decision on an approval was older than the validity the approval declared when the run resumed,
+    and no call had used it yet: the decision (the fact ``approval.<approval_id>``) is withdrawn, so the
+    run's ``decide`` asks again. The decision stays in the history as it was made."""
+
+    type: ClassVar[str] = "run.approval_expired"
+    approval_id: str
+    decided_at: float
+    valid_until: float
+
+
+@_event
 class CancelRequested(RunEvent):
     type: ClassVar[str] = "run.cancel_requested"
     by: str
@@ -378,7 +411,8 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
     {
         cls.type: cls
         for cls in (
-            RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided,
+            RunCreated, RunStatusChanged, WaitStarted, RunWoken, ApprovalDecided, WaitReminded, WaitEscalated,
+            ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
             QuestionResolved, StepFailed,

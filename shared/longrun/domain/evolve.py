@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from longrun.domain import events as ev
-from longrun.domain import ledger, lifecycle
+from longrun.domain import approval_validity, ledger, lifecycle, reminders
 from longrun.domain.invariants import violations
 from longrun.domain.run import TERMINAL, WAITING, RunStatus
 from longrun.domain.snapshot import RunSnapshot, WakeReason
@@ -146,4 +146,5 @@ def _target(event: ev.RunEvent) -> str:
     return own.value if own is not None else event.type
 
 
-_HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS}
+_HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS,
+                                                             **reminders.HANDLERS, **approval_validity.HANDLERS}

@@ -31,6 +31,7 @@ from longrun.domain.run import OPEN, TERMINAL, WAITING, RunStatus, check_run_tra
 from longrun.domain.snapshot import (
     ANSWER_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
+    APPROVAL_VALID_UNTIL,
     DENIED_FACT_PREFIX,
     Acceptance,
     Fact,
@@ -158,8 +159,9 @@ def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
         reject(s, e, "the run is not waiting for a user")
     if e.approved_hash != wait.approved_hash:
         reject(s, e, f"the decision covers {e.approved_hash}, the pending request is {wait.approved_hash}")
+    validity = {} if wait.valid_for is None else {APPROVAL_VALID_UNTIL: e.at + wait.valid_for}
     decision = FrozenMap(
-        {"approved": e.approved, "approved_hash": e.approved_hash, "decided_by": e.decided_by}
+        {"approved": e.approved, "approved_hash": e.approved_hash, "decided_by": e.decided_by, **validity}
     )
     fact = Fact(APPROVAL_FACT_PREFIX + e.approval_id, decision, f"user:{e.decided_by}", e.at)
     return _end_wait(put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))

@@ -31,12 +31,15 @@ from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.errors import UnknownSchemaVersion
 
-SNAPSHOT_SCHEMA_VERSION = 9
+SNAPSHOT_SCHEMA_VERSION = 10
 """2 adds ``labels`` (search attributes), 3 ``correlation_id``, 4 ``patches``, 5 questions (``Wait.question_id``,
 ``Question.answer_schema``), 6 ``permissions`` as a ``Scope``, 7 ``timeouts`` and ``deadline_passed``, 8
-``Wait.provider``, 9 ``failure``; older ones are upcast on read."""
+``Wait.provider``, 9 ``failure``, 10 a wait's reminders, escalation and validity; older ones are upcast on read."""
 APPROVAL_FACT_PREFIX = "approval."
 """Approval decisions are recorded as facts under this prefix; compaction keeps them."""
+APPROVAL_VALID_UNTIL = "valid_until"
+"""In an approval fact's value, when the decision expires (epoch seconds): set when the approval declared
+a validity (``WaitForUser.valid_for``, ``domain.approval_validity``)."""
 DENIED_FACT_PREFIX = "permission_denied:"
 """A call refused as outside the run's scope is recorded as the fact ``permission_denied:<logical_action>``."""
 RECEIPT_FACT_PREFIX = "receipt:"
@@ -103,6 +106,18 @@ class Wait:
     provider: str | None = None
     """The webhook provider whose event ``correlation_key`` names: only its events end the wait (or
     void the approval). None: no webhook does (a timer or a key the runtime itself sends)."""
+    reminders: tuple[float, ...] = ()
+    """Seconds after the wait started at which its owner is reminded (``run.wait_reminded``), in order.
+    Schema 10, as are the fields below."""
+    escalate_after: float | None = None
+    """Seconds after the wait started when ``escalate_to`` may also decide or answer (``run.wait_escalated``)."""
+    escalate_to: str | None = None
+    """Who may also decide or answer once escalated: a subject, ``role:<role>`` or ``group:<group>``."""
+    escalated: bool = False
+    """The escalation came due: ``escalate_to`` may decide or answer as well as ``owner``."""
+    valid_for: float | None = None
+    """An approval's validity in seconds: a decision older than that when the run resumes, not yet used
+    by the call it gates, expires (``run.approval_expired``) and is asked again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +359,19 @@ def upcast_snapshot_v8_v9(data: Mapping[str, object]) -> dict[str, object]:
     return {**data, "schema_version": 9, "failure": None}
 
 
+def upcast_snapshot_v9_v10(data: Mapping[str, object]) -> dict[str, object]:
+    """Schema 9 -> 10: a wait recorded before reminders, escalation and approval validity has none of them. Pure."""
+    if data.get("schema_version") != 9:
+        raise ValueError(f"upcast_snapshot_v9_v10 takes schema_version 9, got {data.get('schema_version')!r}")
+    wait = data.get("wait")
+    if isinstance(wait, Mapping) and "reminders" in wait:
+        raise ValueError("a schema-9 wait has no reminders field")
+    attention = {"reminders": [], "escalate_after": None, "escalate_to": None, "escalated": False, "valid_for": None}
+    return {**data, "schema_version": 10, "wait": {**wait, **attention} if isinstance(wait, Mapping) else wait}
+
+
 SNAPSHOT_UPCASTERS: Mapping[int, Callable[[Mapping[str, object]], dict[str, object]]] = {
     1: upcast_snapshot_v1_v2, 2: upcast_snapshot_v2_v3, 3: upcast_snapshot_v3_v4, 4: upcast_snapshot_v4_v5,
-    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7, 7: upcast_snapshot_v7_v8, 8: upcast_snapshot_v8_v9}
+    5: upcast_snapshot_v5_v6, 6: upcast_snapshot_v6_v7, 7: upcast_snapshot_v7_v8, 8: upcast_snapshot_v8_v9,
+    9: upcast_snapshot_v9_v10}
 """Version n -> the function that turns a stored schema-n snapshot into schema n+1."""

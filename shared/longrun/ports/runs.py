@@ -22,6 +22,7 @@ from longrun.domain import (
     queue_stint_starts,
 )
 from longrun.domain import events as ev
+from longrun.domain import reminders
 from longrun.domain.slots import gives_slot_back
 from longrun.envelope import Envelope
 
@@ -209,7 +210,8 @@ def defer(stored: StoredRun, events: Sequence[ev.RunEvent], *, request: LedgerRe
 
 def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
     """The durable timers a parked run's wait needs (``timers.schedule``'s arguments): its deadline
-    (naming the question, for a question's) and, for retries and sleeps, its wake-up time. Pure.
+    (naming the question, for a question's), for retries and sleeps its wake-up time, and for a person's
+    wait its reminders and escalation (``domain.reminders``). Pure.
 
     The wait's times were computed from the deciding process's clock at ``decided_at``; only the
     delays are kept, counted from the store's clock (a worker minutes fast must not delay a retry).
@@ -228,7 +230,7 @@ def wait_timers(run: RunSnapshot, *, decided_at: float) -> list[dict[str, Any]]:
         due.append({"timer_key": f"{run.run_id}:{wait.wait_id}:deadline", "run_id": run.run_id,
                     "kind": "wait_deadline", "delay": wait.deadline - decided_at,
                     "payload": {"wait_id": wait.wait_id, "reason": "deadline", **question}})
-    return due
+    return due + reminders.timers(run.run_id, wait, decided_at=decided_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,12 @@ class Kit:
         return self.world.answer(run_id, question_id=question.question_id, answer=answer,
                                  actor=by or wait.owner or "operator")
 
+    def notices(self, run_id: str) -> list[dict[str, Any]]:
+        """What the run's ``run.notice`` broadcasts said, in order: a person asked (``requested``),
+        reminded (``reminder``), the request escalated (``escalated``); each payload as JSON."""
+        return [e.payload.model_dump(mode="json") for e in self.world.broadcasts
+                if e.type == "run.notice" and e.run_id == run_id]
+
     def advance(self, seconds: float) -> int:
         """Time passes: the timers that come due fire; how many did."""
         self.world.clock.advance(seconds)

@@ -23,7 +23,8 @@ USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.s
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
 bus through the ports (``longrun.ports``). Pure means nothing they import, directly or not, imports a
 driver."""
-SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions", "longrun.app.tool_permits")
+SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions", "longrun.app.tool_permits",
+                           "longrun.app.wait_notices")
 """What several services' use cases share (the messages a transition sends, a question's answer check,
 the wake a freed tool permit gives):
 as pure as the packages."""

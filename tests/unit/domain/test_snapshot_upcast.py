@@ -1,4 +1,4 @@
-"""Snapshot schemas 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7 -> 8 -> 9: pure upcasters pinned by golden files, applied on every read.
+"""Snapshot schemas 1 -> 2 -> ... -> 9 -> 10: pure upcasters pinned by golden files, applied on every read.
 
 ``golden/snapshot.v1.json`` is the snapshot the schema-1 code stored for a run waiting for
 approval (recorded from a real run, see ``tests/fault/fixtures``); ``snapshot.v1-as-v2.json``
@@ -7,7 +7,8 @@ is what it must become under schema 2 (``snapshot.v2.json`` is that same file),
 under schema 4 (``snapshot.v4.json``), ``snapshot.v4-as-v5.json`` under schema 5
 (``snapshot.v5.json``), ``snapshot.v5-as-v6.json`` under schema 6 (``snapshot.v6.json``) and
 ``snapshot.v6-as-v7.json`` under schema 7, ``snapshot.v7-as-v8.json`` under schema 8 (``snapshot.v8.json``)
-and ``snapshot.v8-as-v9.json`` under schema 9. The fault matrix resumes that very run under this code.
+, ``snapshot.v8-as-v9.json`` under schema 9 (``snapshot.v9.json``) and ``snapshot.v9-as-v10.json``
+under schema 10. The fault matrix resumes that very run under this code.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from longrun.domain import (
     upcast_snapshot_v6_v7,
     upcast_snapshot_v7_v8,
     upcast_snapshot_v8_v9,
+    upcast_snapshot_v9_v10,
 )
 from longrun.errors import UnknownSchemaVersion
 
@@ -96,6 +98,16 @@ def test_a_schema_8_snapshot_upcasts_to_schema_9_with_no_failed_step_on_record()
     assert upcast_snapshot_v8_v9(_golden("snapshot.v8.json")) == _golden("snapshot.v8-as-v9.json")
 
 
+def test_a_schema_9_snapshot_upcasts_to_schema_10_with_no_reminders_escalation_or_validity() -> None:
+    assert _golden("snapshot.v9.json") == _golden("snapshot.v8-as-v9.json")
+    assert upcast_snapshot_v9_v10(_golden("snapshot.v9.json")) == _golden("snapshot.v9-as-v10.json")
+    assert upcast_snapshot_v9_v10(_golden("snapshot.v9.json") | {"wait": None})["wait"] is None
+    with pytest.raises(ValueError):
+        upcast_snapshot_v9_v10(_golden("snapshot.v8.json"))
+    with pytest.raises(ValueError):
+        upcast_snapshot_v9_v10(_golden("snapshot.v9-as-v10.json") | {"schema_version": 9})
+
+
 @pytest.mark.parametrize(("upcaster", "golden"), [(upcast_snapshot_v1_v2, "snapshot.v1.json"),
                                                    (upcast_snapshot_v2_v3, "snapshot.v2.json"),
                                                    (upcast_snapshot_v3_v4, "snapshot.v3.json"),
@@ -103,7 +115,8 @@ def test_a_schema_8_snapshot_upcasts_to_schema_9_with_no_failed_step_on_record()
                                                    (upcast_snapshot_v5_v6, "snapshot.v5.json"),
                                                    (upcast_snapshot_v6_v7, "snapshot.v6.json"),
                                                    (upcast_snapshot_v7_v8, "snapshot.v6-as-v7.json"),
-                                                   (upcast_snapshot_v8_v9, "snapshot.v8.json")])
+                                                   (upcast_snapshot_v8_v9, "snapshot.v8.json"),
+                                                   (upcast_snapshot_v9_v10, "snapshot.v9.json")])
 def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[no-untyped-def]
     older = _golden(golden)
     before = copy.deepcopy(older)
@@ -112,7 +125,7 @@ def test_the_upcasters_are_pure(upcaster, golden: str) -> None:  # type: ignore[
     assert first == second and first is not second
 
 
-def test_reading_a_schema_1_snapshot_gives_the_schema_9_run_and_writes_schema_9() -> None:
+def test_reading_a_schema_1_snapshot_gives_the_schema_10_run_and_writes_schema_10() -> None:
     run = RunSnapshot.from_dict(_golden("snapshot.v1.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v1-as-v2.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v2-as-v3.json"))
@@ -122,15 +135,17 @@ def test_reading_a_schema_1_snapshot_gives_the_schema_9_run_and_writes_schema_9(
     assert run == RunSnapshot.from_dict(_golden("snapshot.v6-as-v7.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v7-as-v8.json"))
     assert run == RunSnapshot.from_dict(_golden("snapshot.v8-as-v9.json"))
+    assert run == RunSnapshot.from_dict(_golden("snapshot.v9-as-v10.json"))
     assert run.status is RunStatus.WAITING_USER and run.labels == FrozenMap() and run.correlation_id is None
     assert run.patches == () and run.open_questions == ()
     assert run.permissions is None  # created before scopes: not restricted
     assert run.timeouts == RunTimeouts() and not run.deadline_passed  # no limits; not cancelling for a deadline
     assert run.wait is not None and run.wait.approval_id is not None and run.wait.question_id is None
     assert run.wait.provider is None and run.failure is None
+    assert run.wait.reminders == () and run.wait.escalate_to is None and run.wait.valid_for is None
     written = json.loads(json.dumps(run.to_dict()))
-    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 9
-    assert written == _golden("snapshot.v8-as-v9.json")
+    assert written["schema_version"] == SNAPSHOT_SCHEMA_VERSION == 10
+    assert written == _golden("snapshot.v9-as-v10.json")
 
 
 def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> None:
@@ -140,11 +155,11 @@ def test_the_history_written_by_schema_1_folds_into_the_upcast_snapshot() -> Non
     assert fold(history) == RunSnapshot.from_dict(recorded["runs"][0]["snapshot"])
 
 
-@pytest.mark.parametrize("version", [0, 10, 99, None, "1", True])
+@pytest.mark.parametrize("version", [0, 11, 99, None, "1", True])
 def test_a_version_this_code_does_not_know_is_refused_not_guessed(version: object) -> None:
     with pytest.raises(UnknownSchemaVersion) as refused:
         RunSnapshot.from_dict(_golden("snapshot.v1.json") | {"schema_version": version})
-    assert refused.value.known == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert refused.value.known == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 
 
 def test_the_upcaster_refuses_what_is_not_schema_1() -> None:

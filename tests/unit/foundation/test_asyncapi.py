@@ -45,12 +45,13 @@ def test_only_the_public_channels_are_described(doc: dict[str, Any]) -> None:
         "runAccepted": "{tenant}.run.accepted",
         "runRejected": "{tenant}.run.rejected",
         "runStatus": "{tenant}.run.status.{status}",
+        "runNotice": "{tenant}.run.notice.{wait_kind}.{notice}",
         "eventsLog": topology.EVENTS_LOG_QUEUE,
     }
     exchanges = {name: c["bindings"]["amqp"].get("exchange", {}).get("name") for name, c in doc["channels"].items()}
     assert exchanges == {"ingress": topology.INGRESS_EXCHANGE, "runAccepted": topology.EVENTS_EXCHANGE,
                          "runRejected": topology.EVENTS_EXCHANGE, "runStatus": topology.EVENTS_EXCHANGE,
-                         "eventsLog": None}
+                         "runNotice": topology.EVENTS_EXCHANGE, "eventsLog": None}
     for channel in doc["channels"].values():
         amqp = channel["bindings"]["amqp"]
         if amqp["is"] == "routingKey":
@@ -70,12 +71,14 @@ def test_every_version_of_run_create_is_accepted_and_the_newest_events_are_sent(
     assert titles("runAccepted") == {f"run.accepted v{LATEST['run.accepted']}"} == {"run.accepted v2"}
     assert titles("runRejected") == {f"run.rejected v{LATEST['run.rejected']}"} == {"run.rejected v3"}
     assert titles("runStatus") == {f"run.event v{LATEST['run.event']}"} == {"run.event v3"}
-    assert titles("eventsLog") == {"run.accepted v2", "run.rejected v3", "run.event v3"}
+    assert titles("runNotice") == {f"run.notice v{LATEST['run.notice']}"} == {"run.notice v1"}
+    assert titles("eventsLog") == {"run.accepted v2", "run.rejected v3", "run.event v3", "run.notice v1"}
     actions = {name: (op["action"], op["channel"]["$ref"]) for name, op in doc["operations"].items()}
     assert actions == {"receiveRunCreate": ("receive", "#/channels/ingress"),
                        "sendRunAccepted": ("send", "#/channels/runAccepted"),
                        "sendRunRejected": ("send", "#/channels/runRejected"),
-                       "sendRunStatus": ("send", "#/channels/runStatus")}
+                       "sendRunStatus": ("send", "#/channels/runStatus"),
+                       "sendRunNotice": ("send", "#/channels/runNotice")}
     assert all(op["bindings"]["amqp"]["deliveryMode"] == 2 for op in doc["operations"].values())
 
 

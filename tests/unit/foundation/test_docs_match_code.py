@@ -6,6 +6,7 @@ docs do not follow fails here."""
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import click
@@ -13,7 +14,7 @@ import pytest
 
 from longrun_client import ctl
 from longrun.domain import RunStatus
-from longrun.envelope import LATEST
+from longrun.envelope import LATEST, PAYLOADS
 from longrun.envelope.registry import known_versions
 from longrun_client.bus import event_key, status_key
 
@@ -29,6 +30,11 @@ FENCED = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
 
 ROUTING_KEY = re.compile(r"(?<![\w.])([A-Za-z0-9_*#<>-]+)\.run\.([A-Za-z0-9_.*#<>-]+)")
 STATUS_PLACEHOLDERS = {"<status>", "<STATUS>", "*", "#"}
+_NOTICE = PAYLOADS[("run.notice", LATEST["run.notice"])].model_fields
+NOTICE_KEYS = {f"notice.{kind}.{notice}"
+               for kind in {*typing.get_args(_NOTICE["wait_kind"].annotation), "<wait_kind>", "*"}
+               for notice in {*typing.get_args(_NOTICE["notice"].annotation), "<notice>", "*"}} | {"notice.#"}
+"""The ``run.notice`` keys (``<tenant>.run.notice.<wait_kind>.<notice>``) and the bindings that can mean them."""
 
 
 def _code(text: str) -> list[str]:
@@ -51,7 +57,7 @@ def unknown_routing_keys(text: str) -> list[str]:
         for tenant, rest in ROUTING_KEY.findall(span):
             event, _, status = rest.partition(".")
             sent = event_key(tenant, rest) in {event_key(tenant, "accepted"), event_key(tenant, "rejected")} or \
-                (event == "status" and status in statuses)
+                (event == "status" and status in statuses) or rest in NOTICE_KEYS
             if not (sent or rest in {"#", "*", "status.#"}):
                 unknown.append(f"{tenant}.run.{rest}")
     return unknown
@@ -102,7 +108,8 @@ def test_the_subscription_table_names_the_versions_the_runtime_sends_on_its_rout
     sent = {row.split("|")[1].strip(" `"): MESSAGE.search(row).groups() for row in rows}  # type: ignore[union-attr]
     assert sent == {event_key("<tenant>", "accepted"): ("run.accepted", str(LATEST["run.accepted"])),
                     event_key("<tenant>", "rejected"): ("run.rejected", str(LATEST["run.rejected"])),
-                    status_key("<tenant>", "<STATUS>"): ("run.event", str(LATEST["run.event"]))}
+                    status_key("<tenant>", "<STATUS>"): ("run.event", str(LATEST["run.event"])),
+                    event_key("<tenant>", "notice.<wait_kind>.<notice>"): ("run.notice", str(LATEST["run.notice"]))}
     statuses = re.findall(r"`([a-z_]+)`", next(r for r in rows if ".run.status." in r).split("|")[3])
     assert sorted(statuses) == sorted(s.value.lower() for s in RunStatus)
 
@@ -131,6 +138,7 @@ MUTANTS = {
     "an event the runtime never sends": (unknown_routing_keys, lambda: "bind `<tenant>.run.finished`"),
     "a status that does not exist": (unknown_routing_keys, lambda: "```\nacme.run.status.done\n```"),
     "a status in the wrong place": (unknown_routing_keys, lambda: "`acme.run.completed`"),
+    "a notice that is not sent": (unknown_routing_keys, lambda: "`acme.run.notice.approval.nagged`"),
     "a longrunctl command that does not exist": (unknown_commands, lambda: "`longrunctl run frobnicate`"),
     "a make target that does not exist": (unknown_targets_and_schemas, lambda: "run `make deploy-everything`"),
     "a schema file that does not exist": (unknown_targets_and_schemas, lambda: "see `schemas/run.create.v99.json`"),

@@ -12,8 +12,8 @@ from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, Pub
                                    UnknownSchemaVersion)
 from longrun_client.model import DataClass, Envelope
 from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunAcceptedV2, RunCreateV2,
-                                     RunCreateV3, RunCreateV4, RunEventV2, RunEventV3, RunOutcome, RunOutcomeV3,
-                                     RunRejectedV2, RunRejectedV3, RunScope, RunSummary, RunTimeouts)
+                                     RunCreateV3, RunCreateV4, RunEventV2, RunEventV3, RunNoticeV1, RunOutcome,
+                                     RunOutcomeV3, RunRejectedV2, RunRejectedV3, RunScope, RunSummary, RunTimeouts)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.resequence import Gap, Late
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = ["Backoff", "BudgetLimits", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope",
            "EventStream", "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
            "RunAcceptedV1", "RunAcceptedV2", "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2",
-           "RunEventV3", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2", "RunRejectedV3",
+           "RunEventV3", "RunNoticeV1", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
+           "RunRejectedV3",
            "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "__version__", "correlation_id_of",
            "decode", "encode", "make"]

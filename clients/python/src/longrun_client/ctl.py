@@ -203,10 +203,18 @@ def _wait(wait: Mapping[str, Any] | None) -> str | None:
     if wait is None:
         return None
     if wait.get("approval_id"):
-        return f"approval {wait['approval_id']} by {wait['owner']} of hash {wait['approved_hash']}"
+        return f"approval {wait['approval_id']} by {wait['owner']}{_escalation(wait)} of hash {wait['approved_hash']}"
     if wait.get("question_id"):
-        return f"an answer to {wait['question_id']!r} from {wait['owner'] or 'anyone'}"
+        return f"an answer to {wait['question_id']!r} from {wait['owner'] or 'anyone'}{_escalation(wait)}"
     return f"{wait['kind']} {wait.get('correlation_key') or ''} until {_at(wait['deadline'])}".replace("  ", " ")
+
+
+def _escalation(wait: Mapping[str, Any]) -> str:
+    """Who else may act on a person's wait: its ``escalate_to``, once escalated or from when."""
+    to = wait.get("escalate_to")
+    if not to:
+        return ""
+    return f" or {to} (escalated)" if wait.get("escalated") else f" ({to} after {wait['escalate_after']:g}s)"
 
 
 def _at(epoch: float) -> str:

@@ -7,7 +7,7 @@ an old class stays as long as producers may still send it.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field
 
@@ -300,3 +300,30 @@ class RunRejectedV3(Strict):
     existing_run_id: str | None = None
     recorded_input_hash: str | None = None
     offered_input_hash: str | None = None
+
+
+class RunNoticeV1(Strict):
+    """A person is asked to act on a run (an approval to decide, a question to answer), is reminded of
+    it, or the request was escalated: broadcast so any notifier (mail, chat, a pager) can tell them.
+
+    Deciding and answering go through the operator API, ``longrunctl`` or the console; a notice is
+    only news. ``subject`` is the text the run kind wrote for the person (the approval's summary or
+    the question's text), never the run's facts or receipts."""
+
+    seq: int = Field(ge=1, description=(
+        "The seq of the run event it announces: the wait's start (requested), the reminder or the escalation."))
+    notice: Literal["requested", "reminder", "escalated"]
+    wait_kind: Literal["approval", "question"]
+    wait_id: str = Field(description="The wait it is about; a new request (e.g. after expiry) is a new wait.")
+    approval_id: str | None = Field(default=None, description="Set for an approval.")
+    approved_hash: str | None = Field(default=None, description="Set for an approval: the hash to decide on.")
+    question_id: str | None = Field(default=None, description="Set for a question.")
+    subject: str = Field(default="", description="What is asked: the approval's summary or the question's text.")
+    owner: str | None = Field(default=None, description=(
+        "Who may decide or answer: a subject, role:<role> or group:<group>; null: any approver."))
+    escalated_to: str | None = Field(default=None, description=(
+        "Who may decide or answer as well, since the escalation; null before it (or without one)."))
+    reminder: int | None = Field(default=None, ge=1, description="On a reminder: which one (1 for the first).")
+    deadline: AwareDatetime | None = Field(default=None, description=(
+        "When the request closes unanswered (RFC 3339); the run then goes on as its kind decides."))
+    labels: dict[str, str] = Field(default_factory=dict)

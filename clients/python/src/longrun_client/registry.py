@@ -36,6 +36,7 @@ PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
     ("run.rejected", 1): payloads.RunRejectedV1,
     ("run.rejected", 2): payloads.RunRejectedV2,
     ("run.rejected", 3): payloads.RunRejectedV3,
+    ("run.notice", 1): payloads.RunNoticeV1,
 }
 
 

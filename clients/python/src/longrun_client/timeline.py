@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 
 def _short(value: Any, width: int = 70) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def describe(seq: int, type_: str, data: dict[str, Any], applied: bool, at: datetime) -> str:
@@ -25,6 +29,9 @@ def _what(type_: str, d: dict[str, Any]) -> str:
             return f"STATUS -> {d['to']:<16} {d['reason']}"
         case "run.wait_started":
             wait = d["wait"]
+            if d["status"] == "WAITING_USER" and wait.get("question_id"):
+                who = wait["owner"] or "any approver"
+                return f"STATUS -> WAITING_USER     question {wait['question_id']} for {who}"
             if d["status"] == "WAITING_USER":
                 return (f"STATUS -> WAITING_USER     approval {wait['approval_id']} by {wait['owner']} "
                         f"for hash {wait['approved_hash'][:12]}")
@@ -37,6 +44,13 @@ def _what(type_: str, d: dict[str, Any]) -> str:
         case "run.approval_decided":
             verdict = "approved" if d["approved"] else "denied"
             return f"APPROVAL  {d['approval_id']} {verdict} by {d['decided_by']} (hash {d['approved_hash'][:12]})"
+        case "run.wait_reminded":
+            return f"REMINDER  #{d['reminder']} of wait {d['wait_id']} sent to its owner"
+        case "run.wait_escalated":
+            return f"ESCALATED wait {d['wait_id']}: {d['to']} may now decide too"
+        case "run.approval_expired":
+            return (f"EXPIRED   approval {d['approval_id']}: decided {_utc(d['decided_at'])}, valid until "
+                    f"{_utc(d['valid_until'])}; asked again")
         case "action.prepared":
             return f"ACTION    {d['logical_action']:<14} {d['tool']} key {d['idempotency_key']}"
         case "action.recorded":

@@ -31,8 +31,10 @@ from longrun.domain import (
     ActionStatus,
     RunSnapshot,
     RunStatus,
+    Wait,
     freeze,
     is_late,
+    reminders,
     to_plain,
 )
 from longrun.domain import events as ev
@@ -186,14 +188,15 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
                           clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The decision names the hash it covers; a decision for any other hash, or by a principal the
     request's owner does not name (a subject, ``role:<role>`` or ``group:<group>``,
-    ``Principal.is_owner``), is refused. ``by.subject`` is recorded as who decided. The owner is
-    checked on the run as locked for the decision, so a run that starts waiting meanwhile waits for
-    the decision to commit and is never decided by whom it was not checked against."""
+    ``Principal.is_owner``) nor, once the request was escalated, its ``escalate_to``, is refused.
+    ``by.subject`` is recorded as who decided. The owner is checked on the run as locked for the
+    decision, so a run that starts waiting meanwhile waits for the decision to commit and is never
+    decided by whom it was not checked against."""
     actor = by.subject
     stored = await _locked(tx, run_id)
     wait = stored.snapshot.wait
-    if wait is not None and wait.approval_id == approval_id and not by.is_owner(wait.owner):
-        raise NotPermitted(run_id, actor, str(wait.owner))
+    if wait is not None and wait.approval_id == approval_id and not may_act(by, wait):
+        raise NotPermitted(run_id, actor, _who_may_act(wait))
     return await _apply_to(
         tx, stored, "approve" if approved else "deny", actor=actor, reason=reason, clock=clock,
         details={"approval_id": approval_id, "approved_hash": approved_hash, "credential": by.credential},
@@ -201,14 +204,27 @@ async def decide_approval(tx: RunTransaction, run_id: str, *, approval_id: str, 
                                                  approved_hash=approved_hash, decided_by=actor))
 
 
+def may_act(by: Principal, wait: Wait) -> bool:
+    """Whether ``by`` may decide or answer ``wait``: its owner names them, or its escalation, once due
+    (``domain.reminders.deciders``)."""
+    return any(by.is_owner(who) for who in reminders.deciders(wait))
+
+
+def _who_may_act(wait: Wait) -> str:
+    named = " or ".join(str(who) for who in reminders.deciders(wait))
+    if wait.escalate_to is not None and not wait.escalated:
+        return f"{named} ({wait.escalate_to} once it is escalated)"
+    return named
+
+
 async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: object, by: Principal, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """A person's answer to the question the run waits on: checked against the question's schema
     (``AnswerRefused`` names every violation, and nothing is written), recorded as
     ``question.resolved`` (the fact ``answer:<question_id>``, by ``actor``) and the run woken. Only
-    a principal the question's owner names, if it names one, may answer. The same answer again changes nothing
-    and says so (``repeated``); any other answer to a question that is not open is refused, naming
-    why."""
+    a principal the question's owner names, if it names one (or, once escalated, its ``escalate_to``),
+    may answer. The same answer again changes nothing and says so (``repeated``); any other answer to
+    a question that is not open is refused, naming why."""
     actor = by.subject
     stored = await _locked(tx, run_id)
     run = stored.snapshot
@@ -222,8 +238,8 @@ async def answer(tx: RunTransaction, run_id: str, *, question_id: str, answer: o
     question = next((q for q in run.open_questions if q.question_id == question_id), None)
     if question is None or wait is None or wait.question_id != question_id:
         raise NotPending(run_id, what, _asked(run))
-    if not by.is_owner(wait.owner):
-        raise NotPermitted(run_id, actor, str(wait.owner), "answer this question")
+    if not may_act(by, wait):
+        raise NotPermitted(run_id, actor, _who_may_act(wait), "answer this question")
     problems = questions.answer_problems(question.answer_schema, answer)
     if problems:
         raise AnswerRefused(run_id, question_id, problems)

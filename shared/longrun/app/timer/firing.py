@@ -19,6 +19,7 @@ from typing import Any
 
 from longrun import logs, otel
 from longrun.app import effects
+from longrun.app.wait_notices import wait_notices
 from longrun.authoring import Registry
 from longrun.ports.runs import LedgerOutcome, Message, Planned, StoredRun, plan, wait_timers
 from longrun.ports.timers import DueTimer
@@ -33,6 +34,7 @@ from longrun.domain import (
     WakeReason,
     calls,
     on_business_deadline,
+    reminders,
 )
 from longrun.domain import events as ev
 from longrun.errors import DomainError
@@ -152,6 +154,7 @@ def _plan_messages(p: Planned, messages: dict[str, list[Message]], woken_by: dic
                                           cause=cause_of(cause))
     if broadcast is not None:
         sent.append(broadcast)
+    sent += wait_notices(p, producer=producer, cause=cause_of(cause))
     if cause.kind in calls.CALL_TIMERS and run.status is RunStatus.RETRY_SCHEDULED:
         return wait_timers(run, decided_at=at)  # a timed-out call's retry
     return []
@@ -171,6 +174,10 @@ def _firing(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime, kin
         return Firing([ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))], release=False)
     if run.status in TERMINAL:
         return None
+    if timer.kind in reminders.TIMER_KINDS:
+        # Nothing when its wait ended meanwhile (its closure cancels it, but a batch may hold it already).
+        noted = reminders.on_timer(run, timer.kind, timer.payload, seq=seq, at=at)
+        return None if noted is None else Firing([noted], release=False)
     if timer.kind == "business_deadline":
         # The worker holding the run keeps it and carries the cancel protocol out on its next write.
         verdict = on_business_deadline(run)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longrun.app import effects
+from longrun.app.wait_notices import wait_notices
 from longrun.authoring import Registry, Tool
 from longrun.domain import ActionStatus, request_hash
 from longrun.domain import events as ev
@@ -148,6 +149,9 @@ class Step:
         charge = effects.tenant_charge(run.tenant_id, [e for e, applied in planned.rows if applied], self.budgets)
         if charge is not None:
             rides = replace(rides, tenant_charge=charge)
+        asked = wait_notices(planned, producer=PRODUCER, cause=self.cause)
+        if asked:
+            rides = replace(rides, messages=(*rides.messages, *asked))
         if stored.written is None:
             return rides
         # A move deferred to this write (READY -> RUNNING) is announced too, first, as if written alone.

@@ -38,6 +38,7 @@ from longrun.domain import (
     exhausted,
     wait_for,
 )
+from longrun.domain import approval_validity
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun, defer
 
@@ -73,8 +74,9 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     kind = kinds.get(run.kind, run.versions.workflow)
     if await parked_before_deciding(far, step, stored, kind):
         return None
-    run = await resolved(far.artifacts, run)  # the kind reads large proposals as it reads small ones
     ctx = far.context()
+    stored = _with_expired_approvals(step, stored, ctx.now)
+    run = await resolved(far.artifacts, stored.snapshot)  # the kind reads large proposals as it reads small ones
     try:
         decision = kind.workflow.decide(run, ctx)
     except Exception as e:
@@ -136,6 +138,14 @@ async def _ask_user(step: Step, stored: StoredRun, decision: AskUser, ctx: Decis
             step.event(stored, ev.WaitStarted, offset=2, status=status, wait=wait)], release=True)
         return
     await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION, reason=reason)
+
+
+def _with_expired_approvals(step: Step, stored: StoredRun, now: float) -> StoredRun:
+    """The run as ``decide`` reads it on resuming: a decision older than its approval's validity, that no
+    call has used, is withdrawn (``run.approval_expired``, deferred: written with what the decision writes
+    next), so ``decide`` asks for it again."""
+    expired = approval_validity.expired(stored.snapshot, now=now, seq=stored.seq(), at=step.clock())
+    return defer(stored, expired) if expired else stored
 
 
 def _with_patches(step: Step, stored: StoredRun, patches: Sequence[str]) -> StoredRun:
