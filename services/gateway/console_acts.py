@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from longrun.authoring import Registry
 from longrun.principals import Principal
@@ -27,8 +27,9 @@ DONE = {"approve": "approved", "deny": "denied", "answer": "answered", "resolve"
 
 
 def body(name: str, form: Mapping[str, str]) -> BaseModel:
-    """The body of the action ``name`` from its form's fields; ``api.Invalid`` (422) naming each problem.
-    A blank optional field (and a blank JSON field) is left out, as if the form had not sent it."""
+    """The body of the action ``name`` from its form's fields, checked as the API checks a request's
+    (``api.body``: the fields, their depth and characters); ``api.Invalid`` naming each problem. A blank
+    optional field (and a blank JSON field) is left out, as if the form had not sent it."""
     op = api.RUN_ACTIONS[name]
     assert op.body is not None
     fields: dict[str, Any] = {}
@@ -37,11 +38,7 @@ def body(name: str, form: Mapping[str, str]) -> BaseModel:
         if raw is None or (not raw.strip() and (field in JSON_FIELDS or not info.is_required())):
             continue
         fields[field] = _json(field, raw) if field in JSON_FIELDS else raw
-    try:
-        return op.body.model_validate(fields)
-    except ValidationError as e:
-        raise api.Invalid(422, [f"{'.'.join(map(str, p['loc'])) or 'form'}: {p['msg']}"
-                                for p in e.errors(include_url=False)]) from None
+    return api.body(op.body, orjson.dumps(fields))
 
 
 def permitted(principal: Principal) -> frozenset[str]:

@@ -5,7 +5,7 @@ run, terminates another, retries a failed action and migrates a run to the versi
 checking each where a person would: the run's status and timeline, its actions and their ledger rows,
 and the audit log. Without the browser: each act posted without the session's CSRF token, or by a
 principal without its role (or an approver the question does not name), is refused with a 403 page and
-changes nothing. Only the gateway runs: each run stays where the act leaves it."""
+changes nothing; a hostile answer is a 4xx. Only the gateway runs: each run stays where the act leaves it."""
 
 from __future__ import annotations
 
@@ -161,6 +161,12 @@ async def test_each_run_act_without_the_session_csrf_token_is_refused_and_change
             assert (missing.status_code, forged.status_code) == (403, 403), act
             assert "CSRF" in missing.text and "CSRF" in forged.text
             assert "frame-ancestors 'none'" in forged.headers["content-security-policy"]
+        # And with the token, a hostile answer (nested past the API's depth, not JSON, holding NUL) is a 4xx too
+        page = await console.get(f"/runs/{asked}")
+        for hostile in ("[" * 100 + "]" * 100, "{", '"\u0000"'):
+            refused = await console.post(f"/runs/{asked}/answer", data={
+                "question_id": "module", "answer": hostile, "reason": "r", "csrf": csrf_of(page)})
+            assert refused.status_code in (400, 422) and 'id="error"' in refused.text, (hostile, refused.text)
     # And nothing changed: each run where it was, nothing audited
     assert [await status_of(engine, r) for r in (asked, waiting, failed)] == [
         "WAITING_USER", "WAITING_EVENT", "NEEDS_ATTENTION"]
