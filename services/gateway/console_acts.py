@@ -48,9 +48,10 @@ def permitted(principal: Principal) -> frozenset[str]:
 
 
 def migration_targets(kinds: Registry, kind: str, version: str) -> list[str]:
-    """The other workflow versions of ``kind`` deployed on this gateway: where a run of ``version`` may be
-    moved if that version declares it takes it over (the use case checks; a refusal says why)."""
-    return [v for name, v in kinds.advertised() if name == kind and v != version]
+    """The workflow versions of ``kind`` deployed on this gateway that declare they take over runs of
+    ``version`` (``RunKind.migrates_from``); whether at the run's stage, the use case checks and says."""
+    return [v for name, v in kinds.advertised()
+            if name == kind and v != version and version in kinds.get(kind, v).migrates_from]
 
 
 def _json(field: str, raw: str) -> Any:

@@ -69,8 +69,8 @@ async def test_an_operator_answers_steers_retries_and_migrates_runs_in_the_conso
             await expect(page.locator("#status")).to_have_text("WAITING_USER")
             await page.screenshot(path=SHOTS / "7-answer-refused.png", full_page=True)
             # and then with one it accepts: recorded as hers, and the run goes back to work
+            await expect(page.locator("#question input[name=reason]")).to_have_value("asked the team")
             await page.fill("#question textarea[name=answer]", '{"module": "payments-core"}')
-            await page.fill("#question input[name=reason]", "asked the team")
             await page.click("#answer")
             await expect(page.locator("#notice")).to_have_text("Answer recorded.")
             await expect(page.locator("#status")).to_have_text("READY")
@@ -110,10 +110,12 @@ async def test_an_operator_answers_steers_retries_and_migrates_runs_in_the_conso
             await page.goto(f"{base}/runs/{release}")
             await page.select_option("#migrate select[name=to_version]", "2")
             await page.fill("#migrate input[name=reason]", "release 2 deployed")
+            await expect(page.locator("#migrate option")).to_have_text(["2"])
             await page.click("#migrate button")
             await expect(page.locator("#notice")).to_have_text("Moved to the new version.")
             await expect(page.locator("dd", has_text="acme_release 2")).to_have_count(1)
             await expect(page.locator("#timeline")).to_contain_text("release 2 deployed")
+            await expect(page.locator("#migrate")).to_have_count(0)  # no deployed version takes over version 2
             await page.screenshot(path=SHOTS / "9-migrated.png", full_page=True)
 
             # And the audit log shows each act as hers, with its reason
