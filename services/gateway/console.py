@@ -1,14 +1,16 @@
 """The web console, served by the gateway under ``/console``: run search, a run's live timeline, its
-pending approval (what exactly is approved, and the hash) with approve and deny, resolving an action
-in doubt, the quarantine with replay, a tenant's limits, and the audit log.
+pending approval (what exactly is approved, and the hash) with approve and deny, and every other act
+of the operator API on a run (answer, resolve, retry an action, pause, resume, retry, cancel,
+terminate, migrate), the quarantine with replay, a tenant's limits, and the audit log.
 
 Server-rendered HTML (Jinja2 templates in ``templates/console``) rather than a front end built from
 npm packages: there is no build step to run, ship or keep in step with the API; nothing is fetched
 from outside, so it works on an air-gapped cluster; every page is a URL an operator can bookmark or
 paste into an incident; and each page reads and acts through the same functions as the operator API
-(``longrun.services.gateway.reads``, ``longrun.app.gateway.operate``), so the console cannot drift from it. The one
-script is the run page's: it polls ``/console/runs/{id}/live`` and reloads the page when the run
-changed, unless the operator is typing into one of its forms.
+(``longrun.services.gateway.reads``; a run's acts through ``run_acts``, its forms read by
+``console_acts``), so the console cannot drift from it. The one script is the run page's: it polls
+``/console/runs/{id}/live`` and reloads the page when the run changed, unless the operator is typing
+into one of its forms.
 
 Sign-in: the operator pastes a named API token (``longrunctl token create``) or, where an OIDC
 issuer is configured and the console is its client, signs in there (``console_oidc``). The session
@@ -36,7 +38,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
-import orjson
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
@@ -49,16 +50,16 @@ from starlette.routing import Route
 
 from longrun_client import timeline
 from longrun.app.gateway import operate
+from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
 from longrun.db import console_sessions as kept_sessions
 from longrun.db.transaction import PgTransaction
-from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, RunStatus, Wait, from_plain
-from longrun.errors import DomainError, LongrunError
+from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, ActionStatus, RunStatus, Wait, from_plain
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
 from longrun.domain.tenant_limits import TenantLimits
-from longrun.services.gateway import api, console_limits, reads, tenant_limits
+from longrun.services.gateway import api, console_acts, console_limits, reads, run_acts, tenant_limits
 from longrun.services.gateway import console_oidc as oidc
 from longrun.services.gateway import console_session as sessions
 from longrun.services.gateway import quarantine as quarantine_ops
@@ -71,8 +72,11 @@ _TEMPLATES = jinja2.Environment(
     autoescape=True, undefined=jinja2.StrictUndefined)
 _TEMPLATES.filters["when"] = lambda at: "none" if at is None else datetime.fromtimestamp(at, UTC).isoformat(
     timespec="seconds")
-NOTICES = {"approved": "Approved.", "denied": "Denied.", "resolved": "Resolution recorded.",
-           "retried": "Sent back to work.", "replayed": "Replay done.", "signed-out": "Signed out.",
+NOTICES = {"approved": "Approved.", "denied": "Denied.", "answered": "Answer recorded.",
+           "resolved": "Resolution recorded.", "action-retried": "The action is sent again under its key.",
+           "retried": "Sent back to work.", "paused": "Paused.", "resumed": "Resumed.",
+           "cancelled": "Cancel requested: the run's cleanup runs.", "terminated": "Terminated.",
+           "migrated": "Moved to the new version.", "replayed": "Replay done.", "signed-out": "Signed out.",
            "ended": "Your session ended: its token is no longer accepted. Sign in again.",
            "saved": "Limits saved: they hold now."}
 """What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
@@ -96,11 +100,12 @@ class _Refused(Exception):
         self.status = status
 
 
-def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
+def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Registry,
                    ride: Callable[[Callable[[Request], Awaitable[Response]]],
                                   Callable[[Request], Awaitable[Response]]]) -> Starlette:
-    """The console's app, mounted at ``PREFIX``; ``ride`` wraps each page as the API's routes are
-    (answering from a fresh connection after a database restart)."""
+    """The console's app, mounted at ``PREFIX``; ``kinds``: the run kinds deployed here (a migration's
+    targets); ``ride`` wraps each page as the API's routes are (answering from a fresh connection after
+    a database restart)."""
     authenticator = Authenticator(engine, settings)
     defaults = settings.tenant_defaults()
     key = settings.console_secret
@@ -259,10 +264,12 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
     async def run_page(request: Request, seen: Visit, principal: Principal, *, status: int = 200,
                        error: str | None = None) -> Response:
         view = await load(principal, request.path_params["run_id"])
-        wait = view["snapshot"].get("wait")
-        decides = wait is None or operate.may_act(principal, from_plain(Wait, wait))
-        return page(request, seen, "run.html", status, error=error,
-                    may_decide=_allowed(principal, api.RUN_ACTIONS["approve"]) and decides,
+        snapshot = view["snapshot"]
+        wait = snapshot.get("wait")
+        return page(request, seen, "run.html", status, error=error, may=console_acts.permitted(principal),
+                    owns_wait=wait is None or operate.may_act(principal, from_plain(Wait, wait)),
+                    form=request.state.form if status != 200 else {},
+                    versions=console_acts.migration_targets(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
                     **_run_values(view))
 
     async def live(request: Request, seen: Visit, principal: Principal) -> Response:
@@ -271,39 +278,23 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         return JSONResponse({"revision": snapshot["revision"], "status": snapshot["status"]})
 
     async def act(request: Request, seen: Visit, principal: Principal) -> Response:
-        """Approve, deny, resolve or retry, as the principal; a refusal shows the run page with why."""
+        """A run action of the operator API, as the principal, by the API's use case; a refusal shows the
+        run page with why (and the form as it was filled in)."""
         name = request.path_params["action"]
         run_id = request.path_params["run_id"]
-        if name not in ("approve", "deny", "resolve", "retry"):
-            raise _Refused(404, f"No console action {name!r}: approve, deny, resolve or retry.")
+        if name not in console_acts.DONE:
+            raise _Refused(404, f"No console action {name!r}: {', '.join(console_acts.DONE)}.")
         await load(principal, run_id)  # a run of a tenant not seen is not found, before anything is done
-        form = request.state.form
         _may(principal, api.RUN_ACTIONS[name])
         try:
+            body = console_acts.body(name, request.state.form)
             async with engine.begin() as conn:
-                tx = PgTransaction(conn)
-                if name == "retry":
-                    steer = _model(api.Steer, reason=form.get("reason"))
-                    await operate.retry(tx, run_id, actor=principal.subject, reason=steer.reason)
-                elif name == "resolve":
-                    body = _model(api.Resolve, logical_action=form.get("logical_action"),
-                                  outcome=form.get("outcome"), external_id=form.get("external_id") or None,
-                                  receipt=_receipt(form.get("receipt", "")), reason=form.get("reason"))
-                    await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
-                                                 done=body.outcome == "confirmed", external_id=body.external_id,
-                                                 receipt=body.receipt, actor=principal.subject, reason=body.reason)
-                else:
-                    decision = _model(api.Decide, approval_id=form.get("approval_id"),
-                                      approved_hash=form.get("approved_hash"), reason=form.get("reason"))
-                    await operate.decide_approval(tx, run_id, approval_id=decision.approval_id,
-                                                  approved_hash=decision.approved_hash, approved=name == "approve",
-                                                  by=principal, reason=decision.reason)
-        except operate.NotPermitted as e:
-            return await run_page(request, seen, principal, status=403, error=str(e))
-        except (DomainError, LongrunError) as e:
-            return await run_page(request, seen, principal, status=409, error=str(e))
-        done = {"approve": "approved", "deny": "denied", "resolve": "resolved", "retry": "retried"}[name]
-        return RedirectResponse(f"{PREFIX}/runs/{run_id}?notice={done}", status_code=303)
+                await run_acts.perform(PgTransaction(conn), run_id, name, body, by=principal, kinds=kinds)
+        except api.Invalid as e:
+            return await run_page(request, seen, principal, status=e.status, error=str(e))
+        except run_acts.REFUSALS as e:
+            return await run_page(request, seen, principal, status=run_acts.refusal_status(e), error=str(e))
+        return RedirectResponse(f"{PREFIX}/runs/{run_id}?notice={console_acts.DONE[name]}", status_code=303)
 
     async def quarantine(request: Request, seen: Visit, principal: Principal) -> Response:
         _may(principal, api.BY_ROUTE[("GET", "/quarantine")])
@@ -422,18 +413,6 @@ def _model(model: type[api.M], **fields: Any) -> api.M:
                                       for p in e.errors())) from e
 
 
-def _receipt(raw: str) -> dict[str, Any] | None:
-    if not raw.strip():
-        return None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise _Refused(422, f"receipt must be a JSON object: {e}") from e
-    if not isinstance(value, dict):
-        raise _Refused(422, "receipt must be a JSON object")
-    return value
-
-
 async def _form(request: Request) -> dict[str, str]:
     """A urlencoded form's fields (the console's forms send nothing else); a repeated field's first value."""
     fields = parse_qs((await request.body()).decode(errors="replace"), keep_blank_values=True)
@@ -449,8 +428,9 @@ def _set_cookie(response: Response, request: Request, value: str) -> None:
 
 
 def _run_values(view: dict[str, Any]) -> dict[str, Any]:
-    """What the run page shows: the view of ``GET /runs/{id}`` with its events as timeline lines and
-    each action's ledger row and receipt (the fact ``receipt:<action>``) beside its summary."""
+    """What the run page shows: the view of ``GET /runs/{id}`` with its events as timeline lines, each
+    action's ledger row and receipt (the fact ``receipt:<action>``) beside its summary, the actions in
+    doubt and failed, and the question the run waits on."""
     snapshot = view["snapshot"]
     calls = {c["logical_action"]: c for c in view["actions"]}
     receipts = {f["key"].removeprefix(RECEIPT_FACT_PREFIX): f["value"] for f in snapshot["facts"]
@@ -462,6 +442,9 @@ def _run_values(view: dict[str, Any]) -> dict[str, Any]:
                     for a in snapshot["actions"]],
         "in_doubt": [a["logical_action"] for a in snapshot["actions"]
                      if a["status"] in {s.value for s in UNRECONCILED}],
+        "failed": [a for a in snapshot["actions"] if a["status"] == ActionStatus.FAILED.value],
+        "question": next((q for q in snapshot["open_questions"]
+                          if q["question_id"] == (snapshot.get("wait") or {}).get("question_id")), None),
         "timeline": [timeline.describe(e["seq"], e["type"], {k: v for k, v in e.items()
                                                              if k not in ("type", "seq", "at")},
                                        True, datetime.fromtimestamp(e["at"], UTC)).strip()

@@ -16,9 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
-from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,7 +28,6 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from longrun import run_kinds, webhook_providers
 from longrun.app.gateway import operate, webhooks
-from longrun.authoring import Registry
 from longrun.bootstrap import open_artifacts
 from longrun.bus.connection import Bus
 from longrun.config import Settings
@@ -40,11 +37,10 @@ from longrun.db import audit as audit_log
 from longrun.db.errors import is_transient
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RunSnapshot, Scope
-from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
 from longrun.services.gateway import api, console, edge, openapi, reads, refusals, run_create
-from longrun.services.gateway import policy_ceiling, tenant_limits_routes, versions
+from longrun.services.gateway import policy_ceiling, run_acts, tenant_limits_routes, versions
 from longrun.services.gateway import quarantine as quarantine_ops
 
 logger = logging.getLogger(__name__)
@@ -161,17 +157,10 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         try:
             async with engine.begin() as conn:
                 await _visible(conn, run_id, principal)
-                result = await _act(PgTransaction(conn), run_id, name, body, by=principal, kinds=kinds)
-        except operate.RunNotFound as e:
-            return JSONResponse({"error": str(e)}, status_code=404)
-        except operate.NotPermitted as e:
-            return JSONResponse({"error": str(e)}, status_code=403)
-        except operate.AnswerRefused as e:
-            return JSONResponse({"error": str(e), "problems": e.problems}, status_code=422)
-        except operate.ResolutionRefused as e:
-            return JSONResponse({"error": str(e)}, status_code=422)
-        except (DomainError, LongrunError) as e:
-            return JSONResponse({"error": str(e)}, status_code=409)
+                result = await run_acts.perform(PgTransaction(conn), run_id, name, body, by=principal, kinds=kinds)
+        except run_acts.REFUSALS as e:
+            problems = {"problems": e.problems} if isinstance(e, operate.AnswerRefused) else {}
+            return JSONResponse({"error": str(e), **problems}, status_code=run_acts.refusal_status(e))
         return JSONResponse(result)
 
     async def show(request: Request, principal: Principal) -> Response:
@@ -399,7 +388,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/tokens", token_create, ["POST"]),
         route("/tokens/{token_id}/revoke", token_revoke, ["POST"]),
         Route("/openapi.json", described, methods=["GET"]),
-        Mount(console.PREFIX, console.create_console(engine, bus, settings, ride)),
+        Mount(console.PREFIX, console.create_console(engine, bus, settings, kinds, ride)),
     ]
     limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
               # An input up to the limit admission takes, and a body's worth of room for the rest of the create.
@@ -448,35 +437,3 @@ def _refers_to(run: RunSnapshot, content_hash: str) -> bool:
     attached = (f.value for f in run.facts if f.key.startswith(operate.ARTIFACT_FACT_PREFIX))
     return any(isinstance(v, Mapping) and v.get("content_hash") == content_hash for v in attached) or any(
         a.receipt_ref == content_hash for a in run.actions)
-
-
-_STEERS = {"cancel": operate.cancel, "pause": operate.pause, "resume": operate.resume, "retry": operate.retry}
-
-
-async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by: Principal,
-               kinds: Registry) -> dict[str, Any]:
-    """The operation ``name`` on a run, with its body as the contract took it, by ``by``."""
-    actor = by.subject
-    if isinstance(body, api.Decide):
-        return await operate.decide_approval(tx, run_id, approval_id=body.approval_id,
-                                             approved_hash=body.approved_hash, approved=name == "approve",
-                                             by=by, reason=body.reason)
-    if isinstance(body, api.Answer):
-        return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, by=by,
-                                    reason=body.reason)
-    if isinstance(body, api.Resolve):
-        return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
-                                            done=body.outcome == "confirmed", external_id=body.external_id,
-                                            receipt=body.receipt, actor=actor, reason=body.reason)
-    if isinstance(body, api.RetryAction):
-        return await operate.retry_action(tx, run_id, logical_action=body.logical_action, actor=actor,
-                                          reason=body.reason)
-    if isinstance(body, api.Migrate):
-        return await operate.migrate(tx, run_id, to_version=body.to_version, actor=actor, reason=body.reason,
-                                     kinds=kinds)
-    assert isinstance(body, api.Steer)
-    if name == "terminate":
-        return await operate.terminate(tx, run_id, actor=actor, reason=body.reason, kinds=kinds)
-    return await _STEERS[name](tx, run_id, actor=actor, reason=body.reason)
-
-

@@ -47,8 +47,9 @@ async def created(engine: AsyncEngine, *, tenant: str = "acme", kind: str = "dep
 
 
 async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadline_in: float = 3600,
-                            tenant: str = "acme", provider: str = "forge") -> StoredRun:
-    stored = await created(engine, tenant=tenant)
+                            tenant: str = "acme", provider: str = "forge", kind: str = "dependency_upgrade",
+                            goal: dict[str, Any] | None = None, versions: PinnedVersions = VERSIONS) -> StoredRun:
+    stored = await created(engine, tenant=tenant, kind=kind, goal=goal, versions=versions)
     now = time.time()
     wait = Wait(wait_id=str(uuid.uuid4()), kind="ci", deadline=now + deadline_in, correlation_key=correlation_key,
                 provider=provider)
@@ -119,4 +120,30 @@ async def action_unknown(engine: AsyncEngine, *, logical_action: str = "open_mr"
                              effect_kind=EffectKind.IDEMPOTENT_WRITE.value, idempotency_key=key, request_hash=digest,
                              request=args, fencing_token=1)
         await ledger.record(conn, key, ActionStatus.UNKNOWN)
+    return after
+
+
+async def action_failed(engine: AsyncEngine, *, logical_action: str = "open_mr") -> StoredRun:
+    """A run held in NEEDS_ATTENTION because the far side rejected ``logical_action`` (the ledger row
+    FAILED too): what an operator retries once the cause is fixed."""
+    stored = await created(engine)
+    now, run_id = time.time(), stored.snapshot.run_id
+    key = idempotency_key(run_id, logical_action, attempt_scope=1)
+    args = {"repo": "acme/payments", "title": "Upgrade p"}
+    digest = request_hash("forge.open_merge_request", "1", args=args)
+    async with engine.begin() as conn:
+        after = await runs.append(conn, stored, [
+            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
+            ev.ActionPrepared(seq=stored.seq(2), at=now, logical_action=logical_action,
+                              tool="forge.open_merge_request", tool_version="1",
+                              effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=key, request_hash=digest),
+            ev.ActionSubmitted(seq=stored.seq(3), at=now, logical_action=logical_action),
+            ev.ActionFailed(seq=stored.seq(4), at=now, logical_action=logical_action, error="branch protected"),
+            ev.RunStatusChanged(seq=stored.seq(5), at=now, to=RunStatus.NEEDS_ATTENTION,
+                                reason=f"{logical_action} failed")])
+        await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
+                             tool="forge.open_merge_request", tool_version="1",
+                             effect_kind=EffectKind.IDEMPOTENT_WRITE.value, idempotency_key=key, request_hash=digest,
+                             request=args, fencing_token=1)
+        await ledger.record(conn, key, ActionStatus.FAILED)
     return after

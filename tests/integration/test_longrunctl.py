@@ -90,7 +90,7 @@ async def test_the_timeline_prints_each_event_and_follows_until_the_run_finishes
     ended = await ctl(*at(gateway, ana, "run", "terminate", run_id, "--reason", "stop following"))
     assert ended.returncode == 0, ended.stderr
     followed = await asyncio.wait_for(following, timeout=30)
-    assert followed.returncode == 0 and "run.terminated" in followed.stdout.splitlines()[-2]
+    assert followed.returncode == 0 and "TERMINATED by ana: stop following" in followed.stdout.splitlines()[-2]
     assert "SUMMARY" in followed.stdout.splitlines()[-1]
 
 

@@ -30,8 +30,8 @@ def _what(type_: str, d: dict[str, Any]) -> str:
         case "run.wait_started":
             wait = d["wait"]
             if d["status"] == "WAITING_USER" and wait.get("question_id"):
-                who = wait["owner"] or "any approver"
-                return f"STATUS -> WAITING_USER     question {wait['question_id']} for {who}"
+                return (f"STATUS -> WAITING_USER     answer to question {wait['question_id']} "
+                        f"by {wait.get('owner') or 'an approver'}")
             if d["status"] == "WAITING_USER":
                 return (f"STATUS -> WAITING_USER     approval {wait['approval_id']} by {wait['owner']} "
                         f"for hash {wait['approved_hash'][:12]}")
@@ -51,6 +51,16 @@ def _what(type_: str, d: dict[str, Any]) -> str:
         case "run.approval_expired":
             return (f"EXPIRED   approval {d['approval_id']}: decided {_utc(d['decided_at'])}, valid until "
                     f"{_utc(d['valid_until'])}; asked again")
+        case "run.paused" | "run.resumed" | "run.cancel_requested" | "run.terminated":
+            act = {"run.paused": "PAUSED", "run.resumed": "RESUMED", "run.cancel_requested": "CANCEL",
+                   "run.terminated": "TERMINATED"}[type_]
+            return f"{act:<9} by {d['by']}: {_short(d['reason'])}"
+        case "run.versions_migrated":
+            return f"MIGRATED  to workflow version {d['versions']['workflow']} by {d['by']}: {_short(d['reason'])}"
+        case "question.opened":
+            return f"QUESTION  {d['question_id']} asked: {_short(d['text'])}"
+        case "question.resolved":
+            return f"ANSWER    to {d['question_id']} by {d['answered_by']}: {_short(d['answer'], 60)}"
         case "action.prepared":
             return f"ACTION    {d['logical_action']:<14} {d['tool']} key {d['idempotency_key']}"
         case "action.recorded":
