@@ -19,6 +19,7 @@ from sqlalchemy import text
 from longrun.app.gateway import operate
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
+from longrun.db import gauges
 from longrun.db.transaction import PgTransaction
 from longrun.domain import cleanup
 from longrun.envelope import make
@@ -75,6 +76,18 @@ async def _cleaned(engine, run_id: str) -> None:  # type: ignore[no-untyped-def]
     await eventually(done, timeout=30, what=f"{run_id} cleaned up")
 
 
+async def _failing_gauge(engine, run_id: str) -> dict[str, int] | None:  # type: ignore[no-untyped-def]
+    """``longrun_cleanups_failing`` by workflow, read while the run's cleanup is failing; None otherwise."""
+    async with engine.connect() as plain:
+        conn = await plain.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        async with conn.begin():
+            row = (await conn.execute(text("SELECT alerted, done_at FROM cleanups WHERE run_id = :r"),
+                                      {"r": run_id})).first()
+            if row is None or not row.alerted or row.done_at is not None:
+                return None
+            return dict((await gauges.read(conn, silence_limits={}, tenants=False)).cleanups_failing)
+
+
 async def _alerts(engine, run_id: str) -> list[tuple[str, dict[str, Any]]]:  # type: ignore[no-untyped-def]
     async with engine.connect() as conn:
         rows = await conn.execute(text("SELECT action, details FROM audit_log WHERE target = :r "
@@ -92,6 +105,9 @@ async def test_a_cleanup_failing_twice_then_succeeding_leaves_the_run_completed_
     attempts, effects = _start(services, tmp_path)
     started = time.monotonic()
     run_id = await _run(engine, bus, {"fail_first": 2}, "COMPLETED")
+    # While it fails, the database gauges count it (read in one snapshot with its row)
+    assert (await eventually(lambda: _failing_gauge(engine, run_id), timeout=30, interval=0.05,
+                             what="the cleanup failing")) == {"tidy": 1}
     # When its cleanup has run to the end
     await _cleaned(engine, run_id)
     # Then it took three attempts, retried with backoff (0.5 s, then 1 s) within seconds
