@@ -7,12 +7,12 @@ holder of the collector's lease (``partition_leases`` row ``metrics``/0, taken l
 reads and exports them. The others export none of them, and a holder that loses the lease withdraws
 its own: Prometheus never sees two copies to sum. The reads are ``longrun.db.gauges``.
 
-Cost: seven aggregate statements per interval. Runs and actions are counted whole (group by: their
+Cost: eight aggregate statements per interval. Runs and actions are counted whole (group by: their
 cost follows the rows retention keeps), silent runs read ``status_since`` from the snapshots of the
 open runs in a limited status without a live lease (the reconciler's silent-run sweep reads the same
 every round), the rest go through partial indexes (actions in doubt, unpublished outbox rows, runs
-awaiting a worker) or over a small table (the quarantine). Measured on a 2-core machine shared with
-other work (``tests/integration/test_gauges.py`` prints it): 22-25 ms at 10,000 runs and 10,000
+awaiting a worker, cleanups not done) or over a small table (the quarantine). Measured on a 2-core
+machine shared with other work (``tests/integration/test_gauges.py`` prints it): 22-25 ms at 10,000 runs and 10,000
 actions; 400-650 ms at 100,000 of each with 20,000 of those runs READY and silent, half of it the
 silent-run count. Every ``LONGRUN_METRICS_INTERVAL`` (15 s), so under 5 % of one core at that size.
 """

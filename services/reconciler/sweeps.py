@@ -4,7 +4,8 @@ and the retention loop (``longrun.services.reconciler`` runs them; each sweep li
 A round, every ``LONGRUN_RECONCILE_INTERVAL``: settle actions in doubt (``reconcile_unknown``),
 flag silent runs and runs no live worker can run, wake runs waiting for a far side that is healthy
 again or whose probe is due (``tool_health.wake_for_health``), free the tool permits of workers
-whose membership lapsed, each waking a run waiting for one (``db.tool_permits.free_dead``); every ``LONGRUN_DRIFT_INTERVAL`` it
+whose membership lapsed, each waking a run waiting for one (``db.tool_permits.free_dead``), run the
+cleanups of finished runs that are due (``app.reconciler.cleanup``); every ``LONGRUN_DRIFT_INTERVAL`` it
 also compares a batch of confirmed actions with the far side, walking through them round after
 round. One sweep failing is logged and does not stop the others or the next round.
 """
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from longrun.app.reconciler.cleanup import clean_up
 from longrun.app.reconciler.common import METRICS
 from longrun.app.reconciler.leases import rewake_expired
 from longrun.app.reconciler.settle import ABANDONED_AFTER, settle_in_doubt
@@ -28,6 +30,7 @@ from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.config import Settings
 from longrun.db import run_leases, tool_permits
+from longrun.db.cleanups import PgCleanupStore
 from longrun.db.errors import is_transient
 from longrun.db.reconcile_store import PgReconcileStore
 from longrun.db.schema import CONSUMING_SERVICES
@@ -40,6 +43,7 @@ LEASE_EXPIRY_MARGIN = 0.02
 DRIFT_BATCH = 20
 HEALTH_BATCH = 200
 PERMIT_BATCH = 200
+CLEANUP_BATCH = 50
 PRODUCER = "reconciler"
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ class Sweeper:
             self.engine, self.settings.breaker(), limit=HEALTH_BATCH, clock=self.clock))
         await self._step("tool permits", lambda: tool_permits.free_dead(
             self.engine, functools.partial(wake_waiter, producer=PRODUCER), limit=PERMIT_BATCH, clock=self.clock))
+        await self._step("cleanup", lambda: clean_up(
+            PgCleanupStore(self.engine), self.kinds, limit=CLEANUP_BATCH, clock=self.clock))
         if time.monotonic() >= self._drift_due:
             await self._step("drift", self._drift)
         self._report()

@@ -193,6 +193,22 @@ class ConcurrencyKey:
         return KeyClaim(key, self.limit)
 
 
+@dataclass(frozen=True, slots=True)
+class CleanupStep:
+    """What a finished run releases (a workspace, a temporary credential): a call of one of the kind's
+    tools, through the action ledger, once the run ended COMPLETED, FAILED, CANCELLED, TIMED_OUT or
+    BUDGET_EXHAUSTED (a TERMINATED run skips it). A failed step is retried and raises
+    ``alert.cleanup_failed``; it never changes how the run ended."""
+
+    name: str
+    """The step's name: its ledger action is ``cleanup:<name>``."""
+    tool: str
+    """The tool it calls (one of the kind's ``tools``): its effect kind, lookup and time limit apply. A
+    non-idempotent write must declare a lookup (a step cut short is looked up, never sent blind)."""
+    args: Callable[[RunSnapshot], Mapping[str, Any] | None]
+    """The call's arguments, from the finished run; None: this run has nothing for the step to release."""
+
+
 @dataclass(frozen=True)
 class RunKind:
     """A workflow plus everything the runtime needs to run it at one pinned version."""
@@ -244,7 +260,26 @@ class RunKind:
     concurrency: ConcurrencyKey | None = None
     """The concurrency key a run of this kind takes, from its input. None: its runs take none."""
 
+    cleanup: Sequence[CleanupStep] = ()
+    """Steps run, in order, after a run of this kind ended (``CleanupStep``); a step waits for the
+    ones before it."""
+    cleanup_retry: RetryPolicy = RetryPolicy(initial_interval=5.0, maximum_interval=600.0)
+    """The backoff between attempts of a failed cleanup; past ``maximum_attempts`` it keeps its
+    longest delay (a cleanup is never given up)."""
+
     def __post_init__(self) -> None:
+        names = [step.name for step in self.cleanup]
+        if len(set(names)) != len(names):
+            raise ValueError(f"run kind {self.name!r}: cleanup step names repeat: {names}")
+        for step in self.cleanup:
+            if step.tool not in self.tools:
+                raise ValueError(f"run kind {self.name!r}: cleanup step {step.name!r} calls {step.tool!r}, "
+                                 f"which is not one of its tools ({', '.join(sorted(self.tools)) or 'none'})")
+            tool = self.tools[step.tool]
+            if tool.effect is EffectKind.NON_IDEMPOTENT_WRITE and tool.lookup is None:
+                raise ValueError(f"run kind {self.name!r}: cleanup step {step.name!r} calls {step.tool!r}, a "
+                                 "non-idempotent write without a lookup: a step cut short could be neither "
+                                 "sent again nor found (declare its lookup)")
         if isinstance(self.input_schema, Mapping):
             try:
                 Draft202012Validator.check_schema(dict(self.input_schema))

@@ -96,6 +96,8 @@ class Figures:
     """Limit name -> (runs waiting for their place in its line, seconds the longest of them has waited)."""
     rate_limit_levels: Mapping[str, float]
     """Bucket -> its level now (below zero: owed to places already given)."""
+    cleanups_failing: Mapping[str, int]
+    """Workflow -> finished runs whose cleanup failed and is not done yet (its alert open)."""
     took: float
     """Seconds the collection's queries took."""
 
@@ -141,6 +143,8 @@ class _Database(Collector):
         yield _family("longrun_rate_limit_bucket_level",
                       "A rate limit bucket's level now; below zero: owed to places in line already given",
                       ["bucket"], (((b,), level) for b, level in f.rate_limit_levels.items()))
+        yield _family("longrun_cleanups_failing", "Finished runs whose cleanup failed and is retried (its alert open)",
+                      ["workflow"], (((w,), n) for w, n in f.cleanups_failing.items()))
         yield GaugeMetricFamily("longrun_metrics_collect_duration_seconds",
                                 "How long the last collection of the database gauges took", f.took)
 

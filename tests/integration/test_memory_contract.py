@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, is_dataclass, replace
 from typing import Any, Protocol
@@ -27,16 +29,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.app import effects
 from longrun.app.gateway import operate, webhooks
+from longrun.app.reconciler import cleanup as cleanup_sweep
 from longrun.app.reconciler import leases as lease_sweep
 from longrun.app.reconciler import settle
 from longrun.app.scheduler import admit
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import FilesystemArtifactStore
-from longrun.authoring import Registry, RunKind, ToolResult, pins_key
+from longrun.authoring import CleanupStep, Registry, RunKind, ToolResult, pins_key
 from longrun.db import actions as ledger
 from longrun.db import inbox, outbox, runs, timers
 from longrun.db import leases
 from longrun.db.driver import Pool
+from longrun.db.cleanups import PgCleanupStore
 from longrun.db.reconcile_store import PgReconcileStore
 from longrun.db.transaction import PgTransaction
 from longrun.db.worker_store import PgWorkerStore
@@ -44,6 +48,7 @@ from longrun.domain import (
     ActionStatus,
     EffectKind,
     PinnedVersions,
+    RetryPolicy,
     RunStatus,
     Usage,
     Wait,
@@ -62,6 +67,7 @@ from longrun.ports.runs import (Fence, Handover, LedgerOutcome, LedgerRequest, R
 from longrun.ports.timers import DueTimer
 from longrun.principals import Principal
 from longrun.testing.checkpoints import CrashAt, Crashed
+from longrun.testing.cleanup_store import MemoryCleanupStore
 from longrun.testing.reconcile_store import MemoryReconcileStore
 from longrun.testing.transaction import MemoryTransaction
 from longrun.testing.workers import MemoryArtifacts, MemoryWorkerStore
@@ -121,6 +127,18 @@ class Real:
                 return await getattr(USE_CASES[module], function)(PgTransaction(conn), *args, **kwargs)
         if module in SWEEPS:
             return await getattr(SWEEPS[module], function)(PgReconcileStore(self.engine), *args, **kwargs)
+        if module == "cleanup_sweep":
+            return await getattr(cleanup_sweep, function)(PgCleanupStore(self.engine), *args, **kwargs)
+        if name == "cleanups.row":
+            async with self.engine.connect() as conn:
+                row = (await conn.execute(text("SELECT attempts, alerted, done_at, last_error FROM cleanups "
+                                               "WHERE run_id = :r"), {"r": args[0]})).first()
+            return None if row is None else _cleanup_row(row.attempts, row.alerted, row.done_at, row.last_error)
+        if name == "audit.alerts":
+            async with self.engine.connect() as conn:
+                rows = await conn.execute(text("SELECT action, details FROM audit_log WHERE target = :r "
+                                               "AND action LIKE 'alert.%' ORDER BY id"), {"r": args[0]})
+                return [(r.action, r.details) for r in rows]
         if name == "limits.own_slots":
             async with self.engine.begin() as conn:
                 await conn.execute(text("INSERT INTO tenant_limits (tenant_id, version, run_slots, updated_by) "
@@ -163,6 +181,15 @@ class Memory:
                 return await getattr(USE_CASES[module], function)(MemoryTransaction(self.world), *args, **kwargs)
         if module in SWEEPS:
             return await getattr(SWEEPS[module], function)(MemoryReconcileStore(self.world), *args, **kwargs)
+        if module == "cleanup_sweep":
+            return await getattr(cleanup_sweep, function)(MemoryCleanupStore(self.world), *args, **kwargs)
+        if name == "cleanups.row":
+            found = self.store.cleanups.get(args[0])
+            return None if found is None else _cleanup_row(found.attempts, found.alerted, found.done_at,
+                                                            found.last_error)
+        if name == "audit.alerts":
+            return [(a["action"], a["details"]) for a in self.world.audit_log
+                    if a["target"] == args[0] and a["action"].startswith("alert.")]
         if name == "limits.own_slots":
             self.world.tenant_slots[args[0]] = args[1]
             return None
@@ -807,6 +834,63 @@ async def a_patch_is_written_once_with_the_decision_it_changed(port: Port, seen:
     await observe(port, seen, "outbox.sent")
 
 
+def _cleanup_row(attempts: int, alerted: bool, done_at: Any, last_error: str | None) -> dict[str, Any]:
+    return {"attempts": attempts, "alerted": alerted, "done": done_at is not None, "last_error": last_error}
+
+
+def _tidy(effects: Counter[str]) -> Registry:
+    """``steps`` at ``VERSIONS`` releasing a workspace at closure (the far side refuses each key's first
+    attempt, then counts the effect in ``effects``), and at version 2 with no cleanup step."""
+    attempts: Counter[str] = Counter()
+
+    async def release(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        attempts[key] += 1
+        if attempts[key] == 1:
+            raise ToolUnavailable("sandbox.release", "busy")
+        effects[key] += 1
+        return ToolResult(f"released:{args['step']}", {"released": args["step"]})
+
+    releasing = replace(ECHO, name="sandbox.release", effect=EffectKind.IDEMPOTENT_WRITE, execute=release)
+    tools = {ECHO.name: ECHO, releasing.name: releasing}
+    return Registry([
+        RunKind("steps", VERSIONS, Steps(), tools, cleanup=(CleanupStep("release", releasing.name, lambda r: {"step": 7}),),
+                cleanup_retry=RetryPolicy(initial_interval=0.2, jitter=0.0)),
+        RunKind("steps", replace(VERSIONS, workflow="2"), Steps(), tools)])
+
+
+async def a_finished_run_s_cleanup_is_retried_then_done_and_a_terminated_one_owes_none(
+        port: Port, seen: list[Any]) -> None:
+    effects: Counter[str] = Counter()
+    kinds = _tidy(effects)
+    # A run that fails owes its cleanup; one of a kind with no cleanup step too, until the sweep drops it;
+    # a terminated one owes none
+    failed, terminated = await new_run(port, seen, "failed"), await new_run(port, seen, "terminated")
+    plain = await observe(port, seen, "runs.create",
+                          replace(created(port, "plain", at=1000.0), versions=replace(VERSIONS, workflow="2")),
+                          idempotency_key="key-plain", input_hash="h" * 64, partition=3)
+    for stored in (failed, plain):
+        await observe(port, seen, "runs.append", stored, [
+            ev.RunStatusChanged(seq=2, at=1001.0, to=RunStatus.RUNNING, reason="taken"),
+            ev.RunStatusChanged(seq=3, at=1002.0, to=RunStatus.FAILED, reason="gave up")], release_lease=True)
+    await observe(port, seen, "operate.terminate", terminated.snapshot.run_id, actor="ops", reason="incident",
+                  clock=_at(1003.0))
+    run_ids = [failed.snapshot.run_id, plain.snapshot.run_id, terminated.snapshot.run_id]
+    for run_id in run_ids:
+        await observe(port, seen, "cleanups.row", run_id)
+    # The first attempt fails (alerted), the next after its backoff succeeds (resolved), once
+    for pause in (0.0, 0.3, 0.3):
+        await port.sleep(pause)
+        await observe(port, seen, "cleanup_sweep.clean_up", kinds, limit=10, clock=_at(2000.0), rng=random.Random(0))
+        for run_id in run_ids:
+            await observe(port, seen, "cleanups.row", run_id)
+    await observe(port, seen, "runs.load", failed.snapshot.run_id)
+    await observe(port, seen, "runs.history", failed.snapshot.run_id)
+    await observe(port, seen, "audit.alerts", failed.snapshot.run_id)
+    rows = await port.call("ledger.for_run", failed.snapshot.run_id)
+    seen.append([(r.logical_action, r.status, r.attempts, r.external_id, r.effect_kind) for r in rows])
+    seen.append(sorted(effects.values()))
+
+
 SCENARIOS: list[Scenario] = [
     creation_is_idempotent_per_tenant_and_key,
     appends_are_guarded_by_revision_and_stored_seq,
@@ -831,6 +915,7 @@ SCENARIOS: list[Scenario] = [
     actions_in_doubt_are_settled_by_what_the_far_side_answers,
     expired_leases_are_cleared_and_runs_with_work_woken,
     a_patch_is_written_once_with_the_decision_it_changed,
+    a_finished_run_s_cleanup_is_retried_then_done_and_a_terminated_one_owes_none,
 ]
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
+from longrun.app.reconciler.cleanup import clean_up
 from longrun.app.scheduler import admit
 from longrun.artifacts import RUNTIME, FilesystemArtifactStore
 from longrun.bus import topology
@@ -28,6 +29,7 @@ from longrun.db import actions as ledger
 from longrun.db import inbox, membership, outbox, quarantine, runs, timers
 from longrun.db.artifacts import RecordedUploads
 from longrun.db.audit import audit
+from longrun.db.cleanups import PgCleanupStore
 from longrun.db.schema import actions as actions_table
 from longrun.db.transaction import PgTransaction
 from longrun.domain import ActionStatus, EffectKind, RunStatus, Usage, fold, freeze, idempotency_key, request_hash
@@ -269,6 +271,10 @@ async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_
     # and an artifact stored long ago that no row references (its transaction never committed)
     store = FilesystemArtifactStore(tmp_path / "artifacts")
     orphan = await _orphan(engine, store)
+
+    # and the reconciler's rounds have dropped the finished runs' cleanups (their kind declares no step;
+    # the terminated run owes none)
+    assert (await clean_up(PgCleanupStore(engine), registry(), limit=0, clock=time.time))["nothing"] == FINISHED + 5
 
     # When a retention pass runs with those horizons
     settings = Settings.from_env(SHORT)

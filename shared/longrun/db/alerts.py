@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.db.schema import actions, sql_names
 from longrun.db.schema_tenants import audit_log
 from longrun.db.schema import runs as runs_table
-from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, RunStatus, cleanup
 
 _ALERT_LOCK_NAMESPACE = 0x6C72_6C74
 """First key of the two-key advisory lock that serialises alerts for one target."""
@@ -71,7 +71,9 @@ async def confirmed_actions(conn: AsyncConnection, *, after: str,
     # the planner may read every run to hash them (88 ms at 100,000 runs, growing with them).
     batch = (select(actions.c.action_id, actions.c.run_id, actions.c.logical_action, actions.c.tool,
                     actions.c.idempotency_key, actions.c.external_id)
-             .where(actions.c.status == ActionStatus.CONFIRMED.value, actions.c.action_id > after)
+             .where(actions.c.status == ActionStatus.CONFIRMED.value, actions.c.action_id > after,
+                    # What a cleanup released is gone from the far side on purpose.
+                    ~actions.c.logical_action.startswith(cleanup.PREFIX, autoescape=True))
              .order_by(actions.c.action_id).limit(limit).cte("batch"))
     return (await conn.execute(
         select(batch, runs_table.c.workflow, runs_table.c.workflow_version, runs_table.c.status)

@@ -1,5 +1,5 @@
 """The database gauges' reads (``longrun.services.reconciler.gauges`` decides who collects them, and when):
-aggregates over runs, actions, the outbox and the quarantine, in the caller's transaction."""
+aggregates over runs, actions, the outbox, the quarantine and failing cleanups, in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import Float, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.db.alerts import silent
-from longrun.db.schema import actions, outbox, quarantine, rate_limit_buckets, runs
+from longrun.db.schema import actions, cleanups, outbox, quarantine, rate_limit_buckets, runs
 from longrun.domain import AWAITING_RECONCILER, RunStatus
 from longrun.domain.rate_limit import RATE_LIMIT_PREFIX, RATE_LIMIT_WAIT
 from longrun.metrics import Figures
@@ -45,10 +45,14 @@ async def read(conn: AsyncConnection, *, silence_limits: Mapping[RunStatus, floa
     b = rate_limit_buckets.c
     levels = await conn.execute(select(b.bucket, func.least(b.burst, b.level + b.rate * func.greatest(
         0, func.extract("epoch", func.now() - b.at))).cast(Float)))
+    failing = await conn.execute(select(runs.c.workflow, func.count())
+                                 .select_from(cleanups.join(runs, cleanups.c.run_id == runs.c.run_id))
+                                 .where(cleanups.c.done_at.is_(None), cleanups.c.alerted).group_by(runs.c.workflow))
     return Figures(
         runs={(w, s, t): n for w, s, t, n in by_status}, actions={s: n for s, n in by_action},
         in_doubt_oldest=float(oldest_doubt), outbox_backlog=backlog[0], outbox_oldest=float(backlog[1]),
         quarantine={(o, r): n for o, r, n in kept}, silent=quiet, awaiting_worker={w: n for w, n in waiting},
         rate_limit_held={key.removeprefix(RATE_LIMIT_PREFIX): (n, float(age)) for key, n, age in held},
         rate_limit_levels={bucket: float(level) for bucket, level in levels},
+        cleanups_failing={w: n for w, n in failing},
         took=time.perf_counter() - started)

@@ -24,7 +24,7 @@ from longrun.db.audit import audit, tenant_of_run
 from longrun.db.errors import is_transient
 from longrun.db.schema import actions, run_events, sql_names
 from longrun.db.schema import runs as runs_table
-from longrun.domain import TERMINAL, ActionStatus, RunStatus
+from longrun.domain import TERMINAL, ActionStatus, RunStatus, cleanup
 from longrun.domain import events as ev
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 from longrun.ports.stores import Doubtful, ExpiredLease
@@ -45,6 +45,10 @@ _CLEAR_ONE_EXPIRED = text(
     "      ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED) AS e "
     "WHERE r.run_id = e.run_id "
     "RETURNING r.run_id, e.lease_owner, e.fencing_token")
+
+
+_NOT_CLEANUP = ~actions.c.logical_action.startswith(cleanup.PREFIX, autoescape=True)
+"""A finished run's cleanup steps settle their own doubts (``app.reconciler.cleanup``)."""
 
 
 def _stale(abandoned_after: float) -> ColumnElement[Any]:
@@ -68,7 +72,8 @@ class PgReconcileStore:
             rows = await conn.execute(
                 select(actions.c.run_id, actions.c.logical_action)
                 .where(or_(actions.c.status == _A.UNKNOWN.value,
-                           and_(actions.c.status == _A.RECONCILING.value, actions.c.updated_at < stale)))
+                           and_(actions.c.status == _A.RECONCILING.value, actions.c.updated_at < stale)),
+                       _NOT_CLEANUP)
                 .order_by(actions.c.updated_at).limit(limit))
             found = [(r.run_id, r.logical_action) for r in rows]
             parked = await conn.execute(
@@ -83,7 +88,7 @@ class PgReconcileStore:
                 select(actions.c.run_id, actions.c.logical_action)
                 .join(runs_table, runs_table.c.run_id == actions.c.run_id)
                 .where(actions.c.status == _A.SUBMITTED.value, actions.c.updated_at < stale,
-                       runs_table.c.status.in_([s.value for s in TERMINAL]))
+                       runs_table.c.status.in_([s.value for s in TERMINAL]), _NOT_CLEANUP)
                 .order_by(actions.c.updated_at).limit(limit))
             return found + [(r.run_id, r.logical_action) for r in orphans]
 

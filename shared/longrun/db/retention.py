@@ -74,14 +74,16 @@ async def delete_done(conn: AsyncConnection, rule: str, *, before: datetime, fir
 
 _UNSETTLED = sql_names((ActionStatus.UNKNOWN, ActionStatus.RECONCILING))
 # Oldest first through ix_runs_to_archive, after a (created_at, run_id) cursor. A run with an action
-# the reconciler still settles waits for it; one a writer holds (a late event) waits for a next batch.
+# the reconciler still settles, or a cleanup not yet done, waits for it; one a writer holds (a late
+# event) waits for a next batch.
 _TO_ARCHIVE = text(
     f"SELECT run_id, created_at FROM runs WHERE {TO_ARCHIVE} AND created_at < :before "
     "AND (created_at, run_id) > (:after_at, :after_id) "
     "ORDER BY created_at, run_id LIMIT :limit FOR UPDATE SKIP LOCKED")
 _SETTLED = text(
     "SELECT run_id FROM runs WHERE run_id = ANY(:ids) AND updated_at < :before AND NOT EXISTS ("
-    f"SELECT 1 FROM actions a WHERE a.run_id = runs.run_id AND a.status IN ({_UNSETTLED}))")
+    f"SELECT 1 FROM actions a WHERE a.run_id = runs.run_id AND a.status IN ({_UNSETTLED})) "
+    "AND NOT EXISTS (SELECT 1 FROM cleanups c WHERE c.run_id = runs.run_id AND c.done_at IS NULL)")
 
 
 @dataclass(frozen=True, slots=True)

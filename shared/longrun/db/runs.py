@@ -89,6 +89,10 @@ _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timer
                   + _ENDED.format(t="timers", every=":c_all", wait=":c_wait", calls=":c_calls"))
 
 
+# A run that finished owing its cleanup (``domain.cleanup.starts``) is due for the reconciler at once.
+_OWE_CLEANUP = "INSERT INTO cleanups (run_id) SELECT run_id FROM {source} ON CONFLICT (run_id) DO NOTHING"
+
+
 DEADLINE_TIMER_SUFFIX = ":business_deadline"
 """A run's business deadline timer is ``<run_id>:business_deadline``."""
 QUEUE_TIMER_SUFFIX = ":schedule_to_start:"
@@ -153,6 +157,7 @@ def _parts() -> dict[str, _Part]:
         "unslot": _Part(sets=", admitted_at = NULL"),
         "parked_handover": _Part(ctes=tuple(handover.ctes(handover.PARKED_FREES)), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
+        "cleanup": _Part(ctes=(f"owed AS ({_OWE_CLEANUP.format(source='moved')})",)),
         "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
@@ -386,6 +391,8 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     if cancel is not None:
         names.append("cancel")
         params.update(_cancelling(cancel))
+    if planned.owes_cleanup:
+        names.append("cleanup")
     if planned.queue_stint:
         names.append("queued")
         params.update(_queue_params(planned.after.snapshot))
@@ -430,6 +437,9 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
               "calls": list(cancel.calls)} for p in planned if (cancel := p.cancel) is not None]
     if ended:
         await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
+    owing = [p.after.snapshot.run_id for p in planned if p.owes_cleanup]
+    if owing:
+        await driver.execute(conn, _OWE_MANY, {"run_ids": owing})
     # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
     for p in planned:
         metrics.transitioned(p.before.snapshot, p.after.snapshot)
@@ -438,6 +448,8 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
                                                     **_queue_params(p.after.snapshot)})
 
 
+_OWE_MANY = driver.Statement(text(_OWE_CLEANUP.format(
+    source="(SELECT unnest(CAST(:run_ids AS text[])) AS run_id) AS owing")))
 _QUEUE_ONE = driver.Statement(text(f"WITH one AS (SELECT CAST(:run_id AS text) AS run_id) {_queue_timer_sql('one')}"))
 
 

@@ -408,6 +408,22 @@ rate_limit_buckets = Table(
     Column("hold_until", DateTime(timezone=True)),
 )
 
+cleanups = Table(
+    "cleanups", metadata,
+    # A finished run's cleanup (``domain.cleanup``), written with the move that finished it; the
+    # reconciler runs it once due, holding it by moving ``due_at`` past its calls' time limits.
+    Column("run_id", Text, ForeignKey("runs.run_id"), primary_key=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("due_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_error", Text),
+    # Whether its ``alert.cleanup_failed`` was raised (resolved when the cleanup is done).
+    Column("alerted", Boolean, nullable=False, server_default=text("false")),
+    Column("done_at", DateTime(timezone=True)),
+    created_at(),
+)
+# Reconciler: the cleanups due, soonest first.
+Index("ix_cleanups_due", cleanups.c.due_at, postgresql_where=cleanups.c.done_at.is_(None))
+
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so
 # that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
 from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)

@@ -292,6 +292,20 @@ class CorrectionNeeded(RunEvent):
 
 
 @_event
+class CleanupRecorded(RunEvent):
+    """One attempt of one of a finished run's cleanup steps (``domain.cleanup``): ``outcome`` "done"
+    (with the far side's id for what it released) or "failed" (with why; it is retried). Recorded on
+    the finished run, never changing how it ended."""
+
+    type: ClassVar[str] = "run.cleanup"
+    step: str
+    outcome: str
+    attempt: int
+    error: str = ""
+    external_id: str | None = None
+
+
+@_event
 class ActionEvent(RunEvent):
     logical_action: str
 
@@ -418,7 +432,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             QuestionResolved, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
-            CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded,
+            CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,
         )  # fmt: skip
     }
 )

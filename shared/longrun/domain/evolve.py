@@ -52,8 +52,9 @@ LATE_TOLERANT: frozenset[str] = frozenset(
 tracking effects of finished runs). Commands (cancel, pause, start an action, complete...)
 are never late: on a finished run they are refused."""
 
-RECORDED_AFTER_END: frozenset[str] = frozenset({ev.RunSummarized.type, ev.CorrectionNeeded.type})
-"""What is recorded about a finished run (its summary, a correction it needs): only on a terminal
+RECORDED_AFTER_END: frozenset[str] = frozenset({ev.RunSummarized.type, ev.CorrectionNeeded.type,
+                                                ev.CleanupRecorded.type})
+"""What is recorded about a finished run (its summary, a correction it needs, its cleanup): only on a terminal
 run, applied without reopening it."""
 
 

@@ -45,6 +45,8 @@ class Thresholds:
     quarantine_window: str = "30m"
     timer_lateness_seconds: float = 30.0
     awaiting_worker_for: str = "10m"
+    cleanup_failing_for: str = "15m"
+    """A finished run's cleanup failing this long (it is retried meanwhile): what it holds stays held."""
     rate_limit_held_seconds: float = 900.0
     """A run waiting this long for its place in a rate limit's line: the limit is too low for the load."""
     hold: str = "5m"
@@ -120,6 +122,10 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
               t.hold, "warning", "Rate limit {{ $labels.limit }} holds runs too long",
               "A run has waited {{ $value | humanizeDuration }} for its place in rate limit {{ $labels.limit }}'s "
               "line: more calls want that far side than the limit lets through.", "rate-limit-holding-runs"),
+        Alert("LongrunCleanupsFailing", "sum by (workflow) (max by (workflow) (longrun_cleanups_failing)) > 0",
+              t.cleanup_failing_for, "warning", "Cleanups of {{ $labels.workflow }} runs keep failing",
+              "{{ $value }} finished runs of {{ $labels.workflow }} have a cleanup step failing (retried): what "
+              "they hold (workspaces, credentials) is not released.", "cleanup-failed"),
         Alert("LongrunMetricsNotCollected",
               "max(longrun_metrics_collector) < 1 or absent(longrun_metrics_collector)",
               t.hold, "warning", "No process exports the database gauges",

@@ -16,6 +16,7 @@ from longrun.domain import (
     PinnedVersions,
     RunSnapshot,
     RunStatus,
+    cleanup,
     closure,
     evolve,
     is_late,
@@ -159,6 +160,12 @@ class Planned:
     def cancel(self) -> closure.Cancel | None:
         """The open timers the move leaves without a purpose (``closure.timers_to_cancel``)."""
         return closure.timers_to_cancel(self.before.snapshot, self.after.snapshot)
+
+    @property
+    def owes_cleanup(self) -> bool:
+        """The move finishes the run in a way that owes its kind's cleanup (``cleanup.starts``): its
+        cleanup row is written with it, for the reconciler."""
+        return cleanup.starts(self.before.snapshot, self.after.snapshot)
 
     @property
     def queue_stint(self) -> bool:

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.db import actions as ledger
 from longrun.db import outbox, runs
-from longrun.domain import ACTION_TRANSITIONS, TERMINAL, ActionStatus, RunStatus, fold
+from longrun.domain import ACTION_TRANSITIONS, TERMINAL, ActionStatus, RunStatus, cleanup, fold
 from longrun.domain import events as ev
 
 EXPLAINED = frozenset({ActionStatus.CONFIRMED, ActionStatus.COMPENSATED, ActionStatus.FAILED,
@@ -120,7 +120,10 @@ def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bo
     problems = []
     recorded = {a.logical_action: a for a in run.actions}
     by_action = {r.logical_action: r for r in rows}
+    problems += _cleanup_rows(run, [r for r in rows if cleanup.is_cleanup(r.logical_action)], history or [])
     for row in rows:
+        if cleanup.is_cleanup(row.logical_action):
+            continue
         own = recorded.get(row.logical_action)
         if own is None:
             problems.append(f"{run.run_id}: ledger row {row.logical_action} is not in the run's record")
@@ -142,6 +145,21 @@ def _ledger(stored: runs.StoredRun, rows: list[ledger.LedgerRow], *, settled: bo
             problems.append(f"{run.run_id}: {action.logical_action} left {status.value} "
                             f"(run {run.status.value})")
     return problems
+
+
+def _cleanup_rows(run: Any, rows: list[ledger.LedgerRow], history: list[Any]) -> list[str]:
+    """A cleanup's ledger rows against the run: only a run that ended owing its cleanup has them,
+    and a step is CONFIRMED on the ledger exactly when the run recorded it done, once."""
+    if rows and run.status not in cleanup.CLEANS_UP:
+        return [f"{run.run_id}: {run.status.value} yet cleaned up ({', '.join(r.logical_action for r in rows)})"]
+    done = [cleanup.logical_action(e.step) for e in history
+            if isinstance(e, ev.CleanupRecorded) and e.outcome == cleanup.DONE]
+    problems = [f"{run.run_id}: cleanup {name} recorded done {done.count(name)} times" for name in set(done)
+                if done.count(name) > 1]
+    confirmed = {r.logical_action for r in rows if r.status == ActionStatus.CONFIRMED.value}
+    problems += [f"{run.run_id}: {name} is CONFIRMED on the ledger, not done in the run" for name in confirmed - set(done)]
+    return problems + [f"{run.run_id}: {name} is done in the run, not CONFIRMED on the ledger"
+                       for name in set(done) - confirmed]
 
 
 _ACTION_STEP: dict[str, ActionStatus] = {

@@ -126,8 +126,9 @@ class Kit:
 
     def settle(self, *, people: People | None = None, timers: bool = True, rounds: int = 500) -> None:
         """Until nothing moves: wakeups delivered and stepped through, people answer, the reconciler
-        settles actions in doubt, dead workers' leases expire, and (``timers``) time runs on to the
-        next timer while a run still waits for one."""
+        settles actions in doubt and runs the cleanups due, dead workers' leases expire, and
+        (``timers``) time runs on to the next timer while a run still waits for one, or to the next
+        retry of a failed cleanup."""
         for _ in range(rounds):
             if self.world.pending:
                 self._deliver()
@@ -139,6 +140,8 @@ class Kit:
             elif any(row.lease_owner is not None for row in self.world.store.runs.values()):
                 self.world.clock.advance(self.lease_ttl + 1)
                 self.world.rewake_expired_leases()
+            elif (self.world.next_cleanup() or float("inf")) <= self.world.clock():
+                self.world.clean_up()
             elif not timers or not self._next_timer():
                 return
         raise AssertionError(f"still moving after {rounds} rounds")
@@ -208,10 +211,14 @@ class Kit:
             self._worker = self._new_worker()
 
     def _next_timer(self) -> bool:
-        next_at = self.world.store.next_wake_at()
-        if next_at is None or all(self.status(r) in SETTLED for r in self.run_ids()):
+        """Time runs on to the next timer a run still waits for, or the next cleanup due; False: none."""
+        timer_at = self.world.store.next_wake_at()
+        if all(self.status(r) in SETTLED for r in self.run_ids()):
+            timer_at = None
+        due = [at for at in (timer_at, self.world.next_cleanup()) if at is not None]
+        if not due:
             return False
-        self.world.clock.advance(max(0.0, next_at - self.world.clock()) + 0.001)
+        self.world.clock.advance(max(0.0, min(due) - self.world.clock()) + 0.001)
         self.world.fire_due_timers()
         return True
 

@@ -136,6 +136,17 @@ class TimerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CleanupRow:
+    """``cleanups``: a finished run's cleanup, due at ``due_at`` (the world's clock)."""
+
+    due_at: float
+    attempts: int = 0
+    last_error: str | None = None
+    alerted: bool = False
+    done_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Write:
     """One successful worker write, with the lease as the store saw it (for the fencing invariant)."""
 
@@ -172,6 +183,7 @@ class MemoryStore:
         self.actions: dict[str, ActionRow] = {}
         self.inbox: dict[tuple[str, str], dict[str, Any]] = {}
         self.timers: dict[str, TimerRow] = {}
+        self.cleanups: dict[str, CleanupRow] = {}
         self.writes: tuple[Write, ...] = ()
         self._order = itertools.count(1)
 
@@ -180,17 +192,17 @@ class MemoryStore:
     def transaction(self) -> Iterator[MemoryStore]:
         """All or nothing: any exception restores every table as it was."""
         saved = (dict(self.runs), dict(self.events), dict(self.actions), dict(self.inbox), dict(self.timers),
-                 self.writes)
+                 self.writes, dict(self.cleanups))
         try:
             yield self
         except BaseException:
-            self.runs, self.events, self.actions, self.inbox, self.timers, self.writes = (
-                saved[0], saved[1], saved[2], saved[3], saved[4], saved[5])
+            self.runs, self.events, self.actions, self.inbox, self.timers, self.writes, self.cleanups = saved
             raise
 
     def tables(self) -> tuple[object, ...]:
         """Everything stored, for "nothing changed" assertions."""
-        return (dict(self.runs), dict(self.events), dict(self.actions), dict(self.inbox), dict(self.timers))
+        return (dict(self.runs), dict(self.events), dict(self.actions), dict(self.inbox), dict(self.timers),
+                dict(self.cleanups))
 
     # -- runs (db/runs.py) -------------------------------------------------------------------------
     def _stored(self, row: RunRow) -> StoredRun:
@@ -281,6 +293,8 @@ class MemoryStore:
                     self.timers[key] = replace(timer, cancelled_at=self.clock())
         if planned.queue_stint:
             self._queue(after.snapshot)
+        if planned.owes_cleanup:
+            self.cleanups.setdefault(run_id, CleanupRow(due_at=self.clock()))
 
     def _queue(self, after: RunSnapshot) -> None:
         """``db.runs``: the schedule-to-start timer of the queue stint a write starts."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from longrun.app.reconciler import leases, settle
 from longrun.app.reconciler.settle import ABANDONED_AFTER
 from longrun.db import outbox
-from longrun.domain import TERMINAL, ActionStatus, RunStatus, thaw
+from longrun.domain import TERMINAL, ActionStatus, RunStatus, cleanup, thaw
 from longrun.domain import events as ev
 from longrun.ports.runs import Artifact, LedgerOutcome, StoredRun
 from longrun.ports.stores import Doubtful, ExpiredLease
@@ -68,7 +68,8 @@ class MemoryReconcileStore:
         """As ``PgReconcileStore.in_doubt``; runs keep no time of their last write here, so held runs
         come in creation order."""
         stale = self.world.clock() - abandoned_after
-        rows = sorted(self.store.actions.values(), key=lambda a: a.updated)
+        rows = sorted((a for a in self.store.actions.values() if not cleanup.is_cleanup(a.logical_action)),
+                      key=lambda a: a.updated)
         found = [(a.run_id, a.logical_action) for a in rows
                  if a.status == _A.UNKNOWN.value or (a.status == _A.RECONCILING.value and a.updated < stale)][:limit]
         parked = [(run_id, row.snapshot) for run_id, row in self.store.runs.items()

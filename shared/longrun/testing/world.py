@@ -2,7 +2,7 @@
 scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
 reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timer.firing.plan_batch``,
 ``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconciler``) over the in-memory adapters
-(``testing.transaction``, ``testing.reconcile_store``), one transaction at a time. Workers are the
+(``testing.transaction``, ``testing.reconcile_store``, ``testing.cleanup_store``), one transaction at a time. Workers are the
 real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
 
 Beside them, what tests drive the engine with: ``FarSide``, the external system (it counts
@@ -53,7 +53,7 @@ from longrun.db import outbox
 from longrun.envelope import Envelope, make
 from longrun.errors import ActionOutcomeUnknown, ToolRejected, ToolUnavailable
 from longrun.principals import GROUP_PREFIX, Principal
-from longrun.testing import admission, reconcile_store
+from longrun.testing import admission, cleanup_store, reconcile_store
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
 from longrun.testing.rate_limits import MemoryRateLimits
@@ -401,6 +401,14 @@ class World:
 
     def reconcile_unknown(self) -> Counter[str]:
         return reconcile_store.reconcile_unknown(self)
+
+    def clean_up(self) -> Counter[str]:
+        """The cleanups of finished runs that are due (``app.reconciler.cleanup``)."""
+        return cleanup_store.clean_up(self)
+
+    def next_cleanup(self) -> float | None:
+        """When the soonest cleanup not done is due, if any."""
+        return cleanup_store.next_due(self)
 
 
 def _person(name: str) -> Principal:

@@ -104,5 +104,9 @@ def _what(type_: str, d: dict[str, Any]) -> str:
                     f"({d['attempt']} in a row; {then})")
         case "run.correction_needed":
             return f"CORRECTION {d['logical_action']}: {_short(d['reason'])}"
+        case "run.cleanup" if d["outcome"] == "done":
+            return f"CLEANUP   {d['step']:<14} done (attempt {d['attempt']}): {d.get('external_id') or 'no external id'}"
+        case "run.cleanup":
+            return f"CLEANUP   {d['step']:<14} FAILED (attempt {d['attempt']}, retried): {_short(d['error'])}"
         case _:
             return f"{type_:<9} {_short(d)}"
