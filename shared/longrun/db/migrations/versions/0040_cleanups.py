@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0040'
-down_revision = '0037'
+down_revision = '0039'
 branch_labels = None
 depends_on = None
 
