@@ -5,8 +5,9 @@ its recorded events and its calls' live output, with the consumer's rules (``lon
   repeat after a reconnect) is skipped. The stream carries every event the run records, so its seqs
   follow one another: a jump is a ``Gap(run_id, after_seq, before_seq)`` handed on before the event
   (events pruned by retention, for one).
-- **Resuming.** A dropped connection is opened again with ``Last-Event-ID`` (the last id received),
-  to any gateway behind the URL, after ``retry`` seconds; no status event is missed or repeated.
+- **Resuming.** A dropped connection (or a 5xx answer) is opened again with ``Last-Event-ID`` (the
+  last id received), to any gateway behind the URL, after ``retry`` seconds; no status event is
+  missed or repeated.
 - **Chunks** (``Chunk``: a call's output, ``kind`` ``chunk``, or its heartbeat's details, ``progress``)
   are live only: each once, by their call's ``stream`` and number ``n``; what the gateway could not
   send (dropped past its buffer, or kept by another gateway) comes as ``ChunksMissed``.
@@ -75,7 +76,7 @@ async def follow(gateway: str, run_id: str, *, token: str, last_event_id: str | 
 
     Raises:
         httpx.HTTPStatusError: the gateway refused the stream (401, 403, 404 for a run the token does
-            not see, 400 for a ``last_event_id`` that is not one of the stream's).
+            not see, 400 for a ``last_event_id`` that is not one of the stream's); a 5xx is retried.
     """
     last_seq, last_id = 0, last_event_id
     if last_event_id:
@@ -108,8 +109,9 @@ async def follow(gateway: str, run_id: str, *, token: str, last_event_id: str | 
                             sent[data["stream"]] = data["n"]
                             yield Chunk(run_id, event, data["stream"], data["n"], data["logical_action"],
                                         data["data"])
-            except httpx.HTTPStatusError:
-                raise
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code < 500:
+                    raise
             except httpx.HTTPError:
                 pass  # the connection dropped: open it again from the last id
             await asyncio.sleep(retry)
