@@ -318,6 +318,10 @@ OPERATIONS: tuple[Operation, ...] = (
     _on_a_run("cancel", Steer, ActionResult, "Cancel the run (its cleanup runs)"),
     _on_a_run("terminate", Steer, ActionResult, "End the run now, skipping cleanup"),
     _on_a_run("migrate", Migrate, Migrated, "Move the run to another workflow version of its kind"),
+    Operation("GET", "/runs/{run_id}/events/stream", "streamRun", "The run's live stream as Server-Sent Events "
+              "(text/event-stream): its events in seq order (status), its calls' heartbeat details (progress) and "
+              "output chunks (chunk), gap when chunks were missed, end once it ended; resumable with Last-Event-ID",
+              None, (400, 401, 403, 404, 503)),
     Operation("POST", "/runs/{run_id}/artifacts", "attachArtifact", "Attach evidence to the run (the fact "
               "artifact:<name>)", Attached, (400, 401, 403, 404, 413, 422, 503), query=Attachment,
               role="operator", raw_body=True),

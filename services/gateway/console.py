@@ -8,9 +8,10 @@ npm packages: there is no build step to run, ship or keep in step with the API; 
 from outside, so it works on an air-gapped cluster; every page is a URL an operator can bookmark or
 paste into an incident; and each page reads and acts through the same functions as the operator API
 (``longrun.services.gateway.reads``; a run's acts through ``run_acts``, its forms read by
-``console_acts``), so the console cannot drift from it. The one script is the run page's: it polls
-``/console/runs/{id}/live`` and reloads the page when the run changed, unless the operator is typing
-into one of its forms.
+``console_acts``), so the console cannot drift from it. The one script is the run page's: it follows
+``/console/runs/{id}/stream`` (the run's live stream, ``live``, as Server-Sent Events), shows its
+calls' progress and output chunks as they come, and reloads the page when the run recorded a new
+event, unless the operator is typing into one of its forms.
 
 Sign-in: the operator pastes a named API token (``longrunctl token create``) or, where an OIDC
 issuer is configured and the console is its client, signs in there (``console_oidc``). The session
@@ -59,7 +60,7 @@ from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, ActionSt
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
 from longrun.domain.tenant_limits import TenantLimits
-from longrun.services.gateway import api, console_acts, console_limits, reads, run_acts, tenant_limits
+from longrun.services.gateway import api, console_acts, console_limits, live, reads, run_acts, tenant_limits
 from longrun.services.gateway import console_oidc as oidc
 from longrun.services.gateway import console_session as sessions
 from longrun.services.gateway import quarantine as quarantine_ops
@@ -102,10 +103,10 @@ class _Refused(Exception):
 
 def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Registry,
                    ride: Callable[[Callable[[Request], Awaitable[Response]]],
-                                  Callable[[Request], Awaitable[Response]]]) -> Starlette:
+                                  Callable[[Request], Awaitable[Response]]], hub: live.Hub) -> Starlette:
     """The console's app, mounted at ``PREFIX``; ``kinds``: the run kinds deployed here (a migration's
     targets); ``ride`` wraps each page as the API's routes are (answering from a fresh connection after
-    a database restart)."""
+    a database restart); ``hub``: the runs' live progress."""
     authenticator = Authenticator(engine, settings)
     defaults = settings.tenant_defaults()
     key = settings.console_secret
@@ -272,10 +273,8 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Reg
                     versions=console_acts.migration_targets(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
                     **_run_values(view))
 
-    async def live(request: Request, seen: Visit, principal: Principal) -> Response:
-        view = await load(principal, request.path_params["run_id"])
-        snapshot = view["snapshot"]
-        return JSONResponse({"revision": snapshot["revision"], "status": snapshot["status"]})
+    async def stream(request: Request, seen: Visit, principal: Principal) -> Response:
+        return await live.respond(request, engine, hub, principal)
 
     async def act(request: Request, seen: Visit, principal: Principal) -> Response:
         """A run action of the operator API, as the principal, by the API's use case; a refusal shows the
@@ -373,7 +372,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Reg
         Route("/sign-out", signed(sign_out), methods=["POST"]),
         Route("/runs", signed(search), methods=["GET"]),
         Route("/runs/{run_id}", signed(run_page), methods=["GET"]),
-        Route("/runs/{run_id}/live", signed(live), methods=["GET"]),
+        Route("/runs/{run_id}/stream", signed(stream), methods=["GET"]),
         Route("/runs/{run_id}/{action:str}", signed(act), methods=["POST"]),
         Route("/quarantine", signed(quarantine), methods=["GET"]),
         Route("/quarantine/{entry_id}/replay", signed(replay), methods=["POST"]),
@@ -438,6 +437,7 @@ def _run_values(view: dict[str, Any]) -> dict[str, Any]:
     return {
         "view": view, "run": snapshot, "wait": snapshot.get("wait"),
         "live": snapshot["status"] not in {s.value for s in TERMINAL},
+        "last_seq": max((e["seq"] for e in view["events"]), default=0),
         "actions": [{**a, "ledger": calls.get(a["logical_action"]), "receipt": receipts.get(a["logical_action"])}
                     for a in snapshot["actions"]],
         "in_doubt": [a["logical_action"] for a in snapshot["actions"]

@@ -39,7 +39,7 @@ from longrun.db.transaction import PgTransaction
 from longrun.domain import RunSnapshot, Scope
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
-from longrun.services.gateway import api, console, edge, openapi, reads, refusals, run_create
+from longrun.services.gateway import api, console, edge, live, openapi, reads, refusals, run_create
 from longrun.services.gateway import policy_ceiling, run_acts, tenant_limits_routes, versions
 from longrun.services.gateway import quarantine as quarantine_ops
 
@@ -89,15 +89,17 @@ class Refused(Exception):
 
 
 def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: bool = True,
-               operator_api: bool = True) -> Starlette:
+               operator_api: bool = True, hub: live.Hub | None = None) -> Starlette:
     """The gateway's routes: the webhook intake, the operator API, or both (one app for each port:
-    ``LONGRUN_WEBHOOK_PORT`` serves the intake apart)."""
+    ``LONGRUN_WEBHOOK_PORT`` serves the intake apart). ``hub``: the runs' live progress this gateway
+    hears (``live``); without it, streams carry status events alone."""
     kinds = run_kinds.load(settings)  # a run terminated here shows its tools' public receipt fields
     providers = webhook_providers.load(settings)
     secrets = webhook_providers.secrets(settings, providers)
     store = open_artifacts(settings, engine)
     authenticator = Authenticator(engine, settings)
     sampled_refusals = refusals.Sampler()
+    progress = hub or live.Hub(settings.progress_buffer)
 
     async def webhook(request: Request) -> Response:
         provider = request.path_params["provider"]
@@ -170,6 +172,9 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         if view is None:
             return JSONResponse({"error": str(operate.RunNotFound(run_id))}, status_code=404)
         return JSONResponse(view)
+
+    async def follow(request: Request, principal: Principal) -> Response:
+        return await live.respond(request, engine, progress, principal)
 
     async def attach(request: Request, principal: Principal) -> Response:
         """POST the artifact's bytes (``Content-Type``: its media type) with ``?name=...&reason=...``."""
@@ -371,6 +376,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/runs", search, ["GET"]),
         route("/runs", run_create.create_route(engine, settings, kinds), ["POST"]),
         route("/runs/{run_id}", show, ["GET"]),
+        route("/runs/{run_id}/events/stream", follow, ["GET"]),
         route("/runs/{run_id}/artifacts", attach, ["POST"]),
         route("/runs/{run_id}/artifacts/{content_hash}", artifact, ["GET"]),
         Route("/runs/{run_id}/{action}", ride(act), methods=["POST"]),
@@ -388,7 +394,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/tokens", token_create, ["POST"]),
         route("/tokens/{token_id}/revoke", token_revoke, ["POST"]),
         Route("/openapi.json", described, methods=["GET"]),
-        Mount(console.PREFIX, console.create_console(engine, bus, settings, kinds, ride)),
+        Mount(console.PREFIX, console.create_console(engine, bus, settings, kinds, ride, progress)),
     ]
     limits = [edge.Limit(re.compile(r"/webhooks/[^/]+"), edge.WEBHOOK_BYTES, "a webhook delivery"),
               # An input up to the limit admission takes, and a body's worth of room for the rest of the create.

@@ -13,7 +13,8 @@ from longrun import service, webhook_providers
 from longrun.bootstrap import keep_connected, open_bus, open_database, watch
 from longrun.config import Settings
 from longrun.db import tokens
-from longrun.services.gateway import secrets_check
+from longrun.bus.progress import ProgressFeed
+from longrun.services.gateway import live, secrets_check
 from longrun.services.gateway.http import create_app
 
 SERVICE = "gateway"
@@ -35,7 +36,12 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         raise SystemExit(2)
     bus = await open_bus(settings, SERVICE)
     apart = settings.webhook_port != 0
-    apps = [(create_app(engine, bus, settings, intake=not apart), settings.gateway_port)]
+    hub = live.Hub(settings.progress_buffer)
+    feed = ProgressFeed(settings.amqp_url, name=f"{SERVICE}/{settings.instance_id}",
+                        max_length=16 * settings.progress_buffer, received=hub.received)
+    await feed.start()
+    hub.watcher = feed
+    apps = [(create_app(engine, bus, settings, intake=not apart, hub=hub), settings.gateway_port)]
     if apart:
         apps.append((create_app(engine, bus, settings, operator_api=False), settings.webhook_port))
     # log_config=None: uvicorn's records go to the process's handler (``longrun.logs``), JSON like the rest.
@@ -55,6 +61,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     await asyncio.gather(*tasks)
     reconnecting.cancel()
     await asyncio.gather(reconnecting, return_exceptions=True)
+    await feed.close()
     await bus.close()
     await engine.dispose()
 

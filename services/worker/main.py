@@ -19,6 +19,7 @@ from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore
 from longrun.bootstrap import consume_partitions, open_artifacts, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
+from longrun.bus.progress import ProgressPublisher
 from longrun.config import Settings
 from longrun.db.breakers import PgBreakers
 from longrun.db.spent_tenants import PgSpentTenants
@@ -43,6 +44,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     engine = await open_database(settings)
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
+    progress = ProgressPublisher(settings.amqp_url, name=f"{SERVICE}/{settings.instance_id}")
     worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings, kinds),
                                     artifacts=open_artifacts(settings, engine),
@@ -62,7 +64,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                     model_limits=settings.model_rate_limits(),
                                     model_max_tokens=settings.model_max_tokens,
                                     tool_permits=PgToolPermits(engine, functools.partial(
-                                        tool_permits.wake_waiter, producer=SERVICE)))
+                                        tool_permits.wake_waiter, producer=SERVICE)),
+                                    progress=progress)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),
@@ -74,6 +77,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     finally:
         adopting.cancel()
         await worker.drain()
+        await progress.close()
         await statements.close()
         await engine.dispose()
 

@@ -26,6 +26,7 @@ from jsonschema.exceptions import SchemaError
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ValidationError
 
+from longrun import streaming
 from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot, RunTimeouts, Scope, Workflow
 from longrun.domain.concurrency import LARGEST_LIMIT, KeyClaim, KeyPolicy, key_problem
 from longrun.domain.rate_limit import RateLimit, Unit
@@ -145,6 +146,8 @@ async def heartbeat(details: Mapping[str, Any] | None = None) -> None:
         if size > PROGRESS_LIMIT:
             raise ValueError(f"heartbeat details take {size} bytes as JSON; at most {PROGRESS_LIMIT} are kept")
     call.beat(details)
+    if details is not None:
+        await streaming.report_progress(details)
 
 
 @dataclass(frozen=True, slots=True)

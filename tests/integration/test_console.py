@@ -151,7 +151,7 @@ async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_o
         page = await console.get(f"/runs/{run_id}")
         acted = await console.post(f"/runs/{run_id}/approve", data={
             "approval_id": "a1", "approved_hash": "h1", "reason": "ok", "csrf": _csrf(listing)})
-        live = await console.get(f"/runs/{run_id}/live")
+        live = await console.get(f"/runs/{run_id}/stream")
     # Then the search shows nothing, the run is not found, and approving it changes nothing
     assert listing.status_code == 200 and run_id not in listing.text and 'id="no-runs"' in listing.text
     assert (page.status_code, acted.status_code, live.status_code) == (404, 404, 404)
@@ -301,7 +301,7 @@ async def test_every_console_answer_carries_the_security_headers_and_its_inline_
         answers = [await console.get("/"), await console.get("/sign-in"), await console.get("/no-such-page")]
         await signed_in(console, token)
         answers += [await console.get("/runs"), await console.get(f"/runs/{run_id}"),
-                    await console.get(f"/runs/{run_id}/live"), await console.get("/audit")]
+                    await console.get("/runs/no-such-run/stream"), await console.get("/audit")]
     nonces = set()
     for answer in answers:
         csp = answer.headers["content-security-policy"]

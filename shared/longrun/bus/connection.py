@@ -224,7 +224,7 @@ async def _close_quietly(connection: AbstractConnection) -> None:
 async def declare(channel: AbstractChannel, topology: Topology) -> None:
     """Idempotent: declaring what exists with the same arguments changes nothing."""
     for spec in topology.exchanges:
-        await channel.declare_exchange(spec.name, spec.type, durable=True, arguments=spec.arguments)
+        await channel.declare_exchange(spec.name, spec.type, durable=spec.durable, arguments=spec.arguments)
     for queue in topology.queues:
         await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
     for binding in topology.bindings:

@@ -13,6 +13,10 @@
   ``<tenant>.run.<event>`` (``event_key``), so a consumer binds its own tenant's keys only and
   RabbitMQ's topic permissions can hold it there; a stream keeps a replayable log so a publish
   is never unroutable.
+- ``longrun.progress`` (fanout, transient): live progress of calls (model output chunks, heartbeat
+  details), published non-persistent by workers and read by each gateway replica through an
+  exclusive, auto-delete, length-bounded queue of its own (``longrun.bus.progress``). Nothing on it
+  is history: a message lost or dropped is a gap the reader reports, never a changed run.
 
 The ingress queue's bound (length and bytes) is a policy, ``ingress_policy``, not a queue
 argument: a quorum queue's arguments cannot change in place and every service declares the
@@ -44,6 +48,7 @@ from longrun_client.bus import (
 SCHEDULER_INGRESS_QUEUE = "longrun.scheduler.ingress"
 QUARANTINE_EXCHANGE = "longrun.quarantine"
 QUARANTINE_QUEUE = "longrun.quarantine"
+PROGRESS_EXCHANGE = "longrun.progress"
 PARTITIONED_SERVICES = ("worker",)
 VHOST = "/"
 
@@ -71,6 +76,8 @@ class ExchangeSpec:
     name: str
     type: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    durable: bool = True
+    """False: a transient exchange, gone with a broker restart and declared again by every service."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,7 @@ def build(*, partitions: int, delivery_limit: int) -> Topology:
         ExchangeSpec(INGRESS_EXCHANGE, "topic"),
         ExchangeSpec(QUARANTINE_EXCHANGE, "fanout"),
         ExchangeSpec(EVENTS_EXCHANGE, "topic"),
+        ExchangeSpec(PROGRESS_EXCHANGE, "fanout", durable=False),
     ]
     queues = [
         QueueSpec(SCHEDULER_INGRESS_QUEUE, quorum_arguments(delivery_limit, single_active=False)),
@@ -162,7 +170,7 @@ def definitions(topology: Topology, policies: tuple[PolicySpec, ...] = ()) -> di
     return {
         "vhosts": [{"name": VHOST}],
         "exchanges": [
-            {"name": e.name, "vhost": VHOST, "type": e.type, "durable": True,
+            {"name": e.name, "vhost": VHOST, "type": e.type, "durable": e.durable,
              "auto_delete": False, "internal": False, "arguments": e.arguments}
             for e in topology.exchanges
         ],

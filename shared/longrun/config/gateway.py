@@ -40,6 +40,10 @@ class GatewaySettings(Concern):
     max_attachment_bytes: int = setting("LONGRUN_MAX_ATTACHMENT_BYTES", parse.positive_int,
                                         "bytes, an integer >= 1", str(10 * 1024 * 1024))
     """The largest artifact an operator may attach to a run through the gateway."""
+    progress_buffer: int = setting("LONGRUN_PROGRESS_BUFFER", parse.positive_int, "chunks, an integer >= 1", "256")
+    """Live chunks of a run each gateway keeps for its followers (``GET /runs/{id}/events/stream``), and
+    the most one follower may fall behind: past it the oldest are dropped and the follower gets a gap.
+    The gateway's own queue on ``longrun.progress`` holds at most 16 times as many messages."""
     forwarded_allow_ips: str = setting("LONGRUN_FORWARDED_ALLOW_IPS", str,
                                        "comma-separated addresses or networks, * for any, or empty", "")
     """The proxies in front of the gateway (the TLS ingress) whose ``X-Forwarded-Proto`` and

@@ -81,6 +81,12 @@ async def tenant_of(conn: AsyncConnection, run_id: str) -> str | None:
     return (await conn.execute(select(runs.c.tenant_id).where(runs.c.run_id == run_id))).scalar()
 
 
+async def tenant_and_status(conn: AsyncConnection, run_id: str) -> tuple[str, str] | None:
+    """The run's tenant and status, or None when there is no such run."""
+    row = (await conn.execute(select(runs.c.tenant_id, runs.c.status).where(runs.c.run_id == run_id))).first()
+    return None if row is None else (row.tenant_id, row.status)
+
+
 async def awaiting_worker(conn: AsyncConnection, run_id: str) -> str | None:
     """The versions the run waits for a compatible worker to serve, or None."""
     return (await conn.execute(select(runs.c.awaiting_worker).where(runs.c.run_id == run_id))).scalar()

@@ -479,7 +479,8 @@ def _event_row(run_id: str, event: ev.RunEvent, applied: bool) -> dict[str, Any]
             "fencing_token": None, "occurred_at": _ts(event.at)}
 
 
-async def history(conn: AsyncConnection, run_id: str) -> list[ev.RunEvent]:
-    rows = await conn.execute(select(run_events.c.data).where(run_events.c.run_id == run_id)
+async def history(conn: AsyncConnection, run_id: str, *, after: int = 0) -> list[ev.RunEvent]:
+    """The run's events in seq order; ``after``: only those past that seq."""
+    rows = await conn.execute(select(run_events.c.data).where(run_events.c.run_id == run_id, run_events.c.seq > after)
                               .order_by(run_events.c.seq))
     return [ev.event_from_dict(r.data) for r in rows]

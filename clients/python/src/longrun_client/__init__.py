@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from longrun_client.client import Client
 from longrun_client.consumer import DurableConsumer, Missed
+from longrun_client.follow import Chunk, ChunksMissed, StatusEvent, follow
 from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, PublishNotConfirmed, RunRejected,
                                    UnknownSchemaVersion)
 from longrun_client.model import DataClass, Envelope
@@ -23,10 +24,9 @@ from longrun_client.stream import EventStream
 __version__ = "0.1.0"
 """The release, the runtime's too (``longrun.__version__``): the two are released together."""
 
-__all__ = ["Backoff", "BudgetLimits", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope",
+__all__ = ["Backoff", "BudgetLimits", "Chunk", "ChunksMissed", "Client", "DataClass", "DecodeError", "DurableConsumer", "Envelope",
            "EventStream", "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
            "RunAcceptedV1", "RunAcceptedV2", "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2",
            "RunEventV3", "RunNoticeV1", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
-           "RunRejectedV3",
-           "RunScope", "RunSummary", "RunTimeouts", "UnknownSchemaVersion", "__version__", "correlation_id_of",
-           "decode", "encode", "make"]
+           "RunRejectedV3", "RunScope", "RunSummary", "RunTimeouts", "StatusEvent", "UnknownSchemaVersion",
+           "__version__", "correlation_id_of", "decode", "encode", "follow", "make"]

@@ -17,6 +17,7 @@ from longrun.model import ModelAdapter
 from longrun.ports.rate_limits import RateLimits
 from longrun.ports.stores import Breakers, SpentTenants
 from longrun.ports.tool_permits import ToolPermits
+from longrun.streaming import ProgressSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class FarSide:
     rate_limit_lead: float = 0.0
     """Seconds ahead of its place in line a limited call's run is woken (the worker waits out the
     rest): how late a wake may come without the call going later than its place."""
+    progress: ProgressSink | None = None
+    """Where calls' live output goes (``longrun.streaming``); without it, what they emit goes nowhere."""
 
     def context(self) -> DecisionContext:
         return DecisionContext(now=self.clock(), new_id=lambda: str(uuid.uuid4()), rng=self.rng)

@@ -35,6 +35,7 @@ from longrun.ports.rate_limits import RateLimits
 from longrun.ports.runs import Fence, StoredRun
 from longrun.ports.stores import Breakers, CrashPoints, SpentTenants, WorkerStore
 from longrun.ports.tool_permits import ToolPermits
+from longrun.streaming import ProgressSink
 
 logger = logging.getLogger("longrun.app.worker")
 ADOPT_BATCH = 32
@@ -61,7 +62,7 @@ class Worker:
                  budgets: effects.TenantBudgets | None = None, spent_tenants: SpentTenants | None = None,
                  rate_limits: RateLimits | None = None, rate_limit_lead: float = 0.0,
                  model_limits: tuple[RateLimit, ...] = (), model_max_tokens: int = 1024,
-                 tool_permits: ToolPermits | None = None) -> None:
+                 tool_permits: ToolPermits | None = None, progress: ProgressSink | None = None) -> None:
         """``handover``: a run this worker finishes gives its tenant slot to the next queued run in
         the same statement (without it, admission is notified and does that). ``retry``: the policy
         of tools, models and kinds' failed steps (``step_retry``) that declare none. ``breakers``: the
@@ -72,7 +73,8 @@ class Worker:
         ``rate_limits``: the far sides' token buckets (without them, no declared rate limit holds); a
         limited call's run is woken ``rate_limit_lead`` seconds ahead of its place and waits out the rest.
         ``model_limits``: the model provider's rate limits, a call reserving ``model_max_tokens`` beside its input.
-        ``tool_permits``: the tenants' tool concurrency (without them, no tool group is bounded)."""
+        ``tool_permits``: the tenants' tool concurrency (without them, no tool group is bounded).
+        ``progress``: where calls' live output goes (without it, nowhere)."""
         self.store = store
         self.kinds = kinds
         self.instance_id = instance_id
@@ -84,7 +86,8 @@ class Worker:
         self.far = FarSide(model=model, artifacts=artifacts, clock=clock, rng=rng or random.Random(), retry=retry,
                            breakers=breakers, health_max_wait=health_max_wait, lease_ttl=lease_ttl,
                            spent_tenants=spent_tenants, rate_limits=rate_limits, rate_limit_lead=rate_limit_lead,
-                           model_limits=model_limits, model_max_tokens=model_max_tokens, tool_permits=tool_permits)
+                           model_limits=model_limits, model_max_tokens=model_max_tokens, tool_permits=tool_permits,
+                           progress=progress)
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()

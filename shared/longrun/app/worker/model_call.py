@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import metrics, otel
-from longrun.app.worker import model_health, rate_limit
+from longrun.app.worker import live, model_health, rate_limit
 from longrun.app.worker.claim_checks import PROPOSAL_FACT_PREFIX, check_in
 from longrun.app.worker.commit import Step
 from longrun.app.worker import tenant_budget
@@ -39,7 +39,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     try:
         answer = await rate_limit.ask_model(far, step, stored, decision.purpose, context, allowed, lambda: (
             model_health.ask(far, step, stored, decision.purpose,
-                             lambda: _traced_propose(far.model, decision.purpose, context, allowed))))
+                             lambda: live.streamed(far, run, f"model:{decision.purpose}",
+                                                   _traced_propose(far.model, decision.purpose, context, allowed)))))
     except ToolUnavailable as e:
         await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
         return None

@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from longrun import otel
-from longrun.app.worker import rate_limit, tool_permits
+from longrun.app.worker import live, rate_limit, tool_permits
 from longrun.app.worker import tool_answers as answers
 from longrun.app.worker.calls import UNRECORDED, Call, Unrecorded, supervise
 from longrun.app.worker.commit import Step, ToolRequest
@@ -119,7 +119,7 @@ async def _call(far: FarSide, step: Step, stored: StoredRun, call: ToolRequest, 
         await step.resend(stored, call, far.lease_ttl, timers())
     step.crash_point("worker.before_tool_request")
     try:
-        result = await supervise(_traced_call(tool, name, args, key, step.fence.token),
+        result = await supervise(live.streamed(far, run, name, _traced_call(tool, name, args, key, step.fence.token)),
                                  _watch(step, run, tool, name, key, on_record=not pending),
                                  start_to_close=limit, heartbeat_timeout=tool.heartbeat_timeout)
     except (ActionOutcomeUnknown, TimeoutError) as e:
