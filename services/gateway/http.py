@@ -29,6 +29,7 @@ from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import run_kinds, webhook_providers
+from longrun.app import signals
 from longrun.app.gateway import operate, webhooks
 from longrun.authoring import Registry
 from longrun.bootstrap import open_artifacts
@@ -166,7 +167,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
             return JSONResponse({"error": str(e)}, status_code=404)
         except operate.NotPermitted as e:
             return JSONResponse({"error": str(e)}, status_code=403)
-        except operate.AnswerRefused as e:
+        except (operate.AnswerRefused, signals.SignalRefused) as e:
             return JSONResponse({"error": str(e), "problems": e.problems}, status_code=422)
         except operate.ResolutionRefused as e:
             return JSONResponse({"error": str(e)}, status_code=422)
@@ -464,6 +465,9 @@ async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by
     if isinstance(body, api.Answer):
         return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, by=by,
                                     reason=body.reason)
+    if isinstance(body, api.Signal):
+        return await signals.send(tx, run_id, signal_id=body.signal_id, name=body.name, payload=body.payload,
+                                  sent_by=f"operator:{actor}", kinds=kinds, reason=body.reason)
     if isinstance(body, api.Resolve):
         return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
                                             done=body.outcome == "confirmed", external_id=body.external_id,

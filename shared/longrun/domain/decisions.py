@@ -11,7 +11,7 @@ Invariants:
   takes it only where the history recorded it, so old histories keep their old decisions.
 - Every wait a decision asks for has a wake condition and a deadline by construction
   (``wait_for``); a retry waits on a timer whose deadline is its fire time, a question on
-  its answer.
+  its answer, a signal wait on a signal of its name.
 - ``Complete`` carries evidence; the workflow's ``accept`` judges it deterministically,
   and only an empty list of unmet conditions lets the run complete.
 """
@@ -26,6 +26,7 @@ from longrun.domain.action import ActionStatus
 from longrun.domain.codec import FrozenMap
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
+from longrun.domain.signals import signal_wait
 from longrun.domain.snapshot import QUESTION_WAIT, RunSnapshot, Wait
 
 _decision = dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +92,17 @@ class AskUser:
 
 
 @_decision
+class WaitForSignal:
+    """Wait for a signal named ``name`` (one the run's kind declares in ``RunKind.signals``): the next
+    one sent ends the wait (``state.last_wake.reason`` is SIGNAL; ``signals.woken_by(state)`` is it).
+    Signals received before the wait do not end it: ``decide`` reads them first with
+    ``signals.received(state, name)``. None by ``deadline``: the run wakes with reason DEADLINE."""
+
+    name: str
+    deadline: float
+
+
+@_decision
 class ScheduleRetry:
     logical_action: str
     delay: float
@@ -113,7 +125,8 @@ class Reconcile:
 
 
 Decision: TypeAlias = (
-    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | ScheduleRetry | Complete | Fail | Reconcile
+    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry | Complete | Fail
+    | Reconcile
 )
 
 
@@ -167,7 +180,7 @@ def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
 
 
 def wait_for(
-    decision: WaitForEvent | WaitForUser | AskUser | ScheduleRetry, ctx: DecisionContext
+    decision: WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry, ctx: DecisionContext
 ) -> tuple[RunStatus, Wait]:
     """The waiting status and ``Wait`` to record for a waiting decision."""
     wait_id = ctx.new_id()
@@ -188,6 +201,8 @@ def wait_for(
         wait = Wait(wait_id=wait_id, kind=QUESTION_WAIT, deadline=decision.deadline, owner=decision.owner,
                     question_id=decision.question_id)
         return RunStatus.WAITING_USER, wait
+    if isinstance(decision, WaitForSignal):
+        return signal_wait(wait_id, decision.name, decision.deadline)
     wake_at = ctx.now + decision.delay
     wait = Wait(
         wait_id=wait_id, kind="timer", deadline=wake_at, wake_at=wake_at, subject=decision.logical_action
