@@ -467,7 +467,7 @@ async def _act(tx: PgTransaction, run_id: str, name: str, body: BaseModel, *, by
                                     reason=body.reason)
     if isinstance(body, api.Signal):
         return await signals.send(tx, run_id, signal_id=body.signal_id, name=body.name, payload=body.payload,
-                                  sent_by=f"operator:{actor}", kinds=kinds, reason=body.reason)
+                                  sent_by=f"operator:{actor}", actor=actor, kinds=kinds, reason=body.reason)
     if isinstance(body, api.Resolve):
         return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
                                             done=body.outcome == "confirmed", external_id=body.external_id,

@@ -42,11 +42,12 @@ class SignalRefused(DomainError):
 
 
 async def send(tx: RunTransaction, run_id: str, *, signal_id: str, name: str, payload: JsonValue, sent_by: str,
-               kinds: Registry, reason: str, tenant_id: str | None = None, producer: str = "operator",
+               actor: str, kinds: Registry, reason: str, tenant_id: str | None = None, producer: str = "operator",
                clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Record the signal on the run (see the module docstring); ``tenant_id``: the tenant the sender
-    may act in, a run of another one is answered as no run at all. ``sent_by``: ``operator:<subject>``
-    or ``producer:<broker user>``. Returns the run's status and revision, and ``outcome``."""
+    may act in, a run of another one is answered as no run at all. ``sent_by``: the fact's source,
+    ``operator:<subject>`` or ``producer:<broker user>``; ``actor``: who the audit log names.
+    Returns the run's status and revision, and ``outcome``."""
     if not signal_id or len(signal_id) > MAX_SIGNAL_ID:
         raise SignalRefused(run_id, name, [f"signal_id: 1 to {MAX_SIGNAL_ID} characters, got {len(signal_id)}"])
     try:
@@ -75,7 +76,7 @@ async def send(tx: RunTransaction, run_id: str, *, signal_id: str, name: str, pa
         now = after.snapshot
         outcome = ("late" if run.status in TERMINAL else
                    "woke" if now.last_wake is not None and now.last_wake != run.last_wake else "recorded")
-        await tx.audit(actor=sent_by, action="signal", target=run_id, reason=reason, details={
+        await tx.audit(actor=actor, action="signal", target=run_id, reason=reason, details={
             "signal_id": signal_id, "name": name, "outcome": outcome, "from": run.status.value,
             "to": now.status.value})
         cause = f"signal:{signal_id}"

@@ -126,14 +126,14 @@ class Kit:
                                  actor=by or wait.owner or "operator")
 
     def signal(self, run_id: str, name: str, payload: JsonValue = None, *, signal_id: str | None = None,
-               sent_by: str = "operator:ops") -> dict[str, Any]:
-        """A signal sent to the run, as the operator API and a producer's ``run.signal`` send it: checked
+               by: str = "ops") -> dict[str, Any]:
+        """A signal sent to the run by ``by``, as the operator API and a producer's ``run.signal`` send it: checked
         against the kind's ``signals`` (``app.signals.SignalRefused`` names why, and nothing is recorded);
         the same ``signal_id`` again changes nothing. The answer's ``outcome`` says what it did: ``woke``,
         ``recorded``, ``late`` (the run had ended: kept, not applied) or ``duplicate``."""
         self._signals += 1
         return self.world.signal(run_id, name=name, payload={} if payload is None else payload,
-                                 signal_id=signal_id or f"signal-{self._signals}", sent_by=sent_by)
+                                 signal_id=signal_id or f"signal-{self._signals}", actor=by)
 
     def signals(self, run_id: str, name: str | None = None) -> tuple[ReceivedSignal, ...]:
         """The signals the run received (named ``name``, if given), oldest first: what its ``decide`` reads."""

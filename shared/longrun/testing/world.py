@@ -395,10 +395,10 @@ class World:
             clock=self.clock))
 
     def signal(self, run_id: str, *, name: str, payload: JsonValue, signal_id: str,
-               sent_by: str = "operator:ops") -> dict[str, Any]:
-        """A signal sent to the run, as the operator API and the ingress take it (``app.signals.send``)."""
+               actor: str = "ops") -> dict[str, Any]:
+        """An operator's signal to the run, as the operator API takes it (``app.signals.send``)."""
         return self.in_transaction(lambda tx: signals.send(
-            tx, run_id, signal_id=signal_id, name=name, payload=payload, sent_by=sent_by,
+            tx, run_id, signal_id=signal_id, name=name, payload=payload, sent_by=f"operator:{actor}", actor=actor,
             kinds=self.kinds, reason="signalled", clock=self.clock))
 
     # -- the reconciler (app/reconcile.py, app/reconcile_leases.py) ------------------------------------

@@ -36,7 +36,8 @@ async def receive(tx: RunTransaction, envelope: Envelope, *, publisher: str | No
                              "the run.signal names no run: set the envelope's run_id", partitions)
     try:
         return await signals.send(tx, envelope.run_id, signal_id=signal.signal_id, name=signal.name,
-                                  payload=signal.payload, sent_by=f"producer:{publisher}", kinds=kinds,
+                                  payload=signal.payload, sent_by=f"producer:{publisher}",
+                                  actor=f"broker-user:{publisher}", kinds=kinds,
                                   reason=f"run.signal {envelope.event_id}", tenant_id=envelope.tenant_id,
                                   producer=PRODUCER)
     except RunNotFound:
