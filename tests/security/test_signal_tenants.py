@@ -3,7 +3,8 @@ broker user, granted as docs/bus.md says (topic write ``^run\\.(create|signal)$`
 taken only for a run of a tenant that user is allowed. A signal naming another tenant, or naming its
 own tenant and another tenant's run, or whose payload the run's kind refuses, is answered with
 run.rejected (tenant_not_allowed, run_not_found, signal_refused), audited, and changes nothing; the
-same signal sent twice by the run's own tenant is recorded once and wakes the run once."""
+same signal sent twice by the run's own tenant (``longrun_client.Client.signal_run``) is recorded
+once and wakes the run once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import aio_pika
 import pytest
+from longrun_client import Client
 from sqlalchemy import text
 
 from tests.fixtures import eventually
@@ -71,11 +73,13 @@ async def test_a_producer_signals_only_runs_of_the_tenants_its_broker_user_is_al
         disguised = run_signal("acme", theirs, "disguised", {"by": "acme"})
         await publish_signal(acme_user, foreign)
         await publish_signal(acme_user, disguised)
-        # and other's user sends a payload the kind refuses, then the right one twice (a retry)
+        # and other's user sends a payload the kind refuses, then, with longrun-client, the right one
+        # twice (a retry: a new message with the same signal id)
         refused = run_signal("other", theirs, "bad", {"by": ""})
         await publish_signal(other_user, refused)
-        await publish_signal(other_user, run_signal("other", theirs, "ship-1", {"by": "other"}))
-        await publish_signal(other_user, run_signal("other", theirs, "ship-1", {"by": "other"}))
+        async with await Client.connect(other_user.url, producer="other-ci") as client:
+            for _ in range(2):
+                await client.signal_run("other", theirs, "ship", {"by": "other"}, signal_id="ship-1")
 
         # Then other's run completes, woken once by its own signal, the only one recorded on it
         await eventually(lambda: _is(engine, theirs, "COMPLETED"), timeout=60, what="other's run completes")

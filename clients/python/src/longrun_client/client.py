@@ -24,13 +24,13 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 from opentelemetry import trace
 
-from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE,
+from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, SIGNAL_KEY,
                                 TENANT_PATTERN, tenant_pattern)
 from longrun_client.codec import broker_user, to_message
 from longrun_client.consumer import DurableConsumer, Handler, OnMissed
 from longrun_client.errors import PoisonMessage
 from longrun_client.model import Envelope
-from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
+from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunSignalV1, RunTimeouts
 from longrun_client.pending import PendingCreate, correlation_id_of
 from longrun_client.registry import decode, make, traceparent
 from longrun_client.retry import Backoff, publish_confirmed
@@ -144,11 +144,26 @@ class Client:
             span.set_attribute("messaging.message.conversation_id", correlation_id_of(request))
             pending = self._expect(request, listeners)
             try:
-                await self._publish(request)
+                await self._publish(request, CREATE_KEY)
             except BaseException:
                 listeners.discard(pending.offer)
                 self._forget(request.event_id)
                 raise
+        return request
+
+    async def signal_run(self, tenant: str, run_id: str, name: str, payload: Any = None, *, signal_id: str,
+                         correlation_id: str | None = None) -> Envelope:
+        """Publish a run.signal to the run (of ``tenant``) and return it once the broker has confirmed
+        it, sent again on a nack as ``create_run`` is. The run's kind must declare ``name``, and
+        ``payload`` (default ``{}``) satisfy its schema; the same ``signal_id`` is recorded once per
+        run, so sending again after a ``PublishNotConfirmed`` or a lost connection is safe. A refusal
+        comes back as run.rejected on the tenant's events (``refused_event_id``: this envelope's
+        ``event_id``)."""
+        signal = RunSignalV1.model_validate({"signal_id": signal_id, "name": name,
+                                             "payload": {} if payload is None else payload})
+        request = make("run.signal", signal, producer=self._producer, tenant_id=tenant, run_id=run_id,
+                       correlation_id=correlation_id)
+        await self._publish(request, SIGNAL_KEY)
         return request
 
     async def accepted(self, request: Envelope | str, *, timeout: float | None = 30.0) -> Envelope:
@@ -268,11 +283,11 @@ class Client:
                               f"{self._keep_finished} finished ones")
         return pending
 
-    async def _publish(self, request: Envelope) -> None:
+    async def _publish(self, request: Envelope, key: str) -> None:
         message = to_message(request, user_id=self._user_id)
-        await publish_confirmed(lambda: self._ingress.publish(message, routing_key=CREATE_KEY, mandatory=True),
-                                exchange=INGRESS_EXCHANGE, routing_key=CREATE_KEY, backoff=self._nack_backoff,
-                                what=f"run.create {request.event_id}")
+        await publish_confirmed(lambda: self._ingress.publish(message, routing_key=key, mandatory=True),
+                                exchange=INGRESS_EXCHANGE, routing_key=key, backoff=self._nack_backoff,
+                                what=f"{request.type} {request.event_id}")
 
 
 async def _within(future: asyncio.Future[Envelope | None], timeout: float | None, what: str) -> None:
