@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from longrun_client.model import TENANT_PATTERN
 
-__all__ = ["CONSUMER_NAME_PATTERN", "CREATE_KEY", "SIGNAL_KEY", "EVENTS_EXCHANGE", "EVENTS_LOG_QUEUE", "INGRESS_EXCHANGE",
+__all__ = ["CONSUMER_NAME_PATTERN", "CREATE_KEY", "EVENTS_EXCHANGE", "EVENTS_LOG_QUEUE", "INGRESS_EXCHANGE",
            "TENANT_PATTERN", "TERMINAL_STATUSES", "consumer_lost_queue", "consumer_queue", "event_key", "status_key",
            "tenant_pattern"]
 
 INGRESS_EXCHANGE = "longrun.ingress"
 CREATE_KEY = "run.create"
-SIGNAL_KEY = "run.signal"
 EVENTS_EXCHANGE = "longrun.events"
 EVENTS_LOG_QUEUE = "longrun.events.log"
 TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "TIMED_OUT", "BUDGET_EXHAUSTED"})

@@ -24,7 +24,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 from opentelemetry import trace
 
-from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE, SIGNAL_KEY,
+from longrun_client.bus import (CONSUMER_NAME_PATTERN, CREATE_KEY, EVENTS_EXCHANGE, INGRESS_EXCHANGE,
                                 TENANT_PATTERN, tenant_pattern)
 from longrun_client.codec import broker_user, to_message
 from longrun_client.consumer import DurableConsumer, Handler, OnMissed
@@ -144,7 +144,7 @@ class Client:
             span.set_attribute("messaging.message.conversation_id", correlation_id_of(request))
             pending = self._expect(request, listeners)
             try:
-                await self._publish(request, CREATE_KEY)
+                await self._publish(request)
             except BaseException:
                 listeners.discard(pending.offer)
                 self._forget(request.event_id)
@@ -163,7 +163,7 @@ class Client:
                                              "payload": {} if payload is None else payload})
         request = make("run.signal", signal, producer=self._producer, tenant_id=tenant, run_id=run_id,
                        correlation_id=correlation_id)
-        await self._publish(request, SIGNAL_KEY)
+        await self._publish(request)
         return request
 
     async def accepted(self, request: Envelope | str, *, timeout: float | None = 30.0) -> Envelope:
@@ -283,7 +283,9 @@ class Client:
                               f"{self._keep_finished} finished ones")
         return pending
 
-    async def _publish(self, request: Envelope, key: str) -> None:
+    async def _publish(self, request: Envelope) -> None:
+        """On the ingress, under its type as the routing key (``run.create``, ``run.signal``)."""
+        key = request.type
         message = to_message(request, user_id=self._user_id)
         await publish_confirmed(lambda: self._ingress.publish(message, routing_key=key, mandatory=True),
                                 exchange=INGRESS_EXCHANGE, routing_key=key, backoff=self._nack_backoff,
