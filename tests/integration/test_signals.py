@@ -88,6 +88,7 @@ async def test_a_signal_is_checked_recorded_once_wakes_its_run_once_and_is_kept_
         assert completed["evidence"]["woken_by"] == "ship-1"
         assert steps.read_text().split() == [run_id, run_id]
         assert await _audited(engine, run_id) == [("ops", "ship-1", "woke")]
+        assert await _open_timers(engine, run_id) == 0  # the signal's write closed the wait's deadline
 
         # When a signal arrives after the run completed
         done = await _stored(engine, run_id)
@@ -144,6 +145,12 @@ async def _stored(engine, run_id: str) -> tuple[Any, ...]:  # type: ignore[no-un
         audited = (await conn.execute(text("SELECT count(*) FROM audit_log WHERE target = :r"),
                                       {"r": run_id})).scalar()
     return revision, events, audited
+
+
+async def _open_timers(engine, run_id: str) -> int:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT count(*) FROM timers WHERE run_id = :r AND fired_at IS NULL "
+                                        "AND cancelled_at IS NULL"), {"r": run_id})).scalar_one()
 
 
 async def _late_signals(engine, run_id: str) -> list[tuple[str, bool]]:  # type: ignore[no-untyped-def]
