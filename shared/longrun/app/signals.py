@@ -24,6 +24,7 @@ from longrun.app.gateway.operate import RunNotFound
 from longrun.authoring import Registry
 from longrun.domain import TERMINAL, WAKE_A_WORKER, JsonValue, freeze
 from longrun.domain import events as ev
+from longrun.domain.signals import waits_for
 from longrun.errors import DomainError, ErrorCode
 from longrun.ports.stores import RunTransaction
 
@@ -74,8 +75,7 @@ async def send(tx: RunTransaction, run_id: str, *, signal_id: str, name: str, pa
         after = await tx.append(stored, [ev.SignalReceived(seq=stored.seq(), at=clock(), signal_id=signal_id,
                                                            name=name, payload=freeze(payload), sent_by=sent_by)])
         now = after.snapshot
-        outcome = ("late" if run.status in TERMINAL else
-                   "woke" if now.last_wake is not None and now.last_wake != run.last_wake else "recorded")
+        outcome = "late" if run.status in TERMINAL else "woke" if waits_for(run, name) else "recorded"
         await tx.audit(actor=actor, action="signal", target=run_id, reason=reason, details={
             "signal_id": signal_id, "name": name, "outcome": outcome, "from": run.status.value,
             "to": now.status.value})
