@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from longrun_client.model import TENANT_PATTERN
+from longrun_client.payloads import SIGNAL_NAME_PATTERN
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from longrun.db import pages
@@ -42,6 +43,7 @@ from longrun.services.gateway.api_responses import (
     RunAccepted,
     RunPage,
     RunView,
+    Signalled,
     Token,
     TokenList,
     VersionsReport,
@@ -82,6 +84,16 @@ class Answer(Strict):
 
     question_id: Text
     answer: Any = Field(description="Any JSON value the question's answer schema accepts.")
+    reason: Reason
+
+
+class Signal(Strict):
+    """A named signal for the run; its kind must declare the name, and the payload satisfy its schema."""
+
+    signal_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00]*$",
+                           description="Your id for it: the same id again records it once and wakes the run once.")
+    name: str = Field(pattern=SIGNAL_NAME_PATTERN, description="A signal the run's kind declares.")
+    payload: Any = Field(default_factory=dict, description="Any JSON value the kind's schema for the name accepts.")
     reason: Reason
 
 
@@ -308,6 +320,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "(only a principal its owner names)", role="approver"),
     _on_a_run("deny", Decide, ActionResult, "Deny the pending request with this hash", role="approver"),
     _on_a_run("answer", Answer, Answered, "Answer the question the run asks", role="approver"),
+    Operation("POST", "/runs/{run_id}/signals", "signalRun", "Send the run a named signal: recorded once per "
+              "signal_id, it wakes the run waiting for it; after the run ended it is kept, not applied (422: a name "
+              "the run's kind does not declare, or a payload its schema refuses)", Signalled, _ACT, Signal),
     _on_a_run("resolve", Resolve, Resolved, "Settle an action in doubt with what was found on the far side"),
     _on_a_run("retry-action", RetryAction, Resolved, "Send an action that FAILED again under the same "
               "idempotency key (the run must not have ended)"),

@@ -40,6 +40,14 @@ class Answered(ActionResult):
     repeated: bool = Field(description="The same answer was given before; nothing changed.")
 
 
+class Signalled(ActionResult):
+    signal_id: str
+    outcome: Literal["woke", "recorded", "late", "duplicate"] = Field(description=(
+        "woke: it ended the run's wait for it; recorded: the run was open and not waiting for it, its decide "
+        "reads it later; late: the run had ended, so it is kept in the history and not applied; duplicate: a "
+        "signal with this id was recorded before, and nothing changed."))
+
+
 class SettledAction(Strict):
     logical_action: str
     status: Literal[ActionStatus.CONFIRMED.value, ActionStatus.RETRYABLE.value]  # type: ignore[valid-type]

@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from longrun import run_kinds, webhook_providers
+from longrun.app import signals
 from longrun.app.gateway import operate, webhooks
 from longrun.bootstrap import open_artifacts
 from longrun.bus.connection import Bus
@@ -161,7 +162,7 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
                 await _visible(conn, run_id, principal)
                 result = await run_acts.perform(PgTransaction(conn), run_id, name, body, by=principal, kinds=kinds)
         except run_acts.REFUSALS as e:
-            problems = {"problems": e.problems} if isinstance(e, operate.AnswerRefused) else {}
+            problems = {"problems": e.problems} if isinstance(e, operate.AnswerRefused | signals.SignalRefused) else {}
             return JSONResponse({"error": str(e), **problems}, status_code=run_acts.refusal_status(e))
         return JSONResponse(result)
 

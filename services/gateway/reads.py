@@ -19,10 +19,11 @@ from longrun.db import actions as ledger
 from longrun.db import keys, operator_reads, retention, runs
 from longrun.domain import RunSnapshot, event_to_dict
 from longrun.domain.rate_limit import RATE_LIMIT_WAIT
+from longrun.domain.signals import SIGNAL_WAIT
 from longrun.domain.tool_permits import TOOL_CONCURRENCY_WAIT
 from longrun.services.gateway import api
 
-SHOWN_WAITS = (RATE_LIMIT_WAIT, TOOL_CONCURRENCY_WAIT)
+SHOWN_WAITS = (RATE_LIMIT_WAIT, TOOL_CONCURRENCY_WAIT, SIGNAL_WAIT)
 """The waits whose key a run's view shows as what it waits for."""
 
 
@@ -84,7 +85,7 @@ async def audit_entries(conn: AsyncConnection, params: api.AuditSearch, *, alert
 
 def waiting_for(run: RunSnapshot) -> str | None:
     """What a parked run's view says it waits for: ``rate_limit:<limit name>`` for its place in line,
-    ``tool_concurrency:<group>`` for a permit of its tenant's tool group."""
+    ``tool_concurrency:<group>`` for a permit of its tenant's tool group, ``signal:<name>`` for a signal."""
     wait = run.wait
     return wait.correlation_key if wait is not None and wait.kind in SHOWN_WAITS else None
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from longrun.app import signals
 from longrun.app.gateway import operate
 from longrun.authoring import Registry
 from longrun.errors import DomainError, LongrunError
@@ -32,6 +33,9 @@ async def perform(tx: RunTransaction, run_id: str, name: str, body: BaseModel, *
     if isinstance(body, api.Answer):
         return await operate.answer(tx, run_id, question_id=body.question_id, answer=body.answer, by=by,
                                     reason=body.reason)
+    if isinstance(body, api.Signal):
+        return await signals.send(tx, run_id, signal_id=body.signal_id, name=body.name, payload=body.payload,
+                                  sent_by=f"operator:{actor}", actor=actor, kinds=kinds, reason=body.reason)
     if isinstance(body, api.Resolve):
         return await operate.resolve_action(tx, run_id, logical_action=body.logical_action,
                                             done=body.outcome == "confirmed", external_id=body.external_id,
@@ -49,12 +53,12 @@ async def perform(tx: RunTransaction, run_id: str, name: str, body: BaseModel, *
 
 
 def refusal_status(e: Exception) -> int:
-    """404 no such run; 403 not the principal the request names; 422 an answer or resolution that does
-    not fit; 409 anything else the run does not allow now."""
+    """404 no such run; 403 not the principal the request names; 422 an answer, signal or resolution that
+    does not fit; 409 anything else the run does not allow now."""
     if isinstance(e, operate.RunNotFound):
         return 404
     if isinstance(e, operate.NotPermitted):
         return 403
-    if isinstance(e, operate.AnswerRefused | operate.ResolutionRefused):
+    if isinstance(e, operate.AnswerRefused | signals.SignalRefused | operate.ResolutionRefused):
         return 422
     return 409

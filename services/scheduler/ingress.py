@@ -1,5 +1,6 @@
-"""The scheduler's ingress consumer on PostgreSQL: a batch of run.creates in one transaction, each
-created by ``app.scheduler.admit.create_run`` (or refused) through a ``PgTransaction``."""
+"""The scheduler's ingress consumer on PostgreSQL: a batch of run.creates and run.signals in one
+transaction, each create made by ``app.scheduler.admit.create_run`` (or refused) and each signal
+recorded by ``app.scheduler.signal_intake`` (or refused) through a ``PgTransaction``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.app import effects
+from longrun.app.scheduler import signal_intake
 from longrun.app.scheduler.admit import PRODUCER, Locked, create_run, readable_outer, refuse_publisher
 from longrun.authoring import Registry
 from longrun.bus.consumer import PUBLISHER
@@ -23,10 +25,11 @@ from longrun.services.scheduler.producers import ProducerTenants
 
 class Ingress:
     """The scheduler's ingress consumer: its ``prelude`` and its ``handle`` share one transaction per
-    batch of creates, and what the prelude read."""
+    batch of messages, and what the prelude read."""
 
     def __init__(self, *, kinds: Registry, partitions: int, slots: int, max_input_bytes: int,
                  producers: ProducerTenants) -> None:
+        self.kinds = kinds
         self.options = {"kinds": kinds, "partitions": partitions, "slots": slots, "max_input_bytes": max_input_bytes}
         self.producers = producers
         self._read: WeakKeyDictionary[AsyncConnection, dict[str, TenantPolicy | None]] = WeakKeyDictionary()
@@ -35,15 +38,19 @@ class Ingress:
         """Before any create, the batch takes its tenants' admission locks in tenant order, so two
         batches cannot deadlock, each with the tenant's policy in the same statement."""
         self._read[conn] = {tenant: await policies.lock_and_load(conn, tenant)
-                            for tenant in sorted({e.tenant_id for e in envelopes})}
+                            for tenant in sorted({e.tenant_id for e in envelopes if e.type == "run.create"})}
 
     async def handle(self, conn: AsyncConnection, envelope: Envelope) -> dict[str, Any]:
         """``create_run`` in the consumer's transaction, under the lock and policy the prelude read,
-        when the create's publisher may create runs in its tenant."""
-        if envelope.type != "run.create":
-            # The ingress binds run.create's routing key, but a producer chooses the type in the body.
-            raise DecodeError(f"a {envelope.type} on the ingress, where only run.create is read", b"")
+        when the create's publisher may create runs in its tenant; a signal, when it may act there."""
         publisher = PUBLISHER.get()
+        if envelope.type == "run.signal":
+            return await signal_intake.receive(PgTransaction(conn), envelope, publisher=publisher,
+                                               allowed=self.producers.allows(publisher, envelope.tenant_id),
+                                               kinds=self.kinds, partitions=self.options["partitions"])
+        if envelope.type != "run.create":
+            # The ingress binds run.create's and run.signal's routing keys, but a producer chooses the type in the body.
+            raise DecodeError(f"a {envelope.type} on the ingress, where only run.create and run.signal are read", b"")
         if not self.producers.allows(publisher, envelope.tenant_id):
             refused = await refuse_publisher(PgTransaction(conn), envelope, publisher,
                                              partitions=self.options["partitions"])

@@ -270,6 +270,11 @@ class RunKind:
     """The backoff between attempts of a failed cleanup; past ``maximum_attempts`` it keeps its
     longest delay (a cleanup is never given up)."""
 
+    signals: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The signals a run of this kind accepts: name -> the JSON Schema (draft 2020-12) its payload must
+    satisfy. A signal of any other name, or whose payload fails its schema, is refused and changes
+    nothing (``longrun.app.signals``). Empty: the kind accepts no signal."""
+
     def __post_init__(self) -> None:
         names = [step.name for step in self.cleanup]
         if len(set(names)) != len(names):
@@ -283,11 +288,23 @@ class RunKind:
                 raise ValueError(f"run kind {self.name!r}: cleanup step {step.name!r} calls {step.tool!r}, a "
                                  "non-idempotent write without a lookup: a step cut short could be neither "
                                  "sent again nor found (declare its lookup)")
-        if isinstance(self.input_schema, Mapping):
+        schemas = {"input_schema": self.input_schema} if isinstance(self.input_schema, Mapping) else {}
+        schemas |= {f"signals[{name!r}]": schema for name, schema in self.signals.items()}
+        for what, schema in schemas.items():
             try:
-                Draft202012Validator.check_schema(dict(self.input_schema))
+                Draft202012Validator.check_schema(dict(schema))
             except SchemaError as e:
-                raise ValueError(f"run kind {self.name!r}: input_schema is not a JSON Schema: {e.message}") from None
+                raise ValueError(f"run kind {self.name!r}: {what} is not a JSON Schema: {e.message}") from None
+
+    def signal_problems(self, name: str, payload: object) -> list[str]:
+        """Why this kind refuses a signal named ``name`` with ``payload``, each way as ``<field>: <why>``;
+        none when it accepts it."""
+        schema = self.signals.get(name)
+        if schema is None:
+            accepted = ", ".join(sorted(self.signals)) or "none"
+            return [f"run kind {self.name!r} accepts no signal named {name[:100]!r} (it accepts: {accepted})"]
+        return [_problem(("payload", *e.absolute_path), e.message)
+                for e in Draft202012Validator(dict(schema)).iter_errors(payload)]
 
     def input_problems(self, value: Mapping[str, Any]) -> list[str]:
         """Each way ``value`` fails this kind's input schema, as ``<field>: <why>``; none when it fits."""

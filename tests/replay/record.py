@@ -11,11 +11,12 @@ the run kind's ``decide`` from the git revision that was deployed when the run w
 ``python -m tests.replay.record rederive --name NAME [--workflow-at REV]`` derives the decisions
 of a recorded history again, from its events, when the derivation rules below improve.
 
-``python -m tests.replay.record live [--stories engine|questions ...]`` starts the ensemble
+``python -m tests.replay.record live [--stories engine|questions|signals ...]`` starts the ensemble
 (forge, gateway, scheduler, workers, timer, reconciler, relay) in a database and vhost of its own,
 plays the stories below through it like production would (run.create on the bus, approvals and
 answers through the operator API, a forge that times out, a worker that dies at a crash point, a
-question left unanswered past its deadline) and records each finished run.
+question left unanswered past its deadline, a signal sent twice and one after the end) and records
+each finished run.
 
 Every derived decision is checked against what followed it in the history before the file is
 written (``replay.record``).
@@ -156,7 +157,8 @@ async def live(args: argparse.Namespace) -> None:
         ensemble = Ensemble(services, tmp)
         common = {"LONGRUN_FORGE_TIMEOUT": "2", "LONGRUN_RECONCILE_INTERVAL": "0.5",
                   "LONGRUN_ARTIFACT_DIR": str(tmp / "artifacts"),
-                  "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:ASKING"}
+                  "LONGRUN_RUN_KINDS": "longrun.workflows:builtin,tests.kinds:ASKING,"
+                                       "tests.integration.signal_kinds:SIGNALLED"}
         try:
             ensemble.start_forge()
             await ensemble.configure_forge(deliver_times=2)
@@ -208,6 +210,8 @@ async def live(args: argparse.Namespace) -> None:
                 stories += await engine_stories(bus, ensemble, finished)
             if "questions" in args.stories:
                 stories += await question_stories(bus, finished)
+            if "signals" in args.stories:
+                stories += await signal_stories(bus, engine, ensemble.gateway_url, finished)
             for name, run_id, story in stories:
                 rows, snapshot = await _stored(engine, run_id)
                 source = {"how": "played live through the ensemble by tests/replay/record.py live",
@@ -273,6 +277,37 @@ async def question_stories(bus: Any, finished: Any) -> list[tuple[str, str, str]
     return [answered, unanswered]
 
 
+async def signal_stories(bus: Any, engine: AsyncEngine, gateway_url: str,
+                         finished: Any) -> list[tuple[str, str, str]]:
+    """The test-only ``signalled`` kind (``tests.integration.signal_kinds``): its signal sent twice, and
+    one sent after it completed."""
+    from tests.fixtures import eventually
+    from tests.integration.ensemble import publish_create, run_id_for, status_of
+    from tests.integration.identities import bearer
+
+    key = f"signalled-{uuid.uuid4().hex[:6]}"
+    await publish_create(bus, tenant="acme", key=key, workflow="signalled", input_={})
+    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+
+    async def waiting() -> bool:
+        return await status_of(engine, run_id) == "WAITING_EVENT"
+
+    await eventually(waiting, timeout=60, what="the wait for ship")
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as gateway:
+        headers = await bearer(engine, "recorder", "operator")
+        for signal_id, name, payload in (("ship-1", "ship", {"by": "ana"}), ("ship-1", "ship", {"by": "ana"})):
+            (await gateway.post(f"/runs/{run_id}/signals", headers=headers, json={
+                "signal_id": signal_id, "name": name, "payload": payload, "reason": "recorder"})).raise_for_status()
+        await finished(key)
+        (await gateway.post(f"/runs/{run_id}/signals", headers=headers, json={
+            "signal_id": "late-1", "name": "note", "payload": "after the end", "reason": "recorder"})).raise_for_status()
+    return [("signalled-twice-and-late", run_id,
+             "A run waits for its ship signal (WaitForSignal, WAITING_EVENT); an operator sends it twice under one "
+             "signal id: it is recorded once (signal.received, the fact signal:ship-1) and wakes the run once, "
+             "which completes with it as evidence; a note signal sent after the run completed is kept in the "
+             "history, not applied.")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.replay.record", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="how", required=True)
@@ -285,7 +320,8 @@ def main() -> None:
     db.add_argument("--workflow-at", help="git revision whose dependency_upgrade decide() recorded the run")
     db.add_argument("--why", help="with --workflow-at: why today's decide differs from that build's")
     played = sub.add_parser("live", help="play the stories through the ensemble and record them")
-    played.add_argument("--stories", nargs="+", choices=("engine", "questions"), default=["engine", "questions"])
+    played.add_argument("--stories", nargs="+", choices=("engine", "questions", "signals"),
+                        default=["engine", "questions", "signals"])
     again = sub.add_parser("rederive", help="derive the decisions of a recorded history again")
     again.add_argument("--name", required=True)
     again.add_argument("--workflow-at")

@@ -41,8 +41,10 @@ from longrun.domain import (
     Reconcile,
     RunSnapshot,
     RunStatus,
+    SIGNAL_WAIT,
     ScheduleRetry,
     WaitForEvent,
+    WaitForSignal,
     WaitForUser,
     event_from_dict,
     evolve,
@@ -54,6 +56,7 @@ from longrun.domain import (
 from longrun.app.worker.model_call import MODEL_RETRY_FACT_PREFIX
 from longrun.domain import events as ev
 from longrun.domain.breaker import TOOL_HEALTHY_WAIT
+from tests.integration.signal_kinds import SIGNALLED
 from tests.kinds import ASKING, registry
 
 FORMAT = 1
@@ -73,9 +76,10 @@ class Point:
 
 
 def kinds() -> Registry:
-    """The default run kinds, and the test-only ``asking`` (questions)."""
+    """The default run kinds, and the test-only ``asking`` (questions) and ``signalled`` (signals)."""
     found = registry(Settings.from_env({}))
     found.add(ASKING)
+    found.add(SIGNALLED)
     return found
 
 
@@ -175,7 +179,7 @@ def mismatch(kinds: Registry, events: Sequence[ev.RunEvent], point: Point) -> st
               and first.text == d["text"] and thaw(first.answer_schema) == d["answer_schema"]
               and isinstance(second, ev.WaitStarted) and second.status is RunStatus.WAITING_USER
               and second.wait.question_id == d["question_id"] and second.wait.owner == d["owner"])
-    elif kind in (WaitForEvent.__name__, WaitForUser.__name__, ScheduleRetry.__name__):
+    elif kind in (WaitForEvent.__name__, WaitForUser.__name__, WaitForSignal.__name__, ScheduleRetry.__name__):
         ok = isinstance(first, ev.WaitStarted) and _wait_matches(d, first)
     elif kind == Complete.__name__:
         ok = (isinstance(first, ev.RunCompleted) and thaw(first.evidence) == d["evidence"]) or (
@@ -216,6 +220,9 @@ def _wait_matches(d: Mapping[str, Any], started: ev.WaitStarted) -> bool:
     if d["type"] == WaitForEvent.__name__:
         return (started.status is RunStatus.WAITING_EVENT and wait.kind == d["kind"]
                 and wait.correlation_key == d["correlation_key"])
+    if d["type"] == WaitForSignal.__name__:
+        return (started.status is RunStatus.WAITING_EVENT and wait.kind == SIGNAL_WAIT
+                and wait.correlation_key == f"{SIGNAL_WAIT}:{d['name']}")
     if d["type"] == WaitForUser.__name__:
         return (started.status is RunStatus.WAITING_USER and wait.approval_id == d["approval_id"]
                 and wait.owner == d["owner"] and wait.approved_hash == d["approved_hash"]

@@ -38,14 +38,14 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "TIMED_OUT", "BUDG
 def tenant_grants(vhost: str, user: str, tenant: str) -> list[list[str]]:
     """What a tenant's user may do (after ``rabbitmqctl add_user``): configure, write and read its own
     ``<tenant>.`` queues; bind them to ``longrun.events`` (read on the exchange) with binding keys
-    that start with ``<tenant>.`` only (topic read); publish to ``longrun.ingress`` with the key
-    ``run.create`` only (topic write). Nothing else: not the stream ``longrun.events.log``, not the
+    that start with ``<tenant>.`` only (topic read); publish to ``longrun.ingress`` with the keys
+    ``run.create`` and ``run.signal`` only (topic write). Nothing else: not the stream ``longrun.events.log``, not the
     service queues, not the default exchange."""
     own = f"^{tenant}\\."
     return [
         ["set_permissions", "-p", vhost, user, own, f"{own}|^longrun\\.ingress$", f"{own}|^longrun\\.events$"],
         ["set_topic_permissions", "-p", vhost, user, EVENTS, "^$", own],
-        ["set_topic_permissions", "-p", vhost, user, INGRESS, "^run\\.create$", "^$"],
+        ["set_topic_permissions", "-p", vhost, user, INGRESS, "^run\\.(create|signal)$", "^$"],
     ]
 
 
@@ -157,7 +157,7 @@ async def test_a_tenant_can_bind_its_own_run_events_only(tenant_user) -> None:  
             await (await ch.get_queue("longrun.scheduler.ingress", ensure=False)).get(fail=False)
         await _refused(connection, read_service_queue)
 
-        # nor publish anything but run.create to the ingress, nor publish run events, nor go through
+        # nor publish anything but run.create and run.signal to the ingress, nor publish run events, nor go through
         # the default exchange to a service queue
         for exchange, key in ((INGRESS, "run.cancel"), (INGRESS, "#"), (EVENTS, "acme.run.status.completed"),
                               ("", "longrun.scheduler.ingress")):

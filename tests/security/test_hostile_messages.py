@@ -73,15 +73,21 @@ async def test_the_ingress_quarantines_what_is_not_a_readable_run_create_at_once
     nul_id = make("run.create", {"workflow": "steps", "idempotency_key": "k"}, producer="tests", tenant_id="t")
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", aio_pika.Message(
         body=nul_id.model_dump_json().replace(nul_id.event_id, "e\\u0000").encode()))
+    # and a run.signal that names no signal_id and a name no kind could declare
+    signal = make("run.signal", {"signal_id": "s", "name": "ship"}, producer="tests", tenant_id="t", run_id="r")
+    unnamed = {**signal.model_dump(mode="json"), "payload": {"name": "ship it!"}}
+    await bus.publish(topology.INGRESS_EXCHANGE, "run.signal", aio_pika.Message(body=json.dumps(unnamed).encode()))
     key = new_key()
     await publish_create(bus, tenant="t", key=key, input_={"steps": 1}, workflow="steps")
-    # Then both are quarantined on their first attempt, naming why, and the run is created
+    # Then all three are quarantined on their first attempt, naming why, and the run is created
     assert await eventually(lambda: run_id_for(engine, "t", key), timeout=30, what="the valid run created")
-    rows = await eventually(lambda: _quarantine(engine, 2), what="both quarantined")
-    assert [(r.error_code, r.attempts) for r in rows] == [("decode_error", 1)] * 2
+    rows = await eventually(lambda: _quarantine(engine, 3), what="all three quarantined")
+    assert [(r.error_code, r.attempts) for r in rows] == [("decode_error", 1)] * 3
     reasons = sorted(r.reason for r in rows)  # a batch quarantines what does not decode first
-    assert "a run.wakeup on the ingress, where only run.create is read" in reasons[0]
-    assert "the text at ['event_id'] holds U+0000" in reasons[1]
+    assert "a run.wakeup on the ingress, where only run.create and run.signal are read" in reasons[0]
+    assert "run.signal v1 failed validation: payload.signal_id: Field required; payload.name: String should " \
+           "match pattern" in reasons[1]
+    assert "the text at ['event_id'] holds U+0000" in reasons[2]
 
 
 async def test_a_wakeup_naming_no_run_is_quarantined_at_once(clean, engine, bus, services, tmp_path) -> None:

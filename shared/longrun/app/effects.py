@@ -26,7 +26,7 @@ from longrun.domain import events as ev
 from longrun.envelope import ENVELOPES, LATEST, DataClass, Envelope, make
 from longrun.envelope.model import new_event_id, utcnow
 from longrun.envelope.registry import traceparent
-from longrun.envelope.payloads import RejectionCode
+from longrun.envelope.payloads import RejectionCode, SignalRejectionCode
 from longrun.ports.runs import Handover, Message, Rides, StoredRun, TenantCharge
 
 ADMISSION_CHANNEL = "longrun_admission"
@@ -164,9 +164,10 @@ def accepted_message(create: Envelope, *, run_id: str, partition: int, workflow:
 
 
 def rejected_message(*, tenant_id: str, correlation_id: str | None, refused_event_id: str,
-                     idempotency_key: str | None, code: RejectionCode, reason: str, partitions: int, producer: str,
+                     idempotency_key: str | None, code: RejectionCode | SignalRejectionCode, reason: str,
+                     partitions: int, producer: str,
                      **details: Any) -> Message:
-    """The answer to a refused ``run.create``: why, for machines (``code``) and people (``reason``)."""
+    """The answer to a refused ``run.create`` or ``run.signal``: why, for machines (``code``) and people (``reason``)."""
     envelope = make("run.rejected", {"code": code, "reason": reason, "idempotency_key": idempotency_key,
                                      "refused_event_id": refused_event_id, **details},
                     producer=producer, tenant_id=tenant_id, correlation_id=correlation_id,

@@ -6,8 +6,8 @@ the envelope models' JSON Schemas (``longrun.envelope.ENVELOPES``), the run stat
 A unit test regenerates it and fails on drift; the reference parser (@asyncapi/parser,
 ``tests/contract``) validates it.
 
-Only the public surface is described: the ingress exchange, where producers publish ``run.create``,
-and the events exchange with its stream. The work exchanges and their messages are internal.
+Only the public surface is described: the ingress exchange, where producers publish ``run.create``
+and ``run.signal``, and the events exchange with its stream. The work exchanges and their messages are internal.
 The document describes longrun itself: it receives on the ingress and sends the events.
 """
 
@@ -34,7 +34,23 @@ BINDING_VERSION = "0.3.0"  # AsyncAPI AMQP 0-9-1 bindings
 PERSISTENT = 2
 DEFAULT_PATH = Path("schemas/asyncapi.yaml")
 
-INGRESS_TYPE = "run.create"
+# channel id -> (message type, title, what to know about it)
+INGRESS_CHANNELS: dict[str, tuple[str, str, str]] = {
+    "ingress": ("run.create", "Ingress: create a run", (
+        "a create is admitted only in a tenant that user is allowed (else tenant_not_allowed). The same "
+        "(tenant_id, idempotency_key) makes one run: a repeat is answered with run.accepted (repeated = true). "
+        "A refused create is answered with run.rejected on the tenant's key; a body with no parseable envelope "
+        "goes to quarantine only. The queue behind it is bounded: while the runtime is that far behind, the "
+        "broker nacks a create; send the same message again (same event_id and idempotency_key) after a "
+        "growing wait.")),
+    "ingressSignal": ("run.signal", "Ingress: signal a run", (
+        "a signal is taken only in a tenant that user is allowed (else tenant_not_allowed), and only for a run "
+        "of that tenant (else run_not_found); its name must be one the run's kind declares and its payload "
+        "satisfy that signal's schema (else signal_refused). Each refusal is answered with run.rejected on "
+        "the tenant's key (refused_event_id: the signal's event_id) and changes nothing. The same (run_id, "
+        "signal_id) is recorded once and wakes the run once; a signal to a run that has ended is kept in its "
+        "history and not applied. A body with no parseable envelope goes to quarantine only.")),
+}
 # channel id -> (message type, the routing-key word(s) after "<tenant>.run.", what to know about it)
 EVENT_CHANNELS: dict[str, tuple[str, str, str]] = {
     "runAccepted": ("run.accepted", "accepted", (
@@ -66,13 +82,16 @@ def render() -> str:
 def build() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     messages: dict[str, Any] = {}
-    ingress = [_message(INGRESS_TYPE, v, schemas, messages, sent=False) for v in _versions(INGRESS_TYPE)]
+    received = {channel: [_message(type_, v, schemas, messages, sent=False) for v in _versions(type_)]
+                for channel, (type_, _, _) in INGRESS_CHANNELS.items()}
     sent = {channel: _message(type_, LATEST[type_], schemas, messages, sent=True)
             for channel, (type_, _, _) in EVENT_CHANNELS.items()}
-    channels = {"ingress": _ingress_channel(ingress)}
+    channels = {channel: _ingress_channel(channel, ids) for channel, ids in received.items()}
     channels.update({channel: _event_channel(channel, sent[channel]) for channel in EVENT_CHANNELS})
     channels["eventsLog"] = _events_log_channel(list(sent.values()))
-    operations = {"receiveRunCreate": _operation("receive", "ingress", ingress)}
+    operations = {"receive" + "".join(word.title() for word in type_.split(".")):
+                  _operation("receive", channel, received[channel])
+                  for channel, (type_, _, _) in INGRESS_CHANNELS.items()}
     operations.update({f"send{channel[0].upper()}{channel[1:]}": _operation("send", channel, [message])
                        for channel, message in sent.items()})
     return {
@@ -231,20 +250,16 @@ def _refs(message_ids: Iterable[str]) -> dict[str, Any]:
     return {m: {"$ref": f"#/components/messages/{m}"} for m in message_ids}
 
 
-def _ingress_channel(message_ids: list[str]) -> dict[str, Any]:
-    key = _bound(source=topology.INGRESS_EXCHANGE)
+def _ingress_channel(channel: str, message_ids: list[str]) -> dict[str, Any]:
+    type_, title, note = INGRESS_CHANNELS[channel]
+    key = _bound(source=topology.INGRESS_EXCHANGE, routing_key=type_)
     return {
         "address": key,
-        "title": "Ingress: create a run",
+        "title": title,
         "description": (
-            f"Producers publish run.create to the `{topology.INGRESS_EXCHANGE}` exchange with routing key "
+            f"Producers publish {type_} to the `{topology.INGRESS_EXCHANGE}` exchange with routing key "
             f"`{key}`, persistent and with publisher confirms, the AMQP user_id property set to the "
-            "connection's broker user: a create is admitted only in a tenant that user is allowed "
-            "(else tenant_not_allowed). The same (tenant_id, idempotency_key) makes "
-            "one run: a repeat is answered with run.accepted (repeated = true). A refused create is answered "
-            "with run.rejected on the tenant's key; a body with no parseable envelope goes to quarantine only. "
-            "The queue behind it is bounded: while the runtime is that far behind, the broker nacks a create; "
-            "send the same message again (same event_id and idempotency_key) after a growing wait."),
+            f"connection's broker user: {note}"),
         "messages": _refs(message_ids),
         "bindings": {"amqp": {"is": "routingKey", "exchange": _exchange(topology.INGRESS_EXCHANGE),
                               "bindingVersion": BINDING_VERSION}},
@@ -299,8 +314,8 @@ def _operation(action: str, channel: str, message_ids: list[str]) -> dict[str, A
         summary = "longrun publishes it persistent (delivery mode 2), mandatory and confirmed."
     else:
         binding.update(ack=True)
-        summary = ("longrun consumes run.create; producers publish it persistent (delivery mode 2) with "
-                   "publisher confirms.")
+        summary = (f"longrun consumes {INGRESS_CHANNELS[channel][0]}; producers publish it persistent (delivery "
+                   "mode 2) with publisher confirms.")
     binding["bindingVersion"] = BINDING_VERSION
     return {
         "action": action,

@@ -1,7 +1,8 @@
 """The RabbitMQ topology, declared as data and applied idempotently by every service.
 
-- ``longrun.ingress`` (topic): producers publish ``run.create`` here from any AMQP client; the
-  scheduler consumes it from one queue, ``longrun.scheduler.ingress``.
+- ``longrun.ingress`` (topic): producers publish ``run.create`` and ``run.signal`` here from any
+  AMQP client, each with its type as the routing key; the scheduler consumes both from one queue,
+  ``longrun.scheduler.ingress``.
 - ``longrun.work.worker`` (direct): the worker's wakeups in P partitions. The publisher
   computes ``partition_of(run_id, P)`` and uses routing key ``p.<k>``; each partition
   is a quorum queue with single-active-consumer, an explicit delivery-limit (3.10 has
@@ -46,6 +47,8 @@ from longrun_client.bus import (
 )
 
 SCHEDULER_INGRESS_QUEUE = "longrun.scheduler.ingress"
+INGRESS_TYPES = ("run.create", "run.signal")
+"""What producers publish on the ingress; each is its own routing key (the tenant users' topic permission)."""
 QUARANTINE_EXCHANGE = "longrun.quarantine"
 QUARANTINE_QUEUE = "longrun.quarantine"
 PROGRESS_EXCHANGE = "longrun.progress"
@@ -152,7 +155,7 @@ def build(*, partitions: int, delivery_limit: int) -> Topology:
         QueueSpec(EVENTS_LOG_QUEUE, {"x-queue-type": "stream", "x-max-age": "7D"}),
     ]
     bindings = [
-        BindingSpec(INGRESS_EXCHANGE, SCHEDULER_INGRESS_QUEUE, "run.create"),
+        *(BindingSpec(INGRESS_EXCHANGE, SCHEDULER_INGRESS_QUEUE, key) for key in INGRESS_TYPES),
         BindingSpec(QUARANTINE_EXCHANGE, QUARANTINE_QUEUE, ""),
         BindingSpec(EVENTS_EXCHANGE, EVENTS_LOG_QUEUE, "#"),
     ]

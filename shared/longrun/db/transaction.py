@@ -82,6 +82,12 @@ class PgTransaction:
                                 .where(webhook_events.c.provider == provider, webhook_events.c.event_id == event_id)
                                 .values(matched_run_id=run_id, matched_at=text("now()")))
 
+    async def signal_seen(self, run_id: str, signal_id: str) -> bool:
+        return (await self.conn.execute(
+            text("SELECT EXISTS (SELECT 1 FROM run_events WHERE run_id = :r AND type = :t "
+                 "AND data ->> 'signal_id' = :s)"),
+            {"r": run_id, "t": ev.SignalReceived.type, "s": signal_id})).scalar_one()
+
     async def repin(self, run_id: str, versions: PinnedVersions) -> None:
         await self.conn.execute(update(runs_table).where(runs_table.c.run_id == run_id).values(
             workflow_version=versions.workflow, prompt_version=versions.prompt,

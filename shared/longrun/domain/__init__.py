@@ -37,6 +37,7 @@ from longrun.domain.decisions import (
     Reconcile,
     ScheduleRetry,
     WaitForEvent,
+    WaitForSignal,
     WaitForUser,
     Workflow,
     budget_needs,
@@ -66,6 +67,7 @@ from longrun.domain.events import (
     PermissionDenied,
     QuestionOpened,
     QuestionResolved,
+    SignalReceived,
     ReconciliationStarted,
     RunCompleted,
     RunCreated,
@@ -103,6 +105,7 @@ from longrun.domain.run import (
 )
 from longrun.domain.snapshot import (
     ANSWER_FACT_PREFIX,
+    SIGNAL_FACT_PREFIX,
     APPROVAL_FACT_PREFIX,
     DENIED_FACT_PREFIX,
     RECEIPT_FACT_PREFIX,
@@ -133,9 +136,20 @@ from longrun.domain.scope import Scope, TenantPolicy, narrow, refusal, revalidat
 from longrun.domain.timeouts import (cancel_end, cancel_refusal, effective_start_to_close, on_business_deadline,
                                    queue_stint_starts)
 
+from longrun.domain.signals import SIGNAL_WAIT, ReceivedSignal
+from longrun.domain.signals import received as received_signals
+from longrun.domain.signals import woken_by as woken_by_signal
+
 __all__ = [
     "ACTION_TRANSITIONS",
     "ANSWER_FACT_PREFIX",
+    "SIGNAL_FACT_PREFIX",
+    "SIGNAL_WAIT",
+    "ReceivedSignal",
+    "received_signals",
+    "woken_by_signal",
+    "SignalReceived",
+    "WaitForSignal",
     "APPROVAL_FACT_PREFIX",
     "AWAITING_ANSWER",
     "DENIED_FACT_PREFIX",

@@ -23,7 +23,14 @@ from longrun.domain.budget import Usage, remaining
 from longrun.domain.codec import FrozenMap
 from longrun.domain.run import TERMINAL, RunStatus
 from longrun.domain.scope import Scope
-from longrun.domain.snapshot import ANSWER_FACT_PREFIX, APPROVAL_FACT_PREFIX, Fact, Question, RunSnapshot
+from longrun.domain.snapshot import (
+    ANSWER_FACT_PREFIX,
+    APPROVAL_FACT_PREFIX,
+    SIGNAL_FACT_PREFIX,
+    Fact,
+    Question,
+    RunSnapshot,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +86,8 @@ def build_resume_context(snapshot: RunSnapshot) -> ResumeContext:
     )
 
 
-KEPT_FACT_PREFIXES = (APPROVAL_FACT_PREFIX, ANSWER_FACT_PREFIX)
-"""What people decided and answered: compaction never drops those facts."""
+KEPT_FACT_PREFIXES = (APPROVAL_FACT_PREFIX, ANSWER_FACT_PREFIX, SIGNAL_FACT_PREFIX)
+"""What people decided and answered, and the signals sent to the run: compaction never drops those facts."""
 
 
 def compact(ctx: ResumeContext, max_items: int) -> ResumeContext:

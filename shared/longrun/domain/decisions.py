@@ -11,7 +11,7 @@ Invariants:
   takes it only where the history recorded it, so old histories keep their old decisions.
 - Every wait a decision asks for has a wake condition and a deadline by construction
   (``wait_for``); a retry waits on a timer whose deadline is its fire time, a question on
-  its answer.
+  its answer, a signal wait on a signal of its name.
 - ``Complete`` carries evidence; the workflow's ``accept`` judges it deterministically,
   and only an empty list of unmet conditions lets the run complete.
 """
@@ -26,6 +26,7 @@ from longrun.domain.action import ActionStatus
 from longrun.domain.codec import FrozenMap
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
+from longrun.domain.signals import signal_wait
 from longrun.domain.snapshot import QUESTION_WAIT, RunSnapshot, Wait
 
 _decision = dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +140,17 @@ def _check_attention(remind_after: tuple[float, ...], escalate_after: float | No
 
 
 @_decision
+class WaitForSignal:
+    """Wait for a signal named ``name`` (one the run's kind declares in ``RunKind.signals``): the next
+    one sent ends the wait (``state.last_wake.reason`` is SIGNAL; ``signals.woken_by(state)`` is it).
+    Signals received before the wait do not end it: ``decide`` reads them first with
+    ``signals.received(state, name)``. None by ``deadline``: the run wakes with reason DEADLINE."""
+
+    name: str
+    deadline: float
+
+
+@_decision
 class ScheduleRetry:
     logical_action: str
     delay: float
@@ -161,7 +173,8 @@ class Reconcile:
 
 
 Decision: TypeAlias = (
-    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | ScheduleRetry | Complete | Fail | Reconcile
+    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry | Complete | Fail
+    | Reconcile
 )
 
 
@@ -215,7 +228,7 @@ def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
 
 
 def wait_for(
-    decision: WaitForEvent | WaitForUser | AskUser | ScheduleRetry, ctx: DecisionContext
+    decision: WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry, ctx: DecisionContext
 ) -> tuple[RunStatus, Wait]:
     """The waiting status and ``Wait`` to record for a waiting decision."""
     wait_id = ctx.new_id()
@@ -239,6 +252,8 @@ def wait_for(
                     question_id=decision.question_id, reminders=decision.remind_after,
                     escalate_after=decision.escalate_after, escalate_to=decision.escalate_to)
         return RunStatus.WAITING_USER, wait
+    if isinstance(decision, WaitForSignal):
+        return signal_wait(wait_id, decision.name, decision.deadline)
     wake_at = ctx.now + decision.delay
     wait = Wait(
         wait_id=wait_id, kind="timer", deadline=wake_at, wake_at=wake_at, subject=decision.logical_action

@@ -246,6 +246,21 @@ class QuestionResolved(RunEvent):
 
 
 @_event
+class SignalReceived(RunEvent):
+    """A producer or operator sent the run a named signal, its payload checked against the schema the
+    run's kind declares for that name before it was written. It becomes the fact ``signal:<signal_id>``
+    and ends a wait for a signal of that name (``longrun.domain.signals``); after the run ended it is
+    kept in the history and not applied."""
+
+    type: ClassVar[str] = "signal.received"
+    signal_id: str
+    name: str
+    payload: JsonValue
+    sent_by: str
+    """``operator:<subject>`` or ``producer:<broker user>``."""
+
+
+@_event
 class BudgetCharged(RunEvent):
     type: ClassVar[str] = "budget.charged"
     model_calls: int = 0
@@ -429,7 +444,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved, StepFailed,
+            QuestionResolved, SignalReceived, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,

@@ -9,7 +9,7 @@ Invariants:
   leaving a status drops its wait and pause bookkeeping.
 - Statuses that need data (waits, pause, cancel, completion, termination) are entered
   only through their own event (``OWN_EVENT``), never through ``run.status_changed``.
-- A wait ends only by a wake, an approval, an answer, or a move imposed from outside the step.
+- A wait ends only by a wake, an approval, an answer, a signal, or a move imposed from outside the step.
 - A question is open only while the run waits for its answer (a worker's step opens it just
   before that wait): however the wait ends (answer, deadline, cancel...), the question closes
   with it; a pause keeps both.
@@ -133,7 +133,7 @@ def _pending_wait(s: RunSnapshot, e: ev.RunEvent) -> Wait:
     return s.wait
 
 
-def _end_wait(s: RunSnapshot, at: float, wake: Wake) -> RunSnapshot:
+def end_wait(s: RunSnapshot, at: float, wake: Wake) -> RunSnapshot:
     """A wake readies the run; while paused it readies what the run will resume to."""
     if s.status is _S.PAUSED:
         check_run_transition(_parked(s), _S.READY)
@@ -150,7 +150,7 @@ def _woken(s: RunSnapshot, e: ev.RunWoken) -> RunSnapshot:
         reject(s, e, f"correlation key {e.correlation_key!r} is not the wait's {wait.correlation_key!r}")
     if e.reason is WakeReason.TIMER and wait.wake_at is None:
         reject(s, e, "the pending wait has no timer")
-    return _end_wait(s, e.at, Wake(e.reason, wait.wait_id, e.at, e.correlation_key))
+    return end_wait(s, e.at, Wake(e.reason, wait.wait_id, e.at, e.correlation_key))
 
 
 def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
@@ -164,7 +164,7 @@ def _approval_decided(s: RunSnapshot, e: ev.ApprovalDecided) -> RunSnapshot:
         {"approved": e.approved, "approved_hash": e.approved_hash, "decided_by": e.decided_by, **validity}
     )
     fact = Fact(APPROVAL_FACT_PREFIX + e.approval_id, decision, f"user:{e.decided_by}", e.at)
-    return _end_wait(put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))
+    return end_wait(put_fact(s, fact), e.at, Wake(WakeReason.APPROVAL, wait.wait_id, e.at))
 
 
 def _cancel_requested(s: RunSnapshot, e: ev.CancelRequested) -> RunSnapshot:
@@ -236,7 +236,7 @@ def _question_resolved(s: RunSnapshot, e: ev.QuestionResolved) -> RunSnapshot:
     if wait.question_id != e.question_id:
         reject(s, e, f"the run does not wait for an answer to question {e.question_id!r}")
     answer = Fact(ANSWER_FACT_PREFIX + e.question_id, e.answer, f"user:{e.answered_by}", e.at)
-    return _end_wait(put_fact(s, answer), e.at, Wake(WakeReason.ANSWER, wait.wait_id, e.at))
+    return end_wait(put_fact(s, answer), e.at, Wake(WakeReason.ANSWER, wait.wait_id, e.at))
 
 
 def _step_failed(s: RunSnapshot, e: ev.StepFailed) -> RunSnapshot:

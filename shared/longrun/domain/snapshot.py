@@ -46,6 +46,8 @@ RECEIPT_FACT_PREFIX = "receipt:"
 """A confirmed call's receipt is the fact ``receipt:<logical_action>``: what later decisions read."""
 ANSWER_FACT_PREFIX = "answer:"
 """A person's answer to a question is the fact ``answer:<question_id>``; compaction keeps it."""
+SIGNAL_FACT_PREFIX = "signal:"
+"""A signal sent to the run is the fact ``signal:<signal_id>`` (its name and payload); compaction keeps it."""
 
 
 class WakeReason(str, Enum):
@@ -54,6 +56,7 @@ class WakeReason(str, Enum):
     DEADLINE = "deadline"
     APPROVAL = "approval"
     ANSWER = "answer"
+    SIGNAL = "signal"
 
 
 @dataclass(frozen=True, slots=True)

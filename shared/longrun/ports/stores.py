@@ -120,6 +120,9 @@ class RunTransaction(Protocol):
 
     async def matched(self, provider: str, event_id: str, run_id: str) -> None: ...
 
+    async def signal_seen(self, run_id: str, signal_id: str) -> bool:
+        """Whether the run's history holds the signal ``signal_id`` (applied or kept late)."""
+
     async def repin(self, run_id: str, versions: PinnedVersions) -> None:
         """The run's version columns (what searches and the versions report read) follow a migration
         its snapshot recorded."""

@@ -4,6 +4,7 @@
     run_id = kit.start({"repo": "acme/app"})
     kit.settle(people=answer_ci_and_approve)   # workers step, timers fire, people answer
     kit.answer(run_id, {"module": "billing"})  # the question the run asks, checked against its schema
+    kit.signal(run_id, "ship", {"by": "ana"})    # a signal its kind declares, checked against its schema
     assert kit.status(run_id) is RunStatus.COMPLETED and kit.check() == []
 
 The workers are the runtime's own ``Worker`` (``app.worker``) over the memory store (``testing.workers``); the
@@ -26,7 +27,17 @@ from typing import Any
 
 from longrun.app.worker import loop
 from longrun.authoring import Registry, RunKind
-from longrun.domain import TERMINAL, EffectKind, Question, RunSnapshot, RunStatus, violations
+from longrun.domain import (
+    TERMINAL,
+    EffectKind,
+    JsonValue,
+    Question,
+    ReceivedSignal,
+    RunSnapshot,
+    RunStatus,
+    received_signals,
+    violations,
+)
 from longrun.domain.rate_limit import RateLimit
 from longrun.model import ModelAdapter
 from longrun.ports.runs import Fence
@@ -62,6 +73,7 @@ class Kit:
         self._generation = 0
         self._worker = self._new_worker(crash)
         self._keys = 0
+        self._signals = 0
 
     def _new_worker(self, crash: CrashAt | None = None) -> MemoryWorker:
         self._generation += 1
@@ -118,6 +130,20 @@ class Kit:
         reminded (``reminder``), the request escalated (``escalated``); each payload as JSON."""
         return [e.payload.model_dump(mode="json") for e in self.world.broadcasts
                 if e.type == "run.notice" and e.run_id == run_id]
+
+    def signal(self, run_id: str, name: str, payload: JsonValue = None, *, signal_id: str | None = None,
+               by: str = "ops") -> dict[str, Any]:
+        """A signal sent to the run by ``by``, as the operator API and a producer's ``run.signal`` send it: checked
+        against the kind's ``signals`` (``app.signals.SignalRefused`` names why, and nothing is recorded);
+        the same ``signal_id`` again changes nothing. The answer's ``outcome`` says what it did: ``woke``,
+        ``recorded``, ``late`` (the run had ended: kept, not applied) or ``duplicate``."""
+        self._signals += 1
+        return self.world.signal(run_id, name=name, payload={} if payload is None else payload,
+                                 signal_id=signal_id or f"signal-{self._signals}", actor=by)
+
+    def signals(self, run_id: str, name: str | None = None) -> tuple[ReceivedSignal, ...]:
+        """The signals the run received (named ``name``, if given), oldest first: what its ``decide`` reads."""
+        return received_signals(self.snapshot(run_id), name)
 
     def advance(self, seconds: float) -> int:
         """Time passes: the timers that come due fire; how many did."""

@@ -70,6 +70,9 @@ class MemoryTransaction:
         event, _ = self.world.kept[(provider, event_id)]
         self.world.kept[(provider, event_id)] = (event, run_id)
 
+    async def signal_seen(self, run_id: str, signal_id: str) -> bool:
+        return any(isinstance(e, ev.SignalReceived) and e.signal_id == signal_id for e in self.store.history(run_id))
+
     async def repin(self, run_id: str, versions: PinnedVersions) -> None:
         """Nothing to do: the memory store reads a run's pins from its snapshot."""
 

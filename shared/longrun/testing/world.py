@@ -1,7 +1,7 @@
 """The ensemble around the workers, in memory: the bus (pending and delivered messages), the
-scheduler's creation, the timer service, the gateway's webhook intake, the operator API and the
-reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timer.firing.plan_batch``,
-``app.gateway.webhooks``, ``app.gateway.operate``, ``app.reconciler``) over the in-memory adapters
+scheduler's creation, the timer service, the gateway's webhook intake, the operator API, signals and
+the reconciler's sweeps — each the runtime's own use case (``app.scheduler.admit``, ``app.timer.firing.plan_batch``,
+``app.gateway.webhooks``, ``app.gateway.operate``, ``app.signals``, ``app.reconciler``) over the in-memory adapters
 (``testing.transaction``, ``testing.reconcile_store``, ``testing.cleanup_store``), one transaction at a time. Workers are the
 real ``Worker`` (``app.worker``) over ``testing.workers.MemoryWorkerStore``.
 
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 # The runtime's own rules where they are plain values, so the model cannot drift from them.
+from longrun.app import signals
 from longrun.app.gateway import operate, webhooks
 from longrun.app.scheduler import admit
 from longrun.app.timer import firing
@@ -38,6 +39,7 @@ from longrun.domain import (
     EffectKind,
     Fail,
     FrozenMap,
+    JsonValue,
     PinnedVersions,
     RetryPolicy,
     RunSnapshot,
@@ -391,6 +393,13 @@ class World:
         return self.in_transaction(lambda tx: operate.answer(
             tx, run_id, question_id=question_id, answer=answer, by=_person(actor), reason="answered",
             clock=self.clock))
+
+    def signal(self, run_id: str, *, name: str, payload: JsonValue, signal_id: str,
+               actor: str = "ops") -> dict[str, Any]:
+        """An operator's signal to the run, as the operator API takes it (``app.signals.send``)."""
+        return self.in_transaction(lambda tx: signals.send(
+            tx, run_id, signal_id=signal_id, name=name, payload=payload, sent_by=f"operator:{actor}", actor=actor,
+            kinds=self.kinds, reason="signalled", clock=self.clock))
 
     # -- the reconciler (app/reconcile.py, app/reconcile_leases.py) ------------------------------------
     def rewake_expired_leases(self) -> int:

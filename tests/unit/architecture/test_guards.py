@@ -23,10 +23,11 @@ USE_CASE_PACKAGES = ("longrun.app.worker", "longrun.app.gateway", "longrun.app.s
 """The use cases grouped by the service that runs them: pure of I/O drivers, they reach storage and the
 bus through the ports (``longrun.ports``). Pure means nothing they import, directly or not, imports a
 driver."""
-SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions", "longrun.app.tool_permits",
-                           "longrun.app.wait_notices")
+SHARED_USE_CASE_MODULES = ("longrun.app.effects", "longrun.app.questions", "longrun.app.signals",
+                           "longrun.app.tool_permits", "longrun.app.wait_notices")
 """What several services' use cases share (the messages a transition sends, a question's answer check,
-the wake a freed tool permit gives):
+a signal sent over the operator API or the ingress, the wake a freed tool permit gives, the notices a
+wait for a person sends):
 as pure as the packages."""
 DRIVERS = ("sqlalchemy", "psycopg", "aio_pika", "aiormq", "longrun.db")
 

@@ -42,6 +42,7 @@ def test_only_the_public_channels_are_described(doc: dict[str, Any]) -> None:
     assert "longrun.work" not in text and "run.wakeup" not in text and "RunWakeup" not in text
     assert {name: channel["address"] for name, channel in doc["channels"].items()} == {
         "ingress": "run.create",
+        "ingressSignal": "run.signal",
         "runAccepted": "{tenant}.run.accepted",
         "runRejected": "{tenant}.run.rejected",
         "runStatus": "{tenant}.run.status.{status}",
@@ -49,7 +50,8 @@ def test_only_the_public_channels_are_described(doc: dict[str, Any]) -> None:
         "eventsLog": topology.EVENTS_LOG_QUEUE,
     }
     exchanges = {name: c["bindings"]["amqp"].get("exchange", {}).get("name") for name, c in doc["channels"].items()}
-    assert exchanges == {"ingress": topology.INGRESS_EXCHANGE, "runAccepted": topology.EVENTS_EXCHANGE,
+    assert exchanges == {"ingress": topology.INGRESS_EXCHANGE, "ingressSignal": topology.INGRESS_EXCHANGE,
+                         "runAccepted": topology.EVENTS_EXCHANGE,
                          "runRejected": topology.EVENTS_EXCHANGE, "runStatus": topology.EVENTS_EXCHANGE,
                          "runNotice": topology.EVENTS_EXCHANGE, "eventsLog": None}
     for channel in doc["channels"].values():
@@ -61,13 +63,14 @@ def test_only_the_public_channels_are_described(doc: dict[str, Any]) -> None:
                                      "autoDelete": False, "vhost": "/"}
 
 
-def test_every_version_of_run_create_is_accepted_and_the_newest_events_are_sent(doc: dict[str, Any]) -> None:
+def test_every_version_of_run_create_and_run_signal_is_accepted_and_the_newest_events_are_sent(doc: dict[str, Any]) -> None:
     def titles(channel: str) -> set[str]:
         return {doc["components"]["messages"][ref["$ref"].rsplit("/", 1)[1]]["title"]
                 for ref in doc["channels"][channel]["messages"].values()}
 
     assert titles("ingress") == {f"run.create v{v}" for t, v in PAYLOADS if t == "run.create"} \
         == {"run.create v1", "run.create v2", "run.create v3", "run.create v4"}
+    assert titles("ingressSignal") == {"run.signal v1"}
     assert titles("runAccepted") == {f"run.accepted v{LATEST['run.accepted']}"} == {"run.accepted v2"}
     assert titles("runRejected") == {f"run.rejected v{LATEST['run.rejected']}"} == {"run.rejected v3"}
     assert titles("runStatus") == {f"run.event v{LATEST['run.event']}"} == {"run.event v3"}
@@ -75,6 +78,7 @@ def test_every_version_of_run_create_is_accepted_and_the_newest_events_are_sent(
     assert titles("eventsLog") == {"run.accepted v2", "run.rejected v3", "run.event v3", "run.notice v1"}
     actions = {name: (op["action"], op["channel"]["$ref"]) for name, op in doc["operations"].items()}
     assert actions == {"receiveRunCreate": ("receive", "#/channels/ingress"),
+                       "receiveRunSignal": ("receive", "#/channels/ingressSignal"),
                        "sendRunAccepted": ("send", "#/channels/runAccepted"),
                        "sendRunRejected": ("send", "#/channels/runRejected"),
                        "sendRunStatus": ("send", "#/channels/runStatus"),

@@ -14,7 +14,8 @@ from longrun_client.errors import (DecodeError, LongrunError, PoisonMessage, Pub
 from longrun_client.model import DataClass, Envelope
 from longrun_client.payloads import (BudgetLimits, RejectionCode, RunAcceptedV1, RunAcceptedV2, RunCreateV2,
                                      RunCreateV3, RunCreateV4, RunEventV2, RunEventV3, RunNoticeV1, RunOutcome,
-                                     RunOutcomeV3, RunRejectedV2, RunRejectedV3, RunScope, RunSummary, RunTimeouts)
+                                     RunOutcomeV3, RunRejectedV2, RunRejectedV3, RunScope, RunSignalV1, RunSummary,
+                                     RunTimeouts, SignalRejectionCode)
 from longrun_client.pending import correlation_id_of
 from longrun_client.registry import decode, encode, make
 from longrun_client.resequence import Gap, Late
@@ -28,5 +29,6 @@ __all__ = ["Backoff", "BudgetLimits", "Chunk", "ChunksMissed", "Client", "DataCl
            "EventStream", "Gap", "Late", "LongrunError", "Missed", "PoisonMessage", "PublishNotConfirmed", "RejectionCode",
            "RunAcceptedV1", "RunAcceptedV2", "RunCreateV2", "RunCreateV3", "RunCreateV4", "RunEventV2",
            "RunEventV3", "RunNoticeV1", "RunOutcome", "RunOutcomeV3", "RunRejected", "RunRejectedV2",
-           "RunRejectedV3", "RunScope", "RunSummary", "RunTimeouts", "StatusEvent", "UnknownSchemaVersion",
-           "__version__", "correlation_id_of", "decode", "encode", "follow", "make"]
+           "RunRejectedV3", "RunScope", "RunSignalV1", "RunSummary", "RunTimeouts", "SignalRejectionCode",
+           "StatusEvent", "UnknownSchemaVersion", "__version__", "correlation_id_of", "decode", "encode", "follow",
+           "make"]

@@ -30,7 +30,7 @@ from longrun_client.codec import broker_user, to_message
 from longrun_client.consumer import DurableConsumer, Handler, OnMissed
 from longrun_client.errors import PoisonMessage
 from longrun_client.model import Envelope
-from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunTimeouts
+from longrun_client.payloads import BudgetLimits, RunCreateV4, RunOutcomeV3, RunScope, RunSignalV1, RunTimeouts
 from longrun_client.pending import PendingCreate, correlation_id_of
 from longrun_client.registry import decode, make, traceparent
 from longrun_client.retry import Backoff, publish_confirmed
@@ -151,6 +151,21 @@ class Client:
                 raise
         return request
 
+    async def signal_run(self, tenant: str, run_id: str, name: str, payload: Any = None, *, signal_id: str,
+                         correlation_id: str | None = None) -> Envelope:
+        """Publish a run.signal to the run (of ``tenant``) and return it once the broker has confirmed
+        it, sent again on a nack as ``create_run`` is. The run's kind must declare ``name``, and
+        ``payload`` (default ``{}``) satisfy its schema; the same ``signal_id`` is recorded once per
+        run, so sending again after a ``PublishNotConfirmed`` or a lost connection is safe. A refusal
+        comes back as run.rejected on the tenant's events (``refused_event_id``: this envelope's
+        ``event_id``)."""
+        signal = RunSignalV1.model_validate({"signal_id": signal_id, "name": name,
+                                             "payload": {} if payload is None else payload})
+        request = make("run.signal", signal, producer=self._producer, tenant_id=tenant, run_id=run_id,
+                       correlation_id=correlation_id)
+        await self._publish(request)
+        return request
+
     async def accepted(self, request: Envelope | str, *, timeout: float | None = 30.0) -> Envelope:
         """The run.accepted answering a create this client sent (the envelope, or its correlation id:
         then the latest create with it). Its payload names the run and its pinned versions;
@@ -269,10 +284,12 @@ class Client:
         return pending
 
     async def _publish(self, request: Envelope) -> None:
+        """On the ingress, under its type as the routing key (``run.create``, ``run.signal``)."""
+        key = request.type
         message = to_message(request, user_id=self._user_id)
-        await publish_confirmed(lambda: self._ingress.publish(message, routing_key=CREATE_KEY, mandatory=True),
-                                exchange=INGRESS_EXCHANGE, routing_key=CREATE_KEY, backoff=self._nack_backoff,
-                                what=f"run.create {request.event_id}")
+        await publish_confirmed(lambda: self._ingress.publish(message, routing_key=key, mandatory=True),
+                                exchange=INGRESS_EXCHANGE, routing_key=key, backoff=self._nack_backoff,
+                                what=f"{request.type} {request.event_id}")
 
 
 async def _within(future: asyncio.Future[Envelope | None], timeout: float | None, what: str) -> None:

@@ -20,7 +20,7 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun_client import __version__, ctl_create, ctl_limits, ctl_tenants, timeline
+from longrun_client import __version__, ctl_create, ctl_limits, ctl_signal, ctl_tenants, timeline
 from longrun_client.bus import TERMINAL_STATUSES
 from longrun_client.ctl_examples import COMMAND_EXAMPLES
 from longrun_client.ctl_output import FORMATS, View, printable, render
@@ -139,6 +139,7 @@ def run() -> None:
 
 
 run.add_command(ctl_create.create_command(_call, _print))
+run.add_command(ctl_signal.signal_command(_call, _print))
 
 
 def _page_options(command: Any) -> Any:

@@ -16,6 +16,7 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("run", "migrate"): 'run migrate RUN_ID --to 2 --reason "fix for the CI parser"',
     ("run", "approve"): 'run approve RUN_ID --approval-id merge:e33f2c --hash 9e3f30d5... --reason "diff reviewed"',
     ("run", "answer"): 'run answer RUN_ID which-branch --json \'"release/2.4"\' --reason "asked the team"',
+    ("run", "signal"): 'run signal RUN_ID build_finished --payload \'{"ok": true}\' --id build-1742',
     ("run", "resolve"): 'run resolve RUN_ID merge_request --done --external-id 412 --reason "MR 412 on the forge"',
     ("run", "retry-action"): 'run retry-action RUN_ID merge_request --reason "branch protection fixed"',
     ("run", "attach"): 'run attach RUN_ID ci.log --media-type text/plain --reason "the failing CI log"',

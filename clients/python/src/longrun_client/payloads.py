@@ -287,7 +287,7 @@ class RunRejectedV2(Strict):
 
 
 class RunRejectedV3(Strict):
-    """A run.create that was refused: a code, the reason and, for key reuse, both hashes.
+    """A run.create or run.signal that was refused: a code, the reason and, for key reuse, both hashes.
 
     The code is open (v2's was a closed list): handle a code you do not know as a refusal whose
     reason says why; new codes need no new version."""
@@ -296,7 +296,7 @@ class RunRejectedV3(Strict):
         "Why, for machines: one of RejectionCode's values or a code added later (lower case, digits and '_')."))
     reason: str = Field(description="Why, for people; for input_invalid it names each field that failed.")
     idempotency_key: str | None = Field(default=None, description="None when the payload could not be read.")
-    refused_event_id: str | None = Field(default=None, description="event_id of the refused run.create.")
+    refused_event_id: str | None = Field(default=None, description="event_id of the refused message.")
     existing_run_id: str | None = None
     recorded_input_hash: str | None = None
     offered_input_hash: str | None = None
@@ -327,3 +327,27 @@ class RunNoticeV1(Strict):
     deadline: AwareDatetime | None = Field(default=None, description=(
         "When the request closes unanswered (RFC 3339); the run then goes on as its kind decides."))
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+SIGNAL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$"
+
+
+class SignalRejectionCode(str, Enum):
+    """Why a run.signal was refused (run.rejected v3's open ``code``), for machines."""
+
+    TENANT_NOT_ALLOWED = "tenant_not_allowed"
+    RUN_NOT_FOUND = "run_not_found"
+    SIGNAL_REFUSED = "signal_refused"
+
+
+class RunSignalV1(Strict):
+    """Send a named signal to an open run: the envelope's run_id names the run, its tenant_id the run's
+    tenant. The run's kind must declare the name, and the payload must satisfy the JSON Schema it
+    declares for it; the same (run, signal_id) is recorded once. Refused (run.rejected): a tenant the
+    publishing broker user is not allowed (tenant_not_allowed), a run not of that tenant or unknown
+    (run_not_found), a name or payload the kind refuses (signal_refused)."""
+
+    signal_id: str = Field(min_length=1, max_length=200, description=(
+        "The sender's id for this signal: sending it again (a retry) records it once and wakes the run once."))
+    name: str = Field(pattern=SIGNAL_NAME_PATTERN, description="A signal the run's kind declares.")
+    payload: Any = Field(default_factory=dict, description="Any JSON value the kind's schema for the name accepts.")

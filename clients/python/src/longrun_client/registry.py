@@ -27,6 +27,7 @@ PAYLOADS: dict[tuple[str, int], type[BaseModel]] = {
     ("run.create", 2): payloads.RunCreateV2,
     ("run.create", 3): payloads.RunCreateV3,
     ("run.create", 4): payloads.RunCreateV4,
+    ("run.signal", 1): payloads.RunSignalV1,
     ("run.wakeup", 1): payloads.RunWakeupV1,
     ("run.accepted", 1): payloads.RunAcceptedV1,
     ("run.accepted", 2): payloads.RunAcceptedV2,

@@ -33,6 +33,7 @@ from longrun.domain import (
     RunStatus,
     ScheduleRetry,
     WaitForEvent,
+    WaitForSignal,
     WaitForUser,
     budget_needs,
     exhausted,
@@ -94,7 +95,7 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         return await ask_model(far, step, stored, kind, decision)
     if isinstance(decision, CallTool):
         return await call_tool(far, step, stored, kind, decision)
-    if isinstance(decision, (WaitForEvent, WaitForUser, ScheduleRetry)):
+    if isinstance(decision, (WaitForEvent, WaitForUser, WaitForSignal, ScheduleRetry)):
         status, wait = wait_for(decision, ctx)
         await step.finish(stored, ev.WaitStarted, status=status, wait=wait)
     elif isinstance(decision, AskUser):
