@@ -410,3 +410,4 @@ rate_limit_buckets = Table(
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so
 # that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
 from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)
+from longrun.db import schema_schedules  # noqa: E402,F401  (it imports only ``schema_base``)
