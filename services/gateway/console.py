@@ -58,7 +58,7 @@ from longrun.errors import DomainError, LongrunError
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
 from longrun.domain.tenant_limits import TenantLimits
-from longrun.services.gateway import api, console_limits, reads, tenant_limits
+from longrun.services.gateway import api, console_limits, console_schedules, reads, tenant_limits
 from longrun.services.gateway import console_oidc as oidc
 from longrun.services.gateway import console_session as sessions
 from longrun.services.gateway import quarantine as quarantine_ops
@@ -74,7 +74,7 @@ _TEMPLATES.filters["when"] = lambda at: "none" if at is None else datetime.fromt
 NOTICES = {"approved": "Approved.", "denied": "Denied.", "resolved": "Resolution recorded.",
            "retried": "Sent back to work.", "replayed": "Replay done.", "signed-out": "Signed out.",
            "ended": "Your session ended: its token is no longer accepted. Sign in again.",
-           "saved": "Limits saved: they hold now."}
+           "saved": "Limits saved: they hold now.", "paused": "Schedule paused.", "resumed": "Schedule resumed."}
 """What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
 
 
@@ -388,6 +388,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings,
         Route("/audit", signed(audit), methods=["GET"]),
         Route("/limits", signed(limits), methods=["GET"]),
         Route("/tenants/{tenant_id}/limits", signed(change_limits), methods=["POST"]),
+        *console_schedules.routes(engine, page, signed, _may, _allowed, _Refused, _model, PREFIX),
     ], exception_handlers={HTTPException: not_found}, middleware=[Middleware(SecurityHeaders)])
 
 

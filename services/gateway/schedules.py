@@ -5,6 +5,7 @@ and audited (``schedule.<act>``)."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from longrun_client.payloads import RunCreateV4
@@ -24,8 +25,49 @@ from longrun.principals import Principal
 from longrun.services.gateway import api
 from longrun.services.gateway.api_schedules import ScheduleBackfill, ScheduleCreate, ScheduleListing, ScheduleSteer
 
+ANCHOR_REACH = timedelta(days=3660)
+"""How far from now an anchor, and a backfill's start, may be."""
+
+
 class NotFound(Exception):
     pass
+
+
+class AlreadySo(Exception):
+    """Paused (or resumed) already."""
+
+
+async def steer(conn: AsyncConnection, schedule_id: str, principal: Principal, *, paused: bool,
+                reason: str) -> Schedule:
+    """Pause or resume the schedule (audited); the API's and the console's act."""
+    schedule = await _find(conn, schedule_id, principal, lock=True)
+    if schedule.paused == paused:
+        raise AlreadySo(f"schedule {schedule_id} is {'paused' if paused else 'not paused'} already")
+    # Resumed, it goes on from its next due time after now: the times passed while paused are not fired.
+    next_due = None if paused else schedule.cadence.next_from(await schedules.now(conn))
+    await schedules.set_paused(conn, schedule_id, paused, next_due)
+    await _audit(conn, principal, "pause" if paused else "resume", schedule, reason, {})
+    changed = await schedules.get(conn, schedule_id)
+    assert changed is not None
+    return changed
+
+
+async def visible(conn: AsyncConnection, principal: Principal, tenant: str | None) -> list[Schedule]:
+    """The schedules of ``tenant`` (None: every tenant) that ``principal`` sees."""
+    return await schedules.listed(conn, None if principal.tenants is None else list(principal.tenants), tenant)
+
+
+async def _find(conn: AsyncConnection, schedule_id: str, principal: Principal, *, lock: bool = False) -> Schedule:
+    schedule = await schedules.get(conn, schedule_id, lock=lock)
+    if schedule is None or not principal.sees(schedule.tenant_id):
+        raise NotFound(f"no schedule {schedule_id!r} among those {principal.subject} sees")
+    return schedule
+
+
+async def _audit(conn: AsyncConnection, principal: Principal, act: str, schedule: Schedule, reason: str,
+                 details: dict[str, Any]) -> None:
+    await audit_log.audit(conn, actor=principal.subject, action=f"schedule.{act}", target=schedule.schedule_id,
+                          reason=reason, details=details, tenant=schedule.tenant_id)
 
 
 class Routes:
@@ -38,8 +80,7 @@ class Routes:
         if request.method == "GET":
             asked = api.query(ScheduleListing, request.query_params)
             async with self.engine.connect() as conn:
-                found = await schedules.listed(conn, None if principal.tenants is None else list(principal.tenants),
-                                               asked.tenant_id)
+                found = await visible(conn, principal, asked.tenant_id)
             return JSONResponse({"schedules": [s.json() for s in found]})
         body = api.body(ScheduleCreate, await request.body())
         if not principal.sees(body.tenant_id):
@@ -49,11 +90,13 @@ class Routes:
             return JSONResponse({"error": problem}, status_code=422)
         async with self.engine.begin() as conn:
             now = await schedules.now(conn)
+            if body.anchor is not None and abs(body.anchor - now) > ANCHOR_REACH:
+                return JSONResponse({"error": f"anchor is at most {ANCHOR_REACH.days} days from now"}, status_code=422)
             cadence = Cadence(body.anchor or now, body.cron, body.every)
             schedule = Schedule(f"sched-{uuid.uuid4()}", body.tenant_id, body.run, cadence, Overlap(body.overlap),
                                 body.catch_up_window, False, cadence.next_from(now), principal.subject, now)
             await schedules.insert(conn, schedule)
-            await self._audit(conn, principal, "create", schedule, body.reason,
+            await _audit(conn, principal, "create", schedule, body.reason,
                               {"workflow": body.run["workflow"], "cron": body.cron, "every": body.every,
                                "overlap": body.overlap})
         return JSONResponse(schedule.json(), status_code=201)
@@ -79,10 +122,15 @@ class Routes:
         return f"run.input does not match the input schema of {kind.name!r}: {'; '.join(problems[:10])}" \
             if problems else None
 
+    @staticmethod
+    def _id(request: Request) -> str:
+        found: str = api.path_parameter("schedule_id", request.path_params["schedule_id"])
+        return found
+
     async def show(self, request: Request, principal: Principal) -> Response:
         async with self.engine.connect() as conn:
             try:
-                schedule = await self._visible(conn, request, principal)
+                schedule = await _find(conn, self._id(request), principal)
             except NotFound as e:
                 return _missing(str(e))
             return JSONResponse({**schedule.json(), "fires": await schedules.fires(conn, schedule.schedule_id)})
@@ -95,63 +143,41 @@ class Routes:
 
     async def _steer(self, request: Request, principal: Principal, *, paused: bool) -> Response:
         body = api.body(ScheduleSteer, await request.body())
-        async with self.engine.begin() as conn:
-            try:
-                schedule = await self._visible(conn, request, principal, lock=True)
-            except NotFound as e:
-                return _missing(str(e))
-            if schedule.paused == paused:
-                return JSONResponse({"error": f"schedule {schedule.schedule_id} is "
-                                              f"{'paused' if paused else 'not paused'} already"}, status_code=409)
-            # Resumed, it goes on from its next due time after now: the times passed while paused are not fired.
-            next_due = None if paused else schedule.cadence.next_from(await schedules.now(conn))
-            await schedules.set_paused(conn, schedule.schedule_id, paused, next_due)
-            await self._audit(conn, principal, "pause" if paused else "resume", schedule, body.reason, {})
-            changed = await schedules.get(conn, schedule.schedule_id)
-        assert changed is not None
+        try:
+            async with self.engine.begin() as conn:
+                changed = await steer(conn, self._id(request), principal, paused=paused, reason=body.reason)
+        except NotFound as e:
+            return _missing(str(e))
+        except AlreadySo as e:
+            return JSONResponse({"error": str(e)}, status_code=409)
         return JSONResponse(changed.json())
 
     async def backfill(self, request: Request, principal: Principal) -> Response:
         body = api.body(ScheduleBackfill, await request.body())
         async with self.engine.begin() as conn:
             try:
-                schedule = await self._visible(conn, request, principal, lock=True)
+                schedule = await _find(conn, self._id(request), principal, lock=True)
                 done = await backfill(PgTransaction(conn), PgScheduleRecords(conn), schedule, body.start, body.end,
                                       self.admission)
             except NotFound as e:
                 return _missing(str(e))
             except ValueError as e:
                 return JSONResponse({"error": str(e)}, status_code=422)
-            await self._audit(conn, principal, "backfill", schedule, body.reason,
-                              {"start": body.start.isoformat(), "end": body.end.isoformat(),
-                               "times": done.times, "created": done.created})
+            await _audit(conn, principal, "backfill", schedule, body.reason,
+                         {"start": body.start.isoformat(), "end": body.end.isoformat(), "times": done.times,
+                          "created": done.created})
         return JSONResponse({"schedule_id": schedule.schedule_id, "times": done.times, "created": done.created})
 
     async def delete(self, request: Request, principal: Principal) -> Response:
         body = api.body(ScheduleSteer, await request.body())
         async with self.engine.begin() as conn:
             try:
-                schedule = await self._visible(conn, request, principal, lock=True)
+                schedule = await _find(conn, self._id(request), principal, lock=True)
             except NotFound as e:
                 return _missing(str(e))
             await schedules.delete(conn, schedule.schedule_id)
-            await self._audit(conn, principal, "delete", schedule, body.reason, {})
+            await _audit(conn, principal, "delete", schedule, body.reason, {})
         return JSONResponse(schedule.json())
-
-    @staticmethod
-    async def _visible(conn: AsyncConnection, request: Request, principal: Principal, *,
-                       lock: bool = False) -> Schedule:
-        schedule_id = api.path_parameter("schedule_id", request.path_params["schedule_id"])
-        schedule = await schedules.get(conn, schedule_id, lock=lock)
-        if schedule is None or not principal.sees(schedule.tenant_id):
-            raise NotFound(f"no schedule {schedule_id!r} among those {principal.subject} sees")
-        return schedule
-
-    @staticmethod
-    async def _audit(conn: AsyncConnection, principal: Principal, act: str, schedule: Schedule, reason: str,
-                     details: dict[str, Any]) -> None:
-        await audit_log.audit(conn, actor=principal.subject, action=f"schedule.{act}", target=schedule.schedule_id,
-                              reason=reason, details=details, tenant=schedule.tenant_id)
 
 
 def _missing(error: str) -> Response:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from longrun import metrics
 from longrun.app.scheduler.admit import create_run
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 PER_ROUND = 20
 """Due times of one schedule fired in one transaction; a longer backlog goes on in the next."""
 PRODUCER = "timer"
+BACKFILL_REACH = timedelta(days=3660)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,8 @@ async def backfill(tx: RunTransaction, records: ScheduleRecords, schedule: Sched
     now = await records.now()
     if end > now:
         raise ValueError(f"a backfill covers the past: its end ({end.isoformat()}) is after now ({now.isoformat()})")
+    if start < now - BACKFILL_REACH:
+        raise ValueError(f"a backfill starts at most {BACKFILL_REACH.days} days ago, not {start.isoformat()}")
     created = 0
     for due in (times := backfill_times(schedule.cadence, start, end)):
         created += await create_for(tx, records, schedule, due, admission, backfill=True, clock=clock) == "created"
