@@ -99,7 +99,7 @@ class Routes:
             await _audit(conn, principal, "create", schedule, body.reason,
                               {"workflow": body.run["workflow"], "cron": body.cron, "every": body.every,
                                "overlap": body.overlap})
-        return JSONResponse(schedule.json(), status_code=201)
+        return JSONResponse(schedule.json())
 
     def _run_problem(self, run: dict[str, Any]) -> str | None:
         """Why the run a schedule sends would be refused at every due time; None when it would not."""
