@@ -20,6 +20,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from longrun.cadence import Cadence, Schedule
+from longrun.db import schedules
+from longrun.domain.schedules import Overlap
 from tests.fixtures import eventually
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import bearer
@@ -71,6 +74,8 @@ async def test_skip_makes_one_run_per_due_time_whose_previous_run_ended_and_reco
     # Given the services, and a schedule every second whose runs last 1.6 s, overlap "skip"
     ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer", **KINDS)
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    # (and, due before it, a schedule whose stored run this build cannot read: it must hold back no other)
+    await _unreadable(engine, BROKEN)
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, timeout=10) as http:
         made = await http.post("/schedules", headers=EVERY_TENANT, json=_schedule(every=1.0))
         assert made.status_code == 200, made.text
@@ -121,6 +126,8 @@ async def test_skip_makes_one_run_per_due_time_whose_previous_run_ended_and_reco
         await eventually(lambda: fired(len(fires) + 1), timeout=10, what="a due time fired after resuming")
         later = [f for f in await _fires(engine, schedule_id) if f.due_at > fires[-1].due_at]
         assert later[0].due_at >= resumed_at - timedelta(seconds=1) and later[0].outcome == "created"
+
+        assert await _fires(engine, BROKEN) == []
 
         # And deleting it stops it, its runs staying
         assert (await _steer(http, schedule_id, "delete")).status_code == 200
@@ -199,6 +206,16 @@ async def test_backfill_makes_exactly_the_runs_of_a_past_range_once(engine, ense
     listed = ctl("schedule", "list", "--tenant", TENANT)["schedules"]
     assert sorted(s["schedule_id"] for s in listed) == sorted([schedule_id, cron["schedule_id"]])
     assert len(ctl("schedule", "show", cron["schedule_id"])["fires"]) == 12
+
+
+BROKEN = "sched-00000000-0000-4000-8000-0000000000bb"
+
+
+async def _unreadable(engine, schedule_id: str) -> None:  # type: ignore[no-untyped-def]
+    now = datetime.now(UTC) - timedelta(seconds=5)
+    async with engine.begin() as conn:
+        await schedules.insert(conn, Schedule(schedule_id, TENANT, {"workflow": "keyed_queue", "budget": "lots"},
+                                              Cadence(now, every=1.0), Overlap.ALLOW, 300.0, False, now, "tests", now))
 
 
 async def _audited(engine, schedule_id: str) -> list[str]:  # type: ignore[no-untyped-def]

@@ -62,12 +62,13 @@ class Claimed:
     """The transaction's time: what is due is judged by it."""
 
 
-async def claim_due(conn: AsyncConnection) -> Claimed | None:
-    """The most overdue schedule, locked for this transaction; None when none is due (or every due one
-    is being fired by another replica)."""
+async def claim_due(conn: AsyncConnection, besides: list[str] | None = None) -> Claimed | None:
+    """The most overdue schedule but ``besides``, locked for this transaction; None when none is due (or
+    every due one is being fired by another replica)."""
     row = (await conn.execute(text(
         f"SELECT {_COLUMNS}, now() AS now FROM schedules WHERE NOT paused AND next_due_at <= now() "
-        "ORDER BY next_due_at LIMIT 1 FOR UPDATE SKIP LOCKED"))).one_or_none()
+        "AND schedule_id <> ALL(CAST(:besides AS text[])) "
+        "ORDER BY next_due_at LIMIT 1 FOR UPDATE SKIP LOCKED"), {"besides": besides or []})).one_or_none()
     return None if row is None else Claimed(_schedule(row), row.now)
 
 
