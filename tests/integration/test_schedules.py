@@ -1,19 +1,16 @@
 """Schedules with the real services: the timer service fires a schedule every second whose runs last
 longer than that, under the overlap policy "skip"; each due time makes one run when the schedule's run
 before it had ended and is recorded as skipped otherwise, never two runs for one time; pause stops the
-firing and resume goes on from the next due time. A backfill over a past range makes exactly its runs,
-once however often it is asked; a schedule that could never fire is refused. Runs are ``keyed_queue`` runs of ``tests/integration/keyed_kinds.py``
-without a repository (no key of their own): each waits ``hold`` seconds, then completes."""
+firing and resume goes on from the next due time; a schedule the timer cannot fire holds back no other.
+A backfill over a past range makes exactly its runs, once however often it is asked; a schedule that
+could never fire is refused (longrunctl's commands: ``tests/integration/test_longrunctl.py``). Runs are
+``keyed_queue`` runs of ``tests/integration/keyed_kinds.py`` without a repository (no key of their
+own): each waits ``hold`` seconds, then completes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 EVERY_TENANT = {"authorization": f"Bearer {OPERATOR_TOKEN}"}
 KINDS = {"LONGRUN_RUN_KINDS": "tests.integration.keyed_kinds:kinds"}
 TENANT = "acme"
-LONGRUNCTL = Path(sys.executable).parent / "longrunctl"
 
 
 @pytest.fixture
@@ -187,25 +183,6 @@ async def test_backfill_makes_exactly_the_runs_of_a_past_range_once(engine, ense
             answer = await http.post("/schedules", headers=EVERY_TENANT, json=body)
             assert answer.status_code == 422 and error in answer.json()["error"], (body, answer.text)
         assert (await http.post("/schedules", headers=EVERY_TENANT, json=_schedule(every=0.1))).status_code == 422
-
-    # And longrunctl does the same through the API: a cron schedule created, paused, backfilled, shown
-    def ctl(*args: str) -> Any:
-        done = subprocess.run([str(LONGRUNCTL), "--url", ensemble.gateway_url, "--token", OPERATOR_TOKEN, "-o", "json",
-                               *args], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    cron = ctl("schedule", "create", "keyed_queue", "--tenant", TENANT, "--cron", "*/5 * * * *", "--input",
-               '{"hold": 1}', "--overlap", "buffer_one", "--reason", "every five minutes")
-    assert (cron["cron"], cron["overlap"], cron["paused"]) == ("*/5 * * * *", "buffer_one", False)
-    assert ctl("schedule", "pause", cron["schedule_id"], "--reason", "quiet")["paused"]
-    hour = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
-    filled = ctl("schedule", "backfill", cron["schedule_id"], "--from", hour.isoformat(), "--to",
-                 (hour + timedelta(hours=1)).isoformat(), "--reason", "the outage")
-    assert filled == {"schedule_id": cron["schedule_id"], "times": 12, "created": 12}
-    listed = ctl("schedule", "list", "--tenant", TENANT)["schedules"]
-    assert sorted(s["schedule_id"] for s in listed) == sorted([schedule_id, cron["schedule_id"]])
-    assert len(ctl("schedule", "show", cron["schedule_id"])["fires"]) == 12
 
 
 BROKEN = "sched-00000000-0000-4000-8000-0000000000bb"
