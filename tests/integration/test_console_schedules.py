@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from playwright.async_api import async_playwright, expect
 from sqlalchemy import text
 
 from longrun.cadence import Cadence, Schedule
 from longrun.db import schedules
 from longrun.domain.schedules import Overlap
 from tests.integration import identities
-from tests.integration.test_console import _csrf, gateway, signed_in
+from tests.integration.test_console import CHROMIUM, _csrf, gateway, sign_in, signed_in
 
 pytestmark = pytest.mark.integration
 __all__ = ["gateway"]
@@ -74,3 +75,34 @@ async def test_an_operator_pauses_and_resumes_a_schedule_in_the_console(clean, e
     async with engine.connect() as conn:
         audit = (await conn.execute(text("SELECT actor, action, target FROM audit_log ORDER BY id"))).all()
     assert [tuple(a) for a in audit] == [("opal", "schedule.pause", ours), ("opal", "schedule.resume", ours)]
+
+
+async def test_a_schedule_is_paused_and_resumed_in_the_browser(clean, engine, gateway) -> None:  # type: ignore[no-untyped-def]
+    # Given acme's nightly schedule, and acme's operator signed in in a browser
+    ours = "sched-00000000-0000-4000-8000-000000000003"
+    await _schedule(engine, ours, "acme")
+    operator = await identities.token(engine, "opal", "operator", tenants=("acme",))
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = await (await browser.new_context()).new_page()
+            await sign_in(page, gateway.removesuffix("/console"), operator)
+            # When they open the schedules page and pause it with a reason
+            await page.click("header a:text-is('Schedules')")
+            row = page.locator(f"tr[data-schedule='{ours}']")
+            await expect(row).to_contain_text("0 3 * * *")
+            await row.locator("input[name=reason]").fill("release freeze")
+            await row.locator("button").click()
+            # Then it shows paused, and resuming it brings it back
+            await expect(page.locator("#notice")).to_have_text("Schedule paused.")
+            await expect(row).to_contain_text("paused")
+            await row.locator("input[name=reason]").fill("freeze over")
+            await row.locator("button:text-is('Resume')").click()
+            await expect(page.locator("#notice")).to_have_text("Schedule resumed.")
+        finally:
+            await browser.close()
+    assert not await _paused(engine, ours)
+    async with engine.connect() as conn:
+        reasons = (await conn.execute(text("SELECT reason FROM audit_log WHERE target = :s ORDER BY id"),
+                                      {"s": ours})).scalars().all()
+    assert reasons == ["release freeze", "freeze over"]
