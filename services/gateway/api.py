@@ -28,7 +28,6 @@ from longrun.services.gateway.api_responses import (
     AuditPage,
     CreatedToken,
     CreateRefused,
-    Error,
     Health,
     LimitsCeiling,
     LimitsView,
