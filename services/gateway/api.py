@@ -14,7 +14,6 @@ with 413, as soon as the bytes read pass the limit.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from longrun_client.model import TENANT_PATTERN
@@ -30,7 +29,6 @@ from longrun.services.gateway.api_responses import (
     AuditPage,
     CreatedToken,
     CreateRefused,
-    Error,
     Health,
     LimitsCeiling,
     LimitsView,
@@ -48,6 +46,10 @@ from longrun.services.gateway.api_responses import (
     TokenList,
     VersionsReport,
 )
+from longrun.services.gateway.api_operation import ACT as _ACT
+from longrun.services.gateway.api_operation import READ as _READ
+from longrun.services.gateway.api_operation import Operation
+from longrun.services.gateway.api_schedules import SCHEDULE_OPERATIONS
 from longrun.services.gateway.api_types import (
     DURATION,
     RUN_STATUS,
@@ -256,47 +258,11 @@ PATH_PARAMETERS: dict[str, TypeAdapter[Any]] = {
     "entry_id": TypeAdapter(Annotated[int, Field(ge=1, le=2**63 - 1)]),
     "content_hash": TypeAdapter(Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]),
     "token_id": TypeAdapter(Annotated[int, Field(ge=1, le=2**63 - 1)]),
+    "schedule_id": TypeAdapter(Annotated[str, Field(pattern=r"^sched-[0-9a-f-]{36}$")]),
 }
 
 
 # --- the route table ------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Operation:
-    method: Literal["GET", "POST", "PUT"]
-    path: str
-    name: str
-    summary: str
-    response: type[BaseModel] | None
-    """None: the answer is bytes of the media type they were stored with."""
-    errors: tuple[int, ...]
-    body: type[BaseModel] | None = None
-    query: type[BaseModel] | None = None
-    role: Role | None = "viewer"
-    """The least role the caller needs (``longrun.identity``); None: none (``authenticated`` says whether a
-    bearer token is needed at all)."""
-    every_tenant: bool = False
-    """Only a principal of every tenant may call it: what it shows or changes is not one tenant's."""
-    raw_body: bool = False
-    """The request's body is the bytes themselves, of the media type its Content-Type names."""
-    permission: Permission | None = None
-    """The grant beside the roles the caller needs (``longrun.principals``); with it, no role is needed."""
-    any_principal: bool = False
-    """Any caller with a valid bearer token may call it, whatever it holds (who am I)."""
-    refusal: type[BaseModel] = Error
-    """The body of its 4xx and 5xx answers."""
-    idempotency_key: bool = False
-    """It takes a required ``Idempotency-Key`` header, and answers 201 for what it creates, 200 for a repeat."""
-
-    @property
-    def authenticated(self) -> bool:
-        """Whether the caller needs a bearer token."""
-        return self.role is not None or self.permission is not None or self.any_principal
-
-
-_READ = (400, 401, 403, 503)
-_ACT = (400, 401, 403, 404, 409, 422, 503)
-
 
 def _on_a_run(action: str, body: type[BaseModel], response: type[BaseModel], summary: str,
               role: Role = "operator") -> Operation:
@@ -382,6 +348,7 @@ OPERATIONS: tuple[Operation, ...] = (
               CreatedToken, (400, 401, 403, 409, 422, 503), body=TokenRequest, role="admin", every_tenant=True),
     Operation("POST", "/tokens/{token_id}/revoke", "revokeToken", "Revoke a named API token: it is refused from "
               "now on", Token, (400, 401, 403, 404, 422, 503), body=Revoke, role="admin", every_tenant=True),
+    *SCHEDULE_OPERATIONS,
     Operation("GET", "/healthz", "health", "The gateway answers", Health, (), role=None),
 )
 RUN_ACTIONS: dict[str, Operation] = {op.path.rsplit("/", 1)[1]: op for op in OPERATIONS

@@ -46,7 +46,7 @@ from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from longrun_client import timeline
@@ -60,7 +60,8 @@ from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, ActionSt
 from longrun.identity import Authenticator, Vouched
 from longrun.principals import Principal
 from longrun.domain.tenant_limits import TenantLimits
-from longrun.services.gateway import api, console_acts, console_limits, live, reads, run_acts, tenant_limits
+from longrun.services.gateway import api, console_acts, console_limits, console_schedules, live, reads, run_acts
+from longrun.services.gateway import tenant_limits
 from longrun.services.gateway import console_oidc as oidc
 from longrun.services.gateway import console_session as sessions
 from longrun.services.gateway import quarantine as quarantine_ops
@@ -79,7 +80,8 @@ NOTICES = {"approved": "Approved.", "denied": "Denied.", "answered": "Answer rec
            "cancelled": "Cancel requested: the run's cleanup runs.", "terminated": "Terminated.",
            "migrated": "Moved to the new version.", "replayed": "Replay done.", "signed-out": "Signed out.",
            "ended": "Your session ended: its token is no longer accepted. Sign in again.",
-           "saved": "Limits saved: they hold now."}
+           "saved": "Limits saved: they hold now.", "schedule-paused": "Schedule paused.",
+           "schedule-resumed": "Schedule resumed."}
 """What a redirect after an act says on the page it lands on (by name: a URL cannot make it say more)."""
 
 
@@ -379,6 +381,7 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Reg
         Route("/audit", signed(audit), methods=["GET"]),
         Route("/limits", signed(limits), methods=["GET"]),
         Route("/tenants/{tenant_id}/limits", signed(change_limits), methods=["POST"]),
+        *console_schedules.routes(engine, page, signed, _may, _allowed, _Refused, _model, PREFIX),
     ], exception_handlers={HTTPException: not_found}, middleware=[Middleware(SecurityHeaders)])
 
 

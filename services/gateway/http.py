@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from longrun import run_kinds, webhook_providers
 from longrun.app import signals
 from longrun.app.gateway import operate, webhooks
+from longrun.app.timer.schedules import Admission
 from longrun.bootstrap import open_artifacts
 from longrun.bus.connection import Bus
 from longrun.config import Settings
@@ -41,7 +42,7 @@ from longrun.domain import RunSnapshot, Scope
 from longrun.identity import Authenticator
 from longrun.principals import BOOTSTRAP_SUBJECT, Principal
 from longrun.services.gateway import api, console, edge, live, openapi, reads, refusals, run_create
-from longrun.services.gateway import policy_ceiling, run_acts, tenant_limits_routes, versions
+from longrun.services.gateway import policy_ceiling, run_acts, schedules, tenant_limits_routes, versions
 from longrun.services.gateway import quarantine as quarantine_ops
 
 logger = logging.getLogger(__name__)
@@ -362,6 +363,8 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         return JSONResponse({"ok": True})
 
     limits_routes = tenant_limits_routes.Routes(engine, settings.tenant_defaults())
+    schedule_routes = schedules.Routes(engine, Admission(kinds, settings.partitions, settings.tenant_slots,
+                                                         settings.max_input_bytes))
     contract = openapi.document()
 
     async def described(request: Request) -> Response:
@@ -390,6 +393,10 @@ def create_app(engine: AsyncEngine, bus: Bus, settings: Settings, *, intake: boo
         route("/tenants/{tenant_id}/ceiling", tenant_ceiling, ["GET", "PUT"]),
         route("/tenants/{tenant_id}/limits", limits_routes.limits, ["GET", "PUT"]),
         route("/tenants/{tenant_id}/limits/ceiling", limits_routes.limits_ceiling, ["PUT"]),
+        route("/schedules", schedule_routes.collection, ["GET", "POST"]),
+        route("/schedules/{schedule_id}", schedule_routes.show, ["GET"]),
+        *(route(f"/schedules/{{schedule_id}}/{act}", getattr(schedule_routes, act), ["POST"])
+          for act in ("pause", "resume", "backfill", "delete")),
         route("/me", me, ["GET"]),
         route("/tokens", token_list, ["GET"]),
         route("/tokens", token_create, ["POST"]),

@@ -10,6 +10,7 @@ gone: while PostgreSQL writes and commits one, this process prepares the next (S
 keeps their timers and their runs apart, so lanes never wait on each other). When
 the round before saw a whole batch coming due by the time it wakes (many timers set for the
 same instant), the lanes start together instead of after a first batch fired alone.
+Each round also fires the schedules due (``app.timer.schedules``), one transaction per schedule.
 SIGTERM lets the batches in flight commit, then the process exits.
 """
 
@@ -23,12 +24,13 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun import run_kinds, service
+from longrun.app.timer.schedules import Admission
 from longrun.authoring import Registry
 from longrun.bootstrap import open_database, watch
 from longrun.config import Settings
 from longrun.db.errors import is_transient
 from longrun.domain import RetryPolicy
-from longrun.services.timer import batches
+from longrun.services.timer import batches, schedules
 
 SERVICE = "timer"
 MAX_SLEEP = 0.5
@@ -42,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
                     clock: Callable[[], float] = time.time, kinds: Registry | None = None,
-                    retry: RetryPolicy = RetryPolicy()) -> None:
+                    retry: RetryPolicy = RetryPolicy(), admission: Admission | None = None) -> None:
+    """``admission``: how the schedules' runs are created; without it no schedule is fired."""
     async def drain() -> None:
         while not stopping.is_set() and await batches.fire_due(
                 engine, batch=batch, clock=clock, producer=SERVICE, kinds=kinds, retry=retry) == batch:
@@ -58,6 +61,8 @@ async def fire_loop(engine: AsyncEngine, *, batch: int, stopping: asyncio.Event,
                           if r is not None]
                 if failed:
                     raise failed[0]
+            if admission is not None:
+                await schedules.fire_due(engine, admission, clock=clock)
             delay, burst = await _sleep_for(engine, batch)
         except Exception as e:
             if is_transient(e):
@@ -87,10 +92,13 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     watch(health, engine=engine)
     health.ready = True
     logger.info("firing timers in batches of %d", settings.timer_batch)
+    kinds = run_kinds.load(settings)
     try:
         await fire_loop(engine, batch=settings.timer_batch, stopping=stopping,
-                        clock=lambda: time.time() + settings.clock_skew, kinds=run_kinds.load(settings),
-                        retry=settings.retry_policy())
+                        clock=lambda: time.time() + settings.clock_skew, kinds=kinds,
+                        retry=settings.retry_policy(),
+                        admission=Admission(kinds, settings.partitions, settings.tenant_slots,
+                                             settings.max_input_bytes))
     finally:
         health.ready = False
         await engine.dispose()

@@ -62,6 +62,8 @@ RECONCILED = Counter("longrun_actions_reconciled_total", "Actions in doubt settl
                      ["outcome"])
 ALERTS = Counter("longrun_reconciler_alerts_total",
                  "Audit alerts the reconciler raised (silent run, no compatible worker, drift, correction)", ["alert"])
+SCHEDULE_FIRES = Counter("longrun_schedule_fires_total",
+                         "Schedules' due times, by what each did (created, skipped, missed: a range)", ["outcome"])
 TIMER_LATENESS = Histogram("longrun_timer_lateness_seconds", "How long after its due time a timer fired",
                            buckets=_LATENCY)
 MODEL_TOKENS = Counter("longrun_model_tokens_total", "Model tokens used, by direction (input, output)",

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,38 @@ def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ..
     for name, command in group.commands.items():
         found |= _leaves(command, (*path, name)) if isinstance(command, click.Group) else {(*path, name)}
     return found
+
+
+async def test_schedule_commands_create_list_show_pause_resume_backfill_and_delete(ana, clean, engine,
+                                                                                    gateway) -> None:
+    async def ok(*args: str) -> Any:
+        done = await ctl(*at(gateway, ana, "-o", "json", *args))
+        assert done.returncode == 0, (args, done.stderr)
+        return json.loads(done.stdout)
+
+    made = await ok("schedule", "create", "steps", "--tenant", "acme", "--cron", "*/5 * * * *", "--input",
+                    '{"steps": 1}', "--overlap", "buffer_one", "--catch-up", "60", "--label", "team=sec",
+                    "--reason", "every five minutes")
+    schedule_id = made["schedule_id"]
+    assert (made["cron"], made["overlap"], made["catch_up_window"], made["run"]["labels"]) == \
+        ("*/5 * * * *", "buffer_one", 60.0, {"team": "sec"})
+    assert (await ok("schedule", "pause", schedule_id, "--reason", "quiet"))["paused"]
+    assert not (await ok("schedule", "resume", schedule_id, "--reason", "back"))["paused"]
+    hour = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    filled = await ok("schedule", "backfill", schedule_id, "--from", hour.isoformat(), "--to",
+                      (hour + timedelta(hours=1)).isoformat(), "--reason", "the outage")
+    assert filled == {"schedule_id": schedule_id, "times": 12, "created": 12}
+    assert [s["schedule_id"] for s in (await ok("schedule", "list", "--tenant", "acme"))["schedules"]] == [schedule_id]
+    assert len((await ok("schedule", "show", schedule_id))["fires"]) == 12
+    table = await ctl(*at(gateway, ana, "schedule", "show", schedule_id))
+    assert table.returncode == 0 and "DUE" in table.stdout and "OUTCOME" in table.stdout, table
+    assert (await ok("schedule", "delete", schedule_id, "--reason", "done"))["schedule_id"] == schedule_id
+    gone = await ctl(*at(gateway, ana, "schedule", "show", schedule_id))
+    assert gone.returncode == 1 and gone.stderr.startswith("Error: 404 Not Found:"), gone
+
+
+for _verb in ("create", "list", "show", "pause", "resume", "backfill", "delete"):
+    TESTED[("schedule", _verb)] = test_schedule_commands_create_list_show_pause_resume_backfill_and_delete
 
 
 def test_every_command_has_a_test_against_the_live_gateway() -> None:

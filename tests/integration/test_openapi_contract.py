@@ -27,9 +27,11 @@ from longrun_client.operator_api import CREATE_RUNS
 
 from longrun.app.gateway import operate
 from longrun.db import audit as audit_log
-from longrun.db import policies, quarantine, tokens
+from longrun.cadence import Cadence, Schedule
+from longrun.db import policies, quarantine, schedules, tokens
 from longrun.db.transaction import PgTransaction
 from longrun.domain import Scope
+from longrun.domain.schedules import Overlap
 from longrun.services.gateway import openapi
 from tests.integration.bus_helpers import wakeup
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
@@ -71,6 +73,10 @@ async def seeded(engine) -> dict[str, Any]:  # type: ignore[no-untyped-def]
                                         message_id=None, error_code="E", reason="test", attempts=5)
                    for body in (wakeup(ids["paused"], "after-fix").model_dump_json().encode(), b"{broken")]
         made, _ = await tokens.create(conn, name="ci-bot", roles=("viewer",), tenants=("acme",), created_by="tests")
+        now = await schedules.now(conn)
+        nightly = Cadence(now, cron="0 3 * * *")
+        await schedules.insert(conn, Schedule(SCHEDULE, "acme", {"workflow": "steps", "input": {"steps": 1}}, nightly,
+                                              Overlap.SKIP, 300.0, False, nightly.first(), "ana", now))
     return {**ids, "entries": entries, "tokens": [made.id], "approver": await token(engine, "user_42"),
             "producer": await token(engine, "acme-producer", tenants=("acme",), permissions=(CREATE_RUNS,))}
 
@@ -120,6 +126,14 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
     call("POST", "/runs", 200, body=create, headers={"Idempotency-Key": "order-1"})
     call("POST", "/runs", 409, body={**create, "payload": {**create["payload"], "input": {"steps": 2}}},
          headers={"Idempotency-Key": "order-1"})
+    call("POST", "/schedules", 200, body={"tenant_id": "acme", "run": {"workflow": "steps", "input": {"steps": 1}},
+                                          "every": 60, "overlap": "buffer_one", "reason": "every minute"})
+    call("GET", "/schedules", 200, query={"tenant_id": "acme"})
+    call("POST", "/schedules/{schedule_id}/backfill", 200, path_parameters={"schedule_id": SCHEDULE},
+         body={"start": "2026-01-01T00:00:00Z", "end": "2026-01-03T00:00:00Z", "reason": "the outage"})
+    call("GET", "/schedules/{schedule_id}", 200, path_parameters={"schedule_id": SCHEDULE})
+    call("POST", "/schedules/{schedule_id}/pause", 200, path_parameters={"schedule_id": SCHEDULE},
+         body={"reason": "quiet"})
     call("GET", "/me", 200)
     call("POST", "/tokens", 200, body={"name": "ana", "roles": ["operator"], "tenants": ["acme"], "reason": "on call"})
     call("GET", "/tokens", 200, query={"all": "1"})
@@ -128,6 +142,7 @@ def answered_as_promised(schema: Any, url: str, known: dict[str, Any]) -> None:
 
 
 EVIDENCE = b"412 passed, 0 failed\n"
+SCHEDULE = "sched-00000000-0000-4000-8000-00000000000a"
 
 
 RUN_STATES = ("waiting", "paused", "approval", "question", "completed", "unknown")
@@ -177,7 +192,8 @@ async def test_schemathesis_finds_the_live_gateway_keeps_its_contract(clean, eng
     assert len(operations) == len(openapi.api.OPERATIONS)
     await asyncio.to_thread(answered_as_promised, schema, ensemble.gateway_url, known)
     pick = {"run_id": [known[name] for name in RUN_STATES], "entry_id": known["entries"], "tenant_id": ["acme"],
-            "content_hash": [hashlib.sha256(EVIDENCE).hexdigest()], "token_id": known["tokens"]}
+            "content_hash": [hashlib.sha256(EVIDENCE).hexdigest()], "token_id": known["tokens"],
+            "schedule_id": [SCHEDULE]}
     # POST /runs is driven as acme's producer: as the bootstrap admin, who may not create runs, every
     # request would stop at 403 and the create's reading would go unexercised.
     run: Callable[[Any], str | None] = lambda op: exercise(  # noqa: E731

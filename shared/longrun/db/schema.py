@@ -427,3 +427,4 @@ Index("ix_cleanups_due", cleanups.c.due_at, postgresql_where=cleanups.c.done_at.
 # The tables of tenants and operators live in their own module, on this MetaData: imported here so
 # that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
 from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)
+from longrun.db import schema_schedules  # noqa: E402,F401  (it imports only ``schema_base``)

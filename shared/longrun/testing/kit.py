@@ -146,9 +146,17 @@ class Kit:
         return received_signals(self.snapshot(run_id), name)
 
     def advance(self, seconds: float) -> int:
-        """Time passes: the timers that come due fire; how many did."""
+        """Time passes: the timers that come due fire, and the schedules due; how many timers fired."""
         self.world.clock.advance(seconds)
-        return self.world.fire_due_timers()
+        fired = self.world.fire_due_timers()
+        self.world.fire_due_schedules()
+        return fired
+
+    def schedule(self, goal: Mapping[str, Any], *, tenant: str = "t", **cadence: Any) -> str:
+        """A schedule of the kind's runs with input ``goal`` (``every`` or ``cron``, ``overlap``,
+        ``catch_up``, ``anchor``: ``testing.schedules.MemorySchedules.add``), fired as ``advance`` moves the
+        clock; its id. What each due time did is ``world.schedules.fires``."""
+        return self.world.schedules.add(tenant, self.kind.name, dict(goal), **cadence)
 
     def settle(self, *, people: People | None = None, timers: bool = True, rounds: int = 500) -> None:
         """Until nothing moves: wakeups delivered and stepped through, people answer, the reconciler

@@ -28,6 +28,7 @@ from longrun.app import signals
 from longrun.app.gateway import operate, webhooks
 from longrun.app.scheduler import admit
 from longrun.app.timer import firing
+from longrun.app.timer.schedules import Admission
 from longrun.authoring import Registry, RunKind, Tool, ToolResult
 from longrun.ports.webhooks import Translated
 from longrun.domain import (
@@ -59,6 +60,7 @@ from longrun.testing import admission, cleanup_store, reconcile_store
 from longrun.testing.checkpoints import checkpoint
 from longrun.testing.memory import FakeClock, MemoryStore
 from longrun.testing.rate_limits import MemoryRateLimits
+from longrun.testing.schedules import MemorySchedules
 from longrun.testing.transaction import MemoryTransaction
 from longrun.workflows import steps
 
@@ -283,6 +285,8 @@ class World:
         """The artifact store every worker shares (``MemoryArtifacts``): object key -> bytes."""
         """The gateway's webhook_events: event id -> (event, matched run)."""
         self._ids = itertools.count(1)
+        self.schedules = MemorySchedules(self, Admission(self.kinds, 1, SLOTS, MAX_INPUT_BYTES))
+        """The schedules, fired by ``fire_due_schedules``."""
 
     def close(self) -> None:
         """Stop every worker task still waiting at a checkpoint, and the loop."""
@@ -340,6 +344,10 @@ class World:
         for tenant in sorted({self.store.runs[t.run_id].tenant_id for t in ordered}):
             self.admit(tenant)
         return len(fired.outcomes)
+
+    def fire_due_schedules(self) -> int:
+        """The timer service's round of due schedules (``app.timer.schedules``): how many fired."""
+        return self.schedules.fire_due()
 
     # -- one transaction of the runtime's use cases ---------------------------------------------------
     def in_transaction(self, use_case: Callable[[MemoryTransaction], Awaitable[T]]) -> T:

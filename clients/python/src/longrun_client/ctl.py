@@ -20,7 +20,7 @@ from typing import IO, Any
 import click
 import httpx
 
-from longrun_client import __version__, ctl_create, ctl_limits, ctl_signal, ctl_tenants, timeline
+from longrun_client import __version__, ctl_create, ctl_limits, ctl_schedules, ctl_signal, ctl_tenants, timeline
 from longrun_client.bus import TERMINAL_STATUSES
 from longrun_client.ctl_examples import COMMAND_EXAMPLES
 from longrun_client.ctl_output import FORMATS, View, printable, render
@@ -396,6 +396,7 @@ for _what in ("policy", "ceiling"):
     tenant.add_command(ctl_tenants.scope_command(_what, _ask))
 for _command in ctl_limits.limits_commands(_call, _print):
     tenant.add_command(_command)
+main.add_command(ctl_schedules.schedule_group(_call, _print))
 
 
 @main.command("versions")

@@ -39,7 +39,7 @@ def create_command(call: Call, show: Show) -> click.Command:
     def command(ctx: click.Context, workflow: str, tenant: str, input_json: str, idempotency_key: str | None,
                 workflow_version: str | None, priority: int | None, labels: tuple[str, ...]) -> None:
         """Create a run of WORKFLOW; a retry with the same --idempotency-key answers the same run."""
-        payload: dict[str, Any] = {"workflow": workflow, "input": _input(input_json), "labels": _labels(labels)}
+        payload: dict[str, Any] = {"workflow": workflow, "input": input_object(input_json), "labels": labels_of(labels)}
         if workflow_version is not None:
             payload["workflow_version"] = workflow_version
         if priority is not None:
@@ -53,7 +53,7 @@ def create_command(call: Call, show: Show) -> click.Command:
     return command
 
 
-def _input(given: str) -> dict[str, Any]:
+def input_object(given: str) -> dict[str, Any]:
     text = given
     if given.startswith("@"):
         try:
@@ -70,7 +70,7 @@ def _input(given: str) -> dict[str, Any]:
     return value
 
 
-def _labels(given: tuple[str, ...]) -> dict[str, str]:
+def labels_of(given: tuple[str, ...]) -> dict[str, str]:
     pairs = [label.partition("=") for label in given]
     if any(not sep or not key for key, sep, _ in pairs):
         raise click.BadParameter("a label is KEY=VALUE", param_hint="--label")

@@ -26,6 +26,15 @@ COMMAND_EXAMPLES: dict[tuple[str, ...], str] = {
     ("tenant", "ceiling"): "tenant ceiling acme --tool 'forge.*' --resource 'repo:acme/*' --reason \"acme's contract\"",
     ("tenant", "limits"): 'tenant limits acme --slots 8 --token-budget 2000000 --tool "forge.*=4" --reason "acme grows"',
     ("tenant", "limits-ceiling"): 'tenant limits-ceiling acme --slots 16 --token-budget 5000000 --reason "contract"',
+    ("schedule", "create"): ('schedule create vuln_scan --tenant acme --cron "0 3 * * *" --input \'{"repo": "acme/api"}\' '
+                             '--overlap skip --reason "nightly scan"'),
+    ("schedule", "list"): "schedule list --tenant acme",
+    ("schedule", "show"): "schedule show SCHEDULE_ID",
+    ("schedule", "pause"): 'schedule pause SCHEDULE_ID --reason "release freeze"',
+    ("schedule", "resume"): 'schedule resume SCHEDULE_ID --reason "freeze over"',
+    ("schedule", "backfill"): ('schedule backfill SCHEDULE_ID --from 2026-03-01T00:00:00Z --to 2026-03-02T00:00:00Z '
+                               '--reason "the scans the outage missed"'),
+    ("schedule", "delete"): 'schedule delete SCHEDULE_ID --reason "the repository was archived"',
     ("versions",): "versions",
     ("dlq", "list"): "dlq list --all",
     ("dlq", "replay"): 'dlq replay 17 --reason "schema fixed upstream"',

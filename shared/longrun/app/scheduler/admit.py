@@ -26,6 +26,7 @@ the key when a holder ends.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -38,7 +39,7 @@ import orjson
 from longrun import metrics
 from longrun.app import effects
 from longrun.app.scheduler import keys
-from longrun.authoring import Registry, RunKind
+from longrun.authoring import ConcurrencyKey, Registry, RunKind
 from longrun.bus import topology
 from longrun.domain import TERMINAL, RunTimeouts, Scope, TenantPolicy, Usage, evolve, freeze, narrow, request_hash
 from longrun.domain import events as ev
@@ -107,15 +108,18 @@ class Locked:
 
 async def create_run(tx: RunTransaction, envelope: Envelope, *, kinds: Registry, partitions: int, slots: int,
                      max_input_bytes: int, clock: Any = time.time, locked: Locked | None = None,
-                     new_id: Callable[[], str] = new_run_id) -> Answered:
+                     new_id: Callable[[], str] = new_run_id, overlap: ConcurrencyKey | None = None) -> Answered:
     """Create the run ``envelope`` asks for and announce it (``run.accepted``), or refuse it
     (``run.rejected``): the one admission of every run, whether its create came on the bus (the
     scheduler's ingress) or over HTTP (the gateway's ``POST /runs``). ``locked``: the transaction holds the tenant's admission lock already and
     read its policy with it (the ingress consumer's prelude, ``Ingress.prelude``), so neither is
-    asked for again: one round trip less."""
+    asked for again: one round trip less. ``overlap``: a schedule's overlap key, which its runs take in
+    place of their kind's (``domain.schedules``)."""
     request = envelope.payload
     offered = input_hash(request)
     kind = _kind_for(request, kinds, max_input_bytes)
+    if overlap is not None and not isinstance(kind, Refusal):
+        kind = dataclasses.replace(kind, concurrency=overlap)
     claim = None if isinstance(kind, Refusal) else _claim(kind, request.input)
     refusal = kind if isinstance(kind, Refusal) else claim if isinstance(claim, Refusal) else None
     if refusal is not None:

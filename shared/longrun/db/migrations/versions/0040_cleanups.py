@@ -2,7 +2,7 @@
 reconciler, with its attempts, last error and whether its alert was raised.
 
 Revision ID: 0040
-Revises: 0037
+Revises: 0039
 """
 
 from __future__ import annotations
