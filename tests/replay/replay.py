@@ -20,8 +20,10 @@ history recorded before a patch existed replays through the old branch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +87,17 @@ def kinds() -> Registry:
 
 def decision_to_plain(decision: Decision) -> dict[str, Any]:
     return {"type": type(decision).__name__, **to_plain(decision)}  # type: ignore[dict-item]
+
+
+def as_decided_today(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded decision with each field added to its type since (one with a default) at that default:
+    what the decision meant when it was recorded."""
+    declared = {t.__name__: t for t in typing.get_args(Decision)}.get(recorded["type"])
+    if declared is None:
+        return dict(recorded)
+    defaults = {f.name: to_plain(f.default) for f in dataclasses.fields(declared)
+                if f.default is not dataclasses.MISSING and f.name not in recorded}
+    return {**recorded, **defaults}
 
 
 def decide(kinds: Registry, state: RunSnapshot, now: float, taken: frozenset[str] = frozenset()) -> Decision:
