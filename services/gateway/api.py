@@ -302,7 +302,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/runs/{run_id}/events/stream", "streamRun", "The run's live stream as Server-Sent Events "
               "(text/event-stream): its events in seq order (status), its calls' heartbeat details (progress) and "
               "output chunks (chunk), gap when chunks were missed, end once it ended; resumable with Last-Event-ID",
-              None, (400, 401, 403, 404, 503)),
+              None, (400, 401, 403, 404, 503), event_stream=("status", "progress", "chunk", "gap", "end")),
     Operation("POST", "/runs/{run_id}/artifacts", "attachArtifact", "Attach evidence to the run (the fact "
               "artifact:<name>)", Attached, (400, 401, 403, 404, 413, 422, 503), query=Attachment,
               role="operator", raw_body=True),

@@ -38,6 +38,8 @@ class Operation:
     """The body of its 4xx and 5xx answers."""
     idempotency_key: bool = False
     """It takes a required ``Idempotency-Key`` header, and answers 201 for what it creates, 200 for a repeat."""
+    event_stream: tuple[str, ...] = ()
+    """The names of the events it streams as Server-Sent Events (``text/event-stream``); empty: not a stream."""
 
     @property
     def authenticated(self) -> bool:

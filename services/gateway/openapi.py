@@ -81,6 +81,13 @@ def _operation(op: api.Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     binary = {"schema": {"type": "string", "format": "binary"}}
     responses = {"200": {"description": "OK", "content": {"*/*": binary} if op.response is None
                          else json_content(op.response)}}
+    if op.event_stream:
+        # OpenAPI 3.1 has a text/event-stream's schema describe each event, as its fields read
+        # (a frame of ``retry`` alone included).
+        event = {"type": "object", "properties": {
+            "event": {"enum": list(op.event_stream)}, "id": {"type": "string"}, "data": {"type": "string"},
+            "retry": {"type": "integer", "minimum": 0}}}
+        responses["200"]["content"] = {"text/event-stream": {"schema": event}}
     if op.idempotency_key:
         assert op.response is not None
         parameters.append(IDEMPOTENCY_KEY)
