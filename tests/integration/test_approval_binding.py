@@ -47,6 +47,7 @@ async def test_a_push_after_the_approval_request_voids_it_and_a_new_one_is_asked
     ensemble.start_forge()
     ensemble.start_services("gateway", "scheduler", "worker", "relay")
     await ensemble.configure_forge()
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")  # the forge's webhooks are delivered once
     key = new_key()
     input_ = goal("push")
     await publish_create(bus, tenant="acme", key=key, input_=input_)

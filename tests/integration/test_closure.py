@@ -74,6 +74,7 @@ async def test_a_run_whose_waits_ended_by_their_events_leaves_no_timer_to_fire_a
     ensemble.start_forge()
     ensemble.start_services("gateway", "scheduler", "worker", "relay", "timer")
     await ensemble.configure_forge()
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")  # the forge's webhooks are delivered once
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("closure"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")

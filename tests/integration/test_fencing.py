@@ -29,6 +29,7 @@ async def test_a_stalled_worker_is_fenced_out_and_the_run_finishes_elsewhere(cle
     workers = {p.name: p for p in (ensemble.start("worker", "longrun.services.worker", **env) for _ in range(2))}
     await ensemble.configure_forge(faults=({"endpoint": "commits", "mode": "timeout_after_commit",
                                             "times": 1, "hold_seconds": 8},))
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")  # the forge's webhooks are delivered once
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_=goal("fence"))
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
