@@ -46,6 +46,11 @@ SAMPLES = {
     "/console/runs/{run_id}/{action:str}": {"run_id": "no-such-run", "action": "approve"},
     "/console/quarantine": {}, "/console/quarantine/{entry_id}/replay": {"entry_id": "1"},
     "/console/audit": {},
+    "/schedules": {}, "/schedules/{schedule_id}": {"schedule_id": "no-such-schedule"},
+    **{f"/schedules/{{schedule_id}}/{act}": {"schedule_id": "no-such-schedule"}
+       for act in ("pause", "resume", "backfill", "delete")},
+    "/console/schedules": {},
+    "/console/schedules/{schedule_id}/{act:str}": {"schedule_id": "no-such-schedule", "act": "pause"},
 }
 """A value for each path parameter of each route: a route missing here fails the walk."""
 HOSTILE_VALUES = ("%00", "%FF%FE", "..%2F..%2Fetc", "x" * 5000, "-1", "99999999999999999999999")
