@@ -24,7 +24,7 @@ from longrun_client import ctl as longrunctl
 
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble
 from tests.integration.identities import token
-from tests.integration import test_poison_runs
+from tests.integration import test_poison_runs, test_signals
 from tests.integration.runs_factory import waiting_for_event, waiting_for_user
 from tests.security import test_identity
 
@@ -289,6 +289,7 @@ async def test_run_create_prints_its_key_and_a_retry_with_it_answers_the_same_ru
 
 
 TESTED[("run", "create")] = test_run_create_prints_its_key_and_a_retry_with_it_answers_the_same_run
+TESTED[("run", "signal")] = test_signals.test_longrunctl_signals_a_run
 TESTED.update({(*name.split(),): test_every_other_command_against_the_live_gateway for name in (
     "run pause", "run resume", "run cancel", "run migrate", "run answer", "run resolve", "run retry-action",
     "run attach", "audit", "alerts", "tenant policy", "versions", "dlq list", "dlq replay")})
