@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -100,32 +101,24 @@ async def completed(engine: AsyncEngine) -> StoredRun:
 async def action_unknown(engine: AsyncEngine, *, logical_action: str = "open_mr") -> StoredRun:
     """A run parked in ACTION_UNKNOWN: its worker submitted ``logical_action`` and got no answer (the
     ledger row UNKNOWN too)."""
-    stored = await created(engine)
-    now, run_id = time.time(), stored.snapshot.run_id
-    key = idempotency_key(run_id, logical_action, attempt_scope=1)
-    args = {"repo": "acme/payments", "title": "Upgrade p"}
-    digest = request_hash("forge.open_merge_request", "1", args=args)
-    async with engine.begin() as conn:
-        after = await runs.append(conn, stored, [
-            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
-            ev.ActionPrepared(seq=stored.seq(2), at=now, logical_action=logical_action,
-                              tool="forge.open_merge_request", tool_version="1",
-                              effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=key, request_hash=digest),
-            ev.ActionSubmitted(seq=stored.seq(3), at=now, logical_action=logical_action),
-            ev.ActionUnknown(seq=stored.seq(4), at=now, logical_action=logical_action, cause="no answer"),
-            ev.RunStatusChanged(seq=stored.seq(5), at=now, to=RunStatus.ACTION_UNKNOWN,
-                                reason=f"{logical_action}: outcome unknown")])
-        await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
-                             tool="forge.open_merge_request", tool_version="1",
-                             effect_kind=EffectKind.IDEMPOTENT_WRITE.value, idempotency_key=key, request_hash=digest,
-                             request=args, fencing_token=1)
-        await ledger.record(conn, key, ActionStatus.UNKNOWN)
-    return after
+    return await _submitted_then(engine, logical_action, ActionStatus.UNKNOWN, lambda seq, at: [
+        ev.ActionUnknown(seq=seq(4), at=at, logical_action=logical_action, cause="no answer"),
+        ev.RunStatusChanged(seq=seq(5), at=at, to=RunStatus.ACTION_UNKNOWN,
+                            reason=f"{logical_action}: outcome unknown")])
 
 
 async def action_failed(engine: AsyncEngine, *, logical_action: str = "open_mr") -> StoredRun:
     """A run held in NEEDS_ATTENTION because the far side rejected ``logical_action`` (the ledger row
     FAILED too): what an operator retries once the cause is fixed."""
+    return await _submitted_then(engine, logical_action, ActionStatus.FAILED, lambda seq, at: [
+        ev.ActionFailed(seq=seq(4), at=at, logical_action=logical_action, error="branch protected"),
+        ev.RunStatusChanged(seq=seq(5), at=at, to=RunStatus.NEEDS_ATTENTION, reason=f"{logical_action} failed")])
+
+
+async def _submitted_then(engine: AsyncEngine, logical_action: str, outcome: ActionStatus,
+                          then: Callable[[Callable[[int], int], float], list[ev.RunEvent]]) -> StoredRun:
+    """A run whose worker submitted ``logical_action`` (a merge request), then the events ``then`` gives
+    (by seq and time), its ledger row left at ``outcome``."""
     stored = await created(engine)
     now, run_id = time.time(), stored.snapshot.run_id
     key = idempotency_key(run_id, logical_action, attempt_scope=1)
@@ -138,12 +131,10 @@ async def action_failed(engine: AsyncEngine, *, logical_action: str = "open_mr")
                               tool="forge.open_merge_request", tool_version="1",
                               effect_kind=EffectKind.IDEMPOTENT_WRITE, idempotency_key=key, request_hash=digest),
             ev.ActionSubmitted(seq=stored.seq(3), at=now, logical_action=logical_action),
-            ev.ActionFailed(seq=stored.seq(4), at=now, logical_action=logical_action, error="branch protected"),
-            ev.RunStatusChanged(seq=stored.seq(5), at=now, to=RunStatus.NEEDS_ATTENTION,
-                                reason=f"{logical_action} failed")])
+            *then(stored.seq, now)])
         await ledger.prepare(conn, action_id=str(uuid.uuid4()), run_id=run_id, logical_action=logical_action,
                              tool="forge.open_merge_request", tool_version="1",
                              effect_kind=EffectKind.IDEMPOTENT_WRITE.value, idempotency_key=key, request_hash=digest,
                              request=args, fencing_token=1)
-        await ledger.record(conn, key, ActionStatus.FAILED)
+        await ledger.record(conn, key, outcome)
     return after
