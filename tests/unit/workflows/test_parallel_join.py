@@ -1,0 +1,127 @@
+"""A run kind that fans out writes and joins them (``CallTools``), through the kit, in memory: every call is
+its own ledger entry and is recorded, the losers of a first-or-N join too; a rejected call is an outcome;
+a call in doubt holds the run back only while the join needs it; and a worker killed at any point of the
+fan-out leaves exactly one effect per call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from longrun.domain import ActionStatus, RunStatus, event_to_dict, joins
+from longrun.testing.kit import Kit, every_crash
+from tests.integration.join_kinds import FANNED, JOIN, PUT, SEND
+
+
+def timeline(kit: Kit, run_id: str) -> list[tuple[str, Any]]:
+    """(type, logical action or target status) of each event."""
+    out = []
+    for e in kit.world.store.history(run_id):
+        data = event_to_dict(e)
+        out.append((str(data["type"]), data.get("logical_action", data.get("to", data.get("status")))))
+    return out
+
+
+def statuses(kit: Kit, run_id: str) -> dict[str, ActionStatus]:
+    return {a.logical_action: a.status for a in kit.snapshot(run_id).actions}
+
+
+@pytest.mark.parametrize(("join", "satisfied_by"), [("all", 4), ("first", 1), (2, 2)])
+def test_every_call_is_made_once_and_recorded_and_the_join_names_the_calls_that_satisfied_it(
+        join: object, satisfied_by: int) -> None:
+    with Kit(FANNED) as kit:
+        run_id = kit.start({"calls": 4, "join": join})
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        assert statuses(kit, run_id) == {f"put:{i}": ActionStatus.CONFIRMED for i in range(4)}
+        joined = joins.joined(kit.snapshot(run_id), JOIN)
+        assert joined is not None and len(joined.by) == satisfied_by and joined.calls == tuple(statuses(kit, run_id))
+        # one effect per call, each under its own key, and one join, recorded after the calls that satisfied it
+        assert len(kit.far_side.objects) == 4 and kit.executions(PUT) == 4
+        events = timeline(kit, run_id)
+        assert [t for t, _ in events].count("run.joined") == 1
+        at = events.index(("run.joined", None))
+        assert {a for t, a in events[:at] if t == "action.confirmed"} >= set(joined.by)
+        assert kit.check() == []
+
+
+def test_the_losers_of_a_first_join_are_recorded_before_the_run_goes_on() -> None:
+    with Kit(FANNED) as kit:
+        run_id = kit.start({"calls": 3, "join": "first"})
+        kit.settle()
+        events = timeline(kit, run_id)
+        joined = joins.joined(kit.snapshot(run_id), JOIN)
+        assert joined is not None and len(joined.lost) == 2
+        completed = events.index(("run.completed", None))
+        assert all(events.index(("action.confirmed", loser)) < completed for loser in joined.lost)
+        assert kit.snapshot(run_id).budget.used.tool_calls == 3
+
+
+def test_a_rejected_call_is_an_outcome_of_the_join_and_the_others_still_go_through() -> None:
+    with Kit(FANNED) as kit:
+        kit.far_side.arm("rejected")
+        run_id = kit.start({"calls": 3})
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        assert sorted(s.value for s in statuses(kit, run_id).values()) == ["CONFIRMED", "CONFIRMED", "FAILED"]
+        assert len(kit.far_side.objects) == 2
+        assert kit.check() == []
+
+
+def test_a_loser_in_doubt_does_not_hold_back_a_satisfied_first_join() -> None:
+    with Kit(FANNED) as kit:
+        # the first request acts and never answers: that write is in doubt
+        kit.far_side.arm("timeout_after_acting")
+        run_id = kit.start({"calls": 2, "join": "first", "tool": SEND, "then_wait": True})
+        kit.settle(timers=False)
+        # the other call satisfied the join, and the run went on to its next step (a wait), not ACTION_UNKNOWN
+        assert kit.status(run_id) is RunStatus.WAITING_EVENT
+        joined = joins.joined(kit.snapshot(run_id), JOIN)
+        assert joined is not None and len(joined.by) == 1 and len(joined.lost) == 1
+        (loser,) = joined.lost
+        assert ("action.unknown", loser) in timeline(kit, run_id)
+        assert ("run.status_changed", RunStatus.ACTION_UNKNOWN.value) not in timeline(kit, run_id)
+        # while it waited, the reconciler found the loser's effect
+        assert statuses(kit, run_id)[loser] is ActionStatus.CONFIRMED
+        kit.signal(run_id, "go", {})
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        assert kit.executions(SEND) == 2 and kit.check() == []
+
+
+def test_an_all_join_with_a_call_in_doubt_parks_once_the_other_outcomes_are_recorded() -> None:
+    with Kit(FANNED) as kit:
+        kit.far_side.arm("timeout_after_acting")
+        run_id = kit.start({"calls": 3, "tool": SEND})
+        kit.settle(timers=False)
+        events = timeline(kit, run_id)
+        parked = events.index(("run.status_changed", RunStatus.ACTION_UNKNOWN.value))
+        doubtful = next(a for t, a in events if t == "action.unknown")
+        others = [a for t, a in events[:parked] if t == "action.confirmed"]
+        assert len(others) == 2 and doubtful not in others
+        assert ("run.joined", None) not in events[:parked]
+        # the reconciler settled it, and the run joined and completed
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        assert set(statuses(kit, run_id).values()) == {ActionStatus.CONFIRMED}
+        assert kit.executions(SEND) == 3 and kit.check() == []
+
+
+@pytest.mark.parametrize("tool", [PUT, SEND])
+def test_a_worker_killed_anywhere_in_a_fan_out_leaves_one_effect_per_call(tool: str) -> None:
+    def scenario(kit: Kit) -> None:
+        kit.start({"calls": 3, "tool": tool})
+        kit.settle()
+
+    outcomes = every_crash(FANNED, scenario)
+    points = {o.point for o in outcomes}
+    assert {"worker.before_tool_request", "worker.after_tool_response_before_record"} <= points
+    for outcome in outcomes:
+        kit = outcome.kit
+        (run_id,) = kit.run_ids()
+        where = f"{outcome.point} #{outcome.nth}"
+        assert kit.status(run_id) is RunStatus.COMPLETED, where
+        assert set(statuses(kit, run_id).values()) == {ActionStatus.CONFIRMED}, where
+        # one object per key at the far side; a non-idempotent write never sent twice (check)
+        assert len(kit.far_side.objects) == 3, where
+        assert kit.check() == [], where
