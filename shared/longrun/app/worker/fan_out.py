@@ -44,9 +44,17 @@ async def fan_out(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, de
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                           reason=f"decide asked again for join {name}, joined already")
         return None
+    making = joins.to_make(run, decision.logical_actions)
+    if not making and joins.satisfied_by(run, decision.logical_actions, decision.join) is None:
+        # Nothing to make, none in doubt (that parked the run before deciding), yet not enough outcomes.
+        states = ", ".join(f"{a.logical_action} {a.status.value}" for a in run.actions
+                           if a.logical_action in decision.logical_actions)
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
+                          reason=f"join {name} cannot be satisfied: {states}")
+        return None
     wanted = {c.logical_action: c for c in decision.calls}
     calls: list[ToolRequest] = []
-    for logical_action in joins.to_make(run, decision.logical_actions):
+    for logical_action in making:
         request = await requested(step, stored, kind, wanted[logical_action])
         if request is None:
             return None
