@@ -8,7 +8,8 @@ joined it waits for the signal ``go`` if ``goal.then_wait`` is set, then complet
 satisfied the join and each call's status as evidence.
 
 The far side of the real services is a file (``JOIN_FAR_SIDE``), written under a lock: each request
-appends ``start`` (its key and fencing token), is held ``JOIN_HOLD_SECONDS`` (in flight), then, unless
+appends ``start`` (its key and fencing token), is held ``JOIN_HOLD_SECONDS`` (in flight; item i
+``JOIN_STAGGER_SECONDS`` times i longer), then, unless
 a request with a higher token for its key started meanwhile (``fenced``: refused, nothing done),
 appends ``effect`` the first time its key is written (a write asked again under its key returns the
 object it made) and ``end``. A request whose token is below one already seen for its key is refused
@@ -54,7 +55,7 @@ from longrun.errors import ToolRejected
 
 PUT, SEND = "far.put", "far.send"
 JOIN = "writes"
-FAR_SIDE, HOLD = "JOIN_FAR_SIDE", "JOIN_HOLD_SECONDS"
+FAR_SIDE, HOLD, STAGGER = "JOIN_FAR_SIDE", "JOIN_HOLD_SECONDS", "JOIN_STAGGER_SECONDS"
 
 
 class ItemArgs(BaseModel):
@@ -122,7 +123,8 @@ def far_side_log(path: Path) -> list[dict[str, Any]]:
 
 
 async def _put(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
-    path, hold = Path(os.environ[FAR_SIDE]), float(os.environ.get(HOLD, "1"))
+    path = Path(os.environ[FAR_SIDE])
+    hold = float(os.environ.get(HOLD, "1")) + args["item"] * float(os.environ.get(STAGGER, "0"))
 
     def note(log: list[dict[str, Any]], edge: str) -> None:
         log.append({"edge": edge, "key": key, "token": token, "at": time.time()})
