@@ -69,6 +69,21 @@ def test_a_rejected_call_is_an_outcome_of_the_join_and_the_others_still_go_throu
         assert kit.check() == []
 
 
+def test_an_unavailable_call_of_an_unsatisfied_join_waits_for_its_retry_and_only_it_is_made_again() -> None:
+    with Kit(FANNED) as kit:
+        kit.far_side.arm("unavailable")
+        run_id = kit.start({"calls": 3})
+        kit.settle(timers=False)
+        assert kit.status(run_id) is RunStatus.RETRY_SCHEDULED
+        retried = [a for a, s in statuses(kit, run_id).items() if s is ActionStatus.RETRYABLE]
+        assert len(retried) == 1 and joins.joined(kit.snapshot(run_id), JOIN) is None
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        assert set(statuses(kit, run_id).values()) == {ActionStatus.CONFIRMED}
+        assert kit.executions(PUT) == 3 and kit.snapshot(run_id).action(retried[0]).attempts == 2  # type: ignore[union-attr]
+        assert kit.check() == []
+
+
 def test_a_loser_in_doubt_does_not_hold_back_a_satisfied_first_join() -> None:
     with Kit(FANNED) as kit:
         # the first request acts and never answers: that write is in doubt
