@@ -256,9 +256,7 @@ def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
         record = state.action(decision.logical_action)
         return () if record is not None and record.status is ActionStatus.SUBMITTED else ("tool_calls", "cost")
     if isinstance(decision, CallTools):
-        made = joins.to_make(state, decision.logical_actions)
-        resent = all((a := state.action(c)) is not None and a.status is ActionStatus.SUBMITTED for c in made)
-        return () if resent else ("tool_calls", "cost")
+        return ("tool_calls", "cost") if joins.charged(state, decision.logical_actions) else ()
     return ()
 
 

@@ -96,6 +96,13 @@ def to_make(state: RunSnapshot, calls: Sequence[str]) -> tuple[str, ...]:
     return tuple(c for c in calls if (a := state.action(c)) is None or a.status in TO_MAKE)
 
 
+def charged(state: RunSnapshot, calls: Sequence[str]) -> int:
+    """How many of ``calls`` making them now charges: those not made yet and those retried (a call sent
+    again after a crash is the same submission, charged when it was first made)."""
+    return sum(1 for c in to_make(state, calls)
+               if (a := state.action(c)) is None or a.status is ActionStatus.RETRYABLE)
+
+
 def satisfied_by(state: RunSnapshot, calls: Sequence[str], join: Join,
                  arrived: Sequence[str] = ()) -> tuple[str, ...] | None:
     """The calls that satisfy ``join`` on ``state`` (None: not satisfied yet): the first ``need`` to have

@@ -70,8 +70,10 @@ def test_a_submitted_or_retryable_call_is_made_again_and_only_a_new_one_spends_b
     h.apply(ActionConfirmed, logical_action="a")
     assert joins.to_make(h.snapshot, CALLS) == ("b", "c")
     assert budget_needs(fan(), h.snapshot) == ()  # resent under their keys: charged when first made
+    assert joins.charged(h.snapshot, CALLS) == 0
     h.apply(ActionUnavailable, logical_action="b", cause="503")
     assert budget_needs(fan(), h.snapshot) == ("tool_calls", "cost")
+    assert joins.charged(h.snapshot, CALLS) == 1 and joins.charged(History().snapshot, CALLS) == 3
 
 
 @pytest.mark.parametrize(("join", "outcomes", "by"), [

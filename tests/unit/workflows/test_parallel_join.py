@@ -58,6 +58,16 @@ def test_the_losers_of_a_first_join_are_recorded_before_the_run_goes_on() -> Non
         assert kit.snapshot(run_id).budget.used.tool_calls == 3
 
 
+def test_a_fan_out_the_budget_cannot_pay_for_in_full_makes_no_call() -> None:
+    with Kit(FANNED) as kit:
+        run_id = kit.start({"calls": 3}, tool_calls=2)
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.BUDGET_EXHAUSTED
+        assert kit.snapshot(run_id).terminal_reason == "budget tool_calls exhausted: join writes needs 3, 2 left"
+        assert kit.snapshot(run_id).actions == () and kit.executions(PUT) == 0
+        assert kit.check() == []
+
+
 def test_a_rejected_call_is_an_outcome_of_the_join_and_the_others_still_go_through() -> None:
     with Kit(FANNED) as kit:
         kit.far_side.arm("rejected")

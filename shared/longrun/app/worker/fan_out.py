@@ -29,7 +29,8 @@ from longrun.app.worker.commit import Step, ToolRequest
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.tool_call import Admitted, admit, attempt, healthy, on_record, requested
 from longrun.authoring import RunKind
-from longrun.domain import ActionStatus, CallTools, RecoveryPolicy, RunSnapshot, RunStatus, joins, recovery_policy
+from longrun.domain import (ActionStatus, CallTools, RecoveryPolicy, RunSnapshot, RunStatus, joins, recovery_policy,
+                            remaining)
 from longrun.domain import events as ev
 from longrun.errors import ActionOutcomeUnknown, LeaseLost, StaleRevision, ToolRejected, ToolUnavailable
 from longrun.ports.runs import StoredRun
@@ -51,6 +52,12 @@ async def fan_out(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, de
                            if a.logical_action in decision.logical_actions)
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.NEEDS_ATTENTION,
                           reason=f"join {name} cannot be satisfied: {states}")
+        return None
+    left, needed = remaining(run.budget).tool_calls, joins.charged(run, decision.logical_actions)
+    if needed > left:
+        # Every call is charged when it is submitted: none is made unless all of them can be.
+        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED,
+                          reason=f"budget tool_calls exhausted: join {name} needs {needed}, {left} left")
         return None
     wanted = {c.logical_action: c for c in decision.calls}
     calls: list[ToolRequest] = []
