@@ -27,15 +27,15 @@ async def test_a_first_join_goes_on_from_the_first_answer_and_records_the_losers
     # When a run fans out three writes joined on the first answer
     run_id = await scenario.create(workflow="fanned", input_={"calls": 3, "join": "first"})
     done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
-    # Then put:0 satisfied the join, recorded as soon as it answered, while the others were in flight
+    # Then put:0, recorded as soon as it answered while the others were in flight, satisfied the join
     events = [(e["type"], e["data"].get("logical_action")) for e in await scenario.events(run_id)]
     joined = next(e for e in await scenario.events(run_id) if e["type"] == "run.joined")
     assert (joined["data"]["by"], joined["data"]["calls"]) == (["put:0"], ["put:0", "put:1", "put:2"])
-    assert events.index(("action.confirmed", "put:0")) < events.index(("run.joined", None)) \
-        < events.index(("action.confirmed", "put:1"))
-    # and the losers ran to their outcome and were recorded before the run completed, each with one effect
-    completed = events.index(("run.completed", None))
-    assert events.index(("action.confirmed", "put:2")) < completed
+    confirmed = [name for kind, name in events if kind == "action.confirmed"]
+    assert confirmed == ["put:0", "put:1", "put:2"]
+    # and the losers ran to their outcome and were recorded before the join and the completion, each with one effect
+    assert events.index(("action.confirmed", "put:2")) < events.index(("run.joined", None)) \
+        < events.index(("run.completed", None))
     ledger = await scenario.ledger(run_id)
     assert {name: row.status for name, row in ledger.items()} == dict.fromkeys(("put:0", "put:1", "put:2"), "CONFIRMED")
     effects = Counter(line["key"] for line in far_side_log(far) if line["edge"] == "effect")

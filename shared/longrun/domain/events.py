@@ -262,9 +262,9 @@ class SignalReceived(RunEvent):
 
 @_event
 class RunJoined(RunEvent):
-    """A fan-out's join was satisfied (``CallTools``): the checkpoint ``decide`` goes on from. ``by`` are
-    the calls whose outcomes satisfied it, in the order they were recorded; the other calls of ``calls``
-    lost it (they still run to their outcome, and a loser in doubt no longer holds the run back). It
+    """A fan-out's join was satisfied (``CallTools``), every call it made being recorded: the checkpoint
+    ``decide`` goes on from. ``by`` are the calls whose outcomes satisfied it, in the order they were
+    recorded; the other calls of ``calls`` lost it (a loser in doubt no longer holds the run back). It
     becomes the fact ``joined:<join>`` (``domain.joins``)."""
 
     type: ClassVar[str] = "run.joined"

@@ -6,13 +6,16 @@ fan-out, pure and read ones too, is submitted first, one commit each, watched by
 then sent under ``supervise``. The calls run concurrently; each outcome is recorded as it arrives, one
 at a time on the newest state (``Step.record_outcome`` rebuilds on a concurrent append). An outcome
 never parks the run by itself: a rejected call is FAILED, an unavailable one RETRYABLE (or FAILED past
-its retry policy), a write that timed out UNKNOWN. Once the join is satisfied, ``run.joined`` records
-which calls satisfied it, in the order their outcomes were recorded.
+its retry policy), a write that timed out UNKNOWN.
 
-The turn goes on once every call it made has an outcome on record (a first-or-N join included: its
+The turn goes on once every call it made has its outcome on record (a first-or-N join included: its
 losers are recorded before ``decide`` runs again, so the lease is never released under a call in
-flight). Then, if the join is not satisfied, a retryable call parks the run for its retry, and a call
-in doubt parks it for the reconciler (``joins.holding`` at the top of the next round).
+flight). Then, if the join is satisfied, ``run.joined`` records which calls satisfied it, in the order
+their outcomes were recorded: the checkpoint ``decide`` goes on from. It is written only once no call
+of the fan-out is still submitted, so a crash before it leaves the join to the next lease holder, whose
+``decide`` asks for the same fan-out and makes the calls cut off. If the join is not satisfied, a
+retryable call parks the run for its retry, and a call in doubt parks it for the reconciler
+(``joins.holding`` at the top of the next round).
 
 After a crash a new lease holder's ``decide`` asks for the same fan-out: calls with an outcome are
 skipped, submitted pure, read and idempotent ones are sent again under their key (the new fencing
@@ -166,10 +169,9 @@ class _Join:
             assert after is not None, "an outcome of a fan-out's call does not park the run"
             self.latest = after
             self.arrived.append(call.logical_action)
-            await self._join()
 
     async def _join(self) -> None:
-        """``run.joined`` once the join is satisfied (and the run still running: else the next turn writes it)."""
+        """``run.joined`` if the join is satisfied (and the run still running: else the next turn writes it)."""
         step, decision = self.step, self.decision
         while True:
             stored = self.latest

@@ -43,7 +43,8 @@ from longrun.ports.runs import StoredRun
 class Admitted:
     """A call past its checks, to be made now: its request, the ledger's record of it (None: a first
     call, ``prepared`` then holds its ``action.prepared``), whether it probes its far side's health,
-    and its tool permit (released once it answered)."""
+    and its tool permit (the run's, of the tool's group: released once the call, or every call of a
+    fan-out, answered)."""
 
     call: ToolRequest
     args: dict[str, Any]
