@@ -3,7 +3,7 @@ tests.integration.join_kinds:kinds``) and by the kit (``FANNED``, whose tools th
 
 ``fanned`` makes ``goal.calls`` writes at once (``CallTools`` named ``writes``: ``put:0``, ``put:1``...,
 of ``far.put``, an idempotent write, or with ``goal.tool`` ``far.send``, a non-idempotent one whose far
-side answers lookups), joined on ``goal.join``: ``all`` (the default), ``first`` or a number. Once
+side answers lookups, or ``far.read``, a read), joined on ``goal.join``: ``all`` (the default), ``first`` or a number. Once
 joined it waits for the signal ``go`` if ``goal.then_wait`` is set, then completes with which calls
 satisfied the join and each call's status as evidence.
 
@@ -53,7 +53,7 @@ from longrun.domain import (
 )
 from longrun.errors import ToolRejected
 
-PUT, SEND = "far.put", "far.send"
+PUT, SEND, READ = "far.put", "far.send", "far.read"
 JOIN = "writes"
 FAR_SIDE, HOLD, STAGGER = "JOIN_FAR_SIDE", "JOIN_HOLD_SECONDS", "JOIN_STAGGER_SECONDS"
 
@@ -157,7 +157,8 @@ async def _look_up(key: str) -> ToolResult | None:
 VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="join-1")
 FANNED = RunKind("fanned", VERSIONS, Fanned(), tools={
     PUT: Tool(PUT, "1", EffectKind.IDEMPOTENT_WRITE, ItemArgs, _put, start_to_close=60.0),
-    SEND: Tool(SEND, "1", EffectKind.NON_IDEMPOTENT_WRITE, ItemArgs, _put, _look_up, start_to_close=60.0)},
+    SEND: Tool(SEND, "1", EffectKind.NON_IDEMPOTENT_WRITE, ItemArgs, _put, _look_up, start_to_close=60.0),
+    READ: Tool(READ, "1", EffectKind.READ, ItemArgs, _put, start_to_close=60.0)},
     signals={"go": {"type": "object"}})
 
 

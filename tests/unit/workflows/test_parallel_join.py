@@ -11,7 +11,7 @@ import pytest
 
 from longrun.domain import ActionStatus, RunStatus, event_to_dict, joins
 from longrun.testing.kit import Kit, every_crash
-from tests.integration.join_kinds import FANNED, JOIN, PUT, SEND
+from tests.integration.join_kinds import FANNED, JOIN, PUT, READ, SEND
 
 
 def timeline(kit: Kit, run_id: str) -> list[tuple[str, Any]]:
@@ -43,6 +43,17 @@ def test_every_call_is_made_once_and_recorded_and_the_join_names_the_calls_that_
         assert [t for t, _ in events].count("run.joined") == 1
         at = events.index(("run.joined", None))
         assert {a for t, a in events[:at] if t == "action.confirmed"} >= set(joined.by)
+        assert kit.check() == []
+
+
+def test_reads_in_a_fan_out_are_on_record_before_they_are_sent_like_writes() -> None:
+    with Kit(FANNED) as kit:
+        run_id = kit.start({"calls": 2, "tool": READ})
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        events = timeline(kit, run_id)
+        assert events.index(("action.submitted", "put:1")) < events.index(("action.confirmed", "put:0"))
+        assert ("action.recorded", "put:0") not in events and kit.executions(READ) == 2
         assert kit.check() == []
 
 
