@@ -261,6 +261,19 @@ class SignalReceived(RunEvent):
 
 
 @_event
+class RunJoined(RunEvent):
+    """A fan-out's join was satisfied (``CallTools``), every call it made being recorded: the checkpoint
+    ``decide`` goes on from. ``by`` are the calls whose outcomes satisfied it, in the order they were
+    recorded; the other calls of ``calls`` lost it (a loser in doubt no longer holds the run back). It
+    becomes the fact ``joined:<join>`` (``domain.joins``)."""
+
+    type: ClassVar[str] = "run.joined"
+    join: str
+    calls: tuple[str, ...]
+    by: tuple[str, ...]
+
+
+@_event
 class BudgetCharged(RunEvent):
     type: ClassVar[str] = "budget.charged"
     model_calls: int = 0
@@ -444,7 +457,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved, SignalReceived, StepFailed,
+            QuestionResolved, SignalReceived, RunJoined, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from longrun.domain import events as ev
-from longrun.domain import approval_validity, ledger, lifecycle, reminders, signals
+from longrun.domain import approval_validity, joins, ledger, lifecycle, reminders, signals
 from longrun.domain.invariants import violations
 from longrun.domain.run import TERMINAL, WAITING, RunStatus
 from longrun.domain.snapshot import RunSnapshot, WakeReason
@@ -149,4 +149,4 @@ def _target(event: ev.RunEvent) -> str:
 
 _HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS,
                                                              **reminders.HANDLERS, **approval_validity.HANDLERS,
-                                                             **signals.HANDLERS}
+                                                             **signals.HANDLERS, **joins.HANDLERS}
