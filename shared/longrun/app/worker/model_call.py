@@ -1,6 +1,6 @@
 """A decision's question to the model: asked with the run's resume context, its proposal recorded as a
 fact (a claim check when it is large: ``claim_checks``) and charged; a model that does not answer is
-retried on a durable timer by the retry policy."""
+retried on a durable timer by the retry policy, one that refuses the request leaves the run NEEDS_ATTENTION."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from longrun.app.worker.far_side import FarSide
 from longrun.authoring import RunKind
 from longrun.domain import AskModel, RunStatus, ScheduleRetry, build_resume_context, compact, freeze, thaw, to_plain, wait_for
 from longrun.domain import events as ev
-from longrun.errors import ToolUnavailable
+from longrun.errors import ToolRejected, ToolUnavailable
 from longrun.model import ModelAdapter, Proposal, validate_proposal
 from longrun.ports.runs import StoredRun
 
@@ -43,6 +43,12 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
                                                    _traced_propose(far.model, decision.purpose, context, allowed)))))
     except ToolUnavailable as e:
         await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
+        return None
+    except ToolRejected as e:
+        # The provider refused the request itself (bad request, key, model): asking again changes nothing.
+        await step.commit(stored, [step.event(stored, ev.BudgetCharged, model_calls=1),
+                                   step.event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.NEEDS_ATTENTION,
+                                              reason=f"model for {decision.purpose!r}: {e}")], release=True)
         return None
     if answer is None:  # parked for its place in the model's rate limits, or for its health
         return None
