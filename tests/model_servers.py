@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,8 @@ def error(provider: str, status: int, headers: dict[str, str] | None = None) -> 
 
 
 class RecordedModel:
-    """One provider's endpoint answering ``answers``; ``requests`` holds each request's headers and body."""
+    """One provider's endpoint answering ``answers``; ``requests`` holds each request's arrival time,
+    headers and body."""
 
     def __init__(self, provider: str, *answers: Answer) -> None:
         self.provider = provider
@@ -81,7 +83,7 @@ class RecordedModel:
                                      Route("/healthz", self._healthz, methods=["GET"])])
 
     async def _answer(self, request: Request) -> JSONResponse:
-        self.requests.append({"headers": dict(request.headers), "body": await request.json()})
+        self.requests.append({"at": time.time(), "headers": dict(request.headers), "body": await request.json()})
         answer = self.answers[min(len(self.requests), len(self.answers)) - 1]
         await asyncio.sleep(answer.delay)
         return JSONResponse(answer.body, answer.status, headers=answer.headers)

@@ -58,6 +58,22 @@ async def test_a_model_that_refuses_the_request_leaves_the_run_for_a_person_aske
     assert len(endpoint.requests) == 1 and [c["model_calls"] for c in charged] == [1]
 
 
+async def test_a_429_s_retry_after_is_waited_for_before_the_model_is_asked_again(
+        clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Given a model that answers its first request 429 "retry after 2 s", then proposals, no rate limit
+    # configured, and a retry policy that would ask again after 0.2 s
+    endpoint = RecordedModel("anthropic", error("anthropic", 429, {"retry-after": "2"}),
+                             proposal("anthropic", "plan"))
+    async with _serving(endpoint) as base_url:
+        # When a run that may make two model calls asks it
+        status, reason, _ = await _run(services, tmp_path, bus, engine, model_env(base_url, "anthropic"), 1.0,
+                                       model_calls=2, LONGRUN_RETRY_INITIAL_INTERVAL="0.2")
+    # Then the second request came no sooner than the server asked, and the run used its two calls
+    first, second = (r["at"] for r in endpoint.requests)
+    assert second - first >= 2.0
+    assert status == "BUDGET_EXHAUSTED" and reason.startswith("budget model_calls exhausted"), reason
+
+
 @contextlib.asynccontextmanager
 async def _serving(endpoint: RecordedModel) -> AsyncIterator[str]:
     """``endpoint`` on a free port, its base URL as its provider's SDK takes it."""
@@ -71,15 +87,17 @@ async def _serving(endpoint: RecordedModel) -> AsyncIterator[str]:
         await serving
 
 
-async def _run(services: Any, tmp_path: Path, bus: Any, engine: Any, model: dict[str, str],
-               budget: float) -> tuple[str, str, list[dict[str, Any]]]:
+async def _run(services: Any, tmp_path: Path, bus: Any, engine: Any, model: dict[str, str], budget: float,
+               model_calls: int = 50, **env: str) -> tuple[str, str, list[dict[str, Any]]]:
     """A run of ``asking`` with a cost budget of ``budget``, on a worker asking ``model``, to its end: its
     status, the reason it was given, and its charges."""
     Ensemble(services, tmp_path).start_services(
-        "scheduler", "relay", "worker", LONGRUN_RUN_KINDS="tests.integration.model_kinds:kinds", **model)
+        "scheduler", "relay", "timer", "worker", LONGRUN_RUN_KINDS="tests.integration.model_kinds:kinds", **model,
+        **env)
     key = new_key()
     envelope = make("run.create", {"workflow": "asking", "idempotency_key": key,
-                                   "budget": {"cost_usd": budget, "model_calls": 50}}, producer="tests", tenant_id="acme")
+                                   "budget": {"cost_usd": budget, "model_calls": model_calls}},
+                    producer="tests", tenant_id="acme")
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
 
     async def ended() -> bool:
