@@ -166,6 +166,18 @@ async def test_a_provider_s_answer_is_a_proposal_charged_at_its_price(recorded, 
         assert "anthropic-version" in sent["headers"] and ALLOWED_ACTIONS_MARKER in sent["body"]["system"]
 
 
+async def test_an_anthropic_tool_use_is_a_proposal_its_text_the_rationale(recorded, adapter_for) -> None:
+    answer = proposal("anthropic", "unused")
+    answer.body["content"] = [{"type": "text", "text": "fix is committed"},
+                              {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "run_ci",
+                               "input": {"sha": "abc123"}}]
+    _, url = recorded("anthropic", answer)
+
+    got = await adapter_for(url, provider="anthropic").propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert (got.action, dict(got.args), got.rationale) == ("run_ci", {"sha": "abc123"}, "fix is committed")
+
+
 @PROVIDERS
 @pytest.mark.parametrize("headers, wait", [({"retry-after": "7"}, 7.0), ({"retry-after-ms": "1500"}, 1.5),
                                            ({"x-ratelimit-reset-requests": "6m0s"}, 360.0)])
