@@ -15,10 +15,9 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
-
-import httpx
 
 from longrun.errors import DomainError, ErrorCode, ToolRejected, ToolUnavailable
 
@@ -70,9 +69,46 @@ class ModelRateLimited(ToolUnavailable):
         """Seconds the server asked for nothing more (``Retry-After``, or its rate-limit reset headers)."""
 
 
+@dataclass(frozen=True)
+class Price:
+    """What a model's tokens cost, in US dollars per million (the providers' price lists' unit)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+    def usage(self, input_tokens: int, output_tokens: int) -> Usage:
+        """The usage of a call the provider reported these tokens for, at this price."""
+        cost = (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
+        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
+
+
+RETRIED_STATUSES = frozenset({408, 409})
+"""Answers below 500 that say "not now" rather than "never": a timeout and a conflict of the provider's."""
+
+
+def status_error(tool: str, status: int, headers: Mapping[str, str], detail: str) -> ToolUnavailable | ToolRejected:
+    """A model's HTTP error answer under the effect-kind rules. A model call is read-like (asking again
+    changes nothing in the world): a 429 waits what the server asked (``ModelRateLimited``), a 5xx (529
+    overloaded too), 408 or 409 is unavailable and retried by the run's retry policy, any other 4xx is
+    a definite refusal that asking again will not change."""
+    if status == 429:
+        return ModelRateLimited(tool, f"HTTP 429: {detail}", retry_after(headers))
+    if status >= 500 or status in RETRIED_STATUSES:
+        return ToolUnavailable(tool, f"HTTP {status}: {detail}")
+    return ToolRejected(tool, status, detail)
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds a 429 asks to wait: ``Retry-After`` (seconds or an HTTP date), else the longest of the
-    ``x-ratelimit-reset-requests`` / ``-tokens`` durations (``1s``, ``6m0s``, ``250ms``); None if none says."""
+    """Seconds a 429 asks to wait: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date), else
+    the longest of the providers' reset headers: OpenAI's ``x-ratelimit-reset-requests`` / ``-tokens``
+    durations (``1s``, ``6m0s``, ``250ms``), Anthropic's ``anthropic-ratelimit-*-reset`` times (RFC 3339);
+    None if none says."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000)
+        except ValueError:
+            pass
     raw = headers.get("retry-after")
     if raw:
         try:
@@ -84,8 +120,20 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
                 pass
     resets = [_reset_seconds(headers[h]) for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
               if h in headers]
+    resets += [_reset_at(headers[h]) for h in _ANTHROPIC_RESETS if h in headers]
     known = [r for r in resets if r is not None]
     return max(known) if known else None
+
+
+_ANTHROPIC_RESETS = tuple(f"anthropic-ratelimit-{limit}-reset"
+                          for limit in ("requests", "tokens", "input-tokens", "output-tokens"))
+
+
+def _reset_at(raw: str) -> float | None:
+    try:
+        return max(0.0, datetime.fromisoformat(raw.strip()).timestamp() - time.time())
+    except ValueError:
+        return None
 
 
 def _reset_seconds(raw: str) -> float | None:
@@ -132,7 +180,7 @@ def validate_proposal(proposal: Proposal, allowed_actions: Sequence[str]) -> Pro
     return proposal
 
 
-def _proposal(answer: Any, usage: Usage) -> Proposal:
+def proposal_of(answer: Any, usage: Usage) -> Proposal:
     # Only what is needed to build a Proposal is checked here; validate_proposal judges the rest.
     if not isinstance(answer, Mapping) or not isinstance(answer.get("action"), str):
         raise ProposalRejected('the answer must be a JSON object with a string "action"')
@@ -165,71 +213,10 @@ class ScriptedModel:
         if not isinstance(attempt, int) or attempt < 0:
             raise ProposalRejected(f"stage_attempt must be a non-negative integer, got {attempt!r}")
         # A copy, so a caller mutating its proposal's args cannot change the script.
-        return _proposal(copy.deepcopy(entries[min(attempt, len(entries) - 1)]), self._usage)
+        return proposal_of(copy.deepcopy(entries[min(attempt, len(entries) - 1)]), self._usage)
 
 
-class OpenAICompatibleModel:
-    """A chat-completions endpoint (OpenAI, vLLM, llama.cpp, fake_llm) asked for a JSON proposal."""
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        model: str,
-        timeout: float = 60.0,
-        *,
-        usd_per_input_token: float = 0.0,
-        usd_per_output_token: float = 0.0,
-        max_tokens: int | None = None,
-    ) -> None:
-        """``max_tokens``: the most tokens an answer may use, sent with each call (None: the server's own)."""
-        self.model = model
-        self.max_tokens = max_tokens
-        self._tool = f"model:{model}"
-        self._prices = (usd_per_input_token, usd_per_output_token)
-        # Accept both ".../v1" and the bare host: the path below always names /v1.
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/").removesuffix("/v1"),
-            timeout=timeout,
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def propose(self, *, context: Mapping[str, Any], allowed_actions: Sequence[str]) -> Proposal:
-        request: dict[str, Any] = {
-            "model": self.model,
-            "temperature": 0,
-            "response_format": {"type": "json_object"},
-            "messages": messages(context, allowed_actions),
-        }
-        if self.max_tokens is not None:
-            request["max_tokens"] = self.max_tokens
-        try:
-            response = await self._http.post("/v1/chat/completions", json=request)
-        except httpx.TransportError as exc:
-            raise ToolUnavailable(self._tool, f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code == 429:
-            raise ModelRateLimited(self._tool, f"HTTP 429: {response.text[:500]}", retry_after(response.headers))
-        if response.status_code >= 500:
-            raise ToolUnavailable(self._tool, f"HTTP {response.status_code}: {response.text[:500]}")
-        if response.is_error:
-            raise ToolRejected(self._tool, response.status_code, response.text[:500])
-        try:
-            completion = response.json()
-            message = completion["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ProposalRejected(f"malformed chat completion: {exc!r}") from exc
-        return _proposal(_answer(message), self._usage(completion.get("usage") or {}))
-
-    def _usage(self, usage: Mapping[str, Any]) -> Usage:
-        tokens_in, tokens_out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-        cost = tokens_in * self._prices[0] + tokens_out * self._prices[1]
-        return Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost)
-
-
-def _answer(message: Mapping[str, Any]) -> Any:
+def answer_of(message: Mapping[str, Any]) -> Any:
     """The ``{"action", "args", "rationale"}`` object in a reply, as content or as a tool call."""
     calls = message.get("tool_calls") or []
     if calls:

@@ -13,6 +13,7 @@ from longrun.domain import RunStatus, freeze
 from longrun.domain import events as ev
 from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
+from tests.model_servers import model_env
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
@@ -44,8 +45,7 @@ async def test_a_context_compacted_for_the_model_keeps_the_goal_and_the_run_cont
                             value=freeze({"text": f"remark {i} from the owner"})) for i in range(NOTES)])
     goal = dict((await scenario.stored(run_id)).snapshot.goal)
     # When a worker backed by that model runs it to its end, asking the model twice (plan, fix)
-    scenario.start("worker", LONGRUN_MODEL="openai", LONGRUN_MODEL_URL=f"http://127.0.0.1:{port}/v1",
-                   LONGRUN_MODEL_NAME="fake")
+    scenario.start("worker", **model_env(f"http://127.0.0.1:{port}/v1"))
     done = await scenario.to_the_end(run_id)
     assert done.snapshot.status is RunStatus.COMPLETED, done.snapshot.terminal_reason
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as llm:

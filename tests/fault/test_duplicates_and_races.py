@@ -15,6 +15,7 @@ from longrun.domain import RunStatus
 from longrun.envelope import make
 from longrun_dependency_upgrade import workflow as dependency_upgrade
 from tests.fault.scenario import EVERYTHING, Scenario
+from tests.model_servers import model_env
 from tests.infra import close_connections_named
 from tests.ports import free_port
 
@@ -68,7 +69,7 @@ async def _two_workers_on_one_run(scenario: Scenario) -> None:
     # Given worker A in the middle of a step: it asked the model for the plan, whose answer takes 2 s
     llm = _fake_model(scenario, [("plan", 2.0), ("plan", 3.0), ("fix", 0.0)])
     await scenario.up("gateway", "scheduler", "relay", "timer", "reconciler")
-    model = {"LONGRUN_MODEL": "openai", "LONGRUN_MODEL_URL": f"{llm}/v1", "LONGRUN_MODEL_NAME": "fake"}
+    model = model_env(f"{llm}/v1")
     a = scenario.start("worker", **model)
     run_id = await scenario.create()
     await scenario.poll(lambda: _asked(llm, 1), timeout=30, what="A asking the model")

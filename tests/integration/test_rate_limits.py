@@ -38,6 +38,7 @@ from tests.fixtures import eventually
 from tests.integration.ensemble import Ensemble, new_key
 from tests.integration.identities import bearer
 from tests.integration.prometheus_server import PrometheusServer
+from tests.model_servers import model_env
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -271,8 +272,7 @@ async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_42
         ensemble = Ensemble(services, tmp_path)
         for name in ("scheduler", "relay", "timer", "worker"):
             ensemble.start(name, MODULES[name], LONGRUN_RUN_KINDS=KINDS, LIMITED_CALLS=str(calls),
-                           LONGRUN_TENANT_SLOTS=str(runs), LONGRUN_MODEL="openai",
-                           LONGRUN_MODEL_URL=f"http://127.0.0.1:{model.port}/v1",
+                           LONGRUN_TENANT_SLOTS=str(runs), **model_env(f"http://127.0.0.1:{model.port}/v1"),
                            LONGRUN_MODEL_TOKENS_PER_PERIOD=str(per_minute), LONGRUN_MODEL_RATE_PERIOD=str(minute),
                            LONGRUN_MODEL_MAX_TOKENS="100", LONGRUN_RETRY_INITIAL_INTERVAL="0.5")
         # When ten runs each ask the model once, at once
@@ -345,8 +345,8 @@ async def test_a_model_endpoint_that_is_down_opens_its_breaker_and_runs_wait_for
         for name, module in (*MODULES.items(), ("reconciler", "longrun.services.reconciler")):
             if name != "gateway":
                 ensemble.start(name, module, LONGRUN_RUN_KINDS=KINDS, LIMITED_CALLS=str(calls),
-                               LONGRUN_TENANT_SLOTS=str(runs), LONGRUN_MODEL="openai",
-                               LONGRUN_MODEL_URL=f"http://127.0.0.1:{model.port}/v1", LONGRUN_MODEL_MAX_TOKENS="100",
+                               LONGRUN_TENANT_SLOTS=str(runs), LONGRUN_MODEL_MAX_TOKENS="100",
+                               **model_env(f"http://127.0.0.1:{model.port}/v1"),
                                LONGRUN_BREAKER_THRESHOLD=str(threshold), LONGRUN_BREAKER_COOL_DOWN=f"{cool_down:g}",
                                LONGRUN_BREAKER_CACHE="1", LONGRUN_RETRY_INITIAL_INTERVAL="0.5",
                                LONGRUN_RETRY_MAXIMUM_ATTEMPTS="50", LONGRUN_RECONCILE_INTERVAL="1")

@@ -5,7 +5,10 @@ from __future__ import annotations
 from longrun.authoring import Registry, RunKind
 from longrun.config import Settings
 from longrun.domain import PinnedVersions
-from longrun.model import ModelAdapter, OpenAICompatibleModel, ScriptedModel
+from longrun.errors import ConfigError
+from longrun.model import ModelAdapter, ScriptedModel
+from longrun.model_anthropic import AnthropicModel
+from longrun.model_openai import OpenAIModel
 from longrun.workflows import steps
 
 STEPS_VERSIONS = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="bench-v1")
@@ -19,10 +22,18 @@ def builtin(settings: Settings) -> list[RunKind]:
 
 
 def model_adapter(settings: Settings, kinds: Registry) -> ModelAdapter:
-    """``LONGRUN_MODEL``: an OpenAI-compatible endpoint, or the scripts the run kinds bring."""
-    if settings.model == "openai":
-        # Under a token limit each call says how much of its answer it reserved.
-        max_tokens = settings.model_max_tokens if settings.model_tokens_per_period else None
-        return OpenAICompatibleModel(settings.model_url, settings.model_api_key, settings.model_name,
-                                     max_tokens=max_tokens)
-    return ScriptedModel(kinds.model_script())
+    """``LONGRUN_MODEL``: a provider through its SDK, or the scripts the run kinds bring; ``ConfigError``
+    when the provider's name, key or price is missing."""
+    problems = settings.model_problems()
+    if problems:
+        raise ConfigError(problems)
+    if settings.model == "scripted":
+        return ScriptedModel(kinds.model_script())
+    base_url, price = settings.model_url or None, settings.model_prices[settings.model_name]
+    if settings.model == "anthropic":
+        return AnthropicModel(base_url=base_url, api_key=settings.model_api_key, model=settings.model_name,
+                              price=price, timeout=settings.model_timeout, max_tokens=settings.model_max_tokens)
+    # Under a token limit each call says how much of its answer it reserved.
+    max_tokens = settings.model_max_tokens if settings.model_tokens_per_period else None
+    return OpenAIModel(base_url=base_url, api_key=settings.model_api_key, model=settings.model_name, price=price,
+                       timeout=settings.model_timeout, max_tokens=max_tokens)

@@ -1,24 +1,32 @@
-"""Model adapters: OpenAICompatibleModel against the fake LLM over HTTP, ScriptedModel, the gate."""
+"""Model adapters: the providers' SDKs against endpoints in their wire formats over HTTP (the example's
+fake LLM, and recorded answers that count the requests), ScriptedModel, the gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from longrun_dependency_upgrade.fake_llm import content_reply, create_app, error_reply, tool_call_reply
+from longrun_dependency_upgrade.fake_llm import content_reply, create_app, tool_call_reply
 from longrun.errors import ToolRejected, ToolUnavailable
 from longrun.model import (
     ALLOWED_ACTIONS_MARKER,
-    OpenAICompatibleModel,
+    ModelRateLimited,
+    Price,
     Proposal,
     ProposalRejected,
     ScriptedModel,
     Usage,
     validate_proposal,
 )
+from longrun.model_anthropic import AnthropicModel
+from longrun.model_openai import OpenAIModel
+from tests.model_servers import INPUT_TOKENS, OUTPUT_TOKENS, RecordedModel, error, proposal
+from tests.ports import free_port
 
 ALLOWED = ["edit_files", "run_ci", "request_approval"]
 CONTEXT = {
@@ -40,12 +48,19 @@ def llm(serve):
     return start
 
 
+PRICE = Price(input_per_mtok=2.5, output_per_mtok=10.0)
+ADAPTERS = {"openai": OpenAIModel, "anthropic": AnthropicModel}
+
+
 @pytest.fixture
 async def adapter_for() -> AsyncIterator:
-    opened: list[OpenAICompatibleModel] = []
+    opened: list[OpenAIModel | AnthropicModel] = []
 
-    def make(url: str, timeout: float = 2.0, **prices: float) -> OpenAICompatibleModel:
-        opened.append(OpenAICompatibleModel(url, "test-key", "fake-model", timeout, **prices))
+    def make(url: str, timeout: float = 2.0, price: Price = PRICE,
+             provider: str = "openai") -> OpenAIModel | AnthropicModel:
+        base_url = f"{url}/v1" if provider == "openai" else url
+        opened.append(ADAPTERS[provider](base_url=base_url, api_key="test-key", model="fake-model", price=price,
+                                         timeout=timeout, max_tokens=256))
         return opened[-1]
 
     yield make
@@ -55,7 +70,7 @@ async def adapter_for() -> AsyncIterator:
 
 async def test_content_json_reply_becomes_a_proposal(llm, adapter_for) -> None:
     url = llm(content_reply(FIX))
-    model = adapter_for(url, usd_per_input_token=1e-6, usd_per_output_token=2e-6)
+    model = adapter_for(url, price=Price(input_per_mtok=1.0, output_per_mtok=2.0))
 
     proposal = await model.propose(context=CONTEXT, allowed_actions=ALLOWED)
 
@@ -121,17 +136,105 @@ async def test_disallowed_action_or_non_object_args_never_pass_the_gate(llm, ada
         validate_proposal(await model.propose(context=CONTEXT, allowed_actions=ALLOWED), ALLOWED)
 
 
-async def test_transport_failures_map_to_transient_or_definite_errors(llm, adapter_for) -> None:
-    url = llm(error_reply(503), error_reply(401), content_reply(FIX, delay_seconds=0.6))
-    model, impatient = adapter_for(url), adapter_for(url, timeout=0.2)
+@pytest.fixture
+def recorded(serve):
+    def start(provider: str, *answers) -> tuple[RecordedModel, str]:
+        server = RecordedModel(provider, *answers)
+        return server, serve(server.app).url
 
-    with pytest.raises(ToolUnavailable):
-        await model.propose(context=CONTEXT, allowed_actions=ALLOWED)
+    return start
+
+
+PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+
+
+@PROVIDERS
+async def test_a_provider_s_answer_is_a_proposal_charged_at_its_price(recorded, adapter_for, provider) -> None:
+    server, url = recorded(provider, proposal(provider, "run_ci", {"sha": "abc123"}, "fix is committed"))
+
+    answer = await adapter_for(url, provider=provider).propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert (answer.action, dict(answer.args), answer.rationale) == ("run_ci", {"sha": "abc123"}, "fix is committed")
+    assert answer.usage == Usage(input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS,
+                                 cost_usd=pytest.approx((INPUT_TOKENS * 2.5 + OUTPUT_TOKENS * 10.0) / 1e6))
+    (sent,) = server.requests
+    assert sent["body"]["model"] == "fake-model" and sent["body"]["max_tokens"] == 256
+    assert json.loads(sent["body"]["messages"][-1]["content"]) == CONTEXT
+    assert sent["headers"].get("x-stainless-retry-count") == "0"
+    assert "test-key" in (sent["headers"].get("x-api-key"), sent["headers"].get("authorization", "")[7:])
+    if provider == "anthropic":
+        assert "anthropic-version" in sent["headers"] and ALLOWED_ACTIONS_MARKER in sent["body"]["system"]
+
+
+async def test_an_anthropic_tool_use_is_a_proposal_its_text_the_rationale(recorded, adapter_for) -> None:
+    answer = proposal("anthropic", "unused")
+    answer.body["content"] = [{"type": "text", "text": "fix is committed"},
+                              {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "run_ci",
+                               "input": {"sha": "abc123"}}]
+    _, url = recorded("anthropic", answer)
+
+    got = await adapter_for(url, provider="anthropic").propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert (got.action, dict(got.args), got.rationale) == ("run_ci", {"sha": "abc123"}, "fix is committed")
+
+
+@PROVIDERS
+@pytest.mark.parametrize("headers, wait", [({"retry-after": "7"}, 7.0), ({"retry-after-ms": "1500"}, 1.5),
+                                           ({"x-ratelimit-reset-requests": "6m0s"}, 360.0)])
+async def test_a_429_is_rate_limited_for_what_the_server_asked_and_not_retried_by_the_sdk(
+        recorded, adapter_for, provider, headers, wait) -> None:
+    server, url = recorded(provider, error(provider, 429, headers), proposal(provider, "run_ci"))
+
+    with pytest.raises(ModelRateLimited) as limited:
+        await adapter_for(url, provider=provider).propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert limited.value.retry_after == pytest.approx(wait)
+    assert len(server.requests) == 1
+
+
+async def test_anthropic_s_rate_limit_reset_time_says_how_long_a_429_waits(recorded, adapter_for) -> None:
+    reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 30))
+    _, url = recorded("anthropic", error("anthropic", 429, {"anthropic-ratelimit-tokens-reset": reset}))
+
+    with pytest.raises(ModelRateLimited) as limited:
+        await adapter_for(url, provider="anthropic").propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert 28 <= limited.value.retry_after <= 30
+
+
+@PROVIDERS
+@pytest.mark.parametrize("status", [500, 503, 529, 408])
+async def test_a_server_error_or_overload_is_unavailable_and_asked_once(recorded, adapter_for, provider,
+                                                                         status) -> None:
+    server, url = recorded(provider, error(provider, status), proposal(provider, "run_ci"))
+
+    with pytest.raises(ToolUnavailable) as unavailable:
+        await adapter_for(url, provider=provider).propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert not isinstance(unavailable.value, ModelRateLimited) and f"HTTP {status}" in str(unavailable.value)
+    assert len(server.requests) == 1
+
+
+@PROVIDERS
+async def test_no_server_or_no_answer_in_time_is_unavailable(recorded, adapter_for, provider) -> None:
+    refused = adapter_for(f"http://127.0.0.1:{free_port()}", provider=provider)
+    with pytest.raises(ToolUnavailable, match="APIConnectionError"):
+        await refused.propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    _, url = recorded(provider, dataclasses.replace(proposal(provider, "run_ci"), delay=0.6))
+    with pytest.raises(ToolUnavailable, match="no answer within 0.2s|APITimeoutError"):
+        await adapter_for(url, timeout=0.2, provider=provider).propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+
+@PROVIDERS
+@pytest.mark.parametrize("status", [400, 401, 404])
+async def test_a_refused_request_is_rejected_not_retried(recorded, adapter_for, provider, status) -> None:
+    server, url = recorded(provider, error(provider, status), proposal(provider, "run_ci"))
+
     with pytest.raises(ToolRejected) as rejected:
-        await model.propose(context=CONTEXT, allowed_actions=ALLOWED)
-    assert rejected.value.status == 401
-    with pytest.raises(ToolUnavailable, match="Timeout"):
-        await impatient.propose(context=CONTEXT, allowed_actions=ALLOWED)
+        await adapter_for(url, provider=provider).propose(context=CONTEXT, allowed_actions=ALLOWED)
+
+    assert rejected.value.status == status and len(server.requests) == 1
 
 
 SCRIPT = {

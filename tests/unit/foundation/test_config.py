@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from longrun.authoring import Registry
 from longrun.config import Settings
 from longrun.errors import ConfigError
+from longrun.workflows import model_adapter
 
 
 def test_defaults_point_at_the_local_services() -> None:
@@ -132,3 +134,37 @@ def test_a_bad_secret_is_named_without_its_value() -> None:
                            "LONGRUN_DATABASE_URL": "mysql://root:hunter2@db/longrun"})
     assert set(dict(caught.value.problems)) == {"LONGRUN_WEBHOOK_SECRETS", "LONGRUN_DATABASE_URL"}
     assert "hunter2" not in str(caught.value)
+
+
+PRICES = ('{"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}, '
+          '"m": {"input_per_mtok": 0, "output_per_mtok": 1}}')
+
+
+def test_model_prices_are_read_per_model_and_a_malformed_table_is_named() -> None:
+    settings = Settings.from_env({"LONGRUN_MODEL_PRICES": PRICES})
+    assert settings.model_prices["gpt-4o-mini"].usage(1_000_000, 2_000_000).cost_usd == pytest.approx(0.15 + 1.2)
+    for bad in ('{"m": {"input_per_mtok": -1, "output_per_mtok": 1}}', '{"m": {"input_per_mtok": 1}}',
+                '{"m": {"input_per_mtok": "1", "output_per_mtok": 1}}', '[1]', 'not json'):
+        with pytest.raises(ConfigError) as caught:
+            Settings.from_env({"LONGRUN_MODEL_PRICES": bad})
+        assert [name for name, _ in caught.value.problems] == ["LONGRUN_MODEL_PRICES"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_provider_needs_its_model_s_name_key_and_price_and_the_worker_refuses_to_start_naming_each(
+        provider: str) -> None:
+    assert Settings.from_env({}).model_problems() == []
+    bare = Settings.from_env({"LONGRUN_MODEL": provider})
+    assert dict(bare.model_problems()) == {
+        "LONGRUN_MODEL_NAME": f"missing; expected it with LONGRUN_MODEL={provider}",
+        "LONGRUN_MODEL_API_KEY": f"missing; expected it with LONGRUN_MODEL={provider}"}
+    unpriced = Settings.from_env({"LONGRUN_MODEL": provider, "LONGRUN_MODEL_NAME": "unlisted",
+                                  "LONGRUN_MODEL_API_KEY": "sk-x", "LONGRUN_MODEL_PRICES": PRICES})
+    with pytest.raises(ConfigError) as caught:
+        model_adapter(unpriced, Registry([]))
+    assert [name for name, _ in caught.value.problems] == ["LONGRUN_MODEL_PRICES"]
+    assert "'unlisted'" in str(caught.value)
+    priced = Settings.from_env({"LONGRUN_MODEL": provider, "LONGRUN_MODEL_NAME": "m", "LONGRUN_MODEL_API_KEY": "sk-x",
+                                "LONGRUN_MODEL_PRICES": PRICES})
+    assert type(model_adapter(priced, Registry([]))).__name__ == {"openai": "OpenAIModel",
+                                                                  "anthropic": "AnthropicModel"}[provider]

@@ -1,6 +1,6 @@
 """A decision's question to the model: asked with the run's resume context, its proposal recorded as a
 fact (a claim check when it is large: ``claim_checks``) and charged; a model that does not answer is
-retried on a durable timer by the retry policy."""
+retried on a durable timer by the retry policy, one that refuses the request leaves the run NEEDS_ATTENTION."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from longrun.app.worker.far_side import FarSide
 from longrun.authoring import RunKind
 from longrun.domain import AskModel, RunStatus, ScheduleRetry, build_resume_context, compact, freeze, thaw, to_plain, wait_for
 from longrun.domain import events as ev
-from longrun.errors import ToolUnavailable
-from longrun.model import ModelAdapter, Proposal, validate_proposal
+from longrun.errors import ToolRejected, ToolUnavailable
+from longrun.model import ModelAdapter, ModelRateLimited, Proposal, validate_proposal
 from longrun.ports.runs import StoredRun
 
 MODEL_RETRY_FACT_PREFIX = "model_retry:"
@@ -44,6 +44,12 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     except ToolUnavailable as e:
         await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
         return None
+    except ToolRejected as e:
+        # The provider refused the request itself (bad request, key, model): asking again changes nothing.
+        await step.commit(stored, [step.event(stored, ev.BudgetCharged, model_calls=1),
+                                   step.event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.NEEDS_ATTENTION,
+                                              reason=f"model for {decision.purpose!r}: {e}")], release=True)
+        return None
     if answer is None:  # parked for its place in the model's rate limits, or for its health
         return None
     proposal = validate_proposal(answer, allowed)
@@ -63,11 +69,14 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
 async def _unavailable(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, purpose: str, ask: int,
                        error: ToolUnavailable) -> None:
     """The model did not answer: the attempt is charged and counted (a fact, so any worker reads the
-    count), and the run waits for the retry policy's delay; past its attempts, NEEDS_ATTENTION."""
+    count), and the run waits for the retry policy's delay, or a 429's wait when longer; past its
+    attempts, NEEDS_ATTENTION."""
     fact_key = f"{MODEL_RETRY_FACT_PREFIX}{purpose}:{ask}"
     previous = stored.snapshot.fact(fact_key)
     attempts = (thaw(previous.value)["attempts"] if previous is not None else 0) + 1  # type: ignore[index]
     delay, failure = far.retry_delay(kind.model_retry or far.retry, attempts, error, str(error))
+    if delay is not None and isinstance(error, ModelRateLimited) and error.retry_after:
+        delay = max(delay, error.retry_after)  # never sooner than the server asked, limits configured or not
     events = [step.event(stored, ev.BudgetCharged, model_calls=1),
               step.event(stored, ev.FactRecorded, offset=2, key=fact_key, source="runtime",
                          value=freeze({"attempts": attempts, "error": str(error)}))]
