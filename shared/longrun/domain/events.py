@@ -261,6 +261,36 @@ class SignalReceived(RunEvent):
 
 
 @_event
+class ChildStarted(RunEvent):
+    """The run started a child run (``longrun.domain.children``), created in the same transaction through
+    admission: it becomes the fact ``child:<name>``, and the budget the child drew from the run's remaining
+    is charged to the run."""
+
+    type: ClassVar[str] = "run.child_started"
+    name: str
+    child_run_id: str
+    kind: str
+    budget: Usage
+    """What the child may spend: its limits, drawn from this run's remaining."""
+
+
+@_event
+class ChildEnded(RunEvent):
+    """A child of the run ended (any terminal status): its fact records the status with the evidence
+    (COMPLETED) or the reason, what it did not spend of its budget is given back, and a wait for enough
+    of the run's children ends. After the run ended it is kept in the history, not applied."""
+
+    type: ClassVar[str] = "run.child_ended"
+    name: str
+    child_run_id: str
+    status: RunStatus
+    evidence: FrozenMap = FrozenMap()
+    reason: str | None = None
+    spent: Usage = Usage()
+    """What the child used of its budget."""
+
+
+@_event
 class BudgetCharged(RunEvent):
     type: ClassVar[str] = "budget.charged"
     model_calls: int = 0
@@ -444,7 +474,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved, SignalReceived, StepFailed,
+            QuestionResolved, SignalReceived, ChildStarted, ChildEnded, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from longrun.app import questions
 from longrun.app.worker.cancelling import cancel
+from longrun.app.worker.children import start_children, wait_for_children
 from longrun.app.worker.claim_checks import resolved
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
@@ -32,6 +33,8 @@ from longrun.domain import (
     Reconcile,
     RunStatus,
     ScheduleRetry,
+    StartChildren,
+    WaitForChildren,
     WaitForEvent,
     WaitForSignal,
     WaitForUser,
@@ -95,6 +98,11 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         return await ask_model(far, step, stored, kind, decision)
     if isinstance(decision, CallTool):
         return await call_tool(far, step, stored, kind, decision)
+    if isinstance(decision, StartChildren):
+        return await start_children(step, stored, decision)
+    if isinstance(decision, WaitForChildren):
+        await wait_for_children(step, stored, decision, ctx)
+        return None
     if isinstance(decision, (WaitForEvent, WaitForUser, WaitForSignal, ScheduleRetry)):
         status, wait = wait_for(decision, ctx)
         await step.finish(stored, ev.WaitStarted, status=status, wait=wait)
