@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -37,8 +36,8 @@ CHILDREN_WAIT = "children"
 """The kind of a wait for children; it holds no tenant slot."""
 CHILD_FACT_PREFIX = "child:"
 """A child is the fact ``child:<name>`` of its parent."""
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-"""A child's name: it keys the child's fact and its idempotency key."""
+NAME_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+"""What a child's name (1 to 100 of them) is made of: it keys the child's fact and its idempotency key."""
 
 
 class ParentCancel(str, Enum):
@@ -60,6 +59,10 @@ class ChildOutcome:
     status: RunStatus | None
     evidence: FrozenMap
     reason: str | None
+
+
+def valid_name(name: str) -> bool:
+    return 1 <= len(name) <= 100 and set(name) <= NAME_CHARACTERS
 
 
 def fact_key(name: str) -> str:

@@ -24,7 +24,7 @@ from typing import Protocol, TypeAlias
 
 from longrun.domain.action import ActionStatus
 from longrun.domain.budget import Usage
-from longrun.domain.children import NAME, ParentCancel, needed
+from longrun.domain.children import ParentCancel, needed, valid_name
 from longrun.domain.codec import FrozenMap, freeze
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
@@ -167,7 +167,7 @@ class Child:
     """Cancelling or terminating the parent cancels this child, or leaves it running (``abandon``)."""
 
     def __post_init__(self) -> None:
-        if not NAME.fullmatch(self.name):
+        if not valid_name(self.name):
             raise ValueError(f"a child's name is 1 to 100 of A-Z a-z 0-9 _ . -, got {self.name!r}")
         object.__setattr__(self, "input", freeze(self.input))
         object.__setattr__(self, "on_parent_cancel", ParentCancel(self.on_parent_cancel))

@@ -270,8 +270,7 @@ class ChildStarted(RunEvent):
     name: str
     child_run_id: str
     kind: str
-    budget: Usage
-    """What the child may spend: its limits, drawn from this run's remaining."""
+    budget: Usage  # what the child may spend: its limits, drawn from this run's remaining
 
 
 @_event

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from longrun.domain import (
     ActionStatus,
@@ -26,9 +26,6 @@ from longrun.domain import events as ev
 from longrun.domain import reminders
 from longrun.domain.slots import gives_slot_back
 from longrun.envelope import Envelope
-
-if TYPE_CHECKING:
-    from longrun.ports.stores import RunTransaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,9 +309,9 @@ class Transition:
     """What the far side answered, for the ledger row of its key."""
     artifact: Artifact | None = None
     """An uploaded receipt the move refers to, registered with it."""
-    creates: Callable[[RunTransaction], Awaitable[None]] | None = None
+    creates: Callable[[Any], Awaitable[None]] | None = None
     """Runs created with the move, in its transaction, after it is written (a parent's children, through
-    admission): an exception it raises undoes the move too."""
+    admission), given the store's ``RunTransaction``: an exception it raises undoes the move too."""
 
     @property
     def settles_wait(self) -> bool:
