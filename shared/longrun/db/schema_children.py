@@ -14,7 +14,7 @@ children = Table(
     Column("name", Text, nullable=False),
     Column("on_parent_cancel", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    UniqueConstraint("parent_run_id", "name", name="one_per_name"),
+    UniqueConstraint("parent_run_id", "name"),
     CheckConstraint("on_parent_cancel IN ('cancel', 'abandon')", name="on_parent_cancel_known"),
     Index("ix_children_parent", "parent_run_id"),
 )

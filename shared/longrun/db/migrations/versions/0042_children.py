@@ -37,7 +37,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(['child_run_id'], ['runs.run_id'], name=op.f('fk_children_child_run_id_runs')),
         sa.ForeignKeyConstraint(['parent_run_id'], ['runs.run_id'], name=op.f('fk_children_parent_run_id_runs')),
         sa.PrimaryKeyConstraint('child_run_id', name=op.f('pk_children')),
-        sa.UniqueConstraint('parent_run_id', 'name', name=op.f('uq_children_one_per_name')),
+        sa.UniqueConstraint('parent_run_id', 'name', name=op.f('uq_children_parent_run_id_name')),
     )
     op.create_index('ix_children_parent', 'children', ['parent_run_id'])
     op.drop_constraint(op.f('ck_timers_kind'), 'timers', type_='check')
