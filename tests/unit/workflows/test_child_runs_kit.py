@@ -39,15 +39,19 @@ def test_a_failed_child_is_a_fact_and_any_ends_the_wait_at_the_first_end() -> No
         assert kit.check() == []
 
 
-def test_cancelling_the_parent_cancels_its_children_and_abandon_leaves_them() -> None:
+def test_cancelling_or_terminating_the_parent_cancels_its_children_and_abandon_leaves_them() -> None:
     with Kit(PARENT, children=[LEAF]) as kit:
         cancelled = kit.start({"children": 2, "leaf": {"mode": "wait"}})
+        terminated = kit.start({"children": 2, "leaf": {"mode": "wait"}})
         abandoned = kit.start({"children": 1, "leaf": {"mode": "wait"}, "on_parent_cancel": "abandon"})
         kit.settle(timers=False)
         assert kit.status(cancelled) is RunStatus.WAITING_EVENT
         kit.world.operate(cancelled, "cancel", reason="not needed")
+        kit.world.operate(terminated, "terminate", reason="not needed")
         kit.world.operate(abandoned, "cancel", reason="not needed")
         kit.settle(timers=False)
+        assert kit.status(terminated) is RunStatus.TERMINATED
+        assert {kit.status(c.run_id) for c in _children_of(kit, terminated).values()} == {RunStatus.CANCELLED}
         assert kit.status(cancelled) is RunStatus.CANCELLED
         assert {kit.status(c.run_id) for c in _children_of(kit, cancelled).values()} == {RunStatus.CANCELLED}
         assert kit.status(abandoned) is RunStatus.CANCELLED

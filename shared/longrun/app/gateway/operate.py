@@ -401,9 +401,9 @@ def _asked(run: RunSnapshot) -> str:
 async def cancel(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """The run and its children whose policy is ``cancel`` (``family``) go CANCELLING."""
-    await family.cancel_children(tx, run_id, _cancel_one(tx, actor, clock))
-    return await _apply(tx, run_id, "cancel", actor=actor, reason=reason, clock=clock,
-                        build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason))
+    return await family.with_children(tx, run_id, _cancel_one(tx, actor, clock), lambda: _apply(
+        tx, run_id, "cancel", actor=actor, reason=reason, clock=clock,
+        build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason)))
 
 
 def _cancel_one(tx: RunTransaction, actor: str, clock: Callable[[], float]) -> family.CancelOne:
@@ -429,9 +429,9 @@ async def terminate(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                     clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> dict[str, Any]:
     """Immediate and final; cleanup is skipped on purpose (the audit row says who and why). Its children
     whose policy is ``cancel`` are cancelled (``family``)."""
-    await family.cancel_children(tx, run_id, _cancel_one(tx, actor, clock))
-    return await _apply(tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
-                        build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))
+    return await family.with_children(tx, run_id, _cancel_one(tx, actor, clock), lambda: _apply(
+        tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
+        build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason)))
 
 
 async def migrate(tx: RunTransaction, run_id: str, *, to_version: str, actor: str, reason: str, kinds: Registry,
