@@ -15,7 +15,7 @@ from longrun.db.schema import OPEN_RUN
 from longrun.domain import RunSnapshot, children
 
 ENDED = ("INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
-         "SELECT 'child_ended:' || c.child_run_id, c.parent_run_id, 'child_ended', now(), "
+         f"SELECT 'child_ended:' || c.child_run_id, c.parent_run_id, '{children.ENDED_TIMER}', now(), "
          "CAST({report} AS jsonb) || jsonb_build_object('name', c.name, 'child_run_id', c.child_run_id) "
          "FROM {source} JOIN children AS c ON c.child_run_id = {source}.run_id "
          "ON CONFLICT (timer_key) DO NOTHING")

@@ -36,6 +36,7 @@ from longrun.domain import (
     PinnedVersions,
     RunSnapshot,
     calls,
+    children,
     closure,
     evolve,
     queue_stint_starts,
@@ -80,9 +81,10 @@ _ACTION_COLUMNS = tuple(c.name for c in actions.columns
 
 
 # Closure: the open timers of the wait and of the calls a transition ended (or, with neither
-# named, of the run). A timer the timer service holds is waited for (its batch commits in
-# milliseconds), then cancelled unless it fired meanwhile.
-_ENDED = ("(CAST({every} AS boolean) OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
+# named, of the run, but a child's end it has yet to record). A timer the timer service holds is
+# waited for (its batch commits in milliseconds), then cancelled unless it fired meanwhile.
+_ENDED = ("((CAST({every} AS boolean) AND {t}.kind <> '" + children.ENDED_TIMER + "') "
+          "OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
           f"OR ({{t}}.kind IN ({sql_names(calls.CALL_TIMERS)}) AND {{t}}.payload ->> 'logical_action' IN "
           "(SELECT jsonb_array_elements_text(CAST({calls} AS jsonb)))))")
 _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timers.run_id = moved.run_id "

@@ -34,6 +34,9 @@ from longrun.domain.snapshot import Fact, RunSnapshot, Wait, Wake, WakeReason
 
 CHILDREN_WAIT = "children"
 """The kind of a wait for children; it holds no tenant slot."""
+ENDED_TIMER = "child_ended"
+"""The timer kind that carries a child's end to its parent; closure never cancels one (a finished parent
+keeps the end in its history, late)."""
 CHILD_FACT_PREFIX = "child:"
 """A child is the fact ``child:<name>`` of its parent."""
 NAME_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")

@@ -3,6 +3,7 @@ finishing child's write schedules for its parent."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from longrun.domain import children
@@ -18,11 +19,11 @@ class ChildLink:
     on_parent_cancel: str
 
 
-def ended_timer(planned: Planned, link: ChildLink | None) -> dict[str, object] | None:
-    """``db.children.ENDED``: the timer (``MemoryStore.schedule``'s arguments) that tells a finishing
-    child's parent, when ``planned`` finishes a child."""
+def tell_parent(schedule: Callable[..., None], planned: Planned, link: ChildLink | None) -> None:
+    """``db.children.ENDED``: when ``planned`` finishes a child, the timer that tells its parent, through
+    ``schedule`` (``MemoryStore.schedule``)."""
     if link is None or not planned.ends_run:
-        return None
+        return
     run = planned.after.snapshot
-    return {"timer_key": f"child_ended:{run.run_id}", "run_id": link.parent_run_id, "kind": "child_ended",
-            "delay": 0.0, "payload": {**children.end_report(run), "name": link.name, "child_run_id": run.run_id}}
+    schedule(timer_key=f"child_ended:{run.run_id}", run_id=link.parent_run_id, kind=children.ENDED_TIMER, delay=0.0,
+             payload={**children.end_report(run), "name": link.name, "child_run_id": run.run_id})

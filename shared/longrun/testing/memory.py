@@ -27,13 +27,14 @@ from longrun.db.timers import DueBatch, RunHead
 from longrun.domain.lease import Lease, can_take
 from longrun.domain.slots import queued
 from longrun.ports.timers import DueTimer
-from longrun.domain import TERMINAL, WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze, queue_stint_starts
+from longrun.domain import TERMINAL, WORKER_HAS_WORK, ActionStatus, RunSnapshot, children, closure, evolve, freeze
+from longrun.domain import queue_stint_starts
 from longrun.domain import events as ev
 from longrun.domain.concurrency import KeyClaim
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 from longrun.ports.runs import Fence, Found, Planned, StoredRun, plan
-from longrun.testing.children import ChildLink, ended_timer
+from longrun.testing.children import ChildLink, tell_parent
 
 class FakeClock:
     """Epoch seconds that move only when told: the database clock of leases and timers, and every writer's."""
@@ -168,7 +169,7 @@ def _lease(row: RunRow) -> Lease | None:
 
 def _ends(cancel: closure.Cancel, timer: TimerRow) -> bool:
     """Whether ``cancel`` covers the open ``timer`` (``runs.write``'s closure)."""
-    return (cancel.everything or (cancel.wait_id is not None and timer.payload.get("wait_id") == cancel.wait_id)
+    return ((cancel.everything and timer.kind != children.ENDED_TIMER) or (cancel.wait_id is not None and timer.payload.get("wait_id") == cancel.wait_id)
             or (timer.kind in CALL_TIMERS and timer.payload.get("logical_action") in cancel.calls))
 
 
@@ -294,8 +295,7 @@ class MemoryStore:
             self._queue(after.snapshot)
         if planned.owes_cleanup:
             self.cleanups.setdefault(run_id, CleanupRow(due_at=self.clock()))
-        if (told := ended_timer(planned, row.parent)) is not None:
-            self.schedule(**told)  # type: ignore[arg-type]
+        tell_parent(self.schedule, planned, row.parent)
 
     def _queue(self, after: RunSnapshot) -> None:
         """``db.runs``: the schedule-to-start timer of the queue stint a write starts."""

@@ -43,8 +43,7 @@ from longrun.errors import DomainError
 logger = logging.getLogger(__name__)
 
 WAIT_TIMERS = frozenset({"retry_backoff", "sleep", "wait_deadline"})
-CHILD_ENDED_TIMER = "child_ended"
-"""A child run's end, written for its parent by the statement that finished the child (``db.children``)."""
+
 _RNG = random.Random()
 """A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
 already refuses the wakeup's take and carries on)."""
@@ -175,7 +174,7 @@ def _firing(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime, kin
             return None
         # Late (stored, not applied) when this wait is no longer pending: evolve decides.
         return Firing([ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))], release=False)
-    if timer.kind == CHILD_ENDED_TIMER:
+    if timer.kind == children.ENDED_TIMER:
         # Late (stored, not applied) when the parent has ended: evolve decides.
         return Firing([children.ended(timer.payload, seq=seq, at=at)], release=False)
     if run.status in TERMINAL:
