@@ -3,10 +3,24 @@ the engine's own worker, timers and operators (``tests/integration/child_kinds.p
 
 from __future__ import annotations
 
-from longrun.domain import RunStatus, children, thaw
+from longrun.authoring import RunKind
+from longrun.domain import (
+    Child,
+    Decision,
+    DecisionContext,
+    FrozenMap,
+    RunSnapshot,
+    RunStatus,
+    RunStatusChanged,
+    StartChildren,
+    WaitForChildren,
+    children,
+    freeze,
+    thaw,
+)
 from longrun.model import ScriptedModel
 from longrun.testing.kit import Kit
-from tests.integration.child_kinds import ANSWER, LEAF, PARENT
+from tests.integration.child_kinds import ANSWER, LEAF, PARENT, VERSIONS
 
 
 def _children_of(kit: Kit, parent: str) -> dict[str, children.ChildOutcome]:
@@ -69,3 +83,35 @@ def test_the_tree_never_spends_more_than_the_parents_budget() -> None:
         spent = sum(kit.snapshot(c.run_id).budget.used.model_calls for c in kids)
         assert spent == 5 and kit.snapshot(parent).budget.used.model_calls == 5
         assert sorted(c.status.value for c in kids) == ["BUDGET_EXHAUSTED"] + ["COMPLETED"] * 5  # type: ignore[union-attr]
+
+
+class _Asks:
+    """A parent whose ``decide`` is given: to start a child of a kind nobody runs, or to wait wrongly."""
+
+    kind = "asks"
+
+    def __init__(self, decision: object) -> None:
+        self.decision = decision
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        return self.decision  # type: ignore[return-value]
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        return ()
+
+
+def test_a_child_admission_refuses_or_a_wait_for_children_never_started_goes_to_a_person() -> None:
+    refused = StartChildren(children=(Child(name="x", kind="nobody", input=freeze({})),))
+    for decision, reason in ((refused, "child 'x' refused: unknown workflow 'nobody'"),
+                             (WaitForChildren(names=("y",), deadline=2e9), "children y it never started")):
+        with Kit(RunKind("asks", VERSIONS, _Asks(decision), {}), children=[LEAF]) as kit:
+            run_id = kit.start({})
+            kit.settle()
+            assert kit.status(run_id) is RunStatus.NEEDS_ATTENTION
+            assert reason in _last_reason(kit, run_id)
+            assert kit.run_ids() == [run_id]  # nothing of the refused step was created
+
+
+def _last_reason(kit: Kit, run_id: str) -> str:
+    moves = [e for e in kit.world.store.history(run_id) if isinstance(e, RunStatusChanged)]
+    return moves[-1].reason
