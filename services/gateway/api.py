@@ -288,7 +288,8 @@ OPERATIONS: tuple[Operation, ...] = (
     _on_a_run("answer", Answer, Answered, "Answer the question the run asks", role="approver"),
     Operation("POST", "/runs/{run_id}/signals", "signalRun", "Send the run a named signal: recorded once per "
               "signal_id, it wakes the run waiting for it; after the run ended it is kept, not applied (422: a name "
-              "the run's kind does not declare, or a payload its schema refuses)", Signalled, _ACT, Signal),
+              "the run's kind does not declare, or a payload its schema refuses)", Signalled, _ACT, Signal,
+              role="operator"),
     _on_a_run("resolve", Resolve, Resolved, "Settle an action in doubt with what was found on the far side"),
     _on_a_run("retry-action", RetryAction, Resolved, "Send an action that FAILED again under the same "
               "idempotency key (the run must not have ended)"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hmac
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,7 +80,7 @@ NOTICES = {"approved": "Approved.", "denied": "Denied.", "answered": "Answer rec
            "resolved": "Resolution recorded.", "action-retried": "The action is sent again under its key.",
            "retried": "Sent back to work.", "paused": "Paused.", "resumed": "Resumed.",
            "cancelled": "Cancel requested: the run's cleanup runs.", "terminated": "Terminated.",
-           "migrated": "Moved to the new version.", "replayed": "Replay done.", "signed-out": "Signed out.",
+           "migrated": "Moved to the new version.", "signalled": "Signal recorded.", "replayed": "Replay done.", "signed-out": "Signed out.",
            "ended": "Your session ended: its token is no longer accepted. Sign in again.",
            "saved": "Limits saved: they hold now.", "schedule-paused": "Schedule paused.",
            "schedule-resumed": "Schedule resumed."}
@@ -276,7 +277,9 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Reg
                     owns_wait=wait is None or operate.may_act(principal, from_plain(Wait, wait)),
                     form=request.state.form if status != 200 else {},
                     versions=console_acts.migration_targets(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
-                    family=family, **_run_values(view))
+                    signal_names=console_acts.signal_names(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
+                    signal_id=str(uuid.uuid4()), signals=console_acts.received_signals(snapshot), family=family,
+                    **_run_values(view))
 
     async def stream(request: Request, seen: Visit, principal: Principal) -> Response:
         return await live.respond(request, engine, hub, principal)

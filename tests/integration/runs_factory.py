@@ -24,6 +24,7 @@ from longrun.domain import (
     request_hash,
 )
 from longrun.domain import events as ev
+from longrun.domain.signals import signal_wait
 from longrun.ports.runs import StoredRun, wait_timers
 from tests.fixtures import PARTITIONS
 
@@ -58,6 +59,20 @@ async def waiting_for_event(engine: AsyncEngine, correlation_key: str, *, deadli
         stored = await runs.append(conn, stored, [
             ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
             ev.WaitStarted(seq=stored.seq(2), at=now, status=RunStatus.WAITING_EVENT, wait=wait)])
+        await timers.schedule_all(conn, wait_timers(stored.snapshot, decided_at=now))
+    return stored
+
+
+async def waiting_for_signal(engine: AsyncEngine, name: str, *, kind: str, versions: PinnedVersions,
+                             tenant: str = "acme", goal: dict[str, Any] | None = None) -> StoredRun:
+    """A run of ``kind`` waiting an hour for a signal named ``name``."""
+    stored = await created(engine, tenant=tenant, kind=kind, goal=goal or {}, versions=versions)
+    now = time.time()
+    status, wait = signal_wait(str(uuid.uuid4()), name, now + 3600)
+    async with engine.begin() as conn:
+        stored = await runs.append(conn, stored, [
+            ev.RunStatusChanged(seq=stored.seq(1), at=now, to=RunStatus.RUNNING, reason="test"),
+            ev.WaitStarted(seq=stored.seq(2), at=now, status=status, wait=wait)])
         await timers.schedule_all(conn, wait_timers(stored.snapshot, decided_at=now))
     return stored
 

@@ -5,7 +5,9 @@ run, terminates another, retries a failed action and migrates a run to the versi
 checking each where a person would: the run's status and timeline, its actions and their ledger rows,
 and the audit log. Without the browser: each act posted without the session's CSRF token, or by a
 principal without its role (or an approver the question does not name), is refused with a 403 page and
-changes nothing; a hostile answer is a 4xx. Only the gateway runs: each run stays where the act leaves it."""
+changes nothing; a hostile answer is a 4xx. An operator sends a run a signal its kind declares (first with a
+payload the kind's schema refuses), and the same form posted twice records it once. Only the gateway runs:
+each run stays where the act leaves it."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from longrun.db import actions as ledger
 from longrun.domain import PinnedVersions
 from tests.integration import identities
 from tests.integration.ensemble import ROOT, Ensemble, status_of
-from tests.integration.runs_factory import action_failed, asking, waiting_for_event
+from tests.integration.runs_factory import action_failed, asking, waiting_for_event, waiting_for_signal
+from tests.integration.signal_kinds import SIGNALLED
 from tests.integration.test_console import CHROMIUM, SHOTS, sign_in, signed_in
 from tests.integration.test_console import gateway  # noqa: F401  (the fixture: a gateway, its console's URL)
 from tests.integration.test_console import _csrf as csrf_of
@@ -139,6 +142,63 @@ async def test_an_operator_answers_steers_retries_and_migrates_runs_in_the_conso
     assert row.status == "RETRYABLE" and pinned == "2"
 
 
+async def test_an_operator_sends_a_signal_in_the_console_checked_against_its_schema_and_recorded_once(
+        clean, engine, services, tmp_path) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # Given a gateway that deploys the kind that waits for the signal "ship", and a run of it waiting
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("gateway", "longrun.services.gateway",
+                   LONGRUN_RUN_KINDS="longrun.workflows:builtin,tests.integration.signal_kinds:SIGNALLED")
+    await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
+    token = await identities.token(engine, "otto", "operator", tenants=("acme",))
+    run_id = (await waiting_for_signal(engine, "ship", kind=SIGNALLED.name, versions=SIGNALLED.versions)).snapshot.run_id
+    base = f"{ensemble.gateway_url}/console"
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = await (await browser.new_context()).new_page()
+            await sign_in(page, ensemble.gateway_url, token)
+            await page.goto(f"{base}/runs/{run_id}")
+            # Then the page offers the signals the kind declares, and has received none
+            await expect(page.locator("#signals select[name=name] option")).to_have_text(["note", "ship"])
+            await expect(page.locator("#signals")).to_contain_text("None received.")
+
+            # When he sends "ship" with a payload its schema refuses, the page says why and nothing is recorded
+            await page.select_option("#signals select[name=name]", "ship")
+            await page.fill("#signals textarea[name=payload]", '{"by": 7}')
+            await page.fill("#signals input[name=reason]", "release approved in the meeting")
+            await page.click("#send-signal")
+            await expect(page.locator("#error")).to_contain_text("ship")
+            await expect(page.locator("#status")).to_have_text("WAITING_EVENT")
+            await expect(page.locator("#received-signals")).to_have_count(0)
+            # and then with one it accepts: recorded as his, and it wakes the run
+            await page.fill("#signals textarea[name=payload]", '{"by": "otto"}')
+            form = {name: await page.locator(f"#signals input[name={name}]").get_attribute("value")
+                    for name in ("csrf", "signal_id")}
+            await page.click("#send-signal")
+            await expect(page.locator("#notice")).to_have_text("Signal recorded.")
+            await expect(page.locator("#status")).to_have_text("READY")
+            await expect(page.locator("#received-signals tr", has_text="ship")).to_contain_text('{"by": "otto"}')
+            await page.screenshot(path=SHOTS / "11-signalled.png", full_page=True)
+
+            # When the same form is posted again (a double submit), under the same signal id
+            again = await page.request.post(f"{base}/runs/{run_id}/signals", form={
+                **form, "name": "ship", "payload": '{"by": "otto"}', "reason": "release approved in the meeting"})
+            assert again.ok
+            await page.goto(f"{base}/runs/{run_id}")
+            # Then the run holds the signal once
+            await expect(page.locator("#received-signals tr", has_text="ship")).to_have_count(1)
+        finally:
+            await browser.close()
+    async with engine.connect() as conn:
+        audited = (await conn.execute(text("SELECT actor, action, target FROM audit_log ORDER BY id"))).all()
+        kept = (await conn.execute(text("SELECT count(*) FROM run_events WHERE run_id = :r AND type = "
+                                        "'signal.received'"), {"r": run_id})).scalar()
+    assert kept == 1
+    assert [tuple(a) for a in audited] == [("otto", "signal", run_id)]
+
+
 STEERS = ("pause", "resume", "cancel", "terminate")
 
 
@@ -152,6 +212,7 @@ async def test_each_run_act_without_the_session_csrf_token_is_refused_and_change
     failed = (await action_failed(engine, logical_action="open_mr")).snapshot.run_id
     forms = [(asked, "answer", {"question_id": "module", "answer": '{"module": "core"}'}),
              (failed, "retry-action", {"logical_action": "open_mr"}), (waiting, "migrate", {"to_version": "2"}),
+             (waiting, "signals", {"signal_id": "s-1", "name": "ship", "payload": '{"by": "ana"}'}),
              *((waiting, act, {}) for act in STEERS)]
     async with httpx.AsyncClient(base_url=gateway) as console:
         await signed_in(console, token)
@@ -195,6 +256,7 @@ async def test_a_principal_without_the_role_of_a_run_act_is_refused_with_403_and
         for run_id, act, fields in [(asked, "answer", answer),
                                     (failed, "retry-action", {"logical_action": "open_mr", "reason": "r"}),
                                     (waiting, "migrate", {"to_version": "2", "reason": "r"}),
+                                    (waiting, "signals", {"signal_id": "s-1", "name": "ship", "reason": "r"}),
                                     *((waiting, act, {"reason": "r"}) for act in STEERS)]:
             refused = await console.post(f"/runs/{run_id}/{act}", data={**fields, "csrf": csrf_of(page)})
             assert refused.status_code == 403 and "val may not" in refused.text, (act, refused.text)

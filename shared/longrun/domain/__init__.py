@@ -30,6 +30,7 @@ from longrun.domain.decisions import (
     AskModel,
     AskUser,
     CallTool,
+    CallTools,
     Complete,
     Decision,
     DecisionContext,
@@ -141,6 +142,7 @@ from longrun.domain.scope import Scope, TenantPolicy, narrow, refusal, revalidat
 from longrun.domain.timeouts import (cancel_end, cancel_refusal, effective_start_to_close, on_business_deadline,
                                    queue_stint_starts)
 
+from longrun.domain.joins import ALL, FIRST, Join, Joined, at_least
 from longrun.domain.signals import SIGNAL_WAIT, ReceivedSignal
 from longrun.domain.signals import received as received_signals
 from longrun.domain.signals import woken_by as woken_by_signal
@@ -151,6 +153,11 @@ __all__ = [
     "SIGNAL_FACT_PREFIX",
     "SIGNAL_WAIT",
     "ReceivedSignal",
+    "ALL",
+    "FIRST",
+    "Join",
+    "Joined",
+    "at_least",
     "received_signals",
     "woken_by_signal",
     "SignalReceived",
@@ -202,6 +209,7 @@ __all__ = [
     "Budget",
     "BudgetCharged",
     "CallTool",
+    "CallTools",
     "CancelRequested",
     "CompensationStarted",
     "Complete",

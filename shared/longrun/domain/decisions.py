@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
+from longrun.domain import joins
 from longrun.domain.action import ActionStatus
 from longrun.domain.budget import Usage
 from longrun.domain.children import ParentCancel, needed, valid_name
@@ -42,6 +43,36 @@ class CallTool:
     """The business intent; its idempotency key derives from it, not from this model turn."""
     approval_id: str | None = None
     """The approval this request needs; preparing it is refused unless that approval covers its exact hash."""
+
+
+@_decision
+class CallTools:
+    """Several tool calls made at once, each its own ledger entry, idempotency key and effect kind. Once
+    ``join`` is satisfied (all of them, ``joins.FIRST``, or ``joins.at_least(n)`` have an outcome),
+    ``run.joined`` records which calls satisfied it (read it with ``joins.joined(state, name)``). Every
+    call made runs to its outcome and is recorded, the losers of a first-or-N join too, before ``decide``
+    is asked again. Tool calls only: a model call is ``AskModel``, on its own."""
+
+    calls: tuple[CallTool, ...]
+    join: joins.Join = joins.ALL
+    name: str | None = None
+    """Names the join in ``run.joined``; None: the calls' logical actions joined with ``+``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.calls, list | tuple) or not all(isinstance(c, CallTool) for c in self.calls):
+            raise ValueError(f"CallTools.calls is a list or tuple of CallTool, got {self.calls!r}")
+        object.__setattr__(self, "calls", tuple(self.calls))
+        joins.check(self.logical_actions, self.join)
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ValueError(f"CallTools.name names the join, got {self.name!r}")
+
+    @property
+    def logical_actions(self) -> tuple[str, ...]:
+        return tuple(c.logical_action for c in self.calls)
+
+    @property
+    def join_name(self) -> str:
+        return self.name if self.name is not None else "+".join(self.logical_actions)
 
 
 @_decision
@@ -226,7 +257,7 @@ class Reconcile:
 
 
 Decision: TypeAlias = (
-    CallTool | AskModel | WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry | Complete | Fail
+    CallTool | CallTools | AskModel | WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry | Complete | Fail
     | Reconcile | StartChildren | WaitForChildren
 )
 
@@ -270,13 +301,15 @@ def budget_needs(decision: Decision, state: RunSnapshot) -> tuple[str, ...]:
 
     Only new work spends: completing, failing and waiting need no budget (a run whose last step
     used its last tool call still completes), and re-sending an action submitted before a crash
-    is the same submission, already charged.
+    is the same submission, already charged (a fan-out whose calls still to make are all such is too).
     """
     if isinstance(decision, AskModel):
         return ("model_calls", "cost")
     if isinstance(decision, CallTool):
         record = state.action(decision.logical_action)
         return () if record is not None and record.status is ActionStatus.SUBMITTED else ("tool_calls", "cost")
+    if isinstance(decision, CallTools):
+        return ("tool_calls", "cost") if joins.charged(state, decision.logical_actions) else ()
     return ()
 
 

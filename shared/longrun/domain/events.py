@@ -1,7 +1,7 @@
 """Run events: the facts a run's history is made of, and their JSON form.
 
-Responsibility: one frozen dataclass per event type, each naming its ``type`` string,
-plus ``event_to_dict``/``event_from_dict`` for storage (run_events.data) and the bus.
+Responsibility: one frozen dataclass per event type (child runs' in ``child_events``), each naming its
+``type`` string, plus ``event_to_dict``/``event_from_dict`` for storage (run_events.data) and the bus.
 
 Invariants:
 - Events are immutable facts. A run's history is append-only; corrections are new events.
@@ -15,25 +15,19 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from types import MappingProxyType
 from typing import ClassVar, cast
 
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.budget import Usage
+from longrun.domain.child_events import ChildEnded, ChildStarted
 from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
+from longrun.domain.event_base import RunEvent
+from longrun.domain.event_base import event as _event
 from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.domain.snapshot import PinnedVersions, RunTimeouts, Wait, WakeReason
-
-_event = dataclass(frozen=True, slots=True, kw_only=True)
-
-
-@_event
-class RunEvent:
-    type: ClassVar[str]
-    seq: int
-    at: float
 
 
 @_event
@@ -261,32 +255,16 @@ class SignalReceived(RunEvent):
 
 
 @_event
-class ChildStarted(RunEvent):
-    """The run started a child run (``longrun.domain.children``), created in the same transaction through
-    admission: it becomes the fact ``child:<name>``, and the budget the child drew from the run's remaining
-    is charged to the run."""
+class RunJoined(RunEvent):
+    """A fan-out's join was satisfied (``CallTools``), every call it made being recorded: the checkpoint
+    ``decide`` goes on from. ``by`` are the calls whose outcomes satisfied it, in the order they were
+    recorded; the other calls of ``calls`` lost it (a loser in doubt no longer holds the run back). It
+    becomes the fact ``joined:<join>`` (``domain.joins``)."""
 
-    type: ClassVar[str] = "run.child_started"
-    name: str
-    child_run_id: str
-    kind: str
-    budget: Usage  # what the child may spend: its limits, drawn from this run's remaining
-
-
-@_event
-class ChildEnded(RunEvent):
-    """A child of the run ended (any terminal status): its fact records the status with the evidence
-    (COMPLETED) or the reason, what it did not spend of its budget is given back, and a wait for enough
-    of the run's children ends. After the run ended it is kept in the history, not applied."""
-
-    type: ClassVar[str] = "run.child_ended"
-    name: str
-    child_run_id: str
-    status: RunStatus
-    evidence: FrozenMap = FrozenMap()
-    reason: str | None = None
-    spent: Usage = Usage()
-    """What the child used of its budget."""
+    type: ClassVar[str] = "run.joined"
+    join: str
+    calls: tuple[str, ...]
+    by: tuple[str, ...]
 
 
 @_event
@@ -473,7 +451,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved, SignalReceived, ChildStarted, ChildEnded, StepFailed,
+            QuestionResolved, SignalReceived, ChildStarted, ChildEnded, RunJoined, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from longrun.domain import events as ev
-from longrun.domain import approval_validity, children, ledger, lifecycle, reminders, signals
+from longrun.domain import approval_validity, children, joins, ledger, lifecycle, reminders, signals
 from longrun.domain.invariants import violations
 from longrun.domain.run import TERMINAL, WAITING, RunStatus
 from longrun.domain.snapshot import RunSnapshot, WakeReason
@@ -150,4 +150,4 @@ def _target(event: ev.RunEvent) -> str:
 
 _HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS,
                                                              **reminders.HANDLERS, **approval_validity.HANDLERS,
-                                                             **signals.HANDLERS, **children.HANDLERS}
+                                                             **signals.HANDLERS, **children.HANDLERS, **joins.HANDLERS}

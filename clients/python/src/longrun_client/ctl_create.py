@@ -54,20 +54,25 @@ def create_command(call: Call, show: Show) -> click.Command:
 
 
 def input_object(given: str) -> dict[str, Any]:
+    value = json_value(given, "--input")
+    if not isinstance(value, dict):
+        raise click.BadParameter("the input is a JSON object", param_hint="--input")
+    return value
+
+
+def json_value(given: str, option: str) -> Any:
+    """The JSON value an option gives: itself, or the contents of the file ``@FILE`` names."""
     text = given
     if given.startswith("@"):
         try:
             with open(given[1:], encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
-            raise click.BadParameter(f"cannot read {given[1:]}: {e.strerror}", param_hint="--input") from None
+            raise click.BadParameter(f"cannot read {given[1:]}: {e.strerror}", param_hint=option) from None
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}", param_hint="--input") from None
-    if not isinstance(value, dict):
-        raise click.BadParameter("the input is a JSON object", param_hint="--input")
-    return value
+        raise click.BadParameter(f"not JSON: {e}", param_hint=option) from None
 
 
 def labels_of(given: tuple[str, ...]) -> dict[str, str]:

@@ -7,13 +7,11 @@ it once and wakes the run once.
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import Any
 
 import click
 
-from longrun_client.ctl_create import Call, Show
+from longrun_client.ctl_create import Call, Show, json_value
 
 
 def signal_command(call: Call, show: Show) -> click.Command:
@@ -31,23 +29,9 @@ def signal_command(call: Call, show: Show) -> click.Command:
         """Send the run the signal NAME (one its kind declares, its payload checked against the kind's
         schema: a refusal names every violation, and nothing is recorded)."""
         key = signal_id or f"ctl-{uuid.uuid4()}"
-        payload = _payload(payload_json)
+        payload = json_value(payload_json, "--payload")
         click.echo(f"signal id: {key}", err=True)
         show(ctx, call(ctx, "POST", f"/runs/{run_id}/signals",
                        {"signal_id": key, "name": name, "payload": payload, "reason": reason}))
 
     return command
-
-
-def _payload(given: str) -> Any:
-    text = given
-    if given.startswith("@"):
-        try:
-            with open(given[1:], encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise click.BadParameter(f"cannot read {given[1:]}: {e.strerror}", param_hint="--payload") from None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}", param_hint="--payload") from None

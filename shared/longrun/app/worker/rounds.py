@@ -14,6 +14,7 @@ from longrun.app.worker.cancelling import cancel
 from longrun.app.worker.children import start_children, wait_for_children
 from longrun.app.worker.claim_checks import resolved
 from longrun.app.worker.commit import Step
+from longrun.app.worker.fan_out import fan_out
 from longrun.app.worker.far_side import FarSide
 from longrun.app.worker.worth_running import parked_before_deciding
 from longrun.app.worker.model_call import ask_model
@@ -22,11 +23,11 @@ from longrun.app.worker.tool_call import call_tool
 from longrun.authoring import Registry, pins_key
 from longrun.domain import (
     ANSWER_FACT_PREFIX,
-    UNRECONCILED,
     WORKER_HAS_WORK,
     AskModel,
     AskUser,
     CallTool,
+    CallTools,
     Complete,
     DecisionContext,
     Fail,
@@ -42,7 +43,7 @@ from longrun.domain import (
     exhausted,
     wait_for,
 )
-from longrun.domain import approval_validity
+from longrun.domain import approval_validity, joins
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun, defer
 
@@ -68,12 +69,7 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         run = stored.snapshot
     if run.status is RunStatus.CANCELLING:
         return await cancel(step, stored, kinds)
-    doubtful = [a.logical_action for a in run.actions if a.status in UNRECONCILED]
-    if doubtful:
-        # What to do next depends on whether that effect happened (e.g. its outcome was recorded
-        # while the run was paused): park until the reconciler settles it and wakes the run.
-        await step.finish(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
-                          reason=f"{', '.join(doubtful)} awaits reconciliation")
+    if await _parked_in_doubt(step, stored, joins.holding(run)):
         return None
     kind = kinds.get(run.kind, run.versions.workflow)
     if await parked_before_deciding(far, step, stored, kind):
@@ -90,7 +86,10 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     if spent is not None:
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.BUDGET_EXHAUSTED, reason=f"budget {spent} exhausted")
         return None
-    if isinstance(decision, (AskModel, CallTool)) and stored.unwritten_request is not None:
+    if isinstance(decision, (CallTool, CallTools, Complete)) and await _parked_in_doubt(
+            step, stored, joins.holding(run, settling=True)):
+        return None  # a loser of a join still in doubt: no new effect, and no completion, before it settles
+    if isinstance(decision, (AskModel, CallTool, CallTools)) and stored.unwritten_request is not None:
         # The step before is on record before anything more is asked of the world.
         stored = await step.commit(stored, [])
     decided_on, stored = stored, _with_patches(step, stored, ctx.taken)
@@ -103,6 +102,8 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     if isinstance(decision, WaitForChildren):
         await wait_for_children(step, stored, decision, ctx)
         return None
+    if isinstance(decision, CallTools):
+        return await fan_out(far, step, stored, kind, decision)
     if isinstance(decision, (WaitForEvent, WaitForUser, WaitForSignal, ScheduleRetry)):
         status, wait = wait_for(decision, ctx)
         await step.finish(stored, ev.WaitStarted, status=status, wait=wait)
@@ -128,6 +129,16 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         await step.finish(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
                           reason=f"{decision.logical_action} needs reconciliation")
     return None
+
+
+async def _parked_in_doubt(step: Step, stored: StoredRun, doubtful: Sequence[str]) -> bool:
+    """What to do next depends on whether those effects happened (e.g. an outcome recorded while the
+    run was paused): parked until the reconciler settles them and wakes the run."""
+    if not doubtful:
+        return False
+    await step.finish(stored, ev.RunStatusChanged, to=RunStatus.ACTION_UNKNOWN,
+                      reason=f"{', '.join(doubtful)} awaits reconciliation")
+    return True
 
 
 async def _ask_user(step: Step, stored: StoredRun, decision: AskUser, ctx: DecisionContext) -> None:

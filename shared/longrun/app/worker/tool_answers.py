@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from longrun.app.worker.commit import Step, ToolRequest
 from longrun.app.worker.far_side import FarSide, type_names
 from longrun.artifacts import INLINE_LIMIT
 from longrun.authoring import ToolResult
-from longrun.domain import RECEIPT_FACT_PREFIX, ActionStatus, EffectKind, RunStatus, ScheduleRetry, freeze, retryable, wait_for
+from longrun.domain import (RECEIPT_FACT_PREFIX, ActionStatus, EffectKind, RunStatus, ScheduleRetry, Wait, freeze,
+                            retryable, wait_for)
 from longrun.domain import events as ev
 from longrun.domain.breaker import BreakerState, health_wait
 from longrun.ports.runs import Artifact, StoredRun, defer
@@ -97,19 +99,59 @@ def park_for_reconciliation(step: Step, stored: StoredRun, reason: str) -> list[
     return [step.event(stored, ev.RunStatusChanged, offset=2, to=RunStatus.ACTION_UNKNOWN, reason=reason)]
 
 
-async def unknown(step: Step, stored: StoredRun, call: ToolRequest, cause: str, why: str, *,
+async def unknown(step: Step, stored: StoredRun, call: ToolRequest, cause: str, why: str | None, *,
                   last_error: str | None = None) -> StoredRun | None:
     """The far side may have acted (``cause``): the outcome is UNKNOWN, never asked again blindly; the
-    run parks for the reconciler (``why``) unless an operator moved it meanwhile."""
+    run parks for the reconciler (``why``) unless an operator moved it meanwhile, or (``why`` None: a
+    call of a fan-out) its join decides whether it parks."""
     fields = {} if last_error is None else {"last_error": last_error}
     return await step.record_outcome(stored, call.key, ActionStatus.UNKNOWN, lambda s: [
         step.event(s, ev.ActionUnknown, logical_action=call.logical_action, cause=cause),
-        *park_for_reconciliation(step, s, why)], **fields)
+        *(park_for_reconciliation(step, s, why) if why is not None else [])], **fields)
 
 
 async def failed(step: Step, stored: StoredRun, call: ToolRequest, error: str) -> StoredRun | None:
     return await step.record_outcome(stored, call.key, ActionStatus.FAILED, lambda s: [
         step.event(s, ev.ActionFailed, logical_action=call.logical_action, error=error)], last_error=error)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """What an unavailable call's retry policy and its far side's breaker say: try again after ``delay``
+    seconds, or (``delay`` None) once the far side is healthy; or, with ``failure``, not at all."""
+
+    delay: float | None
+    failure: str | None
+
+
+async def retry_of(far: FarSide, stored: StoredRun, call: ToolRequest, error: Exception, *, probe: bool,
+                   cause: str) -> Retry:
+    """The retry of a call that was unavailable (``cause``); the far side's breaker counts the failure.
+    A probe tried the far side for every run waiting on it: its failure is charged to this run, but
+    does not use up its attempts; the breaker says when it goes again."""
+    tool = call.tool
+    breaker = await far.breakers.failed(tool.health_key) if far.breakers is not None else None
+    waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
+    record = stored.snapshot.action(call.logical_action)
+    assert record is not None
+    policy = tool.retry or far.retry
+    delay, failure = far.retry_delay(policy, record.attempts, error, cause)
+    probed = probe and waits_for_health and retryable(policy, type_names(error))
+    if delay is None and not probed:
+        logger.info("run %s: %s unavailable: %s", stored.snapshot.run_id, tool.name, failure)
+        return Retry(None, failure)
+    logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, cause,
+                "waits for it to be healthy" if waits_for_health else f"attempt {record.attempts + 1} in {delay}s")
+    return Retry(None if waits_for_health else delay, None)
+
+
+def retry_wait(far: FarSide, call: ToolRequest, retry: Retry) -> Wait:
+    """The wait before ``call`` goes again: its retry's delay on a durable timer, or its far side's health."""
+    ctx = far.context()
+    if retry.delay is None:
+        return health_wait(wait_id=ctx.new_id(), far_side=call.tool.health_key, logical_action=call.logical_action,
+                           now=ctx.now, max_wait=far.health_max_wait)
+    return wait_for(ScheduleRetry(logical_action=call.logical_action, delay=retry.delay), ctx)[1]
 
 
 async def unavailable(far: FarSide, step: Step, stored: StoredRun, call: ToolRequest, error: Exception, *,
@@ -119,32 +161,21 @@ async def unavailable(far: FarSide, step: Step, stored: StoredRun, call: ToolReq
     policy's delay, or, while the far side's breaker is open, until it is healthy again. Past the
     policy's attempts, or for an error it does not retry, the action FAILED, which the run kind's
     ``decide`` sees; a failed probe waits for the next one instead."""
-    tool, name = call.tool, call.logical_action
-    breaker = await far.breakers.failed(tool.health_key) if far.breakers is not None else None
-    waits_for_health = breaker is not None and breaker.state is not BreakerState.CLOSED
-    record = stored.snapshot.action(name)
-    assert record is not None
-    policy = tool.retry or far.retry
-    delay, failure = far.retry_delay(policy, record.attempts, error, cause)
-    # A probe tried the far side for every run waiting on it: its failure is charged to this run,
-    # but does not use up its attempts; the breaker says when it goes again.
-    probed = probe and waits_for_health and retryable(policy, type_names(error))
-    if delay is None and not probed:
-        logger.info("run %s: %s unavailable: %s", stored.snapshot.run_id, tool.name, failure)
-        return await failed(step, stored, call, failure)
-    logger.info("run %s: %s unavailable (%s); %s", stored.snapshot.run_id, tool.name, cause,
-                "waits for it to be healthy" if waits_for_health else f"attempt {record.attempts + 1} in {delay}s")
+    retry = await retry_of(far, stored, call, error, probe=probe, cause=cause)
+    if retry.failure is not None:
+        return await failed(step, stored, call, retry.failure)
 
     def retry_later(s: StoredRun) -> list[ev.RunEvent]:
-        events = [step.event(s, ev.ActionUnavailable, logical_action=name, cause=cause)]
+        events = [step.event(s, ev.ActionUnavailable, logical_action=call.logical_action, cause=cause)]
         if s.snapshot.status is not RunStatus.RUNNING:  # an operator's pause or cancel keeps the run there
             return events
-        ctx = far.context()
-        if waits_for_health or delay is None:
-            wait = health_wait(wait_id=ctx.new_id(), far_side=tool.health_key, logical_action=name, now=ctx.now,
-                               max_wait=far.health_max_wait)
-        else:
-            wait = wait_for(ScheduleRetry(logical_action=name, delay=delay), ctx)[1]
+        wait = retry_wait(far, call, retry)
         return [*events, step.event(s, ev.WaitStarted, offset=2, status=RunStatus.RETRY_SCHEDULED, wait=wait)]
 
     return await step.record_outcome(stored, call.key, ActionStatus.RETRYABLE, retry_later, last_error=cause)
+
+
+async def retry_later(step: Step, stored: StoredRun, call: ToolRequest, cause: str) -> StoredRun | None:
+    """RETRYABLE, the run not parked: a call of a fan-out, whose join decides when it goes again."""
+    return await step.record_outcome(stored, call.key, ActionStatus.RETRYABLE, lambda s: [
+        step.event(s, ev.ActionUnavailable, logical_action=call.logical_action, cause=cause)], last_error=cause)
