@@ -140,6 +140,23 @@ async def test_a_post_without_the_session_csrf_token_is_refused_and_changes_noth
         assert (await fresh.post("/sign-in", data={"token": token})).status_code == 403
 
 
+async def test_a_runs_page_lists_its_children_and_a_childs_page_links_its_parent(clean, engine, gateway) -> None:
+    # Given a run with a child named c0 (linked as a parent's step links the child it starts)
+    parent = (await waiting_for_user(engine, approval_id="a1", approved_hash="h1")).snapshot.run_id
+    child = (await waiting_for_user(engine, approval_id="a2", approved_hash="h2")).snapshot.run_id
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO children (child_run_id, parent_run_id, name, on_parent_cancel) "
+                                "VALUES (:c, :p, 'c0', 'cancel')"), {"c": child, "p": parent})
+    token = await identities.token(engine, "user_42", "viewer", tenants=("acme",))
+    async with httpx.AsyncClient(base_url=gateway) as console:
+        await signed_in(console, token)
+        parent_page, child_page = (await console.get(f"/runs/{parent}")).text, (await console.get(f"/runs/{child}")).text
+    # Then the parent's page lists the child with its status and a link, and the child's links its parent
+    assert 'id="children"' in parent_page and f'/console/runs/{child}"' in parent_page and "WAITING_USER" in parent_page
+    assert 'id="parent"' in child_page and f'/console/runs/{parent}"' in child_page and "<code>c0</code>" in child_page
+    assert 'id="children"' not in child_page
+
+
 async def test_an_operator_of_another_tenant_can_neither_find_nor_read_nor_act_on_a_run(
         clean, engine, gateway) -> None:
     # Given a run of acme waiting for approval and an approver of globex signed in

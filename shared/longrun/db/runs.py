@@ -29,12 +29,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
 from longrun.db import admission, driver, handover, jsonb, keys, outbox, tenant_limits
+from longrun.db import children as child_rows
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
 from longrun.domain import (
     PinnedVersions,
     RunSnapshot,
     calls,
+    children,
     closure,
     evolve,
     queue_stint_starts,
@@ -79,9 +81,10 @@ _ACTION_COLUMNS = tuple(c.name for c in actions.columns
 
 
 # Closure: the open timers of the wait and of the calls a transition ended (or, with neither
-# named, of the run). A timer the timer service holds is waited for (its batch commits in
-# milliseconds), then cancelled unless it fired meanwhile.
-_ENDED = ("(CAST({every} AS boolean) OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
+# named, of the run, but a child's end it has yet to record). A timer the timer service holds is
+# waited for (its batch commits in milliseconds), then cancelled unless it fired meanwhile.
+_ENDED = ("((CAST({every} AS boolean) AND {t}.kind <> '" + children.ENDED_TIMER + "') "
+          "OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
           f"OR ({{t}}.kind IN ({sql_names(calls.CALL_TIMERS)}) AND {{t}}.payload ->> 'logical_action' IN "
           "(SELECT jsonb_array_elements_text(CAST({calls} AS jsonb)))))")
 _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timers.run_id = moved.run_id "
@@ -158,6 +161,7 @@ def _parts() -> dict[str, _Part]:
         "parked_handover": _Part(ctes=tuple(handover.ctes(handover.PARKED_FREES)), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
         "cleanup": _Part(ctes=(f"owed AS ({_OWE_CLEANUP.format(source='moved')})",)),
+        "child_ended": _Part(ctes=(f"child_ended AS ({child_rows.ENDED.format(source='moved', report=':e_report')})",)),
         "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
         "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
@@ -393,6 +397,9 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         params.update(_cancelling(cancel))
     if planned.owes_cleanup:
         names.append("cleanup")
+    if planned.ends_run:
+        names.append("child_ended")
+        params["e_report"] = child_rows.report(planned.after.snapshot)
     if planned.queue_stint:
         names.append("queued")
         params.update(_queue_params(planned.after.snapshot))
@@ -440,6 +447,7 @@ async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
     owing = [p.after.snapshot.run_id for p in planned if p.owes_cleanup]
     if owing:
         await driver.execute(conn, _OWE_MANY, {"run_ids": owing})
+    await child_rows.ended(conn, [p.after.snapshot for p in planned if p.ends_run])
     # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
     for p in planned:
         metrics.transitioned(p.before.snapshot, p.after.snapshot)

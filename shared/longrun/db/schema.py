@@ -44,7 +44,7 @@ from longrun.domain.snapshot import QUESTION_WAIT
 CONSUMING_SERVICES = ("scheduler", "worker", "reconciler", "gateway")
 """Services that consume messages, each with its own inbox table (the timer reads the timers table)."""
 TIMER_KINDS = ("retry_backoff", "wait_deadline", "business_deadline", "schedule_to_start",
-               "start_to_close", "heartbeat", "sleep", *reminders.TIMER_KINDS)
+               "start_to_close", "heartbeat", "sleep", *reminders.TIMER_KINDS, "child_ended")
 
 
 runs = Table(
@@ -428,3 +428,4 @@ Index("ix_cleanups_due", cleanups.c.due_at, postgresql_where=cleanups.c.done_at.
 # that ``metadata`` (what the migrations must produce) holds every table whichever module is read.
 from longrun.db import schema_tenants  # noqa: E402,F401  (it imports only ``schema_base``)
 from longrun.db import schema_schedules  # noqa: E402,F401  (it imports only ``schema_base``)
+from longrun.db import schema_children  # noqa: E402,F401  (it imports only ``schema_base``)

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun import otel
 from longrun.db import actions as ledger
 from longrun.db import audit as audit_log
+from longrun.db import children as child_rows
 from longrun.db import inbox, keys, outbox, policies, runs
 from longrun.db.schema import runs as runs_table
 from longrun.db.schema import webhook_deliveries, webhook_events
@@ -109,3 +110,10 @@ class PgTransaction:
 
     async def keyed_runs(self, tenant_id: str, claim: KeyClaim, *, up_to: int) -> list[KeyedRun]:
         return await keys.open_runs(self.conn, tenant_id, claim, up_to=up_to)
+
+    async def link_child(self, child_run_id: str, *, parent_run_id: str, name: str, on_parent_cancel: str) -> None:
+        await child_rows.link(self.conn, child_run_id=child_run_id, parent_run_id=parent_run_id, name=name,
+                              on_parent_cancel=on_parent_cancel)
+
+    async def children_to_cancel(self, parent_run_id: str) -> list[str]:
+        return await child_rows.open_to_cancel(self.conn, parent_run_id)

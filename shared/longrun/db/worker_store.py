@@ -87,6 +87,8 @@ class PgWorkerStore:
             if transition.settles_wait:
                 await timer_rows.schedule_all(conn, transition.wait_timers)
                 after = await self.match_kept(PgTransaction(conn), after)
+            if transition.creates is not None:
+                await transition.creates(PgTransaction(conn))
         return after
 
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:

@@ -24,7 +24,9 @@ from typing import Protocol, TypeAlias
 
 from longrun.domain import joins
 from longrun.domain.action import ActionStatus
-from longrun.domain.codec import FrozenMap
+from longrun.domain.budget import Usage
+from longrun.domain.children import ParentCancel, needed, valid_name
+from longrun.domain.codec import FrozenMap, freeze
 from longrun.domain.retry import Rng
 from longrun.domain.run import RunStatus
 from longrun.domain.signals import signal_wait
@@ -182,6 +184,57 @@ class WaitForSignal:
 
 
 @_decision
+class Child:
+    """A child run to start: ``name`` keys it in its parent (``children.outcome(state, name)``) and makes
+    starting it idempotent; ``kind`` and ``input`` are what a run.create would ask for."""
+
+    name: str
+    kind: str
+    input: FrozenMap
+    budget: Usage | None = None
+    """What the child may spend, drawn from the parent's remaining (the least of the two per dimension);
+    None: all the parent has left."""
+    on_parent_cancel: ParentCancel = ParentCancel.CANCEL
+    """Cancelling or terminating the parent cancels this child, or leaves it running (``abandon``)."""
+
+    def __post_init__(self) -> None:
+        if not valid_name(self.name):
+            raise ValueError(f"a child's name is 1 to 100 of A-Z a-z 0-9 _ . -, got {self.name!r}")
+        object.__setattr__(self, "input", freeze(self.input))
+        object.__setattr__(self, "on_parent_cancel", ParentCancel(self.on_parent_cancel))
+
+
+@_decision
+class StartChildren:
+    """Start ``children`` (runs of their own, created through admission with the step that records them:
+    ``run.child_started`` each). A child of a name the run started before is refused."""
+
+    children: tuple[Child, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "children", tuple(self.children))
+        names = [c.name for c in self.children]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"StartChildren names one or more children, each once, got {names!r}")
+
+
+@_decision
+class WaitForChildren:
+    """Wait, holding no tenant slot, until ``until`` of the children ``names`` have ended: "all", "any" or
+    a count. ``decide`` reads each one's end with ``children.outcome(state, name)``; a wait that is
+    satisfied already is not started (the run goes to NEEDS_ATTENTION). None by ``deadline``: the run
+    wakes with reason DEADLINE."""
+
+    names: tuple[str, ...]
+    deadline: float
+    until: str | int = "all"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(self.names))
+        needed(self.names, self.until)
+
+
+@_decision
 class ScheduleRetry:
     logical_action: str
     delay: float
@@ -205,7 +258,7 @@ class Reconcile:
 
 Decision: TypeAlias = (
     CallTool | CallTools | AskModel | WaitForEvent | WaitForUser | AskUser | WaitForSignal | ScheduleRetry | Complete | Fail
-    | Reconcile
+    | Reconcile | StartChildren | WaitForChildren
 )
 
 

@@ -1,7 +1,7 @@
 """Run events: the facts a run's history is made of, and their JSON form.
 
-Responsibility: one frozen dataclass per event type, each naming its ``type`` string,
-plus ``event_to_dict``/``event_from_dict`` for storage (run_events.data) and the bus.
+Responsibility: one frozen dataclass per event type (child runs' in ``child_events``), each naming its
+``type`` string, plus ``event_to_dict``/``event_from_dict`` for storage (run_events.data) and the bus.
 
 Invariants:
 - Events are immutable facts. A run's history is append-only; corrections are new events.
@@ -15,25 +15,19 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from types import MappingProxyType
 from typing import ClassVar, cast
 
 from longrun.domain.action import ActionStatus, EffectKind
 from longrun.domain.budget import Usage
+from longrun.domain.child_events import ChildEnded, ChildStarted
 from longrun.domain.codec import FrozenMap, JsonValue, from_plain, to_plain
+from longrun.domain.event_base import RunEvent
+from longrun.domain.event_base import event as _event
 from longrun.domain.run import RunStatus
 from longrun.domain.scope import Scope
 from longrun.domain.snapshot import PinnedVersions, RunTimeouts, Wait, WakeReason
-
-_event = dataclass(frozen=True, slots=True, kw_only=True)
-
-
-@_event
-class RunEvent:
-    type: ClassVar[str]
-    seq: int
-    at: float
 
 
 @_event
@@ -457,7 +451,7 @@ EVENT_TYPES: Mapping[str, type[RunEvent]] = MappingProxyType(
             ApprovalExpired,
             CancelRequested, DeadlinePassed, RunPaused, RunResumed, RunTerminated, RunCompleted,
             StageChanged, VersionsMigrated, PatchTaken, PermissionDenied, FactRecorded, QuestionOpened,
-            QuestionResolved, SignalReceived, RunJoined, StepFailed,
+            QuestionResolved, SignalReceived, ChildStarted, ChildEnded, RunJoined, StepFailed,
             BudgetCharged, ActionPrepared, ActionRecorded, ActionSubmitted, ActionConfirmed, ActionFailed,
             ActionUnavailable, ActionUnknown, ReconciliationStarted, ActionReconciled, ActionResolved,
             CompensationStarted, ActionCompensated, RunSummarized, CorrectionNeeded, CleanupRecorded,

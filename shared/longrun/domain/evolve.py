@@ -20,7 +20,7 @@ Invariants:
   ``accept`` did not raise writes one, so the step's own transition resets the count (as does a
   person sending a run that needs attention back to READY).
 - The late-event rule (``is_late``): an event is late when the run has moved past what
-  it reports. That is (1) a report from the outside world (wake, approval, fact, signal, charge,
+  it reports. That is (1) a report from the outside world (wake, approval, fact, signal, child's end, charge,
   action outcome) arriving after the run ended, or (2) a wake, approval or answer for a
   wait that is no longer pending (a deadline timer racing the webhook, a duplicate wake).
   Storage keeps late events in ``run_events`` with their seq; ``evolve`` returns the
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from longrun.domain import events as ev
-from longrun.domain import approval_validity, joins, ledger, lifecycle, reminders, signals
+from longrun.domain import approval_validity, children, joins, ledger, lifecycle, reminders, signals
 from longrun.domain.invariants import violations
 from longrun.domain.run import TERMINAL, WAITING, RunStatus
 from longrun.domain.snapshot import RunSnapshot, WakeReason
@@ -42,7 +42,8 @@ from longrun.errors import EventRejected, IllegalTransition
 LATE_TOLERANT: frozenset[str] = frozenset(
     cls.type
     for cls in (
-        ev.RunWoken, ev.ApprovalDecided, ev.QuestionResolved, ev.FactRecorded, ev.SignalReceived, ev.BudgetCharged,
+        ev.RunWoken, ev.ApprovalDecided, ev.QuestionResolved, ev.FactRecorded, ev.SignalReceived, ev.ChildEnded,
+        ev.BudgetCharged,
         ev.ActionConfirmed, ev.ActionFailed, ev.ActionUnavailable, ev.ActionUnknown, ev.ReconciliationStarted,
         ev.ActionReconciled,
         ev.ActionResolved, ev.ActionCompensated,
@@ -149,4 +150,4 @@ def _target(event: ev.RunEvent) -> str:
 
 _HANDLERS: Mapping[type[ev.RunEvent], lifecycle.Handler] = {**lifecycle.HANDLERS, **ledger.HANDLERS,
                                                              **reminders.HANDLERS, **approval_validity.HANDLERS,
-                                                             **signals.HANDLERS, **joins.HANDLERS}
+                                                             **signals.HANDLERS, **children.HANDLERS, **joins.HANDLERS}

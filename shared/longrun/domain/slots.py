@@ -18,13 +18,14 @@ four, four runs parked on a broken tool stop the tenant). When one of them ends,
 handed straight to a worker (the worker's take refuses a queued run, whoever woke it). Its age counts
 from its creation, so a run that was parked goes before the runs created after it.
 
-The same reasoning holds for a parent that waits for its children: its children need the slots, so
-such a wait must be added here, or four parents at four slots deadlock.
+The same reasoning holds for a parent that waits for its children (``children``): its children need
+the slots, or four parents at four slots deadlock.
 """
 
 from __future__ import annotations
 
 from longrun.domain.breaker import TOOL_HEALTHY_WAIT
+from longrun.domain.children import CHILDREN_WAIT
 from longrun.domain.run import RunStatus
 from longrun.domain.snapshot import RunSnapshot
 from longrun.domain.tenant_limits import TENANT_BUDGET_WAIT
@@ -35,6 +36,7 @@ SLOTLESS_WAITS: frozenset[str] = frozenset({
     "rate_limit",  # a call parked on its far side's rate limit
     TENANT_BUDGET_WAIT,
     TOOL_CONCURRENCY_WAIT,
+    CHILDREN_WAIT,
 })
 """The wait kinds a run gives its slot back for."""
 

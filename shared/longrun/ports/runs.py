@@ -6,7 +6,7 @@ never from an adapter. Everything here is pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -168,6 +168,11 @@ class Planned:
         return cleanup.starts(self.before.snapshot, self.after.snapshot)
 
     @property
+    def ends_run(self) -> bool:
+        """The move finishes the run: a child run's end goes to its parent with it (``domain.children``)."""
+        return closure.finishes(self.before.snapshot, self.after.snapshot)
+
+    @property
     def queue_stint(self) -> bool:
         """The move queues the run for a worker with a schedule-to-start clock (``queue_stint_starts``)."""
         return queue_stint_starts(self.before.snapshot, self.after.snapshot)
@@ -304,6 +309,9 @@ class Transition:
     """What the far side answered, for the ledger row of its key."""
     artifact: Artifact | None = None
     """An uploaded receipt the move refers to, registered with it."""
+    creates: Callable[[Any], Awaitable[None]] | None = None
+    """Runs created with the move, in its transaction, after it is written (a parent's children, through
+    admission), given the store's ``RunTransaction``: an exception it raises undoes the move too."""
 
     @property
     def settles_wait(self) -> bool:
@@ -322,5 +330,5 @@ class Transition:
     def alone(self) -> bool:
         """Whether one statement writes it all (no transaction around it): a move with at most a first
         call riding along, nothing uploaded, no outcome and no wait to settle."""
-        return (self.artifact is None and self.outcome is None and not self.settles_wait
+        return (self.artifact is None and self.outcome is None and not self.settles_wait and self.creates is None
                 and (self.call is None or self.first_call))

@@ -143,6 +143,13 @@ class RunTransaction(Protocol):
     async def keyed_runs(self, tenant_id: str, claim: KeyClaim, *, up_to: int) -> list[KeyedRun]:
         """The tenant's unfinished runs with ``claim``'s key, oldest first, at most ``up_to``."""
 
+    async def link_child(self, child_run_id: str, *, parent_run_id: str, name: str, on_parent_cancel: str) -> None:
+        """Record ``child_run_id`` as the child ``name`` of ``parent_run_id`` (``domain.children``); its
+        end then reaches the parent. Again for the same child: nothing changes."""
+
+    async def children_to_cancel(self, parent_run_id: str) -> list[str]:
+        """The open children of ``parent_run_id`` that cancelling it cancels (policy ``cancel``)."""
+
 
 class Breakers(Protocol):
     """The far sides' circuit breakers as the worker asks them (``domain.breaker``), shared by every

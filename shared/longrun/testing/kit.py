@@ -21,7 +21,7 @@ each outcome: a successor takes the run over once the dead worker's lease expire
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,13 +54,15 @@ SETTLED = TERMINAL | {RunStatus.NEEDS_ATTENTION}
 class Kit:
     def __init__(self, kind: RunKind, *, answers: Mapping[str, Answer] | None = None,
                  model: ModelAdapter | None = None, lease_ttl: float = 30.0, crash: CrashAt | None = None,
-                 duplicate_deliveries: bool = False, model_limits: tuple[RateLimit, ...] = ()) -> None:
+                 duplicate_deliveries: bool = False, model_limits: tuple[RateLimit, ...] = (),
+                 children: Sequence[RunKind] = ()) -> None:
         """``crash``: the first worker's crash points (later workers never crash);
         ``duplicate_deliveries``: every wakeup is delivered twice (the second must change nothing);
-        ``model_limits``: the model provider's rate limits (a tool's are on the tool)."""
+        ``model_limits``: the model provider's rate limits (a tool's are on the tool); ``children``: the
+        kinds of the child runs ``kind`` starts (``StartChildren``), run by the same workers."""
         self.far_side = FarSide(answers=dict(answers or {}))
-        self.world = World(far_side=self.far_side, kinds=Registry([on_far_side(kind, self.far_side)]),
-                           lease_ttl=lease_ttl)
+        self.world = World(far_side=self.far_side, lease_ttl=lease_ttl,
+                           kinds=Registry([on_far_side(k, self.far_side) for k in (kind, *children)]))
         self.kind = kind
         self.model = model
         self.model_limits = model_limits

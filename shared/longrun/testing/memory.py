@@ -7,8 +7,7 @@ token for a worker: ``LeaseLost`` when the fence no longer matches, else ``Stale
 nothing written); late events stored with ``applied=False``; leases that expire by a ``FakeClock``
 (the database clock), a fencing token that grows on every takeover; an inbox claim that answers a
 repeat with the recorded outcome; one ledger row per idempotency key, refusing another request hash.
-``transaction()`` gives the all-or-nothing of a database transaction. It reuses the pure
-``ports.runs.plan``.
+``transaction()`` gives the all-or-nothing of a database transaction. It reuses the pure ``ports.runs.plan``.
 """
 
 from __future__ import annotations
@@ -28,13 +27,14 @@ from longrun.db.timers import DueBatch, RunHead
 from longrun.domain.lease import Lease, can_take
 from longrun.domain.slots import queued
 from longrun.ports.timers import DueTimer
-from longrun.domain import (TERMINAL, WORKER_HAS_WORK, ActionStatus, RunSnapshot, closure, evolve, freeze,
-                            queue_stint_starts)
+from longrun.domain import TERMINAL, WORKER_HAS_WORK, ActionStatus, RunSnapshot, children, closure, evolve, freeze
+from longrun.domain import queue_stint_starts
 from longrun.domain import events as ev
 from longrun.domain.concurrency import KeyClaim
 from longrun.domain.calls import CALL_TIMERS
 from longrun.errors import IdempotencyKeyReused, LeaseLost, StaleRevision
 from longrun.ports.runs import Fence, Found, Planned, StoredRun, plan
+from longrun.testing.children import ChildLink, tell_parent
 
 class FakeClock:
     """Epoch seconds that move only when told: the database clock of leases and timers, and every writer's."""
@@ -49,7 +49,6 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("time does not go back")
         self.now += seconds
-
 
 
 class UniqueViolation(Exception):
@@ -75,6 +74,7 @@ class RunRow:
     key: KeyClaim | None = None
     key_held: bool = False
     """Taken at the run's first admission (``runs.concurrency_held_at``)."""
+    parent: ChildLink | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,7 @@ def _lease(row: RunRow) -> Lease | None:
 
 def _ends(cancel: closure.Cancel, timer: TimerRow) -> bool:
     """Whether ``cancel`` covers the open ``timer`` (``runs.write``'s closure)."""
-    return (cancel.everything or (cancel.wait_id is not None and timer.payload.get("wait_id") == cancel.wait_id)
+    return ((cancel.everything and timer.kind != children.ENDED_TIMER) or (cancel.wait_id is not None and timer.payload.get("wait_id") == cancel.wait_id)
             or (timer.kind in CALL_TIMERS and timer.payload.get("logical_action") in cancel.calls))
 
 
@@ -295,6 +295,7 @@ class MemoryStore:
             self._queue(after.snapshot)
         if planned.owes_cleanup:
             self.cleanups.setdefault(run_id, CleanupRow(due_at=self.clock()))
+        tell_parent(self.schedule, planned, row.parent)
 
     def _queue(self, after: RunSnapshot) -> None:
         """``db.runs``: the schedule-to-start timer of the queue stint a write starts."""

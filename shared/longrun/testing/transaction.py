@@ -15,6 +15,7 @@ from longrun.domain import events as ev
 from longrun.domain.concurrency import KeyClaim, KeyedRun
 from longrun.ports.runs import AtOnce, Found, LedgerOutcome, StoredRun
 from longrun.ports.webhooks import Translated
+from longrun.testing.children import ChildLink
 from longrun.testing.tables import Tables
 
 
@@ -106,6 +107,17 @@ class MemoryTransaction:
                 and r.key.key == claim.key and r.snapshot.status not in TERMINAL]
         rows.sort(key=lambda r: (r.snapshot.created_at, r.snapshot.run_id))
         return [KeyedRun(r.snapshot.run_id, r.key_held, r.snapshot.cancel_requested) for r in rows[:up_to]]
+
+    async def link_child(self, child_run_id: str, *, parent_run_id: str, name: str, on_parent_cancel: str) -> None:
+        row = self.store.runs[child_run_id]
+        if row.parent is None:
+            self.store.runs[child_run_id] = replace(row, parent=ChildLink(parent_run_id, name, on_parent_cancel))
+
+    async def children_to_cancel(self, parent_run_id: str) -> list[str]:
+        """As ``db.children.open_to_cancel``."""
+        return sorted(run_id for run_id, r in self.store.runs.items() if r.parent is not None
+                      and r.parent.parent_run_id == parent_run_id and r.parent.on_parent_cancel == "cancel"
+                      and r.snapshot.status not in TERMINAL)
 
     def _has_room(self, tenant_id: str, slots: int) -> bool:
         """As ``db.admission.tenant_slots``: fewer admitted open runs than the tenant's slots (its own, else

@@ -30,7 +30,7 @@ from longrun.ports.runs import Message as OutboxMessage
 from longrun.ports.stores import CrashPoints
 from longrun.testing.checkpoints import Crashed, Turnstile, checkpoint
 from longrun.testing.transaction import MemoryTransaction
-from longrun.testing.world import World
+from longrun.testing.world import AGING, SLOTS, World
 
 WORKER_INBOX = "worker"
 
@@ -101,6 +101,8 @@ class MemoryWorkerStore:
                 for timer in transition.wait_timers:
                     self.store.schedule(**timer)
                 after = await webhooks.match_kept(MemoryTransaction(self.world), after, clock=self.world.clock)
+            if transition.creates is not None:
+                await transition.creates(MemoryTransaction(self.world))
         return after
 
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
@@ -206,7 +208,8 @@ class MemoryWorker:
         self.worker = Worker(store=MemoryWorkerStore(world), kinds=world.kinds, model=model or ScriptedModel({}),
                              artifacts=MemoryArtifacts(world.stored_objects), instance_id=instance_id,
                              lease_ttl=lease_ttl, clock=world.clock, rng=random.Random(0), crash_points=crash_points,
-                             rate_limits=world.rate_limits, model_limits=model_limits)
+                             rate_limits=world.rate_limits, model_limits=model_limits,
+                             handover=effects.SlotHandover(SLOTS, AGING, partitions=1))
         self._taken: dict[Fence, Taken] = {}
 
     def on_wakeup(self, message: Envelope) -> tuple[dict[str, Any], bool]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from longrun import logs, otel
 from longrun.app import effects, questions
+from longrun.app.gateway import family
 from longrun.authoring import Registry
 from longrun.errors import DomainError, ErrorCode
 from longrun.ports.stores import RunTransaction
@@ -399,8 +400,17 @@ def _asked(run: RunSnapshot) -> str:
 
 async def cancel(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    return await _apply(tx, run_id, "cancel", actor=actor, reason=reason, clock=clock,
-                        build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason))
+    """The run and its children whose policy is ``cancel`` (``family``) go CANCELLING."""
+    return await family.with_children(tx, run_id, _cancel_one(tx, actor, clock), lambda: _apply(
+        tx, run_id, "cancel", actor=actor, reason=reason, clock=clock,
+        build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=reason)))
+
+
+def _cancel_one(tx: RunTransaction, actor: str, clock: Callable[[], float]) -> family.CancelOne:
+    def one(stored: StoredRun, why: str) -> Awaitable[dict[str, Any]]:
+        return _apply_to(tx, stored, "cancel", actor=actor, reason=why, clock=clock,
+                         build=lambda seq, at: ev.CancelRequested(seq=seq, at=at, by=actor, reason=why))
+    return one
 
 
 async def pause(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
@@ -417,9 +427,11 @@ async def resume(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
 
 async def terminate(tx: RunTransaction, run_id: str, *, actor: str, reason: str,
                     clock: Callable[[], float] = time.time, kinds: Registry | None = None) -> dict[str, Any]:
-    """Immediate and final; cleanup is skipped on purpose (the audit row says who and why)."""
-    return await _apply(tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
-                        build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason))
+    """Immediate and final; cleanup is skipped on purpose (the audit row says who and why). Its children
+    whose policy is ``cancel`` are cancelled (``family``)."""
+    return await family.with_children(tx, run_id, _cancel_one(tx, actor, clock), lambda: _apply(
+        tx, run_id, "terminate", actor=actor, reason=reason, clock=clock, kinds=kinds,
+        build=lambda seq, at: ev.RunTerminated(seq=seq, at=at, by=actor, reason=reason)))
 
 
 async def migrate(tx: RunTransaction, run_id: str, *, to_version: str, actor: str, reason: str, kinds: Registry,

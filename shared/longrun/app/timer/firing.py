@@ -33,6 +33,7 @@ from longrun.domain import (
     RunStatus,
     WakeReason,
     calls,
+    children,
     on_business_deadline,
     reminders,
 )
@@ -42,6 +43,7 @@ from longrun.errors import DomainError
 logger = logging.getLogger(__name__)
 
 WAIT_TIMERS = frozenset({"retry_backoff", "sleep", "wait_deadline"})
+
 _RNG = random.Random()
 """A run a timer leaves in one of these has a worker's work to do: it is woken (a worker holding it
 already refuses the wakeup's take and carries on)."""
@@ -172,6 +174,9 @@ def _firing(timer: DueTimer, stored: StoredRun, *, at: float, now: datetime, kin
             return None
         # Late (stored, not applied) when this wait is no longer pending: evolve decides.
         return Firing([ev.RunWoken(seq=seq, at=at, wait_id=wait_id, reason=WakeReason(reason))], release=False)
+    if timer.kind == children.ENDED_TIMER:
+        # Late (stored, not applied) when the parent has ended: evolve decides.
+        return Firing([children.ended(timer.payload, seq=seq, at=at)], release=False)
     if run.status in TERMINAL:
         return None
     if timer.kind in reminders.TIMER_KINDS:

@@ -12,7 +12,7 @@ asked for again.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from longrun.authoring import Registry, Tool
 from longrun.domain import ActionStatus, request_hash
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
-from longrun.ports.stores import CrashPoints, WorkerStore
+from longrun.ports.stores import CrashPoints, RunTransaction, WorkerStore
 from longrun.ports.runs import (
     Artifact,
     Fence,
@@ -85,9 +85,11 @@ class Step:
 
     async def commit(self, stored: StoredRun, events: Sequence[ev.RunEvent], *, release: bool = False,
                      call: ToolRequest | None = None, answer: Mapping[str, Any] | None = None,
-                     artifact: Artifact | None = None, timers: Sequence[Mapping[str, Any]] = ()) -> StoredRun:
+                     artifact: Artifact | None = None, timers: Sequence[Mapping[str, Any]] = (),
+                     creates: Callable[[RunTransaction], Awaitable[None]] | None = None) -> StoredRun:
         """``events`` after those deferred to this write; ``call`` recorded SUBMITTED (or CONFIRMED
-        with the ledger columns of its ``answer``), watched by ``timers``; ``release``: the lease too."""
+        with the ledger columns of its ``answer``), watched by ``timers``; ``release``: the lease too;
+        ``creates``: runs created in the same transaction (``Transition.creates``)."""
         if not events and not stored.unwritten:
             await self.store.release_lease(stored.snapshot.run_id, self.fence)
             return stored
@@ -102,7 +104,7 @@ class Step:
             request = call.ledger(stored.snapshot.run_id, self.fence, answer)
             first = stored.snapshot.action(call.logical_action) is None
         after = await self.store.commit(Transition(planned, self.fence, rides, call=request, first_call=first,
-                                                   artifact=artifact))
+                                                   artifact=artifact, creates=creates))
         self.crash_point("worker.after_commit")
         return after
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from longrun.app import questions
 from longrun.app.worker.cancelling import cancel
+from longrun.app.worker.children import start_children, wait_for_children
 from longrun.app.worker.claim_checks import resolved
 from longrun.app.worker.commit import Step
 from longrun.app.worker.fan_out import fan_out
@@ -33,6 +34,8 @@ from longrun.domain import (
     Reconcile,
     RunStatus,
     ScheduleRetry,
+    StartChildren,
+    WaitForChildren,
     WaitForEvent,
     WaitForSignal,
     WaitForUser,
@@ -94,6 +97,11 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
         return await ask_model(far, step, stored, kind, decision)
     if isinstance(decision, CallTool):
         return await call_tool(far, step, stored, kind, decision)
+    if isinstance(decision, StartChildren):
+        return await start_children(step, stored, decision)
+    if isinstance(decision, WaitForChildren):
+        await wait_for_children(step, stored, decision, ctx)
+        return None
     if isinstance(decision, CallTools):
         return await fan_out(far, step, stored, kind, decision)
     if isinstance(decision, (WaitForEvent, WaitForUser, WaitForSignal, ScheduleRetry)):
