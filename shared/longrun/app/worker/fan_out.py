@@ -101,7 +101,7 @@ async def send(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, calls
                 admitted.append(admission)
         for admission in admitted:
             stored = await on_record(far, step, stored, admission, list(admission.prepared))
-        sent, admitted = admitted, []  # from here each call frees its own permit once it answered
+        sent, admitted = admitted, []  # from here the calls free their permits once the last answered
         return await _Join(far, step, stored, joining).run(sent, doubtful)
     finally:
         for admission in admitted:
@@ -126,11 +126,14 @@ class _Join:
         self.arrived: list[str] = []
         self.retries: list[tuple[ToolRequest, answers.Retry]] = []
         self._lock = asyncio.Lock()
+        self._sent: tuple[Admitted, ...] = ()
+        self._running: list[Admitted] = []
 
     async def run(self, admitted: Sequence[Admitted], doubtful: Sequence[ToolRequest]) -> StoredRun | None:
         """The state to go on from once the join is satisfied (the calls still running left to
         ``Step.in_flight``) or every call has its outcome; None once the run parked for a retry."""
         step, run = self.step, self.latest.snapshot
+        self._sent, self._running = tuple(admitted), list(admitted)
         making = {admission.call.logical_action: asyncio.create_task(self._make(run, admission))
                   for admission in admitted}
         try:
@@ -161,7 +164,12 @@ class _Join:
         try:
             await self._outcome(run, admission)
         finally:
-            await admission.permit.release()
+            # A run holds one permit per tool group, however many of its calls it covers: freed once
+            # the last call of the fan-out answered.
+            self._running.remove(admission)
+            if not self._running:
+                for sent in self._sent:
+                    await sent.permit.release()
 
     async def _outcome(self, run: RunSnapshot, admission: Admitted) -> None:
         far, step, call = self.far, self.step, admission.call
