@@ -4,8 +4,9 @@ tests.integration.join_kinds:kinds``) and by the kit (``FANNED``, whose tools th
 ``fanned`` makes ``goal.calls`` writes at once (``CallTools`` named ``writes``: ``put:0``, ``put:1``...,
 of ``far.put``, an idempotent write, or with ``goal.tool`` ``far.send``, a non-idempotent one whose far
 side answers lookups, or ``far.read``, a read), joined on ``goal.join``: ``all`` (the default), ``first`` or a number. Once
-joined it waits for the signal ``go`` if ``goal.then_wait`` is set, then completes with which calls
-satisfied the join and each call's status as evidence.
+joined it waits for the signal ``go`` if ``goal.then_wait`` is set, makes one more write (``next``,
+of ``far.put``) if ``goal.then_call`` is set, then completes with which calls satisfied the join and
+each call's status as evidence.
 
 The far side of the real services is a file (``JOIN_FAR_SIDE``), written under a lock: each request
 appends ``start`` (its key and fencing token), is held ``JOIN_HOLD_SECONDS`` (in flight; item i
@@ -55,6 +56,7 @@ from longrun.errors import ToolRejected
 
 PUT, SEND, READ = "far.put", "far.send", "far.read"
 JOIN = "writes"
+NEXT = "next"
 FAR_SIDE, HOLD, STAGGER = "JOIN_FAR_SIDE", "JOIN_HOLD_SECONDS", "JOIN_STAGGER_SECONDS"
 
 
@@ -88,6 +90,8 @@ class Fanned:
         assert isinstance(goal, dict)
         if goal.get("then_wait") and not received_signals(state, "go"):
             return WaitForSignal(name="go", deadline=ctx.now + 3600)
+        if goal.get("then_call") and joins.to_make(state, (NEXT,)):
+            return CallTool(tool=PUT, args=freeze({"item": 0}), logical_action=NEXT)
         statuses = {c: state.action(c).status.value for c in joined.calls}  # type: ignore[union-attr]
         return Complete(evidence=freeze({"by": list(joined.by), "statuses": statuses}))
 

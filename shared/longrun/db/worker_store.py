@@ -104,6 +104,11 @@ class PgWorkerStore:
             await timer_rows.cancel_calls(conn, run_id, attempt.logical_action)
             await timer_rows.schedule_all(conn, [{"run_id": run_id, **timer} for timer in timers])
 
+    async def requests(self, run_id: str, logical_actions: Collection[str]) -> dict[str, dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = await ledger.for_run(conn, run_id)
+        return {row.logical_action: row.request for row in rows if row.logical_action in logical_actions}
+
     async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
                    timer_key: str | None, due_in: float) -> bool:
         async with self.statements.connection() as conn:

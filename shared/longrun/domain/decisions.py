@@ -49,9 +49,10 @@ class CallTool:
 class CallTools:
     """Several tool calls made at once, each its own ledger entry, idempotency key and effect kind. Once
     ``join`` is satisfied (all of them, ``joins.FIRST``, or ``joins.at_least(n)`` have an outcome),
-    ``run.joined`` records which calls satisfied it (read it with ``joins.joined(state, name)``). Every
-    call made runs to its outcome and is recorded, the losers of a first-or-N join too, before ``decide``
-    is asked again. Tool calls only: a model call is ``AskModel``, on its own."""
+    ``run.joined`` records which calls satisfied it (read it with ``joins.joined(state, name)``) and
+    ``decide`` is asked again at once. Every call made runs to its outcome and is recorded, the losers
+    of a first-or-N join too (as they answer), before the run completes. Tool calls only: a model call
+    is ``AskModel``, on its own."""
 
     calls: tuple[CallTool, ...]
     join: joins.Join = joins.ALL

@@ -10,8 +10,10 @@ Invariants:
   under the same key); a call in doubt (UNRECONCILED) is neither: only the reconciler settles it.
 - A join is satisfied once ``Join.need`` of its calls have an outcome. ``run.joined`` records that once
   per join name, with the calls that satisfied it (``by``, in the order their outcomes were recorded):
-  ``decide`` reads it with ``joined(state, name)``. The other calls lost the join; they still run to
-  their outcome and are recorded (a write that was submitted cannot be taken back).
+  ``decide`` reads it with ``joined(state, name)``, at once. The other calls lost the join; they still
+  run to their outcome and are recorded (a write that was submitted cannot be taken back), after
+  ``run.joined`` if they answer later; after a crash the next worker sends the ones still submitted
+  again, or records them in doubt, without ``decide`` asking for them.
 - A call in doubt holds the run back (it parks ACTION_UNKNOWN) while a join may still need it: one that
   lost a satisfied join does not, until the run asks for something that needs every effect settled
   (another call, or its completion), which waits for the reconciler as any call in doubt makes it wait.

@@ -72,6 +72,10 @@ class WorkerStore(Protocol):
         """The lease extended and one more attempt of a known request on the ledger, watched by
         ``timers`` (the action's earlier call timers cancelled); ``LeaseLost`` if the fence no longer holds."""
 
+    async def requests(self, run_id: str, logical_actions: Collection[str]) -> dict[str, dict[str, Any]]:
+        """The arguments the ledger holds for those of ``logical_actions`` it has a row of: what a new
+        lease holder sends again for a call no decision asks for any more (the loser of a join)."""
+
     async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
                    timer_key: str | None, due_in: float) -> bool:
         """A call's heartbeat on its ledger row (``progress``, and when) with its heartbeat timer

@@ -120,6 +120,11 @@ class MemoryWorkerStore:
             for timer in timers:
                 self.store.schedule(run_id=run_id, **timer)
 
+    async def requests(self, run_id: str, logical_actions: Collection[str]) -> dict[str, dict[str, Any]]:
+        await checkpoint("requests")
+        return {row.logical_action: row.request for row in self.store.for_run(run_id)
+                if row.logical_action in logical_actions}
+
     async def beat(self, idempotency_key: str, fencing_token: int, progress: Mapping[str, Any] | None, *,
                    timer_key: str | None, due_in: float) -> bool:
         await checkpoint("heartbeat")

@@ -103,6 +103,9 @@ class FarSide:
     objects: dict[str, ToolResult] = field(default_factory=dict)
     highest_token: dict[str, int] = field(default_factory=dict)
     armed: list[str] = field(default_factory=list)
+    slow: Callable[[str, Mapping[str, Any]], int] = lambda tool, args: 0
+    """Per request (its tool and arguments): how many turns of the event loop pass before the far side
+    acts and answers, while the worker's other tasks go on."""
 
     def arm(self, fault: str) -> None:
         assert fault in FAULTS
@@ -211,6 +214,8 @@ def far_side_tool(far_side: FarSide, name: str, version: str, effect: EffectKind
     the calling task just before the request and just after the answer (``checkpoint``)."""
     async def execute(arguments: Mapping[str, Any], key: str, token: int) -> ToolResult:
         await checkpoint("tool request")
+        for _ in range(far_side.slow(name, arguments)):
+            await asyncio.sleep(0)
         try:
             return far_side.call(name, arguments, key, token)
         finally:

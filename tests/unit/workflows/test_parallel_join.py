@@ -1,7 +1,8 @@
 """A run kind that fans out writes and joins them (``CallTools``), through the kit, in memory: every call is
-its own ledger entry and is recorded, the losers of a first-or-N join too; a rejected call is an outcome;
-a call in doubt holds the run back only while the join needs it; and a worker killed at any point of the
-fan-out leaves exactly one effect per call."""
+its own ledger entry and is recorded, the losers of a first-or-N join too, while the run goes on from the
+join; a rejected call is an outcome; a call in doubt holds the run back only while the join needs it; and a
+worker killed at any point of the fan-out, its losers still running or not, leaves exactly one effect per
+call."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from longrun.domain import ActionStatus, RunStatus, event_to_dict, joins
 from longrun.testing.kit import Kit, every_crash
-from tests.integration.join_kinds import FANNED, JOIN, PUT, READ, SEND
+from tests.integration.join_kinds import FANNED, JOIN, NEXT, PUT, READ, SEND
 
 
 def timeline(kit: Kit, run_id: str) -> list[tuple[str, Any]]:
@@ -57,7 +58,12 @@ def test_reads_in_a_fan_out_are_on_record_before_they_are_sent_like_writes() -> 
         assert kit.check() == []
 
 
-def test_the_losers_of_a_first_join_are_recorded_before_the_run_goes_on() -> None:
+def slow_losers(tool: str, args: Any) -> int:
+    """put:0 answers at once, the others many event-loop turns later."""
+    return 0 if args["item"] == 0 else 200
+
+
+def test_the_losers_of_a_first_join_are_recorded_before_the_run_completes() -> None:
     with Kit(FANNED) as kit:
         run_id = kit.start({"calls": 3, "join": "first"})
         kit.settle()
@@ -67,6 +73,27 @@ def test_the_losers_of_a_first_join_are_recorded_before_the_run_goes_on() -> Non
         completed = events.index(("run.completed", None))
         assert all(events.index(("action.confirmed", loser)) < completed for loser in joined.lost)
         assert kit.snapshot(run_id).budget.used.tool_calls == 3
+
+
+def test_a_first_join_goes_on_from_its_winner_while_its_slow_losers_still_run() -> None:
+    with Kit(FANNED) as kit:
+        kit.far_side.slow = slow_losers
+        run_id = kit.start({"calls": 3, "join": "first", "then_call": True})
+        kit.settle()
+        assert kit.status(run_id) is RunStatus.COMPLETED
+        events = timeline(kit, run_id)
+        joined = joins.joined(kit.snapshot(run_id), JOIN)
+        assert joined is not None and joined.by == ("put:0",) and joined.lost == ("put:1", "put:2")
+        # decide went on from the join, and its next call was made and answered, before the losers answered
+        at = events.index(("run.joined", None))
+        assert at < events.index(("action.submitted", NEXT)) < events.index(("action.confirmed", NEXT))
+        losers = [events.index(("action.confirmed", loser)) for loser in joined.lost]
+        assert events.index(("action.confirmed", NEXT)) < min(losers)
+        # and they were recorded, each once, before the run completed
+        assert max(losers) < events.index(("run.completed", None))
+        assert statuses(kit, run_id) == dict.fromkeys(("put:0", "put:1", "put:2", NEXT), ActionStatus.CONFIRMED)
+        assert kit.executions(PUT) == 4 and [t for t, _ in events].count("run.joined") == 1
+        assert kit.check() == []
 
 
 def test_a_fan_out_the_budget_cannot_pay_for_in_full_makes_no_call() -> None:
@@ -167,3 +194,35 @@ def test_a_worker_killed_anywhere_in_a_fan_out_leaves_one_effect_per_call(tool: 
         assert set(statuses(kit, run_id).values()) <= expected and len(made) >= (3 if join == "all" else 1), where
         assert kit.snapshot(run_id).fact(f"{joins.JOINED_FACT_PREFIX}{JOIN}") is not None, where
         assert kit.check() == [], where
+
+
+@pytest.mark.parametrize("tool", [PUT, SEND])
+def test_a_worker_killed_while_the_losers_of_a_first_join_run_leaves_them_settled_once(tool: str) -> None:
+    def scenario(kit: Kit) -> None:
+        kit.far_side.slow = slow_losers
+        kit.start({"calls": 3, "tool": tool, "join": "first", "then_call": True})
+        kit.settle()
+
+    outcomes = every_crash(FANNED, scenario)
+    taken_over = 0
+    for outcome in outcomes:
+        kit = outcome.kit
+        (run_id,) = kit.run_ids()
+        where = f"{outcome.point} #{outcome.nth}"
+        assert kit.status(run_id) is RunStatus.COMPLETED, where
+        run = kit.snapshot(run_id)
+        made = {a.idempotency_key for a in run.actions if a.status is ActionStatus.CONFIRMED}
+        assert set(kit.far_side.objects) == made, where
+        # no loser left submitted: sent again under its key, or in doubt and settled by the reconciler
+        # (RETRYABLE: proven not done), and the join written once
+        assert set(statuses(kit, run_id).values()) <= {ActionStatus.CONFIRMED, ActionStatus.RETRYABLE}, where
+        assert statuses(kit, run_id)[NEXT] is ActionStatus.CONFIRMED, where
+        assert [t for t, _ in timeline(kit, run_id)].count("run.joined") == 1, where
+        assert kit.check() == [], where
+        # a loser the dead worker left submitted after the join: the next one sent it again under a newer
+        # token (an idempotent write), or recorded it in doubt for the reconciler (a non-idempotent one)
+        events, lost = timeline(kit, run_id), joins.joined(run, JOIN).lost  # type: ignore[union-attr]
+        after_join = events[events.index(("run.joined", None)):]
+        taken_over += any(kit.far_side.highest_token[run.action(c).idempotency_key] > 1  # type: ignore[union-attr]
+                          if tool == PUT else ("action.unknown", c) in after_join for c in lost)
+    assert taken_over > 0

@@ -7,13 +7,18 @@ handed on, a call's ledger row and timers) and hands the value to ``WorkerStore.
 only persists it. A write that finds the run moved on (``StaleRevision``) is rebuilt on the new state
 when it records what the far side answered, because an effect that happened must be recorded, not
 asked for again.
+
+A turn may leave calls running while it goes on (the losers of a satisfied join, ``in_flight``): the
+lease is released only once they answered and were recorded (``landed``); their outcomes moved the
+run on, so the releasing write then finds it stale and the round is decided again on the new state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from longrun.app import effects
@@ -72,6 +77,31 @@ class Step:
     handover: effects.SlotHandover | None = None
     budgets: effects.TenantBudgets | None = None
     """Without them, no model call is charged to its tenant's period."""
+    in_flight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """Calls this turn left running while it went on, by logical action: each records its own outcome."""
+
+    async def landed(self) -> bool:
+        """Every call left running answered and was recorded (each is bounded by its start-to-close):
+        the lease is not released under one. Whether there was any; the first that failed raises
+        (e.g. ``LeaseLost``)."""
+        tasks = list(self.in_flight.values())
+        if tasks:
+            await asyncio.wait(tasks)
+            self.in_flight.clear()
+        for task in tasks:
+            error = task.exception()
+            if error is not None:
+                raise error
+        return bool(tasks)
+
+    async def abandon(self) -> None:
+        """The turn ends without its lease (lost, or the worker stops): the calls left running are
+        cancelled, so nothing writes after the lease; their durable timers and the reconciler take over."""
+        tasks = list(self.in_flight.values())
+        self.in_flight.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)
@@ -88,8 +118,12 @@ class Step:
                      artifact: Artifact | None = None, timers: Sequence[Mapping[str, Any]] = (),
                      creates: Callable[[RunTransaction], Awaitable[None]] | None = None) -> StoredRun:
         """``events`` after those deferred to this write; ``call`` recorded SUBMITTED (or CONFIRMED
-        with the ledger columns of its ``answer``), watched by ``timers``; ``release``: the lease too;
-        ``creates``: runs created in the same transaction (``Transition.creates``)."""
+        with the ledger columns of its ``answer``), watched by ``timers``; ``release``: the lease too,
+        once the calls left running landed; ``creates``: runs created in the same transaction
+        (``Transition.creates``)."""
+        if release and await self.landed():
+            # Their outcomes moved the run on: what was decided on the state before is decided again.
+            raise StaleRevision(stored.snapshot.run_id, stored.snapshot.revision)
         if not events and not stored.unwritten:
             await self.store.release_lease(stored.snapshot.run_id, self.fence)
             return stored
@@ -122,18 +156,24 @@ class Step:
         while True:
             events = build(stored)
             parked = release or any(isinstance(e, ev.RunStatusChanged | ev.WaitStarted) for e in events)
+            if parked and await self.landed():
+                stored = await self._reload(stored)  # their outcomes moved the run on: rebuilt on the new state
+                continue
             planned = plan(stored, events, release_lease=parked)
             try:
                 after = await self.store.commit(Transition(
                     planned, self.fence, self._rides(stored, planned), artifact=artifact,
                     outcome=LedgerOutcome(key, status, fields)))
             except StaleRevision:
-                reloaded = await self.load(stored.snapshot.run_id)
-                if reloaded is None:
-                    raise LeaseLost(stored.snapshot.run_id, self.fence.token) from None
-                stored = reloaded
+                stored = await self._reload(stored)
                 continue
             return None if parked else after
+
+    async def _reload(self, stored: StoredRun) -> StoredRun:
+        reloaded = await self.load(stored.snapshot.run_id)
+        if reloaded is None:
+            raise LeaseLost(stored.snapshot.run_id, self.fence.token) from None
+        return reloaded
 
     async def resend(self, stored: StoredRun, call: ToolRequest, ttl: float,
                      timers: Sequence[Mapping[str, Any]]) -> None:

@@ -8,24 +8,25 @@ at a time on the newest state (``Step.record_outcome`` rebuilds on a concurrent 
 never parks the run by itself: a rejected call is FAILED, an unavailable one RETRYABLE (or FAILED past
 its retry policy), a write that timed out UNKNOWN.
 
-The turn goes on once every call it made has its outcome on record (a first-or-N join included: its
-losers are recorded before ``decide`` runs again, so the lease is never released under a call in
-flight). Then, if the join is satisfied, ``run.joined`` records which calls satisfied it, in the order
-their outcomes were recorded: the checkpoint ``decide`` goes on from. It is written only once no call
-of the fan-out is still submitted, so a crash before it leaves the join to the next lease holder, whose
-``decide`` asks for the same fan-out and makes the calls cut off. If the join is not satisfied, a
-retryable call parks the run for its retry, and a call in doubt parks it for the reconciler
-(``joins.holding`` at the top of the next round).
+Once the join is satisfied, ``run.joined`` records which calls satisfied it, in the order their
+outcomes were recorded: the checkpoint ``decide`` goes on from, at once. The calls that lost it keep
+running on this worker (``Step.in_flight``), each recording its outcome as it arrives; the turn does
+not release the lease before they landed (``Step.landed``), and abandons them if it loses the lease.
+If every call has its outcome and the join is not satisfied, a retryable call parks the run for its
+retry, and a call in doubt parks it for the reconciler (``joins.holding`` at the top of the next round).
 
-After a crash a new lease holder's ``decide`` asks for the same fan-out: calls with an outcome are
-skipped, submitted pure, read and idempotent ones are sent again under their key (the new fencing
-token), submitted non-idempotent writes go UNKNOWN for the reconciler: per call, as single calls do.
+After a crash a new lease holder's ``decide`` asks for the same fan-out if it was not joined: calls
+with an outcome are skipped, submitted pure, read and idempotent ones are sent again under their key
+(the new fencing token), submitted non-idempotent writes go UNKNOWN for the reconciler: per call, as
+single calls do. If it was joined, the losers still submitted are settled the same way before
+``decide`` runs (``stragglers``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from longrun.app.worker import tool_answers as answers
 from longrun.app.worker.commit import Step, ToolRequest
@@ -69,18 +70,39 @@ async def fan_out(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, de
         if request is None:
             return None
         calls.append(request)
+    approvals = {c.logical_action: c.approval_id for c in decision.calls}
+    return await send(far, step, stored, kind, calls, Joining(name, decision.logical_actions, decision.join),
+                      approvals)
+
+
+@dataclass(frozen=True, slots=True)
+class Joining:
+    """The join calls are made for: its name, all its calls, and how many of them it needs."""
+
+    name: str
+    calls: tuple[str, ...]
+    join: joins.Join
+
+
+async def send(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, calls: Sequence[ToolRequest],
+               joining: Joining, approvals: Mapping[str, str | None]) -> StoredRun | None:
+    """``calls`` of ``joining`` made at once (submitted non-idempotent writes recorded UNKNOWN instead),
+    until the join is satisfied or every call has its outcome; the state to go on from, or None once
+    the run left."""
+    run = stored.snapshot
     doubtful = [c for c in calls if _submitted_write(run, c)]
     admitted: list[Admitted] = []
     try:
         for call in calls:
             if call not in doubtful:
-                admission = await admit(far, step, stored, kind, call, wanted[call.logical_action].approval_id)
+                admission = await admit(far, step, stored, kind, call, approvals.get(call.logical_action))
                 if admission is None:
                     return None
                 admitted.append(admission)
         for admission in admitted:
             stored = await on_record(far, step, stored, admission, list(admission.prepared))
-        return await _Join(far, step, stored, decision).run(admitted, doubtful)
+        sent, admitted = admitted, []  # from here the calls free their permits once the last answered
+        return await _Join(far, step, stored, joining).run(sent, doubtful)
     finally:
         for admission in admitted:
             await admission.permit.release()
@@ -96,29 +118,41 @@ def _submitted_write(run: RunSnapshot, call: ToolRequest) -> bool:
 class _Join:
     """One fan-out's calls in flight: their outcomes recorded one at a time on the newest state."""
 
-    def __init__(self, far: FarSide, step: Step, stored: StoredRun, decision: CallTools) -> None:
+    def __init__(self, far: FarSide, step: Step, stored: StoredRun, joining: Joining) -> None:
         self.far = far
         self.step = step
         self.latest = stored
-        self.decision = decision
+        self.joining = joining
         self.arrived: list[str] = []
         self.retries: list[tuple[ToolRequest, answers.Retry]] = []
         self._lock = asyncio.Lock()
+        self._sent: tuple[Admitted, ...] = ()
+        self._running: list[Admitted] = []
 
     async def run(self, admitted: Sequence[Admitted], doubtful: Sequence[ToolRequest]) -> StoredRun | None:
+        """The state to go on from once the join is satisfied (the calls still running left to
+        ``Step.in_flight``) or every call has its outcome; None once the run parked for a retry."""
         step, run = self.step, self.latest.snapshot
-        for call in doubtful:
-            await self._record(call, lambda s, c=call: answers.unknown(
-                step, s, c, "submitted before a crash; outcome not recorded", None))
+        self._sent, self._running = tuple(admitted), list(admitted)
+        making = {admission.call.logical_action: asyncio.create_task(self._make(run, admission))
+                  for admission in admitted}
         try:
-            async with asyncio.TaskGroup() as group:
-                for admission in admitted:
-                    group.create_task(self._make(run, admission))
-        except BaseExceptionGroup as failed:  # e.g. a heartbeat refused: the lease is no longer this turn's
-            raise failed.exceptions[0] from None
-        await self._join()
+            for call in doubtful:
+                await self._record(call, lambda s, c=call: answers.unknown(
+                    step, s, c, "submitted before a crash; outcome not recorded", None))
+            pending = set(making.values())
+            while not await self._join() and pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # e.g. a heartbeat refused: the lease is no longer this turn's
+        except BaseException:
+            for task in making.values():
+                task.cancel()
+            await asyncio.gather(*making.values(), return_exceptions=True)
+            raise
+        step.in_flight.update({name: task for name, task in making.items() if not task.done()})
         latest = self.latest
-        if (joins.joined(latest.snapshot, self.decision.join_name) is None and self.retries
+        if (joins.joined(latest.snapshot, self.joining.name) is None and self.retries
                 and latest.snapshot.status is RunStatus.RUNNING):
             call, retry = self.retries[0]
             await step.finish(latest, ev.WaitStarted, status=RunStatus.RETRY_SCHEDULED,
@@ -127,6 +161,17 @@ class _Join:
         return latest
 
     async def _make(self, run: RunSnapshot, admission: Admitted) -> None:
+        try:
+            await self._outcome(run, admission)
+        finally:
+            # A run holds one permit per tool group, however many of its calls it covers: freed once
+            # the last call of the fan-out answered.
+            self._running.remove(admission)
+            if not self._running:
+                for sent in self._sent:
+                    await sent.permit.release()
+
+    async def _outcome(self, run: RunSnapshot, admission: Admitted) -> None:
         far, step, call = self.far, self.step, admission.call
         tool = call.tool
         try:
@@ -170,24 +215,26 @@ class _Join:
             self.latest = after
             self.arrived.append(call.logical_action)
 
-    async def _join(self) -> None:
-        """``run.joined`` if the join is satisfied (and the run still running: else the next turn writes it)."""
-        step, decision = self.step, self.decision
+    async def _join(self) -> bool:
+        """``run.joined`` once the join is satisfied (and the run still running: else the next turn
+        writes it); whether it is on record."""
+        step, joining = self.step, self.joining
         while True:
             stored = self.latest
             run = stored.snapshot
-            if run.status is not RunStatus.RUNNING or joins.joined(run, decision.join_name) is not None:
-                return
-            by = joins.satisfied_by(run, decision.logical_actions, decision.join, self.arrived)
+            if joins.joined(run, joining.name) is not None:
+                return True
+            if run.status is not RunStatus.RUNNING:
+                return False
+            by = joins.satisfied_by(run, joining.calls, joining.join, self.arrived)
             if by is None:
-                return
+                return False
             try:
                 self.latest = await step.commit(stored, [step.event(
-                    stored, ev.RunJoined, join=decision.join_name, calls=decision.logical_actions, by=by)])
-                return
+                    stored, ev.RunJoined, join=joining.name, calls=joining.calls, by=by)])
+                return True
             except StaleRevision:
                 reloaded = await step.load(run.run_id)
                 if reloaded is None:
                     raise LeaseLost(run.run_id, step.fence.token) from None
                 self.latest = reloaded
-

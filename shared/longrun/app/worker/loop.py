@@ -174,6 +174,8 @@ class Worker:
                 logger.exception("run %s: step failed; the lease will expire and the run be retried", run_id)
             else:
                 logger.warning("run %s: database unavailable (%r); lease left to expire", run_id, e)
+        finally:
+            await step.abandon()  # nothing this turn left running writes once it no longer holds the lease
 
     async def _heartbeat(self, run_id: str, fence: Fence) -> None:
         while True:

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 
 from longrun.app import questions
+from longrun.app.worker import stragglers
 from longrun.app.worker.cancelling import cancel
 from longrun.app.worker.children import start_children, wait_for_children
 from longrun.app.worker.claim_checks import resolved
@@ -60,6 +61,7 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     if pins_key(run.kind, run.versions) not in served:
         # Migrated since it was taken, to a version this worker lacks: a worker that runs it takes it.
         logger.warning("run %s: %s@%s is not run here; handed over", run.run_id, run.kind, run.versions.workflow)
+        await step.landed()
         await step.store.hand_over(run.run_id, step.fence)
         return None
     if run.status is RunStatus.READY:
@@ -72,6 +74,10 @@ async def play(far: FarSide, step: Step, stored: StoredRun, kinds: Registry,
     if await _parked_in_doubt(step, stored, joins.holding(run)):
         return None
     kind = kinds.get(run.kind, run.versions.workflow)
+    settled = await stragglers.send_again(far, step, stored, kind)
+    if settled is None:
+        return None
+    stored = settled
     if await parked_before_deciding(far, step, stored, kind):
         return None
     ctx = far.context()
