@@ -79,6 +79,13 @@ class CallTools:
 @_decision
 class AskModel:
     purpose: str
+    payload: FrozenMap | None = None
+    """What the model is asked beside the run's resume context (sent as its ``request``), e.g. an agent
+    framework's messages and tool definitions; None: the resume context alone."""
+
+    def __post_init__(self) -> None:
+        if self.payload is not None:
+            object.__setattr__(self, "payload", freeze(self.payload))
 
 
 @_decision

@@ -33,6 +33,7 @@ from longrun.domain import (
     JsonValue,
     Question,
     ReceivedSignal,
+    event_to_dict,
     RunSnapshot,
     RunStatus,
     received_signals,
@@ -81,6 +82,12 @@ class Kit:
         self._generation += 1
         return MemoryWorker(self.world, f"worker-{self._generation}", lease_ttl=self.lease_ttl, model=self.model,
                             model_limits=self.model_limits, crash_points=crash or CrashAt())
+
+    def deploy(self, kind: RunKind) -> None:
+        """Ship ``kind`` (e.g. a new version of the kit's kind) beside what runs: the workers restart with it.
+        Runs keep the version they pinned; new runs pin the newest."""
+        self.world.kinds.add(on_far_side(kind, self.far_side))
+        self._worker = self._new_worker()
 
     def __enter__(self) -> Kit:
         return self
@@ -191,6 +198,10 @@ class Kit:
         if stored is None:
             raise KeyError(run_id)
         return stored.snapshot
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's events as JSON (``event_to_dict``), late ones included: what ``testing.replay`` replays."""
+        return [event_to_dict(e) for e in self.world.store.history(run_id)]
 
     def status(self, run_id: str) -> RunStatus:
         return self.snapshot(run_id).status

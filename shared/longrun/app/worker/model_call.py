@@ -34,6 +34,8 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
     allowed = tuple(kind.allowed_actions(run, decision.purpose))
     context = dict(to_plain(compact(build_resume_context(run), MODEL_CONTEXT_ITEMS)))
     context["run_stage"], context["stage"] = context.get("stage"), decision.purpose
+    if decision.payload is not None:
+        context["request"] = thaw(decision.payload)
     context["stage_attempt"] = sum(1 for f in run.facts
                                    if f.key.startswith(f"{PROPOSAL_FACT_PREFIX}{decision.purpose}:"))
     try:

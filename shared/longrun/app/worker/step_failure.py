@@ -1,7 +1,9 @@
 """A step whose run kind's own code raised (``decide``, or ``accept`` on a completion): recorded on the
 run (``run.step_failed``: the error's type and message, how many steps in a row failed), tried again on
 a durable timer after the retry policy's delay (not when the lease expires), and past the policy's
-attempts left NEEDS_ATTENTION for a person, who retries it once a fixed kind is deployed."""
+attempts left NEEDS_ATTENTION for a person, who retries it once a fixed kind is deployed. A code-first
+kind whose code cannot replay its history (``ReplayError``: it diverged) goes there at once: the same
+code would diverge again."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import logging
 from longrun.app.worker.commit import Step
 from longrun.app.worker.far_side import FarSide
 from longrun.authoring import RunKind
+from longrun.codefirst.journal import ReplayError
 from longrun.domain import ScheduleRetry, next_delay, wait_for
 from longrun.domain import events as ev
 from longrun.ports.runs import StoredRun
@@ -27,7 +30,7 @@ async def step_failed(far: FarSide, step: Step, stored: StoredRun, kind: RunKind
     attempt = (run.failure.attempt if run.failure is not None else 0) + 1
     logger.warning("run %s: %s of %s@%s raised (%d in a row)", run.run_id, phase, run.kind, run.versions.workflow,
                  attempt, exc_info=error)
-    delay = next_delay(kind.step_retry or far.retry, attempt, rng=far.rng)
+    delay = None if isinstance(error, ReplayError) else next_delay(kind.step_retry or far.retry, attempt, rng=far.rng)
     retry = None
     if delay is not None:
         _, retry = wait_for(ScheduleRetry(logical_action=phase, delay=delay), far.context())
