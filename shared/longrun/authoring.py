@@ -31,6 +31,7 @@ from longrun.domain import EffectKind, PinnedVersions, RetryPolicy, RunSnapshot,
 from longrun.domain.concurrency import LARGEST_LIMIT, KeyClaim, KeyPolicy, key_problem
 from longrun.domain.rate_limit import RateLimit, Unit
 from longrun.errors import ToolRejected
+from longrun.model import ModelAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +228,10 @@ class RunKind:
     for any) a run of that version may be in. An operator's migration to this version is refused
     for any other run."""
 
+    model: ModelAdapter | None = None
+    """The model this kind's ``AskModel`` asks, in place of the worker's (``LONGRUN_MODEL``): a kind that
+    brings its own, e.g. a Pydantic AI agent's (``longrun.pydantic_ai``). Its calls share the worker's
+    model limits, health and retries, and are charged to the run's budget as any model call."""
     model_retry: RetryPolicy | None = None
     """How a model that answers unavailable is asked again (as a tool's ``retry``). None: the
     worker's default (``LONGRUN_RETRY_*``)."""

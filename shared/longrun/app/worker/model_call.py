@@ -38,11 +38,12 @@ async def ask_model(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, 
         context["request"] = thaw(decision.payload)
     context["stage_attempt"] = sum(1 for f in run.facts
                                    if f.key.startswith(f"{PROPOSAL_FACT_PREFIX}{decision.purpose}:"))
+    model = kind.model or far.model
     try:
         answer = await rate_limit.ask_model(far, step, stored, decision.purpose, context, allowed, lambda: (
             model_health.ask(far, step, stored, decision.purpose,
                              lambda: live.streamed(far, run, f"model:{decision.purpose}",
-                                                   _traced_propose(far.model, decision.purpose, context, allowed)))))
+                                                   _traced_propose(model, decision.purpose, context, allowed)))))
     except ToolUnavailable as e:
         await _unavailable(far, step, stored, kind, decision.purpose, context["stage_attempt"] + 1, e)
         return None
