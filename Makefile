@@ -18,7 +18,8 @@ $(PY):
 # (then run `make lock`).
 install: $(PY)
 	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
-	$(PY) -m pip install --quiet --no-deps -e clients/python -e . -e examples/dependency_upgrade
+	$(PY) -m pip install --quiet --no-deps -e clients/python -e . -e examples/dependency_upgrade \
+		-e examples/research_agent
 	$(PY) -m pip check
 
 # requirements/*.txt from requirements/*.in and the pyproject files (requirements/README.md): dev.txt
@@ -30,7 +31,8 @@ LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.
 	--no-emit-package longrun-runtime --no-emit-package longrun-client $(if $(UPGRADE),--upgrade)
 lock: $(PY)
 	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
-	$(LOCK) --no-emit-package longrun-example-dependency-upgrade -o requirements/dev.txt requirements/dev.in
+	$(LOCK) --no-emit-package longrun-example-dependency-upgrade \
+		--no-emit-package longrun-example-research-agent -o requirements/dev.txt requirements/dev.in
 	$(LOCK) -c requirements/dev.txt -o requirements/runtime.txt requirements/runtime.in
 
 services:
@@ -67,7 +69,7 @@ monitoring: install
 
 # The sdist and wheel of every distribution of ours (the runtime, the client, the example kinds) in
 # dist/, checked as the package index would check them.
-DISTRIBUTIONS := . clients/python examples/dependency_upgrade
+DISTRIBUTIONS := . clients/python examples/dependency_upgrade examples/research_agent
 dist: install
 	rm -rf dist
 	set -e; for d in $(DISTRIBUTIONS); do $(PY) -m build --outdir dist $$d; done

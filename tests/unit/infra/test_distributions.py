@@ -22,7 +22,8 @@ from longrun_client import ctl
 ROOT = Path(__file__).resolve().parents[3]
 SERVICES = ("gateway", "scheduler", "worker", "timer", "reconciler", "outbox_relay")
 DISTRIBUTIONS = {"longrun-runtime": ROOT, "longrun-client": ROOT / "clients/python",
-                 "longrun-example-dependency-upgrade": ROOT / "examples/dependency_upgrade"}
+                 "longrun-example-dependency-upgrade": ROOT / "examples/dependency_upgrade",
+                 "longrun-example-research-agent": ROOT / "examples/research_agent"}
 
 
 @pytest.mark.packaging
@@ -81,7 +82,7 @@ def _index_versions(name: str) -> subprocess.CompletedProcess[str]:
 def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None:
     ours = [*DISTRIBUTIONS, *(tomllib.loads(p.read_text())["project"]["name"]
                               for p in (ROOT / "tests/integration/fixtures").glob("*/pyproject.toml"))]
-    assert len(ours) == 5 and all(name.startswith("longrun-") for name in ours)
+    assert len(ours) == 6 and all(name.startswith("longrun-") for name in ours)
     # The check can fail: the name the runtime first had belongs to someone else's project there.
     taken = _index_versions("longrun")
     if taken.returncode != 0:

@@ -22,7 +22,7 @@ from longrun.config import Settings
 from tests.unit.infra.dockerfile import DOCKERFILE, ROOT, Stage, stages
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
-OURS = {"longrun-runtime", "longrun-client", "longrun-example-dependency-upgrade"}
+OURS = {"longrun-runtime", "longrun-client", "longrun-example-dependency-upgrade", "longrun-example-research-agent"}
 LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
