@@ -21,7 +21,8 @@ from longrun.codefirst.kind import workflow
 from longrun.domain import RunStatus, thaw
 from longrun.pydantic_ai import AgentTool, LedgerAgent
 from longrun.testing.kit import Kit, every_crash
-from tests.integration.agent_kinds import VERSIONS, Briefed, Topic, briefing_kind, far_side_tools
+from longrun.testing.replay import replay
+from tests.integration.agent_kinds import VERSIONS, Briefed, Topic, briefing_kind, far_side_tools, script
 
 NOTES = "raise the starter plan to 12 EUR"
 
@@ -136,3 +137,26 @@ def test_the_authoring_chapters_agent_runs_as_written() -> None:
         assert kit.status(run_id) is RunStatus.COMPLETED
         assert [a.tool for a in kit.snapshot(run_id).actions] == ["library.read_notes", "library.write_report"]
         assert kit.executions("library.write_report") == 1 and kit.check() == []
+
+
+def test_a_recorded_run_replays_against_the_same_agent_and_diverges_where_the_agent_asks_otherwise() -> None:
+    with Kit(KIND, answers=_answers()) as kit:
+        brief(kit)
+        (run_id,) = kit.run_ids()
+        history = kit.history(run_id)
+    assert replay(KIND, history).divergence is None
+    # The same tools and model, but the agent's instructions changed: its first request is another one
+    read, write = far_side_tools(Path("/nonexistent"))
+    agent = LedgerAgent(Agent(FunctionModel(script, model_name="briefing-script"), name="briefer",
+                              instructions="Be brief."), [
+        AgentTool(read, "Read the team's notes on a topic.", name="read_notes"),
+        AgentTool(write, "Write the brief of a topic for the team.", name="write_brief")])
+
+    @workflow("briefing", input=Topic, output=Briefed)
+    async def briefing(value: Topic, ctx: Context) -> Briefed:
+        return Briefed(answer=await agent.run(ctx, f"Brief the team on {value.topic}"))
+
+    changed = RunKind("briefing", VERSIONS, briefing, agent.tools, model=agent.model,
+                      allowed_actions=agent.allowed_actions, input_schema=Topic)
+    divergence = replay(changed, history).divergence
+    assert divergence is not None and "await #0" in divergence, divergence
