@@ -80,8 +80,8 @@ class LedgerAgent:
         self.name = name or agent.name or ""
         if not self.name:
             raise ValueError("a ledger agent needs a name (the agent's, or name=): it names its model calls")
-        own = [name for toolset in agent.toolsets
-               for name in (toolset.tools if isinstance(toolset, FunctionToolset) else [toolset.label])]
+        own = [tool_name for toolset in agent.toolsets
+               for tool_name in (toolset.tools if isinstance(toolset, FunctionToolset) else [toolset.label])]
         if own:
             raise ValueError(f"agent {self.name!r} has tools of its own ({', '.join(sorted(own))}): their calls would "
                              "not be journaled; declare each as an AgentTool of a ledger tool")

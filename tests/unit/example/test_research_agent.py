@@ -85,3 +85,19 @@ async def test_the_library_finds_a_report_by_the_key_it_was_written_under(tmp_pa
     assert write_report.lookup is not None
     assert await write_report.lookup("key-1") == written and await write_report.lookup("key-2") is None
     assert (tmp_path / "reports" / "report-1.md").read_text().startswith("# What we know about pricing")
+
+
+def test_a_report_the_library_refuses_is_told_to_the_agent_which_says_so() -> None:
+    with Kit(KIND, answers=_answers()) as kit:
+        run_id = kit.start({"topic": "pricing"})
+        kit.settle(timers=False)  # the notes read, the report waits for its approval
+        kit.far_side.arm("rejected")  # the next call, the report, is refused
+        kit.decide(run_id)
+        kit.settle()
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.COMPLETED
+        assert [(a.tool, a.status.value) for a in run.actions] == [
+            ("library.read_notes", "CONFIRMED"), ("library.write_report", "FAILED")]
+        assert thaw(run.acceptance.evidence)["answer"].startswith(  # type: ignore[union-attr]
+            "No report on pricing: not done: library.write_report refused the call")
+        assert kit.executions("library.write_report") == 0 and kit.check() == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
@@ -160,3 +161,59 @@ def test_a_recorded_run_replays_against_the_same_agent_and_diverges_where_the_ag
                       allowed_actions=agent.allowed_actions, input_schema=Topic)
     divergence = replay(changed, history).divergence
     assert divergence is not None and "await #0" in divergence, divergence
+
+
+def test_a_model_that_answers_503_is_asked_again_after_the_retry_delay_and_the_run_completes() -> None:
+    failures = [ModelHTTPError(503, "briefing-script", "overloaded")]
+
+    def flaky(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if failures:
+            raise failures.pop()
+        return script(messages, info)
+
+    read, write = far_side_tools(Path("/nonexistent"))
+    agent = LedgerAgent(Agent(FunctionModel(flaky, model_name="briefing-script"), name="briefer"), [
+        AgentTool(read, "Read notes.", name="read_notes"), AgentTool(write, "Write a brief.", name="write_brief")])
+
+    @workflow("briefing", input=Topic, output=Briefed)
+    async def briefing(value: Topic, ctx: Context) -> Briefed:
+        return Briefed(answer=await agent.run(ctx, f"Brief the team on {value.topic}"))
+
+    kind = RunKind("briefing", VERSIONS, briefing, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    with Kit(kind, answers=_answers()) as kit:
+        run_id = kit.start({"topic": "pricing"})
+        kit.settle(timers=False)
+        assert kit.status(run_id) is RunStatus.RETRY_SCHEDULED and not failures
+        kit.settle()
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.COMPLETED
+        assert thaw(run.fact("model_retry:agent:briefer:1").value)["attempts"] == 1  # type: ignore[union-attr]
+        assert run.budget.used.model_calls == 4 and kit.executions("briefs.write") == 1 and kit.check() == []
+
+
+def test_arguments_that_fail_the_tools_model_are_sent_back_to_the_model_and_never_reach_the_ledger() -> None:
+    def sloppy(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        answered = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        retried = [p for p in answered if p.outcome == "retried"]
+        returned = [p for p in answered if p.outcome == "success"]
+        if returned:
+            return ModelResponse(parts=[TextPart(f"wrote {returned[0].content['id']}")])
+        if not retried:  # the brief's text is missing
+            return ModelResponse(parts=[ToolCallPart("write_brief", {"topic": "pricing"})])
+        return ModelResponse(parts=[ToolCallPart("write_brief", {"topic": "pricing", "text": "in short"})])
+
+    read, write = far_side_tools(Path("/nonexistent"))
+    agent = LedgerAgent(Agent(FunctionModel(sloppy), name="writer"), [AgentTool(write, "Write.", name="write_brief")])
+
+    @workflow("writing", input=Topic, output=Briefed)
+    async def writing(value: Topic, ctx: Context) -> Briefed:
+        return Briefed(answer=await agent.run(ctx, "write"))
+
+    kind = RunKind("writing", VERSIONS, writing, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    with Kit(kind, answers=_answers()) as kit:
+        run_id = kit.start({"topic": "pricing"})
+        kit.settle()
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.COMPLETED and thaw(run.acceptance.evidence)["answer"] == "wrote brief-1"  # type: ignore[union-attr]
+        assert [a.logical_action for a in run.actions] == ["2:briefs.write"] and kit.executions("briefs.write") == 1
+        assert run.budget.used.model_calls == 3
