@@ -203,3 +203,13 @@ def test_the_replay_harness_reports_where_new_code_leaves_a_recorded_history() -
     _changed_greeting(changed)
     divergence = replay(tour_kind(changed), history).divergence
     assert divergence is not None and divergence.startswith("replay diverged at await #0")
+
+
+def test_a_code_first_run_out_of_tool_calls_stops_before_the_call_it_cannot_pay_for() -> None:
+    with Kit(tour_kind(), **options()) as kit:
+        run_id = kit.start({"name": NAME}, tool_calls=1)
+        kit.settle(people=people)
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.BUDGET_EXHAUSTED, run.terminal_reason
+        assert [a.logical_action for a in run.actions] == ["greet"]  # the parallel calls were never made
+        assert kit.executions(ECHO.name) == 1 and kit.check() == []
