@@ -79,9 +79,11 @@ def goal(tag: str) -> dict[str, Any]:
 
 
 async def publish_create(bus: Bus, *, tenant: str, key: str, input_: dict[str, Any], priority: int = 5,
-                         workflow: str = "dependency_upgrade") -> str:
+                         workflow: str = "dependency_upgrade", workflow_version: str | None = None) -> str:
+    """``workflow_version``: the version the run pins (None: the newest the scheduler knows)."""
+    pinned = {} if workflow_version is None else {"workflow_version": workflow_version}
     envelope = make("run.create", {"workflow": workflow, "idempotency_key": key, "input": input_,
-                                   "priority": priority}, producer="tests", tenant_id=tenant)
+                                   "priority": priority, **pinned}, producer="tests", tenant_id=tenant)
     await bus.publish(topology.INGRESS_EXCHANGE, "run.create", to_message(envelope, user_id=broker_user(bus.url)))
     return envelope.event_id
 

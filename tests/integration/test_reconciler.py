@@ -512,10 +512,12 @@ def _start_ensemble(ensemble: Ensemble, tmp: Path, *, worker_env: dict[str, str]
 
 
 async def _run_to_the_end(engine: AsyncEngine, ensemble: Ensemble, bus: Bus, *,
-                          on_the_way: Callable[[], Awaitable[None]] | None = None) -> str:
-    """Publish the upgrade task, approve the merge request when asked, return the run once it finished."""
+                          on_the_way: Callable[[], Awaitable[None]] | None = None,
+                          workflow_version: str | None = None) -> str:
+    """Publish the upgrade task (pinned to ``workflow_version``, else the newest), approve the merge request
+    when asked, return the run once it finished."""
     key = new_key()
-    await publish_create(bus, tenant="acme", key=key, input_=goal(key[-8:]))
+    await publish_create(bus, tenant="acme", key=key, input_=goal(key[-8:]), workflow_version=workflow_version)
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), timeout=30, what="the run")
     approved = False
 
@@ -555,8 +557,9 @@ async def _merge_requests(ensemble: Ensemble) -> int:
     return sum(e["count"] for e in await ensemble.forge_effects() if e["kind"] == "merge_request")
 
 
+@pytest.mark.parametrize("version", ["1", "2"], ids=["decide-style", "code-first"])
 async def test_forge_times_out_after_creating_the_mr_and_the_reconciler_confirms_it(
-        clean, engine, bus, services, tmp_path) -> None:
+        clean, engine, bus, services, tmp_path, version: str) -> None:
     # Given the ensemble, with a forge that holds its answer after creating the merge request
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
@@ -564,13 +567,14 @@ async def test_forge_times_out_after_creating_the_mr_and_the_reconciler_confirms
                                             "times": 1, "hold_seconds": 15},))
     _start_ensemble(ensemble, tmp_path, worker_env={})
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
-    # When the upgrade task runs to its end
-    run_id = await _run_to_the_end(engine, ensemble, bus)
+    # When the upgrade task runs to its end, on the decide-style agent (1) or the code-first one (2)
+    run_id = await _run_to_the_end(engine, ensemble, bus, workflow_version=version)
     # Then the worker left the outcome unknown, the reconciler found the MR by key, and the run completed
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
         row = next(r for r in await ledger.for_run(conn, run_id) if r.logical_action == MR)
     assert stored is not None and stored.snapshot.status is RunStatus.COMPLETED, stored.snapshot.terminal_reason
+    assert stored.snapshot.versions.workflow == version
     events = await _events(engine, run_id)
     assert _mr_trail(events) == ["action.prepared", "action.submitted", "action.unknown",
                                  "action.reconciliation_started", "action.reconciled(CONFIRMED)", "run.completed"]

@@ -22,13 +22,13 @@ def entry(report: list[dict[str, Any]], kind: str, workflow: str) -> dict[str, A
 
 async def test_versions_show_open_runs_and_the_live_workers_serving_them(clean, engine, services,
                                                                           tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Given a worker that runs the built-in kinds at version 1, a run at version 1 waiting for an
-    # approval, and a run pinned to a version 2 that no worker serves
+    # Given a worker that runs the built-in kinds (the upgrade at versions 1 and 2), a run at version 1
+    # waiting for an approval, and a run pinned to a version 3 that no worker serves
     ensemble = Ensemble(services, tmp_path)
     ensemble.start("gateway", "longrun.services.gateway")
     ensemble.start("worker", "longrun.services.worker", LONGRUN_INSTANCE_ID="worker-v1")
     await waiting_for_user(engine, approval_id="merge", approved_hash="a" * 64)
-    await created(engine, versions=replace(VERSIONS, workflow="2"))
+    await created(engine, versions=replace(VERSIONS, workflow="3"))
     await ensemble.wait_http(f"{ensemble.gateway_url}/healthz")
     headers = {"authorization": f"Bearer {OPERATOR_TOKEN}"}
     async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=headers, timeout=10) as http:
@@ -48,9 +48,9 @@ async def test_versions_show_open_runs_and_the_live_workers_serving_them(clean, 
                                                  "tool_schemas": VERSIONS.tool_schemas}
     assert v1["open_runs"] == {"WAITING_USER": 1} and v1["oldest_wait"] is not None
     assert v1["served_by"] == ["worker-v1"]
-    # And version 2 has an open run and nobody to run it
-    v2 = entry(report, "dependency_upgrade", "2")
-    assert v2 is not None and v2["open_runs"] == {"READY": 1} and v2["served_by"] == []
+    # And version 3 has an open run and nobody to run it
+    v3 = entry(report, "dependency_upgrade", "3")
+    assert v3 is not None and v3["open_runs"] == {"READY": 1} and v3["served_by"] == []
     # And a kind with no open run is listed for the worker that serves it
     steps = entry(report, "steps", "1")
     assert steps is not None and steps["open_runs"] == {} and steps["served_by"] == ["worker-v1"]

@@ -8,6 +8,7 @@ service; ``forge`` is a stand-in forge with CI for demos and tests, and ``demo``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from urllib.parse import urlparse
 
@@ -15,7 +16,7 @@ from longrun.authoring import RunKind
 from longrun.config import Settings
 from longrun.domain import PinnedVersions, Scope
 from longrun.errors import ConfigError
-from longrun_dependency_upgrade import workflow
+from longrun_dependency_upgrade import workflow, workflow_code_first
 from longrun_dependency_upgrade.forge_client import ForgeClient
 from longrun_dependency_upgrade.tools import forge_tools
 
@@ -25,6 +26,8 @@ FORGE_TIMEOUT = "LONGRUN_FORGE_TIMEOUT"
 DEFAULT_FORGE_TIMEOUT = "10"
 VERSIONS = PinnedVersions(workflow="1", prompt="upgrade-v1", model_policy="scripted-or-openai-v1",
                           tool_schemas="forge-v1")
+CODE_FIRST_VERSIONS = dataclasses.replace(VERSIONS, workflow="2")
+"""Version 2: the same agent written code-first (``workflow_code_first``); runs started on 1 finish on 1."""
 
 
 SCOPE = Scope(tools=("forge.*",), resources=("repo:*",))
@@ -55,8 +58,11 @@ def forge_timeout() -> float:
 
 
 def run_kinds(settings: Settings) -> list[RunKind]:
-    """The agent at version 1, its forge tools calling ``LONGRUN_FORGE_URL`` within ``LONGRUN_FORGE_TIMEOUT``."""
+    """The agent at version 1 (decide-style) and 2 (code-first, which new runs pin), its forge tools calling
+    ``LONGRUN_FORGE_URL`` within ``LONGRUN_FORGE_TIMEOUT``."""
     timeout = forge_timeout()
     tools = forge_tools(ForgeClient(forge_url(), timeout=timeout), timeout=timeout)
     return [RunKind(workflow.KIND, VERSIONS, workflow.DependencyUpgrade(), tools, workflow.allowed_actions,
-                    model_script=workflow.model_script(), scope=SCOPE)]
+                    model_script=workflow.model_script(), scope=SCOPE),
+            RunKind(workflow.KIND, CODE_FIRST_VERSIONS, workflow_code_first.upgrade, tools, workflow.allowed_actions,
+                    model_script=workflow.model_script(), scope=SCOPE, input_schema=workflow_code_first.UpgradeInput)]

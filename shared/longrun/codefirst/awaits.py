@@ -119,6 +119,9 @@ class ToolCall(Request):
     """What the call is for, unique in the run: its logical action (its idempotency key derives from it).
     None: ``<await index>:<tool>``."""
     approval_id: str | None = None
+    raises: bool = False
+    """A call the far side refused (FAILED): True, ``ToolFailed`` is raised at the await; False, the run
+    goes to NEEDS_ATTENTION, where an operator may retry the action (as a decide-style kind asking again)."""
 
     def logical_action(self, index: int | str) -> str:
         return self.name if self.name and isinstance(index, int) else f"{index}:{self.name or self.tool}"
@@ -131,10 +134,10 @@ class ToolCall(Request):
                 or record.request_hash != request_hash(record.tool, record.tool_version, args=self.args)):
             raise ReplayDiverged(index, self.describe(), journal.held(index))
 
-    def outcome(self, journal: Journal, record: Any) -> Any:
+    def outcome(self, journal: Journal, record: Any, *, raises: bool) -> Any:
         if record.status in RECEIPTED:
             return journal.fact(f"receipt:{record.logical_action}")
-        if record.status is ActionStatus.FAILED:
+        if record.status is ActionStatus.FAILED and raises:
             return Thrown(ToolFailed(self.tool, record.logical_action, record.detail))
         return PENDING
 
@@ -148,7 +151,7 @@ class ToolCall(Request):
         if len(records) != 1:
             raise ReplayDiverged(index, self.describe(), journal.held(index))
         self.check(journal, index, records[0], self.logical_action(index))
-        return self.outcome(journal, records[0])
+        return self.outcome(journal, records[0], raises=self.raises)
 
     def _resolve_named(self, journal: Journal, index: int) -> Any:
         """A named call is placed by its mark (``call:<name>``, written with the call's decision)."""
@@ -160,7 +163,7 @@ class ToolCall(Request):
         if record is None:
             return PENDING
         self.check(journal, index, record, self.logical_action(index))
-        return self.outcome(journal, record)
+        return self.outcome(journal, record, raises=self.raises)
 
     def parked(self, journal: Journal, index: int) -> None:
         if self.name and journal.mark(index) is None:
@@ -202,7 +205,8 @@ class ToolCalls(Request):
             return PENDING
         results = []
         for logical_action, call in expected.items():
-            outcome = call.outcome(journal, records[logical_action]) if logical_action in records else PENDING
+            outcome = (call.outcome(journal, records[logical_action], raises=True) if logical_action in records
+                       else PENDING)
             results.append(outcome.error if isinstance(outcome, Thrown) else None if outcome is PENDING else outcome)
         return results
 

@@ -57,11 +57,12 @@ class Context:
         return self._journal.patched(patch)
 
     def call_tool(self, tool: str, args: Mapping[str, Any], *, name: str | None = None,
-                  approval_id: str | None = None) -> ToolCall:
+                  approval_id: str | None = None, raises: bool = False) -> ToolCall:
         """Call ledger tool ``tool`` with ``args``; the result is its receipt. ``name`` says what the call is
-        for (its logical action is ``<await index>:<name>``); ``approval_id`` the approval it needs.
-        Raises ``ToolFailed`` when the far side refused it. The low-level await integrations use."""
-        return ToolCall(tool=tool, args=freeze(args), name=name, approval_id=approval_id)
+        for, unique in the run: its logical action (None: ``<await index>:<tool>``); ``approval_id`` the
+        approval it needs. A call the far side refused leaves the run NEEDS_ATTENTION for an operator to
+        retry it, or, with ``raises``, raises ``ToolFailed`` here. The low-level await integrations use."""
+        return ToolCall(tool=tool, args=freeze(args), name=name, approval_id=approval_id, raises=raises)
 
     def call_tools(self, calls: Sequence[ToolCall], *, join: joins.Join = joins.ALL) -> ToolCalls:
         """Several ``call_tool`` requests at once; the result lists each one's receipt, ``ToolFailed`` or None."""

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from longrun.author import Context, Kit, RunSnapshot, RunStatus, ToolResult, every_crash, replay, workflow
+from longrun.author import (
+    Context,
+    Kit,
+    RunSnapshot,
+    RunStatus,
+    ToolFailed,
+    ToolResult,
+    every_crash,
+    replay,
+    workflow,
+)
 from longrun.codefirst import awaits
 from longrun.codefirst.kind import CodeFirst
 from longrun.domain import ActionStatus
@@ -203,3 +213,44 @@ def test_the_replay_harness_reports_where_new_code_leaves_a_recorded_history() -
     _changed_greeting(changed)
     divergence = replay(tour_kind(changed), history).divergence
     assert divergence is not None and divergence.startswith("replay diverged at await #0")
+
+
+def test_a_code_first_run_out_of_tool_calls_stops_before_the_call_it_cannot_pay_for() -> None:
+    with Kit(tour_kind(), **options()) as kit:
+        run_id = kit.start({"name": NAME}, tool_calls=1)
+        kit.settle(people=people)
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.BUDGET_EXHAUSTED, run.terminal_reason
+        assert [a.logical_action for a in run.actions] == ["greet"]  # the parallel calls were never made
+        assert kit.executions(ECHO.name) == 1 and kit.check() == []
+
+
+class Outcome(BaseModel):
+    refused: str
+
+
+@workflow("tour", input=TourInput, output=Outcome)
+async def tries(value: TourInput, ctx: Context) -> Outcome:
+    try:
+        await ctx.call_tool(ECHO.name, {"text": "first"}, name="first", raises=True)
+    except ToolFailed as e:
+        return Outcome(refused=e.logical_action)
+    return Outcome(refused="")
+
+
+@workflow("tour", input=TourInput, output=Outcome)
+async def parks(value: TourInput, ctx: Context) -> Outcome:
+    await ctx.call_tool(ECHO.name, {"text": "first"}, name="first")
+    return Outcome(refused="")
+
+
+def test_a_refused_call_raises_where_the_code_asks_for_it_and_else_waits_for_a_person() -> None:
+    for workflow_, status, refused in ((tries, RunStatus.COMPLETED, "first"), (parks, RunStatus.NEEDS_ATTENTION, None)):
+        with Kit(tour_kind(workflow_), **options()) as kit:
+            kit.far_side.arm("rejected")
+            run_id = kit.start({"name": NAME})
+            kit.settle()
+            run = kit.snapshot(run_id)
+            assert run.status is status, (workflow_, run.terminal_reason)
+            assert run.action("first").status is ActionStatus.FAILED  # type: ignore[union-attr]
+            assert (run.acceptance.evidence["refused"] if run.acceptance else None) == refused
