@@ -146,7 +146,7 @@ class LedgerAgent:
                 bridge.answer(f"not done: {decided['decided_by']} did not approve this call")
                 return
         try:
-            receipt = await ctx.call_tool(tool.name, args, approval_id=approval_id)
+            receipt = await ctx.call_tool(tool.name, args, approval_id=approval_id, raises=True)
         except ToolFailed as e:
             bridge.answer(f"not done: {tool.name} refused the call ({e.detail or 'no detail'})")
             return
