@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.capabilities import ProcessEventStream
 from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -217,3 +218,23 @@ def test_arguments_that_fail_the_tools_model_are_sent_back_to_the_model_and_neve
         assert run.status is RunStatus.COMPLETED and thaw(run.acceptance.evidence)["answer"] == "wrote brief-1"  # type: ignore[union-attr]
         assert [a.logical_action for a in run.actions] == ["2:briefs.write"] and kit.executions("briefs.write") == 1
         assert run.budget.used.model_calls == 3
+
+
+def test_an_agent_that_streams_its_responses_fails_the_run_saying_why() -> None:
+    async def follow(ctx: Any, events: Any) -> None:
+        async for _ in events:
+            pass
+
+    agent = LedgerAgent(Agent(TestModel(), name="streamer", capabilities=[ProcessEventStream(follow)]))
+
+    @workflow("streaming", input=Topic, output=Briefed)
+    async def streaming(value: Topic, ctx: Context) -> Briefed:
+        return Briefed(answer=await agent.run(ctx, "stream"))
+
+    kind = RunKind("streaming", VERSIONS, streaming, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    with Kit(kind) as kit:
+        run_id = kit.start({"topic": "x"})
+        kit.settle()
+        run = kit.snapshot(run_id)
+        assert run.status is RunStatus.FAILED and "recorded once: use agent.run" in (run.terminal_reason or "")
+        assert run.budget.used.model_calls == 0
