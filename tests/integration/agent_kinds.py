@@ -1,5 +1,5 @@
 """A Pydantic AI agent in a code-first run kind, loaded by the real services (``LONGRUN_RUN_KINDS=
-tests.integration.agent_kinds:kinds``) and by the kit (``briefing_kind``).
+tests.integration.agent_kinds:kinds``) and by the kit (``briefing_kind``, ``briefer``).
 
 ``briefing`` asks an agent to brief the team on its input's topic. The agent's model is a
 ``FunctionModel`` script: read the topic's notes (``notes.read``, a read), write the brief
@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
+from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from longrun.authoring import RunKind, Tool, ToolResult
@@ -91,20 +92,28 @@ def far_side_tools(root: Path, hold: float = 0.0) -> tuple[Tool, Tool]:
             Tool("briefs.write", "1", EffectKind.NON_IDEMPOTENT_WRITE, Brief, write, lookup=find, start_to_close=10))
 
 
-def briefing_kind(read: Tool, write: Tool) -> RunKind:
-    agent = LedgerAgent(Agent(FunctionModel(script, model_name="briefing-script"), name="briefer"), [
+SCRIPTED = FunctionModel(script, model_name="briefing-script")
+
+
+def briefer(read: Tool, write: Tool, model: Model = SCRIPTED, **options: Any) -> LedgerAgent:
+    """The briefing agent on ``model`` (``options``: the ``Agent``'s others, e.g. instructions)."""
+    return LedgerAgent(Agent(model, name="briefer", **options), [
         AgentTool(read, "Read the team's notes on a topic.", name="read_notes"),
         AgentTool(write, "Write the brief of a topic for the team.", name="write_brief"),
     ], price=PRICE)
 
-    @workflow("briefing", input=Topic, output=Briefed)
+
+def briefing_kind(agent: LedgerAgent, kind: str = "briefing") -> RunKind:
+    """A kind whose function runs ``agent`` on its input's topic and answers with the agent's output."""
+
+    @workflow(kind, input=Topic, output=Briefed)
     async def briefing(value: Topic, ctx: Context) -> Briefed:
         return Briefed(answer=await agent.run(ctx, f"Brief the team on {value.topic}"))
 
-    return RunKind("briefing", VERSIONS, briefing, agent.tools, model=agent.model,
-                   allowed_actions=agent.allowed_actions, input_schema=Topic)
+    return RunKind(kind, VERSIONS, briefing, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions,
+                   input_schema=Topic)
 
 
 def kinds(settings: Settings) -> list[RunKind]:
     root = Path(os.environ["AGENT_FAR_SIDE"])
-    return [briefing_kind(*far_side_tools(root, float(os.environ.get("AGENT_WRITE_HOLD", "0"))))]
+    return [briefing_kind(briefer(*far_side_tools(root, float(os.environ.get("AGENT_WRITE_HOLD", "0")))))]

@@ -17,14 +17,12 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from longrun.authoring import RunKind, ToolResult
-from longrun.codefirst.context import Context
-from longrun.codefirst.kind import workflow
+from longrun.authoring import ToolResult
 from longrun.domain import RunStatus, thaw
 from longrun.pydantic_ai import AgentTool, LedgerAgent
 from longrun.testing.kit import Kit, every_crash
 from longrun.testing.replay import replay
-from tests.integration.agent_kinds import VERSIONS, Briefed, Topic, briefing_kind, far_side_tools, script
+from tests.integration.agent_kinds import briefer, briefing_kind, far_side_tools, script
 
 NOTES = "raise the starter plan to 12 EUR"
 
@@ -39,7 +37,8 @@ def _answers() -> dict[str, Any]:
     return {"notes.read": read, "briefs.write": write}
 
 
-KIND = briefing_kind(*far_side_tools(Path("/nonexistent")))
+READ, WRITE = far_side_tools(Path("/nonexistent"))
+KIND = briefing_kind(briefer(READ, WRITE))
 
 
 def brief(kit: Kit) -> None:
@@ -85,15 +84,9 @@ def _two_at_once(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse
 
 
 def test_tool_calls_of_one_response_are_made_one_after_the_other_in_the_models_order() -> None:
-    read, write = far_side_tools(Path("/nonexistent"))
     agent = LedgerAgent(Agent(FunctionModel(_two_at_once), name="reader"),
-                        [AgentTool(read, "Read notes.", name="read_notes")])
-
-    @workflow("reading", input=Topic, output=Briefed)
-    async def reading(value: Topic, ctx: Context) -> Briefed:
-        return Briefed(answer=await agent.run(ctx, "read"))
-
-    kind = RunKind("reading", VERSIONS, reading, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+                        [AgentTool(READ, "Read notes.", name="read_notes")])
+    kind = briefing_kind(agent, "reading")
     with Kit(kind, answers=_answers()) as kit:
         run_id = kit.start({"topic": "x"})
         kit.settle()
@@ -148,18 +141,7 @@ def test_a_recorded_run_replays_against_the_same_agent_and_diverges_where_the_ag
         history = kit.history(run_id)
     assert replay(KIND, history).divergence is None
     # The same tools and model, but the agent's instructions changed: its first request is another one
-    read, write = far_side_tools(Path("/nonexistent"))
-    agent = LedgerAgent(Agent(FunctionModel(script, model_name="briefing-script"), name="briefer",
-                              instructions="Be brief."), [
-        AgentTool(read, "Read the team's notes on a topic.", name="read_notes"),
-        AgentTool(write, "Write the brief of a topic for the team.", name="write_brief")])
-
-    @workflow("briefing", input=Topic, output=Briefed)
-    async def briefing(value: Topic, ctx: Context) -> Briefed:
-        return Briefed(answer=await agent.run(ctx, f"Brief the team on {value.topic}"))
-
-    changed = RunKind("briefing", VERSIONS, briefing, agent.tools, model=agent.model,
-                      allowed_actions=agent.allowed_actions, input_schema=Topic)
+    changed = briefing_kind(briefer(READ, WRITE, instructions="Be brief."))
     divergence = replay(changed, history).divergence
     assert divergence is not None and "await #0" in divergence, divergence
 
@@ -172,15 +154,7 @@ def test_a_model_that_answers_503_is_asked_again_after_the_retry_delay_and_the_r
             raise failures.pop()
         return script(messages, info)
 
-    read, write = far_side_tools(Path("/nonexistent"))
-    agent = LedgerAgent(Agent(FunctionModel(flaky, model_name="briefing-script"), name="briefer"), [
-        AgentTool(read, "Read notes.", name="read_notes"), AgentTool(write, "Write a brief.", name="write_brief")])
-
-    @workflow("briefing", input=Topic, output=Briefed)
-    async def briefing(value: Topic, ctx: Context) -> Briefed:
-        return Briefed(answer=await agent.run(ctx, f"Brief the team on {value.topic}"))
-
-    kind = RunKind("briefing", VERSIONS, briefing, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    kind = briefing_kind(briefer(READ, WRITE, FunctionModel(flaky, model_name="briefing-script")))
     with Kit(kind, answers=_answers()) as kit:
         run_id = kit.start({"topic": "pricing"})
         kit.settle(timers=False)
@@ -203,14 +177,8 @@ def test_arguments_that_fail_the_tools_model_are_sent_back_to_the_model_and_neve
             return ModelResponse(parts=[ToolCallPart("write_brief", {"topic": "pricing"})])
         return ModelResponse(parts=[ToolCallPart("write_brief", {"topic": "pricing", "text": "in short"})])
 
-    read, write = far_side_tools(Path("/nonexistent"))
-    agent = LedgerAgent(Agent(FunctionModel(sloppy), name="writer"), [AgentTool(write, "Write.", name="write_brief")])
-
-    @workflow("writing", input=Topic, output=Briefed)
-    async def writing(value: Topic, ctx: Context) -> Briefed:
-        return Briefed(answer=await agent.run(ctx, "write"))
-
-    kind = RunKind("writing", VERSIONS, writing, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    agent = LedgerAgent(Agent(FunctionModel(sloppy), name="writer"), [AgentTool(WRITE, "Write.", name="write_brief")])
+    kind = briefing_kind(agent, "writing")
     with Kit(kind, answers=_answers()) as kit:
         run_id = kit.start({"topic": "pricing"})
         kit.settle()
@@ -227,11 +195,7 @@ def test_an_agent_that_streams_its_responses_fails_the_run_saying_why() -> None:
 
     agent = LedgerAgent(Agent(TestModel(), name="streamer", capabilities=[ProcessEventStream(follow)]))
 
-    @workflow("streaming", input=Topic, output=Briefed)
-    async def streaming(value: Topic, ctx: Context) -> Briefed:
-        return Briefed(answer=await agent.run(ctx, "stream"))
-
-    kind = RunKind("streaming", VERSIONS, streaming, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    kind = briefing_kind(agent, "streaming")
     with Kit(kind) as kit:
         run_id = kit.start({"topic": "x"})
         kit.settle()
