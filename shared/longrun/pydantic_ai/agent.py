@@ -104,11 +104,14 @@ class LedgerAgent:
         """What the kind's model may propose: the agent's response, for the agent's purpose."""
         return (RESPOND,) if purpose == self.purpose else ()
 
-    async def run(self, ctx: Context, prompt: str) -> Any:
-        """Run the agent on ``prompt`` to its output; its model requests and tool calls are ``ctx``'s awaits."""
+    async def run(self, ctx: Context, prompt: str, **options: Any) -> Any:
+        """Run the agent on ``prompt`` to its output; its model requests and tool calls are ``ctx``'s awaits.
+        ``options``: ``Agent.run``'s others (``deps``, ``instructions``, ``model_settings``...), the same on
+        every replay."""
         bridge = Bridge()
         toolset = FunctionToolset([self._function(bridge, t) for t in self._tools.values()])
-        bridge.start(lambda: self._agent.run(prompt, model=BridgedModel(self._live, bridge), toolsets=[toolset]))
+        model = BridgedModel(self._live, bridge)
+        bridge.start(lambda: self._agent.run(prompt, model=model, toolsets=[toolset], **options))
         try:
             while True:
                 request = bridge.next()

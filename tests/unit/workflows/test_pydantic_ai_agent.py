@@ -17,12 +17,14 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from longrun.authoring import ToolResult
+from longrun.authoring import RunKind, ToolResult
+from longrun.codefirst.context import Context
+from longrun.codefirst.kind import workflow
 from longrun.domain import RunStatus, thaw
 from longrun.pydantic_ai import AgentTool, LedgerAgent
 from longrun.testing.kit import Kit, every_crash
 from longrun.testing.replay import replay
-from tests.integration.agent_kinds import briefer, briefing_kind, far_side_tools, script
+from tests.integration.agent_kinds import VERSIONS, Briefed, Topic, briefer, briefing_kind, far_side_tools, script
 
 NOTES = "raise the starter plan to 12 EUR"
 
@@ -202,3 +204,18 @@ def test_an_agent_that_streams_its_responses_fails_the_run_saying_why() -> None:
         run = kit.snapshot(run_id)
         assert run.status is RunStatus.FAILED and "recorded once: use agent.run" in (run.terminal_reason or "")
         assert run.budget.used.model_calls == 0
+
+
+def test_the_runs_options_reach_the_agent_and_its_instructions_the_model() -> None:
+    agent = LedgerAgent(Agent(FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart(info.instructions or "")])),
+                              name="greeter", deps_type=str, instructions=lambda run: f"Greet {run.deps}."))
+
+    @workflow("greeting", input=Topic, output=Briefed)
+    async def greeting(value: Topic, ctx: Context) -> Briefed:
+        return Briefed(answer=await agent.run(ctx, "hello", deps=value.topic))
+
+    kind = RunKind("greeting", VERSIONS, greeting, agent.tools, model=agent.model, allowed_actions=agent.allowed_actions)
+    with Kit(kind) as kit:
+        run_id = kit.start({"topic": "ana"})
+        kit.settle()
+        assert thaw(kit.snapshot(run_id).acceptance.evidence) == {"answer": "Greet ana."}  # type: ignore[union-attr]
