@@ -14,7 +14,9 @@ token, and a copy of it kept from before sign-out is refused."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from urllib.parse import urljoin
 
 import httpx
@@ -44,6 +46,20 @@ async def sign_in(page: Page, base: str, token: str) -> None:
     await page.fill("#token", token)
     await page.click("button[type=submit]")
     await expect(page).to_have_url(re.compile(r"/console/runs$"))
+
+
+@contextlib.asynccontextmanager
+async def console_page(base: str, token: str) -> AsyncIterator[Page]:
+    """A page of a headless Chromium signed in to the console at ``base`` with ``token``; the browser
+    closes after."""
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = await (await browser.new_context()).new_page()
+            await sign_in(page, base, token)
+            yield page
+        finally:
+            await browser.close()
 
 
 async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(

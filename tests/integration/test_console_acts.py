@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 from sqlalchemy import text
 
 from longrun.db import actions as ledger
@@ -25,7 +25,7 @@ from tests.integration import identities
 from tests.integration.ensemble import ROOT, Ensemble, status_of
 from tests.integration.runs_factory import action_failed, asking, waiting_for_event, waiting_for_signal
 from tests.integration.signal_kinds import SIGNALLED
-from tests.integration.test_console import CHROMIUM, SHOTS, sign_in, signed_in
+from tests.integration.test_console import SHOTS, console_page, signed_in
 from tests.integration.test_console import gateway  # noqa: F401  (the fixture: a gateway, its console's URL)
 from tests.integration.test_console import _csrf as csrf_of
 
@@ -55,81 +55,75 @@ async def test_an_operator_answers_steers_retries_and_migrates_runs_in_the_conso
                                        goal={"release": "2026.12"})).snapshot.run_id
     base = f"{ensemble.gateway_url}/console"
 
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = await (await browser.new_context()).new_page()
-            await sign_in(page, ensemble.gateway_url, token)
+    async with console_page(ensemble.gateway_url, token) as page:
 
-            # When she answers the question with a value its schema refuses, the page says why and nothing changes
-            await page.goto(f"{base}/runs/{asked}")
-            await expect(page.locator("#question-text")).to_have_text("Which module?")
-            await page.fill("#question textarea[name=answer]", '{"module": 7}')
-            await page.fill("#question input[name=reason]", "asked the team")
-            await page.click("#answer")
-            await expect(page.locator("#error")).to_contain_text("does not satisfy its schema")
-            await expect(page.locator("#error")).to_contain_text("module")
-            await expect(page.locator("#status")).to_have_text("WAITING_USER")
-            await page.screenshot(path=SHOTS / "7-answer-refused.png", full_page=True)
-            # and then with one it accepts: recorded as hers, and the run goes back to work
-            await expect(page.locator("#question input[name=reason]")).to_have_value("asked the team")
-            await page.fill("#question textarea[name=answer]", '{"module": "payments-core"}')
-            await page.click("#answer")
-            await expect(page.locator("#notice")).to_have_text("Answer recorded.")
-            await expect(page.locator("#status")).to_have_text("READY")
-            await expect(page.locator("#timeline")).to_contain_text("payments-core")
+        # When she answers the question with a value its schema refuses, the page says why and nothing changes
+        await page.goto(f"{base}/runs/{asked}")
+        await expect(page.locator("#question-text")).to_have_text("Which module?")
+        await page.fill("#question textarea[name=answer]", '{"module": 7}')
+        await page.fill("#question input[name=reason]", "asked the team")
+        await page.click("#answer")
+        await expect(page.locator("#error")).to_contain_text("does not satisfy its schema")
+        await expect(page.locator("#error")).to_contain_text("module")
+        await expect(page.locator("#status")).to_have_text("WAITING_USER")
+        await page.screenshot(path=SHOTS / "7-answer-refused.png", full_page=True)
+        # and then with one it accepts: recorded as hers, and the run goes back to work
+        await expect(page.locator("#question input[name=reason]")).to_have_value("asked the team")
+        await page.fill("#question textarea[name=answer]", '{"module": "payments-core"}')
+        await page.click("#answer")
+        await expect(page.locator("#notice")).to_have_text("Answer recorded.")
+        await expect(page.locator("#status")).to_have_text("READY")
+        await expect(page.locator("#timeline")).to_contain_text("payments-core")
 
-            # When she pauses a run waiting for CI, resumes it, then cancels it
-            await page.goto(f"{base}/runs/{steered}")
-            for act, status in (("pause", "PAUSED"), ("resume", "WAITING_EVENT"), ("cancel", "CANCELLING")):
-                await page.fill("#steer input[name=reason]", f"{act} for the release freeze")
-                await page.click(f"#{act}")
-                # Then the page shows the run's new status, and the timeline the act and its reason
-                await expect(page.locator("#status")).to_have_text(status)
-                await expect(page.locator("#timeline")).to_contain_text(f"{act} for the release freeze")
-            await page.screenshot(path=SHOTS / "8-paused-resumed-cancelled.png", full_page=True)
+        # When she pauses a run waiting for CI, resumes it, then cancels it
+        await page.goto(f"{base}/runs/{steered}")
+        for act, status in (("pause", "PAUSED"), ("resume", "WAITING_EVENT"), ("cancel", "CANCELLING")):
+            await page.fill("#steer input[name=reason]", f"{act} for the release freeze")
+            await page.click(f"#{act}")
+            # Then the page shows the run's new status, and the timeline the act and its reason
+            await expect(page.locator("#status")).to_have_text(status)
+            await expect(page.locator("#timeline")).to_contain_text(f"{act} for the release freeze")
+        await page.screenshot(path=SHOTS / "8-paused-resumed-cancelled.png", full_page=True)
 
-            # When she terminates another
-            await page.goto(f"{base}/runs/{ended}")
-            await page.fill("#steer input[name=reason]", "superseded")
-            await page.click("#terminate")
-            await expect(page.locator("#notice")).to_have_text("Terminated.")
-            await expect(page.locator("#status")).to_have_text("TERMINATED")
-            await expect(page.locator("#steer")).to_have_count(0)
+        # When she terminates another
+        await page.goto(f"{base}/runs/{ended}")
+        await page.fill("#steer input[name=reason]", "superseded")
+        await page.click("#terminate")
+        await expect(page.locator("#notice")).to_have_text("Terminated.")
+        await expect(page.locator("#status")).to_have_text("TERMINATED")
+        await expect(page.locator("#steer")).to_have_count(0)
 
-            # When she retries the merge request that FAILED
-            await page.goto(f"{base}/runs/{failed}")
-            await expect(page.locator("#retry-action-open_mr")).to_contain_text("failed")
-            await page.fill("#retry-action-open_mr input[name=reason]", "branch unprotected")
-            await page.click("#retry-action-open_mr button")
-            # Then the action is RETRYABLE in the run and in the ledger, and the run back to work
-            await expect(page.locator("#notice")).to_have_text("The action is sent again under its key.")
-            row = page.locator("#actions tr", has_text="open_mr")
-            await expect(row.locator("td.status")).to_have_text("RETRYABLE")
-            await expect(row.locator("td.ledger")).to_have_text("RETRYABLE")
-            await expect(page.locator("#status")).to_have_text("READY")
+        # When she retries the merge request that FAILED
+        await page.goto(f"{base}/runs/{failed}")
+        await expect(page.locator("#retry-action-open_mr")).to_contain_text("failed")
+        await page.fill("#retry-action-open_mr input[name=reason]", "branch unprotected")
+        await page.click("#retry-action-open_mr button")
+        # Then the action is RETRYABLE in the run and in the ledger, and the run back to work
+        await expect(page.locator("#notice")).to_have_text("The action is sent again under its key.")
+        row = page.locator("#actions tr", has_text="open_mr")
+        await expect(row.locator("td.status")).to_have_text("RETRYABLE")
+        await expect(row.locator("td.ledger")).to_have_text("RETRYABLE")
+        await expect(page.locator("#status")).to_have_text("READY")
 
-            # When she moves the release run to version 2, which takes over version 1's runs
-            await page.goto(f"{base}/runs/{release}")
-            await page.select_option("#migrate select[name=to_version]", "2")
-            await page.fill("#migrate input[name=reason]", "release 2 deployed")
-            await expect(page.locator("#migrate option")).to_have_text(["2"])
-            await page.click("#migrate button")
-            await expect(page.locator("#notice")).to_have_text("Moved to the new version.")
-            await expect(page.locator("dd", has_text="acme_release 2")).to_have_count(1)
-            await expect(page.locator("#timeline")).to_contain_text("release 2 deployed")
-            await expect(page.locator("#migrate")).to_have_count(0)  # no deployed version takes over version 2
-            await page.screenshot(path=SHOTS / "9-migrated.png", full_page=True)
+        # When she moves the release run to version 2, which takes over version 1's runs
+        await page.goto(f"{base}/runs/{release}")
+        await page.select_option("#migrate select[name=to_version]", "2")
+        await page.fill("#migrate input[name=reason]", "release 2 deployed")
+        await expect(page.locator("#migrate option")).to_have_text(["2"])
+        await page.click("#migrate button")
+        await expect(page.locator("#notice")).to_have_text("Moved to the new version.")
+        await expect(page.locator("dd", has_text="acme_release 2")).to_have_count(1)
+        await expect(page.locator("#timeline")).to_contain_text("release 2 deployed")
+        await expect(page.locator("#migrate")).to_have_count(0)  # no deployed version takes over version 2
+        await page.screenshot(path=SHOTS / "9-migrated.png", full_page=True)
 
-            # And the audit log shows each act as hers, with its reason
-            await page.goto(f"{base}/audit?actor=ops-ana")
-            for reason in ("asked the team", "pause for the release freeze", "resume for the release freeze",
-                           "cancel for the release freeze", "superseded", "branch unprotected",
-                           "release 2 deployed"):
-                await expect(page.locator("table")).to_contain_text(reason)
-            await page.screenshot(path=SHOTS / "10-audit.png", full_page=True)
-        finally:
-            await browser.close()
+        # And the audit log shows each act as hers, with its reason
+        await page.goto(f"{base}/audit?actor=ops-ana")
+        for reason in ("asked the team", "pause for the release freeze", "resume for the release freeze",
+                       "cancel for the release freeze", "superseded", "branch unprotected",
+                       "release 2 deployed"):
+            await expect(page.locator("table")).to_contain_text(reason)
+        await page.screenshot(path=SHOTS / "10-audit.png", full_page=True)
     async with engine.connect() as conn:
         audited = (await conn.execute(text("SELECT actor, action, target FROM audit_log ORDER BY id"))).all()
         row = next(r for r in await ledger.for_run(conn, failed) if r.logical_action == "open_mr")
@@ -154,43 +148,37 @@ async def test_an_operator_sends_a_signal_in_the_console_checked_against_its_sch
     run_id = (await waiting_for_signal(engine, "ship", kind=SIGNALLED.name, versions=SIGNALLED.versions)).snapshot.run_id
     base = f"{ensemble.gateway_url}/console"
 
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = await (await browser.new_context()).new_page()
-            await sign_in(page, ensemble.gateway_url, token)
-            await page.goto(f"{base}/runs/{run_id}")
-            # Then the page offers the signals the kind declares, and has received none
-            await expect(page.locator("#signals select[name=name] option")).to_have_text(["note", "ship"])
-            await expect(page.locator("#signals")).to_contain_text("None received.")
+    async with console_page(ensemble.gateway_url, token) as page:
+        await page.goto(f"{base}/runs/{run_id}")
+        # Then the page offers the signals the kind declares, and has received none
+        await expect(page.locator("#signals select[name=name] option")).to_have_text(["note", "ship"])
+        await expect(page.locator("#signals")).to_contain_text("None received.")
 
-            # When he sends "ship" with a payload its schema refuses, the page says why and nothing is recorded
-            await page.select_option("#signals select[name=name]", "ship")
-            await page.fill("#signals textarea[name=payload]", '{"by": 7}')
-            await page.fill("#signals input[name=reason]", "release approved in the meeting")
-            await page.click("#send-signal")
-            await expect(page.locator("#error")).to_contain_text("ship")
-            await expect(page.locator("#status")).to_have_text("WAITING_EVENT")
-            await expect(page.locator("#received-signals")).to_have_count(0)
-            # and then with one it accepts: recorded as his, and it wakes the run
-            await page.fill("#signals textarea[name=payload]", '{"by": "otto"}')
-            form = {name: await page.locator(f"#signals input[name={name}]").get_attribute("value")
-                    for name in ("csrf", "signal_id")}
-            await page.click("#send-signal")
-            await expect(page.locator("#notice")).to_have_text("Signal recorded.")
-            await expect(page.locator("#status")).to_have_text("READY")
-            await expect(page.locator("#received-signals tr", has_text="ship")).to_contain_text('{"by": "otto"}')
-            await page.screenshot(path=SHOTS / "11-signalled.png", full_page=True)
+        # When he sends "ship" with a payload its schema refuses, the page says why and nothing is recorded
+        await page.select_option("#signals select[name=name]", "ship")
+        await page.fill("#signals textarea[name=payload]", '{"by": 7}')
+        await page.fill("#signals input[name=reason]", "release approved in the meeting")
+        await page.click("#send-signal")
+        await expect(page.locator("#error")).to_contain_text("ship")
+        await expect(page.locator("#status")).to_have_text("WAITING_EVENT")
+        await expect(page.locator("#received-signals")).to_have_count(0)
+        # and then with one it accepts: recorded as his, and it wakes the run
+        await page.fill("#signals textarea[name=payload]", '{"by": "otto"}')
+        form = {name: await page.locator(f"#signals input[name={name}]").get_attribute("value")
+                for name in ("csrf", "signal_id")}
+        await page.click("#send-signal")
+        await expect(page.locator("#notice")).to_have_text("Signal recorded.")
+        await expect(page.locator("#status")).to_have_text("READY")
+        await expect(page.locator("#received-signals tr", has_text="ship")).to_contain_text('{"by": "otto"}')
+        await page.screenshot(path=SHOTS / "11-signalled.png", full_page=True)
 
-            # When the same form is posted again (a double submit), under the same signal id
-            again = await page.request.post(f"{base}/runs/{run_id}/signals", form={
-                **form, "name": "ship", "payload": '{"by": "otto"}', "reason": "release approved in the meeting"})
-            assert again.ok
-            await page.goto(f"{base}/runs/{run_id}")
-            # Then the run holds the signal once
-            await expect(page.locator("#received-signals tr", has_text="ship")).to_have_count(1)
-        finally:
-            await browser.close()
+        # When the same form is posted again (a double submit), under the same signal id
+        again = await page.request.post(f"{base}/runs/{run_id}/signals", form={
+            **form, "name": "ship", "payload": '{"by": "otto"}', "reason": "release approved in the meeting"})
+        assert again.ok
+        await page.goto(f"{base}/runs/{run_id}")
+        # Then the run holds the signal once
+        await expect(page.locator("#received-signals tr", has_text="ship")).to_have_count(1)
     async with engine.connect() as conn:
         audited = (await conn.execute(text("SELECT actor, action, target FROM audit_log ORDER BY id"))).all()
         kept = (await conn.execute(text("SELECT count(*) FROM run_events WHERE run_id = :r AND type = "

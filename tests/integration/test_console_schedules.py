@@ -8,14 +8,14 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 from sqlalchemy import text
 
 from longrun.cadence import Cadence, Schedule
 from longrun.db import schedules
 from longrun.domain.schedules import Overlap
 from tests.integration import identities
-from tests.integration.test_console import CHROMIUM, _csrf, gateway, sign_in, signed_in
+from tests.integration.test_console import _csrf, console_page, gateway, signed_in
 
 pytestmark = pytest.mark.integration
 __all__ = ["gateway"]
@@ -82,25 +82,19 @@ async def test_a_schedule_is_paused_and_resumed_in_the_browser(clean, engine, ga
     ours = "sched-00000000-0000-4000-8000-000000000003"
     await _schedule(engine, ours, "acme")
     operator = await identities.token(engine, "opal", "operator", tenants=("acme",))
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = await (await browser.new_context()).new_page()
-            await sign_in(page, gateway.removesuffix("/console"), operator)
-            # When they open the schedules page and pause it with a reason
-            await page.click("header a:text-is('Schedules')")
-            row = page.locator(f"tr[data-schedule='{ours}']")
-            await expect(row).to_contain_text("0 3 * * *")
-            await row.locator("input[name=reason]").fill("release freeze")
-            await row.locator("button").click()
-            # Then it shows paused, and resuming it brings it back
-            await expect(page.locator("#notice")).to_have_text("Schedule paused.")
-            await expect(row).to_contain_text("paused")
-            await row.locator("input[name=reason]").fill("freeze over")
-            await row.locator("button:text-is('Resume')").click()
-            await expect(page.locator("#notice")).to_have_text("Schedule resumed.")
-        finally:
-            await browser.close()
+    async with console_page(gateway.removesuffix("/console"), operator) as page:
+        # When they open the schedules page and pause it with a reason
+        await page.click("header a:text-is('Schedules')")
+        row = page.locator(f"tr[data-schedule='{ours}']")
+        await expect(row).to_contain_text("0 3 * * *")
+        await row.locator("input[name=reason]").fill("release freeze")
+        await row.locator("button").click()
+        # Then it shows paused, and resuming it brings it back
+        await expect(page.locator("#notice")).to_have_text("Schedule paused.")
+        await expect(row).to_contain_text("paused")
+        await row.locator("input[name=reason]").fill("freeze over")
+        await row.locator("button:text-is('Resume')").click()
+        await expect(page.locator("#notice")).to_have_text("Schedule resumed.")
     assert not await _paused(engine, ours)
     async with engine.connect() as conn:
         reasons = (await conn.execute(text("SELECT reason FROM audit_log WHERE target = :s ORDER BY id"),

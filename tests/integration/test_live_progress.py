@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import expect
 from sqlalchemy import text
 
 from longrun_client import Chunk, ChunksMissed, Gap, StatusEvent, follow
@@ -22,7 +22,7 @@ from longrun.bus.codec import broker_user, to_message
 from longrun.envelope import make
 from tests.fixtures import eventually
 from tests.integration import identities
-from tests.integration.test_console import CHROMIUM, SHOTS, sign_in
+from tests.integration.test_console import SHOTS, console_page
 from tests.integration.ensemble import OPERATOR_TOKEN, Ensemble, new_key, run_id_for, status_of
 from tests.ports import free_port
 
@@ -172,24 +172,18 @@ async def test_the_console_run_page_shows_a_calls_chunks_as_they_arrive(
         return Path(f"{gate}.said").exists()
 
     await eventually(emitted, timeout=30, what="the chunks emitted")
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = await (await browser.new_context()).new_page()
-            await sign_in(page, ensemble.gateway_url, viewer)
-            await page.goto(f"{ensemble.gateway_url}/console/runs/{run_id}")
-            output = page.locator("#live-output")
-            await expect(output).to_contain_text("say: part 3")
-            await expect(output).to_contain_text('say progress: {"said":3}')
-            # When the call emits one chunk more, the page still open
-            gate.touch()
-            # Then it shows up without a reload
-            await expect(output).to_contain_text("say: last part")
-            await page.screenshot(path=SHOTS / "5-live-output.png", full_page=True)
-            # and once the call answered, the page follows the run to its end
-            Path(f"{gate}.done").touch()
-            await expect(page.locator("#status")).to_have_text("COMPLETED", timeout=30_000)
-        finally:
-            await browser.close()
+    async with console_page(ensemble.gateway_url, viewer) as page:
+        await page.goto(f"{ensemble.gateway_url}/console/runs/{run_id}")
+        output = page.locator("#live-output")
+        await expect(output).to_contain_text("say: part 3")
+        await expect(output).to_contain_text('say progress: {"said":3}')
+        # When the call emits one chunk more, the page still open
+        gate.touch()
+        # Then it shows up without a reload
+        await expect(output).to_contain_text("say: last part")
+        await page.screenshot(path=SHOTS / "5-live-output.png", full_page=True)
+        # and once the call answered, the page follows the run to its end
+        Path(f"{gate}.done").touch()
+        await expect(page.locator("#status")).to_have_text("COMPLETED", timeout=30_000)
     # and the run's history holds none of its chunks
     assert not [data for _, data in await _history(engine, run_id) if "part" in data]

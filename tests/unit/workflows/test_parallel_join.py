@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from longrun.domain import ActionStatus, RunStatus, event_to_dict, joins
-from longrun.testing.kit import Kit, every_crash
+from longrun.testing.kit import CrashOutcome, Kit, every_crash
 from tests.integration.join_kinds import FANNED, JOIN, NEXT, PUT, READ, SEND
 
 
@@ -170,6 +170,18 @@ def test_an_all_join_with_a_call_in_doubt_parks_once_the_other_outcomes_are_reco
         assert kit.executions(SEND) == 3 and kit.check() == []
 
 
+def completed_with_one_object_per_confirmed_call(outcome: CrashOutcome) -> tuple[Kit, str, str, set[str]]:
+    """The run completed and the far side holds one object per key for every call confirmed (a
+    non-idempotent write is never sent twice: ``kit.check``)."""
+    kit = outcome.kit
+    (run_id,) = kit.run_ids()
+    where = f"{outcome.point} #{outcome.nth}"
+    assert kit.status(run_id) is RunStatus.COMPLETED, where
+    made = {a.idempotency_key for a in kit.snapshot(run_id).actions if a.status is ActionStatus.CONFIRMED}
+    assert set(kit.far_side.objects) == made, where
+    return kit, run_id, where, made
+
+
 @pytest.mark.parametrize(("tool", "join"), [(PUT, "all"), (SEND, "all"), (SEND, "first")])
 def test_a_worker_killed_anywhere_in_a_fan_out_leaves_one_effect_per_call(tool: str, join: str) -> None:
     def scenario(kit: Kit) -> None:
@@ -180,16 +192,9 @@ def test_a_worker_killed_anywhere_in_a_fan_out_leaves_one_effect_per_call(tool: 
     points = {o.point for o in outcomes}
     assert {"worker.before_tool_request", "worker.after_tool_response_before_record"} <= points
     for outcome in outcomes:
-        kit = outcome.kit
-        (run_id,) = kit.run_ids()
-        where = f"{outcome.point} #{outcome.nth}"
-        assert kit.status(run_id) is RunStatus.COMPLETED, where
-        # one object per key at the far side for every call confirmed; a non-idempotent write never sent
-        # twice (check). A first join's loser cut off before it was sent may be proven not done instead
-        # (RETRYABLE: the reconciler found nothing under its key), and is not made once the join is satisfied.
-        run = kit.snapshot(run_id)
-        made = {a.idempotency_key for a in run.actions if a.status is ActionStatus.CONFIRMED}
-        assert set(kit.far_side.objects) == made, where
+        # A first join's loser cut off before it was sent may be proven not done instead (RETRYABLE: the
+        # reconciler found nothing under its key), and is not made once the join is satisfied.
+        kit, run_id, where, made = completed_with_one_object_per_confirmed_call(outcome)
         expected = {ActionStatus.CONFIRMED} if join == "all" else {ActionStatus.CONFIRMED, ActionStatus.RETRYABLE}
         assert set(statuses(kit, run_id).values()) <= expected and len(made) >= (3 if join == "all" else 1), where
         assert kit.snapshot(run_id).fact(f"{joins.JOINED_FACT_PREFIX}{JOIN}") is not None, where
@@ -206,13 +211,8 @@ def test_a_worker_killed_while_the_losers_of_a_first_join_run_leaves_them_settle
     outcomes = every_crash(FANNED, scenario)
     taken_over = 0
     for outcome in outcomes:
-        kit = outcome.kit
-        (run_id,) = kit.run_ids()
-        where = f"{outcome.point} #{outcome.nth}"
-        assert kit.status(run_id) is RunStatus.COMPLETED, where
+        kit, run_id, where, _ = completed_with_one_object_per_confirmed_call(outcome)
         run = kit.snapshot(run_id)
-        made = {a.idempotency_key for a in run.actions if a.status is ActionStatus.CONFIRMED}
-        assert set(kit.far_side.objects) == made, where
         # no loser left submitted: sent again under its key, or in doubt and settled by the reconciler
         # (RETRYABLE: proven not done), and the join written once
         assert set(statuses(kit, run_id).values()) <= {ActionStatus.CONFIRMED, ActionStatus.RETRYABLE}, where
