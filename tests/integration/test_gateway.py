@@ -176,10 +176,10 @@ async def test_a_migration_to_a_version_this_deployment_lacks_is_refused_naming_
     auth = {"authorization": f"Bearer {OPERATOR_TOKEN}"}
     missing = await gateway.post(f"/runs/{run_id}/migrate", json={"reason": "release 2"}, headers=auth)
     assert missing.status_code == 400 and "to_version" in missing.json()["error"]
-    refused = await gateway.post(f"/runs/{run_id}/migrate", json={"to_version": "2", "reason": "release 2"},
+    refused = await gateway.post(f"/runs/{run_id}/migrate", json={"to_version": "3", "reason": "release 3"},
                                  headers=auth)
     assert refused.status_code == 409
-    assert "no run kind 'dependency_upgrade' at workflow version '2'" in refused.json()["error"]
+    assert "no run kind 'dependency_upgrade' at workflow version '3'" in refused.json()["error"]
     async with engine.connect() as conn:
         assert await runs.load(conn, run_id) == stored
 
