@@ -51,7 +51,8 @@ def diff_line(action: str, receipt: dict[str, Any]) -> str:
 def ci_line(ci_run: str, result: dict[str, Any]) -> str:
     """``TESTS ci 1 on <sha>: 1 failed, 2 passed; FAILED <test>`` from a CI result's log excerpt."""
     lines = result.get("log_excerpt", "").splitlines()
-    failed = [line.removeprefix("FAILED ") for line in lines if line.startswith("FAILED ")]
+    # The CI's own lines, not unittest's "FAILED (errors=1)".
+    failed = [line.removeprefix("FAILED ") for line in lines if line.startswith("FAILED ") and "(" not in line]
     summary = lines[-1] if lines else result["status"]
     return (f"         -> TESTS ci {ci_run} on {result['sha'][:12]} {result['status']}: {summary}"
             + (f"; FAILED {', '.join(failed)}" if failed else ""))
