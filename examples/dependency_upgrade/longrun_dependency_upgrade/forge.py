@@ -238,20 +238,19 @@ class _Forge:
     def new_merge_request(self, request: Request, repo: str, body: dict[str, Any]) -> Created:
         source, sha = _field(body, "source_branch", str), _field(body, "sha", str)
         title, description = _field(body, "title", str), _field(body, "description", str, "")
-        head = self.repositories.resolve(repo, source) if self.store.get("branch", repo, source) else None
-        if head is None:
+        branch = self.store.get("branch", repo, source)
+        if branch is None:
             raise _Reject(404, "unknown_branch", f"no branch {source!r} in {repo}")
-        if head != sha:
+        if branch["head_sha"] != sha:
             # The approval was for `sha`; a moved branch must not be merged under it.
-            raise _Reject(409, "head_moved", f"{source} is at {head}, not {sha}")
+            raise _Reject(409, "head_moved", f"{source} is at {branch['head_sha']}, not {sha}")
         if self.store.count("merge_request", repo, source_branch=source, state="open"):
             raise _Reject(409, "merge_request_exists", f"an open merge request exists for {source}")
         number = self.store.count("merge_request", repo) + 1
         mr = {"repo": repo, "id": self.store.count("merge_request") + 1, "number": number,
               "url": f"{str(request.base_url).rstrip('/')}/{repo}/merge_requests/{number}",
               "state": "open", "source_branch": source, "target_branch": MAIN, "title": title,
-              "description": description, "sha": sha,
-              "diff": self.repositories.diff(repo, self.repositories.resolve(repo, MAIN) or sha, sha)}
+              "description": description, "sha": sha}
         return Created("merge_request", str(number), mr)
 
     async def get_ci_run(self, request: Request) -> JSONResponse:

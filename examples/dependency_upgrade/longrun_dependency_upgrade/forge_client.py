@@ -76,7 +76,6 @@ class MergeRequest(TypedDict):
     source_branch: str
     target_branch: str
     sha: str
-    diff: Diff
 
 
 class LookupResult(TypedDict):
