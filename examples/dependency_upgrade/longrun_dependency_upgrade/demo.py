@@ -1,6 +1,6 @@
 """``make run``: bring the whole ensemble up on this machine and run one dependency upgrade end to end.
 
-Migrates the database, starts the forge/CI stand-in and every service as separate processes
+Migrates the database, starts the demo forge (real git, real CI) and every service as separate processes
 (``longrun.launcher``; logs in var/logs/), waits until each reports ready, publishes ``run.create``
 on the ingress exchange with longrun-client exactly as an external producer would, and prints the
 run's timeline live — state changes, actions with idempotency keys and receipts, waits and what

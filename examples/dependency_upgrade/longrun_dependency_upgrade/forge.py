@@ -1,4 +1,4 @@
-"""A fake code forge with CI (GitHub/GitLab + CI stand-in) for the demo and the fault tests.
+"""A demo code forge with CI (a GitHub/GitLab stand-in over real git repositories) for the demo and tests.
 
 Every mutating endpoint honours ``Idempotency-Key``: the same key and body get the
 recorded response and create nothing new; the same key with another body is refused

@@ -1,4 +1,4 @@
-"""The runtime's HTTP client for the fake forge, with honest failure classes.
+"""The runtime's HTTP client for the demo forge, with honest failure classes.
 
 How a call fails decides what the action ledger may do next, so this client maps
 transport outcomes carefully:
