@@ -118,6 +118,17 @@ class Attached(ActionResult):
     artifact: AttachedArtifact
 
 
+class ParentView(Strict):
+    run_id: str
+    name: str = Field(description="The run's name among its parent's children.")
+
+
+class ChildView(Strict):
+    name: str
+    run_id: str
+    status: RUN_STATUS
+
+
 class RunView(Strict):
     snapshot: dict[str, Any] = Field(description="The run's state, as the runtime keeps it.")
     actions: list[CallView]
@@ -129,6 +140,8 @@ class RunView(Strict):
     waiting_for: str | None
     archived: Archived | None = Field(description="Where the history of an archived run went (its events here "
                                                   "are then pruned).")
+    parent: ParentView | None = Field(description="The run that started this one as its child.")
+    children: list[ChildView] = Field(description="The child runs this one started, by name.")
     events: list[RunEvent]
 
 

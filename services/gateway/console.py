@@ -55,7 +55,6 @@ from longrun.app.gateway import operate
 from longrun.authoring import Registry
 from longrun.bus.connection import Bus
 from longrun.config import Settings
-from longrun.db import children as child_rows
 from longrun.db import console_sessions as kept_sessions
 from longrun.db.transaction import PgTransaction
 from longrun.domain import RECEIPT_FACT_PREFIX, TERMINAL, UNRECONCILED, ActionStatus, RunStatus, Wait, from_plain
@@ -270,15 +269,13 @@ def create_console(engine: AsyncEngine, bus: Bus, settings: Settings, kinds: Reg
                        error: str | None = None) -> Response:
         view = await load(principal, request.path_params["run_id"])
         snapshot = view["snapshot"]
-        async with engine.connect() as conn:
-            family = await child_rows.related(conn, snapshot["run_id"])
         wait = snapshot.get("wait")
         return page(request, seen, "run.html", status, error=error, may=console_acts.permitted(principal),
                     owns_wait=wait is None or operate.may_act(principal, from_plain(Wait, wait)),
                     form=request.state.form if status != 200 else {},
                     versions=console_acts.migration_targets(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
                     signal_names=console_acts.signal_names(kinds, snapshot["kind"], snapshot["versions"]["workflow"]),
-                    signal_id=str(uuid.uuid4()), signals=console_acts.received_signals(snapshot), family=family,
+                    signal_id=str(uuid.uuid4()), signals=console_acts.received_signals(snapshot),
                     **_run_values(view))
 
     async def stream(request: Request, seen: Visit, principal: Principal) -> Response:

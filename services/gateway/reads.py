@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from longrun.app.gateway import operate
 from longrun.app.reconciler.common import ALERT_PREFIX
 from longrun.db import actions as ledger
-from longrun.db import keys, operator_reads, retention, runs
+from longrun.db import children, keys, operator_reads, retention, runs
 from longrun.domain import RunSnapshot, event_to_dict
 from longrun.domain.rate_limit import RATE_LIMIT_WAIT
 from longrun.domain.signals import SIGNAL_WAIT
@@ -45,7 +45,7 @@ async def search_runs(conn: AsyncConnection, params: api.RunSearch,
 async def run_view(conn: AsyncConnection, run_id: str,
                    tenants: Collection[str] | None = None) -> dict[str, Any] | None:
     """``GET /runs/{id}``: the run's snapshot, calls, lease, next timer, what it waits for, the
-    operations allowed now and its events; None when there is no such run (for these tenants).
+    operations allowed now, its parent and children, and its events; None when there is no such run (for these tenants).
     An archived run's events and actions were pruned: the answer says where they went."""
     stored = await runs.load(conn, run_id)
     if stored is None or (tenants is not None and stored.snapshot.tenant_id not in tenants):
@@ -56,6 +56,7 @@ async def run_view(conn: AsyncConnection, run_id: str,
     archived = await retention.archive_of(conn, stored.snapshot.run_id)
     next_timer = await operator_reads.next_timer(conn, stored.snapshot.run_id)
     calls = await ledger.for_run(conn, stored.snapshot.run_id)
+    family = await children.related(conn, stored.snapshot.run_id)
     return {"snapshot": stored.snapshot.to_dict(),
             "actions": [_call(row) for row in calls],
             "lease": None if stored.lease_owner is None else {
@@ -68,6 +69,8 @@ async def run_view(conn: AsyncConnection, run_id: str,
             "archived": None if archived is None else {
                 "at": archived.at.isoformat(), "archive": archived.archive,
                 "location": archived.location, "media_type": retention.ARCHIVE_MEDIA_TYPE},
+            "parent": None if family.parent is None else {"run_id": family.parent, "name": family.name},
+            "children": [{"name": name, "run_id": child, "status": status} for name, child, status in family.children],
             "events": [event_to_dict(e) for e in history]}
 
 

@@ -82,6 +82,14 @@ async def test_a_parent_with_ten_children_completes_with_their_outcomes(ensemble
     # Started in one step, before the wait; each end recorded once, the wait ended by the tenth.
     assert timeline.index("run.wait_started") > max(i for i, t in enumerate(timeline) if t == "run.child_started")
     assert timeline.index("run.completed") > max(i for i, t in enumerate(timeline) if t == "run.child_ended")
+    # An operator's view of the parent lists its children by name; a child's names its parent.
+    ops = await bearer(engine, "ops", "viewer")
+    async with httpx.AsyncClient(base_url=ensemble.gateway_url, headers=ops, timeout=10) as http:
+        view = (await http.get(f"/runs/{parent}")).json()
+        assert view["parent"] is None
+        assert view["children"] == [{"name": name, "run_id": kids[name][0], "status": "COMPLETED"} for name in sorted(kids)]
+        child = (await http.get(f"/runs/{kids['c3'][0]}")).json()
+        assert child["parent"] == {"run_id": parent, "name": "c3"} and child["children"] == []
 
 
 async def test_a_childs_failure_is_a_fact_the_parent_decides_on(ensemble, engine, bus) -> None:  # type: ignore[no-untyped-def]

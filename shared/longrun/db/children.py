@@ -57,7 +57,7 @@ async def open_to_cancel(conn: AsyncConnection, parent_run_id: str) -> list[str]
 
 @dataclass(frozen=True, slots=True)
 class Related:
-    """A run's parent and children, for the console's run page."""
+    """A run's parent and children, as its view (`GET /runs/{id}`, the console's run page) shows them."""
 
     parent: str | None
     name: str | None
