@@ -32,6 +32,8 @@ async def commit_and_run_ci(client: ForgeClient, n: int, files: dict[str, str]) 
         await client.create_branch(REPO, name=BRANCH, from_ref="main", idempotency_key="branch")
     commit = await client.create_commit(REPO, branch=BRANCH, files=files, message=f"attempt {n}",
                                         idempotency_key=f"commit:{n}")
+    # Each file was rewritten whole on the branch's head, one line changed in each.
+    assert commit["diff"]["files"] == [{"path": path, "added": 1, "removed": 1} for path in sorted(files)]
     run = await client.start_ci_run(REPO, sha=commit["sha"], idempotency_key=f"ci:{n}")
     assert run["status"] == "running" and run["sha"] == commit["sha"]
     return run
