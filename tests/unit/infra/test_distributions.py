@@ -96,7 +96,8 @@ def test_no_distribution_of_ours_has_a_name_taken_on_the_package_index() -> None
 @pytest.mark.packaging
 def test_each_wheel_installs_only_its_own_top_level_package(built: Path) -> None:
     owners = {"longrun_runtime": {"longrun"}, "longrun_client": {"longrun_client"},
-              "longrun_example_dependency_upgrade": {"longrun_dependency_upgrade"}}
+              "longrun_example_dependency_upgrade": {"longrun_dependency_upgrade"},
+              "longrun_example_research_agent": {"longrun_research_agent"}}
     for wheel in built.glob("*.whl"):
         with zipfile.ZipFile(wheel) as archive:
             names = archive.namelist()
