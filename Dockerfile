@@ -60,9 +60,13 @@ CMD ["python", "-c", "raise SystemExit('longrun image: run one of\\n  longrun-{s
 
 FROM runtime AS example
 # Installing into the root-owned environment needs root; the image runs as 10001 again below.
+# The example's own dependencies (dulwich, for the demo forge's git repositories) from their hashed
+# lock, resolved within runtime.txt so nothing already installed moves; then the example wheel alone.
 USER 0:0
-RUN --mount=type=bind,from=builder,source=/wheels/example,target=/tmp/install/wheels \
-    python -m pip install --quiet --no-cache-dir --no-deps --no-index /tmp/install/wheels/*.whl \
+RUN --mount=type=bind,source=requirements/example.txt,target=/tmp/install/example.txt \
+    --mount=type=bind,from=builder,source=/wheels/example,target=/tmp/install/wheels \
+    python -m pip install --quiet --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/install/example.txt \
+ && python -m pip install --quiet --no-cache-dir --no-deps --no-index /tmp/install/wheels/*.whl \
  && python -m pip check
 USER 10001:10001
 CMD ["python", "-c", "raise SystemExit('longrun example image: run one of\\n  longrun-{scheduler,worker,timer,reconciler,outbox-relay,gateway}\\n  python -m longrun.db.migrate upgrade\\n  python -m longrun_dependency_upgrade.forge --host 0.0.0.0 --port 8090')"]

@@ -22,7 +22,7 @@ install: $(PY)
 	$(PY) -m pip check
 
 # requirements/*.txt from requirements/*.in and the pyproject files (requirements/README.md): dev.txt
-# first, then runtime.txt within it, so the image runs the versions CI tests. UPGRADE=1 moves every
+# first, then runtime.txt within it, then example.txt within both, so the images run the versions CI tests. UPGRADE=1 moves every
 # pin to the newest allowed release. Only the lock's own tools are installed first: a pyproject that
 # gained a dependency cannot pass `make install` before this runs.
 LOCK := $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
@@ -32,6 +32,8 @@ lock: $(PY)
 	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
 	$(LOCK) --no-emit-package longrun-example-dependency-upgrade -o requirements/dev.txt requirements/dev.in
 	$(LOCK) -c requirements/dev.txt -o requirements/runtime.txt requirements/runtime.in
+	$(LOCK) --no-emit-package longrun-example-dependency-upgrade -c requirements/dev.txt -c requirements/runtime.txt \
+		-o requirements/example.txt requirements/example.in
 
 services:
 	bash infra/local/ensure-services.sh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -48,3 +49,11 @@ def test_the_main_job_completes_with_exactly_one_merge_request(clean, infra, tmp
                  "longrun: merge requests created for this run: 1"):
         assert line in out, f"missing {line!r} in:\n{out}"
     assert out.index("merge_request  UNKNOWN") < out.index("STATUS -> COMPLETED")
+    # The far side is real: each commit's diff, and CI running the repository's tests on it.
+    diffs = re.findall(r"-> DIFF  (commit:\d) [0-9a-f]{12}: (.*)", out)
+    assert diffs == [("commit:1", "2 file(s), +2 -2 (payments/checkout.py +1 -1, requirements.txt +1 -1)"),
+                     ("commit:2", "1 file(s), +1 -1 (payments/refunds.py +1 -1)")], out
+    tests = re.findall(r"-> TESTS ci (\d) on [0-9a-f]{12} (.*)", out)
+    assert tests == [("1", "failed: 1 failed, 2 passed; FAILED tests.test_payments.PaymentsTest."
+                           "test_refund_gives_the_amount_back"),
+                     ("2", "passed: 3 passed")], out

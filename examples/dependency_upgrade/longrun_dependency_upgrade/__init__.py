@@ -3,7 +3,8 @@ forge, waits for CI by webhook, asks for the approval of the exact merge request
 
 Installed, it brings its run kind (``longrun.run_kinds`` entry point ``dependency_upgrade``) and
 the forge's webhook provider (``longrun.webhook_providers`` entry point ``forge``) to every longrun
-service; ``forge`` is a stand-in forge with CI for demos and tests, and ``demo`` is ``make run``.
+service; ``forge`` is a demo forge for demos and tests (real git repositories, CI that runs their
+tests), and ``demo`` is ``make run``.
 """
 
 from __future__ import annotations

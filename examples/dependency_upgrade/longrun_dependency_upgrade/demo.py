@@ -1,11 +1,12 @@
 """``make run``: bring the whole ensemble up on this machine and run one dependency upgrade end to end.
 
-Migrates the database, starts the forge/CI stand-in and every service as separate processes
+Migrates the database, starts the demo forge (real git, real CI) and every service as separate processes
 (``longrun.launcher``; logs in var/logs/), waits until each reports ready, publishes ``run.create``
 on the ingress exchange with longrun-client exactly as an external producer would, and prints the
 run's timeline live — state changes, actions with idempotency keys and receipts, waits and what
-woke them — acting as the approver when the run asks. It ends when the run reaches a terminal
-state, then checks the forge: the merge request must exist exactly once.
+woke them, each commit's diff and each CI run's test result — acting as the approver when the run
+asks. It ends when the run reaches a terminal state, then checks the forge: the merge request must
+exist exactly once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import sys
 import time
 import uuid
@@ -36,6 +38,24 @@ async def publish_run_create(settings: Settings, key: str, goal: dict[str, Any])
     async with await Client.connect(settings.amqp_url, producer="make-run") as client:
         envelope = await client.create_run(TENANT, "dependency_upgrade", goal, idempotency_key=key, priority=5)
     print(f"  published run.create {envelope.event_id} (tenant {TENANT}, idempotency key {key})")
+
+
+def diff_line(action: str, receipt: dict[str, Any]) -> str:
+    """``DIFF  commit:1 <sha>: 2 files, +2 -2 (requirements.txt +1 -1, ...)`` from a commit's receipt."""
+    diff = receipt["diff"]
+    files = ", ".join(f"{f['path']} +{f['added']} -{f['removed']}" for f in diff["files"])
+    return (f"         -> DIFF  {action} {receipt['sha'][:12]}: {len(diff['files'])} file(s), "
+            f"+{diff['added']} -{diff['removed']} ({files})")
+
+
+def ci_line(ci_run: str, result: dict[str, Any]) -> str:
+    """``TESTS ci 1 on <sha>: 1 failed, 2 passed; FAILED <test>`` from a CI result's log excerpt."""
+    lines = result.get("log_excerpt", "").splitlines()
+    # The CI's own lines, not unittest's "FAILED (errors=1)".
+    failed = [line.removeprefix("FAILED ") for line in lines if line.startswith("FAILED ") and "(" not in line]
+    summary = lines[-1] if lines else result["status"]
+    return (f"         -> TESTS ci {ci_run} on {result['sha'][:12]} {result['status']}: {summary}"
+            + (f"; FAILED {', '.join(failed)}" if failed else ""))
 
 
 async def approve(gateway: httpx.AsyncClient, settings: Settings, run_id: str, wait: dict[str, Any]) -> None:
@@ -72,6 +92,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print("longrun: starting the ensemble")
     launcher.migrate()
     (launcher.logs.parent / "forge.sqlite").unlink(missing_ok=True)
+    shutil.rmtree(launcher.logs.parent / "forge.sqlite.repos", ignore_errors=True)
     launcher.start("forge", [sys.executable, "-m", "longrun_dependency_upgrade.forge", "--port", str(forge_port),
                              "--state", str(launcher.logs.parent / "forge.sqlite"), "--ci-delay", "0.5"],
                    f"{forge_url}/healthz")
@@ -96,6 +117,10 @@ async def main_async(args: argparse.Namespace) -> int:
             async def on_event(run_id: str, type_: str, data: dict[str, Any]) -> None:
                 if type_ == "run.wait_started" and data["status"] == RunStatus.WAITING_USER.value:
                     await approve(gateway, settings, run_id, data["wait"])
+                if type_ == "fact.recorded" and data["key"].startswith("receipt:commit:"):
+                    print(diff_line(data["key"].removeprefix("receipt:"), data["value"]))
+                if type_ == "fact.recorded" and data["key"].startswith("ci_result:"):
+                    print(ci_line(data["key"].removeprefix("ci_result:"), data["value"]))
 
             status = await follow(settings, TENANT, key, time.monotonic() + args.timeout, on_event)
         async with httpx.AsyncClient(base_url=forge_url) as forge:

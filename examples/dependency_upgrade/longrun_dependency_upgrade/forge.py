@@ -1,4 +1,4 @@
-"""A fake code forge with CI (GitHub/GitLab + CI stand-in) for the demo and the fault tests.
+"""A demo code forge with CI (a GitHub/GitLab stand-in over real git repositories) for the demo and tests.
 
 Every mutating endpoint honours ``Idempotency-Key``: the same key and body get the
 recorded response and create nothing new; the same key with another body is refused
@@ -6,11 +6,13 @@ with 422 naming both request hashes. Faults can be injected before the object is
 committed (503, nothing created) or after it (held response, or 500), which is exactly
 the "timed out after the far side acted" case the reconciler must survive. An outage is a
 time-based fault: for its window every call to a repository endpoint is answered 503 and
-counted (``/_control/unavailable``, or ``--unavailable-for`` from the start). CI runs
-finish after a delay with a scripted outcome and are announced by an HMAC-signed
-webhook that may be delivered several times. State lives in SQLite, so a restarted
-forge still knows what it created, and ``/_control/effects`` counts the objects each
-idempotency key created so a checker can assert that none was created twice.
+counted (``/_control/unavailable``, or ``--unavailable-for`` from the start). Repositories are real git repositories (``repository``): a branch is a ref, a commit writes the
+agent's files on the branch's head and answers with its diff, a merge request names a branch at a
+sha. A CI run runs the commit's own tests (``ci``), takes at least ``--ci-delay`` seconds, and is
+announced by an HMAC-signed webhook that may be delivered several times. State lives in SQLite and
+the repositories beside it (``<state>.repos``), so a restarted forge still knows what it created,
+and ``/_control/effects`` counts the objects each idempotency key created so a checker can assert
+that none was created twice.
 
 Run it with ``python -m longrun_dependency_upgrade.forge --port 8081 --state /tmp/forge.sqlite``.
 """
@@ -24,12 +26,14 @@ import hmac
 import json
 import logging
 import os
-import sqlite3
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -38,155 +42,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from longrun_dependency_upgrade.ci import run_tests
+from longrun_dependency_upgrade.forge_store import Created, Store, canonical, public
+from longrun_dependency_upgrade.repository import MAIN, BadName, Repositories
+
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("branches", "commits", "ci_runs", "merge_requests")
 FAULT_MODES = ("timeout_after_commit", "fail_before_commit", "error_500_after_commit")
-DEFAULT_FAILURE_LOG = """\
-$ make test
-collected 42 items
-tests/test_payment_client.py::PaymentClientTest::testRefund FAILED
-DeprecationWarning: Client.charge is deprecated and was removed in payments-sdk 3.0; \
-use Client.create_charge
-  File "payments/client.py", line 57, in refund
-    return self.client.charge(order.amount, refund=True)
-AttributeError: 'Client' object has no attribute 'charge'
-FAILED PaymentClientTest.testRefund - AttributeError: Client.charge was removed, \
-use Client.create_charge
-1 failed, 41 passed
-"""
-PASSING_LOG = "$ make test\ncollected 42 items\n42 passed\n"
-# With no script, a branch's first CI run fails the way the upgrade story needs; later runs pass.
-DEFAULT_CI_SCRIPT = [{"status": "failed", "log": DEFAULT_FAILURE_LOG}]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS objects (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL, repo TEXT NOT NULL, ref TEXT NOT NULL,
-    -- not unique by itself: idempotency.key is, and /_control/effects counts these rows to show it
-    idempotency_key TEXT NOT NULL,
-    body TEXT NOT NULL,
-    UNIQUE (kind, repo, ref)
-);
-CREATE TABLE IF NOT EXISTS idempotency (
-    key TEXT PRIMARY KEY, request_hash TEXT NOT NULL, response TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def sign_payload(secret: str, body: bytes) -> str:
     """The ``X-Forge-Signature`` value for a webhook body."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
-def _public(obj: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if not k.startswith("_")}
-
-
-class _Store:
-    """The forge's SQLite state; each method is one transaction on the server's loop."""
-
-    def __init__(self, path: str) -> None:
-        # Created by whoever builds the app, used from the thread uvicorn serves on.
-        self._db = sqlite3.connect(path, check_same_thread=False)
-        self._db.executescript(_SCHEMA)
-
-    def get(self, kind: str, repo: str, ref: str) -> dict[str, Any] | None:
-        row = self._db.execute(
-            "SELECT body FROM objects WHERE kind = ? AND repo = ? AND ref = ?", (kind, repo, ref)
-        ).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def count(self, kind: str, repo: str | None = None, **fields: str) -> int:
-        sql, params = "SELECT count(*) FROM objects WHERE kind = ?", [kind]
-        if repo is not None:
-            sql, params = sql + " AND repo = ?", [*params, repo]
-        for name, value in fields.items():
-            sql, params = sql + " AND json_extract(body, ?) = ?", [*params, f"$.{name}", value]
-        return self._db.execute(sql, params).fetchone()[0]
-
-    def create(self, created: _Created, key: str, request_hash: str) -> None:
-        repo = created.obj["repo"]
-        with self._db:
-            self._db.execute(
-                "INSERT INTO objects (kind, repo, ref, idempotency_key, body) VALUES (?, ?, ?, ?, ?)",
-                (created.kind, repo, created.ref, key, json.dumps(created.obj)),
-            )
-            self._db.execute(
-                "INSERT INTO idempotency VALUES (?, ?, ?)",
-                (key, request_hash, json.dumps(_public(created.obj))),
-            )
-            for kind, ref, obj in created.updates:
-                self._update(kind, repo, ref, obj)
-
-    def update(self, kind: str, repo: str, ref: str, obj: dict[str, Any]) -> None:
-        with self._db:
-            self._update(kind, repo, ref, obj)
-
-    def _update(self, kind: str, repo: str, ref: str, obj: dict[str, Any]) -> None:
-        self._db.execute(
-            "UPDATE objects SET body = ? WHERE kind = ? AND repo = ? AND ref = ?",
-            (json.dumps(obj), kind, repo, ref),
-        )
-
-    def recorded(self, key: str) -> tuple[str, dict[str, Any]] | None:
-        row = self._db.execute(
-            "SELECT request_hash, response FROM idempotency WHERE key = ?", (key,)
-        ).fetchone()
-        return (row[0], json.loads(row[1])) if row else None
-
-    def by_key(self, key: str) -> tuple[str, dict[str, Any]] | None:
-        row = self._db.execute(
-            "SELECT kind, body FROM objects WHERE idempotency_key = ? ORDER BY seq LIMIT 1", (key,)
-        ).fetchone()
-        return (row[0], _public(json.loads(row[1]))) if row else None
-
-    def running_runs(self) -> list[dict[str, Any]]:
-        rows = self._db.execute(
-            "SELECT body FROM objects WHERE kind = 'ci_run'"
-            " AND json_extract(body, '$.status') = 'running'"
-        )
-        return [json.loads(body) for (body,) in rows]
-
-    def effects(self) -> list[dict[str, Any]]:
-        rows = self._db.execute(
-            "SELECT kind, idempotency_key, count(*) FROM objects"
-            " GROUP BY kind, idempotency_key ORDER BY min(seq)"
-        )
-        return [{"kind": k, "idempotency_key": key, "count": n} for k, key, n in rows]
-
-    def setting(self, name: str, default: Any = None) -> Any:
-        row = self._db.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
-        return json.loads(row[0]) if row else default
-
-    def put_setting(self, name: str, value: Any) -> None:
-        with self._db:
-            self._db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (name, json.dumps(value)))
-
-    def drop_setting(self, name: str) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM settings WHERE name = ?", (name,))
-
-    def reset(self) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM objects")
-            self._db.execute("DELETE FROM idempotency")
-            self._db.execute("DELETE FROM settings")
-
-    def close(self) -> None:
-        self._db.close()
-
-
-class _Created(NamedTuple):
-    kind: str
-    ref: str
-    obj: dict[str, Any]
-    updates: tuple[tuple[str, str, dict[str, Any]], ...] = ()
 
 
 class _Reject(Exception):
@@ -226,7 +94,7 @@ async def _hold(request: Request, seconds: float) -> None:
         await asyncio.sleep(0.05)
 
 
-_Build = Callable[[Request, str, dict[str, Any]], _Created]
+_Build = Callable[[Request, str, dict[str, Any]], Created]
 
 
 class _Outage:
@@ -251,8 +119,9 @@ class _Outage:
 class _Forge:
     """The endpoints, over one store; CI runs finish in tasks on the server's loop."""
 
-    def __init__(self, store: _Store, ci_delay: float) -> None:
+    def __init__(self, store: Store, repositories: Repositories, ci_delay: float) -> None:
         self.store = store
+        self.repositories = repositories
         self.ci_delay = ci_delay
         self.tasks: set[asyncio.Task[None]] = set()
         self.outage = _Outage()
@@ -273,12 +142,16 @@ class _Forge:
         if fault and fault["mode"] == "fail_before_commit":
             raise _Reject(503, "unavailable", "injected fault: nothing was created")
         self._fence(key, request.headers.get("Fencing-Token"))
-        request_hash = hashlib.sha256(_canonical([request.method, request.url.path, body])).hexdigest()
+        request_hash = hashlib.sha256(canonical([request.method, request.url.path, body])).hexdigest()
         headers = {}
         # No await from this lookup to the insert below: check-and-create is atomic on this loop.
         recorded = self.store.recorded(key)
         if recorded is None:
-            response = self._create(build(request, request.path_params["repo"], body), key, request_hash)
+            try:
+                created = build(request, request.path_params["repo"], body)
+            except BadName as exc:
+                raise _Reject(400, "bad_name", str(exc)) from exc
+            response = self._create(created, key, request_hash)
         elif recorded[0] == request_hash:
             response, headers = recorded[1], {"Idempotent-Replayed": "true"}
         else:
@@ -309,11 +182,11 @@ class _Forge:
                           idempotency_key=key, fencing_token=token, newest_fencing_token=newest)
         self.store.put_setting(f"fence:{key}", token)
 
-    def _create(self, created: _Created, key: str, request_hash: str) -> dict[str, Any]:
+    def _create(self, created: Created, key: str, request_hash: str) -> dict[str, Any]:
         self.store.create(created, key, request_hash)
         if created.kind == "ci_run":
             self._schedule_finish(created.obj)
-        return _public(created.obj)
+        return public(created.obj)
 
     def _take_fault(self, endpoint: str) -> dict[str, Any] | None:
         fault = self.store.setting(f"fault:{endpoint}")
@@ -325,22 +198,17 @@ class _Forge:
             self.store.put_setting(f"fault:{endpoint}", {**fault, "times": fault["times"] - 1})
         return fault
 
-    def _resolve(self, repo: str, ref: str) -> str:
-        if branch := self.store.get("branch", repo, ref):
-            return branch["head_sha"]
-        if self.store.get("commit", repo, ref):
-            return ref
-        # A base ref the forge never saw (e.g. "main") gets a stable synthetic head.
-        return hashlib.sha1(f"{repo}@{ref}".encode()).hexdigest()
-
-    def new_branch(self, request: Request, repo: str, body: dict[str, Any]) -> _Created:
+    def new_branch(self, request: Request, repo: str, body: dict[str, Any]) -> Created:
         name, base = _field(body, "name", str), _field(body, "from", str)
         if self.store.get("branch", repo, name):
             raise _Reject(409, "branch_exists", f"branch {name!r} already exists in {repo}")
-        head = self._resolve(repo, base)
-        return _Created("branch", name, {"repo": repo, "name": name, "from": base, "head_sha": head})
+        head = self.repositories.resolve(repo, base)
+        if head is None:
+            raise _Reject(404, "unknown_ref", f"no branch or commit {base!r} in {repo}")
+        self.repositories.set_branch(repo, name, head)
+        return Created("branch", name, {"repo": repo, "name": name, "from": base, "head_sha": head})
 
-    def new_commit(self, request: Request, repo: str, body: dict[str, Any]) -> _Created:
+    def new_commit(self, request: Request, repo: str, body: dict[str, Any]) -> Created:
         name, files = _field(body, "branch", str), _field(body, "files", dict)
         message = _field(body, "message", str)
         if not all(isinstance(v, str) for v in files.values()):
@@ -349,25 +217,25 @@ class _Forge:
         if branch is None:
             raise _Reject(404, "unknown_branch", f"no branch {name!r} in {repo}")
         parent = branch["head_sha"]
-        sha = hashlib.sha1(_canonical([repo, name, parent, files, message])).hexdigest()
+        # The key as a trailer: two runs committing the same files on the same parent get two commits.
+        sha = self.repositories.commit(repo, parent, files, f"{message}\n\nIdempotency-Key: "
+                                                            f"{request.headers['Idempotency-Key']}\n")
+        self.repositories.set_branch(repo, name, sha)
         commit = {"repo": repo, "sha": sha, "branch": name, "parent": parent, "message": message,
-                  "files": files}
-        return _Created("commit", sha, commit, (("branch", name, {**branch, "head_sha": sha}),))
+                  "files": files, "diff": self.repositories.diff(repo, parent, sha)}
+        return Created("commit", sha, commit, (("branch", name, {**branch, "head_sha": sha}),))
 
-    def new_ci_run(self, request: Request, repo: str, body: dict[str, Any]) -> _Created:
+    def new_ci_run(self, request: Request, repo: str, body: dict[str, Any]) -> Created:
         sha = _field(body, "sha", str)
         commit = self.store.get("commit", repo, sha)
         if commit is None:
             raise _Reject(404, "unknown_sha", f"no commit {sha} in {repo}")
-        ordinal = self.store.count("ci_run", repo, branch=commit["branch"])
-        script = self.store.setting(f"ci_script:{repo}", DEFAULT_CI_SCRIPT)
-        plan = script[ordinal] if ordinal < len(script) else {"status": "passed", "log": PASSING_LOG}
         run_id = self.store.count("ci_run") + 1
         run = {"repo": repo, "id": run_id, "sha": sha, "branch": commit["branch"], "status": "running",
-               "log": "", "_plan": plan, "_finish_at": time.time() + self.ci_delay}
-        return _Created("ci_run", str(run_id), run)
+               "log": "", "summary": "", "_finish_at": time.time() + self.ci_delay}
+        return Created("ci_run", str(run_id), run)
 
-    def new_merge_request(self, request: Request, repo: str, body: dict[str, Any]) -> _Created:
+    def new_merge_request(self, request: Request, repo: str, body: dict[str, Any]) -> Created:
         source, sha = _field(body, "source_branch", str), _field(body, "sha", str)
         title, description = _field(body, "title", str), _field(body, "description", str, "")
         branch = self.store.get("branch", repo, source)
@@ -381,9 +249,9 @@ class _Forge:
         number = self.store.count("merge_request", repo) + 1
         mr = {"repo": repo, "id": self.store.count("merge_request") + 1, "number": number,
               "url": f"{str(request.base_url).rstrip('/')}/{repo}/merge_requests/{number}",
-              "state": "open", "source_branch": source, "title": title, "description": description,
-              "sha": sha}
-        return _Created("merge_request", str(number), mr)
+              "state": "open", "source_branch": source, "target_branch": MAIN, "title": title,
+              "description": description, "sha": sha}
+        return Created("merge_request", str(number), mr)
 
     async def get_ci_run(self, request: Request) -> JSONResponse:
         self.outage.refuse()
@@ -391,7 +259,7 @@ class _Forge:
         run = self.store.get("ci_run", request.path_params["repo"], str(run_id))
         if run is None:
             raise _Reject(404, "unknown_ci_run", f"no CI run {run_id}")
-        return JSONResponse(_public(run))
+        return JSONResponse(public(run))
 
     async def lookup(self, request: Request) -> JSONResponse:
         self.outage.refuse()
@@ -427,22 +295,13 @@ class _Forge:
         self.store.put_setting("webhook", hook)
         return JSONResponse({"url": hook["url"], "deliver_times": hook["deliver_times"]})
 
-    async def set_ci_script(self, request: Request) -> JSONResponse:
-        body = await _json_object(request)
-        repo, runs = _field(body, "repo", str), _field(body, "runs", list)
-        if not all(isinstance(r, dict) and r.get("status") in ("failed", "passed") for r in runs):
-            raise _Reject(400, "bad_request", 'each run needs "status": "failed" | "passed"')
-        default_log = {"failed": DEFAULT_FAILURE_LOG, "passed": PASSING_LOG}
-        script = [{"status": r["status"], "log": r.get("log") or default_log[r["status"]]} for r in runs]
-        self.store.put_setting(f"ci_script:{repo}", script)
-        return JSONResponse({"repo": repo, "runs": script})
-
     async def effects(self, request: Request) -> JSONResponse:
         return JSONResponse(self.store.effects())
 
     async def reset(self, request: Request) -> JSONResponse:
         self.cancel_pending()
         self.store.reset()
+        self.repositories.reset()
         return JSONResponse({"reset": True})
 
     async def healthz(self, request: Request) -> JSONResponse:
@@ -458,18 +317,18 @@ class _Forge:
             task.cancel()
 
     def _schedule_finish(self, run: dict[str, Any]) -> None:
-        finish = self._finish(run["repo"], run["id"], run["_finish_at"])
+        finish = self._finish(run["repo"], run["id"], run["sha"], run["_finish_at"])
         task = asyncio.get_running_loop().create_task(finish)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _finish(self, repo: str, run_id: int, finish_at: float) -> None:
+    async def _finish(self, repo: str, run_id: int, sha: str, finish_at: float) -> None:
+        outcome = await asyncio.to_thread(run_tests, self.repositories, repo, sha)
         await asyncio.sleep(max(0.0, finish_at - time.time()))
         run = self.store.get("ci_run", repo, str(run_id))
         if run is None or run["status"] != "running":
             return
-        plan = run.pop("_plan")
-        run.update(status=plan["status"], log=plan["log"])
+        run.update(status=outcome.status, summary=outcome.summary, log=outcome.log)
         self.store.update("ci_run", repo, str(run_id), run)
         await self._deliver({
             "id": f"evt-{uuid.uuid4()}", "type": "ci.finished", "ci_run_id": run_id, "repo": repo,
@@ -481,7 +340,7 @@ class _Forge:
         hook = self.store.setting("webhook")
         if hook is None:
             return
-        body = _canonical(event)
+        body = canonical(event)
         headers = {"Content-Type": "application/json", "X-Forge-Event-Id": event["id"],
                    "X-Forge-Signature": sign_payload(hook["secret"], body)}
         async with httpx.AsyncClient(timeout=5.0) as client:
@@ -495,10 +354,14 @@ class _Forge:
 
 
 def create_app(state_path: str | None = None, *, ci_delay: float = 0.2, unavailable_for: float = 0.0) -> Starlette:
-    """The forge app; ``state_path`` defaults to ``$LONGRUN_FORGE_STATE``, else in-memory;
+    """The forge app; ``state_path`` defaults to ``$LONGRUN_FORGE_STATE``, else in-memory, the git
+    repositories in ``<state_path>.repos`` (in-memory: a temporary directory removed at shutdown);
     ``unavailable_for``: seconds of outage from the start."""
-    store = _Store(state_path or os.environ.get("LONGRUN_FORGE_STATE", ":memory:"))
-    forge = _Forge(store, ci_delay)
+    state = state_path or os.environ.get("LONGRUN_FORGE_STATE", ":memory:")
+    transient = state == ":memory:"
+    repositories = Repositories(Path(tempfile.mkdtemp(prefix="forge-repos-") if transient else f"{state}.repos"))
+    store = Store(state)
+    forge = _Forge(store, repositories, ci_delay)
     forge.outage.start(unavailable_for)
 
     @asynccontextmanager
@@ -507,6 +370,8 @@ def create_app(state_path: str | None = None, *, ci_delay: float = 0.2, unavaila
         yield
         forge.cancel_pending()
         store.close()
+        if transient:
+            shutil.rmtree(repositories.root, ignore_errors=True)
 
     repo = "/repos/{repo:path}"
     return Starlette(
@@ -521,7 +386,6 @@ def create_app(state_path: str | None = None, *, ci_delay: float = 0.2, unavaila
             Route("/_control/faults", forge.set_fault, methods=["POST"]),
             Route("/_control/unavailable", forge.unavailable, methods=["GET", "POST"]),
             Route("/_control/webhook", forge.set_webhook, methods=["POST"]),
-            Route("/_control/ci_script", forge.set_ci_script, methods=["POST"]),
             Route("/_control/effects", forge.effects, methods=["GET"]),
             Route("/_control/reset", forge.reset, methods=["POST"]),
             Route("/healthz", forge.healthz, methods=["GET"]),
@@ -538,8 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--state", default=os.environ.get("LONGRUN_FORGE_STATE", ":memory:"),
-                        help="SQLite file that keeps the forge's objects across restarts")
-    parser.add_argument("--ci-delay", type=float, default=0.2, help="seconds until a CI run finishes")
+                        help="SQLite file that keeps the forge's objects across restarts; the git "
+                             "repositories are kept beside it, in <state>.repos")
+    parser.add_argument("--ci-delay", type=float, default=0.2, help="seconds a CI run takes at least (its tests run meanwhile)")
     parser.add_argument("--unavailable-for", type=float, default=0.0,
                         help="seconds from the start during which every repository call is answered 503")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The runtime's HTTP client for the fake forge, with honest failure classes.
+"""The runtime's HTTP client for the demo forge, with honest failure classes.
 
 How a call fails decides what the action ledger may do next, so this client maps
 transport outcomes carefully:
@@ -36,12 +36,25 @@ class Branch(TypedDict):
     head_sha: str
 
 
+class FileChange(TypedDict):
+    path: str
+    added: int
+    removed: int
+
+
+class Diff(TypedDict):
+    files: list[FileChange]
+    added: int
+    removed: int
+
+
 class Commit(TypedDict):
     repo: str
     sha: str
     branch: str
     parent: str
     message: str
+    diff: Diff
 
 
 class CiRun(TypedDict):
@@ -50,6 +63,7 @@ class CiRun(TypedDict):
     sha: str
     branch: str
     status: Literal["running", "failed", "passed"]
+    summary: str
     log: str
 
 
@@ -60,6 +74,7 @@ class MergeRequest(TypedDict):
     url: str
     state: str
     source_branch: str
+    target_branch: str
     sha: str
 
 
@@ -151,10 +166,6 @@ class ForgeClient:
     async def set_webhook(self, url: str, secret: str, *, deliver_times: int = 1) -> None:
         body = {"url": url, "secret": secret, "deliver_times": deliver_times}
         await self._control("/_control/webhook", body)
-
-    async def set_ci_script(self, repo: str, runs: list[dict[str, str]]) -> None:
-        """Outcome of the n-th CI run of each branch; runs past the list pass."""
-        await self._control("/_control/ci_script", {"repo": repo, "runs": runs})
 
     async def effects(self) -> list[Effect]:
         return cast(list[Effect], await self._read("forge.effects", "/_control/effects"))

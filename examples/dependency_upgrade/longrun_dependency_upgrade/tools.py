@@ -61,7 +61,7 @@ def forge_tools(client: ForgeClient, *, timeout: float = 10.0) -> dict[str, Tool
         commit = await client.create_commit(args["repo"], branch=args["branch"], files=dict(args["files"]),
                                             message=args["message"], idempotency_key=key,
                                             fencing_token=token)
-        return ToolResult(commit["sha"], {"sha": commit["sha"], "branch": commit["branch"]})
+        return ToolResult(commit["sha"], {"sha": commit["sha"], "branch": commit["branch"], "diff": commit["diff"]})
 
     async def start_ci(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
         run = await client.start_ci_run(args["repo"], sha=args["sha"], idempotency_key=key, fencing_token=token)

