@@ -54,9 +54,9 @@ def reconciler_present() -> bool:
         return False
 
 
-def create_message(key: str, steps: int, *, user: str) -> aio_pika.Message:
+def create_message(key: str, steps: int, *, user: str, workflow: str = "steps") -> aio_pika.Message:
     """The run.create the bench's producer sends for the run of idempotency key ``key``."""
-    return to_message(make("run.create", {"workflow": "steps", "idempotency_key": key, "input": {"steps": steps},
+    return to_message(make("run.create", {"workflow": workflow, "idempotency_key": key, "input": {"steps": steps},
                                           "priority": 5}, producer="bench", tenant_id=TENANT), user_id=user)
 
 
@@ -80,21 +80,21 @@ class Producer:
         if self.connection is not None:
             await self.connection.close()
 
-    async def create(self, key: str, steps: int) -> None:
+    async def create(self, key: str, steps: int, workflow: str = "steps") -> None:
         assert self.exchange is not None
-        message = create_message(key, steps, user=broker_user(self.amqp_url))
+        message = create_message(key, steps, user=broker_user(self.amqp_url), workflow=workflow)
         self.published[key] = time.time()
         exchange = self.exchange
         await publish_confirmed(lambda: exchange.publish(message, routing_key="run.create"),
                                 exchange=topology.INGRESS_EXCHANGE, routing_key="run.create", backoff=NACK_BACKOFF,
                                 what=f"run.create {key}")
 
-    async def burst(self, keys: list[str], steps: int, window: int = 100) -> None:
+    async def burst(self, keys: list[str], steps: int, window: int = 100, workflow: str = "steps") -> None:
         slots = asyncio.Semaphore(window)
 
         async def one(key: str) -> None:
             async with slots:
-                await self.create(key, steps)
+                await self.create(key, steps, workflow)
 
         await asyncio.gather(*(one(k) for k in keys))
 
@@ -130,6 +130,8 @@ class Ensemble:
     workers: int
     services: Services | None = None
     tenant_slots: int | None = None
+    run_kinds: str | None = None
+    """``LONGRUN_RUN_KINDS`` of its services; None: the default (``steps``)."""
 
     async def start(self, *, count: bool = True, lease_ttl: float | None = None,
                     reconciler: bool = False) -> Services:
@@ -146,7 +148,8 @@ class Ensemble:
                             lease_ttl=lease_ttl or self.knobs.lease_ttl, log_level=self.knobs.log_level,
                             count_dir=count_dir,
                             LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
-                            LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency))
+                            LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency),
+                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}))
         self.services = services
         services.start("scheduler", "scheduler")
         services.start("relay", "relay")
@@ -189,8 +192,9 @@ class Ensemble:
                 "completed_ms": percentiles(done[1:] or done), "first_step_ms": percentiles(first[1:] or first),
                 "hops_p50_ms": hops}
 
-    async def saturate(self, runs: int) -> dict[str, Any]:
-        """M runs at once, N in flight; the sustained rates and what each step cost."""
+    async def saturate(self, runs: int, workflow: str = "steps") -> dict[str, Any]:
+        """M runs at once, N in flight; the sustained rates and what each step cost. ``workflow``: ``steps``
+        or its code-first twin ``steps_code_first``."""
         assert self.services is not None
         prefix = f"sat-{uuid.uuid4().hex[:6]}"
         keys = [f"{prefix}-{i:06d}" for i in range(runs)]
@@ -201,7 +205,7 @@ class Ensemble:
         watch.start()
         t0 = time.time()
         async with Producer(self.infra.amqp_url) as producer:
-            await producer.burst(keys, self.knobs.steps)
+            await producer.burst(keys, self.knobs.steps, workflow=workflow)
             publish_s = time.time() - t0
             await self._wait_completed(prefix, runs, timeout=max(120.0, runs * self.knobs.steps / 10),
                                        watch=watch)
@@ -437,6 +441,24 @@ async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: in
     pruned = {table: n - pruned_before.get(table, 0) for table, n in (await pruned_so_far(engine)).items()}
     return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "profile": profile,
             "pruned": {table: n for table, n in pruned.items() if n}, "service_errors": errors}
+
+
+CODE_FIRST_KINDS = "longrun.workflows:builtin,longrun.workflows.steps_code_first:STEPS_CODE_FIRST"
+
+
+async def code_first_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:
+    """The ``steps`` workload decide-style and code-first (``steps_code_first``), saturated in turn on one
+    ensemble: what replaying a function on every step costs beside ``decide``."""
+    ensemble = Ensemble(infra, engine, knobs, workers, run_kinds=CODE_FIRST_KINDS)
+    try:
+        await ensemble.start()
+        decide = await ensemble.saturate(knobs.runs)
+        code_first = await ensemble.saturate(knobs.runs, workflow="steps_code_first")
+    finally:
+        ensemble.stop()
+    keep = ("steps_per_s", "steps_per_s_overall", "runs_per_s", "cpu_ms_per_step", "completed_ms")
+    return {"decide": {k: decide[k] for k in keep}, "code_first": {k: code_first[k] for k in keep},
+            "code_first_vs_decide": round(code_first["steps_per_s"] / max(decide["steps_per_s"], 0.1), 2)}
 
 
 async def scale_point(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:

@@ -287,6 +287,16 @@ def table(r: dict[str, Any]) -> str:
                 f"{wake['all_fired_after_s']} s, all taken up after {wake['all_taken_up_after_s']} s, all completed after "
                 f"{wake['all_completed_after_s']} s")
 
+    cf = r.get("code_first") or {}
+    if cf:
+        add("")
+        add(f"CODE-FIRST: the steps workload saturated on one ensemble, K={k['steps']}, M={k['runs']}")
+        for name in ("decide", "code_first"):
+            side = cf[name]
+            add(f"  {name:<12} {_n(side['steps_per_s'])} steps/s, {_n(side['runs_per_s'])} runs/s, "
+                f"workers {side['cpu_ms_per_step']['workers']} CPU ms/step")
+        add(f"  code-first / decide-style steps/s: {_n(cf['code_first_vs_decide'], 2)}")
+
     add("")
     add("RATIOS (same run)")
     for name, v in (r.get("ratios") or {}).items():

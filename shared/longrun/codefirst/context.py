@@ -35,7 +35,8 @@ class Context:
 
     @property
     def run(self) -> RunSnapshot:
-        """The run as the engine holds it (read-only): its id, labels, budget, facts."""
+        """The run as the engine holds it now (read-only): its id and labels. What changes as it runs (facts,
+        actions, budget) is not journaled at this point of the function: read results from awaits."""
         return self._journal.state
 
     def now(self) -> float:
