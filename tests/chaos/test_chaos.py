@@ -113,14 +113,15 @@ async def _progress(chaos: Chaos, engine, until: float) -> None:  # type: ignore
 
 async def _every_run_ended_as_its_story_says(engine, chaos: Chaos, replay: str) -> None:  # type: ignore[no-untyped-def]
     """``steps`` runs complete, or end TIMED_OUT by their business deadline or their schedule-to-start
-    if they had one; an upgrade completes unless its approver denied the merge; a ``long_call`` run
+    if they had one; an upgrade completes unless its approver denied the merge (version 2, code-first, says
+    so through its exception: ``UpgradeFailed: merge denied by ...``); a ``long_call`` run
     completes, or fails once its call's retries are spent (heartbeat or start-to-close timeouts, or
     the forge down for a write)."""
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
             "SELECT run_id, workflow, status, snapshot->>'terminal_reason' AS reason, idempotency_key FROM runs "
             "WHERE NOT (status = 'COMPLETED' OR (workflow = 'dependency_upgrade' AND status = 'FAILED' "
-            "AND snapshot->>'terminal_reason' LIKE 'merge denied by %'))"))).all()
+            "AND snapshot->>'terminal_reason' LIKE '%merge denied by %'))"))).all()
 
     def told(row) -> bool:  # type: ignore[no-untyped-def]
         reason = row.reason or ""
