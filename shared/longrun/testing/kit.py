@@ -33,9 +33,9 @@ from longrun.domain import (
     JsonValue,
     Question,
     ReceivedSignal,
-    event_to_dict,
     RunSnapshot,
     RunStatus,
+    event_to_dict,
     received_signals,
     violations,
 )
