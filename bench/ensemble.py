@@ -135,6 +135,8 @@ class Ensemble:
     tenant_slots: int | None = None
     run_kinds: str | None = None
     """``LONGRUN_RUN_KINDS`` of its services; None: the default (``steps``)."""
+    env: dict[str, str] | None = None
+    """More ``LONGRUN_*`` variables for its services (they win over ``BENCH_RETENTION``'s)."""
 
     async def start(self, *, count: bool = True, lease_ttl: float | None = None,
                     reconciler: bool = False) -> Services:
@@ -152,7 +154,7 @@ class Ensemble:
                             count_dir=count_dir,
                             LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
                             LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency),
-                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}))
+                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}), **(self.env or {}))
         self.services = services
         services.start("scheduler", "scheduler")
         services.start("relay", "relay")

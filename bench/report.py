@@ -73,6 +73,8 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
                                                dig(r, "restate", "lone_ms", "p50")),
         "recovery_max_over_lease_ttl": _ratio(dig(r, "recovery", "next_step_after_kill_s", "max"),
                                               dig(r, "recovery", "run_lease_ttl_s")),
+        "retention_short_horizon_over_default": _ratio(dig(r, "retention", "short_horizon", "steps_per_s"),
+                                                       dig(r, "retention", "default", "steps_per_s")),
     }
 
 
@@ -258,6 +260,8 @@ def table(r: dict[str, Any]) -> str:
             add(f"    first step                 {_pct(h.get('first_step_ms'))}")
             add(f"    completed                  {_pct(h.get('completed_ms'))}")
 
+    _retention(add, r.get("retention") or {}, r.get("ratios") or {})
+
     scale = r.get("scale") or []
     if scale:
         add("")
@@ -336,6 +340,21 @@ def table(r: dict[str, Any]) -> str:
         verdict = {True: "MET", False: "MISSED", None: "not measured"}[tgt["met"]]
         add(f"  [{verdict:^12}] {tgt['target']}: {_n(tgt['measured'], 2)} {tgt['unit']}")
     return "\n".join(lines)
+
+
+def _retention(add: Any, rt: dict[str, Any], rat: dict[str, Any]) -> None:
+    """The ensemble saturated with retention at its default, then pruning with a short horizon."""
+    if not rt:
+        return
+    add("")
+    add(f"RETENTION (a fresh ensemble per side, {rt['runs']} runs of {rt['steps_per_run']} steps each)")
+    for name, label in (("default", "default horizons"), ("short_horizon", f"{rt['short_horizon_s']:g} s horizons")):
+        side = rt[name]
+        lost = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in side["lost"].items())
+        pruned = ", ".join(f"{t} {n:,}" for t, n in side["pruned"].items()) or "nothing"
+        add(f"  {label:<18} {_n(side['steps_per_s']):>6} steps/s; lost: {lost}; pruned during it: {pruned}")
+    add(f"  short / default steps/s: {_n(rat.get('retention_short_horizon_over_default'), 2)}; "
+        f"{'no loss' if rt['no_loss'] else '!! LOSS (above)'}")
 
 
 def _restate_log(durability: dict[str, Any]) -> str:
