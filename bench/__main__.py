@@ -3,8 +3,8 @@
 Knobs (environment): BENCH_QUICK=1 (a ~3-minute smoke run), BENCH_STEPS (K, 3),
 BENCH_INFLIGHT (N, 64), BENCH_RUNS (M), BENCH_WORKERS (2), BENCH_REPLICAS ("1,2,4"),
 BENCH_TIMERS (10000), BENCH_PARKED (10000), BENCH_LIMITED_CALLS (1000), BENCH_PHASES (comma list of
-limits,ensemble,bare_after,code_first,dbos,temporal,restate,scale,timers,recovery,waiting; and million, only
-when named:
+limits,ensemble,bare_after,retention,code_first,dbos,temporal,restate,scale,timers,recovery,waiting; and
+million, only when named:
 BENCH_SCALE_RUNS sizes, 20000,1000000), BENCH_LEASE_TTL (5),
 BENCH_LOG_LEVEL (WARNING). PostgreSQL and RabbitMQ come from LONGRUN_DATABASE_URL /
 LONGRUN_AMQP_URL or the local defaults; the bench uses its own database and vhost.
@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import ensemble, limits, peers, rate_limited, recovery, report, scale, timers
+from bench import ensemble, limits, peers, pruning, rate_limited, recovery, report, scale, timers
 from bench.common import ROOT, CpuWatch, Knobs, loadavg, stop_all
 from bench.infra import Infra, interference
 
@@ -189,6 +189,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "limits": lambda: _limits(infra, engine, knobs),
         "ensemble": lambda: ensemble.run_phase(infra, engine, knobs, knobs.workers),
         "bare_after": lambda: _bare_after(infra, engine, knobs),
+        "retention": lambda: pruning.default_and_short_horizon(infra, engine, knobs, knobs.workers),
         "code_first": lambda: ensemble.code_first_phase(infra, engine, knobs, knobs.workers),
         "dbos": lambda: peers.dbos(infra, knobs),
         "temporal": lambda: peers.temporal(infra, knobs),

@@ -96,8 +96,8 @@ class Knobs:
         return asdict(self)
 
 
-ALL_PHASES = ("limits", "ensemble", "bare_after", "code_first", "dbos", "temporal", "restate", "scale", "timers",
-              "recovery", "waiting")
+ALL_PHASES = ("limits", "ensemble", "bare_after", "retention", "code_first", "dbos", "temporal", "restate", "scale",
+              "timers", "recovery", "waiting")
 ON_DEMAND_PHASES = ("million",)
 """Run only when named (``make bench-scale``): a million parked runs take a quarter of an hour to load."""
 

@@ -11,6 +11,8 @@ counted inside each service (``bench.counting``), transactions also from
 
 Measurements:
 - ``lone``: one run at a time (K steps), latency publish -> completed;
+- ``bus``: one run at a time again, latency publish -> its terminal event delivered to a consumer on
+  the bus (``bench.terminal_event``);
 - ``saturate``: M runs published at once, N in flight: sustained steps/s and runs/s
   (between the 10th and 90th percentile of step completions), latency percentiles,
   transactions, round trips and messages per step, CPU per process, the bottleneck;
@@ -33,6 +35,7 @@ import aio_pika
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import terminal_event
 from bench.common import CpuWatch, Knobs, bottleneck, percentiles, postgres_and_broker_pids
 from bench.infra import Infra, Services, pg_xacts, pruned_so_far
 from bench.profile import Sampler
@@ -132,6 +135,8 @@ class Ensemble:
     tenant_slots: int | None = None
     run_kinds: str | None = None
     """``LONGRUN_RUN_KINDS`` of its services; None: the default (``steps``)."""
+    env: dict[str, str] | None = None
+    """More ``LONGRUN_*`` variables for its services (they win over ``BENCH_RETENTION``'s)."""
 
     async def start(self, *, count: bool = True, lease_ttl: float | None = None,
                     reconciler: bool = False) -> Services:
@@ -149,7 +154,7 @@ class Ensemble:
                             count_dir=count_dir,
                             LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
                             LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency),
-                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}))
+                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}), **(self.env or {}))
         self.services = services
         services.start("scheduler", "scheduler")
         services.start("relay", "relay")
@@ -426,12 +431,14 @@ def _per_step(rows: dict[str, int], sql: dict[str, dict[str, int]], after_x: tup
 
 
 async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: int) -> dict[str, Any]:
-    """lone + saturation + half load on ``workers`` replicas."""
+    """lone (in PostgreSQL, then on the bus) + saturation + half load on ``workers`` replicas."""
     ensemble = Ensemble(infra, engine, knobs, workers)
     pruned_before = await pruned_so_far(engine)
     try:
         await ensemble.start()
         lone = await ensemble.lone(knobs.lone)
+        async with Producer(infra.amqp_url) as producer:
+            bus = await terminal_event.lone_runs(producer, TENANT, knobs.lone, knobs.steps)
         saturate = await ensemble.saturate(knobs.runs)
         half = await ensemble.half_load(saturate["runs_per_s"], knobs.half_load_seconds)
         profile = await ensemble.profiled(max(knobs.runs // 2, 100))
@@ -439,7 +446,7 @@ async def run_phase(infra: Infra, engine: AsyncEngine, knobs: Knobs, workers: in
     finally:
         ensemble.stop()
     pruned = {table: n - pruned_before.get(table, 0) for table, n in (await pruned_so_far(engine)).items()}
-    return {"workers": workers, "lone": lone, "saturate": saturate, "half_load": half, "profile": profile,
+    return {"workers": workers, "lone": lone, "bus": bus, "saturate": saturate, "half_load": half, "profile": profile,
             "pruned": {table: n for table, n in pruned.items() if n}, "service_errors": errors}
 
 

@@ -33,6 +33,12 @@ def bare_reference(r: dict[str, Any]) -> float | None:
     return round(sum(around) / len(around), 1) if around else None
 
 
+def dbos_best(r: dict[str, Any]) -> float | None:
+    """DBOS's steps/s in its faster mode (started directly or through its queue); None unless both ran."""
+    modes = [dig(r, "dbos", mode, "steps_per_s") for mode in ("direct", "queue")]
+    return None if None in modes else max(modes)
+
+
 def ratios(r: dict[str, Any]) -> dict[str, Any]:
     ens = dig(r, "ensemble", "saturate", "steps_per_s")
     bare1 = dig(r, "limits", "bare_loop", 0, "steps_per_s")
@@ -45,6 +51,7 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
         "ensemble_steps_per_s": ens,
         "ensemble_over_dbos_queue": _ratio(ens, dig(r, "dbos", "queue", "steps_per_s")),
         "ensemble_over_dbos_direct": _ratio(ens, dig(r, "dbos", "direct", "steps_per_s")),
+        "ensemble_over_dbos_best": _ratio(ens, dbos_best(r)),
         "ensemble_over_temporal": _ratio(ens, dig(r, "temporal", "throughput", "steps_per_s")),
         "ensemble_over_restate": _ratio(ens, dig(r, "restate", "throughput", "steps_per_s")),
         "ensemble_over_bare_loop": _ratio(ens, bare),
@@ -66,33 +73,53 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
                                                dig(r, "restate", "lone_ms", "p50")),
         "recovery_max_over_lease_ttl": _ratio(dig(r, "recovery", "next_step_after_kill_s", "max"),
                                               dig(r, "recovery", "run_lease_ttl_s")),
+        "retention_short_horizon_over_default": _ratio(dig(r, "retention", "short_horizon", "steps_per_s"),
+                                                       dig(r, "retention", "default", "steps_per_s")),
     }
 
 
-def _target(name: str, value: float | None, limit: float, ok: Callable[[float, float], bool], unit: str) -> dict[str, Any]:
+def _target(name: str, value: float | None, limit: float | None, ok: Callable[[float, float], bool],
+            unit: str) -> dict[str, Any]:
+    """A target's verdict: None ("not measured") when its figure or its limit was not measured."""
     return {"target": name, "measured": value, "limit": limit, "unit": unit,
-            "met": None if value is None else bool(ok(value, limit))}
+            "met": None if value is None or limit is None else bool(ok(value, limit))}
+
+
+TIMERS_AT_ONCE = 10_000
+RECOVERY_ROWS = {"between_steps": "between steps", "mid_call": "mid-call"}
+"""The recovery phase's rows (``recovery.<row>``) and how the targets name them."""
+
+
+def _recovery_s(r: dict[str, Any], row: str) -> float | None:
+    """The slowest of a recovery row's runs to step again after the kill; a run that never did is slower
+    than any limit."""
+    if dig(r, "recovery", row, "not_recovered"):
+        return float("inf")
+    return dig(r, "recovery", row, "next_step_after_kill_s", "max")
 
 
 def targets(r: dict[str, Any], rat: dict[str, Any]) -> list[dict[str, Any]]:
     ge: Callable[[float, float], bool] = lambda v, lim: v >= lim  # noqa: E731
     le: Callable[[float, float], bool] = lambda v, lim: v <= lim  # noqa: E731
-    ttl = dig(r, "recovery", "run_lease_ttl_s") or 5
-    rec = dig(r, "recovery", "next_step_after_kill_s", "max")
-    if dig(r, "recovery", "not_recovered"):
-        rec = float("inf")
+    steps = dig(r, "knobs", "steps")
+    timers = dig(r, "timers", "timers") or 0
+    # Fewer timers at once (a quick run) is not the target's load: its lateness does not count.
+    p99 = dig(r, "timers", "lateness_s", "p99") if timers >= TIMERS_AT_ONCE else None
+    ttl = dig(r, "recovery", "partition_lease_ttl_s")
+    recovery_limit = None if ttl is None else ttl + 2
     return [
-        _target("ensemble steps/s >= 2 x DBOS (queue) steps/s", rat["ensemble_over_dbos_queue"], 2.0, ge, "x"),
-        _target("ensemble steps/s >= 0.5 x bare loop (mean of the loops before and after it)",
-                rat["ensemble_over_bare_loop"], 0.5, ge, "x"),
-        _target("lone 3-step run completes <= 30 ms (p50)", dig(r, "ensemble", "lone", "completed_ms", "p50"),
-                30.0, le, "ms"),
-        _target("run.create -> first step p50 <= 50 ms at half the sustained load",
-                dig(r, "ensemble", "half_load", "first_step_ms", "p50"), 50.0, le, "ms"),
-        _target(f"timer p99 lateness <= 1 s with 10,000 due at once (here {dig(r, 'timers', 'timers') or 0:,})",
-                dig(r, "timers", "lateness_s", "p99"), 1.0, le, "s"),
-        _target(f"recovery after a worker SIGKILL <= lease TTL + 2 s ({ttl + 2:g} s), max over its runs",
-                rec, ttl + 2, le, "s"),
+        _target("ensemble steps/s >= 2 x DBOS's best mode (the faster of started directly and its queue)",
+                rat["ensemble_over_dbos_best"], 2.0, ge, "x"),
+        _target(f"lone {steps}-step run p50 <= 0.8 x DBOS's", rat["lone_ms_longrun_over_dbos"], 0.8, le, "x"),
+        _target("publish -> terminal event received by a consumer on the bus, p50 <= 20 ms (lone runs)",
+                dig(r, "ensemble", "bus", "terminal_event_ms", "p50"), 20.0, le, "ms"),
+        _target("ensemble steps/s >= 0.6 x bare loop (mean of the loops before and after it)",
+                rat["ensemble_over_bare_loop"], 0.6, ge, "x"),
+        _target(f"timer p99 lateness <= 250 ms with {TIMERS_AT_ONCE:,} due at once (here {timers:,})",
+                None if p99 is None else round(p99 * 1000, 1), 250.0, le, "ms"),
+        *(_target(f"recovery after a worker SIGKILL {name} <= LONGRUN_PARTITION_LEASE_TTL + 2 s "
+                  f"({_n(recovery_limit, 1)} s), max over its runs", _recovery_s(r, row), recovery_limit, le, "s")
+          for row, name in RECOVERY_ROWS.items()),
     ]
 
 
@@ -202,6 +229,10 @@ def table(r: dict[str, Any]) -> str:
         add(f"ENSEMBLE ({ens.get('workers')} workers; real services; run.create published -> run_events)")
         add(f"  lone run, completed          {_pct(dig(ens, 'lone', 'completed_ms'))}")
         add(f"  lone run, first step         {_pct(dig(ens, 'lone', 'first_step_ms'))}")
+        bus = ens.get("bus") or {}
+        if bus:
+            add(f"  lone run, publish -> terminal event received on the bus {_pct(bus.get('terminal_event_ms'))} "
+                f"({bus['runs']} runs; " + ", ".join(f"{n} {c}" for n, c in bus["terminal_statuses"].items()) + ")")
         hops = dig(ens, "lone", "hops_p50_ms") or {}
         if hops:
             add("    where it goes (p50 ms): " + ", ".join(f"{n} {v}" for n, v in hops.items()))
@@ -228,6 +259,8 @@ def table(r: dict[str, Any]) -> str:
             add(f"  half load ({h['rate_runs_per_s']} runs/s = {h['rate_steps_per_s']} steps/s, {h['runs']} runs)")
             add(f"    first step                 {_pct(h.get('first_step_ms'))}")
             add(f"    completed                  {_pct(h.get('completed_ms'))}")
+
+    _retention(add, r.get("retention") or {}, r.get("ratios") or {})
 
     scale = r.get("scale") or []
     if scale:
@@ -307,6 +340,21 @@ def table(r: dict[str, Any]) -> str:
         verdict = {True: "MET", False: "MISSED", None: "not measured"}[tgt["met"]]
         add(f"  [{verdict:^12}] {tgt['target']}: {_n(tgt['measured'], 2)} {tgt['unit']}")
     return "\n".join(lines)
+
+
+def _retention(add: Any, rt: dict[str, Any], rat: dict[str, Any]) -> None:
+    """The ensemble saturated with retention at its default, then pruning with a short horizon."""
+    if not rt:
+        return
+    add("")
+    add(f"RETENTION (a fresh ensemble per side, {rt['runs']} runs of {rt['steps_per_run']} steps each)")
+    for name, label in (("default", "default horizons"), ("short_horizon", f"{rt['short_horizon_s']:g} s horizons")):
+        side = rt[name]
+        lost = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in side["lost"].items())
+        pruned = ", ".join(f"{t} {n:,}" for t, n in side["pruned"].items()) or "nothing"
+        add(f"  {label:<18} {_n(side['steps_per_s']):>6} steps/s; lost: {lost}; pruned during it: {pruned}")
+    add(f"  short / default steps/s: {_n(rat.get('retention_short_horizon_over_default'), 2)}; "
+        f"{'no loss' if rt['no_loss'] else '!! LOSS (above)'}")
 
 
 def _restate_log(durability: dict[str, Any]) -> str:
