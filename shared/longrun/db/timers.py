@@ -143,7 +143,7 @@ _CLAIM_DUE = driver.Statement(text(
     "       r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.snapshot #>> '{wait,wait_id}' AS wait_id, "
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
     "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
-    "       coalesce(r.snapshot -> 'labels', '{}') AS labels, r.workflow, "
+    "       CAST(coalesce(r.snapshot -> 'labels', '{}') AS text) AS labels, r.workflow, "
     "       r.schedule_to_start IS NOT NULL AS queue_timed, r.trace_root "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
@@ -153,9 +153,10 @@ async def claim_due(conn: AsyncConnection, *, limit: int) -> DueBatch | None:
     rows = await driver.rows(conn, _CLAIM_DUE, {"limit": limit})
     if not rows:
         return None
-    # Plain tuples, not attribute lookups on rows; the payloads are ours (no user data), so orjson reads them.
+    # Plain tuples, not attribute lookups on rows. The payloads are ours and the labels a flat map of
+    # strings, both read from jsonb's own text, so orjson reads them (psycopg's json loads is the stdlib's).
     return DueBatch(rows[0][5], [DueTimer(r[0], r[1], r[2], r[3], orjson.loads(r[4])) for r in rows],
-                    {r[1]: RunHead(r[1], *r[6:]) for r in rows})
+                    {r[1]: RunHead(r[1], *r[6:15], orjson.loads(r[15]), *r[16:]) for r in rows})
 
 
 @dataclass(frozen=True, slots=True)
