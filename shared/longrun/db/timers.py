@@ -270,7 +270,11 @@ _WRITE = text(
     "    SELECT o.timer_key FROM timers AS o JOIN w ON o.run_id = w.run_id AND o.payload ->> 'wait_id' = w.wait_id "
     "    WHERE w.applies AND w.run_id IN (SELECT run_id FROM applied) AND o.fired_at IS NULL "
     "    AND o.cancelled_at IS NULL AND o.timer_key <> w.timer_key FOR UPDATE OF o SKIP LOCKED)), "
-    f"sent AS ({outbox.insert_sql(_SENT)}) "
+    f"sent AS ({outbox.insert_sql(_SENT)}), "
+    # The wakes' own timers fired: marked here rather than by a statement of their own (``mark_fired``'s
+    # clock). No row is in both this and ``cancelled``, which skips each wake's own timer.
+    "marked AS ("
+    "  UPDATE timers SET fired_at = clock_timestamp(), cancelled_at = NULL FROM w WHERE timers.timer_key = w.timer_key) "
     "SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
 
 
@@ -282,9 +286,9 @@ async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake)
 
 async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake],
                       messages: Sequence[Mapping[str, Any]], *, status: str, occurred_at: datetime) -> None:
-    """Store each wake's event; a wake that applies moves its run to ``status`` and sends its
-    ``messages`` (outbox rows, ``outbox.row``, of every wake: those of a run that did not move are
-    dropped), a late one only stores its event. One statement for the whole batch.
+    """Store each wake's event and mark its timer fired; a wake that applies moves its run to ``status``
+    and sends its ``messages`` (outbox rows, ``outbox.row``, of every wake: those of a run that did not
+    move are dropped), a late one only stores its event. One statement for the whole batch.
 
     Every run must be locked by ``claim_due`` in this transaction and unchanged since.
     """
