@@ -283,6 +283,8 @@ def table(r: dict[str, Any]) -> str:
         add(f"  {tm['timers']:,} timers due at once (1 timer service): lateness "
             f"{_pct(tm.get('lateness_s'), 2, ' s')}, max {_n(dig(tm, 'lateness_s', 'max'), 2)} s; "
             f"all fired after {tm.get('all_fired_after_s')} s ({_n(tm.get('fired_per_s'))}/s)")
+        add(f"  CPU per wake: timer process {_n(tm.get('timer_cpu_ms_per_timer'), 3)} ms, PostgreSQL "
+            f"{_n(tm.get('postgres_cpu_ms_per_timer'), 3)} ms; committed p99 after {tm.get('p99_until_committed_s')} s")
         _profiles(add, tm.get("profile"))
     rec = r.get("recovery") or {}
     if rec:

@@ -123,6 +123,8 @@ async def timers_due_at_once(infra: Infra, engine: AsyncEngine, knobs: Knobs) ->
             "runs_woken_once": woken, "cpu_pct": cpu,
             # The timer process's own CPU per timer: unlike lateness, barely moved by other load.
             "timer_cpu_ms_per_timer": round(cpu["timer"] / 100 * watched * 1000 / n, 3),
+            # PostgreSQL's over the same window (all its processes: the bench's polling included).
+            "postgres_cpu_ms_per_timer": round(cpu.get("postgres", 0.0) / 100 * watched * 1000 / n, 3),
             "profile": {"timer": profile}, "profiled_timers": profiled, "service_errors": errors}
 
 

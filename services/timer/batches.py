@@ -145,12 +145,13 @@ async def _fire_batch(engine: AsyncEngine, *, batch: int, clock: Callable[[], fl
                 outcomes = {t.timer_key: await _fire_isolated(conn, t, at=clock(), now=fired_at, producer=producer,
                                                               kinds=kinds, retry=retry, trace=traces[t.timer_key])
                             for t in ordered}
+                written: set[str] = set()
             else:
-                outcomes = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
-                                               producer=producer, kinds=kinds, retry=retry, traces=traces)
+                outcomes, written = await _fire_quickly(conn, ordered, claimed.heads, at=clock(), now=fired_at,
+                                                        producer=producer, kinds=kinds, retry=retry, traces=traces)
             faults.crash_point("timer.after_fire_before_mark")
             marked = [key for key, outcome in outcomes.items() if outcome is not Outcome.FAILED]
-            await timers.mark_fired(conn, marked)
+            await timers.mark_fired(conn, [key for key in marked if key not in written])
         faults.crash_point("timer.after_commit")
         for key, span in spans.items():
             span.set_attribute("longrun.timer.outcome", outcomes[key].value)
@@ -180,8 +181,9 @@ def _traces(due: list[DueTimer], heads: dict[str, RunHead], spans: dict[str, Any
 
 async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: dict[str, RunHead], *, at: float,
                         now: datetime, producer: str, kinds: Registry, retry: RetryPolicy,
-                        traces: dict[str, str | None]) -> dict[str, Outcome]:
-    """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain."""
+                        traces: dict[str, str | None]) -> tuple[dict[str, Outcome], set[str]]:
+    """Wakes in bulk from the runs' heads, checked against the sample; the rest through the domain.
+    Returns each timer's outcome, and the timers the bulk write already marked fired."""
     per_run = Counter(t.run_id for t in ordered)
     quick: list[tuple[DueTimer, RunHead, bool]] = []
     full: list[DueTimer] = []
@@ -205,9 +207,9 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
                            len(ordered))
             await _write_together(conn, planned)
             rest = await _fire_together(conn, [t for t, _, _ in quick if t is not sample[0]], **domain)
-            return {**outcomes, **planned.outcomes, **rest.outcomes}
+            return {**outcomes, **planned.outcomes, **rest.outcomes}, set()
     if not quick:
-        return outcomes
+        return outcomes, set()
     # The sample is written the short way too: ``learn`` checked that this writes what the domain did.
     occurred_at = datetime.fromtimestamp(at, UTC)
     sent_at = occurred_at.isoformat()
@@ -215,10 +217,11 @@ async def _fire_quickly(conn: AsyncConnection, ordered: list[DueTimer], heads: d
             for m in shortcut.messages(timer, head, producer=producer, trace=traces[timer.timer_key], at=sent_at)]
     await timers.write_wakes(conn, template, [shortcut.wake(timer, head, applies) for timer, head, applies in quick],
                              sent, status=RunStatus.READY.value, occurred_at=occurred_at)
-    for _, head, applies in quick:
-        if applies:
-            metrics.TRANSITIONS.labels(head.workflow, RunStatus.READY.value).inc()
-    return {**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}}
+    # Counted once per run kind, not per wake: looking a label set up costs about as much as the wake's message.
+    for workflow, woken in Counter(head.workflow for _, head, applies in quick if applies).items():
+        metrics.TRANSITIONS.labels(workflow, RunStatus.READY.value).inc(woken)
+    return ({**outcomes, **{t.timer_key: Outcome.APPLIED if applies else Outcome.LATE for t, _, applies in quick}},
+            {t.timer_key for t, _, _ in quick})
 
 
 async def _fire_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: float, now: datetime,

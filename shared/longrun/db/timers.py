@@ -143,7 +143,7 @@ _CLAIM_DUE = driver.Statement(text(
     "       r.tenant_id, r.partition, r.status, r.revision, r.last_seq, r.snapshot #>> '{wait,wait_id}' AS wait_id, "
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
     "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
-    "       coalesce(r.snapshot -> 'labels', '{}') AS labels, r.workflow, "
+    "       CAST(coalesce(r.snapshot -> 'labels', '{}') AS text) AS labels, r.workflow, "
     "       r.schedule_to_start IS NOT NULL AS queue_timed, r.trace_root "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
@@ -153,9 +153,10 @@ async def claim_due(conn: AsyncConnection, *, limit: int) -> DueBatch | None:
     rows = await driver.rows(conn, _CLAIM_DUE, {"limit": limit})
     if not rows:
         return None
-    # Plain tuples, not attribute lookups on rows; the payloads are ours (no user data), so orjson reads them.
+    # Plain tuples, not attribute lookups on rows. The payloads are ours and the labels a flat map of
+    # strings, both read from jsonb's own text, so orjson reads them (psycopg's json loads is the stdlib's).
     return DueBatch(rows[0][5], [DueTimer(r[0], r[1], r[2], r[3], orjson.loads(r[4])) for r in rows],
-                    {r[1]: RunHead(r[1], *r[6:]) for r in rows})
+                    {r[1]: RunHead(r[1], *r[6:15], orjson.loads(r[15]), *r[16:]) for r in rows})
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,11 @@ _WRITE = text(
     "    SELECT o.timer_key FROM timers AS o JOIN w ON o.run_id = w.run_id AND o.payload ->> 'wait_id' = w.wait_id "
     "    WHERE w.applies AND w.run_id IN (SELECT run_id FROM applied) AND o.fired_at IS NULL "
     "    AND o.cancelled_at IS NULL AND o.timer_key <> w.timer_key FOR UPDATE OF o SKIP LOCKED)), "
-    f"sent AS ({outbox.insert_sql(_SENT)}) "
+    f"sent AS ({outbox.insert_sql(_SENT)}), "
+    # The wakes' own timers fired: marked here rather than by a statement of their own (``mark_fired``'s
+    # clock). No row is in both this and ``cancelled``, which skips each wake's own timer.
+    "marked AS ("
+    "  UPDATE timers SET fired_at = clock_timestamp(), cancelled_at = NULL FROM w WHERE timers.timer_key = w.timer_key) "
     "SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM late)")
 
 
@@ -281,9 +286,9 @@ async def render_wake(conn: AsyncConnection, template: WakeTemplate, wake: Wake)
 
 async def write_wakes(conn: AsyncConnection, template: WakeTemplate, wakes: Sequence[Wake],
                       messages: Sequence[Mapping[str, Any]], *, status: str, occurred_at: datetime) -> None:
-    """Store each wake's event; a wake that applies moves its run to ``status`` and sends its
-    ``messages`` (outbox rows, ``outbox.row``, of every wake: those of a run that did not move are
-    dropped), a late one only stores its event. One statement for the whole batch.
+    """Store each wake's event and mark its timer fired; a wake that applies moves its run to ``status``
+    and sends its ``messages`` (outbox rows, ``outbox.row``, of every wake: those of a run that did not
+    move are dropped), a late one only stores its event. One statement for the whole batch.
 
     Every run must be locked by ``claim_due`` in this transaction and unchanged since.
     """
