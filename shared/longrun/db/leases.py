@@ -1,7 +1,7 @@
 """Leases of runs: the take (with a wakeup's inbox row, of runs waiting for a worker that runs them, or
-of runs whose holder's membership lapsed), the renewal, the release and the hand-over, each one statement. A lease is free when it has no owner
-or expired by the database's clock; every take bumps the fencing token, so a writer that lost the
-lease is refused (``runs.write``'s guard)."""
+of runs whose holder's membership lapsed), the renewal, the release and the hand-over, each one
+statement. A lease is free when it has no owner or expired by the database's clock; every take bumps
+the fencing token, so a writer that lost the lease is refused (``runs.write``'s guard)."""
 
 from __future__ import annotations
 
