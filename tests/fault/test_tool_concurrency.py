@@ -4,9 +4,9 @@ when PostgreSQL restarts while both permits are held and runs wait for one.
 
 A tenant's forge tools are bounded to two calls at once; one worker holds both permits (two slow
 calls in flight) while four runs wait; a second worker joins and the first is SIGKILLed. Membership
-lapses in two seconds, run leases in twenty: the waiting runs call again within seconds (the
-reconciler frees the dead worker's permits and wakes one waiter for each), while the dead worker's
-runs still hold their leases; those go on once their leases expire, and every run completes."""
+lapses in two seconds, run leases in twenty: calls are made again within seconds (the reconciler
+frees the dead worker's permits and wakes one waiter for each, and the second worker takes the dead
+one's runs over), and every run completes."""
 
 from __future__ import annotations
 
