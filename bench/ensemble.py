@@ -139,9 +139,10 @@ class Ensemble:
     """More ``LONGRUN_*`` variables for its services (they win over ``BENCH_RETENTION``'s)."""
 
     async def start(self, *, count: bool = True, lease_ttl: float | None = None,
-                    reconciler: bool = False) -> Services:
+                    reconciler: bool = False, **env: str) -> Services:
         """scheduler, relay, timer, the reconciler and W workers: every service a deployment runs
-        but the gateway (nothing here calls it). BENCH_RECONCILER=0 leaves the reconciler out
+        but the gateway (nothing here calls it); ``env``: settings of every service that differ from
+        the bench's (``bench.infra.Services.env``). BENCH_RECONCILER=0 leaves the reconciler out
         (about 1 % of the machine in a saturated ensemble: its sweeps each second, a drift walk a
         minute, which skips the pure steps' tool because it has no far side to look up)."""
         reconciler = reconciler or os.environ.get("BENCH_RECONCILER", "1") != "0"
@@ -154,7 +155,8 @@ class Ensemble:
                             count_dir=count_dir,
                             LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
                             LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency),
-                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}), **(self.env or {}))
+                            **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}), **(self.env or {}),
+                            **env)
         self.services = services
         services.start("scheduler", "scheduler")
         services.start("relay", "relay")

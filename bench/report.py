@@ -71,7 +71,8 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
                                                 dig(r, "temporal", "lone_ms", "p50")),
         "lone_ms_longrun_over_restate": _ratio(dig(r, "ensemble", "lone", "completed_ms", "p50"),
                                                dig(r, "restate", "lone_ms", "p50")),
-        "recovery_max_over_lease_ttl": _ratio(dig(r, "recovery", "next_step_after_kill_s", "max"),
+        "recovery_max_over_lease_ttl": _ratio(max((v for v in (_recovery_s(r, row) for row in RECOVERY_ROWS)
+                                                   if v is not None), default=None),
                                               dig(r, "recovery", "run_lease_ttl_s")),
         "retention_short_horizon_over_default": _ratio(dig(r, "retention", "short_horizon", "steps_per_s"),
                                                        dig(r, "retention", "default", "steps_per_s")),
@@ -292,9 +293,13 @@ def table(r: dict[str, Any]) -> str:
             add("")
             add("TIME")
         if rec.get("measured"):
-            add(f"  recovery: SIGKILL 1 of 2 workers holding {rec['runs_held_by_killed_worker']} runs: next step after "
-                f"{_pct(rec.get('next_step_after_kill_s'), 2, ' s')}, max {_n(dig(rec, 'next_step_after_kill_s', 'max'), 2)} s "
-                f"(lease TTL {rec['run_lease_ttl_s']:g} s; {rec['not_recovered']} not recovered)")
+            for row, label in RECOVERY_ROWS.items():
+                one = rec.get(row) or {}
+                add(f"  recovery after SIGKILL {label}: 1 of 2 workers holding {one.get('runs_held_by_killed_worker')} "
+                    f"runs: next step after {_pct(one.get('next_step_after_kill_s'), 2, ' s')}, max "
+                    f"{_n(dig(one, 'next_step_after_kill_s', 'max'), 2)} s (membership TTL "
+                    f"{rec['partition_lease_ttl_s']:g} s, run lease TTL {rec['run_lease_ttl_s']:g} s; "
+                    f"{one.get('not_recovered')} not recovered, {one.get('rewoken_after_lease_expiry')} by lease expiry)")
         else:
             add(f"  recovery: {rec.get('reason')}")
     w = r.get("waiting") or {}

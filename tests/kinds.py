@@ -185,6 +185,87 @@ class LongCall:
         return () if state.fact(RECEIPT_FACT_PREFIX + "work") is not None else ("no receipt for work",)
 
 
+class HeldArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    branch: str
+    hold_file: str = ""
+    hold: float = 0.0
+    acts_first: bool = True
+
+
+def held_call(settings: Settings) -> RunKind:
+    """A run of two steps that each make a call: ``call``, a write (a branch on the forge, counted
+    there; the forge refuses a stale fencing token) or a pure call, as ``goal.effect`` says; then
+    ``next``, a write of the branch ``<goal.branch>-next``; then it completes. ``call`` holds
+    ``goal.hold`` seconds once, while the file ``goal.hold_file`` exists (it is removed as the hold
+    starts): a write holds after it acted (``goal.acts_first``, the default) or before."""
+    from longrun_dependency_upgrade import forge_url
+    from longrun_dependency_upgrade.forge_client import ForgeClient
+
+    forge = ForgeClient(forge_url())
+
+    async def hold_once(args: Mapping[str, Any]) -> None:
+        if args["hold_file"] and os.path.exists(args["hold_file"]):
+            Path(args["hold_file"]).unlink()
+            await asyncio.sleep(args["hold"])
+
+    async def branch(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        made = await forge.create_branch(args["repo"], name=args["branch"], from_ref="main", idempotency_key=key,
+                                         fencing_token=token)
+        return ToolResult(made["name"], {"name": made["name"]})
+
+    async def write(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        if not args["acts_first"]:
+            await hold_once(args)
+        made = await branch(args, key, token)
+        if args["acts_first"]:
+            await hold_once(args)
+        return made
+
+    async def pure(args: Mapping[str, Any], key: str, token: int) -> ToolResult:
+        await hold_once(args)
+        return ToolResult(None, {"branch": args["branch"]})
+
+    async def lookup(key: str) -> ToolResult | None:
+        found = await forge.lookup(key)
+        return None if found is None else ToolResult(found["object"]["name"], found["object"])
+
+    tools = {t.name: t for t in (
+        # Never blind-retried: a successor that finds it SUBMITTED has the reconciler look it up.
+        Tool("held.write", "1", EffectKind.NON_IDEMPOTENT_WRITE, HeldArgs, write, lookup),
+        Tool("held.pure", "1", EffectKind.PURE, HeldArgs, pure),
+        Tool("held.next", "1", EffectKind.NON_IDEMPOTENT_WRITE, HeldArgs, branch, lookup))}
+    return RunKind("held_call", PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="1"),
+                   HeldCall(), tools)
+
+
+class HeldCall:
+    kind = "held_call"
+
+    def decide(self, state: RunSnapshot, ctx: DecisionContext) -> Decision:
+        goal = dict(thaw(state.goal))  # type: ignore[call-overload]
+        for name in ("call", "next"):
+            record = state.action(name)
+            if record is not None and record.status is ActionStatus.FAILED:
+                return Fail(reason=f"{name} failed: {record.detail}")
+        call, following = state.action("call"), state.action("next")
+        if following is not None and following.status is ActionStatus.CONFIRMED:
+            return Complete(evidence=freeze({"next": following.external_id}))
+        args = {"repo": goal["repo"], "branch": goal["branch"]}
+        if call is not None and call.status is ActionStatus.CONFIRMED:
+            return CallTool(tool="held.next", args=freeze({**args, "branch": f"{goal['branch']}-next"}),
+                            logical_action="next")
+        tool = "held.write" if goal["effect"] == "write" else "held.pure"
+        return CallTool(tool=tool, args=freeze({**args, "hold_file": goal.get("hold_file", ""),
+                                                "hold": goal.get("hold", 0.0),
+                                                "acts_first": goal.get("acts_first", True)}),
+                        logical_action="call")
+
+    def accept(self, state: RunSnapshot, evidence: FrozenMap) -> tuple[str, ...]:
+        return () if state.fact(RECEIPT_FACT_PREFIX + "next") is not None else ("no receipt for next",)
+
+
 class ReleaseArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     release: str

@@ -55,6 +55,10 @@ LEASE_EXPIRIES = Counter("longrun_lease_expiries_total", "Run leases found expir
 LEASE_REWAKES = Counter("longrun_lease_rewakes_total", "Runs woken again after their lease expired")
 RECOVERIES = Counter("longrun_recoveries_total",
                      "Runs moved on after their worker or message was lost, by how", ["reason"])
+RECOVERY_PROGRESS = Histogram("longrun_recovery_progress_seconds",
+                              "From a run's recovery from a lost worker (taken over, or woken after its lease "
+                              "expired) to its first round committed under the new lease, by how it was recovered",
+                              ["reason"], buckets=_LATENCY)
 DUPLICATES = Counter("longrun_inbox_duplicates_total",
                      "Messages a service's inbox recognised as handled already (absorbed, nothing changed)",
                      ["inbox"])

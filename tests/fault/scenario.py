@@ -258,6 +258,14 @@ class Scenario:
         return sum(1 for row in rows
                    if reason is None or outbox.envelope_of("run.wakeup", row.payload)["payload"]["reason"] == reason)
 
+    async def recoveries(self, run_id: str) -> int:
+        """How often the run was recovered from a lost worker: re-woken after its lease expired, or taken
+        over by a worker once its holder's membership lapsed (with the scenario's TTLs of 3 s each, both
+        come due together and either may come first)."""
+        taken_over = sum(p.output().count(f"run {run_id}: taken over from ") for p in self.services.started
+                         if p.name.startswith("worker-"))
+        return await self.wakeups(run_id, "lease expired") + taken_over
+
     async def scalar(self, sql: str, **params: Any) -> Any:
         async def work(conn: AsyncConnection) -> Any:
             return (await conn.execute(text(sql), params)).scalar()

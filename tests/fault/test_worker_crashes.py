@@ -2,8 +2,9 @@
 
 The crash points (``longrun.faults``) are armed from outside through ``LONGRUN_CRASH_POINTS``
 on the one worker process that should die; the replacement runs clean. The dead worker's
-run lease (3 s) expires, the reconciler re-wakes the run, and the new lease holder carries
-on from what PostgreSQL recorded.
+membership and run lease (3 s each) run out together: the replacement takes the run over, or the
+reconciler re-wakes it, whichever comes first, and the new lease holder carries on from what
+PostgreSQL recorded.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ async def test_a_worker_killed_before_the_tool_request_has_the_step_sent_once_by
     assert {name: row.status for name, row in ledger.items()} == dict.fromkeys(ledger, "CONFIRMED")
     assert ledger["step:1"].external_id == ledger["step:1"].idempotency_key  # the echo answers with the key it got
     assert ledger["step:1"].attempts == 1 and ledger["step:0"].attempts == 1
-    # by a newer lease, after exactly one re-wake of the abandoned run
+    # by a newer lease, after exactly one recovery of the abandoned run
     events = {(e["type"], e["data"].get("logical_action")): e["token"] for e in await scenario.events(run_id)}
     assert events[("action.recorded", "step:1")] > events[("action.recorded", "step:0")]
-    assert await scenario.wakeups(run_id, "lease expired") == 1
+    assert await scenario.recoveries(run_id) == 1
     await scenario.finish()
 
 
@@ -83,9 +84,9 @@ async def test_a_worker_killed_before_the_completion_event_completes_the_run_onc
     await scenario.crashed(doomed, "worker.before_completion")
     stuck = await scenario.stored(run_id)
     assert stuck.snapshot.status is RunStatus.RUNNING and stuck.lease_owner == doomed.name
-    # When its lease runs out and a fresh worker is started
+    # When a fresh worker is started (the dead one's membership lapses as its lease runs out)
     scenario.start("worker")
-    # Then the abandoned run is re-woken once and completed once, from what was recorded:
+    # Then the abandoned run is recovered once and completed once, from what was recorded:
     # no step ran again, and the acceptance check saw every step confirmed
     done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=30)
     types = [e["type"] for e in await scenario.events(run_id)]
@@ -93,7 +94,7 @@ async def test_a_worker_killed_before_the_completion_event_completes_the_run_onc
     assert types.count("action.recorded") == 3 and "action.submitted" not in types
     assert done.snapshot.budget.used.tool_calls == 3
     assert done.snapshot.acceptance is not None and done.snapshot.acceptance.unmet == ()
-    assert await scenario.wakeups(run_id, "lease expired") == 1
+    assert await scenario.recoveries(run_id) == 1
     await scenario.finish()
 
 

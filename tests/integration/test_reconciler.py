@@ -592,7 +592,8 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
         clean, engine, bus, services, tmp_path) -> None:
     # Given the ensemble, with a worker that dies right before its 6th tool request: branch,
     # commit:1, ci:1 (the forge fails the first CI run), commit:2, ci:2, then the merge request;
-    # its calls' start-to-close is longer than its run lease, so the lease's expiry recovers the run
+    # its calls' start-to-close is longer than its run lease, so the run is recovered, by its lease's
+    # expiry or its worker's lapsed membership, before the call's timer
     ensemble = Ensemble(services, tmp_path)
     ensemble.start_forge()
     await ensemble.configure_forge()
@@ -609,7 +610,7 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
 
     # When the task runs, and the dead worker is replaced by a fresh one
     run_id = await _run_to_the_end(engine, ensemble, bus, on_the_way=replace_the_dead_worker)
-    # Then the abandoned run was re-woken once, found unsubmitted, and resubmitted under the same key
+    # Then the abandoned run was recovered once, found unsubmitted, and resubmitted under the same key
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
         row = next(r for r in await ledger.for_run(conn, run_id) if r.logical_action == MR)
@@ -618,7 +619,9 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
     assert _mr_trail(await _events(engine, run_id)) == [
         "action.prepared", "action.submitted", "action.unknown", "action.reconciliation_started",
         "action.reconciled(RETRYABLE)", "action.submitted", "action.confirmed", "run.completed"]
-    assert await _wakeups(engine, run_id, "lease expired") == 1
+    taken_over = sum(p.output().count(f"run {run_id}: taken over from {crashing.name}") for p in services.started
+                     if p.name.startswith("worker"))
+    assert await _wakeups(engine, run_id, "lease expired") + taken_over == 1
     assert await _merge_requests(ensemble) == 1
     assert (row.status, row.attempts) == ("CONFIRMED", 2)
     # and the second submission was written under a newer lease than the first

@@ -21,7 +21,8 @@ class ProcessSettings(Concern):
     """P: the partitions of the worker's wakeups (and of the outbox the relay publishes); changing it is a drain-and-switch migration."""
     partition_lease_ttl: float = setting("LONGRUN_PARTITION_LEASE_TTL", parse.positive_float,
                                          "seconds, a number > 0", "6")
-    """Seconds a replica keeps a partition without renewing its lease."""
+    """Seconds a replica keeps a partition, and its membership, without renewing them; a worker whose
+    membership lapsed has its runs taken over by the live workers."""
     startup_patience: float = setting("LONGRUN_STARTUP_PATIENCE", parse.positive_float, "seconds, a number > 0",
                                       "60")
     """Seconds a starting service waits for PostgreSQL and RabbitMQ before it stops and says what to start."""

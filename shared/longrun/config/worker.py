@@ -43,7 +43,8 @@ class WorkerSettings(Concern):
     """Worker: runs in hand and the model"""
 
     run_lease_ttl: float = setting("LONGRUN_RUN_LEASE_TTL", parse.positive_float, "seconds, a number > 0", "30")
-    """Seconds a worker keeps a run without a heartbeat."""
+    """Seconds a worker keeps a run without a heartbeat (a dead worker's runs are taken over sooner, once
+    its membership lapses: ``LONGRUN_PARTITION_LEASE_TTL``)."""
     worker_concurrency: int = setting("LONGRUN_WORKER_CONCURRENCY", parse.positive_int, "an integer >= 1", "64")
     """Runs one worker process advances at once."""
     model: str = setting("LONGRUN_MODEL", _model_kind, "scripted, openai or anthropic", "scripted")

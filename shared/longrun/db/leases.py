@@ -1,7 +1,7 @@
-"""Leases of runs: the take (with a wakeup's inbox row, or of runs waiting for a worker that runs them),
-the renewal, the release and the hand-over, each one statement. A lease is free when it has no owner
-or expired by the database's clock; every take bumps the fencing token, so a writer that lost the
-lease is refused (``runs.write``'s guard)."""
+"""Leases of runs: the take (with a wakeup's inbox row, of runs waiting for a worker that runs them, or
+of runs whose holder's membership lapsed), the renewal, the release and the hand-over, each one
+statement. A lease is free when it has no owner or expired by the database's clock; every take bumps
+the fencing token, so a writer that lost the lease is refused (``runs.write``'s guard)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy import Interval, bindparam, func, text, update
 from longrun.authoring import PIN_SEPARATOR
 from longrun.db import driver, inbox, jsonb
 from longrun.db.runs import COLUMNS, stored_run
-from longrun.db.schema import QUEUED, runs, sql_names
+from longrun.db.schema import QUEUED, runs, sql_name, sql_names
 from longrun.domain import WORKER_HAS_WORK
 from longrun.ports.runs import Fence, StoredRun
 
@@ -108,6 +108,25 @@ _ADOPT = driver.Statement(text(
     f"awaiting_worker = NULL FROM waiting WHERE runs.run_id = waiting.run_id RETURNING {_TAKEN_NAMES}), "
     f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT {_COLUMN_NAMES} FROM taken"
 ).bindparams(_TTL))
+HOLDERS = "worker"
+"""The service whose members hold run leases: a lease's owner is a worker's membership ``instance_id``."""
+_LAPSED = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
+           "AND m.instance_id = runs.lease_owner AND m.alive_until <= now())")
+"""The lease's holder has a membership row that lapsed (by the database's clock): it died, or froze
+past its TTL. A holder renewing its membership is never in it, however slow its call; an owner with
+no row (one that left the member list) keeps its lease until it expires."""
+_TAKER_LIVE = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
+               "AND m.instance_id = :owner AND m.alive_until > now())")
+_TAKE_OVER_LAPSED = driver.Statement(text(
+    "WITH lapsed AS (SELECT run_id, lease_owner FROM runs WHERE lease_owner IS NOT NULL "
+    f"AND {_LAPSED} AND {_TAKER_LIVE} AND {_SERVED} AND {_NOT_QUEUED} "
+    f"AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
+    "ORDER BY lease_until LIMIT :limit FOR UPDATE SKIP LOCKED), "
+    "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
+    f"awaiting_worker = NULL FROM lapsed WHERE runs.run_id = lapsed.run_id "
+    f"RETURNING lapsed.lease_owner AS lapsed_owner, {_TAKEN_NAMES}), "
+    f"unqueued AS ({_UNQUEUE_ADOPTED}) SELECT lapsed_owner, {_COLUMN_NAMES} FROM taken"
+).bindparams(_TTL))
 _HAND_OVER = driver.Statement(text(
     f"UPDATE runs SET lease_owner = NULL, lease_until = NULL, awaiting_worker = {NEEDS_WORKER} "
     "WHERE run_id = :b_run_id AND lease_owner = :owner AND fencing_token = :token"))
@@ -119,6 +138,16 @@ async def adopt(conn: driver.Connection, owner: str, ttl: float, served: Collect
     rows = await driver.rows(conn, _ADOPT, {"owner": owner, "ttl": timedelta(seconds=ttl), "served": list(served),
                                             "limit": limit})
     return [stored_run(row) for row in rows]
+
+
+async def take_over_lapsed(conn: driver.Connection, owner: str, ttl: float, served: Collection[str],
+                           limit: int) -> list[tuple[StoredRun, str]]:
+    """Take the lease of up to ``limit`` runs a worker has work for whose holder's membership lapsed,
+    if ``owner`` is a live member that runs them: each run as taken, with the holder it was taken from.
+    The take bumps the fencing token, so the old holder's writes are refused if it ever resumes."""
+    rows = await driver.rows(conn, _TAKE_OVER_LAPSED, {"owner": owner, "ttl": timedelta(seconds=ttl),
+                                                        "served": list(served), "limit": limit})
+    return [(stored_run(row), row.lapsed_owner) for row in rows]
 
 
 async def hand_over(conn: driver.Connection, run_id: str, fence: Fence) -> None:

@@ -61,3 +61,24 @@ def is_stale(token: int, current_token: int) -> bool:
     treated as stale too rather than trusted.
     """
     return token != current_token
+
+
+LEASE_EXPIRED = "lease_expired"
+"""A run recovered by the reconciler: its lease expired, and it was woken again."""
+MEMBER_LAPSED = "member_lapsed"
+"""A run recovered by a worker: its holder's membership lapsed, and it was taken over at once."""
+_CAUSES = {LEASE_EXPIRED: "lease-expired", MEMBER_LAPSED: "member-lapsed"}
+
+
+def recovery_cause(reason: str, owner: str, token: int) -> str:
+    """What a run's recovery (``LEASE_EXPIRED`` or ``MEMBER_LAPSED``) names as its cause: the lost lease."""
+    return f"{_CAUSES[reason]}:{owner}:{token}"
+
+
+def recovered_by(cause: str | None) -> str | None:
+    """How a turn caused by ``cause`` recovers its run from a lost worker (``recovery_cause``); None: it does not."""
+    if cause is not None:
+        for reason, prefix in _CAUSES.items():
+            if cause.startswith(prefix + ":"):
+                return reason
+    return None

@@ -45,6 +45,12 @@ PANELS: list[tuple[str, list[Panel]]] = [
             ("sum(rate(longrun_lease_expiries_total[5m])) * 60", "lease expiries"),
             ("sum(rate(longrun_lease_rewakes_total[5m])) * 60", "re-wakes"),
             ("sum by (reason) (rate(longrun_recoveries_total[5m])) * 60", "recovered: {{reason}}")]),
+        ("Recovery from a lost worker: success rate", "percentunit", [
+            ("sum(rate(longrun_recovery_progress_seconds_count[15m])) / "
+             'sum(rate(longrun_recoveries_total{reason=~"member_lapsed|lease_expired"}[15m]))', "progressed")]),
+        ("Recovery → first progress (p50, p95)", "s", [
+            ("histogram_quantile(0.5, sum by (le) (rate(longrun_recovery_progress_seconds_bucket[15m])))", "p50"),
+            ("histogram_quantile(0.95, sum by (le) (rate(longrun_recovery_progress_seconds_bucket[15m])))", "p95")]),
     ]),
     ("Messages", [
         ("Outbox backlog", "short", [("max(longrun_outbox_backlog_messages)", "unpublished")]),

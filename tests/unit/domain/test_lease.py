@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from longrun.domain import Lease, can_take, is_stale, release, renew, takeover
+from longrun.domain.lease import LEASE_EXPIRED, MEMBER_LAPSED, recovered_by, recovery_cause
 
 
 def test_a_never_leased_run_can_be_taken_and_gets_token_one() -> None:
@@ -54,3 +55,13 @@ def test_a_released_lease_can_be_taken_and_tokens_never_go_back() -> None:
     released = release(lease, now=12.0)
     assert can_take(released, 12.0)
     assert takeover(released, "w2", now=12.0, ttl=5.0).fencing_token == 4
+
+
+def test_a_recovery_names_the_lost_lease_and_is_told_from_any_other_cause() -> None:
+    # Given the causes a run's recovery names, and causes that are not recoveries
+    expired = recovery_cause(LEASE_EXPIRED, "worker-1", 4)
+    lapsed = recovery_cause(MEMBER_LAPSED, "worker-2", 7)
+    # Then each names the lost lease, and is told by its prefix alone
+    assert (expired, lapsed) == ("lease-expired:worker-1:4", "member-lapsed:worker-2:7")
+    assert [recovered_by(c) for c in (expired, lapsed)] == [LEASE_EXPIRED, MEMBER_LAPSED]
+    assert [recovered_by(c) for c in (None, "evt-5b1e", "adopted:worker-3:2", "lease-expired")] == [None] * 4

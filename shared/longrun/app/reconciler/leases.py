@@ -20,6 +20,7 @@ from longrun import metrics
 from longrun.app import effects
 from longrun.app.reconciler.common import METRICS, PRODUCER
 from longrun.domain import WORKER_HAS_WORK
+from longrun.domain.lease import LEASE_EXPIRED, recovery_cause
 from longrun.ports.runs import Message as Outgoing
 from longrun.ports.runs import StoredRun
 from longrun.ports.stores import ExpiredLease, ReconcileStore
@@ -92,7 +93,7 @@ def _count_expiry(lease: ExpiredLease, stored: StoredRun, *, wake: bool) -> None
     if wake:
         METRICS["lease.rewoken"] += 1
         metrics.LEASE_REWAKES.inc()
-        metrics.RECOVERIES.labels("lease_expired").inc()
+        metrics.RECOVERIES.labels(LEASE_EXPIRED).inc()
     logger.info("run %s: lease %d of %s expired (%s)%s", lease.run_id, lease.fencing_token, lease.lease_owner,
                 stored.snapshot.status.value, "; woken" if wake else "")
 
@@ -100,4 +101,4 @@ def _count_expiry(lease: ExpiredLease, stored: StoredRun, *, wake: bool) -> None
 def _rewake(stored: StoredRun, lease: ExpiredLease) -> Outgoing:
     """The run's wakeup after its lease expired, naming that lease as its cause."""
     return effects.wake_message(stored, reason="lease expired", producer=PRODUCER,
-                                cause=f"lease-expired:{lease.lease_owner}:{lease.fencing_token}")
+                                cause=recovery_cause(LEASE_EXPIRED, lease.lease_owner, lease.fencing_token))

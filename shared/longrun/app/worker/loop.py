@@ -25,6 +25,7 @@ from longrun.app.worker.rounds import play
 from longrun.artifacts import ArtifactStore
 from longrun.authoring import Registry
 from longrun.domain import RetryPolicy
+from longrun.domain.lease import MEMBER_LAPSED, recovered_by, recovery_cause
 from longrun.domain.rate_limit import RateLimit
 from longrun.envelope import Envelope
 from longrun.errors import DecodeError, LeaseLost, StaleRevision
@@ -42,15 +43,26 @@ ADOPT_BATCH = 32
 
 
 @dataclass(frozen=True, slots=True)
+class Recovery:
+    """A run taken up again after its worker was lost: how (``domain.lease.LEASE_EXPIRED`` or
+    ``MEMBER_LAPSED``) and when (epoch seconds: the re-wake, or the takeover)."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Taken:
     """A run this worker took: its fence, what caused the take (``cause``: what every message of the
-    turn names), the run as taken (None: read it when its turn comes) and the trace context."""
+    turn names), the run as taken (None: read it when its turn comes), the trace context, and the
+    recovery it is (None: an ordinary take)."""
 
     run_id: str
     fence: Fence
     cause: str
     taken: StoredRun | None = None
     trace: str | None = None
+    recovery: Recovery | None = None
 
 
 class Worker:
@@ -105,7 +117,10 @@ class Worker:
         if stored is not None:
             metrics.TAKE_DELAY.observe(max(0.0, self.clock() - envelope.occurred_at.timestamp()))
             fence = Fence(handled.outcome["owner"], handled.outcome["token"])
-            lease = Taken(envelope.run_id, fence, envelope.event_id, stored, trace=envelope.trace)
+            recovered = recovered_by(envelope.causation_id)
+            lease = Taken(envelope.run_id, fence, envelope.event_id, stored, trace=envelope.trace,
+                          recovery=None if recovered is None else Recovery(recovered,
+                                                                           envelope.occurred_at.timestamp()))
         return Outcome(envelope, handled.outcome, handled.duplicate, carried=lease)
 
     async def after_ack(self, outcome: Outcome) -> None:
@@ -124,6 +139,18 @@ class Worker:
                 fence = Fence(self.instance_id, stored.fencing_token)
                 self.start(Taken(run.run_id, fence, f"adopted:{fence.owner}:{fence.token}", stored))
         return len(adopted)
+
+    def recover(self, stored: StoredRun, lapsed_owner: str) -> None:
+        """Advance a run this worker took over from ``lapsed_owner``, whose membership lapsed (it died,
+        or froze past its TTL) while it held the run, mid-call or between steps."""
+        run = stored.snapshot
+        metrics.RECOVERIES.labels(MEMBER_LAPSED).inc()
+        with logs.bound(run.run_id, run.tenant_id):
+            logger.info("run %s: taken over from %s, whose membership lapsed (lease %d)", run.run_id, lapsed_owner,
+                        stored.fencing_token)
+        fence = Fence(self.instance_id, stored.fencing_token)
+        self.start(Taken(run.run_id, fence, recovery_cause(MEMBER_LAPSED, lapsed_owner, fence.token - 1), stored,
+                         recovery=Recovery(MEMBER_LAPSED, self.clock())))
 
     def start(self, lease: Taken) -> None:
         task = asyncio.create_task(self.advance(lease), name=f"advance {lease.run_id}")
@@ -149,13 +176,15 @@ class Worker:
                 run_root = otel.root() or (taken.trace_root if taken is not None else None)
                 with otel.run_span("advance run", run_root, cause=lease.trace, attributes={
                         "longrun.run_id": lease.run_id, "longrun.fencing_token": lease.fence.token}):
-                    await self.run_steps(lease.run_id, lease.fence, lease.cause, taken)
+                    await self.run_steps(lease.run_id, lease.fence, lease.cause, taken, lease.recovery)
         finally:
             heartbeat.cancel()
 
-    async def run_steps(self, run_id: str, fence: Fence, cause: str, taken: StoredRun | None = None) -> None:
+    async def run_steps(self, run_id: str, fence: Fence, cause: str, taken: StoredRun | None = None,
+                        recovery: Recovery | None = None) -> None:
         """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
-        is logged and leaves the lease to expire. ``cause``: what the turn's messages name."""
+        is logged and leaves the lease to expire. ``cause``: what the turn's messages name;
+        ``recovery``: the run's first round committed is its first progress since it was recovered."""
         step = Step(self.store, self.kinds, fence, cause, self.clock, self.crash_point, self.handover, self.budgets)
         try:
             stored = taken if taken is not None else await step.load(run_id)
@@ -164,6 +193,9 @@ class Worker:
                 try:
                     stored = await play(self.far, step, stored, self.kinds, self.served)
                     metrics.step(kind).observe(time.perf_counter() - started)
+                    if recovery is not None:
+                        metrics.RECOVERY_PROGRESS.labels(recovery.reason).observe(max(0.0, self.clock() - recovery.at))
+                        recovery = None
                 except StaleRevision:
                     # Someone appended meanwhile (a webhook, an operator): re-read and decide again.
                     stored = await step.load(run_id)
