@@ -32,8 +32,10 @@ What can happen is a copy: the relay publishing a row whose hold lapsed while it
 publishing it, or a worker killed between confirm and mark. A copy of an earlier row after a later
 one is dropped by seq (status events) or by the consumer's inbox (wakeups), as every copy is.
 
-Marks cost no round trip on the common path: a confirmed row's id rides in the worker's next
-transition statement (``Hold.marks``); if none comes within ``MARK_DELAY`` one UPDATE marks
+The publish is not waited for by the step: its confirms come while the run goes on, and only the
+run's next transition waits for them (``hold``), so that its statement can mark them and hold its
+own rows. Marks cost no round trip on the common path: a confirmed row's id rides in the worker's
+next transition statement (``Hold.marks``); if none comes within ``MARK_DELAY`` one UPDATE marks
 everything confirmed meanwhile. Until marked, a row counts as unpublished for everyone else: it
 holds its partition's other writers to the relay for that long.
 """
@@ -77,28 +79,39 @@ class EagerPublisher:
         self._confirmed: set[int] = set()
         """Rows confirmed and not yet marked by a committed statement."""
         self._marking: asyncio.Task[None] | None = None
+        self._publishing: dict[str, asyncio.Task[None]] = {}
+        """The publish of each run's last held rows, while it waits for its confirms."""
 
-    def hold(self, run_id: str, partition: int, messages: Sequence[Message]) -> Hold | None:
-        """What the transition statement of ``run_id`` is to hold and mark; None: nothing."""
+    async def hold(self, run_id: str, partition: int, messages: Sequence[Message]) -> Hold | None:
+        """What the transition statement of ``run_id`` is to hold and mark; None: nothing. Waits for
+        the confirms of the run's rows still being published: its statement marks them (point 2)."""
+        publishing = self._publishing.get(run_id)
+        if publishing is not None:
+            await asyncio.wait([publishing])
         offers = offered(messages, run_id, partition)
         if not any(offers) and not self._confirmed:
             return None
         return Hold(partition, self.grace, sorted(self._confirmed), offers)
 
-    async def committed(self, hold: Hold) -> None:
-        """After the commit of a statement given ``hold``: its marks are done; publish what it held,
-        and have what the broker confirmed marked."""
+    def committed(self, run_id: str, hold: Hold) -> None:
+        """After the commit of ``run_id``'s statement given ``hold``: its marks are done; what it held
+        is published, and what the broker confirms is marked."""
         self._confirmed.difference_update(hold.marks)
         if not hold.held:
             return
+        if len(hold.offered_rows) != len(hold.held):
+            raise AssertionError(f"{len(hold.held)} rows held for {len(hold.offered_rows)} offered")
         self.crash_point("eager.after_commit_before_publish")
-        rows = hold.offered_rows
-        if len(rows) != len(hold.held):
-            raise AssertionError(f"{len(hold.held)} rows held for {len(rows)} offered")
+        task = asyncio.create_task(self._publish(hold), name=f"eager publish {run_id}")
+        self._publishing[run_id] = task
+        task.add_done_callback(lambda done: self._publishing.pop(run_id, None)
+                               if self._publishing.get(run_id) is done else None)
+
+    async def _publish(self, hold: Hold) -> None:
         # What the relay would send for these rows (``Relay.drain``), from the rows as written.
         results = await self.bus.publish_many([
             (row["exchange"], row["routing_key"], to_message(outbox.envelope_of(row["type"], row["payload"])))
-            for row in rows])
+            for row in hold.offered_rows])
         confirmed = []
         for row_id, error in zip(hold.held, results, strict=True):
             if error is not None:
@@ -132,7 +145,9 @@ class EagerPublisher:
         self._confirmed.difference_update(ids)
 
     async def close(self) -> None:
-        """On shutdown: what was confirmed is marked now."""
+        """On shutdown: the publishes under way are waited for, and what was confirmed is marked now."""
+        if self._publishing:
+            await asyncio.wait(list(self._publishing.values()))
         if self._marking is not None:
             self._marking.cancel()
         await self.mark()

@@ -67,10 +67,10 @@ class PgWorkerStore:
     async def commit(self, transition: Transition) -> StoredRun:
         planned, rides = transition.planned, transition.rides
         run, eager = planned.before, self.eager
-        hold = None if eager is None else eager.hold(run.snapshot.run_id, run.partition, rides.messages)
+        hold = None if eager is None else await eager.hold(run.snapshot.run_id, run.partition, rides.messages)
         after = await self._commit(transition, hold)
         if eager is not None and hold is not None:
-            await eager.committed(hold)
+            eager.committed(run.snapshot.run_id, hold)
         return after
 
     async def _commit(self, transition: Transition, hold: Hold | None) -> StoredRun:
