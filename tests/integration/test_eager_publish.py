@@ -11,16 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from longrun.artifacts import FilesystemArtifactStore
 from longrun.bus import topology
-from longrun.eager_publish import EagerPublisher
-from longrun.model import ScriptedModel
+from longrun.bus.codec import to_message
+from longrun.db import outbox
 from longrun.relay import Relay
-from longrun.services.worker.main import on_postgres
 from tests.fixtures import PARTITIONS, eventually
 from tests.integration.bus_helpers import enqueue, scalar, wakeup
 from tests.integration.ensemble import Ensemble, new_key, publish_create, run_id_for, status_of
-from tests.kinds import registry
 
 pytestmark = pytest.mark.integration
 
@@ -42,27 +39,26 @@ async def _drain(queue: Any) -> list[dict[str, Any]]:
 
 
 async def test_a_lone_run_s_events_reach_the_bus_from_its_worker_with_no_relay_running(
-        clean, engine, statements, bus, services, tmp_path) -> None:
-    # Given a run the scheduler created, no relay anywhere, a consumer of every run event, and a
-    # worker that publishes its own rows
+        clean, engine, bus, services, tmp_path) -> None:
+    # Given the scheduler and a worker, no relay anywhere, and a consumer of every run event
     events = await _tap(bus, topology.EVENTS_EXCHANGE, "#")
-    Ensemble(services, tmp_path).start("scheduler", "longrun.services.scheduler")
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("scheduler", "longrun.services.scheduler")
+    ensemble.start("worker", "longrun.services.worker")
     key = new_key()
     await publish_create(bus, tenant="acme", key=key, input_={"steps": 3}, workflow="steps")
     run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
-    eager = EagerPublisher(bus, statements, grace=30)
-    worker = on_postgres(engine=engine, statements=statements, kinds=registry(), model=ScriptedModel({}),
-                         artifacts=FilesystemArtifactStore(tmp_path / "artifacts"), instance_id="w1", lease_ttl=30,
-                         eager=eager)
-    # When the worker is handed the run's wakeup, as the relay would have published it and marked the
-    # creation's rows (its acceptance and the wakeup) sent
+    # When the creation's rows (written by the scheduler: the relay's) are published as a relay
+    # would, once: its acceptance and the worker's wakeup
     async with engine.begin() as conn:
-        created = (await conn.execute(text("UPDATE outbox SET published_at = now() WHERE aggregate_id = :r "
-                                           "RETURNING type"), {"r": run_id})).scalars().all()
-    assert sorted(created) == ["run.accepted", "run.wakeup"]
-    await worker.after_ack(await worker.on_wakeup(wakeup(run_id, "first")))
+        created = (await conn.execute(text(
+            "UPDATE outbox SET published_at = now() WHERE aggregate_id = :r "
+            "RETURNING type, exchange, routing_key, payload"), {"r": run_id})).all()
+    assert sorted(row.type for row in created) == ["run.accepted", "run.wakeup"]
+    for row in created:
+        await bus.publish(row.exchange, row.routing_key, to_message(outbox.envelope_of(row.type, row.payload)))
     await eventually(lambda: _is(engine, run_id, "COMPLETED"), what="the run completed")
-    # Then its status events are on the bus, in seq order, each once, published by the worker
+    # Then the worker held its status events and published them itself, in seq order, each once
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
             "SELECT payload -> 'payload' ->> 'seq' AS seq, payload -> 'payload' ->> 'status' AS status, "
@@ -77,9 +73,8 @@ async def test_a_lone_run_s_events_reach_the_bus_from_its_worker_with_no_relay_r
 
     await eventually(both_on_the_bus, what="both events on the bus")
     assert [e["payload"]["seq"] for e in received] == [int(r.seq) for r in rows]
-    # and marked sent by the worker itself: nothing is left for a relay
+    # and marked them sent: nothing is left for a relay
     await eventually(lambda: _unpublished_is(engine, 0), what="the worker's marks")
-    await eager.close()
 
 
 async def _is(engine, run_id: str, status: str) -> bool:  # type: ignore[no-untyped-def]
