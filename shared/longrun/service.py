@@ -96,7 +96,7 @@ def run(service: str, serve: Serve) -> None:
     logs.setup(service, level=settings.log_level, format=settings.log_format)
     otel.setup(service, settings.otel_exporter)
     metrics.label_tenants(settings.metrics_tenant_label)
-    faults.arm(settings.crash_points)
+    faults.arm(settings.crash_points, settings.protections_off)
     # What is loaded by now (modules, classes, the schema: some 100,000 objects) lives as long as the
     # process, yet every full collection walked all of it again: 57-68 ms of CPU each under `make
     # bench`, one in a burst of 10,000 timers (5 % of the timer's CPU for it) and one per worker in an

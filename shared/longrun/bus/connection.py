@@ -23,6 +23,7 @@ from pamqp.header import ContentHeader
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from longrun import faults
 from longrun.bus.topology import Topology
 from longrun.errors import BusUnavailable, InfrastructureUnreachable, Unroutable
 
@@ -91,7 +92,7 @@ class Bus:
     async def _open(self) -> None:
         connection = await self._connect_to_a_node()
         try:
-            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            channel = await _publishing_channel(connection)
             await declare(channel, self.topology)
             if channel.is_closed:  # dropped after the last reply: its close callbacks have already run
                 raise ConnectionError("the connection dropped while it was being opened")
@@ -164,6 +165,9 @@ class Bus:
             return [error for _ in items]
         try:
             channel = await self._publish_channel.get_underlay_channel()
+            if not faults.protected("publisher-confirms"):
+                await _send_unconfirmed(channel, items)
+                return [None for _ in items]
             confirmations = await _send_together(channel, items)
         except (*CONNECTION_ERRORS, RuntimeError) as e:
             error = BusUnavailable(f"publishing {len(items)} message(s) failed: {e!r}")
@@ -189,8 +193,7 @@ class Bus:
                 return
             logger.warning("RabbitMQ nacked a publish: replacing the publishing channel")
             try:
-                self._publish_channel = await self.connection.channel(publisher_confirms=True,
-                                                                      on_return_raises=True)
+                self._publish_channel = await _publishing_channel(self.connection)
             except (*CONNECTION_ERRORS, RuntimeError) as e:
                 logger.warning("replacing the publishing channel failed: %r", e)
                 self.lost.set()
@@ -211,6 +214,12 @@ class Bus:
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:
             await self.connection.close()
+
+
+async def _publishing_channel(connection: AbstractConnection) -> AbstractChannel:
+    """Confirms on and unroutable messages returned as errors (unless a fault test switched confirms off)."""
+    confirms = faults.protected("publisher-confirms")
+    return await connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
 
 
 async def _close_quietly(connection: AbstractConnection) -> None:
@@ -268,6 +277,19 @@ async def _send_together(channel: aiormq.abc.AbstractChannel,
                 confirmation.cancel()
             raise
     return confirmations
+
+
+async def _send_unconfirmed(channel: aiormq.abc.AbstractChannel,
+                            items: Sequence[tuple[str, str, aio_pika.Message]]) -> None:
+    """``_send_together`` without confirms, as a publisher that trusts the socket would: only for a
+    fault test that shows what the confirms protect (``LONGRUN_PROTECTIONS_OFF``)."""
+    frames: list[Any] = []
+    for exchange, routing_key, message in items:
+        frames += [amqp.Basic.Publish(exchange=exchange, routing_key=routing_key),
+                   ContentHeader(properties=message.properties, body_size=len(message.body)),
+                   *channel._split_body(message.body)]  # noqa: SLF001 - frame_max-sized body frames
+    async with channel.lock:
+        await channel.write_queue.put(ChannelFrame.marshall(frames=frames, channel_number=channel.number))
 
 
 def _forget(channel: aiormq.abc.AbstractChannel, message_id: str, tag: int, _: asyncio.Future[Any]) -> None:

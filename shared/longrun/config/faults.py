@@ -1,4 +1,4 @@
-"""Fault tests only: crash points and a skewed clock; left empty and 0 in production."""
+"""Fault tests only: crash points, a skewed clock and protections switched off; left empty and 0 in production."""
 
 from __future__ import annotations
 
@@ -18,3 +18,6 @@ class FaultSettings(Concern):
     clock_skew: float = setting("LONGRUN_CLOCK_SKEW", parse.finite_float,
                                 "seconds, a finite number (may be negative)", "0")
     """Fault tests only: seconds added to this process's wall clock (may be negative); 0 in production."""
+    protections_off: tuple[str, ...] = setting("LONGRUN_PROTECTIONS_OFF", parse.protections,
+                                               "comma-separated protections: publisher-confirms", "")
+    """Fault tests only: protections switched off, to show a fault row fails without them; empty in production."""

@@ -104,6 +104,18 @@ def name_list(raw: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
 
+PROTECTIONS = ("publisher-confirms",)
+"""What a fault test may switch off (``longrun.faults.protected``)."""
+
+
+def protections(raw: str) -> tuple[str, ...]:
+    names = name_list(raw)
+    unknown = [n for n in names if n not in PROTECTIONS]
+    if unknown:
+        raise ValueError(f"unknown protection(s) {', '.join(unknown)}; known: {', '.join(PROTECTIONS)}")
+    return names
+
+
 def bootstrap_tokens(raw: str) -> tuple[str, ...] | None:
     """Comma-separated tokens; ``off``: none, deliberately; empty: not set (None)."""
     if raw.strip().lower() == "off":

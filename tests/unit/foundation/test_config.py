@@ -168,3 +168,12 @@ def test_a_provider_needs_its_model_s_name_key_and_price_and_the_worker_refuses_
                                 "LONGRUN_MODEL_PRICES": PRICES})
     assert type(model_adapter(priced, Registry([]))).__name__ == {"openai": "OpenAIModel",
                                                                   "anthropic": "AnthropicModel"}[provider]
+
+
+def test_only_a_known_protection_can_be_switched_off() -> None:
+    assert Settings.from_env({}).protections_off == ()
+    assert Settings.from_env({"LONGRUN_PROTECTIONS_OFF": "publisher-confirms"}).protections_off == (
+        "publisher-confirms",)
+    with pytest.raises(ConfigError, match="LONGRUN_PROTECTIONS_OFF: got 'confirms'; expected comma-separated "
+                                          "protections: publisher-confirms"):
+        Settings.from_env({"LONGRUN_PROTECTIONS_OFF": "confirms"})

@@ -162,6 +162,7 @@ def test_compose_uses_only_declared_longrun_variables_and_never_crash_points() -
     for name, svc in compose()["services"].items():
         assert set(LONGRUN_NAME.findall(json.dumps(svc))) <= KNOWN, name
     assert "LONGRUN_CRASH_POINTS" not in text
+    assert "LONGRUN_PROTECTIONS_OFF" not in text
 
 
 def test_each_compose_environment_is_complete_and_valid_for_settings() -> None:
@@ -351,6 +352,7 @@ def test_manifests_use_only_declared_longrun_variables_and_never_crash_points(ov
     names = set(LONGRUN_NAME.findall(text))
     assert names <= KNOWN, names - KNOWN
     assert "LONGRUN_CRASH_POINTS" not in names
+    assert "LONGRUN_PROTECTIONS_OFF" not in names
     assert set(secret_example()["longrun"]) == {"LONGRUN_DATABASE_URL", "LONGRUN_AMQP_URL", "LONGRUN_WEBHOOK_SECRET",
                                                 "LONGRUN_OPERATOR_TOKENS", "LONGRUN_CONSOLE_SECRET",
                                                 "LONGRUN_MODEL_API_KEY"}
