@@ -412,8 +412,8 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     row = await driver.one(conn, _compile(tuple(names)), params)
     if not row.moved:
         await _conflict(conn, stored, fence)
-    if "held_messages" in names:
-        hold.held = list(row.held or ())  # type: ignore[union-attr]
+    if hold is not None and rides.messages:
+        hold.held = list(row.held or ())
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
     return planned.after
 
