@@ -77,7 +77,8 @@ class EagerPublisher:
         self.grace = grace
         self.crash_point = crash_point
         self._confirmed: set[int] = set()
-        """Rows confirmed and not yet marked by a committed statement."""
+        """Rows confirmed and not yet given to a statement to mark. Each is given to one statement at
+        a time: two statements marking the same rows would wait on each other's row locks (deadlock)."""
         self._marking: asyncio.Task[None] | None = None
         self._publishing: dict[str, asyncio.Task[None]] = {}
         """The publish of each run's last held rows, while it waits for its confirms."""
@@ -91,12 +92,17 @@ class EagerPublisher:
         offers = offered(messages, run_id, partition)
         if not any(offers) and not self._confirmed:
             return None
-        return Hold(partition, self.grace, sorted(self._confirmed), offers)
+        marks = sorted(self._confirmed)
+        self._confirmed.clear()
+        return Hold(partition, self.grace, marks, offers)
+
+    def failed(self, hold: Hold) -> None:
+        """The statement given ``hold`` failed: its marks go to the next one (marking twice is harmless)."""
+        self._confirmed.update(hold.marks)
 
     def committed(self, run_id: str, hold: Hold) -> None:
-        """After the commit of ``run_id``'s statement given ``hold``: its marks are done; what it held
-        is published, and what the broker confirms is marked."""
-        self._confirmed.difference_update(hold.marks)
+        """After the commit of ``run_id``'s statement given ``hold`` (its marks done): what it held is
+        published, and what the broker confirms is marked."""
         if not hold.held:
             return
         if len(hold.offered_rows) != len(hold.held):
@@ -136,13 +142,13 @@ class EagerPublisher:
         ids = sorted(self._confirmed)
         if not ids:
             return
+        self._confirmed.clear()
         try:
             async with self.statements.connection() as conn:
                 await outbox.mark_published(conn, ids)
         except Exception as e:
             logger.warning("marking %d eagerly published outbox rows failed (%r)", len(ids), e)
-            return
-        self._confirmed.difference_update(ids)
+            self._confirmed.update(ids)
 
     async def close(self) -> None:
         """On shutdown: the publishes under way are waited for, and what was confirmed is marked now."""

@@ -68,7 +68,12 @@ class PgWorkerStore:
         planned, rides = transition.planned, transition.rides
         run, eager = planned.before, self.eager
         hold = None if eager is None else await eager.hold(run.snapshot.run_id, run.partition, rides.messages)
-        after = await self._commit(transition, hold)
+        try:
+            after = await self._commit(transition, hold)
+        except BaseException:
+            if eager is not None and hold is not None:
+                eager.failed(hold)
+            raise
         if eager is not None and hold is not None:
             eager.committed(run.snapshot.run_id, hold)
         return after
