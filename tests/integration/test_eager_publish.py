@@ -120,3 +120,36 @@ async def test_the_relay_leaves_a_held_row_and_what_follows_it_until_the_hold_la
 
 async def _unpublished_is(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
     return await scalar(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == n
+
+
+async def test_many_runs_at_once_mark_their_rows_without_deadlocking(clean, engine, bus, services, tmp_path) -> None:
+    # Given the scheduler (32 slots: finishing runs hand theirs on), the relay and two workers whose
+    # run leases outlast the test (a step that failed would wait its lease out), and a consumer of
+    # every run event
+    events = await _tap(bus, topology.EVENTS_EXCHANGE, "#")
+    ensemble = Ensemble(services, tmp_path)
+    ensemble.start("scheduler", "longrun.services.scheduler", LONGRUN_TENANT_SLOTS="32")
+    ensemble.start("relay", "longrun.services.outbox_relay")
+    workers = [ensemble.start("worker", "longrun.services.worker", LONGRUN_RUN_LEASE_TTL="120") for _ in range(2)]
+    # When 150 runs step, 32 at once, their transitions marking what their worker got confirmed
+    keys = [new_key() for _ in range(150)]
+    for key in keys:
+        await publish_create(bus, tenant="acme", key=key, input_={"steps": 3}, workflow="steps")
+    # Then every run completes without a step failing, and each run's events reach the consumer in seq order
+    await eventually(lambda: _completed(engine, 150), timeout=60, what="150 runs completed")
+    for worker in workers:
+        assert "deadlock" not in worker.output() and "step failed" not in worker.output()
+    await eventually(lambda: _unpublished_is(engine, 0), what="every row published")
+    seqs: dict[str, list[int]] = {}
+    for event in await _drain(events):
+        if event["type"] == "run.event":
+            seqs.setdefault(event["run_id"], []).append(event["payload"]["seq"])
+    assert len(seqs) == 150 and all(s == sorted(set(s)) for s in seqs.values()), seqs
+    async with engine.connect() as conn:
+        held = (await conn.execute(text(
+            "SELECT count(*) FILTER (WHERE hold_until IS NOT NULL) FROM outbox WHERE type = 'run.event'"))).scalar()
+    assert held > 0
+
+
+async def _completed(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return await scalar(engine, "SELECT count(*) FROM runs WHERE status = 'COMPLETED'") == n
