@@ -17,7 +17,7 @@ from longrun.app import effects, tool_permits
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore
-from longrun.bootstrap import consume_partitions, open_artifacts, open_bus, open_database, open_statements
+from longrun.bootstrap import consume_partitions, open_artifacts, open_database, open_statements
 from longrun.bus.consumer import OwnClaim
 from longrun.bus.progress import ProgressPublisher
 from longrun.config import Settings
@@ -27,7 +27,6 @@ from longrun.db.driver import Pool
 from longrun.db.rate_limits import PgRateLimits
 from longrun.db.tool_permits import PgToolPermits
 from longrun.db.worker_store import PgWorkerStore
-from longrun.eager_publish import EagerPublisher
 from longrun.services.worker.takeover import take_over_lapsed
 from longrun.workflows import model_adapter
 
@@ -47,10 +46,7 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
     progress = ProgressPublisher(settings.amqp_url, name=f"{SERVICE}/{settings.instance_id}")
-    bus = await open_bus(settings, SERVICE)
-    grace = settings.eager_publish_grace
-    eager = EagerPublisher(bus, statements, grace=grace) if grace > 0 else None
-    worker = on_postgres(engine=engine, statements=statements, kinds=kinds, eager=eager,
+    worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     model=model_adapter(settings, kinds),
                                     artifacts=open_artifacts(settings, engine),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
@@ -79,25 +75,21 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                  advertised=kinds.pins(),
                                  # Its calls end (and free their tool permits) while it is still a member:
                                  # the reconciler frees a permit only once its holder is not.
-                                 before_leaving=worker.drain, bus=bus)
+                                 before_leaving=worker.drain)
     finally:
         adopting.cancel()
         taking_over.cancel()
         await worker.drain()
-        if eager is not None:
-            await eager.close()
         await progress.close()
         await statements.close()
         await engine.dispose()
 
 
 def on_postgres(*, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                clock: Callable[[], float] = time.time, eager: EagerPublisher | None = None,
-                **options: Any) -> Worker:
-    """The runtime's worker: its store is PostgreSQL (``db.worker_store``); with ``eager``, it
-    publishes its transitions' rows itself (``longrun.eager_publish``)."""
+                clock: Callable[[], float] = time.time, **options: Any) -> Worker:
+    """The runtime's worker: its store is PostgreSQL (``db.worker_store``)."""
     store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts,
-                          match_kept=functools.partial(webhooks.match_kept, clock=clock), eager=eager)
+                          match_kept=functools.partial(webhooks.match_kept, clock=clock))
     return Worker(store=store, artifacts=artifacts, clock=clock, **options)
 
 

@@ -109,15 +109,12 @@ async def _patiently(attempt_once, what: str, patience: float) -> None:  # type:
 async def consume_partitions(settings: Settings, *, service: str, handler: Handler | OwnClaim,
                              stopping: asyncio.Event, health: Health, on_outcome: OutcomeHook | None = None,
                              advertised: Sequence[Mapping[str, str]] = (),
-                             before_leaving: Callable[[], Awaitable[None]] | None = None,
-                             bus: Bus | None = None) -> None:
+                             before_leaving: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run a partitioned consumer for ``service`` until ``stopping``: leases decide which queues.
     ``advertised``: what this replica can run, kept in its membership row. ``before_leaving``: run on
-    stopping, once the partitions are handed back and before the replica leaves the member list.
-    ``bus``: the connection to consume on (the process publishes on it too); else one of its own.
-    Either is closed on the way out."""
+    stopping, once the partitions are handed back and before the replica leaves the member list."""
     engine = await open_database(settings)
-    bus = bus or await open_bus(settings, service)
+    bus = await open_bus(settings, service)
     consumer = PartitionedConsumer(
         bus=bus, engine=engine, service=service,
         queue_for=lambda k: topology.partition_queue(service, k), handler=handler,

@@ -9,13 +9,6 @@ partition nothing after a failed publish is marked, so the next round publishes 
 the failed one: per-run order holds.
 A crash between confirm and mark publishes the rows again; consumers' inboxes absorb
 the duplicates.
-
-Rows a worker holds to publish itself after its commit (``longrun.eager_publish``) are left to it:
-the read stops each partition at its first held row, so the relay never publishes a later row of a
-partition before an earlier one a worker may still be publishing; while one holds a partition up,
-the relay looks again every ``HELD_RECHECK`` seconds (a worker marks its rows within milliseconds,
-and the NOTIFY of the rows behind them has come and gone). A held row whose hold lapsed (its worker
-died, or its publish failed) is published like any other.
 """
 
 from __future__ import annotations
@@ -36,9 +29,6 @@ from longrun.db.errors import is_transient
 
 logger = logging.getLogger(__name__)
 
-HELD_RECHECK = 0.02
-"""Seconds between reads while a held row holds a partition up."""
-
 
 class Relay:
     def __init__(self, statements: Pool, bus: Bus, *, batch: int, poll_interval: float) -> None:
@@ -49,8 +39,6 @@ class Relay:
         self.owned: set[int] = set()
         self.wake = asyncio.Event()
         self.published = 0
-        self.held_up = False
-        """The last read stopped a partition at a held row."""
         self._lock = asyncio.Lock()
 
     async def acquire(self, partitions: set[int]) -> None:
@@ -65,8 +53,7 @@ class Relay:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             try:
-                await asyncio.wait_for(self.wake.wait(),
-                                       timeout=HELD_RECHECK if self.held_up else self.poll_interval)
+                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_interval)
             except TimeoutError:
                 pass
             self.wake.clear()
@@ -89,10 +76,8 @@ class Relay:
             # confirmed and reads the next (BEGIN and COMMIT would be two more round trips).
             traced = otel.exporting()
             async with self.statements.connection() as conn:
-                read = await outbox.unpublished(conn, self.owned, self.batch, marked=confirmed, with_roots=traced)
+                rows = await outbox.unpublished(conn, self.owned, self.batch, marked=confirmed, with_roots=traced)
             self.published += len(confirmed)
-            rows = [row for row in read if not row.held]
-            self.held_up = len(rows) < len(read)
             if not rows:
                 return
             if traced:

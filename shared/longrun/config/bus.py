@@ -18,13 +18,6 @@ def _amqp_url(raw: str) -> str:
     return raw
 
 
-def _grace(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value < float("inf"):
-        raise ValueError
-    return value
-
-
 @dataclass(frozen=True)
 class BusSettings(Concern):
     """Bus: RabbitMQ and the outbox relay"""
@@ -44,11 +37,6 @@ class BusSettings(Concern):
     """Seconds between outbox polls when no NOTIFY arrives."""
     relay_batch: int = setting("LONGRUN_RELAY_BATCH", parse.positive_int, "an integer >= 1", "200")
     """Outbox rows claimed per relay round."""
-    eager_publish_grace: float = setting("LONGRUN_EAGER_PUBLISH_GRACE", _grace, "seconds, a number >= 0", "2")
-    """Seconds the outbox relay leaves a worker's freshly committed rows (and every later row of their
-    partition) to the worker, which publishes them itself right after its commit; past it the relay
-    publishes what a crash or a failed publish left. 0: workers publish nothing, the relay everything.
-    See [concepts](concepts.md#eager-publish-after-commit)."""
     ingress_max_length: int = setting("LONGRUN_INGRESS_MAX_LENGTH", parse.positive_int, "an integer >= 1", "100000")
     """run.create messages the ingress queue holds; past it the broker nacks new creates. A RabbitMQ
     policy the scheduler sets at every start: see [flow control](flow-control.md#backpressure-at-the-door)."""

@@ -2,15 +2,8 @@
 
 The relay publishes the unpublished rows of the partitions it owns in id order (one read
 for all of them) and marks them sent after the broker confirms (in its next read's
-statement). A statement-level trigger sends one NOTIFY per insert of rows the relay is to
-publish (delivered only at commit) to wake it early; it polls anyway, because NOTIFY is a hint
-with no replay.
-
-A row a worker holds to publish itself right after its commit (``hold_until`` in the future,
-``db.outbox_hold``) is left to it: the relay's read stops each partition at its first held row
-and returns that row flagged ``held``, so nothing later in the partition is published before it
-(``longrun.eager_publish`` has the argument); once the hold lapses the relay publishes it like
-any other row.
+statement). A statement-level trigger sends one NOTIFY per insert (delivered only at commit)
+to wake it early; it polls anyway, because NOTIFY is a hint with no replay.
 """
 
 from __future__ import annotations
@@ -39,9 +32,6 @@ class OutboxRow:
     routing_key: str
     type: str
     payload: dict[str, Any]
-    held: bool = False
-    """Held by the worker that wrote it (``hold_until`` not past): the relay publishes nothing of its
-    partition from this row on."""
     run_trace: str | None = None
     """The traceparent of its run's root span, when read ``with_roots``."""
 
@@ -71,16 +61,13 @@ def insert_columns_sql(select: str) -> str:
     return f"INSERT INTO outbox ({', '.join(COLUMNS)}) {select}"
 
 
-ROW_VALUES = ("r.row -> 'payload' ->> 'event_id', 'run', "
-              "coalesce(r.row -> 'payload' ->> 'run_id', r.row -> 'payload' ->> 'event_id'), "
-              "CAST(r.row ->> 'partition' AS smallint), r.row ->> 'exchange', r.row ->> 'routing_key', "
-              "r.row ->> 'type', r.row -> 'payload', r.row -> 'payload' ->> 'trace'")
-"""``COLUMNS`` of a row ``r.row`` as ``rows_json`` writes one."""
-
-
 def insert_sql(rows: str) -> str:
     """INSERT of the rows ``rows`` yields as ``r(row, n)``: each row as ``rows_json`` writes one, in n order."""
-    return insert_columns_sql(f"SELECT {ROW_VALUES} FROM {rows} ORDER BY r.n")
+    return insert_columns_sql(
+        "SELECT r.row -> 'payload' ->> 'event_id', 'run', "
+        "       coalesce(r.row -> 'payload' ->> 'run_id', r.row -> 'payload' ->> 'event_id'), "
+        "       CAST(r.row ->> 'partition' AS smallint), r.row ->> 'exchange', r.row ->> 'routing_key', "
+        f"       r.row ->> 'type', r.row -> 'payload', r.row -> 'payload' ->> 'trace' FROM {rows} ORDER BY r.n")
 
 
 def from_param(param: str) -> str:
@@ -130,22 +117,16 @@ def _unpublished(*, marks: bool, roots: bool) -> driver.Statement:
     are not visible to its own SELECT (one snapshot), so it skips them by id. Only when there are marks:
     with none, PostgreSQL plans the UPDATE as a walk of every unpublished index entry (dead ones of rows
     already published included) looking for ids in an empty list."""
-    columns = ("o.id, o.event_id, o.partition, o.exchange, o.routing_key, o.type, o.payload, "
-               "coalesce(o.id = h.first, false)")
-    source = "outbox AS o LEFT JOIN held AS h ON h.partition = o.partition"
+    columns = "o.id, o.event_id, o.partition, o.exchange, o.routing_key, o.type, o.payload"
+    source = "outbox AS o"
     if roots:
         columns += ", r.trace_root"
         source += " LEFT JOIN runs AS r ON o.aggregate_type = 'run' AND r.run_id = o.aggregate_id"
-    owned = "{t}partition = ANY(CAST(:partitions AS smallint[])) AND {t}published_at IS NULL"
+    where = "o.partition = ANY(CAST(:partitions AS smallint[])) AND o.published_at IS NULL"
+    read = f"SELECT {columns} FROM {source} WHERE {where}"
     if marks:
-        owned += " AND {t}id <> ALL(CAST(:marked AS bigint[]))"
-    # Each partition's first held row: it and nothing after it is published (``held``).
-    ctes = [f"held AS (SELECT partition, min(id) AS first FROM outbox WHERE {owned.format(t='')} "
-            "AND hold_until > now() GROUP BY partition)"]
-    if marks:
-        ctes.insert(0, "marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[])))")
-    read = (f"WITH {', '.join(ctes)} SELECT {columns} FROM {source} "
-            f"WHERE {owned.format(t='o.')} AND (h.first IS NULL OR o.id <= h.first)")
+        read = ("WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "
+                f"{read} AND o.id <> ALL(CAST(:marked AS bigint[]))")
     return driver.Statement(text(f"{read} ORDER BY o.id LIMIT :limit"))
 
 
@@ -158,8 +139,7 @@ _MARK_PUBLISHED = driver.Statement(
 async def unpublished(conn: driver.Connection, partitions: Collection[int], limit: int,
                       marked: Sequence[int] = (), *, with_roots: bool = False) -> list[OutboxRow]:
     """Oldest unpublished rows of these partitions, in id order (so each partition's rows are in
-    order too), each partition's up to its first held row (``OutboxRow.held``, included); every
-    round rescans, so late commits are seen. ``marked``: rows confirmed since the
+    order too); every round rescans, so late commits are seen. ``marked``: rows confirmed since the
     last read, marked published by the same statement first (one round trip for both).
     ``with_roots``: each with its run's trace root (``OutboxRow.run_trace``)."""
     if not partitions:

@@ -28,7 +28,7 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
-from longrun.db import admission, driver, handover, jsonb, keys, outbox, outbox_hold, tenant_limits
+from longrun.db import admission, driver, handover, jsonb, keys, outbox, tenant_limits
 from longrun.db import children as child_rows
 from longrun.db.actions import first_row as ledger_first_row
 from longrun.db.schema import actions, run_events, runs, sql_names
@@ -44,7 +44,7 @@ from longrun.domain import (
 from longrun.domain import events as ev
 from longrun.domain.concurrency import KeyClaim
 from longrun.errors import LeaseLost, StaleRevision
-from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, plan
+from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, TenantCharge, plan
 
 
 def _ts(epoch: float | None) -> datetime | None:
@@ -122,6 +122,11 @@ def _cancelling(cancel: closure.Cancel) -> dict[str, Any]:
     return {"c_all": cancel.everything, "c_wait": cancel.wait_id, "c_calls": jsonb.dumps(list(cancel.calls))}
 
 
+def _tenant_charging(charge: TenantCharge) -> dict[str, Any]:
+    return {"g_tenant": charge.tenant_id, "g_tokens": charge.tokens, "g_cost": charge.cost, "g_period": charge.period,
+            "g_tokens_default": charge.tokens_default, "g_cost_default": charge.cost_default}
+
+
 @dataclass(frozen=True)
 class _Part:
     """A piece of the transition statement: a guard on the run's row, columns it sets, CTEs that
@@ -133,7 +138,6 @@ class _Part:
     binds: tuple[str, ...] = ()
     """Parameters typed by a column: ``a_<column>`` of ``actions``."""
     counted: tuple[str, ...] = ()
-    returned: tuple[str, ...] = ()  # columns returned besides the counts
 
 
 _ACTION_VALUES = ", ".join("moved.run_id" if c == "run_id" else f":a_{c}" for c in _ACTION_COLUMNS)
@@ -146,9 +150,7 @@ def _parts() -> dict[str, _Part]:
         "call": _Part(ctes=(f"ledger AS (INSERT INTO actions ({', '.join(_ACTION_COLUMNS)}) "
                             f"SELECT {_ACTION_VALUES} FROM moved)",),
                       binds=tuple(c for c in _ACTION_COLUMNS if c != "run_id")),
-        "eager_marks": _Part(ctes=(outbox_hold.MARKS_CTE,)),
         "messages": _Part(ctes=(f"sent AS ({outbox.insert_sql('moved, ' + outbox.from_param('messages'))})",)),
-        "held_messages": _Part(ctes=outbox_hold.MESSAGES_CTES, returned=(outbox_hold.HELD,)),
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
@@ -187,7 +189,6 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
         *(cte for p in parts for cte in p.ctes)]
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
     counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for p in parts for name in p.counted)
-    counted += "".join(f", {column}" for p in parts for column in p.returned)
     binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
     binds.append(bindparam("events", type_=run_events.c.data.type))
     binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for p in parts for c in p.binds]
@@ -355,11 +356,9 @@ async def append(conn: driver.Connection, stored: StoredRun, events: Sequence[ev
 
 
 async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | None = None,
-                rides: Rides = Rides(), call: LedgerRequest | None = None,
-                hold: outbox_hold.Hold | None = None) -> StoredRun:
+                rides: Rides = Rides(), call: LedgerRequest | None = None) -> StoredRun:
     """Write a planned transition and what rides with it as one statement; return the new state.
-    ``call``: a first ledger row (a key on the ledger already fails the statement: unique violation).
-    ``hold``: the rows its worker publishes itself, and marks (``db.outbox_hold``; ``Hold.held`` set)."""
+    ``call``: a first ledger row (a key on the ledger already fails the statement: unique violation)."""
     stored = planned.before
     names: list[str] = []
     params: dict[str, Any] = {
@@ -377,9 +376,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         names.append("call")
         row = ledger_first_row(**call.row())
         params.update({f"a_{c}": row.get(c) for c in _ACTION_COLUMNS if c != "run_id"})
-    if hold is not None:
-        names += outbox_hold.parts(hold, rides.messages, params)
-    elif rides.messages:
+    if rides.messages:
         names.append("messages")
         params["messages"] = outbox.rows_json(rides.messages)
     if rides.notices:
@@ -393,7 +390,7 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         params.update(handover.params(rides.handover))
     if rides.tenant_charge is not None:
         names.append("tenant_charge")
-        params.update(tenant_limits.charge_params(rides.tenant_charge))
+        params.update(_tenant_charging(rides.tenant_charge))
     cancel = planned.cancel
     if cancel is not None:
         names.append("cancel")
@@ -409,11 +406,8 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
     if rides.timers:
         names.append("timed")
         params["timers"] = jsonb.dumps([dict(t) for t in rides.timers])
-    row = await driver.one(conn, _compile(tuple(names)), params)
-    if not row.moved:
+    if not (await driver.one(conn, _compile(tuple(names)), params)).moved:
         await _conflict(conn, stored, fence)
-    if hold is not None and rides.messages:
-        hold.held = list(row.held or ())
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
     return planned.after
 

@@ -279,15 +279,10 @@ outbox = Table(
     Column("traceparent", Text),
     created_at(),
     Column("published_at", DateTime(timezone=True)),
-    # Until then its writer publishes it itself (``db.outbox_hold``); the relay leaves it alone.
-    Column("hold_until", DateTime(timezone=True)),
 )
 # Relay: unpublished rows of one partition in commit-independent id order (no high-water mark).
 Index("ix_outbox_unpublished", outbox.c.partition, outbox.c.id,
       postgresql_where=outbox.c.published_at.is_(None))
-# Relay: the held rows among them, each partition's first of which it stops at.
-Index("ix_outbox_held", outbox.c.partition, outbox.c.id,
-      postgresql_where=outbox.c.published_at.is_(None) & outbox.c.hold_until.isnot(None))
 
 
 def _inbox(service: str) -> Table:

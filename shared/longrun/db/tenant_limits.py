@@ -15,7 +15,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun.domain.tenant_limits import TENANT_BUDGET_PREFIX, TenantLimits
-from longrun.ports.runs import TenantCharge
 
 
 def slots(tenant: str, default: str) -> str:
@@ -34,12 +33,6 @@ _BUDGETS = ("(SELECT COALESCE(l.token_budget, CAST(:g_tokens_default AS bigint))
             "FROM (SELECT 1) AS one LEFT JOIN tenant_limits AS l ON l.tenant_id = :g_tenant) AS budget")
 _PERIOD_START = ("to_timestamp(floor(extract(epoch FROM now()) / CAST(:g_period AS float8)) "
                  "* CAST(:g_period AS float8))")
-
-
-def charge_params(charge: TenantCharge) -> dict[str, Any]:
-    """``charge_sql``'s parameters for ``charge``."""
-    return {"g_tenant": charge.tenant_id, "g_tokens": charge.tokens, "g_cost": charge.cost, "g_period": charge.period,
-            "g_tokens_default": charge.tokens_default, "g_cost_default": charge.cost_default}
 
 
 def charge_sql(source: str) -> str:

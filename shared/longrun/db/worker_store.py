@@ -2,8 +2,7 @@
 
 The common step is one statement sent on its own (``statements``, no transaction around it);
 whatever needs several statements — an artifact's registration, a ledger key used before, a
-wait's timers and kept events — gets a transaction of the engine's. With an ``EagerPublisher``,
-the rows of the run a commit moves are published right after it (``longrun.eager_publish``).
+wait's timers and kept events — gets a transaction of the engine's.
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ from longrun.db import timers as timer_rows
 from longrun.db.artifacts import register
 from longrun.db.driver import Pool
 from longrun.db.errors import is_transient, is_unique_violation
-from longrun.db.outbox_hold import Hold
 from longrun.db.transaction import PgTransaction
 from longrun.domain import TenantPolicy
-from longrun.eager_publish import EagerPublisher
 from longrun.errors import LeaseLost
 from longrun.ports import inbox
 from longrun.ports.runs import Fence, LedgerRequest, StoredRun, Transition
@@ -32,12 +29,11 @@ from longrun.ports.stores import MatchKept
 
 class PgWorkerStore:
     def __init__(self, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                 match_kept: MatchKept, eager: EagerPublisher | None = None) -> None:
+                 match_kept: MatchKept) -> None:
         self.engine = engine
         self.statements = statements
         self.artifacts = artifacts
         self.match_kept = match_kept
-        self.eager = eager
 
     async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
                              served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
@@ -65,26 +61,12 @@ class PgWorkerStore:
             await leases.release_lease(conn, run_id, fence)
 
     async def commit(self, transition: Transition) -> StoredRun:
-        planned, rides = transition.planned, transition.rides
-        run, eager = planned.before, self.eager
-        hold = None if eager is None else await eager.hold(run.snapshot.run_id, run.partition, rides.messages)
-        try:
-            after = await self._commit(transition, hold)
-        except BaseException:
-            if eager is not None and hold is not None:
-                eager.failed(hold)
-            raise
-        if eager is not None and hold is not None:
-            eager.committed(run.snapshot.run_id, hold)
-        return after
-
-    async def _commit(self, transition: Transition, hold: Hold | None) -> StoredRun:
         planned, fence, rides, call = transition.planned, transition.fence, transition.rides, transition.call
         riding = call if transition.first_call else None  # a first ledger row rides in the statement
         if transition.alone:
             try:
                 async with self.statements.connection() as conn:
-                    return await runs.write(conn, planned, fence=fence, rides=rides, call=riding, hold=hold)
+                    return await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
             except Exception as e:
                 if riding is None or not is_unique_violation(e):
                     raise
@@ -96,7 +78,7 @@ class PgWorkerStore:
                 artifact = transition.artifact
                 await register(conn, self.artifacts, artifact.ref, tenant_id=artifact.tenant_id, size=artifact.size,
                                media_type="application/json", run_id=planned.before.snapshot.run_id)
-            after = await runs.write(conn, planned, fence=fence, rides=rides, call=riding, hold=hold)
+            after = await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
             if call is not None and riding is None:
                 await ledger.prepare(conn, **call.row())
             if transition.outcome is not None:
