@@ -23,6 +23,7 @@ from tests.integration.ensemble import OPERATOR_TOKEN
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 
 KINDS = {"LONGRUN_RUN_KINDS": "tests.kinds:long_call"}
+MEMBERSHIP = {"LONGRUN_PARTITION_LEASE_TTL": "8"}
 AROUND = ("scheduler", "relay", "timer", "reconciler")
 
 
@@ -81,9 +82,11 @@ async def test_a_long_call_shows_its_progress_and_its_answer_cancels_its_timers(
 
 async def test_a_frozen_worker_s_call_is_given_up_by_its_heartbeat_timer_and_its_late_write_refused(
         scenario: Scenario) -> None:
-    # Given a worker whose run lease lasts two minutes, making a long write
-    await scenario.up(*AROUND, **KINDS)
-    frozen = scenario.start("worker", LONGRUN_RUN_LEASE_TTL="120", **KINDS)
+    # Given a worker whose run lease lasts two minutes, making a long write; every replica's membership
+    # outlives the call's 2 s heartbeat timeout, so the heartbeat timer, not the takeover of a lapsed
+    # member, is what gives the frozen worker's call up
+    await scenario.up(*AROUND, **KINDS, **MEMBERSHIP)
+    frozen = scenario.start("worker", LONGRUN_RUN_LEASE_TTL="120", **KINDS, **MEMBERSHIP)
     run_id = await scenario.create(workflow="long_call", input_=_goal("write", beats=8))
     await scenario.poll(lambda: scenario.scalar("SELECT progress FROM actions WHERE run_id = :r", r=run_id),
                         timeout=20, what="a recorded heartbeat")
@@ -91,7 +94,7 @@ async def test_a_frozen_worker_s_call_is_given_up_by_its_heartbeat_timer_and_its
     # When it is frozen mid-call (SIGSTOP), and another worker is there
     frozen.pause()
     try:
-        scenario.start("worker", LONGRUN_RUN_LEASE_TTL="120", **KINDS)
+        scenario.start("worker", LONGRUN_RUN_LEASE_TTL="120", **KINDS, **MEMBERSHIP)
         # Then, long before its lease would expire, the heartbeat timer gives the attempt up: the write
         # is UNKNOWN, the reconciler finds nothing made under its key, and the other worker completes it
         done = await scenario.until(run_id, RunStatus.COMPLETED, timeout=40)
