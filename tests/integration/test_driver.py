@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -72,3 +73,18 @@ async def test_a_pooled_statement_is_prepared_on_its_first_use(statements) -> No
         prepared = await (await conn.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ("SELECT $1 + 1 AS m%",))).fetchone()
     assert prepared == (1,)
+
+
+async def test_a_statement_is_sent_with_numbered_placeholders(statements) -> None:
+    # Given a statement with a literal percent sign, a parameter used twice, and more parameters and
+    # text than psycopg caches a named-placeholder query for (50, 4,096 bytes)
+    many = ", ".join(f":p{i} AS c{i}" for i in range(60))
+    probe = driver.Statement(text(f"SELECT 'a%b' AS pct, :n + :n AS twice, {many} /* {'x' * 4096} */"))
+    values = {"n": 2, **{f"p{i}": i for i in range(60)}}
+    async with statements.connection() as conn:
+        # When it is sent, Then each value lands in its place
+        row = await driver.one(conn, probe, values)
+        assert (row.pct, row.twice, row.c0, row.c59) == ("a%b", 4, 0, 59)
+        # and a missing parameter is named, before anything is sent
+        with pytest.raises(psycopg.ProgrammingError, match="query parameter missing: p7"):
+            await driver.one(conn, probe, {k: v for k, v in values.items() if k != "p7"})
