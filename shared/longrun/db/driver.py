@@ -11,7 +11,6 @@ the SQLAlchemy transaction it is part of.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,10 +29,8 @@ from longrun.db.engine import psycopg_dsn
 Connection = AsyncConnection | psycopg.AsyncConnection[Any]
 """A SQLAlchemy connection (its transaction is joined) or one of ``Pool``'s."""
 
-_DIALECT = sa_psycopg.dialect()
-
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_DIALECT = sa_psycopg.dialect(paramstyle="numeric_dollar")
+"""psycopg's dialect writing PostgreSQL's own ``$n`` placeholders, for a raw cursor."""
 
 
 class Statement:
@@ -49,16 +46,9 @@ class Statement:
 
     def __init__(self, clause: ClauseElement) -> None:
         compiled = clause.compile(dialect=_DIALECT)
-        names: dict[str, str] = {}
-
-        def number(match: re.Match[str]) -> str:
-            if match.group(1) is None:
-                return "%"
-            return names.setdefault(match.group(1), f"${len(names) + 1}")
-
-        self.sql = _PLACEHOLDER.sub(number, str(compiled)).encode()
+        self.sql = str(compiled).encode()
         json = {name for bind, name in compiled.bind_names.items() if isinstance(bind.type, JSON)}
-        self._names = tuple((name, name in json) for name in names)
+        self._names = tuple((name, name in json) for name in compiled.positiontup or ())
         self._fixed = {name: bind.effective_value for bind, name in compiled.bind_names.items() if not bind.required}
 
     def params(self, values: Mapping[str, Any]) -> list[Any]:
