@@ -52,6 +52,12 @@ class ToolRequest:
     logical_action: str
     key: str
     args: Mapping[str, Any]
+    request_hash: str = field(init=False)
+    """Of ``args`` (``domain.request_hash``): hashed once for the scope check, the prepared event and
+    the ledger's row, which all name it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_hash", request_hash(self.tool.name, self.tool.version, args=dict(self.args)))
 
     def ledger(self, run_id: str, fence: Fence, answer: Mapping[str, Any] | None = None) -> LedgerRequest:
         """The ledger's record of this request under ``fence``; with ``answer``, confirmed with it."""
@@ -59,7 +65,7 @@ class ToolRequest:
         return LedgerRequest(
             action_id=str(uuid.uuid4()), run_id=run_id, logical_action=self.logical_action, tool=tool.name,
             tool_version=tool.version, effect_kind=tool.effect.value, idempotency_key=self.key,
-            request_hash=request_hash(tool.name, tool.version, args=dict(self.args)), request=dict(self.args),
+            request_hash=self.request_hash, request=dict(self.args),
             fencing_token=fence.token, answer=answer)
 
 

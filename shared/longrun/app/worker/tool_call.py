@@ -30,7 +30,6 @@ from longrun.domain import (
     calls,
     idempotency_key,
     recovery_policy,
-    request_hash,
     thaw,
 )
 from longrun.domain import events as ev
@@ -102,7 +101,7 @@ async def admit(far: FarSide, step: Step, stored: StoredRun, kind: RunKind, call
     record = run.action(name)
     prepared: tuple[ev.RunEvent, ...] = ()
     if record is None:
-        requested_hash = request_hash(tool.name, tool.version, args=args)
+        requested_hash = call.request_hash
         if run.permissions is not None:
             # Before anything is prepared: a call outside the scope is refused, never retried.
             resource = tool.resource(args) if tool.resource is not None else None
