@@ -453,8 +453,9 @@ async def test_a_whole_batch_coming_due_at_once_starts_every_lane_together(
         await loop
     # Then, having seen a whole batch coming, the lanes started together: the first batch was
     # still in flight when the last lane started
+    # (three batches at least: two lanes skipping each other's locked rows may split one batch in two)
     firsts = sorted(spans)[:timer_service.LANES]
-    assert len(spans) == 3
+    assert len(spans) >= 3
     assert (max(start for start, _ in firsts) < min(end for _, end in firsts)) is seen_coming
 
 
