@@ -104,6 +104,12 @@ test-unit: install tools
 test-integration: install test-services tools
 	$(PY) -m pytest tests/integration
 
+# The integration tests that load the real services for half a minute or more each (many runs at
+# once, ten thousand finished runs), and the bench's timeline phase (~3 minutes). Not part of
+# `make test`; .ci/run runs it after.
+test-long: install test-services tools
+	$(PY) -m pytest -m long tests/integration
+
 # Our distributions built and installed in fresh venvs: the image's runtime target replayed, a kind
 # run outside the tree, the client alone, every wheel through twine check (~2 minutes). Not part of
 # `make test`; .ci/run runs it after.

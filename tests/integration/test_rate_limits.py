@@ -95,6 +95,7 @@ async def _rows(engine: Any, sql: str, **params: Any) -> list[Any]:
         return list(await conn.execute(text(sql), params))
 
 
+@pytest.mark.long
 async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given the ensemble with two workers, slots for every run, and a tool limited to 20 calls per 10 s

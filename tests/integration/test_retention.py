@@ -241,6 +241,7 @@ async def _open_state(engine: AsyncEngine, run_ids: list[str]) -> list[Any]:
 
 
 # About 30 s on a quiet machine; the bound leaves room for a loaded one.
+@pytest.mark.long
 @pytest.mark.timeout(240)
 async def test_after_ten_thousand_finished_runs_every_table_keeps_only_what_its_horizon_keeps(
         clean, engine, tmp_path) -> None:

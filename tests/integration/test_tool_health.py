@@ -74,6 +74,7 @@ async def create_all(scenario: Scenario, count: int) -> list[str]:
     return await scenario.poll(created, timeout=60, what=f"{count} runs created")  # type: ignore[no-any-return]
 
 
+@pytest.mark.long
 async def test_fifty_runs_wait_out_a_forge_outage_within_the_breaker_s_call_bound(scenario: Scenario) -> None:
     # Given the ensemble with two workers, and a forge that answers 503 to everything for 15 s from now
     await scenario.up(*EVERYTHING, **ENV)
