@@ -3,9 +3,8 @@
 Knobs (environment): BENCH_QUICK=1 (a ~3-minute smoke run), BENCH_STEPS (K, 3),
 BENCH_INFLIGHT (N, 64), BENCH_RUNS (M), BENCH_WORKERS (2), BENCH_REPLICAS ("1,2,4"),
 BENCH_TIMERS (10000), BENCH_PARKED (10000), BENCH_LIMITED_CALLS (1000), BENCH_PHASES (comma list of
-limits,ensemble,bare_after,retention,code_first,dbos,temporal,restate,scale,timers,recovery,waiting; and
-million, only when named:
-BENCH_SCALE_RUNS sizes, 20000,1000000), BENCH_LEASE_TTL (5),
+limits,ensemble,bare_after,retention,code_first,dbos,temporal,restate,scale,timers,recovery,waiting; and,
+only when named, million (BENCH_SCALE_RUNS sizes it, 20000,1000000) and timeline), BENCH_LEASE_TTL (5),
 BENCH_LOG_LEVEL (WARNING). PostgreSQL and RabbitMQ come from LONGRUN_DATABASE_URL /
 LONGRUN_AMQP_URL or the local defaults; the bench uses its own database and vhost.
 """
@@ -26,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import ensemble, limits, peers, pruning, rate_limited, recovery, report, scale, timers
+from bench import ensemble, limits, peers, pruning, rate_limited, recovery, report, scale, timeline, timers
 from bench.common import ROOT, CpuWatch, Knobs, loadavg, stop_all
 from bench.infra import Infra, interference
 
@@ -199,6 +198,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "recovery": lambda: recovery.sigkill_a_worker(infra, engine, knobs),
         "waiting": lambda: timers.waiting_is_free(infra, engine, knobs),
         "million": lambda: scale.million(infra, engine, knobs),
+        "timeline": lambda: timeline.phase(infra, engine, knobs),
     }
     try:
         results["machine"] = _machine(infra)

@@ -98,8 +98,9 @@ class Knobs:
 
 ALL_PHASES = ("limits", "ensemble", "bare_after", "retention", "code_first", "dbos", "temporal", "restate", "scale",
               "timers", "recovery", "waiting")
-ON_DEMAND_PHASES = ("million",)
-"""Run only when named (``make bench-scale``): a million parked runs take a quarter of an hour to load."""
+ON_DEMAND_PHASES = ("million", "timeline")
+"""Run only when named: ``million`` (``make bench-scale``), as a million parked runs take a quarter of an
+hour to load; ``timeline`` (``bench.timeline``), an investigation of the lone run's way."""
 
 
 def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 95, 99)) -> dict[str, float | None]:

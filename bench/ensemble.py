@@ -29,6 +29,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -137,6 +138,8 @@ class Ensemble:
     """``LONGRUN_RUN_KINDS`` of its services; None: the default (``steps``)."""
     env: dict[str, str] | None = None
     """More ``LONGRUN_*`` variables for its services (they win over ``BENCH_RETENTION``'s)."""
+    timeline_dir: Path | None = None
+    """Its services mark a lone create's way there (``bench.timeline``) and count no SQL."""
 
     async def start(self, *, count: bool = True, lease_ttl: float | None = None,
                     reconciler: bool = False, **env: str) -> Services:
@@ -152,7 +155,7 @@ class Ensemble:
             count_dir.mkdir(parents=True)
         services = Services(self.infra, partitions=self.knobs.partitions,
                             lease_ttl=lease_ttl or self.knobs.lease_ttl, log_level=self.knobs.log_level,
-                            count_dir=count_dir,
+                            count_dir=count_dir, timeline_dir=self.timeline_dir,
                             LONGRUN_TENANT_SLOTS=str(self.tenant_slots or self.knobs.inflight),
                             LONGRUN_WORKER_CONCURRENCY=str(self.knobs.worker_concurrency),
                             **({"LONGRUN_RUN_KINDS": self.run_kinds} if self.run_kinds else {}), **(self.env or {}),
@@ -182,8 +185,9 @@ class Ensemble:
 
     # -- measurements ---------------------------------------------------------------------------
 
-    async def lone(self, n: int) -> dict[str, Any]:
-        """One run at a time: publish -> completed, and publish -> first step."""
+    async def lone(self, n: int, published: dict[str, float] | None = None) -> dict[str, Any]:
+        """One run at a time: publish -> completed, and publish -> first step. ``published``: given
+        each run's publish time (wall clock) by its idempotency key."""
         prefix = f"lone-{uuid.uuid4().hex[:6]}"
         async with Producer(self.infra.amqp_url) as producer:
             for i in range(n):
@@ -192,6 +196,8 @@ class Ensemble:
                 await self._wait_completed(prefix, i + 1, timeout=30)
             timings = await self._timings(prefix, producer.published)
             hops = await self._hops(prefix, producer.published, timings)
+        if published is not None:
+            published.update(producer.published)
         done = [t["completed_ms"] for t in timings if t["completed_ms"] is not None]
         first = [t["first_step_ms"] for t in timings if t["first_step_ms"] is not None]
         # The first run warms every pool and prepared statement: report the rest.

@@ -173,10 +173,13 @@ class Services:
     """Real service processes on the bench database and vhost, started and stopped by PID."""
 
     def __init__(self, infra: Infra, *, partitions: int, lease_ttl: float, log_level: str,
-                 count_dir: Path | None = None, **extra: str) -> None:
+                 count_dir: Path | None = None, timeline_dir: Path | None = None, **extra: str) -> None:
+        """``count_dir``: each service counts its SQL (``bench.counting``); ``timeline_dir``: each marks
+        a lone create's way instead (``bench.timeline``)."""
         self.infra = infra
         self.partitions = partitions
         self.count_dir = count_dir
+        self.timeline_dir = timeline_dir
         self.extra = {"LONGRUN_RUN_LEASE_TTL": f"{lease_ttl:g}", "LONGRUN_LOG_LEVEL": log_level,
                       **pruning_env(os.environ.get("BENCH_RETENTION", "")), **extra}
         self.procs: dict[str, Proc] = {}
@@ -207,7 +210,10 @@ class Services:
         port = free_port()
         argv = [sys.executable, "-m", module]
         env = self.env(name, LONGRUN_HEALTH_PORT=str(port), **extra)
-        if self.count_dir is not None:
+        if self.timeline_dir is not None:
+            argv = [sys.executable, "-m", "bench.timeline", module]
+            env["BENCH_TIMELINE_FILE"] = str(self.timeline_dir / f"{name}.marks")
+        elif self.count_dir is not None:
             argv = [sys.executable, "-m", "bench.counting", module]
             env["BENCH_COUNT_FILE"] = str(self.count_dir / f"{name}.json")
         proc = Proc(name, argv, env=env, log=self.infra.logs / f"{self.label}-{name}.log")

@@ -262,6 +262,7 @@ def table(r: dict[str, Any]) -> str:
             add(f"    completed                  {_pct(h.get('completed_ms'))}")
 
     _retention(add, r.get("retention") or {}, r.get("ratios") or {})
+    _timeline(add, r.get("timeline") or {})
 
     scale = r.get("scale") or []
     if scale:
@@ -362,6 +363,16 @@ def _retention(add: Any, rt: dict[str, Any], rat: dict[str, Any]) -> None:
         add(f"  {label:<18} {_n(side['steps_per_s']):>6} steps/s; lost: {lost}; pruned during it: {pruned}")
     add(f"  short / default steps/s: {_n(rat.get('retention_short_horizon_over_default'), 2)}; "
         f"{'no loss' if rt['no_loss'] else '!! LOSS (above)'}")
+
+
+def _timeline(add: Any, marks: dict[str, Any]) -> None:
+    if not marks.get("runs"):
+        return
+    add("")
+    add(f"TIMELINE (1 worker, {marks['runs']} lone runs, each service marking its way; completed "
+        f"{_pct(marks['lone_completed_ms'])})")
+    for name, at in marks["after_publish_p50_ms"].items():
+        add(f"  {name:<28}{at:>8.2f} ms after the publish (p50), {marks['gap_p50_ms'][name]:>6.2f} after the mark before")
 
 
 def _restate_log(durability: dict[str, Any]) -> str:
