@@ -141,9 +141,13 @@ async def _events(engine: AsyncEngine, hub: Hub, run_id: str, tenant: str, curso
                 pass
             follower.woken.clear()
             try:
+                # The status first: each statement sees what was committed before it began, and a run's
+                # end commits with its last events, so a run seen ended has all its events in the read
+                # after. Read the other way, an end committed between the two would close the stream
+                # without them.
                 async with engine.connect() as conn:
-                    events = await runs.history(conn, run_id, after=seq)
                     found = await operator_reads.tenant_and_status(conn, run_id)
+                    events = await runs.history(conn, run_id, after=seq)
             except Exception as e:
                 if not is_transient(e):
                     raise

@@ -5,7 +5,10 @@ were missed; the console's run page shows a call's chunks as they arrive. The ru
 
 from __future__ import annotations
 
+import functools
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,13 @@ from longrun_client import Chunk, ChunksMissed, Gap, StatusEvent, follow
 
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
+from longrun.db import operator_reads, runs
+from longrun.domain import PinnedVersions, Usage, freeze
+from longrun.domain import events as ev
+from longrun.domain.live_progress import Cursor
 from longrun.envelope import make
+from longrun.ports.runs import plan
+from longrun.services.gateway import live
 from tests.fixtures import eventually
 from tests.integration import identities
 from tests.integration.test_console import SHOTS, console_page
@@ -187,3 +196,38 @@ async def test_the_console_run_page_shows_a_calls_chunks_as_they_arrive(
         await expect(page.locator("#status")).to_have_text("COMPLETED", timeout=30_000)
     # and the run's history holds none of its chunks
     assert not [data for _, data in await _history(engine, run_id) if "part" in data]
+
+
+async def test_a_run_that_ends_between_the_streams_two_reads_loses_none_of_its_events(
+        clean, engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Given a run just created, and its end (an operator's terminate, with its summary) committed by
+    # another connection right after the stream's first read of a round, whichever read that is
+    run_id = f"run-{uuid.uuid4()}"
+    async with engine.begin() as conn:
+        await runs.create(conn, ev.RunCreated(
+            seq=1, at=time.time(), run_id=run_id, tenant_id="acme", kind="probe", goal=freeze({}),
+            versions=PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="v1"),
+            budget=Usage(model_calls=1, tool_calls=1, cost=1.0)), idempotency_key=run_id, input_hash="h" * 64,
+            partition=0)
+    ended = []
+
+    async def end_after(read: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await read(*args, **kwargs)
+        if not ended:
+            ended.append(True)
+            async with engine.begin() as conn:
+                stored = await runs.load(conn, run_id)
+                assert stored is not None
+                await runs.write(conn, plan(stored, [ev.RunTerminated(
+                    seq=stored.stored_seq + 1, at=time.time(), by="operator:ops", reason="no longer wanted")]))
+        return result
+    for module, name in ((runs, "history"), (operator_reads, "tenant_and_status")):
+        monkeypatch.setattr(module, name, functools.partial(end_after, getattr(module, name)))
+    # When a follower reads the stream from the start
+    frames = [frame async for frame in live._events(engine, live.Hub(16), run_id, "acme", Cursor.parse(None))]
+    # Then it gets every event of the run before the end
+    sent = [(lines[0].removeprefix("event: "), json.loads(lines[2].removeprefix("data: ")))
+            for lines in (frame.strip().split("\n") for frame in frames[1:])]
+    assert [(kind, data.get("type")) for kind, data in sent] == [
+        ("status", "run.created"), ("status", "run.terminated"), ("status", "run.summary"), ("end", None)]
+    assert sent[-1][1] == {"status": "TERMINATED"}
