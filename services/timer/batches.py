@@ -74,8 +74,10 @@ heads. One wake of every batch, the sample, goes through the domain in full (``p
 filling the template in for the sample, does not render exactly those rows, or the messages made
 from its head are not the domain's (the domain changed), the batch falls back to the domain for
 every timer. Everything else (run timeouts, paused runs, timers the domain
-refuses, several timers of one run in a batch, questions' deadlines, and the wakes of runs with a
-schedule-to-start, whose next queue stint ``runs.write_many`` times) always takes the domain path.
+refuses, several timers of one run in a batch, questions' deadlines, the wakes of runs with a
+schedule-to-start, whose next queue stint ``runs.write_many`` times, and of runs parked in a wait that
+held no slot, which are queued for admission, told in the batch's transaction, not sent to a worker)
+always takes the domain path.
 
 Lateness (``fired_at - wake_at``, both database time) is logged per timer at DEBUG and as
 the batch maximum at INFO.
@@ -249,8 +251,8 @@ async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
         await ledger_rows.record(conn, outcome.key, outcome.status, **outcome.fields)
     await timers.schedule_all(conn, fired.timers)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
-    await admission.notify(conn, effects.ADMISSION_CHANNEL, [p.after.snapshot.tenant_id for p in fired.plans
-                                                              if p.after.snapshot.status in TERMINAL])
+    await admission.notify(conn, effects.ADMISSION_CHANNEL, [
+        *(p.after.snapshot.tenant_id for p in fired.plans if p.after.snapshot.status in TERMINAL), *fired.queued])
 
 
 async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:

@@ -33,8 +33,9 @@ _WAKE_COLUMNS = frozenset({"status", "revision", "wait_kind", "wait_correlation_
 def quick_verdict(timer: DueTimer, head: RunHead) -> bool | None:
     """The domain's wake rule (``domain.timer_wake``) from the run's head: True, the wake applies; False,
     it is late; None: only the domain can tell, or the template does not write what it does."""
-    if timer.kind not in WAIT_TIMERS or head.queue_timed:
-        return None  # a run with a schedule-to-start is queued with its timer by the domain path
+    if timer.kind not in WAIT_TIMERS or head.queue_timed or not head.admitted:
+        # Queued when woken (a schedule-to-start's timer, or a wait that held no slot): the domain path's.
+        return None
     wait_id, reason = timer.payload.get("wait_id"), timer.payload.get("reason")
     if not isinstance(wait_id, str) or reason not in _WAKE_REASONS:
         return None

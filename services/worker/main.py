@@ -36,8 +36,8 @@ ADOPT_INTERVAL = 1.0
 runs waiting, if any)."""
 RATE_LIMIT_LEAD = 2.0
 """Seconds ahead of its place in line a rate-limited call's run is woken: more than a timer's wake
-takes to reach a worker (timer service, relay, broker, and admission's round for the run it queued
-again, every half second), so the call still goes at its place on a loaded machine too."""
+takes to reach a worker (timer service, admission for the run it queued again, relay, broker), so the
+call still goes at its place on a loaded machine too."""
 logger = logging.getLogger(__name__)
 
 

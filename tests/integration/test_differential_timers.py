@@ -36,6 +36,7 @@ from longrun.services.timer import batches as firing
 from longrun.services.timer import shortcut
 from tests.fixtures import PARTITIONS
 from tests.integration import differential as diff
+from tests.integration.admitted import admitted
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +92,7 @@ async def _make_cases(engine: AsyncEngine, rng: random.Random, *, extra: int) ->
             stored = await runs.create(conn, created, idempotency_key=run_id, input_hash="h",
                                        partition=topology.partition_of(run_id, PARTITIONS))
             assert stored is not None
+            stored = await admitted(conn, stored)
             base = {"ended": "ci", "no_timer": "ci", "finished": rng.choice(("retry", "ci", "approval")),
                     "paused": rng.choice(("retry", "sleep", "ci", "approval"))}.get(shape, shape)
             status, wait = _wait_of(rng, base, run_id, at)

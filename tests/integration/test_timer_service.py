@@ -15,6 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+import psycopg
 import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -22,16 +23,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.app import effects
 from longrun.bus import topology
 from longrun.db import outbox, runs, timers
+from longrun.db.engine import psycopg_dsn
 from longrun.db.schema import run_events
 from longrun.db.schema import runs as runs_table
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, fold, freeze
 from longrun.domain import events as ev
+from longrun.domain.rate_limit import RATE_LIMIT_WAIT
 from longrun.ports.runs import StoredRun, plan, wait_timers
 from longrun.services.timer import batches as firing
 from longrun.services.timer import main as timer_service
 from longrun.services.timer import shortcut as timer_shortcut
 from longrun.services.timer.batches import fire_due
 from tests.fixtures import PARTITIONS, eventually
+from tests.integration.admitted import admitted
 from tests.integration.bus_helpers import scalar
 
 pytestmark = pytest.mark.integration
@@ -54,8 +58,8 @@ async def _running(conn: AsyncConnection, run_id: str, tenant: str = TENANT,
     stored = await runs.create(conn, _created(run_id, at, tenant, labels), idempotency_key=run_id, input_hash="h",
                                partition=topology.partition_of(run_id, PARTITIONS))
     assert stored is not None
-    return await runs.append(conn, stored, [ev.RunStatusChanged(seq=stored.seq(1), at=at, to=RunStatus.RUNNING,
-                                                                reason="taken by test")])
+    return await runs.append(conn, await admitted(conn, stored), [ev.RunStatusChanged(
+        seq=stored.seq(1), at=at, to=RunStatus.RUNNING, reason="taken by test")])
 
 
 async def _park(engine: AsyncEngine, run_id: str, status: RunStatus, wait: Wait, tenant: str = TENANT,
@@ -120,6 +124,34 @@ async def test_a_due_retry_timer_wakes_its_run_exactly_once(clean, engine, servi
     sent = await _outbox(engine, "run-retry")
     assert [o.payload["payload"]["reason"] for o in sent if o.type == "run.wakeup"] == ["timer:retry_backoff"]
     assert [o.payload["payload"]["status"] for o in sent if o.type == "run.event"] == ["READY"]
+
+
+async def test_a_run_woken_from_a_wait_that_held_no_slot_is_queued_for_admission_not_sent_to_a_worker(
+        clean, engine, infra, caplog) -> None:
+    # Given a run that parked on its far side's rate limit, giving its tenant's slot back, its wake due now
+    wake_at = time.time() + 0.2
+    parked = await _park(engine, "run-limited", RunStatus.RETRY_SCHEDULED, Wait(
+        wait_id="limited-1", kind=RATE_LIMIT_WAIT, deadline=wake_at + 60, wake_at=wake_at, correlation_key="forge"))
+    assert not parked.admitted
+    await asyncio.sleep(0.3)
+    # and the scheduler's admission listening on its channel
+    async with await psycopg.AsyncConnection.connect(psycopg_dsn(infra.database_url), autocommit=True) as listener:
+        await listener.execute(f"LISTEN {effects.ADMISSION_CHANNEL}")
+        # When its timer fires
+        assert await fire_due(engine, batch=10, clock=time.time) == 1
+        told = [n.payload async for n in listener.notifies(timeout=5, stop_after=1)]
+    # Then the run is queued (ready, holding no slot), its wake and status broadcast on record, and
+    # admission was told of its tenant; no worker was woken for it (a worker would refuse a queued run)
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, "run-limited")
+    assert stored is not None and stored.snapshot.status is RunStatus.READY and not stored.admitted
+    assert [(w.data["wait_id"], w.applied) for w in await _wokens(engine, "run-limited")] == [("limited-1", True)]
+    sent = await _outbox(engine, "run-limited")
+    assert [o.type for o in sent] == ["run.event"]
+    assert [o.payload["payload"]["status"] for o in sent] == ["READY"]
+    assert told == [TENANT]
+    # and the wake went the domain's way from the start (the short way sends every wake a wakeup)
+    assert "shortcut disagrees" not in caplog.text
 
 
 async def test_a_timer_service_killed_before_marking_fires_the_timer_once_after_restart(
@@ -481,7 +513,7 @@ async def _insert_parked_runs(engine: AsyncEngine, n: int) -> None:
             "run_id": run_id, "tenant_id": TENANT, "idempotency_key": run_id, "input_hash": "h",
             "workflow": "probe", "workflow_version": "1", "prompt_version": "1", "model_policy_version": "1",
             "tool_schema_version": "1", "partition": topology.partition_of(run_id, PARTITIONS), "last_seq": 3,
-            **runs.projection(snapshot)})
+            "admitted_at": datetime.fromtimestamp(at, UTC), **runs.projection(snapshot)})
         event_rows += [{"run_id": run_id, "seq": e.seq, "event_id": f"{run_id}:{e.seq}", "type": e.type,
                         "data": ev.event_to_dict(e), "applied": True, "occurred_at": datetime.fromtimestamp(e.at, UTC)}
                        for e in history]

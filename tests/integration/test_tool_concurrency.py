@@ -23,6 +23,7 @@ from tests.integration.identities import bearer
 from tests.integration.permit_kinds import most_in_flight
 from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
+from longrun.db import outbox
 from longrun.envelope import make
 from tests.integration.test_rate_limits import MODULES, _rows
 
@@ -109,4 +110,9 @@ async def test_a_bounded_tool_group_has_at_most_its_bound_in_flight_across_two_w
     woken = await _rows(engine, "SELECT count(*) AS n FROM run_events WHERE type = 'run.woken' "
                                 "AND data ->> 'correlation_key' = :k", k=f"tool_concurrency:{GROUP}")
     assert held[0].n <= woken[0].n <= RUNS, (held, woken)
+    # Woken queued (the wait held no slot), each was admitted and woken by admission, told at once: no
+    # worker was sent a wakeup for it, which it would have refused
+    wakeups = [outbox.envelope_of(r.type, r.payload)
+               for r in await _rows(engine, "SELECT type, payload FROM outbox WHERE type = 'run.wakeup'")]
+    assert [w["payload"]["reason"] for w in wakeups if w["payload"]["reason"].endswith("a permit was freed")] == []
     assert await _rows(engine, "SELECT * FROM tool_permits") == []

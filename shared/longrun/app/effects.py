@@ -40,6 +40,15 @@ def wake_message(stored: StoredRun, *, reason: str, producer: str, cause: str) -
                            partition=stored.partition, reason=reason, producer=producer, cause=cause)
 
 
+def wake_unless_queued(stored: StoredRun, *, reason: str, producer: str, cause: str) -> Message | None:
+    """``wake_message`` for a run a wait's end made ready; None when that leaves it queued
+    (``domain.slots.queued``: its wait held no slot). A worker would refuse such a run: admission
+    admits it by priority and wakes it then, so its writer tells admission (``ADMISSION_CHANNEL``)."""
+    if slots.queued(stored.snapshot.status, stored.admitted):
+        return None
+    return wake_message(stored, reason=reason, producer=producer, cause=cause)
+
+
 def wake_message_of(*, tenant_id: str, run_id: str, revision: int, partition: int, reason: str,
                     producer: str, cause: str) -> Message:
     """``wake_message`` from the run's columns, for a writer that did not read its snapshot."""

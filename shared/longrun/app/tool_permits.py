@@ -1,6 +1,7 @@
 """A freed tool permit wakes one run waiting for its group (``domain.tool_permits``): the worker that
 released it, or the reconciler that freed a lapsed worker's, wakes it in the transaction that freed it.
-Woken, the run is queued (its wait held no slot) and asks for a permit again."""
+Woken, the run is queued (its wait held no slot): admission is told, admits it and wakes it, and it asks
+for a permit again."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ async def wake_if_waiting(tx: RunTransaction, run_id: str, key: str, at: float, 
     after = await tx.append(stored, [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id,
                                                  reason=WakeReason.EVENT, correlation_key=key)])
     broadcast = effects.broadcast_message(stored.snapshot, after, producer=producer, cause=key)
-    wakeup = effects.wake_message(after, reason=f"{key}: {why}", producer=producer, cause=key)
+    wakeup = effects.wake_unless_queued(after, reason=f"{key}: {why}", producer=producer, cause=key)
     await tx.send([m for m in (broadcast, wakeup) if m is not None])
+    if wakeup is None:
+        await tx.notify(effects.ADMISSION_CHANNEL, after.snapshot.tenant_id)
     return 1

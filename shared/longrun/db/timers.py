@@ -117,6 +117,9 @@ class RunHead(NamedTuple):
     only the domain path schedules."""
     trace_root: str | None = None
     """The traceparent of the run's root span (``runs.trace_root``)."""
+    admitted: bool = True
+    """The run holds a slot (``runs.admitted_at``); one parked in a wait that held none is queued when woken,
+    which only the domain path does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +147,7 @@ _CLAIM_DUE = driver.Statement(text(
     "       (r.snapshot #>> '{wait,wake_at}') IS NOT NULL AS wait_has_timer, "
     "       coalesce(r.snapshot ->> 'stage', '') AS stage, r.snapshot ->> 'correlation_id' AS correlation_id, "
     "       CAST(coalesce(r.snapshot -> 'labels', '{}') AS text) AS labels, r.workflow, "
-    "       r.schedule_to_start IS NOT NULL AS queue_timed, r.trace_root "
+    "       r.schedule_to_start IS NOT NULL AS queue_timed, r.trace_root, r.admitted_at IS NOT NULL AS admitted "
     "FROM due AS d JOIN runs AS r ON r.run_id = d.run_id ORDER BY d.wake_at FOR UPDATE OF r SKIP LOCKED"))
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import otel
 from longrun.db import actions as ledger
+from longrun.db import admission
 from longrun.db import audit as audit_log
 from longrun.db import children as child_rows
 from longrun.db import inbox, keys, outbox, policies, runs
@@ -38,6 +39,9 @@ class PgTransaction:
 
     async def send(self, messages: Sequence[outbox.Message]) -> None:
         await outbox.enqueue_many(self.conn, messages)
+
+    async def notify(self, channel: str, key: str) -> None:
+        await admission.notify(self.conn, channel, [key])
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         await audit_log.audit(self.conn, actor=actor, action=action, target=target, reason=reason,

@@ -101,6 +101,10 @@ class RunTransaction(Protocol):
     async def send(self, messages: Sequence[Outgoing]) -> None:
         """Published once the transaction commits (the outbox)."""
 
+    async def notify(self, channel: str, key: str) -> None:
+        """Told to whoever listens on ``channel`` once the transaction commits: admission
+        (``effects.ADMISSION_CHANNEL``) of a tenant (``key``) with a run queued, which it admits at once."""
+
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None: ...
 
     async def record(self, outcome: LedgerOutcome) -> None:

@@ -487,7 +487,7 @@ class MemoryStore:
         return RunHead(run.run_id, run.tenant_id, row.partition, run.status.value, run.revision, row.stored_seq,
                        None if run.wait is None else run.wait.wait_id,
                        run.wait is not None and run.wait.wake_at is not None, run.stage, run.correlation_id,
-                       dict(run.labels), run.kind, run.timeouts.schedule_to_start is not None)
+                       dict(run.labels), run.kind, run.timeouts.schedule_to_start is not None, admitted=row.admitted)
 
     def mark_fired(self, timer_keys: Sequence[str]) -> None:
         for key in timer_keys:

@@ -36,3 +36,6 @@ class Tables(Protocol):
 
     def send(self, messages: Sequence[outbox.Message]) -> None:
         """What the relay would publish: wakeups to ``pending``, the rest to ``broadcasts``."""
+
+    def admit(self, tenant_id: str) -> None:
+        """The scheduler's admission round for the tenant."""

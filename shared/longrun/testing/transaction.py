@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from longrun.app.effects import ADMISSION_CHANNEL
 from longrun.db import outbox
 from longrun.db.inbox import Claimed, Duplicate
 from longrun.db.schema import QUEUED_STATUS
@@ -33,6 +34,11 @@ class MemoryTransaction:
 
     async def send(self, messages: Sequence[outbox.Message]) -> None:
         self.world.send(messages)
+
+    async def notify(self, channel: str, key: str) -> None:
+        """Admission's is the one channel listened on: its round for the tenant ``key`` runs now."""
+        if channel == ADMISSION_CHANNEL:
+            self.world.admit(key)
 
     async def audit(self, *, actor: str, action: str, target: str, reason: str, details: Mapping[str, Any]) -> None:
         self.world.audit_log.append({"actor": actor, "action": action, "target": target, "reason": reason,

@@ -28,7 +28,8 @@ async def wake_waiters(tx: RunTransaction, tenant_id: str, run_ids: Sequence[str
         after = await tx.append(stored, [ev.RunWoken(seq=stored.seq(1), at=at, wait_id=wait.wait_id,
                                                      reason=WakeReason.EVENT, correlation_key=key)])
         broadcast = effects.broadcast_message(stored.snapshot, after, producer=PRODUCER, cause=key)
-        wakeup = effects.wake_message(after, reason=f"{key}: budget raised", producer=PRODUCER, cause=key)
+        # Queued (the wait held no slot): the caller tells admission, which wakes the runs it admits.
+        wakeup = effects.wake_unless_queued(after, reason=f"{key}: budget raised", producer=PRODUCER, cause=key)
         await tx.send([m for m in (broadcast, wakeup) if m is not None])
         woken += 1
     return woken
