@@ -101,7 +101,7 @@ from longrun.db import actions as ledger_rows
 from longrun.db import admission, outbox, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.timers import RunHead, WakeTemplate
-from longrun.domain import TERMINAL, RetryPolicy, RunStatus
+from longrun.domain import TERMINAL, RetryPolicy, RunStatus, slots
 from longrun.ports.timers import DueTimer
 from longrun.services.timer import shortcut
 
@@ -251,8 +251,10 @@ async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
         await ledger_rows.record(conn, outcome.key, outcome.status, **outcome.fields)
     await timers.schedule_all(conn, fired.timers)
     await outbox.enqueue_many(conn, [m for sent in fired.messages.values() for m in sent])
+    # A finished run freed its slot; a run a wake left queued (its wait held none) waits for one.
     await admission.notify(conn, effects.ADMISSION_CHANNEL, [
-        *(p.after.snapshot.tenant_id for p in fired.plans if p.after.snapshot.status in TERMINAL), *fired.queued])
+        p.after.snapshot.tenant_id for p in fired.plans
+        if p.after.snapshot.status in TERMINAL or slots.queued(p.after.snapshot.status, p.after.admitted)])
 
 
 async def next_wakes(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:

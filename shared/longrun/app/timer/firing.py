@@ -1,9 +1,9 @@
 """What a due timer does to its run, through the domain (the timer service, ``services/timer``, fires them).
 
 ``plan_batch`` turns a batch of timers and their runs (loaded and locked) into what firing them
-writes: each run's events in one plan, its wakeup (or, for a run it leaves queued, its tenant for
-admission to be told) and broadcast, the ledger rows and retry timers of calls given up on, and each
-timer's ``Outcome``. It is pure but for a retry's jitter; the timer
+writes: each run's events in one plan, its wakeup (none for a run it leaves queued: admission admits
+that one) and broadcast, the ledger rows and retry timers of calls given up on, and each timer's
+``Outcome``. It is pure but for a retry's jitter; the timer
 service writes it, and the in-memory world applies it.
 """
 
@@ -71,8 +71,6 @@ class Fired:
     """Ledger rows of calls given up on."""
     timers: list[dict[str, Any]] = field(default_factory=list)
     """Timers to schedule (``timers.schedule``'s arguments): the retries of calls given up on."""
-    queued: frozenset[str] = frozenset()
-    """Tenants of runs a wake left queued (``effects.wake_unless_queued``): admission is told, no worker woken."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,20 +132,18 @@ def plan_batch(ordered: list[DueTimer], current: dict[str, StoredRun], *, at: fl
     plans = [Planned(first[r], current[r], tuple(events), r in released) for r, events in rows.items()]
     messages: dict[str, list[Message]] = {}
     waits: list[dict[str, Any]] = []
-    queued: set[str] = set()
     # Each run's messages carry its own timer's trace (the one that woke it, else its last).
     run_traces = {t.run_id: (traces or {}).get(t.timer_key) for t in ordered}
     run_traces.update({r: (traces or {}).get(t.timer_key) for r, t in woken_by.items()})
     for p in plans:
         with otel.passing(run_traces.get(p.after.snapshot.run_id)):
-            waits += _plan_messages(p, messages, queued, woken_by, at=at, producer=producer, kinds=kinds)
-    return Fired(outcomes, plans, messages, ledger, waits, frozenset(queued))
+            waits += _plan_messages(p, messages, woken_by, at=at, producer=producer, kinds=kinds)
+    return Fired(outcomes, plans, messages, ledger, waits)
 
 
-def _plan_messages(p: Planned, messages: dict[str, list[Message]], queued: set[str],
-                   woken_by: dict[str, DueTimer], *, at: float, producer: str, kinds: Registry) -> list[dict[str, Any]]:
-    """The wakeup and broadcast ``p`` sends, into ``messages`` (its tenant into ``queued`` instead of a
-    wakeup when the wake left it queued); the retry timer of a call given up on."""
+def _plan_messages(p: Planned, messages: dict[str, list[Message]], woken_by: dict[str, DueTimer], *,
+                   at: float, producer: str, kinds: Registry) -> list[dict[str, Any]]:
+    """The wakeup and broadcast ``p`` sends, into ``messages``; the retry timer of a call given up on."""
     run = p.after.snapshot
     sent = messages.setdefault(run.run_id, [])
     cause = woken_by.get(run.run_id)
@@ -156,9 +152,7 @@ def _plan_messages(p: Planned, messages: dict[str, list[Message]], queued: set[s
     if run.status in WAKE_A_WORKER and run.revision != p.before.snapshot.revision:
         wakeup = effects.wake_unless_queued(p.after, reason=f"timer:{cause.kind}", producer=producer,
                                             cause=cause_of(cause))
-        if wakeup is None:
-            queued.add(run.tenant_id)
-        else:
+        if wakeup is not None:
             sent.append(wakeup)
     broadcast = effects.broadcast_message(p.before.snapshot, p.after, producer=producer,
                                           public=kinds.public_receipts(run.kind, run.versions.workflow),
