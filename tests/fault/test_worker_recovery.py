@@ -1,4 +1,5 @@
-"""Rows: a worker dies (SIGKILL) or freezes (SIGSTOP) in the middle of a call, with the default leases.
+"""Rows: a worker dies (SIGKILL), freezes (SIGSTOP) or is stopped (SIGTERM) in the middle of a call, with
+the default leases.
 
 Every service runs with the default lease settings: run leases of ``LONGRUN_RUN_LEASE_TTL`` (30 s),
 memberships and partition leases of ``LONGRUN_PARTITION_LEASE_TTL`` (6 s), reconciler sweeps every
@@ -35,6 +36,9 @@ WITHIN = DEFAULTS.partition_lease_ttl + 2
 """From the kill to the next step committed: the membership TTL, then the survivor's look (every second)."""
 LOOKUP = DEFAULTS.reconcile_interval + 1
 """What a write in doubt adds: the reconciler's round that looks it up, and the run's wakeup after it."""
+AFTER_STOP = 3.0
+"""From a SIGTERM to the next step committed: the stopping worker ends its call and lapses its own
+membership as it leaves, then the survivor's look (every second). Well under the membership TTL."""
 
 
 def _goal(effect: str, hold_file: Path, *, hold: float, acts_first: bool = True) -> dict[str, Any]:
@@ -117,6 +121,36 @@ async def test_a_worker_killed_mid_call_has_its_run_taken_over_once_its_membersh
     assert settling["token"] is None or settling["token"] > token
     assert done.fencing_token > token
     assert (await scenario.forge_counts())["branch"] == (2 if effect == "write" else 1)
+    await scenario.finish()
+
+
+@pytest.mark.parametrize("effect", ["write", "pure"])
+async def test_a_worker_stopped_mid_call_lets_its_run_be_taken_over_as_it_leaves(scenario: Scenario,
+                                                                                  effect: str) -> None:
+    # Given two workers and a run whose call holds on one of them, a write after it acted
+    workers = await _two_workers(scenario)
+    hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
+    hold_file.touch()
+    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=60))
+    stopped = await _holding(scenario, run_id, hold_file, workers)
+    survivor = next(w for w in workers if w is not stopped)
+    token = (await scenario.stored(run_id)).fencing_token
+    # When that worker is stopped as a rolling deploy stops it (SIGTERM)
+    stopped_at = await _now(scenario)
+    stopped.terminate()
+    # Then it ends its call and leaves, and the other worker takes the run over at once: neither the
+    # run lease nor the membership TTL is waited out
+    await scenario.until(run_id, RunStatus.COMPLETED, timeout=4 * WITHIN)
+    recovered_in = await _recorded(scenario, run_id, "next", "action.confirmed") - stopped_at
+    assert recovered_in <= AFTER_STOP + (LOOKUP if effect == "write" else 0), recovered_in
+    assert stopped.popen.returncode == 0, stopped.output()[-2000:]
+    assert _said(survivor, f"taken over from {stopped.name}, whose membership lapsed")
+    assert await scenario.wakeups(run_id, "lease expired") == 0 and await scenario.recoveries(run_id) == 1
+    # with one effect per key at the forge: the write's branch was found under its key, not made again
+    assert (await scenario.forge_counts())["branch"] == (2 if effect == "write" else 1)
+    if effect == "write":
+        assert (await scenario.ledger(run_id))["call"].attempts == 1
+    assert (await scenario.stored(run_id)).fencing_token > token
     await scenario.finish()
 
 

@@ -112,9 +112,10 @@ HOLDERS = "worker"
 """The service whose members hold run leases: a lease's owner is a worker's membership ``instance_id``."""
 _LAPSED = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
            "AND m.instance_id = runs.lease_owner AND m.alive_until <= now())")
-"""The lease's holder has a membership row that lapsed (by the database's clock): it died, or froze
-past its TTL. A holder renewing its membership is never in it, however slow its call; an owner with
-no row (one that left the member list) keeps its lease until it expires."""
+"""The lease's holder has a membership row that lapsed (by the database's clock): it died, froze
+past its TTL, or stopped (``membership.leave`` lapses the row once its calls were ended). A holder
+renewing its membership is never in it, however slow its call; an owner with no row keeps its
+lease until it expires."""
 _TAKER_LIVE = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
                "AND m.instance_id = :owner AND m.alive_until > now())")
 _TAKE_OVER_LAPSED = driver.Statement(text(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -83,5 +83,9 @@ async def release(conn: AsyncConnection, service: str, instance_id: str, partiti
 
 
 async def leave(conn: AsyncConnection, service: str, instance_id: str) -> None:
-    await conn.execute(delete(service_members).where(service_members.c.service == service,
-                                                     service_members.c.instance_id == instance_id))
+    """Lapse this replica's membership now, as if it had died: it leaves the live member list at once,
+    and the runs a stopping worker still holds are taken over by the live workers (``db.leases``)
+    rather than waiting out their leases. Retention deletes the row with the other lapsed ones."""
+    await conn.execute(update(service_members).where(service_members.c.service == service,
+                                                     service_members.c.instance_id == instance_id)
+                       .values(alive_until=func.now()))
