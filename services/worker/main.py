@@ -27,7 +27,7 @@ from longrun.db.driver import Pool
 from longrun.db.rate_limits import PgRateLimits
 from longrun.db.tool_permits import PgToolPermits
 from longrun.db.worker_store import PgWorkerStore
-from longrun.services.worker.takeover import take_over_lapsed
+from longrun.services.worker.takeover import database_now, take_over_lapsed
 from longrun.workflows import model_adapter
 
 SERVICE = "worker"
@@ -68,7 +68,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
                                         tool_permits.wake_waiter, producer=SERVICE)),
                                     progress=progress)
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
-    taking_over = asyncio.create_task(take_over_lapsed(worker, statements, stopping))
+    started = await database_now(statements)  # before this process takes any run
+    taking_over = asyncio.create_task(take_over_lapsed(worker, statements, stopping, started))
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),
                                  stopping=stopping, health=health, on_outcome=worker.after_ack,

@@ -61,12 +61,13 @@ async def _two_workers(scenario: Scenario, **env: str) -> list[Process]:
 
 async def _holding(scenario: Scenario, run_id: str, hold_file: Path, workers: list[Process]) -> Process:
     """The worker whose call of the run holds now."""
-    async def holding() -> bool:
-        return not hold_file.exists()
-
-    await scenario.poll(holding, timeout=30, what="the call holding")
+    await scenario.poll(lambda: _gone(hold_file), timeout=30, what="the call holding")
     owner = (await scenario.stored(run_id)).lease_owner
     return next(w for w in workers if w.name == owner)
+
+
+async def _gone(path: Path) -> bool:
+    return not path.exists()
 
 
 async def _now(scenario: Scenario) -> float:
@@ -151,6 +152,33 @@ async def test_a_worker_stopped_mid_call_lets_its_run_be_taken_over_as_it_leaves
     if effect == "write":
         assert (await scenario.ledger(run_id))["call"].attempts == 1
     assert (await scenario.stored(run_id)).fencing_token > token
+    await scenario.finish()
+
+
+async def test_a_worker_restarted_under_its_own_name_takes_back_the_run_its_killed_process_held(
+        scenario: Scenario) -> None:
+    # Given one worker, named as a container restarted in place names it again, and a run whose
+    # pure call holds on it
+    await scenario.up(*AROUND, **KINDS, **LEASES)
+    name = "worker-in-place"
+    first = scenario.start("worker", **KINDS, **LEASES, LONGRUN_INSTANCE_ID=name)
+    hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
+    hold_file.touch()
+    run_id = await scenario.create(workflow="held_call", input_=_goal("pure", hold_file, hold=60))
+    await scenario.poll(lambda: _gone(hold_file), timeout=30, what="the call holding")
+    assert (await scenario.stored(run_id)).lease_owner == name
+    # When it is SIGKILLed and started again at once under the same name, which renews the same
+    # membership row before it can lapse
+    killed_at = await _now(scenario)
+    first.kill()
+    again = scenario.start("worker", **KINDS, **LEASES, LONGRUN_INSTANCE_ID=name)
+    # Then the new process takes the run back as soon as it looks, not once the run lease expires
+    await scenario.until(run_id, RunStatus.COMPLETED, timeout=4 * WITHIN)
+    recovered_in = await _recorded(scenario, run_id, "next", "action.confirmed") - killed_at
+    assert recovered_in <= WITHIN, recovered_in
+    assert _said(again, "taken over from an earlier process of this name")
+    assert await scenario.wakeups(run_id, "lease expired") == 0 and await scenario.recoveries(run_id) == 1
+    assert (await scenario.forge_counts())["branch"] == 1
     await scenario.finish()
 
 

@@ -1,11 +1,13 @@
 """Taking over the runs of a worker whose membership lapsed (``db.leases.take_over_lapsed``), judged in
 the database's time: the runs of a lapsed holder are taken, with a newer fencing token; a live holder,
 however slow, keeps its runs; a holder without a membership row keeps its lease until it expires; a
-taker whose own membership lapsed, or that does not run the run's pins, takes nothing."""
+taker whose own membership lapsed, or that does not run the run's pins, takes nothing; a worker takes
+back what an earlier process under its own name held, and nothing it took itself."""
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 from sqlalchemy import text
@@ -40,6 +42,12 @@ async def _held(conn: AsyncConnection, run_id: str, owner: str) -> int:
     return fence.token
 
 
+async def _now(engine: AsyncEngine) -> datetime:
+    async with engine.connect() as conn:
+        now: datetime = (await conn.execute(text("SELECT now()"))).scalar_one()
+    return now
+
+
 async def _member(conn: AsyncConnection, instance_id: str, *, alive_for: float) -> None:
     await conn.execute(text(
         "INSERT INTO service_members (service, instance_id, alive_until, advertised) "
@@ -50,6 +58,7 @@ async def test_only_the_runs_of_a_lapsed_holder_are_taken_over_and_only_by_a_liv
         clean: None, engine: AsyncEngine) -> None:
     # Given a run held by a worker whose membership lapsed a second ago, one held by a live worker in a
     # long call (its membership renewed), and one held by a worker that left the member list
+    started = await _now(engine)
     async with engine.begin() as conn:
         dead_token = await _held(conn, "run-dead", "worker-dead")
         await _held(conn, "run-slow", "worker-slow")
@@ -60,10 +69,10 @@ async def test_only_the_runs_of_a_lapsed_holder_are_taken_over_and_only_by_a_liv
         await _member(conn, "worker-live", alive_for=6)
     async with engine.begin() as conn:
         # When a worker whose own membership lapsed looks, or one that does not run the pins
-        assert await leases.take_over_lapsed(conn, "worker-late", TTL, SERVED, 10) == []
-        assert await leases.take_over_lapsed(conn, "worker-live", TTL, ["other"], 10) == []
+        assert await leases.take_over_lapsed(conn, "worker-late", TTL, SERVED, 10, started) == []
+        assert await leases.take_over_lapsed(conn, "worker-live", TTL, ["other"], 10, started) == []
         # Then it takes nothing; a live member that runs them takes over the lapsed holder's run alone
-        taken = await leases.take_over_lapsed(conn, "worker-live", TTL, SERVED, 10)
+        taken = await leases.take_over_lapsed(conn, "worker-live", TTL, SERVED, 10, started)
     assert [(stored.snapshot.run_id, lapsed) for stored, lapsed in taken] == [("run-dead", "worker-dead")]
     stored = taken[0][0]
     assert (stored.lease_owner, stored.fencing_token) == ("worker-live", dead_token + 1)
@@ -76,4 +85,24 @@ async def test_only_the_runs_of_a_lapsed_holder_are_taken_over_and_only_by_a_liv
     assert TTL - 5 < float(left) <= TTL
     # and a second look finds nothing more
     async with engine.begin() as conn:
-        assert await leases.take_over_lapsed(conn, "worker-live", TTL, SERVED, 10) == []
+        assert await leases.take_over_lapsed(conn, "worker-live", TTL, SERVED, 10, started) == []
+
+
+async def test_a_worker_restarted_under_its_name_takes_back_what_its_earlier_process_held(
+        clean: None, engine: AsyncEngine) -> None:
+    # Given a run an earlier process named worker-again held (its lease renewed moments ago), then a
+    # process of the same name that starts, renews the same membership row and takes a run of its own
+    async with engine.begin() as conn:
+        earlier_token = await _held(conn, "run-earlier", "worker-again")
+        await _member(conn, "worker-again", alive_for=6)
+    started = await _now(engine)
+    async with engine.begin() as conn:
+        await _held(conn, "run-own", "worker-again")
+    # When it looks for runs to take over
+    async with engine.begin() as conn:
+        taken = await leases.take_over_lapsed(conn, "worker-again", TTL, SERVED, 10, started)
+    # Then it takes back the earlier process's run, with a newer token, and leaves its own alone
+    assert [(stored.snapshot.run_id, lapsed) for stored, lapsed in taken] == [("run-earlier", "worker-again")]
+    assert taken[0][0].fencing_token == earlier_token + 1
+    async with engine.begin() as conn:
+        assert await leases.take_over_lapsed(conn, "worker-again", TTL, SERVED, 10, started) == []

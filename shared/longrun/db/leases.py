@@ -6,7 +6,7 @@ the fencing token, so a writer that lost the lease is refused (``runs.write``'s 
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Interval, bindparam, func, text, update
 
@@ -118,9 +118,13 @@ renewing its membership is never in it, however slow its call; an owner with no 
 lease until it expires."""
 _TAKER_LIVE = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
                "AND m.instance_id = :owner AND m.alive_until > now())")
+_EARLIER_SELF = "(runs.lease_owner = :owner AND runs.lease_until < :started + :ttl)"
+"""The holder is an earlier process under this worker's own name (restarted with the same
+``LONGRUN_INSTANCE_ID``, whose renewal makes the row live again): a lease it took or renewed before
+this process started (``:started``, the database's clock) expires before any this process sets."""
 _TAKE_OVER_LAPSED = driver.Statement(text(
     "WITH lapsed AS (SELECT run_id, lease_owner FROM runs WHERE lease_owner IS NOT NULL "
-    f"AND {_LAPSED} AND {_TAKER_LIVE} AND {_SERVED} AND {_NOT_QUEUED} "
+    f"AND ({_LAPSED} OR {_EARLIER_SELF}) AND {_TAKER_LIVE} AND {_SERVED} AND {_NOT_QUEUED} "
     f"AND status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
     "ORDER BY lease_until LIMIT :limit FOR UPDATE SKIP LOCKED), "
     "taken AS (UPDATE runs SET lease_owner = :owner, lease_until = now() + :ttl, fencing_token = fencing_token + 1, "
@@ -142,12 +146,15 @@ async def adopt(conn: driver.Connection, owner: str, ttl: float, served: Collect
 
 
 async def take_over_lapsed(conn: driver.Connection, owner: str, ttl: float, served: Collection[str],
-                           limit: int) -> list[tuple[StoredRun, str]]:
+                           limit: int, started: datetime) -> list[tuple[StoredRun, str]]:
     """Take the lease of up to ``limit`` runs a worker has work for whose holder's membership lapsed,
-    if ``owner`` is a live member that runs them: each run as taken, with the holder it was taken from.
-    The take bumps the fencing token, so the old holder's writes are refused if it ever resumes."""
+    or whose holder was an earlier process named ``owner`` (this one ``started`` then, by the
+    database's clock), if ``owner`` is a live member that runs them: each run as taken, with the
+    holder it was taken from. The take bumps the fencing token, so the old holder's writes are
+    refused if it ever resumes."""
     rows = await driver.rows(conn, _TAKE_OVER_LAPSED, {"owner": owner, "ttl": timedelta(seconds=ttl),
-                                                        "served": list(served), "limit": limit})
+                                                        "served": list(served), "limit": limit,
+                                                        "started": started})
     return [(stored_run(row), row.lapsed_owner) for row in rows]
 
 

@@ -142,12 +142,14 @@ class Worker:
 
     def recover(self, stored: StoredRun, lapsed_owner: str) -> None:
         """Advance a run this worker took over from ``lapsed_owner``, whose membership lapsed (it died,
-        or froze past its TTL) while it held the run, mid-call or between steps."""
+        froze past its TTL, or stopped) while it held the run, mid-call or between steps; or from an
+        earlier process under this worker's own name."""
         run = stored.snapshot
         metrics.RECOVERIES.labels(MEMBER_LAPSED).inc()
+        holder = ("an earlier process of this name" if lapsed_owner == self.instance_id
+                  else f"{lapsed_owner}, whose membership lapsed")
         with logs.bound(run.run_id, run.tenant_id):
-            logger.info("run %s: taken over from %s, whose membership lapsed (lease %d)", run.run_id, lapsed_owner,
-                        stored.fencing_token)
+            logger.info("run %s: taken over from %s (lease %d)", run.run_id, holder, stored.fencing_token)
         fence = Fence(self.instance_id, stored.fencing_token)
         self.start(Taken(run.run_id, fence, recovery_cause(MEMBER_LAPSED, lapsed_owner, fence.token - 1), stored,
                          recovery=Recovery(MEMBER_LAPSED, self.clock())))
