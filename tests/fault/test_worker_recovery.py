@@ -1,5 +1,5 @@
-"""Rows: a worker dies (SIGKILL), freezes (SIGSTOP) or is stopped (SIGTERM) in the middle of a call, with
-the default leases.
+"""Rows: a worker dies (SIGKILL), freezes (SIGSTOP), is stopped (SIGTERM) or dies and is started again
+under its own name in the middle of a call, with the default leases.
 
 Every service runs with the default lease settings: run leases of ``LONGRUN_RUN_LEASE_TTL`` (30 s),
 memberships and partition leases of ``LONGRUN_PARTITION_LEASE_TTL`` (6 s), reconciler sweeps every
