@@ -25,6 +25,8 @@ from pathlib import Path
 from tests.ports import free_port
 
 BIN = Path("/usr/lib/rabbitmq/bin")
+STOP_TIMEOUT = 20.0
+"""Seconds a node is given to stop gracefully when the cluster is torn down."""
 
 
 def available() -> str | None:
@@ -194,9 +196,11 @@ class RabbitCluster:
             except (FileNotFoundError, ValueError):  # never started, or stopped already
                 continue
             try:
-                self.ctl(node, "stop", check=False, timeout=60)
+                # Bounded so that three nodes stop within the teardown's 120 s: a node that does not
+                # answer is killed below, and its files go with the cluster's root anyway
+                self.ctl(node, "stop", check=False, timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
-                pass  # a node that does not answer is killed below
+                pass
             try:
                 os.kill(pid, signal.SIGKILL)  # a node that did not stop in time (it removed its pid file if it did)
             except ProcessLookupError:
