@@ -5,9 +5,9 @@ Every service runs with the default lease settings: run leases of ``LONGRUN_RUN_
 memberships and partition leases of ``LONGRUN_PARTITION_LEASE_TTL`` (6 s), reconciler sweeps every
 ``LONGRUN_RECONCILE_INTERVAL`` (1 s). The run kind is ``tests.kinds:held_call``: a call (a write of
 a branch on the forge, or a pure call) that holds once, then a next step that writes a second
-branch. Two workers are up; the one holding the run is killed or frozen while its call holds. Its
-membership lapses within the membership TTL and the other worker takes the run over at once,
-long before the run lease would have expired. The forge counts effects and refuses a write whose
+branch. Two workers are up (one, for the restart row); the one holding the run is killed, frozen or
+stopped while its call holds. Its membership lapses and the other worker takes the run over at once
+(the restarted one takes it back), long before the run lease would have expired. The forge counts effects and refuses a write whose
 fencing token is older than one it saw for the same key.
 """
 
@@ -66,6 +66,18 @@ async def _holding(scenario: Scenario, run_id: str, hold_file: Path, workers: li
     return next(w for w in workers if w.name == owner)
 
 
+async def _held_on_one_of_two(scenario: Scenario, effect: str) -> tuple[str, Process, Process, int]:
+    """Two workers and a run whose call (``effect``) holds on one of them, for a minute: the run, the
+    worker holding it, the other, and the run's fencing token."""
+    workers = await _two_workers(scenario)
+    hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
+    hold_file.touch()
+    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=60))
+    holder = await _holding(scenario, run_id, hold_file, workers)
+    other = next(w for w in workers if w is not holder)
+    return run_id, holder, other, (await scenario.stored(run_id)).fencing_token
+
+
 async def _gone(path: Path) -> bool:
     return not path.exists()
 
@@ -90,13 +102,7 @@ async def test_a_worker_killed_mid_call_has_its_run_taken_over_once_its_membersh
         scenario: Scenario, effect: str) -> None:
     # Given two workers and a run whose call holds on one of them; a write holds after it acted
     # (the branch exists, its answer is not recorded), a pure call is recorded only with its answer
-    workers = await _two_workers(scenario)
-    hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
-    hold_file.touch()
-    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=60))
-    doomed = await _holding(scenario, run_id, hold_file, workers)
-    survivor = next(w for w in workers if w is not doomed)
-    token = (await scenario.stored(run_id)).fencing_token
+    run_id, doomed, survivor, token = await _held_on_one_of_two(scenario, effect)
     # When that worker is SIGKILLed
     killed_at = await _now(scenario)
     doomed.kill()
@@ -129,13 +135,7 @@ async def test_a_worker_killed_mid_call_has_its_run_taken_over_once_its_membersh
 async def test_a_worker_stopped_mid_call_lets_its_run_be_taken_over_as_it_leaves(scenario: Scenario,
                                                                                   effect: str) -> None:
     # Given two workers and a run whose call holds on one of them, a write after it acted
-    workers = await _two_workers(scenario)
-    hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
-    hold_file.touch()
-    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=60))
-    stopped = await _holding(scenario, run_id, hold_file, workers)
-    survivor = next(w for w in workers if w is not stopped)
-    token = (await scenario.stored(run_id)).fencing_token
+    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect)
     # When that worker is stopped as a rolling deploy stops it (SIGTERM)
     stopped_at = await _now(scenario)
     stopped.terminate()
