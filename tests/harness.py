@@ -90,6 +90,8 @@ class Services:
             "LONGRUN_PARTITIONS": str(self.partitions),
             "LONGRUN_DELIVERY_LIMIT": str(self.delivery_limit),
             "LONGRUN_PARTITION_LEASE_TTL": "3",
+            # A worker stopped with a call in hand lets it finish for 2 s, not 30: inside stop_all's wait.
+            "LONGRUN_WORKER_STOP_GRACE": "2",
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",
             "LONGRUN_LOG_LEVEL": "INFO",
             # The test's own store: a reconciler's orphan sweep must never reach another session's files.

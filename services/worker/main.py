@@ -70,13 +70,20 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     adopting = asyncio.create_task(_adopt_waiting(worker, stopping))
     started = await database_now(statements)  # before this process takes any run
     taking_over = asyncio.create_task(take_over_lapsed(worker, statements, stopping, started))
+
+    async def finish_in_hand() -> None:
+        adopting.cancel()
+        taking_over.cancel()
+        await worker.drain(settings.worker_stop_grace)
+
     try:
         await consume_partitions(settings, service=SERVICE, handler=OwnClaim(worker.on_wakeup),
                                  stopping=stopping, health=health, on_outcome=worker.after_ack,
                                  advertised=kinds.pins(),
-                                 # Its calls end (and free their tool permits) while it is still a member:
-                                 # the reconciler frees a permit only once its holder is not.
-                                 before_leaving=worker.drain)
+                                 # Its rounds in hand finish, or their calls end (freeing their tool permits),
+                                 # while it is still a member: its runs are not taken over from it meanwhile,
+                                 # and the reconciler frees a permit only once its holder is not one.
+                                 before_leaving=finish_in_hand)
     finally:
         adopting.cancel()
         taking_over.cancel()

@@ -3,12 +3,15 @@ under its own name in the middle of a call, with the default leases.
 
 Every service runs with the default lease settings: run leases of ``LONGRUN_RUN_LEASE_TTL`` (30 s),
 memberships and partition leases of ``LONGRUN_PARTITION_LEASE_TTL`` (6 s), reconciler sweeps every
-``LONGRUN_RECONCILE_INTERVAL`` (1 s). The run kind is ``tests.kinds:held_call``: a call (a write of
-a branch on the forge, or a pure call) that holds once, then a next step that writes a second
-branch. Two workers are up (one, for the restart row); the one holding the run is killed, frozen or
-stopped while its call holds. Its membership lapses and the other worker takes the run over at once
-(the restarted one takes it back), long before the run lease would have expired. The forge counts effects and refuses a write whose
-fencing token is older than one it saw for the same key.
+``LONGRUN_RECONCILE_INTERVAL`` (1 s), and workers stop within ``LONGRUN_WORKER_STOP_GRACE`` (30 s).
+The run kind is ``tests.kinds:held_call``: a call (a write of a branch on the forge, or a pure call)
+that holds once, then a next step that writes a second branch. Two workers are up (one, for the
+restart row); the one holding the run is killed, frozen or stopped while its call holds. Its
+membership lapses and the other worker takes the run over at once (the restarted one takes it back),
+long before the run lease would have expired. A worker stopped (SIGTERM) finishes its call within its
+stop grace and hands the run on; one whose call outlasts the grace ends it and leaves, and its run is
+taken over. The forge counts effects and refuses a write whose fencing token is older than one it saw
+for the same key.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ pytestmark = [pytest.mark.fault, pytest.mark.integration]
 DEFAULTS = Settings.from_env({})
 LEASES = {"LONGRUN_RUN_LEASE_TTL": f"{DEFAULTS.run_lease_ttl:g}",
           "LONGRUN_PARTITION_LEASE_TTL": f"{DEFAULTS.partition_lease_ttl:g}",
-          "LONGRUN_RECONCILE_INTERVAL": f"{DEFAULTS.reconcile_interval:g}"}
+          "LONGRUN_RECONCILE_INTERVAL": f"{DEFAULTS.reconcile_interval:g}",
+          "LONGRUN_WORKER_STOP_GRACE": f"{DEFAULTS.worker_stop_grace:g}"}
 KINDS = {"LONGRUN_RUN_KINDS": "tests.kinds:held_call"}
 AROUND = ("scheduler", "relay", "timer", "reconciler")
 WITHIN = DEFAULTS.partition_lease_ttl + 2
@@ -37,8 +41,14 @@ WITHIN = DEFAULTS.partition_lease_ttl + 2
 LOOKUP = DEFAULTS.reconcile_interval + 1
 """What a write in doubt adds: the reconciler's round that looks it up, and the run's wakeup after it."""
 AFTER_STOP = 3.0
-"""From a SIGTERM to the next step committed: the stopping worker ends its call and lapses its own
-membership as it leaves, then the survivor's look (every second). Well under the membership TTL."""
+"""From the end of a stopping worker's grace or call to the next step committed: it ends or records
+its call and hands the run on or lapses its membership as it leaves, then the survivor's look (every
+second). Well under the membership TTL."""
+HOLD = DEFAULTS.partition_lease_ttl + 2
+"""How long the call of the row that is let finish holds: past the membership TTL (the stopping worker
+must keep its membership renewed meanwhile), well within the stop grace."""
+GRACE = 1.0
+"""The stop grace of the row whose call outlasts it."""
 
 
 def _goal(effect: str, hold_file: Path, *, hold: float, acts_first: bool = True) -> dict[str, Any]:
@@ -49,7 +59,7 @@ def _goal(effect: str, hold_file: Path, *, hold: float, acts_first: bool = True)
 async def _two_workers(scenario: Scenario, **env: str) -> list[Process]:
     """The services around, and two workers that are both members and split the partitions."""
     await scenario.up(*AROUND, **KINDS, **LEASES)
-    workers = [scenario.start("worker", **KINDS, **LEASES, **env) for _ in range(2)]
+    workers = [scenario.start("worker", **KINDS, **{**LEASES, **env}) for _ in range(2)]
 
     async def split() -> bool:
         return await scenario.scalar(
@@ -66,13 +76,14 @@ async def _holding(scenario: Scenario, run_id: str, hold_file: Path, workers: li
     return next(w for w in workers if w.name == owner)
 
 
-async def _held_on_one_of_two(scenario: Scenario, effect: str) -> tuple[str, Process, Process, int]:
-    """Two workers and a run whose call (``effect``) holds on one of them, for a minute: the run, the
-    worker holding it, the other, and the run's fencing token."""
-    workers = await _two_workers(scenario)
+async def _held_on_one_of_two(scenario: Scenario, effect: str, *, hold: float = 60,
+                              **env: str) -> tuple[str, Process, Process, int]:
+    """Two workers (with ``env``) and a run whose call (``effect``) holds on one of them for ``hold``
+    seconds: the run, the worker holding it, the other, and the run's fencing token."""
+    workers = await _two_workers(scenario, **env)
     hold_file = scenario.tmp / f"hold-{uuid.uuid4().hex[:6]}"
     hold_file.touch()
-    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=60))
+    run_id = await scenario.create(workflow="held_call", input_=_goal(effect, hold_file, hold=hold))
     holder = await _holding(scenario, run_id, hold_file, workers)
     other = next(w for w in workers if w is not holder)
     return run_id, holder, other, (await scenario.stored(run_id)).fencing_token
@@ -132,18 +143,49 @@ async def test_a_worker_killed_mid_call_has_its_run_taken_over_once_its_membersh
 
 
 @pytest.mark.parametrize("effect", ["write", "pure"])
-async def test_a_worker_stopped_mid_call_lets_its_run_be_taken_over_as_it_leaves(scenario: Scenario,
-                                                                                  effect: str) -> None:
-    # Given two workers and a run whose call holds on one of them, a write after it acted
-    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect)
+async def test_a_worker_stopped_mid_call_finishes_it_and_hands_its_run_on(scenario: Scenario, effect: str) -> None:
+    # Given two workers and a run whose call holds on one of them past the membership TTL, but within
+    # the stop grace (the default); a write holds after it acted
+    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect, hold=HOLD)
     # When that worker is stopped as a rolling deploy stops it (SIGTERM)
     stopped_at = await _now(scenario)
+    stopped.terminate(timeout=DEFAULTS.worker_stop_grace)
+    # Then it finishes the call and records its answer under its own lease before it exits, and hands
+    # the run on: the other worker adopts it and takes the next step at once
+    await scenario.until(run_id, RunStatus.COMPLETED, timeout=4 * WITHIN)
+    assert stopped.popen.returncode == 0, stopped.output()[-2000:]
+    call = await scenario.trail(run_id, "call")
+    assert call == (["action.prepared", "action.submitted", "action.confirmed"] if effect == "write"
+                    else ["action.recorded"]), call
+    settling = [e for e in await scenario.events(run_id) if e["data"].get("logical_action") == "call"][-1]
+    assert settling["token"] in (None, token), settling
+    assert _said(stopped, f"run {run_id}: handed on as this worker stops")
+    assert _said(survivor, f"run {run_id}: taken over (held_call@1)")
+    next_in = await _recorded(scenario, run_id, "next", "action.confirmed") - stopped_at
+    print("FIG next_in", effect, next_in)
+    assert next_in <= HOLD + AFTER_STOP, next_in
+    assert await scenario.recoveries(run_id) == 0
+    # with one effect per key at the forge, the call's made once
+    assert (await scenario.forge_counts())["branch"] == (2 if effect == "write" else 1)
+    if effect == "write":
+        assert (await scenario.ledger(run_id))["call"].attempts == 1
+    await scenario.finish()
+
+
+@pytest.mark.parametrize("effect", ["write", "pure"])
+async def test_a_worker_stopped_mid_call_past_its_grace_lets_its_run_be_taken_over_as_it_leaves(
+        scenario: Scenario, effect: str) -> None:
+    # Given two workers that give the rounds in hand one second as they stop, and a run whose call
+    # holds on one of them for a minute; a write holds after it acted
+    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect, LONGRUN_WORKER_STOP_GRACE=f"{GRACE:g}")
+    # When that worker is stopped (SIGTERM)
+    stopped_at = await _now(scenario)
     stopped.terminate()
-    # Then it ends its call and leaves, and the other worker takes the run over at once: neither the
-    # run lease nor the membership TTL is waited out
+    # Then it ends its call once the grace is out and leaves, and the other worker takes the run over
+    # at once: neither the run lease nor the membership TTL is waited out
     await scenario.until(run_id, RunStatus.COMPLETED, timeout=4 * WITHIN)
     recovered_in = await _recorded(scenario, run_id, "next", "action.confirmed") - stopped_at
-    assert recovered_in <= AFTER_STOP + (LOOKUP if effect == "write" else 0), recovered_in
+    assert recovered_in <= GRACE + AFTER_STOP + (LOOKUP if effect == "write" else 0), recovered_in
     assert stopped.popen.returncode == 0, stopped.output()[-2000:]
     assert _said(survivor, f"taken over from {stopped.name}, whose membership lapsed")
     assert await scenario.wakeups(run_id, "lease expired") == 0 and await scenario.recoveries(run_id) == 1

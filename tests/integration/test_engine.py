@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from longrun.app.gateway import operate
 from longrun.services.worker.main import on_postgres
-from longrun.app.worker.loop import Taken
+from longrun.app.worker.loop import Taken, Worker
 from longrun.artifacts import FilesystemArtifactStore
 from longrun.db import leases, runs
 from longrun.db.transaction import PgTransaction
@@ -255,14 +255,8 @@ async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[
 async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_gets_one(
         clean, engine, statements, bus, ensemble) -> None:
     # Given a worker with one slot and a short lease, and a created run
-    ensemble.start("scheduler", "longrun.services.scheduler")
-    key = new_key()
-    await publish_create(bus, tenant="acme", key=key, input_=goal("queued"))
-    run_id = await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
-    worker = on_postgres(engine=engine, statements=statements, kinds=registry(),
-                      model=ScriptedModel(dependency_upgrade.model_script()),
-                      artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id="w1",
-                      lease_ttl=1.5, concurrency=1)
+    run_id = await _created(engine, bus, ensemble, "queued")
+    worker = _one_slot_worker(engine, statements, ensemble, "w1", lease_ttl=1.5)
     taken = (await worker.on_wakeup(wakeup(run_id, "queued"))).outcome
     fence = runs.Fence(taken["owner"], taken["token"])
     async with engine.connect() as conn:
@@ -287,3 +281,49 @@ async def _advanced_since(engine, run_id: str, seq: int) -> bool:  # type: ignor
     async with engine.connect() as conn:
         stored = await runs.load(conn, run_id)
     return stored is not None and stored.stored_seq > seq
+
+
+async def test_a_stopping_worker_hands_on_a_run_waiting_for_a_slot_as_it_was(
+        clean, engine, statements, bus, ensemble) -> None:
+    # Given a worker with one slot, busy, and a run whose wakeup it took
+    run_id = await _created(engine, bus, ensemble, "handed on")
+    worker = _one_slot_worker(engine, statements, ensemble, "w1", lease_ttl=30)
+    taken = (await worker.on_wakeup(wakeup(run_id, "handed on"))).outcome
+    async with engine.connect() as conn:
+        at_wakeup = await runs.load(conn, run_id)
+    assert at_wakeup is not None
+    async with worker._slots:
+        worker.start(Taken(run_id, runs.Fence(taken["owner"], taken["token"]), "test:handed-on"))
+        # When it stops, with time to finish what it holds, while the run still waits for the slot
+        stopped = asyncio.create_task(worker.drain(grace=30))
+        await asyncio.sleep(0.2)
+    await asyncio.wait_for(stopped, timeout=10)
+    # Then the run was handed on unadvanced: its lease free, waiting for a worker that runs it, which a
+    # live worker adopts; and the stopping worker adopts nothing more
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+        waiting_for = (await conn.execute(text("SELECT awaiting_worker FROM runs WHERE run_id = :r"),
+                                          {"r": run_id})).scalar()
+    assert stored is not None and stored.lease_owner is None
+    assert stored.stored_seq == at_wakeup.stored_seq
+    assert waiting_for == f"{stored.snapshot.kind}@{stored.snapshot.versions.workflow}"
+    assert await worker.adopt_waiting() == 0
+    live = _one_slot_worker(engine, statements, ensemble, "w2", lease_ttl=30)
+    assert await live.adopt_waiting() == 1
+    await live.drain()
+
+
+async def _created(engine, bus, ensemble: Ensemble, name: str) -> str:  # type: ignore[no-untyped-def]
+    """A run created through the scheduler: its id."""
+    ensemble.start("scheduler", "longrun.services.scheduler")
+    key = new_key()
+    await publish_create(bus, tenant="acme", key=key, input_=goal(name))
+    return await eventually(lambda: run_id_for(engine, "acme", key), what="the run")
+
+
+def _one_slot_worker(engine, statements, ensemble: Ensemble, instance_id: str, *,  # type: ignore[no-untyped-def]
+                     lease_ttl: float) -> Worker:
+    return on_postgres(engine=engine, statements=statements, kinds=registry(),
+                       model=ScriptedModel(dependency_upgrade.model_script()),
+                       artifacts=FilesystemArtifactStore(ensemble.tmp / "artifacts"), instance_id=instance_id,
+                       lease_ttl=lease_ttl, concurrency=1)

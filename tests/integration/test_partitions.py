@@ -18,6 +18,7 @@ from longrun.bus import connection as bus_connection
 from longrun.bus import topology
 from longrun.bus.consumer import QueueConsumer
 from longrun.config import Settings
+from longrun.db import membership
 from longrun.service import Health
 from tests.fixtures import PARTITIONS, eventually
 from tests.infra import close_connections_named
@@ -320,23 +321,52 @@ async def _count_is(engine, n: int) -> bool:  # type: ignore[no-untyped-def]
 async def test_a_stopping_replica_hands_its_partitions_back_then_lets_go_of_its_work_as_a_member(
         clean, engine, services) -> None:  # type: ignore[no-untyped-def]
     # Given a replica in this process owning every partition
-    settings = Settings.from_env(services.env(LONGRUN_INSTANCE_ID=REPLICA))
-    stopping = asyncio.Event()
     seen: list[tuple[int, int]] = []
 
     async def before_leaving() -> None:
         seen.append((await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}'"),
                      await scalar(engine, f"SELECT count(*) FROM partition_leases WHERE owner = '{REPLICA}'")))
 
-    replica = asyncio.create_task(consume_partitions(
-        settings, service="worker", handler=make_handler(REPLICA), stopping=stopping, health=Health(),
-        before_leaving=before_leaving))
-    await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
     # When it stops
-    stopping.set()
-    await asyncio.wait_for(replica, timeout=30)
+    await _owning_all_then_stopped(engine, services, before_leaving)
     # Then what it let go of last (a worker's calls, and their tool permits) it let go of as a member,
     # its partitions already free for the others; and then it left the member list
     assert seen == [(1, 0)]
     assert await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}' "
                                 "AND alive_until > now()") == 0
+
+
+async def test_a_stopping_replica_stays_a_member_out_of_the_split_for_as_long_as_it_finishes_its_work(
+        clean, engine, services) -> None:  # type: ignore[no-untyped-def]
+    # Given a replica in this process owning every partition, whose work in hand (a worker's rounds) takes
+    # longer than its membership TTL to finish as it stops
+    ttl = Settings.from_env(services.env()).partition_lease_ttl
+    seen: list[tuple[int, list[str]]] = []
+
+    async def before_leaving() -> None:
+        await asyncio.sleep(ttl * 1.5)
+        live = await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}' "
+                                    "AND alive_until > now() AND stopping")
+        async with engine.begin() as conn:
+            seen.append((live, await membership.heartbeat(conn, "worker", "peer", ttl)))
+
+    # When it stops
+    await _owning_all_then_stopped(engine, services, before_leaving)
+    # Then it was still a live member while it finished (what it holds is not taken over from it), but
+    # a peer's split left it out, so its partitions were the peer's; and then it left the member list
+    assert seen == [(1, ["peer"])]
+    assert await scalar(engine, f"SELECT count(*) FROM service_members WHERE instance_id = '{REPLICA}' "
+                                "AND alive_until > now()") == 0
+
+
+async def _owning_all_then_stopped(engine, services, before_leaving) -> None:  # type: ignore[no-untyped-def]
+    """A worker replica in this process, wired as the services wire it, that owns every partition and
+    is then stopped, running ``before_leaving`` as it stops."""
+    settings = Settings.from_env(services.env(LONGRUN_INSTANCE_ID=REPLICA))
+    stopping = asyncio.Event()
+    replica = asyncio.create_task(consume_partitions(
+        settings, service="worker", handler=make_handler(REPLICA), stopping=stopping, health=Health(),
+        before_leaving=before_leaving))
+    await eventually(lambda: _owns_all(engine), what=f"{REPLICA} owning every partition")
+    stopping.set()
+    await asyncio.wait_for(replica, timeout=30)

@@ -93,6 +93,15 @@ class PartitionOwnership:
                 await membership.release(conn, self.service, self.instance_id, partitions)
         logger.info("%s %s: released partitions %s", self.service, self.instance_id, sorted(partitions))
 
+    async def _renew_stopping(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                async with self.engine.begin() as conn:
+                    await membership.stopping(conn, self.service, self.instance_id, self.ttl)
+            except Exception as e:
+                logger.warning("%s: could not renew its membership while stopping (%r)", self.service, e)
+
     async def _self_fence(self) -> None:
         if self.owned and time.monotonic() - self._last_renewal > self.ttl * 0.6:
             logger.warning("%s: cannot renew leases; stopping all partitions", self.service)
@@ -102,7 +111,8 @@ class PartitionOwnership:
     async def stop(self, *, before_leaving: Callable[[], Awaitable[None]] | None = None) -> None:
         """Stop consuming, hand the partitions back and leave the member list; ``before_leaving`` runs
         between the two, while this replica is still a member (what it holds in its name, such as a
-        worker's tool permits, stays its own until it has let go of it)."""
+        worker's runs and tool permits, stays its own until it has let go of it) that the others leave
+        out of the partitions' split (``membership.stopping``, renewed for as long as it runs)."""
         self._stopping.set()
         owned, self.owned = self.owned, set()
         if owned:
@@ -110,11 +120,19 @@ class PartitionOwnership:
         try:
             async with self.engine.begin() as conn:
                 await membership.release(conn, self.service, self.instance_id, set(range(self.partitions)))
+                if before_leaving is not None:
+                    await membership.stopping(conn, self.service, self.instance_id, self.ttl)
         except Exception:
             logger.warning("%s: could not hand partitions back; they expire after %.0fs",
                            self.service, self.ttl)
         if before_leaving is not None:
-            await before_leaving()
+            # Still a member while it finishes what it holds, out of the partitions' split.
+            renewing = asyncio.create_task(self._renew_stopping())
+            try:
+                await before_leaving()
+            finally:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
         try:
             async with self.engine.begin() as conn:
                 await membership.leave(conn, self.service, self.instance_id)

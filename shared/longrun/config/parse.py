@@ -60,6 +60,13 @@ def positive_float(raw: str) -> float:
     return value
 
 
+def non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < float("inf"):
+        raise ValueError
+    return value
+
+
 def at_least_one_float(raw: str) -> float:
     value = float(raw)
     if not 1 <= value < float("inf"):

@@ -47,6 +47,12 @@ class WorkerSettings(Concern):
     its membership lapses: ``LONGRUN_PARTITION_LEASE_TTL``)."""
     worker_concurrency: int = setting("LONGRUN_WORKER_CONCURRENCY", parse.positive_int, "an integer >= 1", "64")
     """Runs one worker process advances at once."""
+    worker_stop_grace: float = setting("LONGRUN_WORKER_STOP_GRACE", parse.non_negative_float,
+                                       "seconds, a number >= 0", "30")
+    """Seconds a stopping worker (SIGTERM) gives the rounds in hand to finish: a call in flight is
+    answered and recorded, and each run is handed on to a live worker. A call still running then is
+    ended, and its run taken over as the worker leaves. Keep it under the orchestrator's grace period
+    (the provided manifests give the worker 40 s)."""
     model: str = setting("LONGRUN_MODEL", _model_kind, "scripted, openai or anthropic", "scripted")
     """Model adapter: "scripted" (the run kinds' deterministic scripts), "openai" (Chat Completions, through
     the ``openai`` SDK: OpenAI or a server speaking them) or "anthropic" (Messages, through the ``anthropic``

@@ -49,7 +49,7 @@ _WITHOUT_WORKER = text(
     "SELECT r.run_id, r.awaiting_worker, r.awaiting_worker || '#' || r.revision AS episode FROM runs r "
     f"WHERE r.awaiting_worker IS NOT NULL AND r.status IN ({sql_names(sorted(WORKER_HAS_WORK))}) "
     "AND NOT EXISTS (SELECT 1 FROM service_members m WHERE m.service = 'worker' AND m.alive_until > now() "
-    "AND m.advertised @> jsonb_build_array(jsonb_build_object('kind', r.workflow, 'workflow', r.workflow_version, "
+    "AND NOT m.stopping AND m.advertised @> jsonb_build_array(jsonb_build_object('kind', r.workflow, 'workflow', r.workflow_version, "
     "'prompt', r.prompt_version, 'model_policy', r.model_policy_version, 'tool_schemas', r.tool_schema_version))) "
     "AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.action = :action AND a.target = r.run_id "
     "AND a.details->>'episode' = r.awaiting_worker || '#' || r.revision) "

@@ -113,11 +113,12 @@ HOLDERS = "worker"
 _LAPSED = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
            "AND m.instance_id = runs.lease_owner AND m.alive_until <= now())")
 """The lease's holder has a membership row that lapsed (by the database's clock): it died, froze
-past its TTL, or stopped (``membership.leave`` lapses the row once its calls were ended). A holder
+past its TTL, or stopped (``membership.leave`` lapses the row once its rounds in hand finished or were
+ended; while it finishes them it renews the row, ``membership.stopping``). A holder
 renewing its membership is never in it, however slow its call; an owner with no row keeps its
 lease until it expires."""
 _TAKER_LIVE = (f"EXISTS (SELECT 1 FROM service_members AS m WHERE m.service = {sql_name(HOLDERS)} "
-               "AND m.instance_id = :owner AND m.alive_until > now())")
+               "AND m.instance_id = :owner AND m.alive_until > now() AND NOT m.stopping)")
 _EARLIER_SELF = "(runs.lease_owner = :owner AND runs.lease_until < :started + :ttl)"
 """The holder is an earlier process under this worker's own name (restarted with the same
 ``LONGRUN_INSTANCE_ID``, whose renewal makes the row live again): a lease it took or renewed before

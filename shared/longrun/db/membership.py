@@ -30,19 +30,30 @@ def assign(members: list[str], partitions: int) -> dict[str, set[int]]:
 
 async def heartbeat(conn: AsyncConnection, service: str, instance_id: str, ttl: float,
                     advertised: Sequence[Mapping[str, str]] = ()) -> list[str]:
-    """Renew our membership (with what we can run); return the live members (ourselves included)."""
+    """Renew our membership (with what we can run); return the live members that share the partitions
+    (ourselves included): a stopping member (``stopping``) is not one of them."""
     until = func.now() + timedelta(seconds=ttl)
     await conn.execute(
         insert(service_members).values(service=service, instance_id=instance_id, alive_until=until,
                                        advertised=list(advertised))
         .on_conflict_do_update(index_elements=["service", "instance_id"],
-                               set_={"alive_until": until, "advertised": list(advertised)})
+                               set_={"alive_until": until, "advertised": list(advertised), "stopping": False})
     )
     rows = await conn.execute(
         select(service_members.c.instance_id)
-        .where(service_members.c.service == service, service_members.c.alive_until > func.now())
+        .where(service_members.c.service == service, service_members.c.alive_until > func.now(),
+               service_members.c.stopping.is_(False))
     )
     return [r[0] for r in rows]
+
+
+async def stopping(conn: AsyncConnection, service: str, instance_id: str, ttl: float) -> None:
+    """Renew our membership as a replica that is stopping: it stays a member while it finishes what
+    it holds in its name (a worker's runs and tool permits are not taken over from it), and the others
+    leave it out of the partitions' split at once."""
+    await conn.execute(update(service_members).where(service_members.c.service == service,
+                                                     service_members.c.instance_id == instance_id)
+                       .values(alive_until=func.now() + timedelta(seconds=ttl), stopping=True))
 
 
 async def ensure_partitions(conn: AsyncConnection, service: str, partitions: int) -> None:

@@ -348,6 +348,8 @@ service_members = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # What the member can run: its run kinds with every pinned version (``Registry.pins``).
     Column("advertised", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # Stopping: still a member (what it holds stays its own while it finishes it), given no partitions.
+    Column("stopping", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("service", "instance_id"),
 )
 

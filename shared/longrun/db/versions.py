@@ -20,7 +20,8 @@ _IN_FLIGHT = (select(*_PINS, runs.c.status, func.count().label("runs"),
                      func.count().filter(runs.c.awaiting_worker.isnot(None)).label("awaiting_worker"))
               .where(_OPEN).group_by(*_PINS, runs.c.status))
 _LIVE = select(service_members.c.instance_id, service_members.c.advertised).where(
-    service_members.c.service == "worker", service_members.c.alive_until > func.now())
+    service_members.c.service == "worker", service_members.c.alive_until > func.now(),
+    service_members.c.stopping.is_(False))  # a stopping worker takes no new runs
 
 
 async def in_flight(conn: AsyncConnection) -> Sequence[Row]:  # type: ignore[type-arg]

@@ -16,6 +16,7 @@ run on, so the releasing write then finds it stale and the round is decided agai
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ from longrun.ports.runs import (
 )
 
 PRODUCER = "worker"
+logger = logging.getLogger("longrun.app.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,18 @@ class Step:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def hand_on(self, stored: StoredRun) -> None:
+        """The worker stops between rounds: what the turn deferred is written, and the run is released
+        as waiting for a worker that runs it (``WorkerStore.hand_over``), which a live one adopts."""
+        await self.landed()
+        if stored.unwritten:
+            try:
+                await self.commit(stored, [])
+            except StaleRevision:
+                pass  # the calls left running moved the run on: what was deferred is decided again
+        await self.store.hand_over(stored.snapshot.run_id, self.fence)
+        logger.info("run %s: handed on as this worker stops", stored.snapshot.run_id)
 
     def event(self, stored: StoredRun, cls: type[ev.RunEvent], *, offset: int = 1, **fields: Any) -> ev.RunEvent:
         return cls(seq=stored.seq(offset), at=self.clock(), **fields)

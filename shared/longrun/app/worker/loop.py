@@ -1,5 +1,6 @@
 """The worker's loop: take a run's lease with its wakeup, keep it alive, and play rounds until the run
-leaves this worker (parks, finishes, or the lease is lost).
+leaves this worker (parks, finishes, or the lease is lost), or the worker stops (``drain``: the run is
+handed on between rounds).
 
 A wakeup takes the lease and reads the run in the statement that records the wakeup in the
 worker's inbox (so the delivery is acked at once); the lease travels with the consumer's outcome
@@ -103,6 +104,7 @@ class Worker:
         self.served = frozenset(kinds.serves())
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     # -- bus side -----------------------------------------------------------------------
     async def on_wakeup(self, envelope: Envelope) -> Outcome:
@@ -129,7 +131,9 @@ class Worker:
 
     async def adopt_waiting(self, limit: int = ADOPT_BATCH) -> int:
         """Take over runs waiting for a worker that runs them, if this is one, and advance them: their
-        wakeup reached a worker that could not. Returns how many."""
+        wakeup reached a worker that could not. Returns how many (none once this worker stops)."""
+        if self._stopping:
+            return 0
         adopted = await self.store.adopt(self.instance_id, self.lease_ttl, self.served, limit)
         for stored in adopted:
             run = stored.snapshot
@@ -159,8 +163,14 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def drain(self) -> None:
-        """On shutdown: stop stepping; leases expire or are released, and the runs move on elsewhere."""
+    async def drain(self, grace: float = 0.0) -> None:
+        """On shutdown: each turn finishes the round in hand (a call is answered and recorded) and hands
+        its run on to a live worker, within ``grace`` seconds; a turn still busy then is cancelled, its
+        run taken over once this worker's membership lapsed as it leaves."""
+        self._stopping = True
+        deadline = time.monotonic() + grace
+        while self._tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(list(self._tasks), timeout=left)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -184,13 +194,17 @@ class Worker:
 
     async def run_steps(self, run_id: str, fence: Fence, cause: str, taken: StoredRun | None = None,
                         recovery: Recovery | None = None) -> None:
-        """Rounds until the run leaves this worker (parks, finishes, or the lease is lost); a failure
-        is logged and leaves the lease to expire. ``cause``: what the turn's messages name;
-        ``recovery``: the run's first round committed is its first progress since it was recovered."""
+        """Rounds until the run leaves this worker (parks, finishes, or the lease is lost) or the worker
+        stops (the run handed on before the next round); a failure is logged and leaves the lease to
+        expire. ``cause``: what the turn's messages name; ``recovery``: the run's first round committed
+        is its first progress since it was recovered."""
         step = Step(self.store, self.kinds, fence, cause, self.clock, self.crash_point, self.handover, self.budgets)
         try:
             stored = taken if taken is not None else await step.load(run_id)
             while stored is not None:
+                if self._stopping:
+                    await step.hand_on(stored)
+                    return
                 started, kind = time.perf_counter(), stored.snapshot.kind
                 try:
                     stored = await play(self.far, step, stored, self.kinds, self.served)
