@@ -33,6 +33,9 @@ from tests.unit.infra.dockerfile import stages
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "infra/k8s"
 OVERLAYS = ("dev", "prod", "prod-s3", "autoscale", "monitoring")
+DEFAULTS = Settings.from_env({})
+STOP_MARGIN = 5
+"""Seconds a worker needs after its stop grace (handing its runs on, acking, leaving) before it is killed."""
 K8S_VERSION = "1.30.0"
 IMAGE = "ghcr.io/longrun/longrun"
 EXAMPLE_IMAGE = "ghcr.io/longrun/longrun-example"
@@ -143,7 +146,8 @@ def test_compose_worker_runs_two_replicas_with_a_longer_grace_and_reaches_the_fo
     forge_port = services["forge"]["command"][services["forge"]["command"].index("--port") + 1]
     assert worker["environment"]["LONGRUN_FORGE_URL"] == f"http://forge:{forge_port}"
     assert "--host" in services["forge"]["command"] and "0.0.0.0" in services["forge"]["command"]
-    assert _seconds(worker["stop_grace_period"]) >= 30
+    grace = float(worker["environment"].get("LONGRUN_WORKER_STOP_GRACE", DEFAULTS.worker_stop_grace))
+    assert _seconds(worker["stop_grace_period"]) >= grace + STOP_MARGIN
     assert "127.0.0.1:8080:8080" in services["gateway"]["ports"]
 
 
@@ -334,6 +338,8 @@ def test_each_deployment_gets_the_settings_it_needs_and_they_parse(overlay: str)
         for secret in ("LONGRUN_DATABASE_URL", "LONGRUN_AMQP_URL"):
             assert by_name[secret]["valueFrom"]["secretKeyRef"]["name"] == "longrun", (name, secret)
         settings = Settings.from_env(env)
+        if name == "worker":
+            assert pod["terminationGracePeriodSeconds"] >= settings.worker_stop_grace + STOP_MARGIN
         assert settings.instance_id == "longrun-pod-abc12"
         assert (settings.partitions, settings.delivery_limit) == (p, limit), "P / limit differ from the broker"
         assert settings.crash_points == ()
