@@ -288,29 +288,59 @@ async def test_a_stopping_worker_hands_on_a_run_waiting_for_a_slot_as_it_was(
     # Given a worker with one slot, busy, and a run whose wakeup it took
     run_id = await _created(engine, bus, ensemble, "handed on")
     worker = _one_slot_worker(engine, statements, ensemble, "w1", lease_ttl=30)
-    taken = (await worker.on_wakeup(wakeup(run_id, "handed on"))).outcome
     async with engine.connect() as conn:
-        at_wakeup = await runs.load(conn, run_id)
-    assert at_wakeup is not None
-    async with worker._slots:
-        worker.start(Taken(run_id, runs.Fence(taken["owner"], taken["token"]), "test:handed-on"))
-        # When it stops, with time to finish what it holds, while the run still waits for the slot
-        stopped = asyncio.create_task(worker.drain(grace=30))
-        await asyncio.sleep(0.2)
-    await asyncio.wait_for(stopped, timeout=10)
+        created = await runs.load(conn, run_id)
+    assert created is not None
+    # When it stops, with time to finish what it holds, while the run still waits for the slot
+    await _stopped_with_the_run_waiting_for_a_slot(worker, run_id)
     # Then the run was handed on unadvanced: its lease free, waiting for a worker that runs it, which a
     # live worker adopts; and the stopping worker adopts nothing more
-    async with engine.connect() as conn:
-        stored = await runs.load(conn, run_id)
-        waiting_for = (await conn.execute(text("SELECT awaiting_worker FROM runs WHERE run_id = :r"),
-                                          {"r": run_id})).scalar()
-    assert stored is not None and stored.lease_owner is None
-    assert stored.stored_seq == at_wakeup.stored_seq
+    stored, waiting_for = await _lease_and_marker(engine, run_id)
+    assert stored.lease_owner is None
+    assert stored.stored_seq == created.stored_seq
     assert waiting_for == f"{stored.snapshot.kind}@{stored.snapshot.versions.workflow}"
     assert await worker.adopt_waiting() == 0
     live = _one_slot_worker(engine, statements, ensemble, "w2", lease_ttl=30)
     assert await live.adopt_waiting() == 1
     await live.drain()
+
+
+async def test_a_stopping_worker_only_releases_a_run_it_took_with_no_work_for_a_worker(
+        clean, engine, statements, bus, ensemble) -> None:
+    # Given a run paused by an operator, and a worker with one slot, busy, that took the run's lease
+    # with a wakeup sent before the pause
+    run_id = await _created(engine, bus, ensemble, "paused")
+    async with engine.begin() as conn:
+        await operate.pause(PgTransaction(conn), run_id, actor="tests", reason="hold it")
+    worker = _one_slot_worker(engine, statements, ensemble, "w1", lease_ttl=30)
+    # When it stops while the run waits for the slot
+    await _stopped_with_the_run_waiting_for_a_slot(worker, run_id)
+    # Then the lease is released and the run is not marked as waiting for a worker: it has no work for one
+    stored, waiting_for = await _lease_and_marker(engine, run_id)
+    assert stored.lease_owner is None and stored.snapshot.status.value == "PAUSED"
+    assert waiting_for is None
+
+
+async def _stopped_with_the_run_waiting_for_a_slot(worker: Worker, run_id: str) -> None:
+    """``worker`` takes the run's lease with a wakeup and is stopped, with a grace, while its only slot
+    is busy."""
+    taken = (await worker.on_wakeup(wakeup(run_id, "before the stop"))).outcome
+    assert taken["taken"], taken
+    async with worker._slots:
+        worker.start(Taken(run_id, runs.Fence(taken["owner"], taken["token"]), "test:stopping"))
+        stopped = asyncio.create_task(worker.drain(grace=30))
+        await asyncio.sleep(0.2)
+    await asyncio.wait_for(stopped, timeout=10)
+
+
+async def _lease_and_marker(engine, run_id: str) -> tuple[runs.StoredRun, str | None]:  # type: ignore[no-untyped-def]
+    """The run as stored, and what worker it is marked as waiting for, if any."""
+    async with engine.connect() as conn:
+        stored = await runs.load(conn, run_id)
+        waiting_for = (await conn.execute(text("SELECT awaiting_worker FROM runs WHERE run_id = :r"),
+                                          {"r": run_id})).scalar()
+    assert stored is not None
+    return stored, waiting_for
 
 
 async def _created(engine, bus, ensemble: Ensemble, name: str) -> str:  # type: ignore[no-untyped-def]

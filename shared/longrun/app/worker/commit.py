@@ -25,7 +25,7 @@ from typing import Any
 from longrun.app import effects
 from longrun.app.wait_notices import wait_notices
 from longrun.authoring import Registry, Tool
-from longrun.domain import ActionStatus, request_hash
+from longrun.domain import WORKER_HAS_WORK, ActionStatus, request_hash
 from longrun.domain import events as ev
 from longrun.errors import LeaseLost, StaleRevision
 from longrun.ports.stores import CrashPoints, RunTransaction, WorkerStore
@@ -113,7 +113,11 @@ class Step:
 
     async def hand_on(self, stored: StoredRun) -> None:
         """The worker stops between rounds: what the turn deferred is written, and the run is released
-        as waiting for a worker that runs it (``WorkerStore.hand_over``), which a live one adopts."""
+        as waiting for a worker that runs it (``WorkerStore.hand_over``), which a live one adopts; a run
+        with no work for a worker (finished or parked meanwhile) is only released."""
+        if stored.snapshot.status not in WORKER_HAS_WORK:
+            await self.commit(stored, [], release=True)
+            return
         await self.landed()
         if stored.unwritten:
             try:
