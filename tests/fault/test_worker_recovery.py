@@ -162,7 +162,6 @@ async def test_a_worker_stopped_mid_call_finishes_it_and_hands_its_run_on(scenar
     assert _said(stopped, f"run {run_id}: handed on as this worker stops")
     assert _said(survivor, f"run {run_id}: taken over (held_call@1)")
     next_in = await _recorded(scenario, run_id, "next", "action.confirmed") - stopped_at
-    print("FIG next_in", effect, next_in)
     assert next_in <= HOLD + AFTER_STOP, next_in
     assert await scenario.recoveries(run_id) == 0
     # with one effect per key at the forge, the call's made once
@@ -177,7 +176,8 @@ async def test_a_worker_stopped_mid_call_past_its_grace_lets_its_run_be_taken_ov
         scenario: Scenario, effect: str) -> None:
     # Given two workers that give the rounds in hand one second as they stop, and a run whose call
     # holds on one of them for a minute; a write holds after it acted
-    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect, LONGRUN_WORKER_STOP_GRACE=f"{GRACE:g}")
+    run_id, stopped, survivor, token = await _held_on_one_of_two(scenario, effect,
+                                                                 LONGRUN_WORKER_STOP_GRACE=f"{GRACE:g}")
     # When that worker is stopped (SIGTERM)
     stopped_at = await _now(scenario)
     stopped.terminate()

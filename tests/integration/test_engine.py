@@ -329,7 +329,8 @@ async def _stopped_with_the_run_waiting_for_a_slot(worker: Worker, run_id: str) 
     async with worker._slots:
         worker.start(Taken(run_id, runs.Fence(taken["owner"], taken["token"]), "test:stopping"))
         stopped = asyncio.create_task(worker.drain(grace=30))
-        await asyncio.sleep(0.2)
+        while not worker._stopping:  # the slot is freed only once the worker is stopping
+            await asyncio.sleep(0)
     await asyncio.wait_for(stopped, timeout=10)
 
 
