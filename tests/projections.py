@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import select, text
 
-from longrun.db import runs
+from longrun.db import run_batches
 from longrun.db.engine import make_engine
 from longrun.db.schema import run_events
 from longrun.domain import events as ev
@@ -32,7 +32,7 @@ async def snapshots_are_projections_of_their_events(infra: Infra) -> AsyncIterat
                 "SELECT run_id FROM runs WHERE archived_at IS NULL ORDER BY run_id"))).scalars().all()
             for start in range(0, len(run_ids), PAGE):
                 page = run_ids[start:start + PAGE]
-                stored = await runs.load_many(conn, page)
+                stored = await run_batches.load_many(conn, page)
                 histories: dict[str, list[ev.RunEvent]] = defaultdict(list)
                 for row in await conn.execute(select(run_events.c.run_id, run_events.c.data)
                                               .where(run_events.c.run_id.in_(page))

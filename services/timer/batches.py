@@ -46,7 +46,7 @@ Closure: whatever ends a wait (a webhook, an approval, a cancel, one of its own 
 finishes a run cancels, in the same statement, the timers it leaves without a purpose
 (``domain.closure.timers_to_cancel``; ``timers.cancelled_at``), and a cancelled timer is never
 claimed. A wake here ends its wait, so the wait's other timer is cancelled by the batch's write
-(``write_wakes`` or ``runs.write_many``) and the firing one marked fired. A call's outcome
+(``write_wakes`` or ``run_batches.write_many``) and the firing one marked fired. A call's outcome
 (an answer, or a call timer giving it up) cancels that call's timers the same way.
 
 Stale timers never raise and are always marked fired:
@@ -75,7 +75,7 @@ filling the template in for the sample, does not render exactly those rows, or t
 from its head are not the domain's (the domain changed), the batch falls back to the domain for
 every timer. Everything else (run timeouts, paused runs, timers the domain
 refuses, several timers of one run in a batch, questions' deadlines, the wakes of runs with a
-schedule-to-start, whose next queue stint ``runs.write_many`` times, and of runs parked in a wait that
+schedule-to-start, whose next queue stint ``run_batches.write_many`` times, and of runs parked in a wait that
 held no slot, which are queued for admission, told in the batch's transaction, not sent to a worker)
 always takes the domain path.
 
@@ -98,7 +98,7 @@ from longrun.app import effects
 from longrun.app.timer.firing import Fired, Outcome, plan_batch
 from longrun.authoring import Registry
 from longrun.db import actions as ledger_rows
-from longrun.db import admission, outbox, runs, timers
+from longrun.db import admission, outbox, run_batches, runs, timers
 from longrun.db.errors import is_transient
 from longrun.db.timers import RunHead, WakeTemplate
 from longrun.domain import TERMINAL, RetryPolicy, RunStatus, slots
@@ -241,12 +241,12 @@ async def _plan_together(conn: AsyncConnection, ordered: list[DueTimer], *, at: 
                          traces: dict[str, str | None]) -> Fired:
     if not ordered:
         return Fired({}, [], {})
-    current = await runs.load_many(conn, [t.run_id for t in ordered], lock=True)
+    current = await run_batches.load_many(conn, [t.run_id for t in ordered], lock=True)
     return plan_batch(ordered, current, at=at, now=now, producer=producer, kinds=kinds, retry=retry, traces=traces)
 
 
 async def _write_together(conn: AsyncConnection, fired: Fired) -> None:
-    await runs.write_many(conn, fired.plans)
+    await run_batches.write_many(conn, fired.plans)
     for outcome in fired.ledger:
         await ledger_rows.record(conn, outcome.key, outcome.status, **outcome.fields)
     await timers.schedule_all(conn, fired.timers)

@@ -17,7 +17,8 @@ from longrun.app import effects, tool_permits
 from longrun.app.gateway import webhooks
 from longrun.app.worker.loop import Worker
 from longrun.artifacts import ArtifactStore
-from longrun.bootstrap import consume_partitions, open_artifacts, open_database, open_statements
+from longrun.bootstrap import consume_partitions, open_artifacts, open_bus, open_database, open_statements
+from longrun.bus.eager import EagerPublisher
 from longrun.bus.consumer import OwnClaim
 from longrun.bus.progress import ProgressPublisher
 from longrun.config import Settings
@@ -46,7 +47,9 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
     progress = ProgressPublisher(settings.amqp_url, name=f"{SERVICE}/{settings.instance_id}")
+    eager = EagerPublisher(await open_bus(settings, f"{SERVICE}-eager"), statements)
     worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
+                                    eager=eager, eager_grace=settings.eager_publish_grace,
                                     model=model_adapter(settings, kinds),
                                     artifacts=open_artifacts(settings, engine),
                                     instance_id=settings.instance_id, lease_ttl=settings.run_lease_ttl,
@@ -88,16 +91,20 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         adopting.cancel()
         taking_over.cancel()
         await worker.drain()
+        await eager.close()
         await progress.close()
         await statements.close()
         await engine.dispose()
 
 
 def on_postgres(*, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                clock: Callable[[], float] = time.time, **options: Any) -> Worker:
-    """The runtime's worker: its store is PostgreSQL (``db.worker_store``)."""
+                clock: Callable[[], float] = time.time, eager: EagerPublisher | None = None,
+                eager_grace: float = 0.0, **options: Any) -> Worker:
+    """The runtime's worker: its store is PostgreSQL (``db.worker_store``); with ``eager``, it
+    publishes its own messages after their commit (``bus.eager``)."""
     store = PgWorkerStore(engine=engine, statements=statements, artifacts=artifacts,
-                          match_kept=functools.partial(webhooks.match_kept, clock=clock))
+                          match_kept=functools.partial(webhooks.match_kept, clock=clock),
+                          eager=eager, eager_grace=eager_grace)
     return Worker(store=store, artifacts=artifacts, clock=clock, **options)
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from longrun.app import effects
 from longrun.app.scheduler import admit
 from longrun.bus import topology
-from longrun.db import admission, runs
+from longrun.db import admission, run_batches, runs
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, WakeReason, evolve, freeze
 from longrun.domain import events as ev
@@ -225,7 +225,7 @@ async def admission_mismatches(engine: AsyncEngine, *, seed: int,
     await _make_cases(engine, rng)
     async with engine.connect() as conn:
         ids = list((await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars())
-        before = await runs.load_many(conn, ids)
+        before = await run_batches.load_many(conn, ids)
     if mutate is not None:
         mutate()
     slots, spent = await _tenant_limits(engine, rng)

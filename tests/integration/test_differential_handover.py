@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.app import effects
 from longrun.bus import topology
-from longrun.db import admission, handover, keys, leases, runs
+from longrun.db import admission, handover, keys, leases, run_batches, runs
 from longrun.db.schema import sql_names
 from longrun.domain import PinnedVersions, RunStatus, Usage, Wait, freeze
 from longrun.domain import events as ev
@@ -235,7 +235,7 @@ async def handover_mismatches(engine: AsyncEngine, *, seed: int,
     order = _interleaved(rng, cases)
     async with engine.connect() as conn:
         ids = list((await conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))).scalars())
-        before = await runs.load_many(conn, ids)
+        before = await run_batches.load_many(conn, ids)
     if mutate is not None:
         mutate()
     at = time.time()

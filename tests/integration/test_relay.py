@@ -15,7 +15,7 @@ from longrun.envelope import decode, make
 from longrun.errors import BusUnavailable
 from longrun.relay import Relay
 from tests.fixtures import eventually
-from tests.integration.bus_helpers import applied, create_probe_table, enqueue, scalar, wakeup
+from tests.integration.bus_helpers import applied, create_probe_table, enqueue, route, scalar, wakeup
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +63,34 @@ async def test_relay_publishes_a_row_that_commits_late(clean, engine, services) 
     # Then the relay still publishes it: there is no high-water mark to skip it
     await eventually(lambda: _applied_count(engine, 2), what="the late row applied")
     assert {w for _, w, _ in await applied(engine)} == {"w-early", "w-late"}
+
+
+async def test_a_row_behind_its_runs_eager_row_waits_for_it_and_another_runs_row_does_not(
+        clean, engine, services) -> None:
+    # Given, in one partition, a run's row its writer publishes itself (eager, within its grace), that
+    # run's next row, and another run's row, all committed
+    await create_probe_table(engine)
+    eager_run = "run-eager"
+    other = next(f"run-other-{i}" for i in range(1000) if route(f"run-other-{i}")[2] == route(eager_run)[2])
+    async with engine.begin() as conn:
+        await enqueue(conn, wakeup(eager_run, "w-eager"))
+        await conn.execute(text("UPDATE outbox SET eager_until = now() + interval '1 hour'"))
+        await enqueue(conn, wakeup(eager_run, "w-behind"))
+        await enqueue(conn, wakeup(other, "w-other"))
+    services.start("consumer", "tests.probe_consumer")
+    services.start("relay", "longrun.services.outbox_relay")
+    # When the relay drains the partition
+    await eventually(lambda: _applied_count(engine, 1), what="the other run's row applied")
+    # Then it published the other run's row, though written last, and not the two of the eager run: the
+    # row behind the eager one would have gone first (id order) had it been free
+    assert [w for _, w, _ in await applied(engine)] == ["w-other"]
+    # When the writer marks its row sent, as the eager publisher does (NOTIFY included)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE outbox SET published_at = now() WHERE eager_until IS NOT NULL"))
+        await conn.execute(text(f"SELECT pg_notify('{outbox.NOTIFY_CHANNEL}', '')"))
+    # Then the row behind it goes out
+    await eventually(lambda: _applied_count(engine, 2), what="the row behind applied")
+    assert [w for _, w, _ in await applied(engine)] == ["w-other", "w-behind"]
 
 
 class _FailingBus:

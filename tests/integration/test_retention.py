@@ -26,7 +26,7 @@ from longrun.bus import topology
 from longrun.bus.codec import broker_user, to_message
 from longrun.config import Settings
 from longrun.db import actions as ledger
-from longrun.db import inbox, membership, outbox, quarantine, runs, timers
+from longrun.db import inbox, membership, outbox, quarantine, run_batches, runs, timers
 from longrun.db.artifacts import RecordedUploads
 from longrun.db.audit import audit
 from longrun.db.cleanups import PgCleanupStore
@@ -109,10 +109,10 @@ def _finished(stored: StoredRun) -> tuple[runs.Planned, outbox.Message, dict[str
 
 
 async def _finish(conn: AsyncConnection, created: list[StoredRun]) -> None:
-    """The runs' last transitions as the timer writes a batch (``runs.write_many``), with their broadcasts
+    """The runs' last transitions as the timer writes a batch (``run_batches.write_many``), with their broadcasts
     and ledger rows."""
     done = [_finished(stored) for stored in created]
-    await runs.write_many(conn, [planned for planned, _, _ in done])
+    await run_batches.write_many(conn, [planned for planned, _, _ in done])
     await outbox.enqueue_many(conn, [message for _, message, _ in done])
     await conn.execute(insert(actions_table), [row for _, _, row in done])
 
@@ -181,7 +181,7 @@ async def _load(engine: AsyncEngine, tag: str, count: int, lane: int, *, finish:
                          for i in range(start, min(start + CHUNK, count))]
             chunk = [await _created(conn, envelope) for envelope in envelopes]
             if finish:
-                await runs.load_many(conn, [s.snapshot.run_id for s in chunk], lock=True)
+                await run_batches.load_many(conn, [s.snapshot.run_id for s in chunk], lock=True)
                 await _finish(conn, chunk)
             else:
                 chunk = [await _calling(conn, stored) for stored in chunk]

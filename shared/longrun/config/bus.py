@@ -37,6 +37,10 @@ class BusSettings(Concern):
     """Seconds between outbox polls when no NOTIFY arrives."""
     relay_batch: int = setting("LONGRUN_RELAY_BATCH", parse.positive_int, "an integer >= 1", "200")
     """Outbox rows claimed per relay round."""
+    eager_publish_grace: float = setting("LONGRUN_EAGER_PUBLISH_GRACE", parse.positive_float,
+                                         "seconds, a number > 0", "5")
+    """Seconds the relay leaves a worker's own messages, which it publishes right after their commit,
+    to it: past them (a crash, the broker away) the relay publishes them."""
     ingress_max_length: int = setting("LONGRUN_INGRESS_MAX_LENGTH", parse.positive_int, "an integer >= 1", "100000")
     """run.create messages the ingress queue holds; past it the broker nacks new creates. A RabbitMQ
     policy the scheduler sets at every start: see [flow control](flow-control.md#backpressure-at-the-door)."""

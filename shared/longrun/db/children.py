@@ -32,7 +32,7 @@ def report(run: RunSnapshot) -> str:
 
 
 async def ended(conn: AsyncConnection, finished: Sequence[RunSnapshot]) -> None:
-    """``ENDED`` for runs a batch writer finished (``runs.write_many``)."""
+    """``ENDED`` for runs a batch writer finished (``run_batches.write_many``)."""
     if finished:
         await conn.execute(_ENDED_ONE, [{"run_id": run.run_id, "e_report": report(run)} for run in finished])
 

@@ -61,13 +61,26 @@ def insert_columns_sql(select: str) -> str:
     return f"INSERT INTO outbox ({', '.join(COLUMNS)}) {select}"
 
 
+_ROW_VALUES = ("r.row -> 'payload' ->> 'event_id', 'run', "
+               "coalesce(r.row -> 'payload' ->> 'run_id', r.row -> 'payload' ->> 'event_id'), "
+               "CAST(r.row ->> 'partition' AS smallint), r.row ->> 'exchange', r.row ->> 'routing_key', "
+               "r.row ->> 'type', r.row -> 'payload', r.row -> 'payload' ->> 'trace'")
+
+
 def insert_sql(rows: str) -> str:
     """INSERT of the rows ``rows`` yields as ``r(row, n)``: each row as ``rows_json`` writes one, in n order."""
-    return insert_columns_sql(
-        "SELECT r.row -> 'payload' ->> 'event_id', 'run', "
-        "       coalesce(r.row -> 'payload' ->> 'run_id', r.row -> 'payload' ->> 'event_id'), "
-        "       CAST(r.row ->> 'partition' AS smallint), r.row ->> 'exchange', r.row ->> 'routing_key', "
-        f"       r.row ->> 'type', r.row -> 'payload', r.row -> 'payload' ->> 'trace' FROM {rows} ORDER BY r.n")
+    return insert_columns_sql(f"SELECT {_ROW_VALUES} FROM {rows} ORDER BY r.n")
+
+
+def eager_insert_sql(rows: str) -> str:
+    """``insert_sql``, each row marked eager (``eager_until``, ``:eager_grace`` seconds from now) when
+    nothing of its partition is unsent: its writer publishes it itself after the commit, and nothing
+    written before it can be overtaken. Returns ``id`` and ``eager`` of every row."""
+    unsent = ("SELECT 1 FROM outbox AS u WHERE u.partition = CAST(r.row ->> 'partition' AS smallint) "
+              "AND u.published_at IS NULL")
+    return (f"INSERT INTO outbox ({', '.join(COLUMNS)}, eager_until) SELECT {_ROW_VALUES}, "
+            f"CASE WHEN NOT EXISTS ({unsent}) THEN now() + make_interval(secs => CAST(:eager_grace AS float8)) END "
+            f"FROM {rows} ORDER BY r.n RETURNING id, eager_until IS NOT NULL AS eager")
 
 
 def from_param(param: str) -> str:
@@ -122,7 +135,12 @@ def _unpublished(*, marks: bool, roots: bool) -> driver.Statement:
     if roots:
         columns += ", r.trace_root"
         source += " LEFT JOIN runs AS r ON o.aggregate_type = 'run' AND r.run_id = o.aggregate_id"
-    where = "o.partition = ANY(CAST(:partitions AS smallint[])) AND o.published_at IS NULL"
+    # A partition stops at its first row a worker publishes itself, until its grace has passed
+    # (``bus.eager``): what was written after it must not overtake it.
+    where = ("o.partition = ANY(CAST(:partitions AS smallint[])) AND o.published_at IS NULL "
+             "AND NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.partition = o.partition "
+             "AND e.aggregate_id = o.aggregate_id AND e.id <= o.id "
+             "AND e.published_at IS NULL AND e.eager_until > now())")
     read = f"SELECT {columns} FROM {source} WHERE {where}"
     if marks:
         read = ("WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:marked AS bigint[]))) "

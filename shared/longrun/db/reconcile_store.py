@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from longrun.artifacts import ArtifactStore
 from longrun.db import actions as ledger
-from longrun.db import outbox, runs
+from longrun.db import outbox, run_batches, runs
 from longrun.db.artifacts import register
 from longrun.db.audit import audit, tenant_of_run
 from longrun.db.errors import is_transient
@@ -113,7 +113,7 @@ class PgReconcileTransaction:
         return await runs.load(self.conn, run_id, lock=lock)
 
     async def load_many(self, run_ids: Sequence[str]) -> dict[str, StoredRun]:
-        return await runs.load_many(self.conn, run_ids)
+        return await run_batches.load_many(self.conn, run_ids)
 
     async def doubtful(self, run_id: str, logical_action: str, *, abandoned_after: float) -> Doubtful | None:
         row = (await self.conn.execute(

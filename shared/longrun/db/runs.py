@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from longrun import metrics
@@ -47,7 +47,7 @@ from longrun.errors import LeaseLost, StaleRevision
 from longrun.ports.runs import AtOnce, Fence, Found, LedgerRequest, Planned, Rides, StoredRun, TenantCharge, plan
 
 
-def _ts(epoch: float | None) -> datetime | None:
+def ts(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
 
 
@@ -60,7 +60,7 @@ def projection(snapshot: RunSnapshot) -> dict[str, Any]:
         "priority": snapshot.priority,
         "wait_kind": wait.kind if wait else None,
         "wait_correlation_key": wait.correlation_key if wait else None,
-        "wait_deadline": _ts(wait.deadline) if wait else None,
+        "wait_deadline": ts(wait.deadline) if wait else None,
         "approval_id": wait.approval_id if wait else None,
         "approval_owner": wait.owner if wait else None,
         "approved_hash": wait.approved_hash if wait else None,
@@ -83,17 +83,17 @@ _ACTION_COLUMNS = tuple(c.name for c in actions.columns
 # Closure: the open timers of the wait and of the calls a transition ended (or, with neither
 # named, of the run, but a child's end it has yet to record). A timer the timer service holds is
 # waited for (its batch commits in milliseconds), then cancelled unless it fired meanwhile.
-_ENDED = ("((CAST({every} AS boolean) AND {t}.kind <> '" + children.ENDED_TIMER + "') "
-          "OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
-          f"OR ({{t}}.kind IN ({sql_names(calls.CALL_TIMERS)}) AND {{t}}.payload ->> 'logical_action' IN "
-          "(SELECT jsonb_array_elements_text(CAST({calls} AS jsonb)))))")
+ENDED_TIMERS = ("((CAST({every} AS boolean) AND {t}.kind <> '" + children.ENDED_TIMER + "') "
+                "OR {t}.payload ->> 'wait_id' = CAST({wait} AS text) "
+                f"OR ({{t}}.kind IN ({sql_names(calls.CALL_TIMERS)}) AND {{t}}.payload ->> 'logical_action' IN "
+                "(SELECT jsonb_array_elements_text(CAST({calls} AS jsonb)))))")
 _CANCEL_TIMERS = ("UPDATE timers SET cancelled_at = now() FROM moved WHERE timers.run_id = moved.run_id "
                   "AND timers.fired_at IS NULL AND timers.cancelled_at IS NULL AND "
-                  + _ENDED.format(t="timers", every=":c_all", wait=":c_wait", calls=":c_calls"))
+                  + ENDED_TIMERS.format(t="timers", every=":c_all", wait=":c_wait", calls=":c_calls"))
 
 
 # A run that finished owing its cleanup (``domain.cleanup.starts``) is due for the reconciler at once.
-_OWE_CLEANUP = "INSERT INTO cleanups (run_id) SELECT run_id FROM {source} ON CONFLICT (run_id) DO NOTHING"
+OWE_CLEANUP = "INSERT INTO cleanups (run_id) SELECT run_id FROM {source} ON CONFLICT (run_id) DO NOTHING"
 
 
 DEADLINE_TIMER_SUFFIX = ":business_deadline"
@@ -102,7 +102,7 @@ QUEUE_TIMER_SUFFIX = ":schedule_to_start:"
 """The timer of a run's queue stint starting at revision r is ``<run_id>:schedule_to_start:<r>``."""
 
 
-def _queue_timer_sql(source: str) -> str:
+def queue_timer_sql(source: str) -> str:
     """The ``schedule_to_start`` timer of the queue stint a write starts (``domain.queue_stint_starts``),
     for the run ``source`` returns: due ``:q_seconds`` from now (database clock), naming the revision
     the stint starts at; a repeated write of the same stint schedules nothing more."""
@@ -113,7 +113,7 @@ def _queue_timer_sql(source: str) -> str:
             "ON CONFLICT (timer_key) DO NOTHING")
 
 
-def _queue_params(snapshot: RunSnapshot) -> dict[str, Any]:
+def queue_params(snapshot: RunSnapshot) -> dict[str, Any]:
     return {"q_suffix": QUEUE_TIMER_SUFFIX, "q_revision": snapshot.revision,
             "q_seconds": snapshot.timeouts.schedule_to_start}
 
@@ -151,6 +151,9 @@ def _parts() -> dict[str, _Part]:
                             f"SELECT {_ACTION_VALUES} FROM moved)",),
                       binds=tuple(c for c in _ACTION_COLUMNS if c != "run_id")),
         "messages": _Part(ctes=(f"sent AS ({outbox.insert_sql('moved, ' + outbox.from_param('messages'))})",)),
+        # A lease holder's messages, which it publishes itself after the commit where nothing is ahead of them.
+        "eager_messages": _Part(ctes=(
+            f"sent AS ({outbox.eager_insert_sql('moved, ' + outbox.from_param('messages'))})",)),
         "notices": _Part(ctes=("told AS (SELECT pg_notify(n.channel, n.payload) FROM moved, "
                                "jsonb_to_recordset(CAST(:notices AS jsonb)) AS n(channel text, payload text))",),
                          counted=("told",)),
@@ -160,10 +163,10 @@ def _parts() -> dict[str, _Part]:
         "unslot": _Part(sets=", admitted_at = NULL"),
         "parked_handover": _Part(ctes=tuple(handover.ctes(handover.PARKED_FREES)), counted=("unfilled",)),
         "cancel": _Part(ctes=(f"cancelled AS ({_CANCEL_TIMERS})",)),
-        "cleanup": _Part(ctes=(f"owed AS ({_OWE_CLEANUP.format(source='moved')})",)),
+        "cleanup": _Part(ctes=(f"owed AS ({OWE_CLEANUP.format(source='moved')})",)),
         "child_ended": _Part(ctes=(f"child_ended AS ({child_rows.ENDED.format(source='moved', report=':e_report')})",)),
         "tenant_charge": _Part(ctes=(f"tenant_charged AS ({tenant_limits.charge_sql('moved')})",)),
-        "queued": _Part(ctes=(f"queued AS ({_queue_timer_sql('moved')})",)),
+        "queued": _Part(ctes=(f"queued AS ({queue_timer_sql('moved')})",)),
         "timed": _Part(ctes=("timed AS (INSERT INTO timers (timer_key, run_id, kind, wake_at, payload) "
                              "SELECT t.timer_key, moved.run_id, t.kind, now() + make_interval(secs => t.delay), t.payload "
                              "FROM moved, jsonb_to_recordset(CAST(:timers AS jsonb)) "
@@ -189,6 +192,8 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
         *(cte for p in parts for cte in p.ctes)]
     # A CTE that only reads runs only when referenced: the NOTIFYs are counted to be sent.
     counted = "".join(f", (SELECT count(*) FROM {name}) AS {name}" for p in parts for name in p.counted)
+    if "eager_messages" in names:
+        counted += ", (SELECT array_agg(CASE WHEN eager THEN id END ORDER BY id) FROM sent) AS eager"
     binds = [bindparam(name, type_=runs.c[name].type) for name in _PROJECTED]
     binds.append(bindparam("events", type_=run_events.c.data.type))
     binds += [bindparam(f"a_{c}", type_=actions.c[c].type) for p in parts for c in p.binds]
@@ -198,7 +203,6 @@ def _compile(names: tuple[str, ...]) -> driver.Statement:
 
 _FENCE_NOW = driver.Statement(
     select(runs.c.lease_owner, runs.c.fencing_token).where(runs.c.run_id == bindparam("run_id")))
-_INSERT_EVENTS = insert(run_events)
 
 
 _CREATED_COLUMNS = ("run_id", "tenant_id", "idempotency_key", "input_hash", "workflow", "workflow_version",
@@ -248,7 +252,7 @@ def _create(*, at_once: bool, announce: bool, labelled: bool, timed: bool = Fals
                      "SELECT made.run_id || :deadline_suffix, made.run_id, 'business_deadline', "
                      "now() + make_interval(secs => CAST(:deadline_in AS double precision)), '{}'::jsonb FROM made)")
     if queued:
-        parts.append(f"queued AS ({_queue_timer_sql('made')})")
+        parts.append(f"queued AS ({queue_timer_sql('made')})")
     counted = ""
     if at_once:
         wakeup = ("(SELECT r.row, r.n FROM made, jsonb_array_elements(CAST(:wakeup AS jsonb)) WITH ORDINALITY "
@@ -284,7 +288,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         "tool_schema_version": created.versions.tool_schemas, "partition": partition,
         "last_seq": created.seq, "trace_root": trace_root, **projection(snapshot),
         "e_seq": created.seq, "e_suffix": f":{created.seq}", "e_type": created.type,
-        "e_data": ev.event_to_dict(created), "e_occurred_at": _ts(created.at)}
+        "e_data": ev.event_to_dict(created), "e_occurred_at": ts(created.at)}
     if at_once is not None:
         params.update(slots=at_once.slots, channel=at_once.channel, wakeup=outbox.rows_json([at_once.wakeup]))
     if announce:
@@ -296,7 +300,7 @@ async def create(conn: driver.Connection, created: ev.RunCreated, *, idempotency
         params.update(deadline_suffix=DEADLINE_TIMER_SUFFIX, deadline_in=created.deadline - created.at)
     queued = queue_stint_starts(None, snapshot)
     if queued:
-        params.update(_queue_params(snapshot))
+        params.update(queue_params(snapshot))
     if key is not None:
         params.update(k_key=key.key, k_limit=key.limit)
     statement = _create(at_once=at_once is not None, announce=bool(announce), labelled=bool(created.labels),
@@ -342,13 +346,6 @@ async def find(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> F
     return Found(row.run_id, row.input_hash, row.partition, row.workflow, versions, row.labels or {})
 
 
-def _values(planned: Planned) -> dict[str, Any]:
-    values = {**projection(planned.after.snapshot), "last_seq": planned.after.stored_seq}
-    if planned.release_lease:
-        values.update(lease_owner=None, lease_until=None)
-    return values
-
-
 async def append(conn: driver.Connection, stored: StoredRun, events: Sequence[ev.RunEvent], *,
                  fence: Fence | None = None, release_lease: bool = False) -> StoredRun:
     """Apply ``events`` (seqs from ``stored.seq``) in one guarded statement; return the new state."""
@@ -359,6 +356,17 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
                 rides: Rides = Rides(), call: LedgerRequest | None = None) -> StoredRun:
     """Write a planned transition and what rides with it as one statement; return the new state.
     ``call``: a first ledger row (a key on the ledger already fails the statement: unique violation)."""
+    after, _ = await write_eager(conn, planned, fence=fence, rides=rides, call=call)
+    return after
+
+
+async def write_eager(conn: driver.Connection, planned: Planned, *, fence: Fence | None = None,
+                      rides: Rides = Rides(), call: LedgerRequest | None = None,
+                      eager_grace: float | None = None) -> tuple[StoredRun, list[int | None]]:
+    """``write``; with ``eager_grace`` (a lease holder's write), its messages are eager
+    (``outbox.eager_insert_sql``) where nothing of their partition is unsent. Returned with the new
+    state: per message, in order, its row's id if eager (the caller publishes it after the commit),
+    else None; empty when none is."""
     stored = planned.before
     names: list[str] = []
     params: dict[str, Any] = {
@@ -377,8 +385,11 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         row = ledger_first_row(**call.row())
         params.update({f"a_{c}": row.get(c) for c in _ACTION_COLUMNS if c != "run_id"})
     if rides.messages:
-        names.append("messages")
+        eager = eager_grace is not None and fence is not None
+        names.append("eager_messages" if eager else "messages")
         params["messages"] = outbox.rows_json(rides.messages)
+        if eager:
+            params["eager_grace"] = eager_grace
     if rides.notices:
         names.append("notices")
         params["notices"] = jsonb.dumps([{"channel": c, "payload": p} for c, p in rides.notices])
@@ -402,74 +413,16 @@ async def write(conn: driver.Connection, planned: Planned, *, fence: Fence | Non
         params["e_report"] = child_rows.report(planned.after.snapshot)
     if planned.queue_stint:
         names.append("queued")
-        params.update(_queue_params(planned.after.snapshot))
+        params.update(queue_params(planned.after.snapshot))
     if rides.timers:
         names.append("timed")
         params["timers"] = jsonb.dumps([dict(t) for t in rides.timers])
-    if not (await driver.one(conn, _compile(tuple(names)), params)).moved:
+    row = await driver.one(conn, _compile(tuple(names)), params)
+    if not row.moved:
         await _conflict(conn, stored, fence)
     metrics.transitioned(stored.snapshot, planned.after.snapshot)
-    return planned.after
-
-
-async def load_many(conn: AsyncConnection, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, StoredRun]:
-    """Several runs in one query; locked in run_id order, so concurrent batches cannot deadlock."""
-    query = select(*COLUMNS, runs.c.run_id).where(runs.c.run_id.in_(sorted(set(run_ids)))).order_by(runs.c.run_id)
-    if lock:
-        query = query.with_for_update()
-    return {row.run_id: stored_run(row) for row in await conn.execute(query)}
-
-
-async def write_many(conn: AsyncConnection, planned: Sequence[Planned]) -> None:
-    """Write transitions of runs the caller has locked (``load_many(lock=True)``): one statement per kind.
-
-    The revision guard still applies; a mismatch means the caller did not hold the locks.
-    """
-    if not planned:
-        return
-    for release in (False, True):
-        group = [p for p in planned if p.release_lease is release]
-        if not group:
-            continue
-        params = [{**_values(p), "b_run_id": p.before.snapshot.run_id, "b_revision": p.before.snapshot.revision,
-                   "b_last_seq": p.before.stored_seq} for p in group]
-        result = await conn.execute(
-            update(runs).where(runs.c.run_id == bindparam("b_run_id"), runs.c.revision == bindparam("b_revision"),
-                               runs.c.last_seq == bindparam("b_last_seq")).values(updated_at=func.now()), params)
-        if result.rowcount != len(group):
-            raise StaleRevision(group[0].before.snapshot.run_id, group[0].before.snapshot.revision)
-    await conn.execute(_INSERT_EVENTS, [
-        _event_row(p.before.snapshot.run_id, event, applied) for p in planned for event, applied in p.rows])
-    ended = [{"run_id": p.before.snapshot.run_id, "every": cancel.everything, "wait_id": cancel.wait_id,
-              "calls": list(cancel.calls)} for p in planned if (cancel := p.cancel) is not None]
-    if ended:
-        await driver.execute(conn, _CANCEL_ENDED, {"ended": jsonb.dumps(ended)})
-    owing = [p.after.snapshot.run_id for p in planned if p.owes_cleanup]
-    if owing:
-        await driver.execute(conn, _OWE_MANY, {"run_ids": owing})
-    await child_rows.ended(conn, [p.after.snapshot for p in planned if p.ends_run])
-    # Only runs with a schedule-to-start pay a statement here (the bulk wakes leave them to this path).
-    for p in planned:
-        metrics.transitioned(p.before.snapshot, p.after.snapshot)
-        if p.queue_stint:
-            await driver.execute(conn, _QUEUE_ONE, {"run_id": p.after.snapshot.run_id,
-                                                    **_queue_params(p.after.snapshot)})
-
-
-_OWE_MANY = driver.Statement(text(_OWE_CLEANUP.format(
-    source="(SELECT unnest(CAST(:run_ids AS text[])) AS run_id) AS owing")))
-_QUEUE_ONE = driver.Statement(text(f"WITH one AS (SELECT CAST(:run_id AS text) AS run_id) {_queue_timer_sql('one')}"))
-
-
-# ``write_many``'s closure, for its writer (the timer service): a timer another replica claimed is
-# skipped rather than waited for (two replicas waiting on each other's claims would deadlock); that
-# replica fires it, and a wake for the ended wait is stored late.
-_CANCEL_ENDED = driver.Statement(text(
-    "UPDATE timers SET cancelled_at = now() WHERE timer_key IN ("
-    "  SELECT t.timer_key FROM timers AS t, jsonb_to_recordset(CAST(:ended AS jsonb)) "
-    "  AS e(run_id text, every boolean, wait_id text, calls jsonb) "
-    "  WHERE t.run_id = e.run_id AND t.fired_at IS NULL AND t.cancelled_at IS NULL "
-    f"  AND {_ENDED.format(t='t', every='e.every', wait='e.wait_id', calls='e.calls')} FOR UPDATE OF t SKIP LOCKED)"))
+    eager = getattr(row, "eager", None) or ()
+    return planned.after, list(eager) if any(i is not None for i in eager) else []
 
 
 async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | None) -> None:
@@ -478,13 +431,6 @@ async def _conflict(conn: driver.Connection, stored: StoredRun, fence: Fence | N
                               or current.fencing_token != fence.token):
         raise LeaseLost(stored.snapshot.run_id, fence.token)
     raise StaleRevision(stored.snapshot.run_id, stored.snapshot.revision)
-
-
-def _event_row(run_id: str, event: ev.RunEvent, applied: bool) -> dict[str, Any]:
-    """A row of ``write_many``: its writers (the timer) hold no lease, so no fencing token."""
-    return {"run_id": run_id, "seq": event.seq, "event_id": f"{run_id}:{event.seq}", "type": event.type,
-            "data": ev.event_to_dict(event), "applied": applied,
-            "fencing_token": None, "occurred_at": _ts(event.at)}
 
 
 async def history(conn: AsyncConnection, run_id: str, *, after: int = 0) -> list[ev.RunEvent]:

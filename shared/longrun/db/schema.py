@@ -279,6 +279,9 @@ outbox = Table(
     Column("traceparent", Text),
     created_at(),
     Column("published_at", DateTime(timezone=True)),
+    # Written by a lease holder that publishes the row itself right after its commit: until then the
+    # relay leaves it, and every later row of its partition, to that writer (``longrun.bus.eager``).
+    Column("eager_until", DateTime(timezone=True)),
 )
 # Relay: unpublished rows of one partition in commit-independent id order (no high-water mark).
 Index("ix_outbox_unpublished", outbox.c.partition, outbox.c.id,

@@ -3,7 +3,7 @@
 Because the run event, the wakeup's outbox row and ``fired_at`` commit together, a
 crash between "fire" and "mark" rolls both back: each timer key fires exactly once. A timer
 whose wait or run ended another way is cancelled (``cancelled_at``) by the write that ended it
-(``runs.write``, ``runs.write_many``, ``write_wakes``) and is never claimed.
+(``runs.write``, ``run_batches.write_many``, ``write_wakes``) and is never claimed.
 
 The statements from ``claim_due`` on are the timer service's batch form of ``runs.append``
 for the one transition it makes most, a wake: they read what the wake depends on without
@@ -267,7 +267,7 @@ _WRITE = text(
     "         w.applies, :occurred_at "
     "  FROM w CROSS JOIN t WHERE w.run_id IN (SELECT run_id FROM applied UNION ALL SELECT run_id FROM late)), "
     # Closure: the woken wait's other timers (a wake's deadline, a deadline's wake) are cancelled;
-    # one another replica claimed is skipped (``runs.write_many`` says why).
+    # one another replica claimed is skipped (``run_batches.write_many`` says why).
     "cancelled AS ("
     "  UPDATE timers SET cancelled_at = now() WHERE timer_key IN ("
     "    SELECT o.timer_key FROM timers AS o JOIN w ON o.run_id = w.run_id AND o.payload ->> 'wait_id' = w.wait_id "

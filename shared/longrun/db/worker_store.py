@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from longrun.artifacts import ArtifactStore
+from longrun.bus.eager import EagerPublisher
 from longrun.db import actions as ledger
 from longrun.db import leases, policies, runs
 from longrun.db import timers as timer_rows
@@ -29,11 +30,15 @@ from longrun.ports.stores import MatchKept
 
 class PgWorkerStore:
     def __init__(self, *, engine: AsyncEngine, statements: Pool, artifacts: ArtifactStore,
-                 match_kept: MatchKept) -> None:
+                 match_kept: MatchKept, eager: EagerPublisher | None = None, eager_grace: float = 0.0) -> None:
+        """``eager``: publishes a transition's messages right after its commit (``bus.eager``), the
+        relay leaving them ``eager_grace`` seconds to it; without it the relay publishes them all."""
         self.engine = engine
         self.statements = statements
         self.artifacts = artifacts
         self.match_kept = match_kept
+        self.eager = eager
+        self.eager_grace = eager_grace if eager is not None else None
 
     async def take_on_wakeup(self, message: inbox.Message, owner: str, ttl: float,
                              served: Collection[str]) -> tuple[inbox.Handled, StoredRun | None]:
@@ -61,12 +66,21 @@ class PgWorkerStore:
             await leases.release_lease(conn, run_id, fence)
 
     async def commit(self, transition: Transition) -> StoredRun:
+        after, eager = await self._commit(transition)
+        if eager and self.eager is not None:
+            rows = [(row_id, m) for row_id, m in zip(eager, transition.rides.messages, strict=True) if row_id is not None]
+            self.eager.publish(after.snapshot.run_id, [r for r, _ in rows], [m for _, m in rows])
+        return after
+
+    async def _commit(self, transition: Transition) -> tuple[StoredRun, list[int | None]]:
         planned, fence, rides, call = transition.planned, transition.fence, transition.rides, transition.call
         riding = call if transition.first_call else None  # a first ledger row rides in the statement
+        grace = self.eager_grace
         if transition.alone:
             try:
                 async with self.statements.connection() as conn:
-                    return await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
+                    return await runs.write_eager(conn, planned, fence=fence, rides=rides, call=riding,
+                                                  eager_grace=grace)
             except Exception as e:
                 if riding is None or not is_unique_violation(e):
                     raise
@@ -78,7 +92,8 @@ class PgWorkerStore:
                 artifact = transition.artifact
                 await register(conn, self.artifacts, artifact.ref, tenant_id=artifact.tenant_id, size=artifact.size,
                                media_type="application/json", run_id=planned.before.snapshot.run_id)
-            after = await runs.write(conn, planned, fence=fence, rides=rides, call=riding)
+            after, eager = await runs.write_eager(conn, planned, fence=fence, rides=rides, call=riding,
+                                                  eager_grace=grace)
             if call is not None and riding is None:
                 await ledger.prepare(conn, **call.row())
             if transition.outcome is not None:
@@ -89,7 +104,7 @@ class PgWorkerStore:
                 after = await self.match_kept(PgTransaction(conn), after)
             if transition.creates is not None:
                 await transition.creates(PgTransaction(conn))
-        return after
+        return after, eager
 
     async def tenant_policy(self, tenant_id: str) -> TenantPolicy | None:
         async with self.engine.connect() as conn:
