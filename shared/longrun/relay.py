@@ -17,11 +17,11 @@ import asyncio
 import logging
 
 import psycopg
-from opentelemetry.trace import SpanKind, StatusCode
 
 from longrun import faults, otel
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
+from longrun.bus.traced import publish_traced
 from longrun.db import outbox
 from longrun.db.driver import Pool
 from longrun.db.engine import psycopg_dsn
@@ -81,7 +81,8 @@ class Relay:
             if not rows:
                 return
             if traced:
-                results = await self._publish_traced(rows)
+                results = await publish_traced(self.bus, [(row.exchange, row.routing_key, row.envelope(),
+                                                            row.run_trace) for row in rows])
             else:
                 results = await self.bus.publish_many(
                     [(row.exchange, row.routing_key, to_message(row.envelope())) for row in rows])
@@ -101,31 +102,6 @@ class Relay:
                 logger.warning("partitions %s: %d of %d publishes failed, first: %s",
                                sorted(broken), len(failures), len(rows), failures[0])
                 return
-
-    async def _publish_traced(self, rows: list[outbox.OutboxRow]) -> list[BaseException | None]:
-        """``publish_many`` with a ``publish`` span per message, a child of its run's root linked to the
-        span that made it; the message tells its consumer the root (``otel.RUN_TRACE_HEADER``)."""
-        spans, items = [], []
-        for row in rows:
-            envelope = row.envelope()
-            message = to_message(envelope)
-            if row.run_trace:
-                message.headers[otel.RUN_TRACE_HEADER] = row.run_trace
-            items.append((row.exchange, row.routing_key, message))
-            spans.append(otel.start_run_span(f"publish {row.exchange}", row.run_trace, cause=envelope.get("trace"),
-                                             kind=SpanKind.PRODUCER, attributes={
-                                                 "messaging.system": "rabbitmq", "messaging.operation.name": "publish",
-                                                 "messaging.operation.type": "send",
-                                                 "messaging.destination.name": row.exchange,
-                                                 "messaging.rabbitmq.destination.routing_key": row.routing_key,
-                                                 "messaging.message.id": row.event_id,
-                                                 "longrun.run_id": envelope.get("run_id") or ""}))
-        results = await self.bus.publish_many(items)
-        for span, error in zip(spans, results, strict=True):
-            if error is not None:
-                span.set_status(StatusCode.ERROR, str(error))
-            span.end()
-        return results
 
     async def listen(self, database_url: str, stopping: asyncio.Event) -> None:
         """NOTIFY is only a hint (no replay): the poll in ``run`` is the safety net."""

@@ -33,7 +33,7 @@ from longrun.bus import topology
 from longrun.bus.connection import Bus
 from longrun.db import actions as ledger
 from longrun.db import leases
-from longrun.db import outbox, runs
+from longrun.db import outbox, run_batches, runs
 from longrun.services.reconciler.alerts import check_drift, flag_silent_runs
 from longrun.services.reconciler.dead_letters import REWAKES_AFTER_DEAD_LETTER, ingest_quarantine_queue
 from longrun.services.reconciler.sweeps import reconcile_unknown, rewake_expired_leases
@@ -329,7 +329,7 @@ async def test_a_dead_workers_leases_are_cleared_in_one_sweep_and_only_open_runs
         async def refuse(*_: Any, **__: Any) -> None:
             raise ValueError("a run that cannot be loaded together")
 
-        monkeypatch.setattr(runs, "load_many", refuse)
+        monkeypatch.setattr(run_batches, "load_many", refuse)
     # When the reconciler sweeps once
     assert await rewake_expired_leases(engine, limit=10) == 2
     # Then every expired lease is cleared, the open runs are woken once, the finished one is not,

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 from sqlalchemy import text
 
-from longrun import faults
+from longrun import faults, otel
 from longrun.bus.codec import to_message
 from longrun.bus.connection import Bus
+from longrun.bus.traced import publish_traced
 from longrun.db import driver, outbox
 from longrun.db.driver import Pool
 from longrun.ports.runs import Message
@@ -66,10 +67,15 @@ class EagerPublisher:
         if not self.bus.connected:
             self._reconnect()
             return False
+        envelopes = [outbox.envelope_of(m.envelope.type, outbox.kept(m.envelope)) for m in messages]
         try:
-            results = await self.bus.publish_many(
-                [(m.exchange, m.routing_key, to_message(outbox.envelope_of(m.envelope.type, outbox.kept(m.envelope))))
-                 for m in messages])
+            if otel.exporting():
+                # The run's root: the turn that committed them made it current (``otel.root``).
+                results = await publish_traced(self.bus, [(m.exchange, m.routing_key, e, otel.root())
+                                                          for m, e in zip(messages, envelopes, strict=True)])
+            else:
+                results = await self.bus.publish_many([(m.exchange, m.routing_key, to_message(e))
+                                                       for m, e in zip(messages, envelopes, strict=True)])
         except Exception as e:
             logger.warning("eager publish of %d row(s) failed (%r): the relay publishes them", len(ids), e)
             return False
