@@ -92,7 +92,8 @@ class Services:
             "LONGRUN_PARTITION_LEASE_TTL": "3",
             # A worker stopped with a call in hand lets it finish for 2 s, not 30: inside stop_all's wait.
             "LONGRUN_WORKER_STOP_GRACE": "2",
-            # A worker's rows it could not publish itself go out through the relay soon after.
+            # Workers publish their own rows (eager publish, off by default), and what they could not
+            # goes out through the relay soon after.
             "LONGRUN_EAGER_PUBLISH_GRACE": "2",
             "LONGRUN_RELAY_POLL_INTERVAL": "0.5",
             "LONGRUN_LOG_LEVEL": "INFO",

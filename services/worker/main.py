@@ -47,7 +47,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
     statements = await open_statements(settings)
     kinds = run_kinds.load(settings)
     progress = ProgressPublisher(settings.amqp_url, name=f"{SERVICE}/{settings.instance_id}")
-    eager = EagerPublisher(await open_bus(settings, f"{SERVICE}-eager"), statements)
+    eager = (EagerPublisher(await open_bus(settings, f"{SERVICE}-eager"), statements)
+             if settings.eager_publish_grace > 0 else None)
     worker = on_postgres(engine=engine, statements=statements, kinds=kinds,
                                     eager=eager, eager_grace=settings.eager_publish_grace,
                                     model=model_adapter(settings, kinds),
@@ -91,7 +92,8 @@ async def serve(settings: Settings, stopping: asyncio.Event, health: service.Hea
         adopting.cancel()
         taking_over.cancel()
         await worker.drain()
-        await eager.close()
+        if eager is not None:
+            await eager.close()
         await progress.close()
         await statements.close()
         await engine.dispose()

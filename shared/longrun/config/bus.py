@@ -37,10 +37,12 @@ class BusSettings(Concern):
     """Seconds between outbox polls when no NOTIFY arrives."""
     relay_batch: int = setting("LONGRUN_RELAY_BATCH", parse.positive_int, "an integer >= 1", "200")
     """Outbox rows claimed per relay round."""
-    eager_publish_grace: float = setting("LONGRUN_EAGER_PUBLISH_GRACE", parse.positive_float,
-                                         "seconds, a number > 0", "5")
-    """Seconds the relay leaves a worker's own messages, which it publishes right after their commit,
-    to it: past them (a crash, the broker away) the relay publishes them."""
+    eager_publish_grace: float = setting("LONGRUN_EAGER_PUBLISH_GRACE", parse.non_negative_float,
+                                         "seconds, a number >= 0", "0")
+    """Above 0, a worker publishes its own run's messages right after their commit, and the relay
+    leaves them to it for these seconds (past them, after a crash or with the broker away, the relay
+    publishes them); 0, the default, leaves every message to the relay. Off by default: on a two-core
+    machine, where the worker is the busiest process, it has not yet measured faster than the relay."""
     ingress_max_length: int = setting("LONGRUN_INGRESS_MAX_LENGTH", parse.positive_int, "an integer >= 1", "100000")
     """run.create messages the ingress queue holds; past it the broker nacks new creates. A RabbitMQ
     policy the scheduler sets at every start: see [flow control](flow-control.md#backpressure-at-the-door)."""
