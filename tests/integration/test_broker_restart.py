@@ -13,6 +13,7 @@ from tests.integration.bus_helpers import applied, create_probe_table, enqueue, 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 
+@pytest.mark.long
 async def test_broker_restart_mid_stream_loses_nothing(clean, infra, engine, services) -> None:
     if not infra.rabbitmqctl:
         pytest.skip("needs a local broker that rabbitmqctl can restart")

@@ -66,6 +66,7 @@ async def _make_due_and_fire(engine: AsyncEngine, run_id: str) -> int:
     return await firing.fire_due(engine, batch=100, clock=time.time)
 
 
+@pytest.mark.long
 async def test_a_run_whose_waits_ended_by_their_events_leaves_no_timer_to_fire_and_is_summarized(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the whole ensemble, the timer service included, and a run that waits for CI (a webhook)

@@ -62,6 +62,7 @@ async def console_page(base: str, token: str) -> AsyncIterator[Page]:
             await browser.close()
 
 
+@pytest.mark.long
 async def test_an_approver_approves_in_the_console_and_watches_the_run_complete(
         clean, engine, bus, services, tmp_path) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)

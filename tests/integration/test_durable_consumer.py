@@ -87,6 +87,7 @@ def _close_connection(connection_name: str) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long
 async def test_across_a_broker_side_connection_close_every_event_is_handed_on_once_in_order(
         clean, infra: Infra, engine: AsyncEngine, ensemble: Ensemble) -> None:  # type: ignore[no-untyped-def]
     if not infra.rabbitmqctl:

@@ -18,6 +18,7 @@ async def holder(engine, run_id: str):  # type: ignore[no-untyped-def]
                                    {"r": run_id})).first()
 
 
+@pytest.mark.long
 async def test_a_stalled_worker_is_fenced_out_and_the_run_finishes_elsewhere(clean, engine, bus, services,
                                                                               tmp_path) -> None:
     # Given two workers, and a forge that holds the first commit's answer for a while

@@ -166,6 +166,7 @@ async def test_a_stream_of_another_tenants_run_or_from_a_bad_id_is_refused(
     assert "Last-Event-ID" in bad.json()["error"]
 
 
+@pytest.mark.long
 async def test_the_console_run_page_shows_a_calls_chunks_as_they_arrive(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -151,6 +151,7 @@ TESTED = {
 """Each longrunctl command and the test that runs it against the live gateway (filled in below)."""
 
 
+@pytest.mark.long
 async def test_every_other_command_against_the_live_gateway(ana, clean, engine, gateway, tmp_path: Path) -> None:
     run_id = (await waiting_for_event(engine, "ci/acme/payments/24")).snapshot.run_id
 

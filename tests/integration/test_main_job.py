@@ -31,6 +31,7 @@ def _free_base() -> int:
     raise RuntimeError("no free port range")
 
 
+@pytest.mark.long
 def test_the_main_job_completes_with_exactly_one_merge_request(clean, infra, tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LONGRUN_")}
     env.update(LONGRUN_DATABASE_URL=infra.database_url, LONGRUN_AMQP_URL=infra.amqp_url,

@@ -33,6 +33,7 @@ def _writes(state: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in state.read_text().splitlines()] if state.exists() else []
 
 
+@pytest.mark.long
 async def test_a_write_whose_answer_is_lost_is_settled_by_its_lookup_with_one_effect(
         clean, engine, bus, services, tmp_path) -> None:
     # Given an MCP server that holds its first write's answer 12 s after acting, past the write's 4 s

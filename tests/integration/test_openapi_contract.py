@@ -178,6 +178,7 @@ def exercise(operation: Any, url: str, known: dict[str, list[Any]], headers: dic
     return None
 
 
+@pytest.mark.long
 async def test_schemathesis_finds_the_live_gateway_keeps_its_contract(clean, engine, services, tmp_path) -> None:
     # Given a live gateway over runs in several states
     known = await seeded(engine)

@@ -32,6 +32,7 @@ LONGRUNCTL = Path(sys.executable).parent / "longrunctl"
 LEASE_TTL = 5.0  # the ensemble's LONGRUN_RUN_LEASE_TTL: a retry at lease expiry would come this late
 
 
+@pytest.mark.long
 async def test_a_run_whose_decide_raises_backs_off_then_needs_attention_and_a_retry_after_the_fix_completes(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ensemble = Ensemble(services, tmp_path)

@@ -37,6 +37,7 @@ def value(result: list[dict]) -> float:  # type: ignore[type-arg]
     return float(sample["value"][1])
 
 
+@pytest.mark.long
 async def test_prometheus_scrapes_the_ensemble_agrees_with_the_database_and_fires_an_alert(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the ensemble, each process with /metrics on a port of its own, and a Prometheus scraping them

@@ -160,6 +160,7 @@ async def test_sixty_runs_of_two_tenants_keep_to_one_tool_s_limit_on_two_workers
     assert waiting <= idle + 0.04
 
 
+@pytest.mark.long
 async def test_prometheus_scrapes_what_a_rate_limit_holds_and_the_alert_on_a_long_hold_fires(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given the limited tool's ensemble with a reconciler, each process with /metrics on a port of its own,
@@ -261,6 +262,7 @@ def reservation(body: dict[str, Any]) -> int:
     return input_tokens_bound(json.loads(user), allowed) + body["max_tokens"] + PARKED_CONTEXT_TOKENS
 
 
+@pytest.mark.long
 async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_429_s_retry_after(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a model limited to 12,000 tokens per minute (scaled to 6 s), answers of at most 100 tokens,
@@ -334,6 +336,7 @@ async def test_a_model_limited_in_tokens_per_minute_keeps_to_it_and_honours_a_42
         await serving
 
 
+@pytest.mark.long
 async def test_a_model_endpoint_that_is_down_opens_its_breaker_and_runs_wait_for_it_uncharged(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a model server down for 8 s from the first call it gets, a breaker opened by 2 unavailable answers with a

@@ -558,6 +558,7 @@ async def _merge_requests(ensemble: Ensemble) -> int:
 
 
 @pytest.mark.parametrize("version", ["1", "2"], ids=["decide-style", "code-first"])
+@pytest.mark.long
 async def test_forge_times_out_after_creating_the_mr_and_the_reconciler_confirms_it(
         clean, engine, bus, services, tmp_path, version: str) -> None:
     # Given the ensemble, with a forge that holds its answer after creating the merge request
@@ -588,6 +589,7 @@ async def test_forge_times_out_after_creating_the_mr_and_the_reconciler_confirms
     assert str(dict(receipt.value)["id"]) == row.external_id
 
 
+@pytest.mark.long
 async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_the_same_key(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the ensemble, with a worker that dies right before its 6th tool request: branch,

@@ -94,6 +94,7 @@ async def _forge_lookup(ensemble: Ensemble, key: str) -> httpx.Response:
         return await forge.get("/lookup", params={"idempotency_key": key})
 
 
+@pytest.mark.long
 async def test_an_unknown_action_resolved_with_the_forges_receipt_completes_the_run_with_one_effect(
         clean, engine, bus, services, tmp_path) -> None:
     # Given a forge that creates the merge request but holds its answer past the worker's timeout
@@ -142,6 +143,7 @@ async def test_an_unknown_action_resolved_with_the_forges_receipt_completes_the_
     assert again.returncode != 0 and "the action is CONFIRMED, not in doubt" in again.stdout + again.stderr
 
 
+@pytest.mark.long
 async def test_an_action_the_forge_never_saw_is_resolved_not_done_over_a_stuck_reconciliation_and_sent_again(
         clean, engine, bus, services, tmp_path) -> None:
     # Given a worker that dies right before sending its 6th request (the merge request), and a forge
@@ -214,6 +216,7 @@ async def _deferred(engine: AsyncEngine, run_id: str) -> Any:
             "AND status = 'RECONCILING' AND last_error IS NOT NULL"), {"r": run_id, "a": MR})).first()
 
 
+@pytest.mark.long
 async def test_a_failed_merge_request_retried_by_an_operator_completes_the_run_with_one_effect(
         clean, engine, bus, services, tmp_path) -> None:
     # Given a forge unavailable for the merge request once, and a worker that does not retry by itself:

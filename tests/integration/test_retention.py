@@ -398,6 +398,7 @@ async def _quarantined(engine: AsyncEngine, envelope: Envelope, queue: str) -> i
                                     reason="a bug since fixed", attempts=5)
 
 
+@pytest.mark.long
 async def test_a_replay_older_than_the_inbox_horizon_repeats_no_effect(clean, engine, bus, services,
                                                                         tmp_path: Path) -> None:
     # Given the ensemble with short horizons (the reconciler prunes every second), an orphaned

@@ -62,6 +62,7 @@ async def _completed_event(engine: AsyncEngine, run_id: str) -> str:
             "AND payload -> 'payload' ->> 'status' = 'COMPLETED' ORDER BY id LIMIT 1"), {"r": run_id})).scalar_one()
 
 
+@pytest.mark.long
 async def test_each_run_is_one_trace_across_every_service_through_a_timer_and_a_webhook(
         clean, engine, bus, services, tmp_path, receiver: Receiver) -> None:  # type: ignore[no-untyped-def]
     # Given every service exporting spans over OTLP/HTTP to the receiver (the timer not started yet)

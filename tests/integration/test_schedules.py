@@ -65,6 +65,7 @@ async def _steer(http: httpx.AsyncClient, schedule_id: str, act: str, **body: An
                            json={"reason": "maintenance", **body})
 
 
+@pytest.mark.long
 async def test_skip_makes_one_run_per_due_time_whose_previous_run_ended_and_records_the_others(
         engine, ensemble) -> None:  # type: ignore[no-untyped-def]
     # Given the services, and a schedule every second whose runs last 1.6 s, overlap "skip"

@@ -181,6 +181,7 @@ async def test_a_run_whose_kind_declares_an_unhealthy_far_side_parks_before_deci
     await scenario.finish()
 
 
+@pytest.mark.long
 async def test_a_run_parked_on_an_open_breaker_past_its_business_deadline_ends_timed_out(
         scenario: Scenario, tmp_path: Path) -> None:
     # Given a far side that is down, and a run that calls it with a business deadline 15 s away (the

@@ -190,6 +190,7 @@ async def test_a_tenant_over_its_token_budget_gets_no_admission_until_an_operato
         assert use["tokens"] == 750 and use["spent"] is False
 
 
+@pytest.mark.long
 async def test_a_tenant_over_its_default_token_budget_is_admitted_again_when_the_period_rolls_over(
         engine, bus, ensemble) -> None:
     # Given every service, with periods of 6 s and a platform default budget of one model call's tokens

@@ -412,6 +412,7 @@ def _fresh_ids_dropped(envelope: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.long
 async def test_ten_thousand_timers_due_at_once_fire_exactly_once_across_two_replicas(
         clean, engine, services) -> None:
     # Given two timer service replicas, and 10,000 runs parked in RETRY_SCHEDULED

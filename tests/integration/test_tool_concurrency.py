@@ -62,6 +62,7 @@ def start(services: Any, tmp_path: Path, *, workers: int, **env: str) -> tuple[P
     return calls, ensemble, options
 
 
+@pytest.mark.long
 async def test_a_bounded_tool_group_has_at_most_its_bound_in_flight_across_two_workers(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given acme's forge tools bounded to two calls at once, globex's not, and two workers

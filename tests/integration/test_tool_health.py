@@ -124,6 +124,7 @@ async def test_fifty_runs_wait_out_a_forge_outage_within_the_breaker_s_call_boun
     await scenario.finish()
 
 
+@pytest.mark.long
 async def test_a_lone_run_probes_a_long_outage_without_using_up_its_attempts(scenario: Scenario) -> None:
     # Given a breaker with a short cool-down and a retry policy of three attempts, and a forge down for
     # long enough to fail many more probes than that

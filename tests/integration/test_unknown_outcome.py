@@ -28,6 +28,7 @@ async def approve_when_asked(engine, ensemble: Ensemble, run_id: str) -> bool:  
     return response.status_code == 200
 
 
+@pytest.mark.long
 async def test_a_merge_request_that_times_out_after_creation_parks_the_run_in_action_unknown(
         clean, engine, bus, services, tmp_path) -> None:
     # Given the ensemble without a reconciler, and a forge that creates the merge request then hangs
