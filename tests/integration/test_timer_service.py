@@ -466,14 +466,13 @@ async def test_a_whole_batch_coming_due_at_once_starts_every_lane_together(
         async def unseen(engine: AsyncEngine, *, batch: int) -> timers.NextWakes:
             return timers.NextWakes((await real_next(engine, batch=batch)).first_in, None)
         monkeypatch.setattr(firing, "next_wakes", unseen)
-    # and every batch that fires anything noted when it started and ended
-    real_fire, spans = firing.fire_due, []
+    # and every batch noted when it started and ended, and how many it fired
+    real_fire, calls = firing.fire_due, []
 
     async def noted(*args: Any, **kwargs: Any) -> int:
         started = time.monotonic()
         fired = await real_fire(*args, **kwargs)
-        if fired:
-            spans.append((started, time.monotonic()))
+        calls.append((started, time.monotonic(), fired))
         return fired
     monkeypatch.setattr(firing, "fire_due", noted)
     # When the timer loop runs until they all fired
@@ -484,12 +483,13 @@ async def test_a_whole_batch_coming_due_at_once_starts_every_lane_together(
     finally:
         stopping.set()
         await loop
-    # Then, having seen a whole batch coming, the lanes started together: the first batch was
-    # still in flight when the last lane started
-    # (three batches at least: two lanes skipping each other's locked rows may split one batch in two)
-    firsts = sorted(spans)[:timer_service.LANES]
-    assert len(spans) >= 3
-    assert (max(start for start, _ in firsts) < min(end for _, end in firsts)) is seen_coming
+    # Then, having seen a whole batch coming, the lanes started together: every other lane's batch
+    # was in flight beside the first batch that fired anything. Trickling, that batch fired alone.
+    # (A lane may fire nothing beside it: its transaction began a moment before the timers' instant,
+    # or two lanes skipping each other's locked rows split one batch, leaving it the rest.)
+    start, end, _ = min(call for call in calls if call[2])
+    beside = [call for call in calls if call[0] < end and call[1] > start and call[:2] != (start, end)]
+    assert (len(beside) >= timer_service.LANES - 1 if seen_coming else not beside), calls
 
 
 async def _all_fired(engine: AsyncEngine) -> bool:
