@@ -105,12 +105,13 @@ test-unit: install tools
 test-integration: install test-services tools
 	$(PY) -m pytest tests/integration
 
-# The slowest integration tests, ten seconds or more each on a slow day (many runs at once, ten thousand
-# finished runs, the main job, schemathesis against the live gateway, the longest outage stories, the
-# bench's timeline phase: ~7-11 minutes). Not part of `make test`, which stays under 25 minutes; .ci/run
+# The slowest integration and security tests, ten seconds or more each on a slow day (many runs at once,
+# ten thousand finished runs, the main job, schemathesis against the live gateway, the longest outage,
+# reminder and deadline stories, whole runs under a tenant's broker user, the bench's timeline phase:
+# ~10-20 minutes). Not part of `make test`, which stays under 25 minutes; .ci/run
 # runs it after.
 test-long: install test-services tools
-	$(PY) -m pytest -m long tests/integration
+	$(PY) -m pytest -m long tests/integration tests/security
 
 # Our distributions built and installed in fresh venvs: the image's runtime target replayed, a kind
 # run outside the tree, the client alone, every wheel through twine check (~2 minutes). Not part of

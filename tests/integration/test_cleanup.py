@@ -99,6 +99,7 @@ async def _cleanups_recorded(engine, run_id: str) -> list[tuple[str, str, int]]:
     return [(d["step"], d["outcome"], d["attempt"]) for t, d in await event_types(engine, run_id) if t == "run.cleanup"]
 
 
+@pytest.mark.long
 async def test_a_cleanup_failing_twice_then_succeeding_leaves_the_run_completed_with_one_alert_resolved(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given the services with the reconciler, and a run whose workspace release fails twice

@@ -26,6 +26,7 @@ async def ensemble(clean, engine, bus, services, tmp_path):  # type: ignore[no-u
     return ensemble
 
 
+@pytest.mark.long
 async def test_a_code_first_run_goes_through_every_await_and_completes_with_its_output(
         ensemble, engine, bus) -> None:  # type: ignore[no-untyped-def]
     key = new_key()

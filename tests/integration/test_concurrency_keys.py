@@ -71,6 +71,7 @@ async def _waiting_for(engine, run_id: str) -> tuple[str | None, str | None]:  #
     return view["waiting_for"], row["waiting_for"]
 
 
+@pytest.mark.long
 async def test_a_second_run_with_the_key_waits_holding_no_slot_and_runs_once_the_first_ends(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given the services with two slots per tenant, and a run holding repo:acme/api for three seconds

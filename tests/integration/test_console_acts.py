@@ -35,6 +35,7 @@ RELEASE_PACKAGE = Path(__file__).parent / "fixtures" / "acme_release"
 RELEASE_V1 = PinnedVersions(workflow="1", prompt="none", model_policy="none", tool_schemas="acme-release-1")
 
 
+@pytest.mark.long
 async def test_an_operator_answers_steers_retries_and_migrates_runs_in_the_console(
         clean, engine, services, tmp_path) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)

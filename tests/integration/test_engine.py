@@ -252,6 +252,7 @@ async def _admitted_total(engine, tenant: str, n: int) -> bool:  # type: ignore[
                                    {"t": tenant})).scalar() >= n
 
 
+@pytest.mark.long
 async def test_a_run_leased_while_every_slot_is_busy_keeps_its_lease_until_it_gets_one(
         clean, engine, statements, bus, ensemble) -> None:
     # Given a worker with one slot and a short lease, and a created run

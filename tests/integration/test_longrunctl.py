@@ -221,6 +221,7 @@ async def test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of
 TESTED[("tenant", "ceiling")] = test_a_tenants_admin_narrows_its_policy_within_the_ceiling_an_admin_of_every_tenant_sets
 
 
+@pytest.mark.long
 async def test_tenant_limits_change_setting_by_setting_and_a_tenants_admin_only_lowers_them_within_the_ceiling(
         ana, clean, engine, gateway) -> None:
     tia = await token(engine, "tia", "admin", tenants=("acme",))
@@ -308,6 +309,7 @@ def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ..
     return found
 
 
+@pytest.mark.long
 async def test_schedule_commands_create_list_show_pause_resume_backfill_and_delete(ana, clean, engine,
                                                                                     gateway) -> None:
     async def ok(*args: str) -> Any:

@@ -58,6 +58,7 @@ async def test_a_model_that_refuses_the_request_leaves_the_run_for_a_person_aske
     assert len(endpoint.requests) == 1 and [c["model_calls"] for c in charged] == [1]
 
 
+@pytest.mark.long
 async def test_a_429_s_retry_after_is_waited_for_before_the_model_is_asked_again(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a model that answers its first request 429 "retry after 2 s", then proposals, no rate limit

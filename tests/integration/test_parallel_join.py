@@ -16,6 +16,7 @@ from tests.integration.join_kinds import NEXT, far_side_log
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
+@pytest.mark.long
 async def test_a_first_join_goes_on_from_the_first_answer_while_the_losers_run_and_are_recorded(
         scenario: Scenario, tmp_path: Path) -> None:
     # Given the fanned kind on the real services, its far side answering put:0 fast, put:1 and put:2 slowly

@@ -91,6 +91,7 @@ async def test_poison_messages_are_quarantined_with_their_reason_and_the_partiti
     assert {(r.owner, r.queue) for r in rows} == {("worker", f"longrun.worker.p{route('run-poison')[2]}")}
 
 
+@pytest.mark.long
 async def test_a_killed_replicas_partitions_move_to_the_survivor_within_the_lease_ttl(
         clean, engine, bus, services) -> None:
     # Given two replicas that split the partitions
@@ -336,6 +337,7 @@ async def test_a_stopping_replica_hands_its_partitions_back_then_lets_go_of_its_
                                 "AND alive_until > now()") == 0
 
 
+@pytest.mark.long
 async def test_a_stopping_replica_stays_a_member_out_of_the_split_for_as_long_as_it_finishes_its_work(
         clean, engine, services) -> None:  # type: ignore[no-untyped-def]
     # Given a replica in this process owning every partition, whose work in hand (a worker's rounds) takes

@@ -192,6 +192,7 @@ async def test_a_call_outside_the_scope_asks_for_an_approval_where_the_kind_says
     assert [(p["tool"], p["approval_id"]) for p in prepared] == [("notes.delete", "scope:delete:0")]
 
 
+@pytest.mark.long
 async def test_a_v3_deadline_ends_the_run_timed_out_through_the_timer_service(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a run that waits for an event that never comes, created with a deadline 3 s away

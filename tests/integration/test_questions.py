@@ -122,6 +122,7 @@ async def test_longrunctl_answers_a_question(asking, engine, tmp_path) -> None: 
     assert await _audited(engine, run_id) == [("alice", "the ledger team owns retries", {"question_id": "module"})]
 
 
+@pytest.mark.long
 async def test_an_unanswered_question_ends_at_its_deadline(asking, engine) -> None:  # type: ignore[no-untyped-def]
     ensemble, start = asking
     run_id = await start(answer_within=2)

@@ -633,6 +633,7 @@ async def test_worker_killed_before_sending_the_mr_it_is_resubmitted_once_under_
     assert len(tokens) == 2 and tokens[1] > tokens[0]
 
 
+@pytest.mark.long
 async def test_an_expired_lease_is_rewoken_when_it_runs_out_not_a_round_later(clean, engine, services) -> None:
     # Given a running run whose worker holds a lease for a few more seconds and then stops renewing it
     stored = await _created(engine)

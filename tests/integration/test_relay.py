@@ -20,6 +20,7 @@ from tests.integration.bus_helpers import applied, create_probe_table, enqueue, 
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long
 async def test_relay_killed_between_publish_and_mark_publishes_twice_and_consumers_apply_once(
         clean, engine, services) -> None:
     # Given 20 committed outbox rows of one run (one partition, one relay batch) and a consumer

@@ -87,6 +87,7 @@ async def waiting_across_a_release(clean, engine, bus, services, tmp_path):  # t
         yield ensemble, run_id, far_side, http
 
 
+@pytest.mark.long
 async def test_a_worker_of_its_version_returns_and_it_completes_there(
         waiting_across_a_release, engine) -> None:  # type: ignore[no-untyped-def]
     ensemble, run_id, far_side, http = waiting_across_a_release
@@ -102,6 +103,7 @@ async def test_a_worker_of_its_version_returns_and_it_completes_there(
     assert len(await _alerts(engine, run_id)) == 1
 
 
+@pytest.mark.long
 async def test_an_operator_migrates_it_to_the_next_version_and_it_completes_there(
         waiting_across_a_release, engine) -> None:  # type: ignore[no-untyped-def]
     ensemble, run_id, far_side, http = waiting_across_a_release

@@ -98,6 +98,7 @@ async def _signed_in(console: httpx.AsyncClient, secret: str) -> None:
     assert answer.status_code == 303, answer.text
 
 
+@pytest.mark.long
 async def test_an_approval_reminds_escalates_on_the_bus_and_then_the_role_may_decide(  # type: ignore[no-untyped-def]
         ensemble, engine, bus) -> None:
     running, notices = ensemble
@@ -147,6 +148,7 @@ async def test_an_approval_reminds_escalates_on_the_bus_and_then_the_role_may_de
     assert len(notices.of(run_id)) == 3
 
 
+@pytest.mark.long
 async def test_a_decision_past_its_validity_when_the_run_resumes_is_asked_again(  # type: ignore[no-untyped-def]
         ensemble, engine, bus) -> None:
     running, notices = ensemble
@@ -170,6 +172,7 @@ async def test_a_decision_past_its_validity_when_the_run_resumes_is_asked_again(
     await eventually(lambda: _status(engine, run_id, "COMPLETED"), timeout=30, what="COMPLETED")
 
 
+@pytest.mark.long
 async def test_a_question_is_broadcast_and_reminded_like_an_approval(  # type: ignore[no-untyped-def]
         ensemble, engine, bus) -> None:
     running, notices = ensemble

@@ -154,6 +154,7 @@ async def test_create_v3_and_v4_timeouts_reach_the_snapshot_with_the_kinds_defau
     assert kept == [600.0, 600.0]
 
 
+@pytest.mark.long
 async def test_a_business_deadline_cancels_in_flight_work_compensates_and_ends_timed_out(
         clean, engine, bus, services, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a run that books (a write with a compensation), makes a slow call (4 s) and then notes,

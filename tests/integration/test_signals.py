@@ -48,6 +48,7 @@ async def signalled(clean, engine, bus, services, tmp_path):  # type: ignore[no-
     return ensemble, steps, start
 
 
+@pytest.mark.long
 async def test_a_signal_is_checked_recorded_once_wakes_its_run_once_and_is_kept_when_late(
         signalled, engine) -> None:  # type: ignore[no-untyped-def]
     ensemble, steps, start = signalled

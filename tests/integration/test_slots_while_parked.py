@@ -129,6 +129,7 @@ async def scenario(clean: None, infra: Infra, engine: AsyncEngine, bus: Bus, ser
     yield Scenario(services, infra, engine, bus, tmp_path)
 
 
+@pytest.mark.long
 async def test_runs_parked_on_an_open_breaker_hold_no_slot_and_are_queued_again_when_it_closes(
         scenario: Scenario, tmp_path: Path) -> None:
     # Given a tenant with two slots, and a far side that is down
@@ -158,6 +159,7 @@ async def test_runs_parked_on_an_open_breaker_hold_no_slot_and_are_queued_again_
     await scenario.finish()
 
 
+@pytest.mark.long
 async def test_a_run_whose_kind_declares_an_unhealthy_far_side_parks_before_deciding_anything(
         scenario: Scenario, tmp_path: Path) -> None:
     # Given a far side that is down, its breaker opened by a run that called it

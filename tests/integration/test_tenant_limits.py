@@ -160,6 +160,7 @@ async def _admitted_at(engine, run_id: str) -> Any:  # type: ignore[no-untyped-d
         return (await conn.execute(text("SELECT admitted_at FROM runs WHERE run_id = :r"), {"r": run_id})).scalar()
 
 
+@pytest.mark.long
 async def test_a_tenant_over_its_token_budget_gets_no_admission_until_an_operator_raises_it(
         engine, bus, ensemble) -> None:
     # Given every service, and acme's budget of 2 model calls' tokens per day (beta has none)
@@ -247,6 +248,7 @@ async def _asked(engine, run_id: str) -> list[str]:  # type: ignore[no-untyped-d
             "AND data ->> 'key' LIKE 'proposal:%' ORDER BY seq"), {"r": run_id})).scalars())
 
 
+@pytest.mark.long
 async def test_a_run_about_to_ask_the_model_while_its_tenant_is_out_of_budget_waits_until_a_raise(
         engine, bus, ensemble) -> None:
     # Given every service, and acme's budget of one model call's tokens per day

@@ -282,6 +282,7 @@ def producers(*users: TenantUser) -> dict[str, str]:
     return {"LONGRUN_PRODUCER_TENANTS": ",".join(f"{u.user}={u.tenant}" for u in users)}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_a_tenants_consumer_sees_its_run_accepted_then_its_status_events_to_the_outcome_and_nothing_else(
         clean, services, tmp_path, tenant_user) -> None:  # type: ignore[no-untyped-def]

@@ -286,6 +286,7 @@ async def test_longrunctl_as_an_operator_of_one_tenant_sees_and_touches_only_its
             "WAITING_EVENT"
 
 
+@pytest.mark.long
 async def test_longrunctl_creates_lists_and_revokes_named_tokens(engine, gateway) -> None:
     url = ["--url", str(gateway.base_url)]
     admin = [*url, "--token", OPERATOR_TOKEN]

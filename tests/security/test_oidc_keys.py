@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from tests.integration import oidc_provider
 from tests.integration.ensemble import Ensemble
@@ -23,6 +24,7 @@ async def _gateway(services, tmp_path, provider: oidc_provider.Provider, **env: 
     return ensemble.gateway_url
 
 
+@pytest.mark.long
 async def test_keys_run_out_a_rotated_key_is_fetched_and_unknown_key_ids_do_not_hammer_the_issuer(
         clean, services, tmp_path) -> None:
     async with oidc_provider.serving(client_id="c", client_secret="s", audience="longrun-api", user=ADMIN) as idp:

@@ -46,6 +46,7 @@ async def _quarantined_then_replayed(engine, bus, create: dict[str, Any]) -> Non
     await quarantine.replay(engine, bus, entry, actor="ops", reason="fixed", replay_window=86400)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_a_producer_creates_runs_only_in_the_tenants_its_broker_user_is_allowed(
         clean, engine, bus, services, tmp_path, tenant_user) -> None:  # type: ignore[no-untyped-def]

@@ -51,6 +51,7 @@ async def publish_signal(user: TenantUser, envelope: dict[str, Any]) -> None:
         await connection.close()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 async def test_a_producer_signals_only_runs_of_the_tenants_its_broker_user_is_allowed(
         clean, engine, bus, services, tmp_path, tenant_user) -> None:  # type: ignore[no-untyped-def]

@@ -66,9 +66,12 @@ def impure_use_cases(root: Path) -> list[str]:
     found += [f"{name}: in none of the use-case packages, nor a shared use-case module" for name in sorted(known)
               if name.startswith("longrun.app.") and name not in checked]
     edges = graph(root / "shared", "longrun")
+    imports: dict[str, list[str]] = {}  # each module parsed once: the use cases reach many of the same modules
     for name in checked:
         for module in [name, *sorted(reaches(edges, name))]:
-            for imported in sorted(_imports(known[module])):
+            if module not in imports:
+                imports[module] = sorted(_imports(known[module]))
+            for imported in imports[module]:
                 if any(imported == d or imported.startswith(d + ".") for d in DRIVERS):
                     via = "" if module == name else f" through {module}"
                     found.append(f"{name} imports {imported}{via}")
