@@ -108,8 +108,7 @@ test-integration: install test-services tools
 # The slowest integration and security tests, ten seconds or more each on a slow day (many runs at once,
 # ten thousand finished runs, the main job, schemathesis against the live gateway, the longest outage,
 # reminder and deadline stories, whole runs under a tenant's broker user, the bench's timeline phase:
-# ~10-20 minutes). Not part of `make test`, which stays under 25 minutes; .ci/run
-# runs it after.
+# ~10-20 minutes). Not part of `make test`, which stays under 25 minutes; .ci/run runs it after.
 test-long: install test-services tools
 	$(PY) -m pytest -m long tests/integration tests/security
 

@@ -487,8 +487,8 @@ async def test_a_whole_batch_coming_due_at_once_starts_every_lane_together(
     # was in flight beside the first batch that fired anything. Trickling, that batch fired alone.
     # (A lane may fire nothing beside it: its transaction began a moment before the timers' instant,
     # or two lanes skipping each other's locked rows split one batch, leaving it the rest.)
-    start, end, _ = min(call for call in calls if call[2])
-    beside = [call for call in calls if call[0] < end and call[1] > start and call[:2] != (start, end)]
+    first = min(call for call in calls if call[2])
+    beside = [call for call in calls if call is not first and call[0] < first[1] and call[1] > first[0]]
     assert (len(beside) >= timer_service.LANES - 1 if seen_coming else not beside), calls
 
 
